@@ -1,0 +1,50 @@
+"""Flags several subcommands share, and how they become Settings."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from stepwatch.errors import ConfigError
+from stepwatch.settings import Settings
+
+
+def add_kafka_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("kafka")
+    g.add_argument(
+        "--bootstrap-servers",
+        help="Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); "
+        "empty: start the embedded development broker",
+    )
+    g.add_argument("--topic-prefix", help="topic name prefix (default stepwatch)")
+    g.add_argument("--partitions", type=int, help="partitions for topics created (default 8)")
+    g.add_argument(
+        "-X",
+        "--kafka-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="librdkafka setting passed through, e.g. -X security.protocol=SASL_SSL (repeatable)",
+    )
+
+
+def parse_kv(pairs: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"expected KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = value
+    return out
+
+
+def settings_from_args(args: argparse.Namespace, **more: Any) -> Settings:
+    """Settings from the flags that were given (None = not given) > env > default."""
+    explicit: dict[str, Any] = {}
+    for name in ("bootstrap_servers", "topic_prefix", "partitions", "log_level"):
+        if getattr(args, name, None) is not None:
+            explicit[name] = getattr(args, name)
+    if getattr(args, "kafka_config", None):
+        explicit["kafka_config"] = parse_kv(args.kafka_config)
+    explicit.update({k: v for k, v in more.items() if v is not None})
+    return Settings.load(**explicit)

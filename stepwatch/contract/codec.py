@@ -1,0 +1,150 @@
+"""Encode and validate contract messages: the one entry point for bytes <-> records.
+
+``decode`` returns a typed message or raises :class:`ContractError` with a
+precise reason; it never returns something half-read. Newer versions than this
+code understands are rejected (``unsupported_version``), never misread.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+import msgspec
+
+from stepwatch.contract.records import (
+    CONTRACT_VERSION,
+    EventMessage,
+    GpuMessage,
+    Message,
+    PortMessage,
+    StepMessage,
+    StepRecord,
+)
+from stepwatch.errors import ContractError
+
+FUTURE_SKEW_SECONDS = 300.0  # a timestamp further ahead than this is absurd
+MAX_STEP_SECONDS = 7 * 24 * 3600.0
+KINDS = ("step", "gpu", "port", "event", "detection")
+
+
+class _Header(msgspec.Struct):
+    kind: str | None = None
+    v: int | None = None
+
+
+_header = msgspec.json.Decoder(_Header)
+_decoder = msgspec.json.Decoder(Message)
+_encoder = msgspec.json.Encoder()
+
+
+def encode(message: Message) -> bytes:
+    """The wire form of a message: compact JSON, no newline."""
+    return _encoder.encode(message)
+
+
+def decode(data: bytes | str, *, now: Callable[[], float] = time.time) -> Message:
+    """Parse and validate one message; raise ContractError with the reason."""
+    message = decode_unchecked(data)
+    check_values(message, now())
+    return message
+
+
+def decode_unchecked(data: bytes | str) -> Message:
+    """Parse one message against the schema, without the absurd-value checks."""
+    try:
+        header = _header.decode(data)
+    except msgspec.DecodeError as err:
+        raise ContractError("malformed_json", str(err)) from err
+    except msgspec.ValidationError as err:
+        raise ContractError("schema", str(err)) from err
+    if header.kind is None:
+        raise ContractError("schema", "missing field `kind`")
+    if header.kind not in KINDS:
+        raise ContractError("unknown_kind", f"kind {header.kind!r} is not one of {KINDS}")
+    if header.v is not None and header.v > CONTRACT_VERSION:
+        raise ContractError(
+            "unsupported_version",
+            f"{header.kind} v{header.v} is newer than this reader (v{CONTRACT_VERSION})",
+        )
+    if header.v is not None and header.v < 1:
+        raise ContractError("schema", f"version must be >= 1, got {header.v}")
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as err:
+        raise ContractError("schema", str(err)) from err
+    except msgspec.DecodeError as err:
+        raise ContractError("malformed_json", str(err)) from err
+
+
+def check_values(message: Message, now: float) -> None:
+    """Reject values no real system produces: NaN, negative durations, the future."""
+    _check_time("ts", message.ts, now)
+    if isinstance(message, StepMessage):
+        for record in message.steps:
+            check_step(record, now)
+    elif isinstance(message, GpuMessage):
+        for gpu in message.gpus:
+            _check_numbers(f"gpus[{gpu.index}]", msgspec.structs.asdict(gpu))
+    elif isinstance(message, PortMessage):
+        for port in message.ports:
+            _check_numbers(f"ports[{port.device}:{port.port}]", msgspec.structs.asdict(port))
+    elif isinstance(message, EventMessage):
+        _check_numbers("event", {"code": message.code})
+
+
+def check_step(record: StepRecord, now: float) -> None:
+    where = f"step job={record.job_id} rank={record.rank} step={record.step}"
+    if record.rank < 0 or record.world_size < 1 or record.rank >= record.world_size:
+        raise ContractError("absurd_value", f"{where}: rank outside [0, world_size)")
+    if record.step < 0:
+        raise ContractError("absurd_value", f"{where}: negative step number")
+    _check_time(f"{where} start", record.start, now)
+    _check_time(f"{where} end", record.end, now)
+    duration = record.end - record.start
+    if not 0 <= duration <= MAX_STEP_SECONDS:
+        raise ContractError("absurd_value", f"{where}: duration {duration!r} s")
+    if record.samples < 0 or record.tokens < 0:
+        raise ContractError("absurd_value", f"{where}: negative samples or tokens")
+    if record.phases is not None:
+        phases = msgspec.structs.asdict(record.phases)
+        extra = phases.pop("extra")
+        for name, value in {**phases, **extra}.items():
+            if value is not None and (not math.isfinite(value) or value < 0):
+                raise ContractError("absurd_value", f"{where}: phase {name}={value!r}")
+    if record.loss is not None and math.isinf(record.loss) and record.loss < 0:
+        raise ContractError("absurd_value", f"{where}: loss is -inf")
+
+
+def _check_time(what: str, value: float, now: float) -> None:
+    if not math.isfinite(value) or value <= 0:
+        raise ContractError("absurd_value", f"{what}: timestamp {value!r}")
+    if value > now + FUTURE_SKEW_SECONDS:
+        raise ContractError("absurd_value", f"{what}: timestamp {value!r} is in the future")
+
+
+def _check_numbers(where: str, fields: dict[str, object]) -> None:
+    for name, value in fields.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ContractError("absurd_value", f"{where}: {name}={value!r}")
+        if value < 0:
+            raise ContractError("absurd_value", f"{where}: {name}={value!r} is negative")
+
+
+def read_jsonl(lines: Iterable[bytes | str]) -> Iterator[Message | ContractError]:
+    """Decode a JSON Lines stream; bad lines come back as errors, in place."""
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            yield decode_unchecked(line)
+        except ContractError as err:
+            yield err
+
+
+def write_jsonl(messages: Iterable[Message]) -> Iterator[bytes]:
+    for message in messages:
+        yield encode(message) + b"\n"

@@ -1,0 +1,245 @@
+"""Event contract v1: the records every part of stepwatch exchanges.
+
+Records are frozen msgspec structs. A *message* is one Kafka record value (and
+one line of a JSON Lines file); it always carries ``kind`` and ``v``. The
+human-readable specification is ``docs/events.md``; this module is the
+machine-checkable one. Timestamps are UTC epoch seconds (float). Counters are
+raw cumulative values with their unit in the field name; rates are computed
+downstream (see :mod:`stepwatch.contract.counters`).
+"""
+
+from __future__ import annotations
+
+import enum
+
+import msgspec
+
+CONTRACT_VERSION = 1
+
+
+class Kind(enum.StrEnum):
+    """The message kinds, one topic each (see :mod:`stepwatch.contract.topics`)."""
+
+    STEP = "step"
+    GPU = "gpu"
+    PORT = "port"
+    EVENT = "event"
+    DETECTION = "detection"
+
+
+class EventType(enum.StrEnum):
+    """Discrete events."""
+
+    XID = "xid"
+    ECC = "ecc"
+    LINK_STATE = "link_state"
+    JOB_START = "job_start"
+    JOB_END = "job_end"
+    CHECKPOINT_SAVE = "checkpoint_save"
+    CHECKPOINT_LOAD = "checkpoint_load"
+    RESTART = "restart"
+    EXCEPTION = "exception"  # raised in user code (OOM, NaN loss, ...) as reported by the SDK
+
+
+class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defaults=True):
+    pass
+
+
+# --------------------------------------------------------------------------- steps
+class Phases(_Base):
+    """Phase durations of one step on one rank, in seconds.
+
+    ``None`` means the phase was not measured (not the same as 0). ``comm_wait``
+    is *exposed* communication wait: time the rank sat in a collective waiting
+    for its peers, not overlapped with compute. ``extra`` holds any other named
+    section (Megatron/TorchTitan timer names, for example).
+    """
+
+    data: float | None = None
+    forward: float | None = None
+    backward: float | None = None
+    optimizer: float | None = None
+    comm_wait: float | None = None
+    checkpoint: float | None = None
+    extra: dict[str, float] = {}
+
+
+class StepRecord(_Base):
+    """Timing of one training step on one rank."""
+
+    job_id: str
+    rank: int
+    world_size: int
+    step: int
+    start: float
+    end: float
+    host: str = ""
+    local_rank: int = 0
+    gpu: int | None = None  # GPU index on the host; defaults to local_rank when absent
+    group: str = "all"  # peer-group key: ranks are compared only with the same group
+    phases: Phases | None = None
+    samples: int = 0
+    tokens: int = 0
+    loss: float | None = None
+    flops: float | None = None  # model FLOPs this rank executed in this step (for MFU)
+    timing: str = "wall"  # "wall" (host clock) or "cuda" (CUDA events)
+
+
+# --------------------------------------------------------------------------- GPU
+class GpuReading(_Base):
+    """One GPU at one instant. Counters are cumulative since driver load."""
+
+    index: int
+    uuid: str = ""
+    name: str = ""
+    pci_bus_id: str = ""
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    fb_used_mib: float | None = None
+    fb_free_mib: float | None = None
+    temp_gpu_c: float | None = None
+    temp_mem_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    energy_mj_total: int | None = None
+    sm_clock_mhz: float | None = None
+    sm_clock_max_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    throttle_reasons: int | None = None  # NVML clocks-event reasons bitmask
+    ecc_sbe_total: int | None = None
+    ecc_dbe_total: int | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    pcie_replay_total: int | None = None
+    nvlink_tx_bytes_total: int | None = None
+    nvlink_rx_bytes_total: int | None = None
+    gr_engine_active: float | None = None  # profiling ratios 0..1 (DCGM only)
+    tensor_active: float | None = None
+    dram_active: float | None = None
+    xid_last: int | None = None  # dcgm-exporter's gauge, for reference only
+
+
+# --------------------------------------------------------------------------- NIC ports
+class PortReading(_Base):
+    """One RDMA port at one instant. Byte counters are already in bytes (sysfs x4)."""
+
+    device: str
+    port: int
+    netdev: str = ""
+    link_layer: str = ""  # InfiniBand / Ethernet
+    state: str = ""  # e.g. ACTIVE
+    phys_state: str = ""  # e.g. LinkUp
+    rate_gbps: float | None = None
+    xmit_bytes_total: int | None = None
+    rcv_bytes_total: int | None = None
+    xmit_packets_total: int | None = None
+    rcv_packets_total: int | None = None
+    xmit_wait_total: int | None = None
+    symbol_error_total: int | None = None
+    link_downed_total: int | None = None
+    link_error_recovery_total: int | None = None
+    rcv_errors_total: int | None = None
+    rcv_remote_physical_errors_total: int | None = None
+    xmit_discards_total: int | None = None
+    excessive_buffer_overrun_errors_total: int | None = None
+    local_link_integrity_errors_total: int | None = None
+    vl15_dropped_total: int | None = None
+    # mlx5 hw_counters (RoCE congestion and transport errors)
+    np_cnp_sent_total: int | None = None
+    np_ecn_marked_roce_packets_total: int | None = None
+    rp_cnp_handled_total: int | None = None
+    rp_cnp_ignored_total: int | None = None
+    out_of_sequence_total: int | None = None
+    packet_seq_err_total: int | None = None
+    implied_nak_seq_err_total: int | None = None
+    local_ack_timeout_err_total: int | None = None
+    rnr_nak_retry_err_total: int | None = None
+    duplicate_request_total: int | None = None
+    out_of_buffer_total: int | None = None
+
+
+# --------------------------------------------------------------------------- messages
+class _Message(_Base, tag_field="kind", omit_defaults=False):
+    """Common header: who sent it, when, and its place in the sender's sequence.
+
+    ``seq`` counts from 0 per (``host``, ``inst``, ``kind``) without gaps, so
+    loss and duplication are measurable downstream; ``inst`` changes whenever
+    the sending agent restarts.
+    """
+
+    host: str
+    ts: float
+    v: int = CONTRACT_VERSION
+    inst: str = ""
+    seq: int = 0
+
+
+class StepMessage(_Message, tag="step"):
+    """Step records of one job gathered by one host's agent in one tick."""
+
+    job_id: str = ""
+    steps: list[StepRecord] = []
+
+
+class GpuMessage(_Message, tag="gpu"):
+    """Every GPU of one host at one tick. ``job_id`` is set when the agent knows it."""
+
+    job_id: str | None = None
+    gpus: list[GpuReading] = []
+
+
+class PortMessage(_Message, tag="port"):
+    """Every RDMA port of one host at one tick."""
+
+    job_id: str | None = None
+    ports: list[PortReading] = []
+
+
+class EventMessage(_Message, tag="event"):
+    """A discrete event (XID, ECC, link change, job start/end, checkpoint, restart)."""
+
+    type: EventType = EventType.XID
+    job_id: str | None = None
+    rank: int | None = None
+    gpu: int | None = None
+    device: str | None = None
+    port: int | None = None
+    code: int | None = None  # XID number, ECC count, exit code ...
+    detail: str = ""
+    attrs: dict[str, str | float | int | bool] = {}
+
+
+class DetectionMessage(_Message, tag="detection"):
+    """A detection's state change, produced by the stream processors.
+
+    ``id`` is stable over the detection's lifecycle (open → update* → resolved).
+    ``evidence`` holds the numbers that decided it.
+    """
+
+    id: str = ""
+    job_id: str = ""
+    type: str = ""  # straggler | hang | throughput | rank_missing | job_slowdown | user_error
+    state: str = "open"  # open | update | resolved
+    rank: int | None = None
+    gpu: int | None = None
+    group: str = ""
+    cause: str = "unknown"  # gpu | network | host_input | hardware | user | unknown
+    fault: str = "unknown"  # system | user | unknown
+    score: float | None = None
+    step: int | None = None
+    first_step: int | None = None
+    opened_at: float | None = None
+    summary: str = ""
+    evidence: dict[str, str | float | int | bool | None] = {}
+
+
+Message = StepMessage | GpuMessage | PortMessage | EventMessage | DetectionMessage
+
+KIND_OF: dict[type, Kind] = {
+    StepMessage: Kind.STEP,
+    GpuMessage: Kind.GPU,
+    PortMessage: Kind.PORT,
+    EventMessage: Kind.EVENT,
+    DetectionMessage: Kind.DETECTION,
+}

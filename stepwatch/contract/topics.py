@@ -1,0 +1,66 @@
+"""Topics, keys and partitioning: part of the contract.
+
+One topic per kind, all created with the same partition count, so that
+partition *n* of every topic holds the same jobs (co-partitioned). Every
+message about a job is keyed by its ``job_id``; host-level samples that belong
+to no job are keyed by ``host``. With the default partitioner (murmur2 of the
+key) everything about one job lands in one partition number of every topic,
+and one worker processes the job without repartitioning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from stepwatch.contract.records import Kind, Message
+
+
+@dataclass(frozen=True)
+class Topics:
+    prefix: str = "stepwatch"
+
+    @property
+    def steps(self) -> str:
+        return f"{self.prefix}.steps"
+
+    @property
+    def gpu(self) -> str:
+        return f"{self.prefix}.gpu"
+
+    @property
+    def ports(self) -> str:
+        return f"{self.prefix}.ports"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}.events"
+
+    @property
+    def detections(self) -> str:
+        return f"{self.prefix}.detections"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.prefix}.dlq"
+
+    def for_kind(self, kind: Kind | str) -> str:
+        return {
+            Kind.STEP: self.steps,
+            Kind.GPU: self.gpu,
+            Kind.PORT: self.ports,
+            Kind.EVENT: self.events,
+            Kind.DETECTION: self.detections,
+        }[Kind(kind)]
+
+    def telemetry(self) -> tuple[str, ...]:
+        """The input topics of the stream processors."""
+        return (self.steps, self.gpu, self.ports, self.events)
+
+    def all(self) -> tuple[str, ...]:
+        return (*self.telemetry(), self.detections, self.dlq)
+
+
+def message_key(message: Message) -> bytes:
+    """The Kafka key: the job id when the message belongs to a job, else the host."""
+    job = getattr(message, "job_id", None)
+    return (job or message.host).encode()
