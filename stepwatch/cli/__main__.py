@@ -1,0 +1,5 @@
+import sys
+
+from stepwatch.cli import main
+
+sys.exit(main())

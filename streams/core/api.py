@@ -1,0 +1,43 @@
+"""The interface between the detection core and whatever drives it.
+
+The Faust workers (``streams.app``) and the offline replay (``streams.replay``)
+both drive an :class:`Analyzer`: feed it every valid telemetry message of the
+jobs they own, call :meth:`Analyzer.tick` regularly, publish what comes back.
+The core is pure Python/NumPy: no Kafka, no Faust, no Prometheus in it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from stepwatch.contract import DetectionMessage, Message
+
+
+@dataclass(frozen=True)
+class JobStats:
+    """Per-job aggregates for metrics (bounded cardinality: one per job)."""
+
+    job_id: str
+    last_step: int
+    world_size: int
+    step_seconds_median: float | None
+    samples_per_second: float | None
+    tokens_per_second: float | None
+    mfu: float | None
+    goodput_ratio: float | None
+    hung: bool
+    open_detections: int
+    flagged_ranks: dict[int, float] = field(default_factory=dict)  # rank -> straggler score
+
+
+class Analyzer(Protocol):
+    def process(self, message: Message) -> list[DetectionMessage]:
+        """Feed one valid message (any kind); return detection state changes."""
+        ...
+
+    def tick(self, now: float) -> list[DetectionMessage]:
+        """Time passes: close step windows past their deadline, check for hangs."""
+        ...
+
+    def stats(self) -> list[JobStats]: ...
