@@ -1,0 +1,63 @@
+"""The local datagram format between a training rank (the SDK) and its node agent.
+
+One datagram = one compact JSON object, tagged by ``kind``:
+
+* ``{"kind": "rank_step", "v": 1, "step": {<StepRecord>}}``: one step of one rank;
+* ``{"kind": "rank_event", "v": 1, ...}``: a discrete event the rank saw
+  (an exception in user code, a checkpoint save/load, a restart).
+
+The agent wraps these into contract messages (StepMessage / EventMessage) with
+its host, instance id and sequence numbers. Datagrams larger than
+:data:`MAX_DATAGRAM_BYTES` are never sent.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from stepwatch.contract.records import EventType, StepRecord
+from stepwatch.errors import ContractError
+
+WIRE_VERSION = 1
+MAX_DATAGRAM_BYTES = 16 * 1024
+
+
+class RankStep(msgspec.Struct, frozen=True, tag="rank_step", tag_field="kind"):
+    step: StepRecord
+    v: int = WIRE_VERSION
+
+
+class RankEvent(msgspec.Struct, frozen=True, tag="rank_event", tag_field="kind", omit_defaults=True):
+    type: EventType
+    ts: float
+    job_id: str
+    rank: int | None = None
+    gpu: int | None = None
+    detail: str = ""
+    attrs: dict[str, str | float | int | bool] = {}
+    v: int = WIRE_VERSION
+
+
+Datagram = RankStep | RankEvent
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Datagram)
+
+
+def encode_datagram(item: Datagram) -> bytes:
+    return _encoder.encode(item)
+
+
+def decode_datagram(data: bytes) -> Datagram:
+    """Parse one datagram; raise ContractError with the reason when it is not one."""
+    if len(data) > MAX_DATAGRAM_BYTES:
+        raise ContractError("schema", f"datagram of {len(data)} bytes exceeds {MAX_DATAGRAM_BYTES}")
+    try:
+        item = _decoder.decode(data)
+    except msgspec.ValidationError as err:
+        raise ContractError("schema", f"datagram: {err}") from err
+    except msgspec.DecodeError as err:
+        raise ContractError("malformed_json", f"datagram: {err}") from err
+    if item.v > WIRE_VERSION:
+        raise ContractError("unsupported_version", f"datagram v{item.v} > v{WIRE_VERSION}")
+    return item
