@@ -1,0 +1,36 @@
+"""Rates from cumulative counters, with reset and wrap handling.
+
+Host samples carry raw cumulative counters; every consumer computes rates
+here so that resets (driver reload, agent restart, a device re-enumerated)
+and wraps (32-bit sysfs counters on older kernels) are handled the same way.
+"""
+
+from __future__ import annotations
+
+WRAP_32 = 2**32
+WRAP_64 = 2**64
+
+
+def delta(prev: int | None, cur: int | None, wrap: int | None = None) -> int | None:
+    """Increase of a cumulative counter between two readings.
+
+    ``None`` when either reading is missing. A decrease is a wrap when ``wrap``
+    is given and the previous value was in the top quarter of its range
+    (``cur + wrap - prev``), otherwise a reset: the counter restarted from 0,
+    so the increase since the reset is ``cur``.
+    """
+    if prev is None or cur is None:
+        return None
+    if cur >= prev:
+        return cur - prev
+    if wrap is not None and prev >= wrap * 3 // 4:
+        return cur + wrap - prev
+    return cur
+
+
+def rate(prev: int | None, cur: int | None, dt: float, wrap: int | None = None) -> float | None:
+    """Per-second rate between two readings ``dt`` seconds apart (None if unknown)."""
+    if dt <= 0:
+        return None
+    d = delta(prev, cur, wrap)
+    return None if d is None else d / dt
