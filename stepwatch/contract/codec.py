@@ -55,10 +55,10 @@ def decode_unchecked(data: bytes | str) -> Message:
     """Parse one message against the schema, without the absurd-value checks."""
     try:
         header = _header.decode(data)
+    except msgspec.ValidationError as err:  # (a subclass of DecodeError: first)
+        raise ContractError("schema", str(err)) from err
     except msgspec.DecodeError as err:
         raise ContractError("malformed_json", str(err)) from err
-    except msgspec.ValidationError as err:
-        raise ContractError("schema", str(err)) from err
     if header.kind is None:
         raise ContractError("schema", "missing field `kind`")
     if header.kind not in KINDS:

@@ -81,6 +81,9 @@ class StepRecord(_Base):
     samples: int = 0
     tokens: int = 0
     loss: float | None = None
+    # JSON cannot carry NaN/inf: a non-finite loss travels as loss=null with
+    # loss_nonfinite=true (a user-error signal: the detector decides).
+    loss_nonfinite: bool = False
     flops: float | None = None  # model FLOPs this rank executed in this step (for MFU)
     timing: str = "wall"  # "wall" (host clock) or "cuda" (CUDA events)
 

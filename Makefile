@@ -1,0 +1,38 @@
+# stepwatch: run `make help` for the commands.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: help setup demo test test-unit test-integration lint typecheck check bench clean
+
+help:  ## list the commands
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
+
+setup:  ## install Debian packages and the Python virtual environment (.venv)
+	bash scripts/setup.sh
+
+demo:  ## run the main job on embedded defaults: broker, simulated fleet, agents, live view
+	$(VENV)/bin/stepwatch demo
+
+test:  ## run the whole test suite (unit + integration; GPU tests skip without a GPU)
+	bash scripts/test.sh $(PYTEST_ARGS)
+
+test-unit:  ## unit tests only
+	$(PY) -m pytest -m unit -q $(PYTEST_ARGS)
+
+test-integration:  ## integration tests only (start real services on loopback)
+	$(PY) -m pytest -m integration -q $(PYTEST_ARGS)
+
+lint:  ## ruff
+	$(VENV)/bin/ruff check .
+
+typecheck:  ## mypy
+	$(VENV)/bin/mypy stepwatch agents streams exporters
+
+check: lint typecheck test  ## lint, typecheck and test (what CI runs)
+
+bench:  ## run the benchmarks (figures and ratios against same-run baselines)
+	$(PY) bench/run_all.py
+
+clean:  ## remove caches and local state (var/)
+	rm -rf var .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The test command (README, CI): lint, type-check, then the whole pytest suite.
+# pytest exit code 5 ("no tests collected") is treated as a failure: a suite that
+# collects nothing has tested nothing.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+rc=0
+"$VENV/bin/ruff" check . || rc=1
+"$VENV/bin/mypy" stepwatch agents streams exporters || rc=1
+"$VENV/bin/python" -m pytest -q "$@"
+prc=$?
+if [ $prc -eq 5 ]; then
+  echo "test: pytest collected no tests" >&2
+fi
+[ $prc -ne 0 ] && rc=$prc
+exit $rc
