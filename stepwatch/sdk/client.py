@@ -1,0 +1,288 @@
+"""``StepWatch``: what ``stepwatch.init()`` returns to a training script.
+
+The training thread only takes marks; everything else happens on the
+exporter's thread. No method raises into the training loop: misuse (nested
+steps, a phase never closed, a step number going backwards, a phase outside a
+step) is logged once and counted in :meth:`StepWatch.stats`; exceptions raised
+by user code inside ``with sw.step()`` propagate unchanged and are reported to
+the agent as an ``exception`` rank event.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import operator
+import os
+import time
+import weakref
+from collections import Counter
+from time import perf_counter_ns
+from typing import Any
+
+from stepwatch.contract.records import EventType
+from stepwatch.logs import LogOnce
+from stepwatch.sdk.cuda import EventPool
+from stepwatch.sdk.events import checkpoint_event, custom_event, exception_event
+from stepwatch.sdk.exporter import Exporter, Item
+from stepwatch.sdk.identity import Identity
+from stepwatch.sdk.step import NULL_CONTEXT, PhaseTimer, Step, _NullContext
+
+logger = logging.getLogger(__name__)
+
+
+class StepWatch:
+    """Per-process SDK handle. Build it with :func:`stepwatch.init`."""
+
+    def __init__(self, identity: Identity, exporter: Exporter | None, *,
+                 pool: EventPool | None = None, timing: str = "wall",
+                 start_step: int = 0) -> None:
+        self._identity = identity
+        self._exporter = exporter
+        self._pool = pool
+        self.timing = timing
+        self._next = start_step
+        self._last: int | None = None
+        self._current: Step | None = None
+        self._misuse = LogOnce(logger)
+        self._closed = False
+        self._pid = os.getpid()
+        atexit.register(_close_at_exit, weakref.ref(self))
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def identity(self) -> Identity:
+        return self._identity
+
+    @property
+    def enabled(self) -> bool:
+        return self._exporter is not None and not self._closed
+
+    def set_group(self, group: str) -> None:
+        """Set the peer-group key (e.g. pipeline stage ``"pp3"``) for the next steps."""
+        self._identity = self._identity.replace(group=str(group) or "all")
+
+    # ------------------------------------------------------------------ steps
+    def step(self, step: int | None = None, *, samples: int = 0, tokens: int = 0,
+             flops: float | None = None, loss: float | None = None) -> Step:
+        """Start a step (context manager). ``step`` defaults to the last one + 1."""
+        current = self._current
+        if current is not None:
+            self._misuse("nested_step", "stepwatch: step() while step %s is still open (nested "
+                         "step, or a step never ended); treated as part of the open step",
+                         current.step)
+            current._depth += 1
+            return current
+        started = Step(self, self._number(step), samples, tokens, flops, loss)
+        self._current = started
+        return started
+
+    start_step = step
+
+    def end_step(self, *, samples: int | None = None, tokens: int | None = None,
+                 loss: float | None = None, flops: float | None = None) -> None:
+        """End the open step (explicit-mark API); given values override the step's."""
+        current = self._current
+        if current is None:
+            self._misuse("end_without_step", "stepwatch: end_step() with no open step")
+            return
+        if samples is not None:
+            current.samples = samples
+        if tokens is not None:
+            current.tokens = tokens
+        if loss is not None:
+            current.loss = loss
+        if flops is not None:
+            current.flops = flops
+        current._depth = 0
+        self._end(current, None)
+
+    def phase(self, name: str) -> PhaseTimer | _NullContext:
+        """Time a phase of the open step (``with sw.phase("forward"):``)."""
+        current = self._current
+        if current is None:
+            self._misuse("phase_outside_step", "stepwatch: phase %r outside a step; not "
+                         "recorded", name)
+            return NULL_CONTEXT
+        return current.phase(name)
+
+    def mark(self, name: str) -> None:
+        """Start phase ``name`` now, ending the previous mark's phase; starts a step if
+        none is open. End the step with :meth:`end_step`."""
+        current = self._current if self._current is not None else self.step()
+        current.mark(name)
+
+    def end_phase(self) -> None:
+        """End the last mark's phase without starting another."""
+        if self._current is not None:
+            self._current.end_phase()
+
+    def _number(self, given: Any) -> int:
+        number = self._next
+        if given is not None:
+            try:
+                number = operator.index(given)
+            except TypeError:
+                self._misuse("bad_step", "stepwatch: step=%r is not an integer; numbering "
+                             "automatically", given)
+            if number < 0:
+                self._misuse("bad_step", "stepwatch: step=%r is negative; numbering "
+                             "automatically", given)
+                number = self._next
+            elif self._last is not None and number <= self._last:
+                self._misuse("step_backwards", "stepwatch: step number went backwards "
+                             "(%s after %s); recorded as given", number, self._last)
+        self._last = number
+        self._next = number + 1
+        return number
+
+    def _end(self, step: Step, exc: BaseException | None) -> None:
+        """Called once when a step ends: snapshot it and hand it to the exporter."""
+        if self._current is step:
+            self._current = None
+        if step._done:
+            return
+        try:
+            raw = step._finish()
+            if exc is None:
+                self._submit(raw)
+            elif isinstance(exc, Exception):  # not KeyboardInterrupt / SystemExit
+                self._submit(exception_event(step._identity, exc, step.step))
+        except Exception as err:
+            self._misuse("internal", "stepwatch: could not record a step err=%r", err)
+
+    def _submit(self, item: Item) -> None:
+        if self._exporter is not None and not self._closed:
+            self._exporter.submit(item)
+
+    # ------------------------------------------------------------------ events
+    def checkpoint(self, kind: str = "save", *, duration: float | None = None,
+                   path: str = "", step: int | None = None) -> CheckpointTimer | _NullContext:
+        """Time a checkpoint save/load (``with sw.checkpoint("save"):``) and emit a
+        ``checkpoint_save``/``checkpoint_load`` event with its duration. Inside a step
+        the time also counts as the step's ``checkpoint`` phase. With ``duration``
+        (seconds, measured by the caller) the event is emitted at once."""
+        load = str(kind).lower() == "load"
+        if str(kind).lower() not in {"save", "load"}:
+            self._misuse("checkpoint_kind", "stepwatch: checkpoint kind=%r is not save|load; "
+                         "using save", kind)
+        number = step if step is not None else self._step_number()
+        if duration is None:
+            return CheckpointTimer(self, load, path, number)
+        try:
+            seconds = max(0.0, float(duration))
+            self._submit(checkpoint_event(self._identity, load, seconds,
+                                          time.time() - seconds, number, path))
+        except (TypeError, ValueError):
+            self._misuse("checkpoint_duration", "stepwatch: checkpoint duration=%r is not a "
+                         "number; not reported", duration)
+        return NULL_CONTEXT
+
+    def event(self, type: str | EventType, detail: str = "", **attrs: Any) -> None:
+        """Emit a rank event of a contract ``EventType`` (e.g. ``"restart"``)."""
+        try:
+            kind = EventType(type)
+            self._submit(custom_event(self._identity, kind, detail, attrs))
+        except (ValueError, TypeError) as err:
+            self._misuse("bad_event", "stepwatch: cannot emit event type=%r err=%r", type, err)
+
+    def report_exception(self, exc: BaseException, step: int | None = None) -> None:
+        """Report an exception caught by the script (e.g. around explicit marks)."""
+        try:
+            number = step if step is not None else self._step_number()
+            self._submit(exception_event(self._identity, exc, number))
+        except Exception as err:
+            self._misuse("internal", "stepwatch: could not report exception err=%r", err)
+
+    def _step_number(self) -> int | None:
+        return self._current.step if self._current is not None else self._last
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def sent(self) -> int:
+        """Datagrams handed to the agent socket."""
+        return self._counts()[0]
+
+    @property
+    def dropped(self) -> int:
+        """Steps and events dropped (no agent, buffer or queue full, oversized, ...)."""
+        return sum(self._counts()[1].values())
+
+    def _counts(self) -> tuple[int, Counter[str]]:
+        if self._exporter is None:
+            return 0, Counter()
+        return self._exporter.counts()
+
+    def stats(self) -> dict[str, Any]:
+        sent, dropped = self._counts()
+        return {
+            "enabled": self.enabled,
+            "timing": self.timing,
+            "sent": sent,
+            "dropped": sum(dropped.values()),
+            "dropped_by": dict(dropped),
+            "misuse": dict(self._misuse.counts),
+        }
+
+    def flush(self, timeout: float = 2.0) -> bool:
+        """Wait until everything recorded so far has been sent (or dropped)."""
+        if self._exporter is None or self._closed or os.getpid() != self._pid:
+            return True
+        try:
+            return self._exporter.flush(timeout)
+        except Exception as err:
+            self._misuse("internal", "stepwatch: flush failed err=%r", err)
+            return False
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Flush and stop the sender (idempotent; also run at interpreter exit)."""
+        if self._closed or os.getpid() != self._pid:
+            return
+        self._closed = True
+        if self._exporter is not None:
+            try:
+                self._exporter.close(timeout)
+            except Exception as err:
+                self._misuse("internal", "stepwatch: close failed err=%r", err)
+
+    def __enter__(self) -> StepWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class CheckpointTimer:
+    """Context manager returned by :meth:`StepWatch.checkpoint`."""
+
+    def __init__(self, owner: StepWatch, load: bool, path: str, step: int | None) -> None:
+        self._owner = owner
+        self._load = load
+        self._path = path
+        self._step = step
+        self._start = 0
+        self._wall = 0.0
+        self._phase: PhaseTimer | _NullContext = NULL_CONTEXT
+
+    def __enter__(self) -> CheckpointTimer:
+        current = self._owner._current
+        if current is not None:
+            self._phase = current.phase("checkpoint")
+            self._phase.__enter__()
+        self._wall = time.time()
+        self._start = perf_counter_ns()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        seconds = (perf_counter_ns() - self._start) / 1e9
+        self._phase.__exit__(exc_type, exc, tb)
+        if exc is None:
+            owner = self._owner
+            owner._submit(checkpoint_event(owner._identity, self._load, seconds, self._wall,
+                                           self._step, self._path))
+
+
+def _close_at_exit(ref: weakref.ref[StepWatch]) -> None:
+    sw = ref()
+    if sw is not None:
+        sw.close(timeout=1.0)

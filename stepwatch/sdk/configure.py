@@ -1,0 +1,148 @@
+"""``stepwatch.init()``: identity, timing source, exporter and optional OTel, wired up.
+
+Every knob follows explicit argument > ``STEPWATCH_*`` env var > default:
+
+* ``STEPWATCH_ENABLED`` (default on): off gives a StepWatch that records nothing;
+* ``STEPWATCH_AGENT_SOCKET`` (via :class:`stepwatch.settings.Settings`);
+* ``STEPWATCH_TIMING``: ``auto`` (CUDA events when torch with CUDA is already
+  imported, else wall time), ``wall`` or ``cuda``;
+* ``STEPWATCH_OTEL``: build OTel spans on the global TracerProvider;
+* identity variables, see :mod:`stepwatch.sdk.identity`.
+
+``init`` never raises: whatever fails, it logs and returns a StepWatch that
+drops what it cannot send.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from stepwatch.sdk.client import StepWatch
+from stepwatch.sdk.cuda import EventFactory, EventPool, torch_event_factory
+from stepwatch.sdk.exporter import BackgroundExporter, Exporter, InlineExporter, _Processor
+from stepwatch.sdk.identity import Identity, detect_identity
+from stepwatch.sdk.otel import SpanBuilder
+from stepwatch.sdk.resolve import Resolver
+from stepwatch.sdk.transport import DatagramSender
+from stepwatch.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def init(
+    job_id: str | None = None,
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    host: str | None = None,
+    gpu: int | None = None,
+    group: str | None = None,
+    agent_socket: str | None = None,
+    settings: Settings | None = None,
+    timing: str | None = None,
+    event_factory: EventFactory | None = None,
+    tracer_provider: Any = None,
+    otel: bool | None = None,
+    background: bool = True,
+    queue_size: int = 4096,
+    flush_interval: float = 0.05,
+    start_step: int = 0,
+    enabled: bool | None = None,
+    env: Mapping[str, str] | None = None,
+) -> StepWatch:
+    """Start the step SDK for this process (see docs/sdk.md)."""
+    environ = os.environ if env is None else env
+    identity = _identity(environ, job_id=job_id, rank=rank, world_size=world_size,
+                         local_rank=local_rank, host=host, gpu=gpu, group=group)
+    try:
+        if not _flag(enabled, environ, "STEPWATCH_ENABLED", default=True):
+            logger.info("stepwatch sdk: disabled (STEPWATCH_ENABLED)")
+            return StepWatch(identity, None, start_step=start_step)
+        factory = _event_factory(timing, event_factory, environ)
+        pool = EventPool(factory) if factory is not None else None
+        spans = _span_builder(otel, tracer_provider, environ)
+        path = _socket_path(agent_socket, settings, environ)
+        processor = _Processor(DatagramSender(path), Resolver(), spans, pool)
+        exporter: Exporter
+        if background or pool is not None or spans is not None:
+            exporter = BackgroundExporter(processor, queue_size, flush_interval)
+        else:
+            exporter = InlineExporter(processor)
+        sw = StepWatch(identity, exporter, pool=pool, timing="cuda" if pool else "wall",
+                       start_step=start_step)
+    except Exception as err:
+        logger.warning("stepwatch sdk: setup failed, steps will not be reported err=%r", err)
+        return StepWatch(identity, None, start_step=start_step)
+    logger.info("stepwatch sdk: started job_id=%s rank=%s world_size=%s host=%s gpu=%s "
+                "launcher=%s timing=%s socket=%s otel=%s", identity.job_id, identity.rank,
+                identity.world_size, identity.host, identity.gpu, identity.launcher.value,
+                sw.timing, path, spans is not None)
+    return sw
+
+
+def _identity(environ: Mapping[str, str], **explicit: Any) -> Identity:
+    try:
+        return detect_identity(environ, **explicit)
+    except Exception as err:
+        logger.warning("stepwatch sdk: identity detection failed err=%r", err)
+        return Identity()
+
+
+def _flag(explicit: bool | None, environ: Mapping[str, str], var: str, default: bool) -> bool:
+    if explicit is not None:
+        return bool(explicit)
+    raw = environ.get(var, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    if raw:
+        logger.warning("stepwatch sdk: ignoring %s=%r (not a boolean)", var, raw)
+    return default
+
+
+def _event_factory(timing: str | None, factory: EventFactory | None,
+                   environ: Mapping[str, str]) -> EventFactory | None:
+    choice = (timing or environ.get("STEPWATCH_TIMING") or "auto").strip().lower()
+    if choice not in {"auto", "wall", "cuda"}:
+        logger.warning("stepwatch sdk: timing=%r is not auto|wall|cuda; using auto", choice)
+        choice = "auto"
+    if choice == "wall":
+        return None
+    found = factory if factory is not None else torch_event_factory()
+    if found is None and choice == "cuda":
+        logger.warning("stepwatch sdk: timing=cuda but torch with CUDA is not in use; "
+                       "using wall time")
+    return found
+
+
+def _span_builder(otel: bool | None, provider: Any,
+                  environ: Mapping[str, str]) -> SpanBuilder | None:
+    if not _flag(otel, environ, "STEPWATCH_OTEL", default=provider is not None):
+        return None
+    try:
+        return SpanBuilder(provider)
+    except Exception as err:  # opentelemetry missing or a provider without get_tracer
+        logger.warning("stepwatch sdk: OpenTelemetry spans disabled err=%r", err)
+        return None
+
+
+def _socket_path(explicit: str | None, settings: Settings | None,
+                 environ: Mapping[str, str]) -> str:
+    if explicit:
+        return str(explicit)
+    if settings is not None:
+        return settings.agent_socket
+    try:
+        return Settings.load(env=environ).agent_socket
+    except Exception as err:  # garbage in unrelated STEPWATCH_* settings
+        logger.warning("stepwatch sdk: settings unreadable err=%s; using the agent socket "
+                       "from STEPWATCH_AGENT_SOCKET or the default", err)
+        return environ.get("STEPWATCH_AGENT_SOCKET") or Settings.agent_socket

@@ -1,0 +1,81 @@
+"""Discrete rank events: exceptions in user code, checkpoints, custom events.
+
+Built as wire ``RankEvent`` datagrams (``{"kind": "rank_event", ...}``). These
+are rare, so they are built on the calling thread; sending stays on the
+exporter's thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from stepwatch.contract.records import EventType
+from stepwatch.sdk.identity import Identity
+from stepwatch.sdk.wire import RankEvent
+
+MAX_TEXT = 1024  # characters of an exception message kept (datagrams stay small)
+OOM = "OOM"
+_OOM_CLASSES = {"OutOfMemoryError", "MemoryError"}
+_OOM_TEXT = ("CUDA out of memory", "CUDA error: out of memory")
+
+AttrValue = str | float | int | bool
+
+
+def is_oom(exc: BaseException) -> bool:
+    """torch.cuda.OutOfMemoryError (or torch.OutOfMemoryError, MemoryError), or a
+    RuntimeError saying "CUDA out of memory". torch is not imported."""
+    if any(cls.__name__ in _OOM_CLASSES for cls in type(exc).__mro__):
+        return True
+    text = str(exc)
+    return any(marker in text for marker in _OOM_TEXT)
+
+
+def exception_event(identity: Identity, exc: BaseException, step: int | None) -> RankEvent:
+    """``detail`` is ``"OOM"`` for out-of-memory errors, else the exception's class name."""
+    cls = type(exc)
+    oom = is_oom(exc)
+    attrs: dict[str, AttrValue] = {
+        "exception": f"{cls.__module__}.{cls.__qualname__}",
+        "message": str(exc)[:MAX_TEXT],
+        "oom": oom,
+    }
+    if step is not None:
+        attrs["step"] = step
+    return _event(identity, EventType.EXCEPTION, OOM if oom else cls.__name__, attrs)
+
+
+def checkpoint_event(identity: Identity, load: bool, duration: float, start: float,
+                     step: int | None, path: str = "") -> RankEvent:
+    attrs: dict[str, AttrValue] = {"duration_s": duration, "start": start}
+    if step is not None:
+        attrs["step"] = step
+    if path:
+        attrs["path"] = path[:MAX_TEXT]
+    kind = EventType.CHECKPOINT_LOAD if load else EventType.CHECKPOINT_SAVE
+    return _event(identity, kind, "load" if load else "save", attrs)
+
+
+def custom_event(identity: Identity, kind: EventType, detail: str,
+                 attrs: dict[str, Any]) -> RankEvent:
+    clean = {str(k)[:64]: _attr(v) for k, v in attrs.items()}
+    return _event(identity, kind, str(detail)[:MAX_TEXT], clean)
+
+
+def _attr(value: Any) -> AttrValue:
+    if isinstance(value, str | bool | int | float):
+        return value[:MAX_TEXT] if isinstance(value, str) else value
+    return str(value)[:MAX_TEXT]
+
+
+def _event(identity: Identity, kind: EventType, detail: str,
+           attrs: dict[str, AttrValue]) -> RankEvent:
+    return RankEvent(
+        type=kind,
+        ts=time.time(),
+        job_id=identity.job_id,
+        rank=identity.rank,
+        gpu=identity.gpu if identity.gpu is not None else identity.local_rank,
+        detail=detail,
+        attrs=attrs,
+    )

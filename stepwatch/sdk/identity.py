@@ -1,0 +1,203 @@
+"""Who this training process is: job, rank, host, GPU and peer group.
+
+Detected from the launcher's environment, overridable:
+explicit argument > ``STEPWATCH_*`` env var > launcher env (torchrun, Slurm,
+Kubernetes) > default. Detection never raises: a malformed variable is logged
+once and skipped. The result is a frozen :class:`Identity`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from stepwatch.logs import LogOnce
+
+logger = logging.getLogger(__name__)
+_log_once = LogOnce(logger)
+
+UNKNOWN_JOB = "unknown"
+# Kubeflow PyTorchJob pods are named <job>-master-0, <job>-worker-3.
+_PYTORCHJOB_POD = re.compile(r"^(?P<job>.+)-(?:master|worker)-\d+$")
+
+
+class Launcher(enum.StrEnum):
+    """Which launcher's environment supplied the rank."""
+
+    EXPLICIT = "explicit"  # an argument or STEPWATCH_RANK
+    TORCHRUN = "torchrun"
+    SLURM = "slurm"
+    KUBERNETES = "kubernetes"
+    NONE = "none"  # a single process started by hand
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A training process's place in its job; copied into every StepRecord."""
+
+    job_id: str = UNKNOWN_JOB
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    node_rank: int = 0
+    host: str = ""
+    gpu: int | None = None
+    group: str = "all"
+    launcher: Launcher = Launcher.NONE
+    pod: str = ""
+    namespace: str = ""
+
+    def replace(self, **changes: Any) -> Identity:
+        return dataclasses.replace(self, **changes)
+
+
+# field -> (STEPWATCH_* name, launcher variables in order of preference)
+_INT_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "rank": ("STEPWATCH_RANK", ("RANK", "SLURM_PROCID", "JOB_COMPLETION_INDEX")),
+    "world_size": ("STEPWATCH_WORLD_SIZE", ("WORLD_SIZE", "SLURM_NTASKS")),
+    "local_rank": ("STEPWATCH_LOCAL_RANK", ("LOCAL_RANK", "SLURM_LOCALID")),
+    "local_world_size": (
+        "STEPWATCH_LOCAL_WORLD_SIZE",
+        ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"),
+    ),
+    "node_rank": ("STEPWATCH_NODE_RANK", ("GROUP_RANK", "SLURM_NODEID")),
+}
+_INT_DEFAULTS = {"rank": 0, "world_size": 1, "local_rank": 0, "local_world_size": 1, "node_rank": 0}
+_RANK_LAUNCHER = {
+    "RANK": Launcher.TORCHRUN,
+    "SLURM_PROCID": Launcher.SLURM,
+    "JOB_COMPLETION_INDEX": Launcher.KUBERNETES,
+}
+
+
+def detect_identity(
+    env: Mapping[str, str] | None = None,
+    *,
+    hostname: Callable[[], str] = socket.gethostname,
+    **explicit: Any,
+) -> Identity:
+    """Build the identity: ``explicit`` (non-None) > STEPWATCH_* > launcher env > default."""
+    environ = os.environ if env is None else env
+    wanted = {f.name for f in dataclasses.fields(Identity)}
+    for name in sorted(set(explicit) - wanted):
+        _log_once(f"unknown:{name}", "stepwatch identity: unknown field=%s ignored", name)
+    values: dict[str, Any] = {}
+    launcher = Launcher.NONE
+    for name, (own, launchers) in _INT_SOURCES.items():
+        value, source = _first_int(name, explicit.get(name), environ, (own, *launchers))
+        values[name] = _INT_DEFAULTS[name] if value is None else value
+        if name == "rank" and source is not None:
+            launcher = _RANK_LAUNCHER.get(source, Launcher.EXPLICIT)
+    pod = environ.get("POD_NAME", "")
+    values["pod"] = pod
+    values["namespace"] = environ.get("POD_NAMESPACE", "")
+    values["job_id"] = _job_id(explicit.get("job_id"), environ, pod)
+    values["host"] = _text(explicit.get("host")) or _host(environ, hostname)
+    values["group"] = _text(explicit.get("group")) or environ.get("STEPWATCH_GROUP") or "all"
+    gpu, _ = _first_int("gpu", explicit.get("gpu"), environ, ("STEPWATCH_GPU",))
+    values["gpu"] = gpu if gpu is not None else _visible_gpu(environ, values["local_rank"])
+    if launcher is Launcher.NONE and _in_kubernetes(environ):
+        launcher = Launcher.KUBERNETES
+    values["launcher"] = launcher
+    return _consistent(Identity(**values))
+
+
+def _first_int(
+    name: str, explicit: Any, environ: Mapping[str, str], names: tuple[str, ...]
+) -> tuple[int | None, str | None]:
+    """The first readable non-negative integer among explicit, then env ``names``."""
+    if explicit is not None:
+        value = _to_int(explicit)
+        if value is not None:
+            return value, "explicit"
+        _log_once(f"bad:{name}", "stepwatch identity: ignoring %s=%r (not an integer >= 0)",
+                  name, explicit)
+    for var in names:
+        raw = environ.get(var)
+        if raw is None or raw == "":
+            continue
+        value = _to_int(raw)
+        if value is not None:
+            return value, var
+        _log_once(f"bad:{var}", "stepwatch identity: ignoring env %s=%r (not an integer >= 0)",
+                  var, raw)
+    return None, None
+
+
+def _to_int(raw: Any) -> int | None:
+    if isinstance(raw, bool):
+        return None
+    text = str(raw).strip()
+    # SLURM_NTASKS_PER_NODE may read "8(x2)": eight tasks on each of two nodes.
+    match = re.match(r"^(\d+)(?:\(x\d+\))?$", text)
+    return int(match.group(1)) if match else None
+
+
+def _text(raw: Any) -> str:
+    return "" if raw is None else str(raw).strip()
+
+
+def _job_id(explicit: Any, environ: Mapping[str, str], pod: str) -> str:
+    for candidate in (
+        _text(explicit),
+        environ.get("STEPWATCH_JOB_ID", ""),
+        environ.get("SLURM_JOB_ID", ""),
+        environ.get("TORCHELASTIC_RUN_ID", ""),
+    ):
+        candidate = candidate.strip()
+        if candidate and candidate != "none":  # torchrun's default run id is "none"
+            return candidate
+    match = _PYTORCHJOB_POD.match(pod)
+    if match:
+        namespace = environ.get("POD_NAMESPACE", "")
+        return f"{namespace}/{match.group('job')}" if namespace else match.group("job")
+    _log_once("no_job_id", "stepwatch identity: no job id found; set STEPWATCH_JOB_ID "
+              "or pass init(job_id=...) (using %r)", UNKNOWN_JOB)
+    return UNKNOWN_JOB
+
+
+def _host(environ: Mapping[str, str], hostname: Callable[[], str]) -> str:
+    for var in ("STEPWATCH_HOST", "SLURMD_NODENAME", "NODE_NAME"):
+        value = environ.get(var, "").strip()
+        if value:
+            return value
+    try:
+        return hostname()
+    except OSError:
+        return "localhost"
+
+
+def _visible_gpu(environ: Mapping[str, str], local_rank: int) -> int | None:
+    """The physical GPU index: CUDA_VISIBLE_DEVICES[local_rank] when readable."""
+    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible or not all(v.isdigit() for v in visible):
+        return None  # absent or UUIDs: the GPU index defaults to local_rank downstream
+    if len(visible) == 1:
+        return int(visible[0])  # one GPU bound to this task (Slurm --gpus-per-task)
+    return int(visible[local_rank]) if local_rank < len(visible) else None
+
+
+def _in_kubernetes(environ: Mapping[str, str]) -> bool:
+    return bool(environ.get("KUBERNETES_SERVICE_HOST") or environ.get("POD_NAME"))
+
+
+def _consistent(identity: Identity) -> Identity:
+    changes: dict[str, Any] = {}
+    if identity.world_size < 1:
+        changes["world_size"] = 1
+    if identity.rank >= max(identity.world_size, 1):
+        _log_once("rank_ge_world", "stepwatch identity: rank=%s >= world_size=%s; using "
+                  "world_size=%s (set STEPWATCH_WORLD_SIZE)", identity.rank,
+                  identity.world_size, identity.rank + 1)
+        changes["world_size"] = identity.rank + 1
+    if identity.local_world_size < 1:
+        changes["local_world_size"] = 1
+    return identity.replace(**changes) if changes else identity
