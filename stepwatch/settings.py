@@ -61,6 +61,8 @@ class Settings:
     clickhouse_password: str = ""
     clickhouse_database: str = "stepwatch"
     store_path: str = "var/chdb"
+    store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)
+    sink_metrics_port: int = 9467  # the ClickHouse sink's /metrics; 0 disables it
     # --- misc -------------------------------------------------------------------
     log_level: str = "INFO"
 
@@ -92,6 +94,8 @@ class Settings:
             raise ConfigError(f"partitions must be >= 1, got {self.partitions}")
         if self.tick_seconds <= 0:
             raise ConfigError(f"tick_seconds must be > 0, got {self.tick_seconds}")
+        if self.store_raw_ttl_days < 1:
+            raise ConfigError(f"store_raw_ttl_days must be >= 1, got {self.store_raw_ttl_days}")
         if self.spool_max_bytes < 1024 * 1024:
             raise ConfigError(f"spool_max_bytes must be >= 1 MiB, got {self.spool_max_bytes}")
 
