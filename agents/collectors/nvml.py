@@ -76,8 +76,8 @@ class NvmlCollector:
         try:
             if not self._started and not self._start():
                 return []
+            events = self._poll_events(ctx)  # first, so xid_last is current in the readings
             readings = [self._read(gpu) for gpu in self._gpus]
-            events = self._poll_events(ctx)
             indices = [r.index for r in readings]
             message = GpuMessage(host=ctx.host, ts=ctx.now, job_id=job_for(ctx, indices), gpus=readings)
             return [message, *events]

@@ -145,8 +145,7 @@ class RdmaCollector:
             else:
                 self._health.still_down()
             return events
-        jobs = set(ctx.job_of_gpu.values())
-        job = jobs.pop() if len(jobs) == 1 else None
+        job = _host_job(ctx)
         return [PortMessage(host=ctx.host, ts=ctx.now, job_id=job, ports=readings), *events]
 
     def _read_port(self, ctx: HostContext, port: _Port, events: list[Message]) -> PortReading:
@@ -251,6 +250,12 @@ def _netdev(dev_dir: str, port: int, netdevs: list[str]) -> str:
     return netdevs[0]
 
 
+def _host_job(ctx: HostContext) -> str | None:
+    """The job of the host's NICs: the one job every known GPU belongs to, if any."""
+    jobs = set(ctx.job_of_gpu.values())
+    return jobs.pop() if len(jobs) == 1 else None
+
+
 def _link_event(ctx: HostContext, port: _Port, before: str, after: str) -> EventMessage:
     log.warning(
         "RDMA link state change device=%s port=%s change=%s->%s", port.device, port.port, before, after
@@ -259,6 +264,7 @@ def _link_event(ctx: HostContext, port: _Port, before: str, after: str) -> Event
         host=ctx.host,
         ts=ctx.now,
         type=EventType.LINK_STATE,
+        job_id=_host_job(ctx),
         device=port.device,
         port=port.port,
         detail=f"{before}->{after}",
