@@ -25,6 +25,12 @@ K8S_PAGE = (FIXTURES / "h100_8gpu_hostname_k8s.prom").read_text()
 NOW = 1_767_225_600.0
 
 
+def nn(value: Any) -> Any:
+    """The value, asserted present (readings are Optional)."""
+    assert value is not None
+    return value
+
+
 class Exporter:
     """A stand-in dcgm-exporter: serves ``page`` at /metrics, optionally slowly."""
 
@@ -91,8 +97,9 @@ def test_hostname_spelling_bare_metal_page(exporter: Exporter) -> None:
     assert g0.uuid == "GPU-5d0c3b2e-8f41-4b7a-9c26-1e7f0a3d9b10"
     assert g0.name == "NVIDIA H100 80GB HBM3" and g0.pci_bus_id == "00000000:18:00.0"
     assert g0.sm_clock_mhz == 1980.0 and g0.mem_clock_mhz == 2619.0
-    assert g0.fb_used_mib + g0.fb_free_mib == 81559.0
-    assert 0 < g0.gr_engine_active < 1 and 0 < g0.tensor_active < 1 and 0 < g0.dram_active < 1
+    assert nn(g0.fb_used_mib) + nn(g0.fb_free_mib) == 81559.0
+    assert 0 < nn(g0.gr_engine_active) < 1 and 0 < nn(g0.tensor_active) < 1
+    assert 0 < nn(g0.dram_active) < 1
     assert isinstance(g0.energy_mj_total, int) and g0.energy_mj_total > 10**11
     assert msg.gpus[2].xid_last == 13 and msg.gpus[0].xid_last == 0
     assert msg.gpus[5].ecc_sbe_total == 3 and msg.gpus[5].remapped_rows_correctable == 2
@@ -197,9 +204,9 @@ def test_garbage_page_is_down(exporter: Exporter) -> None:
 
 def test_damaged_lines_degrade_but_good_samples_survive(exporter: Exporter) -> None:
     lines = HOSTNAME_PAGE.splitlines()
-    bad = [
+    bad = next(
         i for i, line in enumerate(lines) if line.startswith('DCGM_FI_DEV_GPU_TEMP{gpu="4"')
-    ][0]
+    )
     lines[bad] = lines[bad][:60]  # truncated mid-label
     lines.insert(5, "garbage here")
     exporter.page = "\n".join(lines) + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes.util
+import itertools
 import json
 import logging
 from pathlib import Path
@@ -24,6 +25,12 @@ L40S = FIXTURES / "l40s_2gpu.json"
 RAW = json.loads(DEFAULT_RECORDING.read_text())
 NOW = 1_767_225_600.0
 MIB = 1024 * 1024
+
+
+def nn(value: Any) -> Any:
+    """The value, asserted present (readings are Optional)."""
+    assert value is not None
+    return value
 
 
 class Clock:
@@ -60,12 +67,12 @@ def test_h100_readings_and_unit_conversions(clock: Clock) -> None:
         assert gpu.name == "NVIDIA H100 80GB HBM3"
         assert gpu.pci_bus_id == dev["static"]["pci_bus_id"]
         assert gpu.power_w == pytest.approx(raw["power_usage_mw"] / 1000)  # mW -> W
-        assert 500 < gpu.power_w < 700
+        assert 500 < nn(gpu.power_w) < 700
         assert gpu.power_limit_w == 700.0
         assert gpu.sm_clock_max_mhz == 1980.0
         assert gpu.mem_clock_mhz == 2619.0
         assert gpu.fb_used_mib == raw["memory"][0] / MIB
-        assert gpu.fb_used_mib + gpu.fb_free_mib == 81559.0  # bytes -> MiB
+        assert nn(gpu.fb_used_mib) + nn(gpu.fb_free_mib) == 81559.0  # bytes -> MiB
         assert gpu.energy_mj_total == raw["total_energy_mj"]
         assert gpu.nvlink_tx_bytes_total == raw["nvlink_throughput_kib"][0] * 1024  # KiB -> B
         assert gpu.nvlink_rx_bytes_total == raw["nvlink_throughput_kib"][1] * 1024
@@ -82,15 +89,17 @@ def test_h100_readings_and_unit_conversions(clock: Clock) -> None:
 
 def test_replay_follows_the_clock_and_counters_never_go_back(clock: Clock) -> None:
     collector = NvmlCollector(ReplayNvml.from_file(clock=clock))
-    energy, nvlink, powers = [], [], set()
+    energy: list[int] = []
+    nvlink: list[int] = []
+    powers = set()
     for _ in range(25):  # 2.5 passes over the 10-sample recording
         gpu0 = gpu_message(collector.collect(ctx())).gpus[0]
-        energy.append(gpu0.energy_mj_total)
-        nvlink.append(gpu0.nvlink_tx_bytes_total)
+        energy.append(nn(gpu0.energy_mj_total))
+        nvlink.append(nn(gpu0.nvlink_tx_bytes_total))
         powers.add(gpu0.power_w)
         clock.t += 1.0
-    assert all(b > a for a, b in zip(energy, energy[1:], strict=False))
-    assert all(b > a for a, b in zip(nvlink, nvlink[1:], strict=False))
+    assert all(b > a for a, b in itertools.pairwise(energy))
+    assert all(b > a for a, b in itertools.pairwise(nvlink))
     assert len(powers) > 5  # the samples change with time
     # 1 s at ~0.6 kW is ~600,000 mJ
     assert 500_000 < energy[1] - energy[0] < 700_000
