@@ -32,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 Item = RawStep | RankEvent
 MAX_PENDING = 1024  # steps whose CUDA events have not completed yet
+RETRY_BUDGET_S = 0.02  # per wake-up, the sender thread may wait this long for a full queue
 
 
 class Exporter(Protocol):
@@ -151,6 +152,7 @@ class BackgroundExporter:
 
     def _drain_locked(self, final: bool) -> None:
         process = self._processor.process
+        self._processor.sender.allow_wait(RETRY_BUDGET_S)
         while self._queue:
             item = self._queue.popleft()
             if isinstance(item, RawStep) and (self._pending or not _ready(item)):

@@ -58,9 +58,8 @@ class RawStep:
         return list(seen.values())
 
 
-def record_event(pool: EventPool | None, owner: StepWatch) -> TimingEvent | None:
-    if pool is None:
-        return None
+def record_event(pool: EventPool, owner: StepWatch) -> TimingEvent | None:
+    """Record a CUDA event from the pool on the current stream (asynchronous)."""
     try:
         event = pool.take()
         event.record()
@@ -84,7 +83,7 @@ class PhaseTimer:
 
     def __enter__(self) -> PhaseTimer:
         step = self._step
-        self._event = record_event(step._pool, step._owner)
+        self._event = None if step._pool is None else record_event(step._pool, step._owner)
         step._open.append(self)
         self._start = perf_counter_ns()
         return self
@@ -98,7 +97,7 @@ class PhaseTimer:
             step._owner._misuse("phase_after_step", "stepwatch: phase %r ended after its step "
                                 "ended; not recorded", self._name)
             return
-        event = record_event(step._pool, step._owner)
+        event = None if step._pool is None else record_event(step._pool, step._owner)
         try:
             step._open.remove(self)
         except ValueError:
@@ -139,7 +138,7 @@ class Step:
         self.tokens = tokens
         self.flops = flops
         self.loss = loss
-        self._start_event = record_event(self._pool, owner)
+        self._start_event = None if self._pool is None else record_event(self._pool, owner)
         self._start_ns = perf_counter_ns()
 
     @property
@@ -161,14 +160,16 @@ class Step:
         if self._done:
             self._owner._misuse("mark_outside_step", "stepwatch: mark %r on an ended step", name)
             return
-        event = record_event(self._pool, self._owner)
+        event = None if self._pool is None else record_event(self._pool, self._owner)
         self._close_mark(now, event)
         self._mark = (name, now, event)
 
     def end_phase(self) -> None:
         """End the phase started by the last mark without starting another."""
         if not self._done:
-            self._close_mark(perf_counter_ns(), record_event(self._pool, self._owner))
+            now = perf_counter_ns()
+            pool = self._pool
+            self._close_mark(now, None if pool is None else record_event(pool, self._owner))
 
     def _close_mark(self, now: int, event: TimingEvent | None) -> None:
         if self._mark is not None:
@@ -179,7 +180,7 @@ class Step:
     def _finish(self) -> RawStep:
         """Close what is still open and snapshot the step (called once by the owner)."""
         end = perf_counter_ns()
-        event = record_event(self._pool, self._owner)
+        event = None if self._pool is None else record_event(self._pool, self._owner)
         self._close_mark(end, event)
         if self._open:
             names = [timer._name for timer in self._open]
