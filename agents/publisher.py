@@ -1,0 +1,390 @@
+"""The Kafka publisher: a :class:`~agents.sink.MessageSink` with a no-loss on-disk spool.
+
+``send`` encodes each (already sequenced) message and appends it to the
+:class:`~agents.spool.Spool`; it never touches the network. A sender thread
+reads the spool in order, produces to Kafka (idempotent, lz4, batched; one
+topic per kind, keyed by job id or host) and acknowledges spool positions only
+when delivery reports confirm them, in order. When the broker is unreachable
+or deliveries fail, the sender stops producing, probes the cluster (which also
+re-creates missing topics: a restarted development broker has none), then
+starts a fresh producer and rewinds to the first unacknowledged record.
+Delivery is at-least-once: records in flight when the broker failed may be
+sent twice; sequence numbers make that measurable downstream.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from agents.spool import Pos, Record, Spool, SpoolStats
+from stepwatch.contract import KIND_OF, Kind, Message, Topics, encode, message_key
+from stepwatch.errors import SpoolError, StepwatchError
+from stepwatch.logs import LogOnce
+from stepwatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+WINDOW = 50_000  # records produced and not yet confirmed
+BATCH = 5_000  # records read from the spool per pump
+BACKOFF_MIN, BACKOFF_MAX = 0.5, 5.0
+GRACE_SECONDS = 5.0  # after an outage: time for in-flight records to land before a reset
+PERSIST_EVERY = 1.0  # seconds between writes of the acknowledged position
+# per-record errors no retry can fix: the record is dropped and counted ("rejected")
+PERMANENT = frozenset({"MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "INVALID_RECORD",
+                       "CORRUPT_MESSAGE", "RECORD_LIST_TOO_LARGE", "_INVALID_ARG"})
+
+ProducerFactory = Callable[[dict[str, Any]], Any]
+Probe = Callable[[], None]
+
+
+class BrokerState(enum.StrEnum):
+    UP = "up"
+    SUSPECT = "suspect"  # an error was seen: stop producing, check the cluster
+    DOWN = "down"  # unreachable: spooling, probing with backoff
+
+
+@dataclass(frozen=True)
+class PublisherStats:
+    state: BrokerState
+    accepted: dict[str, int]  # messages taken by send(), by kind
+    produced: dict[str, int]  # delivered (confirmed by the broker), by kind
+    delivery_failures: dict[str, int]  # by reason (error code name)
+    rejected: int  # permanently refused by the broker and dropped
+    producer_resets: int
+    rewinds: int
+    spool: SpoolStats
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class _Slot:
+    """One produced record awaiting its delivery report; is its own delivery callback."""
+
+    __slots__ = ("end", "gen", "owner", "state", "topic")
+
+    def __init__(self, owner: KafkaPublisher, end: Pos, topic: str, gen: int) -> None:
+        self.owner, self.end, self.topic, self.gen = owner, end, topic, gen
+        self.state = 0  # 0 in flight, 1 delivered, 2 dropped (rejected), -1 failed
+
+    def __call__(self, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.state = 1
+            self.owner._produced[self.topic] += 1
+        else:
+            self.owner._on_failure(self, err)
+
+
+def _default_producer(config: dict[str, Any]) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer(config)
+
+
+class KafkaPublisher:
+    """Spool-backed, at-least-once Kafka publisher for any number of hosts."""
+
+    def __init__(self, settings: Settings, *, spool: Spool | None = None,
+                 producer_factory: ProducerFactory | None = None, probe: Probe | None = None,
+                 probe_timeout: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.topics = Topics(settings.topic_prefix)
+        self._topic_of = {cls: self.topics.for_kind(kind) for cls, kind in KIND_OF.items()}
+        self._kind_of_topic = {self.topics.for_kind(k): k.value for k in Kind}
+        self.spool = spool or Spool(settings.spool_dir, settings.spool_max_bytes)
+        self._factory = producer_factory or _default_producer
+        self._probe = probe or partial(self._ensure_topics, probe_timeout)
+        self._clock = clock
+        self._log = LogOnce(log)
+        self._rdlog = LogOnce(logging.getLogger(__name__ + ".rdkafka"))
+        self._producer: Any = None
+        self._gen = 0
+        self._inflight: deque[_Slot] = deque()
+        self._backlog: deque[Record] = deque()
+        self._failed: str | None = None
+        self._state = BrokerState.DOWN
+        self._since_suspect = 0.0
+        self._next_probe = 0.0
+        self._backoff = BACKOFF_MIN
+        self._last_persist = clock()
+        self._accepted: Counter[str] = Counter()
+        self._produced: Counter[str] = Counter()
+        self._failures: Counter[str] = Counter()
+        self._rejected = 0
+        self._resets = 0
+        self._connected = False
+        self._rewinds = 0
+        self._wake = threading.Event()
+        self._done = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="stepwatch-publisher", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ MessageSink
+    def send(self, messages: Sequence[Message]) -> None:
+        """Spool the messages (never blocks on the network, never raises)."""
+        if not messages:
+            return
+        topic_of = self._topic_of
+        records = [(topic_of[type(m)], message_key(m), encode(m)) for m in messages]
+        try:
+            self.spool.append(records)
+        except SpoolError as err:
+            self.spool.dropped["spool_error"] += len(records)
+            self._log("spool_error", "spool write failed, messages dropped count=%d err=%s",
+                      len(records), err, level=logging.ERROR)
+            return
+        self._accepted.update(r[0] for r in records)
+        self._wake.set()
+
+    def flush(self, timeout: float = 10.0) -> int:
+        """Wait until every spooled record is confirmed; return how many are not."""
+        deadline = time.monotonic() + timeout
+        self._wake.set()
+        with self._done:
+            while self.spool.pending() and not self._stopped():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._done.wait(min(left, 0.2))
+        return self.spool.pending()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Flush (up to ``timeout``), stop the sender, persist the spool position."""
+        left = self.flush(timeout)
+        if left:
+            log.warning("publisher closing with undelivered records kept in the spool "
+                        "records=%d dir=%s", left, self.spool.dir)
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=max(5.0, timeout))
+        self._drop_producer(purge=True)
+        self.spool.close()
+
+    # ------------------------------------------------------------------ state
+    @property
+    def state(self) -> BrokerState:
+        return self._state
+
+    def stats(self) -> PublisherStats:
+        return PublisherStats(
+            state=self._state,
+            accepted=self._by_kind(self._accepted),
+            produced=self._by_kind(self._produced),
+            delivery_failures=dict(self._failures),
+            rejected=self._rejected,
+            producer_resets=self._resets,
+            rewinds=self._rewinds,
+            spool=self.spool.stats(),
+        )
+
+    def _by_kind(self, per_topic: Counter[str]) -> dict[str, int]:
+        out: Counter[str] = Counter()
+        for topic, n in list(per_topic.items()):
+            out[self._kind_of_topic.get(topic, topic)] += n
+        return dict(out)
+
+    def _stopped(self) -> bool:
+        return not self._thread.is_alive()
+
+    # ------------------------------------------------------------------ sender thread
+    def _run(self) -> None:
+        while not self._stopping:
+            try:
+                self._step()
+            except Exception as err:  # the sender must survive anything
+                self._log("sender", "publisher sender error err=%r", err, level=logging.ERROR)
+                self._enter_down(f"sender error: {err!r}")
+            self._maybe_persist()
+        with self._done:
+            self._done.notify_all()
+
+    def _step(self) -> None:
+        if self._state is BrokerState.DOWN:
+            self._wait_probe()
+            return
+        producer = self._producer
+        sent = self._pump(producer) if self._state is BrokerState.UP else 0
+        busy = bool(self._inflight)
+        if busy or sent:
+            producer.poll(0 if sent else 0.05)
+        else:
+            self._wake.clear()
+            if not self.spool.unread() or self._state is not BrokerState.UP:
+                self._wake.wait(0.5)
+            producer.poll(0)
+        self._advance()
+        if self._state is BrokerState.SUSPECT:
+            self._check_suspect()
+
+    def _pump(self, producer: Any) -> int:
+        room = WINDOW - len(self._inflight)
+        if room <= 0:
+            return 0
+        if not self._backlog:
+            self._backlog.extend(self.spool.read(min(room, BATCH)))
+        sent = 0
+        gen, inflight, backlog, produce = self._gen, self._inflight, self._backlog, producer.produce
+        while backlog and sent < room:
+            rec = backlog[0]
+            slot = _Slot(self, rec.end, rec.topic, gen)
+            try:
+                produce(rec.topic, rec.value, rec.key, on_delivery=slot)
+            except BufferError:
+                break  # librdkafka's queue is full: serve delivery reports first
+            backlog.popleft()
+            inflight.append(slot)
+            sent += 1
+        return sent
+
+    def _on_failure(self, slot: _Slot, err: Any) -> None:
+        if slot.gen != self._gen:
+            return  # a report from a producer already reset
+        name = err.name()
+        if name in PERMANENT:
+            slot.state = 2
+            self._rejected += 1
+            self.spool.dropped["rejected"] += 1
+            self._log("reject:" + name, "record rejected by Kafka and dropped topic=%s err=%s",
+                      slot.topic, err, level=logging.ERROR)
+            return
+        slot.state = -1
+        self._failures[name] += 1
+        if self._failed is None:
+            self._failed = name
+            self._log("fail:" + name, "delivery failed, will retry from the spool err=%s", err)
+            self._suspect(f"delivery failed: {name}")
+
+    def _on_error(self, err: Any) -> None:
+        name = err.name()
+        if err.fatal():
+            self._failed = self._failed or name
+            self._suspect(f"fatal producer error: {err}")
+        elif name == "_ALL_BROKERS_DOWN":
+            self._suspect("all brokers down")
+        else:
+            self._log("error:" + name, "kafka client error err=%s", err)
+
+    def _advance(self) -> None:
+        inflight, last = self._inflight, None
+        while inflight and inflight[0].state > 0:
+            last = inflight.popleft().end
+        if last is not None:
+            self.spool.ack(last)
+            with self._done:
+                self._done.notify_all()
+
+    # ------------------------------------------------------------------ outage handling
+    def _suspect(self, reason: str) -> None:
+        if self._state is BrokerState.UP:
+            log.warning("kafka unhealthy, spooling reason=%s spool_records=%d",
+                        reason, self.spool.pending())
+            self._state = BrokerState.SUSPECT
+            self._since_suspect = self._clock()
+
+    def _check_suspect(self) -> None:
+        """Probe the cluster; recover in place, or reset the producer and rewind."""
+        try:
+            self._probe()
+        except Exception as err:
+            self._enter_down(f"probe failed: {err}")
+            return
+        if self._failed is None and not self._inflight:
+            self._state = BrokerState.UP  # a blip: everything in flight landed
+            log.info("kafka reachable again, no reset needed")
+        elif self._failed is not None or self._clock() - self._since_suspect > GRACE_SECONDS:
+            self._reset_producer()
+
+    def _enter_down(self, reason: str) -> None:
+        if self._state is not BrokerState.DOWN:
+            log.warning("kafka unreachable, spooling to disk reason=%s spool_records=%d",
+                        reason, self.spool.pending())
+        self._drop_producer(purge=True)
+        self._state = BrokerState.DOWN
+        self._next_probe = self._clock() + self._backoff
+        self._backoff = min(BACKOFF_MAX, self._backoff * 2)
+
+    def _wait_probe(self) -> None:
+        wait = self._next_probe - self._clock()
+        if wait > 0:
+            self._wake.wait(min(wait, 0.5))
+            self._wake.clear()
+            return
+        try:
+            self._probe()
+        except Exception as err:
+            self._enter_down(f"probe failed: {err}")
+            return
+        self._reset_producer()
+
+    def _reset_producer(self) -> None:
+        """Fresh producer, rewind to the first unacknowledged record, state UP."""
+        self._drop_producer(purge=True)
+        self._producer = self._factory(self._producer_config())
+        back = self.spool.rewind()
+        self._backlog.clear()
+        self._failed = None
+        self._backoff = BACKOFF_MIN
+        self._state = BrokerState.UP
+        if self._connected:
+            self._resets += 1
+        self._connected = True
+        self._rewinds += 1 if back else 0
+        log.info("kafka ready bootstrap=%s resent_from=%d pending_records=%d",
+                 self.settings.bootstrap_servers, self.spool.acked.record, self.spool.pending())
+
+    def _drop_producer(self, purge: bool) -> None:
+        self._gen += 1
+        self._inflight.clear()
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        try:
+            if purge:
+                producer.purge()
+            producer.flush(0)
+        except Exception as err:
+            self._log("purge", "producer purge failed err=%r", err)
+
+    def _producer_config(self) -> dict[str, Any]:
+        from stepwatch.kafka import producer_config
+
+        return producer_config(self.settings, error_cb=self._on_error, logger=_RdLogger(self._rdlog))
+
+    def _ensure_topics(self, timeout: float) -> None:
+        from stepwatch.kafka import ensure_topics
+
+        try:
+            ensure_topics(self.settings, [self.topics.for_kind(k) for k in Kind], timeout=timeout)
+        except StepwatchError:
+            raise
+        except Exception as err:
+            raise StepwatchError(f"kafka probe failed: {err}") from err
+
+    def _maybe_persist(self) -> None:
+        now = self._clock()
+        if now - self._last_persist < PERSIST_EVERY:
+            return
+        self._last_persist = now
+        try:
+            self.spool.persist()
+        except SpoolError as err:
+            self._log("persist", "cannot persist spool position err=%s", err, level=logging.ERROR)
+
+
+class _RdLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """librdkafka's log lines, each distinct facility logged once (reconnects are noisy)."""
+
+    def __init__(self, once: LogOnce) -> None:
+        super().__init__(logging.getLogger(__name__ + ".rdkafka"), {})
+        self._once = once
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        text = str(msg) % args if args else str(msg)
+        self._once(text.split(" ", 1)[0], "librdkafka: %s", text, level=min(level, logging.WARNING))
