@@ -27,7 +27,7 @@ from typing import Any
 
 from agents.collectors.base import CollectorHealth, HostContext
 from agents.collectors.common import HealthTracker, job_for
-from agents.collectors.promtext import Sample, parse
+from agents.collectors.promtext import Parser, Sample
 from stepwatch.contract import EventMessage, EventType, GpuMessage, GpuReading, Message
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,7 @@ class DcgmCollector:
         self.url = url
         self._timeout = timeout
         self._fetch = fetcher
+        self._parser = Parser()
         self._health = HealthTracker(log)
         self._xid_seen: dict[str, int] = {}
         self._attribution: dict[int, dict[str, str]] = {}
@@ -128,7 +129,7 @@ class DcgmCollector:
             return None
 
     def _fold(self, ctx: HostContext, text: str) -> list[Message]:
-        page = parse(text)
+        page = self._parser.parse(text)
         if page.bad_lines:
             self._health.error(
                 "page", "garbled", "dcgm-exporter page has unparsable lines url=%s first=%r",

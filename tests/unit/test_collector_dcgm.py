@@ -16,7 +16,7 @@ from agents.collectors.base import HealthState, HostContext
 from agents.collectors.dcgm import DcgmCollector
 from agents.collectors.nvml import NvmlCollector
 from agents.collectors.nvml_replay import ReplayNvml
-from agents.collectors.promtext import parse
+from agents.collectors.promtext import Parser, parse
 from stepwatch.contract import EventMessage, EventType, GpuMessage, decode, encode
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
@@ -248,3 +248,27 @@ def test_promtext_keeps_counter_family_names() -> None:
     assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" in families
     assert not any(f.endswith("_total") for f in families)
     assert len(page.samples) == 24 * 8
+
+
+def test_promtext_edge_cases_and_label_cache() -> None:
+    text = (
+        '# HELP a help\n# TYPE a gauge\n'
+        'a{b="}",c="x y"} 1 1767225600000\n'
+        'b 2\n'
+        'c{} 3\n'
+        'd{x="\\"q\\"",y="\\\\"} NaN\n'
+        'e{ 5\n'  # unterminated
+        'f{a="1"}\n'  # no value
+        '9bad 1\n'  # bad name
+        'g{a="1"} 1 2 3\n'  # too many fields
+    )
+    page = parse(text)
+    assert [(s.family, s.labels) for s in page.samples] == [
+        ("a", {"b": "}", "c": "x y"}), ("b", {}), ("c", {}), ("d", {"x": '"q"', "y": "\\"}),
+    ]
+    assert page.samples[0].value == 1.0
+    assert page.bad_lines == 4 and page.first_bad == "e{ 5"
+    parser = Parser()
+    first = parser.parse(HOSTNAME_PAGE)
+    second = parser.parse(HOSTNAME_PAGE)
+    assert first == second and len(parser._labels) == 8  # one label set per GPU
