@@ -131,9 +131,9 @@ def main() -> None:
         row("dcgm collect (8 GPUs)", timeit(lambda: dcgm.collect(CTX), ticks), fetched,
             "HTTP fetch only")
         text = PAGE.decode()
-        parser = Parser()
+        page_parser = Parser()
         whole = timeit(lambda: list(text_string_to_metric_families(text)), ticks)
-        row("dcgm page parse", timeit(lambda: parser.parse(text), ticks), whole,
+        row("dcgm page parse", timeit(lambda: page_parser.parse(text), ticks), whole,
             "prometheus_client whole page")
     finally:
         server.shutdown()
