@@ -53,6 +53,7 @@ class Settings:
     metrics_port: int = 9465  # 0 disables the agent's /metrics endpoint
     # --- stream processors -----------------------------------------------------
     stream_metrics_port: int = 9466
+    stream_data_dir: str = "var/stream"  # the Faust worker's data directory
     hang_min_seconds: float = 60.0
     hang_step_multiple: float = 10.0
     # --- historical store ------------------------------------------------------
