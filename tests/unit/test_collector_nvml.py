@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes.util
+import importlib.resources
 import itertools
 import json
 import logging
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 
 from agents.collectors import build_collectors, parse_names
-from agents.collectors.base import HealthState, HostContext
+from agents.collectors.base import Collector, HealthState, HostContext
 from agents.collectors.nvml import NvmlCollector
 from agents.collectors.nvml_api import Field, NvmlError, RealNvml
 from agents.collectors.nvml_replay import DEFAULT_RECORDING, ReplayNvml, load_recording
@@ -266,6 +267,7 @@ def test_registry_builds_by_name_and_replay_env(monkeypatch: pytest.MonkeyPatch)
     assert names == ["nvml-replay", "rdma", "steps", "dcgm"]
     collectors = build_collectors(settings, names)
     assert [c.name for c in collectors] == ["nvml-replay", "rdma", "dcgm"]  # steps: the agent's
+    assert all(isinstance(c, Collector) for c in collectors)
     assert len(gpu_message(collectors[0].collect(ctx())).gpus) == 8  # shipped H100 recording
     monkeypatch.setenv("STEPWATCH_NVML_REPLAY", str(L40S))
     (replay,) = build_collectors(settings, ["nvml-replay"])
@@ -274,3 +276,11 @@ def test_registry_builds_by_name_and_replay_env(monkeypatch: pytest.MonkeyPatch)
         build_collectors(settings, ["nvml", "gpu-magic"])
     for c in collectors:
         c.close()
+
+
+def test_default_recording_ships_inside_the_package() -> None:
+    data = importlib.resources.files("agents.collectors.data")
+    assert data.joinpath("h100_8gpu.json").is_file()
+    assert DEFAULT_RECORDING.parent.name == "data"
+    recording = load_recording(DEFAULT_RECORDING)
+    assert len(recording.devices) == 8 and recording.interval_s == 1.0
