@@ -29,6 +29,8 @@ class JobStats:
     hung: bool
     open_detections: int
     flagged_ranks: dict[int, float] = field(default_factory=dict)  # rank -> straggler score
+    # badput category (data_stall, checkpoint, hang, restart, lost_progress, other) -> seconds
+    badput_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Analyzer(Protocol):

@@ -1,0 +1,251 @@
+"""Cause attribution: join a detection with the recent GPU, port and event samples.
+
+Order of precedence for a rank: hardware (XID 79/48/95, double-bit ECC,
+uncorrectable remapped rows) > gpu (bad throttle reasons, power cap, SM clock
+below max, heat, other non-user XIDs) > network (link down or errors on the
+host's NICs, ECN/CNP or ``xmit_wait`` rates well above the job's other NICs)
+> host_input (the data phase holds most of the excess) > unknown. GPU and NIC
+symptoms count only when the rank's GPU/NIC shows them and most of its peers
+do not: busy GPUs often sit at their power cap, and a fabric-wide congestion
+is not one host's fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from stepwatch.contract import EventType
+from streams.core.config import DetectConfig
+from streams.core.hostwindow import (
+    BAD_THROTTLE,
+    SW_POWER_CAP,
+    THROTTLE_NAMES,
+    GpuSignals,
+    HostWindow,
+    PortSignals,
+    median_of,
+)
+from streams.core.kinds import Cause, Fault
+
+HARDWARE_XIDS = frozenset({48, 79, 95})
+USER_XIDS = frozenset({13, 31, 43})  # most often the application's own fault
+MAX_PEER_HOSTS = 16
+MIN_SPAN_SECONDS = 5.0  # at least a few agent ticks of samples
+
+Evidence = dict[str, str | float | int | bool | None]
+
+
+@dataclass(frozen=True)
+class Attribution:
+    cause: Cause
+    fault: Fault
+    reason: str  # a few words for the summary
+    evidence: Evidence = field(default_factory=dict)
+
+
+UNKNOWN = Attribution(Cause.UNKNOWN, Fault.UNKNOWN, "no GPU, NIC or input signal")
+
+
+class CauseFinder:
+    def __init__(self, cfg: DetectConfig, windows: Mapping[str, HostWindow]) -> None:
+        self.cfg = cfg
+        self.windows = windows
+
+    def _range(self, t1: float, span: float | None = None) -> tuple[float, float]:
+        span = self.cfg.host_window_seconds if span is None else max(span, MIN_SPAN_SECONDS)
+        return t1 - span, t1
+
+    def _gpus(self, host: str, t1: float, span: float | None = None) -> dict[int, GpuSignals]:
+        win = self.windows.get(host)
+        return win.gpu_signals(*self._range(t1, span)) if win else {}
+
+    def _ports(self, host: str, t1: float, span: float | None = None) -> list[PortSignals]:
+        win = self.windows.get(host)
+        return win.port_signals(*self._range(t1, span)) if win else []
+
+    def for_rank(self, host: str, gpu: int | None, peer_hosts: Iterable[str], t1: float,
+                 data_share: float | None, span: float | None = None) -> Attribution:
+        """Why rank (``host``, ``gpu``) is slow, from samples of the last ``span`` seconds
+        (the time the slowdown was seen, so that its symptoms are not diluted)."""
+        peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
+        gpus = self._gpus(host, t1, span)
+        own = gpus.get(gpu) if gpu is not None else None
+        hw = hardware_reasons(own)
+        if hw:
+            return Attribution(Cause.HARDWARE, Fault.SYSTEM, hw[0], {"hardware": ", ".join(hw)})
+        peer_gpus = [s for i, s in gpus.items() if i != gpu]
+        for h in peers:
+            peer_gpus.extend(self._gpus(h, t1, span).values())
+        found = gpu_reasons(own, peer_gpus, self.cfg)
+        if found:
+            reasons, ev = found
+            return Attribution(Cause.GPU, Fault.SYSTEM, reasons[0], ev)
+        ports = self._ports(host, t1, span)
+        peer_ports = [p for h in peers for p in self._ports(h, t1, span)]
+        net = network_reasons(ports, peer_ports, self.cfg)
+        if net:
+            reasons, ev = net
+            return Attribution(Cause.NETWORK, Fault.SYSTEM, reasons[0], ev)
+        if data_share is not None and data_share >= self.cfg.data_share_for_input:
+            return Attribution(Cause.HOST_INPUT, Fault.SYSTEM, "slow data phase",
+                               {"data_share_of_excess": round(data_share, 3)})
+        return UNKNOWN
+
+    def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
+                span: float | None = None) -> Attribution:
+        """Why the whole job (or a group) got slower: the component that grew, then its host."""
+        hosts = sorted(set(hosts))
+        grown = {k: v for k, v in deltas.items() if k in ("data", "compute", "collective", "other")}
+        top = max(grown, key=lambda k: grown[k]) if grown else "step"
+        ev: Evidence = {"grew": top}
+        if top == "collective":
+            ports = {h: self._ports(h, t1, span) for h in hosts}
+            found = []
+            for h, ps in ports.items():
+                others = [p for o, qs in ports.items() if o != h for p in qs]
+                net = network_reasons(ps, others, self.cfg)
+                if net:
+                    found.append((float(net[1].get("cnp_per_s") or 0.0), h, net))
+            if found:
+                _, h, (reasons, nev) = max(found, key=lambda x: x[0])
+                return Attribution(Cause.NETWORK, Fault.SYSTEM, f"{reasons[0]} on {h}",
+                                   {**ev, **nev, "suspect_host": h})
+            return Attribution(Cause.NETWORK, Fault.UNKNOWN, "collectives slower", ev)
+        if top == "data":
+            return Attribution(Cause.HOST_INPUT, Fault.UNKNOWN, "data phase slower", ev)
+        if top == "compute":
+            all_gpus = [s for h in hosts for s in self._gpus(h, t1, span).values()]
+            slow = [s for s in all_gpus if gpu_reasons(s, [], self.cfg)]
+            if all_gpus and len(slow) >= len(all_gpus) / 2:
+                ev["gpus_throttled"] = len(slow)
+                ev["gpus"] = len(all_gpus)
+                return Attribution(Cause.GPU, Fault.SYSTEM, "GPUs throttled job-wide", ev)
+            return Attribution(Cause.UNKNOWN, Fault.UNKNOWN, "compute slower", ev)
+        return Attribution(Cause.UNKNOWN, Fault.UNKNOWN, f"{top} slower", ev)
+
+    def for_stop(self, host: str, gpu: int | None, rank: int | None, t1: float,
+                 span: float | None = None) -> Attribution:
+        """Why a rank (or the job) stopped: hardware, GPU, link, or an exception in user code."""
+        own = self._gpus(host, t1, span).get(gpu) if gpu is not None else None
+        hw = hardware_reasons(own)
+        if hw:
+            return Attribution(Cause.HARDWARE, Fault.SYSTEM, hw[0], {"hardware": ", ".join(hw)})
+        if own is not None and any(x not in USER_XIDS for x in own.xids):
+            return Attribution(Cause.GPU, Fault.SYSTEM, f"XID {own.xids[-1]}",
+                               {"xids": ",".join(map(str, own.xids))})
+        down = [p for p in self._ports(host, t1, span) if p.down or p.errors.get("link_downed")]
+        if down:
+            return Attribution(Cause.NETWORK, Fault.SYSTEM, f"link down on {down[0].device}",
+                               {"device": down[0].device, "port": down[0].port})
+        win = self.windows.get(host)
+        if win is not None:
+            t0, _ = self._range(t1, span)
+            exc = [e for e in win.events_in(t0, t1, EventType.EXCEPTION)
+                   if rank is None or e.rank in (None, rank)]
+            if exc:
+                return Attribution(Cause.USER, Fault.USER, "exception in user code",
+                                   {"exception": exc[-1].detail[:200]})
+        return UNKNOWN
+
+    def has_hardware_signal(self, hosts: Iterable[str], t1: float) -> str | None:
+        """A hardware or GPU-fatal signal on any of ``hosts`` in the window, as text."""
+        for h in sorted(set(hosts)):
+            for index, s in self._gpus(h, t1).items():
+                hw = hardware_reasons(s)
+                if hw:
+                    return f"{hw[0]} on {h} gpu {index}"
+            for p in self._ports(h, t1):
+                if p.down:
+                    return f"link down on {h} {p.device}"
+        return None
+
+
+def hardware_reasons(s: GpuSignals | None) -> list[str]:
+    if s is None:
+        return []
+    out = [f"XID {x}" for x in s.xids if x in HARDWARE_XIDS]
+    if s.ecc_dbe:
+        out.append(f"{s.ecc_dbe} double-bit ECC errors")
+    if s.remapped_uncorrectable:
+        out.append(f"{s.remapped_uncorrectable} uncorrectable remapped rows")
+    return out
+
+
+def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
+                cfg: DetectConfig) -> tuple[list[str], Evidence] | None:
+    """GPU symptoms of ``own`` that most ``peers`` lack, with the numbers."""
+    if own is None:
+        return None
+    reasons: list[str] = []
+    ev: Evidence = {}
+    for bit, name in THROTTLE_NAMES.items():
+        need = 0.5 if bit == SW_POWER_CAP else 0.25
+        if not bit & (BAD_THROTTLE | SW_POWER_CAP) or own.throttle_share.get(bit, 0.0) < need:
+            continue
+        common = sum(1 for p in peers if p.throttle_share.get(bit, 0.0) >= need)
+        if peers and common >= len(peers) / 2:
+            continue
+        reasons.append(f"throttled ({name})")
+        ev[f"throttle_{name}_share"] = round(own.throttle_share[bit], 3)
+    peer_clock = median_of([p.sm_clock_ratio for p in peers if p.sm_clock_ratio is not None])
+    if own.sm_clock_ratio is not None and own.sm_clock_ratio < cfg.low_clock_ratio and (
+        peer_clock is None or own.sm_clock_ratio < peer_clock - 0.02
+    ):
+        reasons.append("SM clock below max")
+        ev["sm_clock_ratio"] = round(own.sm_clock_ratio, 3)
+        ev["peer_sm_clock_ratio"] = None if peer_clock is None else round(peer_clock, 3)
+    peer_temp = median_of([p.temp_c for p in peers if p.temp_c is not None])
+    if own.temp_c is not None and own.temp_c >= cfg.hot_temp_c and (
+        peer_temp is None or own.temp_c >= peer_temp + 10
+    ):
+        reasons.append("hot")
+        ev["temp_c"] = round(own.temp_c, 1)
+        ev["peer_temp_c"] = None if peer_temp is None else round(peer_temp, 1)
+    peer_power = median_of([p.power_ratio for p in peers if p.power_ratio is not None])
+    if own.power_ratio is not None and own.power_ratio >= cfg.power_cap_ratio and (
+        peer_power is None or peer_power < cfg.power_cap_ratio
+    ):
+        reasons.append("at power cap")
+        ev["power_ratio"] = round(own.power_ratio, 3)
+    other_xids = [x for x in own.xids if x not in USER_XIDS and x not in HARDWARE_XIDS]
+    if other_xids:
+        reasons.append(f"XID {other_xids[-1]}")
+        ev["xids"] = ",".join(map(str, other_xids))
+    if not reasons:
+        return None
+    ev["gpu_reasons"] = ", ".join(reasons)
+    return reasons, ev
+
+
+def network_reasons(own: list[PortSignals], peers: list[PortSignals],
+                    cfg: DetectConfig) -> tuple[list[str], Evidence] | None:
+    """NIC symptoms on ``own`` ports: errors, link down, or congestion well above peers."""
+    peer_cnp = median_of([p.cnp_per_s for p in peers]) or 0.0
+    peer_wait = median_of([p.xmit_wait_per_s for p in peers]) or 0.0
+    cnp_limit = max(cfg.min_cnp_per_second, cfg.congestion_ratio * peer_cnp)
+    wait_limit = max(cfg.min_xmit_wait_per_second, cfg.congestion_ratio * peer_wait)
+    for p in sorted(own, key=lambda p: (-len(p.errors) - p.down, -p.cnp_per_s)):
+        reasons = []
+        if p.down:
+            reasons.append(f"link down on {p.device}")
+        if p.errors:
+            reasons.append(f"link errors on {p.device}")
+        if p.cnp_per_s >= cnp_limit:
+            reasons.append(f"congestion (ECN/CNP) on {p.device}")
+        if p.xmit_wait_per_s >= wait_limit:
+            reasons.append(f"xmit_wait on {p.device}")
+        if reasons:
+            ev: Evidence = {
+                "device": p.device,
+                "port": p.port,
+                "cnp_per_s": round(p.cnp_per_s, 1),
+                "peer_cnp_per_s": round(peer_cnp, 1),
+                "xmit_wait_per_s": round(p.xmit_wait_per_s, 1),
+                "peer_xmit_wait_per_s": round(peer_wait, 1),
+                "link_down": p.down,
+                **{f"{k}_delta": v for k, v in p.errors.items()},
+                "network_reasons": ", ".join(reasons),
+            }
+            return reasons, ev
+    return None

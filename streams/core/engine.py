@@ -1,0 +1,186 @@
+"""The detection engine: an :class:`~streams.core.api.Analyzer` over contract messages.
+
+Drivers (the Faust workers, the offline replay) feed every valid message of the
+jobs they own to :meth:`Engine.process` and call :meth:`Engine.tick` with the
+current time (replay: the largest timestamp seen so far; live: the wall
+clock). Everything inside runs on event time. Memory is bounded: per-job ring
+buffers, per-host sample windows, and eviction of jobs after ``job_end`` plus a
+grace period or a long silence.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from stepwatch.contract import (
+    DetectionMessage,
+    EventMessage,
+    EventType,
+    GpuMessage,
+    Message,
+    PortMessage,
+    StepMessage,
+    StepRecord,
+)
+from stepwatch.logs import LogOnce
+from streams.core.api import JobStats
+from streams.core.causes import CauseFinder
+from streams.core.config import DetectConfig
+from streams.core.hostwindow import HostWindow, LinkIncident, is_dbe
+from streams.core.job import Job
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Finds stragglers, slowdowns, hangs, missing ranks and user errors; says why."""
+
+    def __init__(self, config: DetectConfig | None = None) -> None:
+        self.cfg = config or DetectConfig()
+        self.jobs: dict[str, Job] = {}
+        self.windows: dict[str, HostWindow] = {}
+        self.causes = CauseFinder(self.cfg, self.windows)
+        self.now = 0.0  # event time: the largest timestamp seen or ticked
+        self.counts: Counter[str] = Counter()
+        self._log_once = LogOnce(log)
+
+    # ------------------------------------------------------------------ Analyzer
+    def process(self, message: Message) -> list[DetectionMessage]:
+        """Feed one valid message (any kind); return detection state changes."""
+        if message.ts > self.now:
+            self.now = message.ts
+        try:
+            kind = type(message)
+            if kind is StepMessage:
+                return self._steps(message)  # type: ignore[arg-type]
+            if kind is GpuMessage:
+                self._window(message.host).add(message)  # type: ignore[arg-type]
+                return []
+            if kind is PortMessage:
+                incidents = self._window(message.host).add(message)  # type: ignore[arg-type]
+                return self._links(incidents, message.job_id) if incidents else []
+            if kind is EventMessage:
+                return self._event(message)  # type: ignore[arg-type]
+            return []
+        except Exception as err:  # the pipeline must go on: count, log once
+            self.counts["errors"] += 1
+            self._log_once(f"process:{type(err).__name__}",
+                           "detection failed on a message kind=%s error=%r",
+                           type(message).__name__, err, level=logging.ERROR)
+            return []
+
+    def tick(self, now: float) -> list[DetectionMessage]:
+        """Time passes: close steps past their deadline, look for hangs, evict the old."""
+        if now > self.now:
+            self.now = now
+        out: list[DetectionMessage] = []
+        for job_id in list(self.jobs):
+            job = self.jobs[job_id]
+            try:
+                out.extend(job.tick(now))
+                if self._expired(job, now):
+                    out.extend(job.finish(now))
+                    del self.jobs[job_id]
+                    self.counts["jobs_evicted"] += 1
+            except Exception as err:
+                self.counts["errors"] += 1
+                self._log_once(f"tick:{type(err).__name__}", "tick failed job_id=%s error=%r",
+                               job_id, err, level=logging.ERROR)
+        for host in [h for h, w in self.windows.items()
+                     if now - w.last_seen > self.cfg.host_silence_seconds]:
+            del self.windows[host]
+        return out
+
+    def stats(self) -> list[JobStats]:
+        return [job.stats(self.now) for job in self.jobs.values()]
+
+    def health(self) -> dict[str, int]:
+        """Counters for the driver's metrics: records, duplicates, late records, errors."""
+        out = dict(self.counts)
+        out["duplicates"] = sum(j.assembler.duplicates for j in self.jobs.values())
+        out["late"] = sum(j.assembler.late for j in self.jobs.values())
+        out["jobs"] = len(self.jobs)
+        out["hosts"] = len(self.windows)
+        return out
+
+    # ------------------------------------------------------------------ routing
+    def _steps(self, message: StepMessage) -> list[DetectionMessage]:
+        records = message.steps
+        if not records:
+            return []
+        self.counts["records"] += len(records)
+        first = records[0].job_id
+        if any(r.job_id != first for r in records):
+            by_job: dict[str, list[StepRecord]] = {}
+            for r in records:
+                by_job.setdefault(r.job_id, []).append(r)
+            out: list[DetectionMessage] = []
+            for group in by_job.values():
+                out.extend(self._job_records(group, message.ts))
+            return out
+        return self._job_records(records, message.ts)
+
+    def _job_records(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
+        job_id, world = records[0].job_id, records[0].world_size
+        job = self.jobs.get(job_id)
+        out: list[DetectionMessage] = []
+        if job is not None and job.world_size != world:
+            if job.ended_at is None and all(r.world_size != job.world_size for r in records):
+                log.info("job resized job_id=%s from=%s to=%s", job_id, job.world_size, world)
+            out.extend(job.finish(ts))
+            job = None
+        if job is None:
+            job = self.jobs[job_id] = Job(job_id, world, self.cfg, self.causes)
+        if any(r.world_size != world for r in records):
+            records = [r for r in records if r.world_size == world]
+            self.counts["records_wrong_world_size"] += 1
+        out.extend(job.add_records(records, ts))
+        return out
+
+    def _event(self, ev: EventMessage) -> list[DetectionMessage]:
+        incidents = self._window(ev.host).add(ev)
+        if incidents:
+            return self._links(incidents, ev.job_id)
+        job = self.jobs.get(ev.job_id) if ev.job_id else None
+        if job is None and ev.job_id and ev.type == EventType.JOB_START:
+            world = ev.attrs.get("world_size")
+            if isinstance(world, int) and not isinstance(world, bool) and world > 0:
+                job = self.jobs[ev.job_id] = Job(ev.job_id, world, self.cfg, self.causes)
+        out: list[DetectionMessage] = []
+        if ev.type in (EventType.XID, EventType.ECC):
+            if ev.type == EventType.XID or is_dbe(ev):
+                for j in self._jobs_of(ev.host, ev.job_id):
+                    out.extend(j.on_hardware(ev))
+            return out
+        if job is not None:
+            return job.on_event(ev)
+        if ev.type == EventType.EXCEPTION:
+            for j in self._jobs_of(ev.host, None):
+                out.extend(j.on_event(ev))
+        return out
+
+    def _links(self, incidents: list[LinkIncident], job_id: str | None) -> list[DetectionMessage]:
+        out: list[DetectionMessage] = []
+        for inc in incidents:
+            for job in self._jobs_of(inc.host, job_id):
+                out.extend(job.on_link(inc))
+        return out
+
+    def _jobs_of(self, host: str, job_id: str | None) -> list[Job]:
+        """The job named, or (when none is) the jobs running on ``host``."""
+        if job_id:
+            job = self.jobs.get(job_id)
+            return [job] if job is not None else []
+        return [j for j in self.jobs.values() if host in j.hosts]
+
+    def _window(self, host: str) -> HostWindow:
+        win = self.windows.get(host)
+        if win is None:
+            win = self.windows[host] = HostWindow(host, self.cfg.host_samples)
+        return win
+
+    def _expired(self, job: Job, now: float) -> bool:
+        if job.ended_at is not None:
+            return now - job.ended_at > self.cfg.job_end_grace_seconds
+        return job.last_seen > 0 and now - job.last_seen > self.cfg.job_silence_seconds

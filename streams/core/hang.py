@@ -1,0 +1,81 @@
+"""Hangs: no step progress for the job against its own cadence; who stopped first.
+
+The limit is ``max(hang_min_seconds, hang_step_multiple x median step time)``,
+measured in event time from the latest step end any rank reported. A crashed
+rank leaves its peers blocked in the next collective: its last reported step
+is behind theirs, or (when it died after reporting) its GPU went idle or left
+the bus while the peers' GPUs keep spinning. Those ranks are *named*
+(``rank_missing``); when every rank stopped together it is a plain ``hang``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from streams.core.config import DetectConfig
+from streams.core.hostwindow import HostWindow, median_of
+from streams.core.ranks import RankTable
+
+IDLE_UTIL_PCT = 10.0
+SPIN_UTIL_PCT = 30.0
+
+
+@dataclass(frozen=True)
+class HangVerdict:
+    silent_s: float
+    limit_s: float
+    last_step: int  # the furthest step any rank reported
+    behind: tuple[int, ...]  # ranks whose last step is behind the others
+    idle: tuple[int, ...]  # ranks whose GPU went idle or vanished while peers spin
+    how: str  # "behind", "idle_gpu" or "" (no rank stands out)
+
+    @property
+    def named(self) -> tuple[int, ...]:
+        return self.behind or self.idle
+
+
+def hang_limit(cfg: DetectConfig, cadence: float | None) -> float:
+    return max(cfg.hang_min_seconds, cfg.hang_step_multiple * (cadence or 0.0))
+
+
+def check_hang(cfg: DetectConfig, now: float, last_progress: float, cadence: float | None,
+               ranks: RankTable, windows: Mapping[str, HostWindow]) -> HangVerdict | None:
+    """A verdict when the job made no progress for longer than its limit."""
+    limit = hang_limit(cfg, cadence)
+    silent = now - last_progress
+    if last_progress <= 0 or silent <= limit:
+        return None
+    seen = ranks.last_step >= 0
+    if not seen.any():
+        return None
+    last = int(ranks.last_step[seen].max())
+    behind = np.flatnonzero(seen & (ranks.last_step < last))
+    if 0 < len(behind) <= ranks.world_size // 2:
+        return HangVerdict(silent, limit, last, tuple(behind.tolist()), (), "behind")
+    idle = _idle_ranks(ranks, windows, last_progress, now)
+    if 0 < len(idle) <= ranks.world_size // 2:
+        return HangVerdict(silent, limit, last, (), tuple(idle), "idle_gpu")
+    return HangVerdict(silent, limit, last, (), (), "")
+
+
+def _idle_ranks(ranks: RankTable, windows: Mapping[str, HostWindow],
+                t0: float, t1: float) -> list[int]:
+    """Ranks whose GPU is idle (or reports nothing) while most of the job's GPUs spin."""
+    util: dict[int, float | None] = {}
+    for host in ranks.hosts():
+        win = windows.get(host)
+        if win is None:
+            continue
+        signals = win.gpu_signals(t0, t1)
+        for rank in ranks.ranks_on(host):
+            gpu = ranks.gpu[rank]
+            s = signals.get(-1 if gpu is None else gpu)
+            util[rank] = None if s is None or s.samples == 0 else s.util_pct
+    known = [u for u in util.values() if u is not None]
+    typical = median_of(known)
+    if typical is None or typical < SPIN_UTIL_PCT:
+        return []
+    return sorted(r for r, u in util.items() if u is None or u < IDLE_UTIL_PCT)

@@ -1,0 +1,123 @@
+"""Discrete incidents of a job: user errors, fatal GPU errors, NIC link flaps.
+
+User error vs system fault: a NaN/inf loss, an exception raised in user code,
+or a job that ends with an error while none of its hosts shows a hardware
+signal is a ``user_error`` (fault ``user``: notify, never drain). A fatal GPU
+error (XID 79/48/95, double-bit ECC) on a rank's GPU opens ``rank_missing``
+for that rank at once (cause ``hardware``, fault ``system``), without waiting
+for the hang limit. A NIC link going down opens ``link_flap`` (cause
+``network``); it resolves ``resolve_steps`` steps after the link is back.
+"""
+
+from __future__ import annotations
+
+from stepwatch.contract import DetectionMessage, EventMessage, EventType
+from streams.core.assembly import ClosedStep
+from streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder
+from streams.core.hostwindow import LinkIncident
+from streams.core.kinds import Cause, DetectionType, Fault
+from streams.core.lifecycle import DetectionBook, Finding
+from streams.core.ranks import RankTable
+
+T = DetectionType
+
+
+class Incidents:
+    """Mixin of :class:`streams.core.job.Job` (uses its book, ranks and causes)."""
+
+    book: DetectionBook
+    ranks: RankTable
+    causes: CauseFinder
+    hosts: set[str]
+    world_size: int
+    last_step: int
+    newest_step: int
+    ended_at: float | None
+    links_down: set[str]
+
+    # ------------------------------------------------------------------ user errors
+    def _nonfinite_loss(self, cs: ClosedStep) -> list[DetectionMessage]:
+        rank = cs.nonfinite_ranks[0]
+        summary = f"loss is NaN/inf at step {cs.step} on {len(cs.nonfinite_ranks)} rank(s)"
+        attr = Attribution(Cause.USER, Fault.USER, "non-finite loss",
+                           {"nonfinite_ranks": len(cs.nonfinite_ranks)})
+        return self._user_error(rank, cs.step, cs.end_max, summary, attr)
+
+    def _exception(self, ev: EventMessage) -> list[DetectionMessage]:
+        if self.causes.has_hardware_signal([ev.host], ev.ts):
+            return []  # a hardware fault killed it: reported as a system fault
+        attr = Attribution(Cause.USER, Fault.USER, "exception in user code",
+                           {"exception": ev.detail[:200]})
+        return self._user_error(ev.rank, self.last_step, ev.ts, f"exception: {ev.detail}", attr)
+
+    def _job_end(self, ev: EventMessage) -> list[DetectionMessage]:
+        """User error now; the rest resolves once the last steps are in (see Job.tick)."""
+        self.ended_at = ev.ts
+        failed = bool(ev.code) or "error" in (ev.detail or "").lower()
+        if not failed or self.book.keys(T.USER_ERROR):
+            return []
+        system = [o for o in self.book.open.values()
+                  if o.finding.attribution.fault == Fault.SYSTEM]
+        if system or self.causes.has_hardware_signal(self.hosts, ev.ts):
+            return []
+        attr = Attribution(Cause.USER, Fault.USER, "job failed without a hardware signal",
+                           {"exit_code": ev.code, "detail": ev.detail[:200]})
+        return self._user_error(ev.rank, self.last_step, ev.ts, f"job ended with error {ev.code}",
+                                attr)
+
+    def _user_error(self, rank: int | None, step: int, ts: float, summary: str,
+                    attr: Attribution) -> list[DetectionMessage]:
+        if self.book.keys(T.USER_ERROR):
+            return []  # one user error per job
+        host = self.ranks.host[rank] if rank is not None and 0 <= rank < self.world_size else ""
+        return self.book.observe(Finding(T.USER_ERROR, None, step, ts, summary, attr, rank,
+                                         None, "", host))
+
+    # ------------------------------------------------------------------ system faults
+    def on_hardware(self, ev: EventMessage) -> list[DetectionMessage]:
+        """A fatal GPU error on one of the job's GPUs: that rank is gone."""
+        if self.ended_at is not None:
+            return []
+        if ev.type == EventType.XID and ev.code not in HARDWARE_XIDS:
+            return []
+        rank = ev.rank if ev.rank is not None and 0 <= ev.rank < self.world_size else None
+        if rank is None:
+            on_host = [r for r in self.ranks.ranks_on(ev.host) if self.ranks.gpu[r] == ev.gpu]
+            rank = on_host[0] if on_host else None
+        if rank is None:
+            return []
+        what = f"XID {ev.code}" if ev.type == EventType.XID else "double-bit ECC error"
+        attr = Attribution(Cause.HARDWARE, Fault.SYSTEM, what,
+                           {"hardware": what, "detail": ev.detail[:200]})
+        summary = (f"rank {rank} ({ev.host} gpu {ev.gpu}) lost its GPU: {what}; the job will "
+                   f"hang in its next collective")
+        return self.book.observe(Finding(
+            T.RANK_MISSING, None, self.newest_step + 1, ev.ts, summary, attr, rank, ev.gpu, "",
+            ev.host, {"how": "fatal_gpu_error", "last_step": self.newest_step}))
+
+    def on_link(self, inc: LinkIncident) -> list[DetectionMessage]:
+        """A link of one of the job's hosts went down (open) or came back (start clearing)."""
+        where = f"{inc.host}/{inc.device}"
+        if not inc.down:
+            self.links_down.discard(where)
+            return []
+        if self.ended_at is not None:
+            return []
+        self.links_down.add(where)
+        if self.book.is_open(T.LINK_FLAP, None, where):
+            return []
+        ranks = self.ranks.ranks_on(inc.host)
+        attr = Attribution(Cause.NETWORK, Fault.SYSTEM, f"link down on {inc.device}",
+                           {"device": inc.device, "port": inc.port, "how": inc.how})
+        summary = (f"NIC {inc.device} port {inc.port} on {inc.host} went down ({inc.how}); "
+                   f"{len(ranks)} rank(s) of the job run there")
+        return self.book.observe(Finding(
+            T.LINK_FLAP, None, self.newest_step + 1, inc.ts, summary, attr, None, None, "", inc.host,
+            {"ranks_on_host": len(ranks)}, where=where))
+
+    def _links_clear(self, cs: ClosedStep) -> list[DetectionMessage]:
+        out: list[DetectionMessage] = []
+        for key in self.book.keys(T.LINK_FLAP):
+            if key[2] not in self.links_down:
+                out.extend(self.book.clear(key, cs.end_max, cs.step))
+        return out

@@ -1,0 +1,334 @@
+"""One job's state: assembler, trackers, detections; fed by the engine."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+
+import numpy as np
+
+from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepRecord
+from streams.core.api import JobStats
+from streams.core.assembly import ClosedStep, StepAssembler
+from streams.core.causes import Attribution, CauseFinder, Evidence
+from streams.core.config import DetectConfig
+from streams.core.hang import check_hang
+from streams.core.incidents import Incidents
+from streams.core.kinds import DetectionType
+from streams.core.lifecycle import DetectionBook, Finding, Key
+from streams.core.ranks import RankTable
+from streams.core.slowdown import SlowdownTracker
+from streams.core.straggler import StragglerTracker
+from streams.core.throughput import Throughput
+
+log = logging.getLogger(__name__)
+T = DetectionType
+STOP_MARGIN_SECONDS = 10.0  # look this far before the last progress for why a rank stopped
+
+
+class Job(Incidents):
+    def __init__(self, job_id: str, world_size: int, cfg: DetectConfig, causes: CauseFinder) -> None:
+        self.job_id = job_id
+        self.world_size = world_size
+        self.cfg = cfg
+        self.causes = causes
+        self.assembler = StepAssembler(world_size, cfg.assembly_deadline_seconds,
+                                       cfg.max_pending_steps)
+        self.ranks = RankTable(world_size)
+        self.straggler = StragglerTracker(world_size, cfg)
+        self.slowdown = SlowdownTracker(cfg)
+        self.throughput = Throughput(cfg.throughput_steps)
+        self.book = DetectionBook(job_id, cfg)
+        self.missing_run = np.zeros(world_size, dtype=np.int32)  # consecutive closed steps absent
+        self.last_progress = 0.0
+        self.last_seen = 0.0
+        self.last_step = -1  # the last step closed (analysed)
+        self.newest_step = -1  # the furthest step any rank reported
+        self.warm = 0
+        self.hung_since: float | None = None
+        self.ended_at: float | None = None
+        self.finalised = False  # job ended and its detections resolved: no new ones
+        self.hosts: set[str] = set()
+        self.links_down: set[str] = set()
+        self._attr_cache: dict[Key, tuple[float, Attribution]] = {}
+
+    # ------------------------------------------------------------------ input
+    def add_records(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
+        self.last_seen = max(self.last_seen, ts)
+        if self.finalised:
+            self.assembler.late += len(records)
+            return []
+        new_hosts = self.ranks.observe(records)
+        if new_hosts:
+            self.hosts.update(new_hosts)
+            self.throughput.peak_flops_total = None  # placement changed: recompute the peak
+        out: list[DetectionMessage] = []
+        newest = max(r.end for r in records)
+        step = max(r.step for r in records)
+        if step > self.newest_step:
+            self.newest_step = step
+        closed = self.assembler.add(records)
+        if self.assembler.rewinds:
+            out.extend(self._on_rewinds())
+        if newest > self.last_progress:
+            if self.hung_since is not None:
+                out.extend(self._progress_resumed(newest))
+            self.last_progress = newest
+        for cs in closed:
+            out.extend(self._analyse(cs))
+        return out
+
+    def on_event(self, ev: EventMessage) -> list[DetectionMessage]:
+        self.last_seen = max(self.last_seen, ev.ts)
+        if ev.type == EventType.JOB_START:
+            self.throughput.on_start(ev.ts)
+        elif ev.type == EventType.JOB_END:
+            return self._job_end(ev)
+        elif ev.type == EventType.EXCEPTION:
+            return self._exception(ev)
+        return []
+
+    def tick(self, now: float) -> list[DetectionMessage]:
+        if self.finalised:
+            return []
+        if self.ended_at is not None and now >= self.ended_at + self.cfg.assembly_deadline_seconds:
+            return self._finalise(now)
+        out: list[DetectionMessage] = []
+        for cs in self.assembler.expire(now):
+            out.extend(self._analyse(cs))
+        if self.ended_at is None and self.hung_since is None:
+            out.extend(self._check_hang(now))
+        return out
+
+    # ------------------------------------------------------------------ per step
+    def _analyse(self, cs: ClosedStep) -> list[DetectionMessage]:
+        present = np.flatnonzero(cs.present)
+        self.ranks.note_progress(present, cs.step, cs.end[present])
+        self.last_step = cs.step
+        self.throughput.on_step(cs)
+        out = self._nonfinite_loss(cs) if cs.nonfinite_ranks else []
+        out.extend(self._missing(cs))
+        if self.book.open:
+            out.extend(self._links_clear(cs))
+        self.warm += 1
+        if self.warm <= self.cfg.warmup_steps or self.finalised:
+            return out
+        groups = self.ranks.groups()
+        self.straggler.update(cs, groups)
+        self.slowdown.update(cs, groups, self.straggler.busy.last(1)[0])
+        out.extend(self._stragglers(cs))
+        out.extend(self._job_slowdown(cs))
+        return out
+
+    def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
+        out: list[DetectionMessage] = []
+        candidates = {c.rank: c for c in self.straggler.candidates()}
+        for rank, c in candidates.items():
+            out.extend(self.book.observe(self._straggler_finding(rank, c.score, cs)))
+        for key in self.book.keys(T.STRAGGLER):
+            r = key[1]
+            if r is None or r in candidates:
+                continue
+            holds, score = self.straggler.still_slow(r)
+            if holds:
+                out.extend(self.book.observe(self._straggler_finding(r, score, cs)))
+            else:
+                out.extend(self.book.clear(key, cs.end_max, cs.step))
+        return out
+
+    def _straggler_finding(self, rank: int, score: float, cs: ClosedStep) -> Finding:
+        groups = self.ranks.groups()
+        members = groups.members[int(groups.of_rank[rank])]
+        ev = self.straggler.evidence(rank, members)
+        host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
+        data_share = _share(ev, "data", "busy")
+        attr = self._attribution(
+            (T.STRAGGLER, rank, ""), cs.end_max,
+            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, data_share,
+                                         self._onset_span()),
+        )
+        summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more busy time than the "
+                   f"median of its {len(members)} peers in group {group!r}: {attr.reason}")
+        return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, rank, gpu, group,
+                       host, ev)
+
+    def _job_slowdown(self, cs: ClosedStep) -> list[DetectionMessage]:
+        groups = self.ranks.groups()
+        key: Key = (T.JOB_SLOWDOWN, None, "")
+        is_open = self.book.is_open(*key)
+        sd = self.slowdown.still_slow(groups) if is_open else self.slowdown.candidate(groups)
+        if sd is None:
+            return self.book.clear(key, cs.end_max, cs.step) if is_open else []
+        if not is_open and self.straggler.suspicious() and not sd.group:
+            return []  # a straggler explains it
+        attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
+            self.hosts, cs.end_max, sd.deltas, self._onset_span()))
+        where = f"group {sd.group!r}" if sd.group else "the job"
+        summary = (f"{where} is {sd.score:.1%} slower than its own baseline "
+                   f"({sd.current_s:.3f} s vs {sd.baseline_s:.3f} s per step): {attr.reason}")
+        ev: Evidence = {
+            "baseline_step_s": round(sd.baseline_s, 6),
+            "current_step_s": round(sd.current_s, 6),
+            "threshold": round(sd.threshold, 4),
+            **{f"delta_{k}_s": v for k, v in sd.deltas.items()},
+        }
+        f = Finding(T.JOB_SLOWDOWN, sd.score, cs.step, cs.end_max, summary, attr,
+                    group=sd.group, evidence=ev)
+        return self.book.observe(f)
+
+    def _missing(self, cs: ClosedStep) -> list[DetectionMessage]:
+        """A rank absent from several closed steps while its peers progress."""
+        self.missing_run = np.where(cs.present, 0, self.missing_run + 1)
+        out: list[DetectionMessage] = []
+        for key in self.book.keys(T.RANK_MISSING):
+            rank, opened = key[1], self.book.opened_at(key)
+            if rank is not None and cs.present[rank] and cs.start[rank] > (opened or 0.0):
+                out.extend(self.book.resolve(key, cs.end_max, cs.step, "rank reports again"))
+        if cs.complete:
+            return out
+        lost = np.flatnonzero(self.missing_run >= self.cfg.rank_missing_steps)
+        if len(lost) > self.world_size // 2:
+            return out
+        for rank in lost.tolist()[: self.cfg.max_named_ranks]:
+            if self.book.is_open(T.RANK_MISSING, rank):
+                continue
+            host, gpu = self.ranks.host[rank], self.ranks.gpu[rank]
+            attr = self.causes.for_stop(host, gpu, rank, cs.end_max)
+            summary = (f"rank {rank} ({host}) sent no step records for {self.missing_run[rank]} "
+                       f"steps while its peers progress: {attr.reason}")
+            ev: Evidence = {"absent_steps": int(self.missing_run[rank]), "how": "absent"}
+            out.extend(self.book.observe(Finding(T.RANK_MISSING, None, cs.step, cs.end_max,
+                                                 summary, attr, rank, gpu, "", host, ev)))
+        return out
+
+    # ------------------------------------------------------------------ hangs
+    def _check_hang(self, now: float) -> list[DetectionMessage]:
+        v = check_hang(self.cfg, now, self.last_progress, self.slowdown.cadence, self.ranks,
+                       self.causes.windows)
+        if v is None:
+            return []
+        self.hung_since = self.last_progress
+        ev: Evidence = {"silent_s": round(v.silent_s, 3), "limit_s": round(v.limit_s, 3),
+                        "last_step": v.last_step, "how": v.how}
+        out: list[DetectionMessage] = []
+        for rank in v.named[: self.cfg.max_named_ranks]:
+            if self.book.is_open(T.RANK_MISSING, rank):
+                continue  # already reported (a fatal GPU error, or absent from steps)
+            host, gpu = self.ranks.host[rank], self.ranks.gpu[rank]
+            attr = self.causes.for_stop(host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS)
+            last = int(self.ranks.last_step[rank])
+            summary = (f"job hung {v.silent_s:.0f} s: rank {rank} ({host} gpu {gpu}) stopped at "
+                       f"step {last} while its peers wait in a collective: {attr.reason}")
+            out.extend(self.book.observe(Finding(
+                T.RANK_MISSING, None, v.last_step, now, summary, attr, rank, gpu, "", host,
+                {**ev, "rank_last_step": last, "named_ranks": len(v.named)})))
+        if not v.named:
+            attr = self.causes.for_stop("", None, None, now)
+            summary = (f"job hung: no step progress for {v.silent_s:.0f} s "
+                       f"(limit {v.limit_s:.0f} s) after step {v.last_step}")
+            out.extend(self.book.observe(Finding(T.HANG, v.silent_s, v.last_step, now, summary,
+                                                 attr, evidence=ev)))
+        return out
+
+    def _progress_resumed(self, ts: float) -> list[DetectionMessage]:
+        assert self.hung_since is not None
+        self.throughput.on_hang_end(ts - self.hung_since)
+        self.hung_since = None
+        out: list[DetectionMessage] = []
+        for type_ in (T.HANG, T.RANK_MISSING):
+            for key in self.book.keys(type_):
+                out.extend(self.book.resolve(key, ts, None, "progress resumed"))
+        return out
+
+    def _on_rewinds(self) -> list[DetectionMessage]:
+        out: list[DetectionMessage] = []
+        for rw in self.assembler.rewinds:
+            log.info("job rewound job_id=%s from_step=%s to_step=%s", self.job_id, rw.from_step,
+                     rw.to_step)
+            self.throughput.on_rewind(rw, self.slowdown.cadence)
+            if self.hung_since is not None:
+                self.hung_since = None
+                for type_ in (T.HANG, T.RANK_MISSING):
+                    for key in self.book.keys(type_):
+                        out.extend(self.book.resolve(key, self.last_progress, None, "restarted"))
+        self.assembler.rewinds.clear()
+        self.warm = 0
+        self.straggler.reset()
+        return out
+
+    def _finalise(self, now: float) -> list[DetectionMessage]:
+        """After job_end plus the assembly deadline: close the last steps, resolve."""
+        out: list[DetectionMessage] = []
+        for cs in self.assembler.expire(float("inf")):
+            out.extend(self._analyse(cs))
+        self.finalised = True
+        for key in list(self.book.open):
+            if key[0] != T.USER_ERROR:
+                out.extend(self.book.resolve(key, now, self.last_step, "job ended"))
+        return out
+
+    # ------------------------------------------------------------------ helpers
+    def _onset_span(self) -> float | None:
+        """Seconds covered by the persistence window: where a fresh detection's symptoms are."""
+        cadence = self.slowdown.cadence
+        return None if cadence is None else self.cfg.window_steps * cadence
+
+    def _attribution(self, key: Key, ts: float, compute: Callable[[], Attribution]) -> Attribution:
+        cached = self._attr_cache.get(key)
+        if cached is not None and ts - cached[0] < self.cfg.update_min_seconds:
+            return cached[1]
+        attr = compute()
+        self._attr_cache[key] = (ts, attr)
+        return attr
+
+    def finish(self, ts: float) -> list[DetectionMessage]:
+        """Resolve whatever is still open (the job is being forgotten)."""
+        return self.book.resolve_all(ts, self.last_step, "job ended")
+
+    def _peak_flops(self) -> float | None:
+        """Sum of the ranks' peak FLOP/s, once every rank's GPU model is known."""
+        if self.throughput.peak_flops_total is None:
+            total = 0.0
+            for rank in range(self.world_size):
+                win = self.causes.windows.get(self.ranks.host[rank])
+                name = win.gpu_names.get(self.ranks.gpu[rank] or 0) if win else None
+                peak = self.cfg.peak_flops(name) if name else None
+                if peak is None:
+                    return None
+                total += peak
+            self.throughput.peak_flops_total = total
+        return self.throughput.peak_flops_total
+
+    def stats(self, now: float) -> JobStats:
+        self._peak_flops()
+        hang = now - self.hung_since if self.hung_since is not None else 0.0
+        ratio, badput = self.throughput.goodput(now, hang)
+        flagged = {k[1]: round(o.finding.score or 0.0, 4) for k, o in self.book.open.items()
+                   if k[0] == T.STRAGGLER and k[1] is not None}
+        return JobStats(
+            job_id=self.job_id,
+            last_step=self.last_step,
+            world_size=self.world_size,
+            step_seconds_median=self.slowdown.cadence,
+            samples_per_second=self.throughput.samples_per_second(),
+            tokens_per_second=self.throughput.tokens_per_second(),
+            mfu=self.throughput.mfu(),
+            goodput_ratio=ratio,
+            hung=self.hung_since is not None,
+            open_detections=len(self.book.open),
+            flagged_ranks=flagged,
+            badput_seconds=badput,
+        )
+
+
+def _share(ev: dict, part: str, whole: str) -> float | None:
+    """Share of the rank's excess over its peers that sits in phase ``part``."""
+    try:
+        num = ev[f"{part}_s"] - ev[f"{part}_peer_median_s"]
+        den = ev[f"{whole}_s"] - ev[f"{whole}_peer_median_s"]
+    except (KeyError, TypeError):
+        return None
+    if not den or den <= 0 or math.isnan(num):
+        return None
+    return max(0.0, min(1.0, num / den))

@@ -1,0 +1,154 @@
+"""Detection lifecycle: open -> update* -> resolved, one stable id per incident.
+
+A detection is keyed by (type, rank, where) within its job (``where`` names a
+NIC for link flaps and is empty otherwise). ``observe`` opens
+it (or keeps it open, emitting a rate-limited ``update`` when the score or the
+cause changed materially); ``clear`` counts steps without the condition and
+resolves after ``resolve_steps`` of them; ``resolve`` closes at once (progress
+resumed, job ended). The id is a hash of job, type, rank, group and the step
+it opened at, so a replay of the same data gives the same ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from stepwatch.contract import DetectionMessage
+from streams.core.causes import Attribution, Evidence
+from streams.core.config import DetectConfig
+from streams.core.kinds import Cause, DetectionType, State
+
+Key = tuple[DetectionType, int | None, str]
+
+
+@dataclass
+class Finding:
+    """What a detector says now about one (type, rank, group)."""
+
+    type: DetectionType
+    score: float | None
+    step: int | None
+    ts: float
+    summary: str
+    attribution: Attribution
+    rank: int | None = None
+    gpu: int | None = None
+    group: str = ""
+    host: str = ""
+    evidence: Evidence = field(default_factory=dict)
+    where: str = ""
+
+    @property
+    def key(self) -> Key:
+        return (self.type, self.rank, self.where)
+
+
+@dataclass
+class _Open:
+    id: str
+    finding: Finding
+    first_step: int | None
+    opened_at: float
+    last_emit: float
+    emitted_score: float | None
+    emitted_cause: Cause
+    clear_steps: int = 0
+
+
+class DetectionBook:
+    """The open detections of one job."""
+
+    def __init__(self, job_id: str, cfg: DetectConfig) -> None:
+        self.job_id = job_id
+        self.cfg = cfg
+        self.open: dict[Key, _Open] = {}
+        self.emitted = 0
+
+    def is_open(self, type_: DetectionType, rank: int | None = None, where: str = "") -> bool:
+        return (type_, rank, where) in self.open
+
+    def opened_at(self, key: Key) -> float | None:
+        cur = self.open.get(key)
+        return None if cur is None else cur.opened_at
+
+    def keys(self, type_: DetectionType) -> list[Key]:
+        return [k for k in self.open if k[0] == type_]
+
+    def observe(self, f: Finding) -> list[DetectionMessage]:
+        """The condition holds now: open, or maybe update."""
+        cur = self.open.get(f.key)
+        if cur is None:
+            digest = hashlib.sha1(
+                f"{self.job_id}|{f.type}|{f.rank}|{f.where}|{f.step}".encode()
+            ).hexdigest()[:16]
+            self.open[f.key] = _Open(digest, f, f.step, f.ts, f.ts, f.score,
+                                     f.attribution.cause)
+            return [self._message(self.open[f.key], State.OPEN, f)]
+        cur.clear_steps = 0
+        changed_cause = f.attribution.cause != cur.emitted_cause
+        changed_score = _changed(cur.emitted_score, f.score, self.cfg.update_score_change,
+                                 self.cfg.update_score_abs)
+        cur.finding = f
+        if (changed_cause or changed_score) and f.ts - cur.last_emit >= self.cfg.update_min_seconds:
+            cur.last_emit = f.ts
+            cur.emitted_score = f.score
+            cur.emitted_cause = f.attribution.cause
+            return [self._message(cur, State.UPDATE, f)]
+        return []
+
+    def clear(self, key: Key, ts: float, step: int | None) -> list[DetectionMessage]:
+        """The condition did not hold this step; resolve after ``resolve_steps`` such steps."""
+        cur = self.open.get(key)
+        if cur is None:
+            return []
+        cur.clear_steps += 1
+        if cur.clear_steps < self.cfg.resolve_steps:
+            return []
+        return self.resolve(key, ts, step, f"clear for {cur.clear_steps} steps")
+
+    def resolve(self, key: Key, ts: float, step: int | None, why: str) -> list[DetectionMessage]:
+        cur = self.open.pop(key, None)
+        if cur is None:
+            return []
+        f = cur.finding
+        done = Finding(f.type, f.score, step if step is not None else f.step, ts,
+                       f"{f.summary} - resolved: {why}", f.attribution, f.rank, f.gpu,
+                       f.group, f.host, {**f.evidence, "resolved_because": why}, f.where)
+        return [self._message(cur, State.RESOLVED, done)]
+
+    def resolve_all(self, ts: float, step: int | None, why: str) -> list[DetectionMessage]:
+        out: list[DetectionMessage] = []
+        for key in list(self.open):
+            out.extend(self.resolve(key, ts, step, why))
+        return out
+
+    def _message(self, cur: _Open, state: State, f: Finding) -> DetectionMessage:
+        self.emitted += 1
+        a = f.attribution
+        evidence: Evidence = {**f.evidence, **a.evidence, "cause_reason": a.reason}
+        return DetectionMessage(
+            host=f.host or "stepwatch",
+            ts=f.ts,
+            id=cur.id,
+            job_id=self.job_id,
+            type=f.type.value,
+            state=state.value,
+            rank=f.rank,
+            gpu=f.gpu,
+            group=f.group,
+            cause=a.cause.value,
+            fault=a.fault.value,
+            score=None if f.score is None else round(f.score, 4),
+            step=f.step,
+            first_step=cur.first_step,
+            opened_at=cur.opened_at,
+            summary=f.summary,
+            evidence=evidence,
+        )
+
+
+def _changed(old: float | None, new: float | None, rel: float, floor: float) -> bool:
+    if old is None or new is None:
+        return old is not new
+    return abs(new - old) > max(rel * abs(old), floor)

@@ -1,0 +1,76 @@
+"""What the core knows about each rank of a job: host, GPU, peer group."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from stepwatch.contract import StepRecord
+
+
+@dataclass(frozen=True, slots=True)
+class GroupIndex:
+    """Peer groups as index arrays; ``version`` changes when membership changes."""
+
+    names: tuple[str, ...]
+    members: tuple[np.ndarray, ...]  # rank indices of each group
+    of_rank: np.ndarray  # group number of each rank
+    version: int
+
+
+class RankTable:
+    """Per-rank placement, updated from step records (cheap when unchanged)."""
+
+    def __init__(self, world_size: int) -> None:
+        self.world_size = world_size
+        self.host: list[str] = [""] * world_size
+        self.gpu: list[int | None] = [None] * world_size
+        self.group: list[str] = ["all"] * world_size
+        self.last_step = np.full(world_size, -1, dtype=np.int64)
+        self.last_end = np.zeros(world_size)
+        self._version = 0
+        self._groups: GroupIndex | None = None
+        self._hosts: set[str] = set()
+
+    def observe(self, records: list[StepRecord]) -> list[str]:
+        """Record where each rank ran; return hosts this table had not seen before.
+
+        The group index goes stale when a rank's group changes.
+        """
+        host, gpu, group = self.host, self.gpu, self.group
+        new: list[str] = []
+        for r in records:
+            i = r.rank
+            if host[i] != r.host:
+                host[i] = r.host
+                if r.host not in self._hosts:
+                    self._hosts.add(r.host)
+                    new.append(r.host)
+            g = r.local_rank if r.gpu is None else r.gpu
+            if gpu[i] != g:
+                gpu[i] = g
+            if group[i] != r.group:
+                group[i] = r.group
+                self._groups = None
+        return new
+
+    def note_progress(self, ranks: np.ndarray, step: int, ends: np.ndarray) -> None:
+        self.last_step[ranks] = np.maximum(self.last_step[ranks], step)
+        self.last_end[ranks] = np.fmax(self.last_end[ranks], ends)
+
+    def groups(self) -> GroupIndex:
+        if self._groups is None:
+            self._version += 1
+            names = tuple(sorted(set(self.group)))
+            number = {n: i for i, n in enumerate(names)}
+            of_rank = np.array([number[g] for g in self.group], dtype=np.intp)
+            members = tuple(np.flatnonzero(of_rank == i) for i in range(len(names)))
+            self._groups = GroupIndex(names, members, of_rank, self._version)
+        return self._groups
+
+    def hosts(self) -> set[str]:
+        return set(self._hosts)
+
+    def ranks_on(self, host: str) -> list[int]:
+        return [i for i, h in enumerate(self.host) if h == host]

@@ -1,0 +1,40 @@
+"""Fixed-size ring buffers of per-rank rows (NumPy), the core's bounded memory."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class Ring:
+    """The last ``n`` rows of width ``width``; unfilled rows hold ``fill``."""
+
+    def __init__(self, n: int, width: int, fill: float = np.nan, dtype: type = float) -> None:
+        self.n = n
+        self.rows: np.ndarray = np.full((n, width), fill, dtype=dtype)
+        self.fill = fill
+        self.pos = 0  # next row to write
+        self.count = 0  # rows written so far, capped at n
+
+    def push(self, row: np.ndarray | float) -> np.ndarray:
+        """Write ``row`` over the oldest one; return a copy of the row it replaced."""
+        old = self.rows[self.pos].copy()
+        self.rows[self.pos] = row
+        self.pos = (self.pos + 1) % self.n
+        if self.count < self.n:
+            self.count += 1
+        return old
+
+    def filled(self) -> np.ndarray:
+        """The written rows (oldest first when full; order is irrelevant to medians)."""
+        return self.rows if self.count == self.n else self.rows[: self.count]
+
+    def last(self, k: int) -> np.ndarray:
+        """The ``k`` most recent rows, oldest first."""
+        k = min(k, self.count)
+        idx = (self.pos - k + np.arange(k)) % self.n
+        return self.rows[idx]
+
+    def clear(self) -> None:
+        self.rows.fill(self.fill)
+        self.pos = 0
+        self.count = 0

@@ -1,0 +1,142 @@
+"""Job (or peer-group) slowdown: the job against its own history (NVRx "individual").
+
+A straggler makes every peer wait, so the job's step time grows with it; that
+is not a job slowdown. The job metric is therefore the *straggler-free* step
+time: ``median(busy) + min(comm_wait) + median(other)`` over the ranks, where
+``min(comm_wait)`` is the wait of the slowest rank, i.e. the collective's own
+cost. It grows when every rank computes slower (power capping across the
+fleet, a slower input pipeline everywhere) or when the collective itself is
+slower (network congestion), not when one rank holds the others up. Without
+phases it is the median step duration.
+
+The baseline is the median of up to ``baseline_steps`` earlier unflagged steps,
+so a slowdown never becomes its own baseline; the verdict needs ``k`` of the
+last ``n`` steps flagged and the median ratio of those ``n`` above threshold.
+Per-group medians of busy time name the group when only one slowed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from streams.core.assembly import ClosedStep
+from streams.core.config import DetectConfig
+from streams.core.ranks import GroupIndex
+from streams.core.ring import Ring
+from streams.core.stats import colmed, mad_sigma, med, nmin
+
+COMPONENTS = ("step", "busy", "data", "compute", "collective", "other")
+
+
+@dataclass(frozen=True, slots=True)
+class Slowdown:
+    score: float  # median ratio over the window - 1 (0.10 = 10 % slower)
+    threshold: float
+    group: str  # the one group that slowed, "" for the whole job
+    baseline_s: float
+    current_s: float
+    deltas: dict[str, float]  # component -> seconds added per step vs baseline
+
+
+class SlowdownTracker:
+    def __init__(self, cfg: DetectConfig) -> None:
+        self.cfg = cfg
+        self.history = Ring(cfg.baseline_steps, len(COMPONENTS))
+        self.recent = Ring(cfg.window_steps, len(COMPONENTS))
+        self.ratios = Ring(cfg.window_steps, 1)
+        self.flags = Ring(cfg.window_steps, 1, fill=0)
+        self.group_history: Ring | None = None
+        self.group_recent: Ring | None = None
+        self._groups_version = -1
+        self.baseline: float | None = None
+        self.threshold = cfg.slowdown_min_excess
+        self.cadence: float | None = None  # median step duration (for hang limits)
+
+    def update(self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray) -> None:
+        comps = _components(cs, busy)
+        gmed = _group_medians(busy, groups)
+        if groups.version != self._groups_version:
+            self._groups_version = groups.version
+            self.group_history = Ring(self.cfg.baseline_steps, len(groups.names))
+            self.group_recent = Ring(self.cfg.window_steps, len(groups.names))
+        assert self.group_history is not None and self.group_recent is not None
+        self.recent.push(comps)
+        self.group_recent.push(gmed)
+        hist = self.history.filled()
+        if len(hist) >= self.cfg.min_baseline_steps:
+            steps = hist[:, 0]
+            base = med(steps)
+            spread = mad_sigma(steps, base) / base if base > 0 else 0.0
+            self.baseline = base
+            self.threshold = max(self.cfg.slowdown_min_excess, self.cfg.slowdown_z * spread)
+            ratio = comps[0] / base - 1.0 if base > 0 else 0.0
+        else:
+            ratio = float("nan")
+        flagged = bool(ratio > self.threshold)
+        self.ratios.push(ratio)
+        self.flags.push(1.0 if flagged else 0.0)
+        if not flagged and not np.isnan(comps[0]):
+            self.history.push(comps)
+            self.group_history.push(gmed)
+        if self.baseline is not None:
+            self.cadence = self.baseline
+        elif not np.isnan(comps[0]):
+            self.cadence = med(self.recent.filled()[:, 0])
+
+    def candidate(self, groups: GroupIndex) -> Slowdown | None:
+        """A slowdown when k of the last n steps were flagged and their median ratio is high."""
+        if self.baseline is None or self.flags.filled().sum() < self.cfg.persist_steps:
+            return None
+        return self._verdict(groups, self.threshold)
+
+    def still_slow(self, groups: GroupIndex) -> Slowdown | None:
+        """The current slowdown while it holds (hysteresis for an open detection)."""
+        if self.baseline is None:
+            return None
+        return self._verdict(groups, self.threshold * self.cfg.straggler_clear_ratio)
+
+    def _verdict(self, groups: GroupIndex, threshold: float) -> Slowdown | None:
+        score = med(self.ratios.filled()[:, 0])
+        if not score > threshold or self.baseline is None:
+            return None
+        base = colmed(self.history.filled())
+        now = colmed(self.recent.filled())
+        deltas = {name: round(float(now[i] - base[i]), 6)
+                  for i, name in enumerate(COMPONENTS) if not np.isnan(now[i] - base[i])}
+        return Slowdown(score, self.threshold, self._slow_group(groups), self.baseline,
+                        float(now[0]), deltas)
+
+    def _slow_group(self, groups: GroupIndex) -> str:
+        if len(groups.names) < 2 or self.group_history is None or self.group_recent is None:
+            return ""
+        base = colmed(self.group_history.filled())
+        now = colmed(self.group_recent.filled())
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = now / base - 1.0
+        slow = np.flatnonzero(ratio > self.threshold)
+        calm = np.flatnonzero(ratio <= self.threshold / 2)
+        if len(slow) == 1 and len(calm) == len(groups.names) - 1:
+            return groups.names[int(slow[0])]
+        return ""
+
+
+def _components(cs: ClosedStep, busy: np.ndarray) -> np.ndarray:
+    dur = cs.dur - cs.pause
+    if not cs.has_phases or np.isnan(busy).all():
+        return np.array([med(dur), np.nan, np.nan, np.nan, np.nan, np.nan])
+    comm = np.nan_to_num(cs.comm)
+    other = np.clip(dur - busy - comm, 0.0, None)
+    med_busy = med(busy)
+    collective = nmin(cs.comm)
+    collective = 0.0 if collective != collective else collective
+    med_other = med(other)
+    step = med_busy + collective + med_other
+    return np.array([step, med_busy, med(cs.data), med(cs.compute), collective, med_other])
+
+
+def _group_medians(busy: np.ndarray, groups: GroupIndex) -> np.ndarray:
+    if len(groups.members) == 1:
+        return np.array([med(busy)])
+    return np.array([med(busy[idx]) for idx in groups.members])

@@ -1,0 +1,110 @@
+"""Throughput, MFU and goodput of one job.
+
+samples/s and tokens/s are the sums over ranks of the last ``throughput_steps``
+closed steps divided by the time those steps took (latest end to latest end).
+MFU is the FLOPs the ranks report divided by (step period x the sum of the
+ranks' peak dense BF16 FLOP/s), the peak looked up from the GPU's model name.
+
+Goodput follows Google's ml-goodput-measurement: of the job's wall time since
+it started, *productive* time is the step time spent computing (the median
+rank's step minus its data and checkpoint phases); *badput* is split into data
+stalls, checkpointing, hang time, restart time (from the last progress before a
+restart to the first step after it), progress lost since the last checkpoint
+(steps recomputed after a restart, at the job's step time) and ``other``
+(everything else: start-up, evaluation pauses, gaps between steps).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streams.core.assembly import ClosedStep, Rewind
+from streams.core.ring import Ring
+from streams.core.stats import med
+
+BADPUT = ("data_stall", "checkpoint", "hang", "restart", "lost_progress", "other")
+
+
+class Throughput:
+    def __init__(self, steps: int) -> None:
+        self.window = Ring(steps, 4)  # end_max, samples, tokens, flops
+        self.first_start: float | None = None
+        self.last_end = 0.0
+        self.productive = 0.0
+        self.badput = dict.fromkeys(BADPUT, 0.0)
+        self.peak_flops_total: float | None = None  # sum over ranks, set by the job
+        self.step_seconds: float | None = None
+
+    def on_start(self, ts: float) -> None:
+        if self.first_start is None or ts < self.first_start:
+            self.first_start = ts
+
+    def on_step(self, cs: ClosedStep) -> None:
+        start = float(np.nanmin(cs.start))
+        self.on_start(start)
+        self.last_end = max(self.last_end, cs.end_max)
+        flops = np.nan if cs.flops is None else cs.flops
+        self.window.push(np.array([cs.end_max, cs.samples, cs.tokens, flops]))
+        dur = med(cs.dur)
+        if dur != dur:
+            return
+        data = med(cs.data) if cs.has_phases else float("nan")
+        ckpt = med(cs.ckpt) if cs.has_phases else float("nan")
+        pause = med(cs.pause)  # checkpoint + evaluation
+        data = 0.0 if data != data else min(data, dur)
+        ckpt = 0.0 if ckpt != ckpt else min(ckpt, dur - data)
+        pause = max(ckpt, 0.0 if pause != pause else min(pause, dur - data))
+        self.productive += dur - data - pause
+        self.badput["data_stall"] += data
+        self.badput["checkpoint"] += ckpt
+        self.step_seconds = dur
+
+    def on_rewind(self, rw: Rewind, step_seconds: float | None) -> None:
+        self.badput["restart"] += max(0.0, rw.gap_seconds)
+        lost = max(0, rw.from_step - rw.to_step + 1) * (step_seconds or 0.0)
+        lost = min(lost, self.productive)
+        self.badput["lost_progress"] += lost
+        self.productive -= lost
+
+    def on_hang_end(self, seconds: float) -> None:
+        self.badput["hang"] += max(0.0, seconds)
+
+    def _span(self) -> tuple[np.ndarray, float] | None:
+        rows = self.window.filled()
+        if len(rows) < 2:
+            return None
+        order = np.argsort(rows[:, 0])
+        rows = rows[order]
+        span = float(rows[-1, 0] - rows[0, 0])
+        return (rows[1:], span) if span > 0 else None
+
+    def samples_per_second(self) -> float | None:
+        got = self._span()
+        return None if got is None else float(got[0][:, 1].sum()) / got[1]
+
+    def tokens_per_second(self) -> float | None:
+        got = self._span()
+        return None if got is None else float(got[0][:, 2].sum()) / got[1]
+
+    def mfu(self) -> float | None:
+        got = self._span()
+        if got is None or not self.peak_flops_total:
+            return None
+        flops = got[0][:, 3]
+        if np.isnan(flops).any():
+            return None
+        return float(flops.sum()) / got[1] / self.peak_flops_total
+
+    def goodput(self, now: float, hang_seconds: float = 0.0) -> tuple[float | None, dict[str, float]]:
+        """Goodput ratio and badput seconds by category, at event time ``now``."""
+        if self.first_start is None:
+            return None, dict(self.badput)
+        wall = max(now, self.last_end) - self.first_start
+        if wall <= 0:
+            return None, dict(self.badput)
+        bad = dict(self.badput)
+        bad["hang"] += hang_seconds
+        known = self.productive + sum(bad.values())
+        bad["other"] = max(0.0, wall - known)
+        ratio = min(1.0, max(0.0, self.productive / wall))
+        return ratio, {k: round(v, 3) for k, v in bad.items()}
