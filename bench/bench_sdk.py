@@ -146,8 +146,7 @@ def provider() -> Any:
 @contextlib.contextmanager
 def agent(path: str) -> Iterator[list[int]]:
     """A child process draining the agent socket; yields [datagrams received]."""
-    proc = subprocess.Popen([sys.executable, "-c", _DRAIN, path], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen([sys.executable, "-c", _DRAIN, path], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     proc.stdout.readline()
     received: list[int] = []
@@ -160,8 +159,9 @@ def agent(path: str) -> Iterator[list[int]]:
         received.append(int(out.strip() or 0))
 
 
-def run(label: str, loop: Callable[[int], list[int]], n: int,
-        sw: stepwatch.StepWatch | None = None) -> dict[str, Any]:
+def run(
+    label: str, loop: Callable[[int], list[int]], n: int, sw: stepwatch.StepWatch | None = None
+) -> dict[str, Any]:
     loop(min(1000, n))  # warm-up
     if sw is not None:
         sw.flush(5.0)
@@ -188,8 +188,12 @@ def run(label: str, loop: Callable[[int], list[int]], n: int,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10000, help="steps per scenario")
-    parser.add_argument("--pace-us", type=float, default=100.0,
-                        help="sleep between steps, outside the timed region (0: busy loop)")
+    parser.add_argument(
+        "--pace-us",
+        type=float,
+        default=100.0,
+        help="sleep between steps, outside the timed region (0: busy loop)",
+    )
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     global PACE_S
@@ -231,28 +235,40 @@ def main() -> None:
 
 def report(rows: list[dict[str, Any]], n: int, received: list[int], pace: float) -> None:
     base = rows[0]["median"]
-    print(f"stepwatch SDK per-step cost, {n} steps of 5 phases per scenario, {pace:g} µs "
-          f"sleep between steps (python {sys.version.split()[0]}, {os.cpu_count()} cpus)")
-    head = f"{'scenario':40} {'median':>8} {'p99':>8} {'mean':>8} {'+median':>8} " \
-           f"{'cpu/step':>9} {'sent':>7} {'dropped':>8}"
+    print(
+        f"stepwatch SDK per-step cost, {n} steps of 5 phases per scenario, {pace:g} µs "
+        f"sleep between steps (python {sys.version.split()[0]}, {os.cpu_count()} cpus)"
+    )
+    head = (
+        f"{'scenario':40} {'median':>8} {'p99':>8} {'mean':>8} {'+median':>8} "
+        f"{'cpu/step':>9} {'sent':>7} {'dropped':>8}"
+    )
     print(head)
     print("-" * len(head))
     for r in rows:
         sent = "" if r["sent"] is None else r["sent"]
         dropped = "" if r["dropped"] is None else r["dropped"]
-        print(f"{r['scenario']:40} {r['median']:8.2f} {r['p99']:8.2f} {r['mean']:8.2f} "
-              f"{r['median'] - base:8.2f} {r['cpu']:9.2f} {sent:>7} {dropped:>8}")
-    print("(µs per step; +median = median minus the empty loop's median; the warm-up "
-          "steps are sent too)")
+        print(
+            f"{r['scenario']:40} {r['median']:8.2f} {r['p99']:8.2f} {r['mean']:8.2f} "
+            f"{r['median'] - base:8.2f} {r['cpu']:9.2f} {sent:>7} {dropped:>8}"
+        )
+    print(
+        "(µs per step; +median = median minus the empty loop's median; the warm-up "
+        "steps are sent too)"
+    )
     print(f"datagrams received by the listening agents: {received}")
     by = {r["scenario"]: r for r in rows}
     sdk = by["sdk, agent listening, background"]
     hot = by["OTel spans on the hot path (no SDK)"]
     verdict = "met" if sdk["median"] - base < GOAL_US else "NOT met"
-    print(f"goal < {GOAL_US:.0f} µs per step over the empty loop: {verdict} "
-          f"(+{sdk['median'] - base:.2f} µs median, +{sdk['mean'] - rows[0]['mean']:.2f} µs mean)")
-    print(f"OTel spans on the hot path cost {hot['median'] / max(sdk['median'], 1e-9):.1f}x "
-          f"the SDK step (median)")
+    print(
+        f"goal < {GOAL_US:.0f} µs per step over the empty loop: {verdict} "
+        f"(+{sdk['median'] - base:.2f} µs median, +{sdk['mean'] - rows[0]['mean']:.2f} µs mean)"
+    )
+    print(
+        f"OTel spans on the hot path cost {hot['median'] / max(sdk['median'], 1e-9):.1f}x "
+        f"the SDK step (median)"
+    )
 
 
 if __name__ == "__main__":

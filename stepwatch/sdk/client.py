@@ -14,6 +14,7 @@ import atexit
 import logging
 import operator
 import os
+import sys
 import time
 import weakref
 from collections import Counter
@@ -23,7 +24,13 @@ from typing import Any
 from stepwatch.contract.records import EventType
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.cuda import EventPool
-from stepwatch.sdk.events import checkpoint_event, custom_event, exception_event
+from stepwatch.sdk.events import (
+    checkpoint_event,
+    custom_event,
+    exception_event,
+    job_end_event,
+    job_start_event,
+)
 from stepwatch.sdk.exporter import Exporter, Item
 from stepwatch.sdk.identity import Identity
 from stepwatch.sdk.step import NULL_CONTEXT, PhaseTimer, Step, _NullContext
@@ -34,9 +41,15 @@ logger = logging.getLogger(__name__)
 class StepWatch:
     """Per-process SDK handle. Build it with :func:`stepwatch.init`."""
 
-    def __init__(self, identity: Identity, exporter: Exporter | None, *,
-                 pool: EventPool | None = None, timing: str = "wall",
-                 start_step: int = 0) -> None:
+    def __init__(
+        self,
+        identity: Identity,
+        exporter: Exporter | None,
+        *,
+        pool: EventPool | None = None,
+        timing: str = "wall",
+        start_step: int = 0,
+    ) -> None:
         self._identity = identity
         self._exporter = exporter
         self._pool = pool
@@ -46,6 +59,8 @@ class StepWatch:
         self._current: Step | None = None
         self._misuse = LogOnce(logger)
         self._closed = False
+        self._lifecycle = False  # rank 0 sends job_start / job_end (see announce)
+        self._failed: str | None = None  # class of the last exception out of a step
         self._pid = os.getpid()
         atexit.register(_close_at_exit, weakref.ref(self))
 
@@ -63,14 +78,24 @@ class StepWatch:
         self._identity = self._identity.replace(group=str(group) or "all")
 
     # ------------------------------------------------------------------ steps
-    def step(self, step: int | None = None, *, samples: int = 0, tokens: int = 0,
-             flops: float | None = None, loss: float | None = None) -> Step:
+    def step(
+        self,
+        step: int | None = None,
+        *,
+        samples: int = 0,
+        tokens: int = 0,
+        flops: float | None = None,
+        loss: float | None = None,
+    ) -> Step:
         """Start a step (context manager). ``step`` defaults to the last one + 1."""
         current = self._current
         if current is not None:
-            self._misuse("nested_step", "stepwatch: step() while step %s is still open (nested "
-                         "step, or a step never ended); treated as part of the open step",
-                         current.step)
+            self._misuse(
+                "nested_step",
+                "stepwatch: step() while step %s is still open (nested "
+                "step, or a step never ended); treated as part of the open step",
+                current.step,
+            )
             current._depth += 1
             return current
         started = Step(self, self._number(step), samples, tokens, flops, loss)
@@ -79,8 +104,14 @@ class StepWatch:
 
     start_step = step
 
-    def end_step(self, *, samples: int | None = None, tokens: int | None = None,
-                 loss: float | None = None, flops: float | None = None) -> None:
+    def end_step(
+        self,
+        *,
+        samples: int | None = None,
+        tokens: int | None = None,
+        loss: float | None = None,
+        flops: float | None = None,
+    ) -> None:
         """End the open step (explicit-mark API); given values override the step's."""
         current = self._current
         if current is None:
@@ -101,8 +132,9 @@ class StepWatch:
         """Time a phase of the open step (``with sw.phase("forward"):``)."""
         current = self._current
         if current is None:
-            self._misuse("phase_outside_step", "stepwatch: phase %r outside a step; not "
-                         "recorded", name)
+            self._misuse(
+                "phase_outside_step", "stepwatch: phase %r outside a step; not recorded", name
+            )
             return NULL_CONTEXT
         return current.phase(name)
 
@@ -123,15 +155,23 @@ class StepWatch:
             try:
                 number = operator.index(given)
             except TypeError:
-                self._misuse("bad_step", "stepwatch: step=%r is not an integer; numbering "
-                             "automatically", given)
+                self._misuse(
+                    "bad_step",
+                    "stepwatch: step=%r is not an integer; numbering automatically",
+                    given,
+                )
             if number < 0:
-                self._misuse("bad_step", "stepwatch: step=%r is negative; numbering "
-                             "automatically", given)
+                self._misuse(
+                    "bad_step", "stepwatch: step=%r is negative; numbering automatically", given
+                )
                 number = self._next
             elif self._last is not None and number <= self._last:
-                self._misuse("step_backwards", "stepwatch: step number went backwards "
-                             "(%s after %s); recorded as given", number, self._last)
+                self._misuse(
+                    "step_backwards",
+                    "stepwatch: step number went backwards (%s after %s); recorded as given",
+                    number,
+                    self._last,
+                )
         self._last = number
         self._next = number + 1
         return number
@@ -147,6 +187,7 @@ class StepWatch:
             if exc is None:
                 self._submit(raw)
             elif isinstance(exc, Exception):  # not KeyboardInterrupt / SystemExit
+                self._failed = type(exc).__name__
                 self._submit(exception_event(step._identity, exc, step.step))
         except Exception as err:
             self._misuse("internal", "stepwatch: could not record a step err=%r", err)
@@ -156,26 +197,39 @@ class StepWatch:
             self._exporter.submit(item)
 
     # ------------------------------------------------------------------ events
-    def checkpoint(self, kind: str = "save", *, duration: float | None = None,
-                   path: str = "", step: int | None = None) -> CheckpointTimer | _NullContext:
+    def checkpoint(
+        self,
+        kind: str = "save",
+        *,
+        duration: float | None = None,
+        path: str = "",
+        step: int | None = None,
+    ) -> CheckpointTimer | _NullContext:
         """Time a checkpoint save/load (``with sw.checkpoint("save"):``) and emit a
         ``checkpoint_save``/``checkpoint_load`` event with its duration. Inside a step
         the time also counts as the step's ``checkpoint`` phase. With ``duration``
         (seconds, measured by the caller) the event is emitted at once."""
         load = str(kind).lower() == "load"
         if str(kind).lower() not in {"save", "load"}:
-            self._misuse("checkpoint_kind", "stepwatch: checkpoint kind=%r is not save|load; "
-                         "using save", kind)
+            self._misuse(
+                "checkpoint_kind",
+                "stepwatch: checkpoint kind=%r is not save|load; using save",
+                kind,
+            )
         number = step if step is not None else self._step_number()
         if duration is None:
             return CheckpointTimer(self, load, path, number)
         try:
             seconds = max(0.0, float(duration))
-            self._submit(checkpoint_event(self._identity, load, seconds,
-                                          time.time() - seconds, number, path))
+            self._submit(
+                checkpoint_event(self._identity, load, seconds, time.time() - seconds, number, path)
+            )
         except (TypeError, ValueError):
-            self._misuse("checkpoint_duration", "stepwatch: checkpoint duration=%r is not a "
-                         "number; not reported", duration)
+            self._misuse(
+                "checkpoint_duration",
+                "stepwatch: checkpoint duration=%r is not a number; not reported",
+                duration,
+            )
         return NULL_CONTEXT
 
     def event(self, type: str | EventType, detail: str = "", **attrs: Any) -> None:
@@ -234,10 +288,23 @@ class StepWatch:
             self._misuse("internal", "stepwatch: flush failed err=%r", err)
             return False
 
-    def close(self, timeout: float = 2.0) -> None:
-        """Flush and stop the sender (idempotent; also run at interpreter exit)."""
+    def announce(self, restarts: int | None = None) -> None:
+        """On rank 0, send ``job_start`` now and ``job_end`` at close (init does this)."""
+        if self._identity.rank != 0 or self._closed:
+            return
+        self._lifecycle = True
+        self._submit(job_start_event(self._identity, self.timing, restarts))
+
+    def close(self, timeout: float = 2.0, error: str | None = None) -> None:
+        """Flush and stop the sender (idempotent; also run at interpreter exit).
+
+        On rank 0 this sends ``job_end``: ``finished``, or ``error: <class>`` when
+        an exception left a step or ``error`` names one."""
         if self._closed or os.getpid() != self._pid:
             return
+        if self._lifecycle:
+            failed = error or self._failed
+            self._submit(job_end_event(self._identity, failed, self._last))
         self._closed = True
         if self._exporter is not None:
             try:
@@ -278,11 +345,16 @@ class CheckpointTimer:
         self._phase.__exit__(exc_type, exc, tb)
         if exc is None:
             owner = self._owner
-            owner._submit(checkpoint_event(owner._identity, self._load, seconds, self._wall,
-                                           self._step, self._path))
+            owner._submit(
+                checkpoint_event(
+                    owner._identity, self._load, seconds, self._wall, self._step, self._path
+                )
+            )
 
 
 def _close_at_exit(ref: weakref.ref[StepWatch]) -> None:
     sw = ref()
     if sw is not None:
-        sw.close(timeout=1.0)
+        # the interpreter sets sys.last_value when an uncaught exception ends the script
+        uncaught = getattr(sys, "last_value", None)
+        sw.close(timeout=1.0, error=type(uncaught).__name__ if uncaught is not None else None)

@@ -54,13 +54,22 @@ def init(
     queue_size: int = 4096,
     flush_interval: float = 0.05,
     start_step: int = 0,
+    job_events: bool = True,
     enabled: bool | None = None,
     env: Mapping[str, str] | None = None,
 ) -> StepWatch:
     """Start the step SDK for this process (see docs/sdk.md)."""
     environ = os.environ if env is None else env
-    identity = _identity(environ, job_id=job_id, rank=rank, world_size=world_size,
-                         local_rank=local_rank, host=host, gpu=gpu, group=group)
+    identity = _identity(
+        environ,
+        job_id=job_id,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        host=host,
+        gpu=gpu,
+        group=group,
+    )
     try:
         if not _flag(enabled, environ, "STEPWATCH_ENABLED", default=True):
             logger.info("stepwatch sdk: disabled (STEPWATCH_ENABLED)")
@@ -75,15 +84,27 @@ def init(
             exporter = BackgroundExporter(processor, queue_size, flush_interval)
         else:
             exporter = InlineExporter(processor)
-        sw = StepWatch(identity, exporter, pool=pool, timing="cuda" if pool else "wall",
-                       start_step=start_step)
+        sw = StepWatch(
+            identity, exporter, pool=pool, timing="cuda" if pool else "wall", start_step=start_step
+        )
+        if job_events:
+            sw.announce(_restarts(environ))
     except Exception as err:
         logger.warning("stepwatch sdk: setup failed, steps will not be reported err=%r", err)
         return StepWatch(identity, None, start_step=start_step)
-    logger.info("stepwatch sdk: started job_id=%s rank=%s world_size=%s host=%s gpu=%s "
-                "launcher=%s timing=%s socket=%s otel=%s", identity.job_id, identity.rank,
-                identity.world_size, identity.host, identity.gpu, identity.launcher.value,
-                sw.timing, path, spans is not None)
+    logger.info(
+        "stepwatch sdk: started job_id=%s rank=%s world_size=%s host=%s gpu=%s "
+        "launcher=%s timing=%s socket=%s otel=%s",
+        identity.job_id,
+        identity.rank,
+        identity.world_size,
+        identity.host,
+        identity.gpu,
+        identity.launcher.value,
+        sw.timing,
+        path,
+        spans is not None,
+    )
     return sw
 
 
@@ -93,6 +114,12 @@ def _identity(environ: Mapping[str, str], **explicit: Any) -> Identity:
     except Exception as err:
         logger.warning("stepwatch sdk: identity detection failed err=%r", err)
         return Identity()
+
+
+def _restarts(environ: Mapping[str, str]) -> int | None:
+    """torchrun's restart count (elastic restarts of the worker group)."""
+    raw = environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    return int(raw) if raw.isdigit() else None
 
 
 def _flag(explicit: bool | None, environ: Mapping[str, str], var: str, default: bool) -> bool:
@@ -108,8 +135,9 @@ def _flag(explicit: bool | None, environ: Mapping[str, str], var: str, default: 
     return default
 
 
-def _event_factory(timing: str | None, factory: EventFactory | None,
-                   environ: Mapping[str, str]) -> EventFactory | None:
+def _event_factory(
+    timing: str | None, factory: EventFactory | None, environ: Mapping[str, str]
+) -> EventFactory | None:
     choice = (timing or environ.get("STEPWATCH_TIMING") or "auto").strip().lower()
     if choice not in {"auto", "wall", "cuda"}:
         logger.warning("stepwatch sdk: timing=%r is not auto|wall|cuda; using auto", choice)
@@ -118,13 +146,15 @@ def _event_factory(timing: str | None, factory: EventFactory | None,
         return None
     found = factory if factory is not None else torch_event_factory()
     if found is None and choice == "cuda":
-        logger.warning("stepwatch sdk: timing=cuda but torch with CUDA is not in use; "
-                       "using wall time")
+        logger.warning(
+            "stepwatch sdk: timing=cuda but torch with CUDA is not in use; using wall time"
+        )
     return found
 
 
-def _span_builder(otel: bool | None, provider: Any,
-                  environ: Mapping[str, str]) -> SpanBuilder | None:
+def _span_builder(
+    otel: bool | None, provider: Any, environ: Mapping[str, str]
+) -> SpanBuilder | None:
     if not _flag(otel, environ, "STEPWATCH_OTEL", default=provider is not None):
         return None
     try:
@@ -134,8 +164,9 @@ def _span_builder(otel: bool | None, provider: Any,
         return None
 
 
-def _socket_path(explicit: str | None, settings: Settings | None,
-                 environ: Mapping[str, str]) -> str:
+def _socket_path(
+    explicit: str | None, settings: Settings | None, environ: Mapping[str, str]
+) -> str:
     if explicit:
         return str(explicit)
     if settings is not None:
@@ -143,6 +174,9 @@ def _socket_path(explicit: str | None, settings: Settings | None,
     try:
         return Settings.load(env=environ).agent_socket
     except Exception as err:  # garbage in unrelated STEPWATCH_* settings
-        logger.warning("stepwatch sdk: settings unreadable err=%s; using the agent socket "
-                       "from STEPWATCH_AGENT_SOCKET or the default", err)
+        logger.warning(
+            "stepwatch sdk: settings unreadable err=%s; using the agent socket "
+            "from STEPWATCH_AGENT_SOCKET or the default",
+            err,
+        )
         return environ.get("STEPWATCH_AGENT_SOCKET") or Settings.agent_socket

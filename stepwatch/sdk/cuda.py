@@ -17,7 +17,7 @@ import collections
 import logging
 import sys
 from collections.abc import Callable
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +30,9 @@ class TimingEvent(Protocol):
 
     def query(self) -> bool: ...
 
-    def elapsed_time(self, end_event: TimingEvent) -> float:
-        """Milliseconds from this event to ``end_event`` (both completed)."""
+    def elapsed_time(self, end_event: Any) -> float:
+        """Milliseconds from this event to ``end_event`` (another event of the same
+        kind; both completed)."""
         ...
 
 

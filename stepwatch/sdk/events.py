@@ -45,8 +45,9 @@ def exception_event(identity: Identity, exc: BaseException, step: int | None) ->
     return _event(identity, EventType.EXCEPTION, OOM if oom else cls.__name__, attrs)
 
 
-def checkpoint_event(identity: Identity, load: bool, duration: float, start: float,
-                     step: int | None, path: str = "") -> RankEvent:
+def checkpoint_event(
+    identity: Identity, load: bool, duration: float, start: float, step: int | None, path: str = ""
+) -> RankEvent:
     attrs: dict[str, AttrValue] = {"duration_s": duration, "start": start}
     if step is not None:
         attrs["step"] = step
@@ -56,8 +57,30 @@ def checkpoint_event(identity: Identity, load: bool, duration: float, start: flo
     return _event(identity, kind, "load" if load else "save", attrs)
 
 
-def custom_event(identity: Identity, kind: EventType, detail: str,
-                 attrs: dict[str, Any]) -> RankEvent:
+def job_start_event(identity: Identity, timing: str, restarts: int | None) -> RankEvent:
+    """Sent by rank 0 at ``init``: the stream processors learn the job's world size."""
+    attrs: dict[str, AttrValue] = {
+        "world_size": identity.world_size,
+        "local_world_size": identity.local_world_size,
+        "launcher": identity.launcher.value,
+        "timing": timing,
+    }
+    if restarts is not None:
+        attrs["restart_count"] = restarts
+    return _event(identity, EventType.JOB_START, "started", attrs)
+
+
+def job_end_event(identity: Identity, error: str | None, step: int | None) -> RankEvent:
+    """Sent by rank 0 at ``close``: ``code`` 0 and ``finished``, or 1 and ``error: <class>``."""
+    attrs: dict[str, AttrValue] = {} if step is None else {"last_step": step}
+    if error is None:
+        return _event(identity, EventType.JOB_END, "finished", attrs, code=0)
+    return _event(identity, EventType.JOB_END, f"error: {error}", attrs, code=1)
+
+
+def custom_event(
+    identity: Identity, kind: EventType, detail: str, attrs: dict[str, Any]
+) -> RankEvent:
     clean = {str(k)[:64]: _attr(v) for k, v in attrs.items()}
     return _event(identity, kind, str(detail)[:MAX_TEXT], clean)
 
@@ -68,8 +91,13 @@ def _attr(value: Any) -> AttrValue:
     return str(value)[:MAX_TEXT]
 
 
-def _event(identity: Identity, kind: EventType, detail: str,
-           attrs: dict[str, AttrValue]) -> RankEvent:
+def _event(
+    identity: Identity,
+    kind: EventType,
+    detail: str,
+    attrs: dict[str, AttrValue],
+    code: int | None = None,
+) -> RankEvent:
     return RankEvent(
         type=kind,
         ts=time.time(),
@@ -78,4 +106,5 @@ def _event(identity: Identity, kind: EventType, detail: str,
         gpu=identity.gpu if identity.gpu is not None else identity.local_rank,
         detail=detail,
         attrs=attrs,
+        code=code,
     )

@@ -50,8 +50,13 @@ class Exporter(Protocol):
 class _Processor:
     """Resolve, send and trace one item; never raises."""
 
-    def __init__(self, sender: DatagramSender, resolver: Resolver,
-                 spans: SpanBuilder | None, pool: EventPool | None) -> None:
+    def __init__(
+        self,
+        sender: DatagramSender,
+        resolver: Resolver,
+        spans: SpanBuilder | None,
+        pool: EventPool | None,
+    ) -> None:
         self.sender = sender
         self.resolver = resolver
         self.spans = spans
@@ -110,8 +115,7 @@ class InlineExporter:
 class BackgroundExporter:
     """A bounded queue drained by a daemon sender thread."""
 
-    def __init__(self, processor: _Processor, capacity: int = 4096,
-                 interval: float = 0.05) -> None:
+    def __init__(self, processor: _Processor, capacity: int = 4096, interval: float = 0.05) -> None:
         self._processor = processor
         self._queue: collections.deque[Item] = collections.deque()
         self._pending: collections.deque[RawStep] = collections.deque()
@@ -169,8 +173,11 @@ class BackgroundExporter:
             self._processor.dropped["cuda_pending"] += 1
             self._handled += 1
         if excess > 0 and not final:
-            self._processor.log("pending", "stepwatch sdk: CUDA events of %s steps not "
-                                "complete; dropping the oldest", MAX_PENDING)
+            self._processor.log(
+                "pending",
+                "stepwatch sdk: CUDA events of %s steps not complete; dropping the oldest",
+                MAX_PENDING,
+            )
 
     def flush(self, timeout: float) -> bool:
         """Wait (at most ``timeout`` s) until everything submitted so far is handled."""

@@ -118,8 +118,12 @@ def _first_int(
         value = _to_int(explicit)
         if value is not None:
             return value, "explicit"
-        _log_once(f"bad:{name}", "stepwatch identity: ignoring %s=%r (not an integer >= 0)",
-                  name, explicit)
+        _log_once(
+            f"bad:{name}",
+            "stepwatch identity: ignoring %s=%r (not an integer >= 0)",
+            name,
+            explicit,
+        )
     for var in names:
         raw = environ.get(var)
         if raw is None or raw == "":
@@ -127,8 +131,9 @@ def _first_int(
         value = _to_int(raw)
         if value is not None:
             return value, var
-        _log_once(f"bad:{var}", "stepwatch identity: ignoring env %s=%r (not an integer >= 0)",
-                  var, raw)
+        _log_once(
+            f"bad:{var}", "stepwatch identity: ignoring env %s=%r (not an integer >= 0)", var, raw
+        )
     return None, None
 
 
@@ -159,8 +164,12 @@ def _job_id(explicit: Any, environ: Mapping[str, str], pod: str) -> str:
     if match:
         namespace = environ.get("POD_NAMESPACE", "")
         return f"{namespace}/{match.group('job')}" if namespace else match.group("job")
-    _log_once("no_job_id", "stepwatch identity: no job id found; set STEPWATCH_JOB_ID "
-              "or pass init(job_id=...) (using %r)", UNKNOWN_JOB)
+    _log_once(
+        "no_job_id",
+        "stepwatch identity: no job id found; set STEPWATCH_JOB_ID "
+        "or pass init(job_id=...) (using %r)",
+        UNKNOWN_JOB,
+    )
     return UNKNOWN_JOB
 
 
@@ -194,9 +203,14 @@ def _consistent(identity: Identity) -> Identity:
     if identity.world_size < 1:
         changes["world_size"] = 1
     if identity.rank >= max(identity.world_size, 1):
-        _log_once("rank_ge_world", "stepwatch identity: rank=%s >= world_size=%s; using "
-                  "world_size=%s (set STEPWATCH_WORLD_SIZE)", identity.rank,
-                  identity.world_size, identity.rank + 1)
+        _log_once(
+            "rank_ge_world",
+            "stepwatch identity: rank=%s >= world_size=%s; using "
+            "world_size=%s (set STEPWATCH_WORLD_SIZE)",
+            identity.rank,
+            identity.world_size,
+            identity.rank + 1,
+        )
         changes["world_size"] = identity.rank + 1
     if identity.local_world_size < 1:
         changes["local_world_size"] = 1

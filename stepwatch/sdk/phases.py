@@ -30,7 +30,13 @@ class Phase(enum.StrEnum):
 
 _ALIAS_TABLE: dict[Phase, tuple[str, ...]] = {
     Phase.DATA: (
-        "data", "batch-generator", "data-loading", "dataloader", "data-loader", "batch", "input",
+        "data",
+        "batch-generator",
+        "data-loading",
+        "dataloader",
+        "data-loader",
+        "batch",
+        "input",
     ),
     # Megatron's forward-backward timer covers both passes: it is recorded as
     # `forward` with `backward` absent, so forward + backward stays the compute time.
@@ -38,8 +44,14 @@ _ALIAS_TABLE: dict[Phase, tuple[str, ...]] = {
     Phase.BACKWARD: ("backward", "bwd", "backward-compute"),
     Phase.OPTIMIZER: ("optimizer", "optim", "opt", "optimizer-step", "step-optimizer"),
     Phase.COMM_WAIT: (
-        "comm-wait", "comm", "all-grads-sync", "allreduce", "all-reduce", "grad-sync",
-        "grads-reduce-scatter", "params-all-gather",
+        "comm-wait",
+        "comm",
+        "all-grads-sync",
+        "allreduce",
+        "all-reduce",
+        "grad-sync",
+        "grads-reduce-scatter",
+        "params-all-gather",
     ),
     Phase.CHECKPOINT: ("checkpoint", "ckpt", "save-checkpoint", "checkpoint-save"),
 }

@@ -76,8 +76,11 @@ class Resolver:
         try:
             cuda = _cuda_offsets(raw)
         except Exception as err:  # an event torch refuses to time: fall back to the marks
-            self._log("cuda_elapsed", "stepwatch sdk: CUDA elapsed_time failed err=%r; "
-                      "using wall time for the step", err)
+            self._log(
+                "cuda_elapsed",
+                "stepwatch sdk: CUDA elapsed_time failed err=%r; using wall time for the step",
+                err,
+            )
             cuda = None
         if cuda is not None:
             duration, spans = cuda
@@ -106,8 +109,11 @@ class Resolver:
         phases, dropped = to_phases((n, max(0, b - a) / 1e9) for n, a, b in step.spans)
         if dropped:
             self.extra_dropped += dropped
-            self._log("extra", "stepwatch sdk: more than 32 extra phase names in one step; "
-                      "dropped=%s", dropped)
+            self._log(
+                "extra",
+                "stepwatch sdk: more than 32 extra phase names in one step; dropped=%s",
+                dropped,
+            )
         return StepRecord(
             job_id=ident.job_id,
             rank=ident.rank,
@@ -143,12 +149,18 @@ class Resolver:
         try:
             number = float(value)  # a 0-dim tensor converts here, off the training thread
         except (TypeError, ValueError, RuntimeError) as err:
-            self._log(f"bad_{name}", "stepwatch sdk: %s=%r is not a number err=%r; omitted",
-                      name, value, err)
+            self._log(
+                f"bad_{name}",
+                "stepwatch sdk: %s=%r is not a number err=%r; omitted",
+                name,
+                value,
+                err,
+            )
             return None
         if finite and not math.isfinite(number):
-            self._log(f"nonfinite_{name}", "stepwatch sdk: %s=%r is not finite; omitted",
-                      name, number)
+            self._log(
+                f"nonfinite_{name}", "stepwatch sdk: %s=%r is not finite; omitted", name, number
+            )
             return None
         return number
 
@@ -156,8 +168,9 @@ class Resolver:
         number = self._number(name, value)
         if number is None or number < 0:
             if number is not None:
-                self._log(f"negative_{name}", "stepwatch sdk: %s=%r < 0; reported as 0",
-                          name, value)
+                self._log(
+                    f"negative_{name}", "stepwatch sdk: %s=%r < 0; reported as 0", name, value
+                )
             return 0
         return int(number)
 

@@ -27,8 +27,17 @@ class RawStep:
     """A finished step as the training thread saw it: marks, events, counts."""
 
     __slots__ = (
-        "end_event", "end_ns", "flops", "identity", "loss", "number", "samples", "spans",
-        "start_event", "start_ns", "tokens",
+        "end_event",
+        "end_ns",
+        "flops",
+        "identity",
+        "loss",
+        "number",
+        "samples",
+        "spans",
+        "start_event",
+        "start_ns",
+        "tokens",
     )
 
     def __init__(self, step: Step, end_ns: int, end_event: TimingEvent | None) -> None:
@@ -65,8 +74,11 @@ def record_event(pool: EventPool, owner: StepWatch) -> TimingEvent | None:
         event.record()
         return event
     except Exception as err:  # a CUDA error must not escape into training
-        owner._misuse("cuda_record", "stepwatch: CUDA event record failed err=%r; this step "
-                      "falls back to wall time", err)
+        owner._misuse(
+            "cuda_record",
+            "stepwatch: CUDA event record failed err=%r; this step falls back to wall time",
+            err,
+        )
         return None
 
 
@@ -94,8 +106,11 @@ class PhaseTimer:
         if self._start < 0:  # already closed at its step's end (reported then)
             return
         if step._done:
-            step._owner._misuse("phase_after_step", "stepwatch: phase %r ended after its step "
-                                "ended; not recorded", self._name)
+            step._owner._misuse(
+                "phase_after_step",
+                "stepwatch: phase %r ended after its step ended; not recorded",
+                self._name,
+            )
             return
         event = None if step._pool is None else record_event(step._pool, step._owner)
         try:
@@ -119,12 +134,32 @@ class Step:
     """
 
     __slots__ = (
-        "_depth", "_done", "_identity", "_mark", "_number", "_open", "_owner", "_pool",
-        "_spans", "_start_event", "_start_ns", "flops", "loss", "samples", "tokens",
+        "_depth",
+        "_done",
+        "_identity",
+        "_mark",
+        "_number",
+        "_open",
+        "_owner",
+        "_pool",
+        "_spans",
+        "_start_event",
+        "_start_ns",
+        "flops",
+        "loss",
+        "samples",
+        "tokens",
     )
 
-    def __init__(self, owner: StepWatch, number: int, samples: int, tokens: int,
-                 flops: float | None, loss: Any) -> None:
+    def __init__(
+        self,
+        owner: StepWatch,
+        number: int,
+        samples: int,
+        tokens: int,
+        flops: float | None,
+        loss: Any,
+    ) -> None:
         self._owner = owner
         self._identity = owner._identity
         self._pool = owner._pool
@@ -149,8 +184,9 @@ class Step:
     def phase(self, name: str) -> PhaseTimer | _NullContext:
         """A context manager timing the phase ``name`` (see docs/sdk.md for names)."""
         if self._done:
-            self._owner._misuse("phase_outside_step", "stepwatch: phase %r used outside a "
-                                "step; not recorded", name)
+            self._owner._misuse(
+                "phase_outside_step", "stepwatch: phase %r used outside a step; not recorded", name
+            )
             return NULL_CONTEXT
         return PhaseTimer(self, name)
 
@@ -184,8 +220,12 @@ class Step:
         self._close_mark(end, event)
         if self._open:
             names = [timer._name for timer in self._open]
-            self._owner._misuse("phase_not_closed", "stepwatch: phase(s) %s still open when "
-                                "step %s ended; closed at the step's end", names, self._number)
+            self._owner._misuse(
+                "phase_not_closed",
+                "stepwatch: phase(s) %s still open when step %s ended; closed at the step's end",
+                names,
+                self._number,
+            )
             for timer in self._open:
                 timer.close_at(end, event)
             self._open.clear()
@@ -195,8 +235,12 @@ class Step:
     def __enter__(self) -> Step:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if self._depth > 0:  # the inner `with` of a nested step (misuse, already reported)
             self._depth -= 1
             return

@@ -45,8 +45,9 @@ class DatagramSender:
             sock.setblocking(False)
             self._sock = sock
         except (OSError, AttributeError) as err:
-            self._log("socket", "stepwatch sdk: no Unix datagram socket err=%r; events are "
-                      "dropped", err)
+            self._log(
+                "socket", "stepwatch sdk: no Unix datagram socket err=%r; events are dropped", err
+            )
 
     def allow_wait(self, seconds: float) -> None:
         """Let the next sends wait up to ``seconds`` in all for room in a full queue."""
@@ -62,21 +63,29 @@ class DatagramSender:
 
     def send_bytes(self, data: bytes) -> bool:
         if len(data) > self.max_bytes:
-            return self._drop("oversized", "stepwatch sdk: dropping datagram of size=%s "
-                              "bytes > max=%s", len(data), self.max_bytes)
+            return self._drop(
+                "oversized",
+                "stepwatch sdk: dropping datagram of size=%s bytes > max=%s",
+                len(data),
+                self.max_bytes,
+            )
         if self._sock is None:
             return self._drop("no_socket", "stepwatch sdk: no socket; dropping")
         try:
             self._sendto(data)
         except BlockingIOError:
-            return self._drop("buffer_full", "stepwatch sdk: agent socket queue full "
-                              "path=%s; dropping", self.path)
+            return self._drop(
+                "buffer_full", "stepwatch sdk: agent socket queue full path=%s; dropping", self.path
+            )
         except (FileNotFoundError, ConnectionRefusedError):
-            return self._drop("no_agent", "stepwatch sdk: no agent listening path=%s; "
-                              "dropping and counting events", self.path, level=logging.INFO)
+            return self._drop(
+                "no_agent",
+                "stepwatch sdk: no agent listening path=%s; dropping and counting events",
+                self.path,
+                level=logging.INFO,
+            )
         except (OSError, TypeError, ValueError) as err:
-            return self._drop("error", "stepwatch sdk: send failed path=%r err=%r",
-                              self.path, err)
+            return self._drop("error", "stepwatch sdk: send failed path=%r err=%r", self.path, err)
         self.sent += 1
         return True
 

@@ -4,7 +4,8 @@ One datagram = one compact JSON object, tagged by ``kind``:
 
 * ``{"kind": "rank_step", "v": 1, "step": {<StepRecord>}}``: one step of one rank;
 * ``{"kind": "rank_event", "v": 1, ...}``: a discrete event the rank saw
-  (an exception in user code, a checkpoint save/load, a restart).
+  (an exception in user code, a checkpoint save/load, a restart, and from rank 0
+  the job's start and end).
 
 The agent wraps these into contract messages (StepMessage / EventMessage) with
 its host, instance id and sequence numbers. Datagrams larger than
@@ -27,7 +28,9 @@ class RankStep(msgspec.Struct, frozen=True, tag="rank_step", tag_field="kind"):
     v: int = WIRE_VERSION
 
 
-class RankEvent(msgspec.Struct, frozen=True, tag="rank_event", tag_field="kind", omit_defaults=True):
+class RankEvent(
+    msgspec.Struct, frozen=True, tag="rank_event", tag_field="kind", omit_defaults=True
+):
     type: EventType
     ts: float
     job_id: str
@@ -36,6 +39,7 @@ class RankEvent(msgspec.Struct, frozen=True, tag="rank_event", tag_field="kind",
     detail: str = ""
     attrs: dict[str, str | float | int | bool] = {}
     v: int = WIRE_VERSION
+    code: int | None = None  # added in v1, optional: an exit code (job_end), as EventMessage.code
 
 
 Datagram = RankStep | RankEvent

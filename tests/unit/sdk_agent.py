@@ -41,8 +41,10 @@ class FakeAgent:
 
     def split(self, timeout: float = 0.2) -> tuple[list[RankStep], list[RankEvent]]:
         got = self.receive(timeout)
-        return ([d for d in got if isinstance(d, RankStep)],
-                [d for d in got if isinstance(d, RankEvent)])
+        return (
+            [d for d in got if isinstance(d, RankStep)],
+            [d for d in got if isinstance(d, RankEvent)],
+        )
 
     def close(self) -> None:
         if self.sock is not None:

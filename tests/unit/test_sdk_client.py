@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
+import weakref
 from collections.abc import Iterator
 
 import pytest
@@ -24,8 +26,16 @@ def agent() -> Iterator[FakeAgent]:
 
 @pytest.fixture()
 def sw(agent: FakeAgent) -> Iterator[StepWatch]:
-    handle = stepwatch.init("job-7", rank=3, world_size=8, local_rank=3, host="node01",
-                            agent_socket=agent.path, env={}, flush_interval=0.01)
+    handle = stepwatch.init(
+        "job-7",
+        rank=3,
+        world_size=8,
+        local_rank=3,
+        host="node01",
+        agent_socket=agent.path,
+        env={},
+        flush_interval=0.01,
+    )
     yield handle
     handle.close()
 
@@ -122,9 +132,8 @@ class OutOfMemoryError(RuntimeError):
 def test_exception_propagates_unchanged_and_is_reported(
     sw: StepWatch, agent: FakeAgent, error: Exception, detail: str
 ) -> None:
-    with pytest.raises(type(error)) as info:
-        with sw.step() as s, s.phase("forward"):
-            raise error
+    with pytest.raises(type(error)) as info, sw.step() as s, s.phase("forward"):
+        raise error
     assert info.value is error
     sw.flush(2.0)
     steps, events = agent.split()
@@ -172,7 +181,9 @@ def test_custom_event_and_group(sw: StepWatch, agent: FakeAgent) -> None:
 
 
 def test_close_flushes_everything(agent: FakeAgent) -> None:
-    sw = stepwatch.init("job-8", agent_socket=agent.path, env={}, flush_interval=30)
+    sw = stepwatch.init(
+        "job-8", agent_socket=agent.path, env={}, flush_interval=30, job_events=False
+    )
     for _ in range(5):
         with sw.step():
             pass
@@ -184,9 +195,57 @@ def test_close_flushes_everything(agent: FakeAgent) -> None:
 
 
 def test_inline_sender(agent: FakeAgent) -> None:
-    sw = stepwatch.init("job-9", agent_socket=agent.path, env={}, background=False)
+    sw = stepwatch.init(
+        "job-9", agent_socket=agent.path, env={}, background=False, job_events=False
+    )
     with sw.step(samples=4):
         pass
     assert sw.sent == 1  # sent before the step's `with` returned
     assert records(agent)[0].samples == 4
     sw.close()
+
+
+def test_rank0_announces_job_start_and_end(agent: FakeAgent) -> None:
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "16",
+        "LOCAL_WORLD_SIZE": "8",
+        "TORCHELASTIC_RESTART_COUNT": "2",
+    }
+    sw = stepwatch.init("job-l", agent_socket=agent.path, env=env, flush_interval=0.01)
+    with sw.step(3):
+        pass
+    sw.close()
+    steps, (start, end) = agent.split()
+    assert len(steps) == 1
+    assert start.type is EventType.JOB_START and start.rank == 0
+    assert start.attrs["world_size"] == 16 and start.attrs["restart_count"] == 2
+    assert (end.type, end.code, end.detail) == (EventType.JOB_END, 0, "finished")
+    assert end.attrs["last_step"] == 3
+
+
+def test_job_end_says_error_after_an_exception(agent: FakeAgent) -> None:
+    sw = stepwatch.init("job-e", rank=0, world_size=2, agent_socket=agent.path, env={})
+    with pytest.raises(ValueError), sw.step():
+        raise ValueError("bad")
+    sw.close()
+    _, events = agent.split()
+    assert [e.type for e in events] == [EventType.JOB_START, EventType.EXCEPTION, EventType.JOB_END]
+    assert (events[-1].code, events[-1].detail) == (1, "error: ValueError")
+
+
+def test_job_end_at_exit_after_an_uncaught_exception(
+    agent: FakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stepwatch.sdk import client
+
+    sw = stepwatch.init("job-x", rank=0, world_size=2, agent_socket=agent.path, env={})
+    monkeypatch.setattr(sys, "last_value", RuntimeError("boom"), raising=False)
+    client._close_at_exit(weakref.ref(sw))  # what atexit runs
+    _, events = agent.split()
+    assert events[-1].type is EventType.JOB_END and events[-1].detail == "error: RuntimeError"
+
+
+def test_other_ranks_send_no_job_events(sw: StepWatch, agent: FakeAgent) -> None:
+    sw.close()
+    assert agent.receive(timeout=0.05) == []

@@ -90,8 +90,14 @@ def test_kubernetes_pytorchjob_uses_torchrun_variables() -> None:
 
 
 def test_precedence_explicit_then_stepwatch_env_then_launcher() -> None:
-    env = {**TORCHRUN, "STEPWATCH_RANK": "4", "STEPWATCH_JOB_ID": "env-job",
-           "STEPWATCH_HOST": "h-env", "STEPWATCH_GROUP": "pp1", "STEPWATCH_GPU": "6"}
+    env = {
+        **TORCHRUN,
+        "STEPWATCH_RANK": "4",
+        "STEPWATCH_JOB_ID": "env-job",
+        "STEPWATCH_HOST": "h-env",
+        "STEPWATCH_GROUP": "pp1",
+        "STEPWATCH_GPU": "6",
+    }
     from_env = detect(env)
     assert (from_env.rank, from_env.job_id, from_env.host) == (4, "env-job", "h-env")
     assert (from_env.group, from_env.gpu) == ("pp1", 6)
@@ -102,8 +108,14 @@ def test_precedence_explicit_then_stepwatch_env_then_launcher() -> None:
 
 
 def test_garbage_values_are_skipped_never_raised() -> None:
-    env = {"RANK": "three", "SLURM_PROCID": "2", "WORLD_SIZE": "-4", "SLURM_NTASKS": "8",
-           "LOCAL_RANK": "", "STEPWATCH_GPU": "gpu0"}
+    env = {
+        "RANK": "three",
+        "SLURM_PROCID": "2",
+        "WORLD_SIZE": "-4",
+        "SLURM_NTASKS": "8",
+        "LOCAL_RANK": "",
+        "STEPWATCH_GPU": "gpu0",
+    }
     ident = detect(env, rank="x", world_size=None, colour="blue")
     assert ident.rank == 2 and ident.world_size == 8
     assert ident.local_rank == 0 and ident.gpu is None

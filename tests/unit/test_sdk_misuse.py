@@ -28,7 +28,9 @@ def run_steps(sw: StepWatch, n: int) -> None:
 
 
 def test_no_agent_drops_and_counts(absent: FakeAgent) -> None:
-    sw = stepwatch.init("j", agent_socket=absent.path, env={}, flush_interval=0.01)
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=absent.path, env={}, flush_interval=0.01
+    )
     run_steps(sw, 50)
     assert sw.flush(2.0)
     assert (sw.sent, sw.dropped) == (0, 50)
@@ -37,7 +39,9 @@ def test_no_agent_drops_and_counts(absent: FakeAgent) -> None:
 
 
 def test_agent_that_comes_up_later_is_found(absent: FakeAgent) -> None:
-    sw = stepwatch.init("j", agent_socket=absent.path, env={}, flush_interval=0.01)
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=absent.path, env={}, flush_interval=0.01
+    )
     run_steps(sw, 2)
     sw.flush(2.0)
     absent.listen()
@@ -50,7 +54,9 @@ def test_agent_that_comes_up_later_is_found(absent: FakeAgent) -> None:
 
 def test_full_queue_drops_at_submit(absent: FakeAgent) -> None:
     # the sender thread sleeps for a minute: the bounded queue fills and drops
-    sw = stepwatch.init("j", agent_socket=absent.path, env={}, queue_size=3, flush_interval=60)
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=absent.path, env={}, queue_size=3, flush_interval=60
+    )
     run_steps(sw, 10)
     assert sw.stats()["dropped_by"] == {"queue_full": 7}
     sw.close()
@@ -59,7 +65,9 @@ def test_full_queue_drops_at_submit(absent: FakeAgent) -> None:
 
 def test_agent_not_reading_fills_its_buffer(absent: FakeAgent) -> None:
     absent.listen()  # bound, never read
-    sw = stepwatch.init("j", agent_socket=absent.path, env={}, flush_interval=0.01)
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=absent.path, env={}, flush_interval=0.01
+    )
     run_steps(sw, 400)
     sw.close(timeout=5.0)
     dropped = sw.stats()["dropped_by"]
@@ -79,7 +87,9 @@ def test_garbage_settings_never_raise(absent: FakeAgent, caplog: pytest.LogCaptu
         "WORLD_SIZE": "lots",
     }
     absent.listen()
-    sw = stepwatch.init(env=env, flush_interval=0.01, tracer_provider=object(), otel=True)
+    sw = stepwatch.init(
+        job_events=False, env=env, flush_interval=0.01, tracer_provider=object(), otel=True
+    )
     run_steps(sw, 2)
     sw.flush(2.0)
     assert sw.enabled and sw.timing == "wall"
@@ -89,14 +99,18 @@ def test_garbage_settings_never_raise(absent: FakeAgent, caplog: pytest.LogCaptu
 
 @pytest.mark.parametrize("path", ["x" * 300, "", "/nonexistent-dir/agent.sock"])
 def test_unusable_socket_paths_never_raise(path: str) -> None:
-    sw = stepwatch.init("j", agent_socket=path or None, env={"STEPWATCH_AGENT_SOCKET": path})
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=path or None, env={"STEPWATCH_AGENT_SOCKET": path}
+    )
     run_steps(sw, 3)
     sw.close()
     assert sw.sent == 0 and sw.dropped == 3
 
 
 def test_disabled_records_nothing(absent: FakeAgent) -> None:
-    sw = stepwatch.init("j", agent_socket=absent.path, env={"STEPWATCH_ENABLED": "0"})
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=absent.path, env={"STEPWATCH_ENABLED": "0"}
+    )
     run_steps(sw, 3)
     sw.mark("forward")
     sw.end_step()
@@ -104,11 +118,14 @@ def test_disabled_records_nothing(absent: FakeAgent) -> None:
     sw.close()
 
 
-def test_misuse_is_logged_once_and_counted(absent: FakeAgent,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+def test_misuse_is_logged_once_and_counted(
+    absent: FakeAgent, caplog: pytest.LogCaptureFixture
+) -> None:
     caplog.set_level(logging.WARNING, logger="stepwatch")
     absent.listen()
-    sw = stepwatch.init("j", agent_socket=absent.path, env={}, flush_interval=0.01)
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=absent.path, env={}, flush_interval=0.01
+    )
     got = []
     for _ in range(3):
         with sw.step(), sw.step():  # nested step
@@ -125,8 +142,13 @@ def test_misuse_is_logged_once_and_counted(absent: FakeAgent,
         sw.flush(2.0)
         got += absent.steps()  # the agent's queue holds only a few datagrams
     misuse = sw.stats()["misuse"]
-    assert misuse == {"nested_step": 3, "phase_outside_step": 3, "step_backwards": 5,
-                      "phase_not_closed": 3, "end_without_step": 3}
+    assert misuse == {
+        "nested_step": 3,
+        "phase_outside_step": 3,
+        "step_backwards": 5,
+        "phase_not_closed": 3,
+        "end_without_step": 3,
+    }
     messages = [r.getMessage() for r in caplog.records if r.name == "stepwatch.sdk.client"]
     assert len(messages) == 5  # one line per kind of misuse, not per occurrence
     assert any("nested" in m for m in messages)
@@ -137,10 +159,9 @@ def test_misuse_is_logged_once_and_counted(absent: FakeAgent,
 
 
 def test_user_exception_inside_phase_inside_step_is_not_swallowed(absent: FakeAgent) -> None:
-    sw = stepwatch.init("j", agent_socket=absent.path, env={})
-    with pytest.raises(ZeroDivisionError):
-        with sw.step() as s, s.phase("forward"):
-            _ = 1 / 0
+    sw = stepwatch.init("j", job_events=False, agent_socket=absent.path, env={})
+    with pytest.raises(ZeroDivisionError), sw.step() as s, s.phase("forward"):
+        _ = 1 / 0
     with sw.step():  # the SDK is still usable after an exception
         pass
     assert sw.stats()["misuse"] == {}
@@ -152,7 +173,9 @@ def test_broken_event_factory_falls_back_to_wall_time(absent: FakeAgent) -> None
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     absent.listen()
-    sw = stepwatch.init("j", agent_socket=absent.path, env={}, event_factory=factory)  # type: ignore[arg-type]
+    sw = stepwatch.init(
+        "j", job_events=False, agent_socket=absent.path, env={}, event_factory=factory
+    )  # type: ignore[arg-type]
     assert sw.timing == "cuda"
     run_steps(sw, 2)
     sw.flush(2.0)

@@ -41,8 +41,16 @@ def test_unknown_name_goes_to_extra_as_given() -> None:
 
 def test_repeated_phases_are_summed() -> None:
     # gradient accumulation: forward/backward run several times per step
-    phases, _ = to_phases([("forward", 0.1), ("backward", 0.2), ("forward", 0.1),
-                           ("backward", 0.2), ("all-grads-sync", 0.05), ("comm_wait", 0.01)])
+    phases, _ = to_phases(
+        [
+            ("forward", 0.1),
+            ("backward", 0.2),
+            ("forward", 0.1),
+            ("backward", 0.2),
+            ("all-grads-sync", 0.05),
+            ("comm_wait", 0.01),
+        ]
+    )
     assert phases.forward == pytest.approx(0.2)
     assert phases.backward == pytest.approx(0.4)
     assert phases.comm_wait == pytest.approx(0.06)
