@@ -18,6 +18,7 @@ and is not mapped. MIG instance samples (``GPU_I_ID`` label) are skipped.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import math
 import urllib.error
@@ -122,7 +123,7 @@ class DcgmCollector:
     def _get(self) -> str | None:
         try:
             return self._fetch(self.url, self._timeout)
-        except (OSError, urllib.error.URLError, ValueError) as err:
+        except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as err:
             self._health.down(
                 "endpoint", "endpoint_down", "dcgm-exporter unreachable url=%s error=%s", self.url, err
             )

@@ -182,6 +182,33 @@ def test_endpoint_down_is_down_logged_once_never_raises(caplog: pytest.LogCaptur
     assert len([r for r in caplog.records if "unreachable" in r.getMessage()]) == 1
 
 
+def test_http_error_and_non_http_peer_are_down(exporter: Exporter) -> None:
+    collector = DcgmCollector(exporter.url.replace("/metrics", "/wrong"))
+    assert collector.collect(ctx()) == []
+    assert collector.health().state is HealthState.DOWN
+
+    import socket
+
+    peer = socket.socket()
+    peer.bind(("127.0.0.1", 0))
+    peer.listen(1)
+
+    def babble() -> None:
+        conn, _ = peer.accept()
+        conn.recv(4096)
+        conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+        conn.close()
+
+    t = threading.Thread(target=babble, daemon=True)
+    t.start()
+    collector = DcgmCollector(f"http://127.0.0.1:{peer.getsockname()[1]}/metrics", timeout=1.0)
+    assert collector.collect(ctx()) == []
+    t.join(2)
+    peer.close()
+    assert collector.health().state is HealthState.DOWN
+    assert collector.error_counts() == {"endpoint_down": 1}
+
+
 @pytest.mark.timeout(20)
 def test_slow_endpoint_times_out_quickly(exporter: Exporter) -> None:
     exporter.delay = 3.0
