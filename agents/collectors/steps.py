@@ -61,10 +61,9 @@ class StepsCollector:
         self._clock = clock
         self._mode = mode
         self._log = LogOnce(log)
-        self._buf: deque[RankStep | RankEvent] = deque()
-        self._lock = threading.Lock()
+        self._buf: deque[bytes] = deque()  # raw datagrams: appended by the reader, popped by collect
+        self._overflow = 0
         self._owners: dict[int, tuple[str, int, float]] = {}  # gpu -> (job, rank, last seen)
-        self.received = 0  # datagrams accepted
         self.steps_received = 0
         self.events_received = 0
         self.rejected: Counter[str] = Counter()
@@ -90,23 +89,32 @@ class StepsCollector:
         log.info("steps socket listening path=%s", self.path)
 
     def _read_loop(self) -> None:
-        sock = self._sock
+        """Only receive here (the kernel queue is short): decoding happens in collect()."""
+        sock, buf, limit, stop = self._sock, self._buf, self._max, self._stop
         assert sock is not None
-        while not self._stop.is_set():
+        recv = sock.recv
+        while not stop.is_set():
             try:
-                data = sock.recv(MAX_DATAGRAM_BYTES + 1)
+                data = recv(MAX_DATAGRAM_BYTES + 1)
             except TimeoutError:
                 continue
             except OSError as err:
-                if not self._stop.is_set():
+                if not stop.is_set():
                     self._fail("recv", f"receive failed on {self.path}: {err!r}")
                 return
-            if self._stop.is_set():
-                return
-            self.feed(data)
+            if len(buf) < limit:
+                buf.append(data)
+            else:
+                self._overflow += 1
 
     def feed(self, data: bytes) -> None:
-        """Decode one datagram into the buffer (the reader thread calls this)."""
+        """Queue one datagram as if it came from the socket (tests, replays)."""
+        if len(self._buf) < self._max:
+            self._buf.append(data)
+        else:
+            self._overflow += 1
+
+    def _decode(self, data: bytes) -> RankStep | RankEvent | None:
         try:
             item = decode_datagram(data)
             if isinstance(item, RankStep):
@@ -117,24 +125,21 @@ class StepsCollector:
             self.rejected[err.reason] += 1
             self._log("reject:" + err.reason, "datagram rejected reason=%s detail=%s",
                       err.reason, err.detail[:200])
-            return
-        with self._lock:
-            if len(self._buf) >= self._max:
-                self.rejected["buffer_full"] += 1
-                self._log("buffer_full", "steps buffer full, datagram dropped max=%d", self._max)
-                return
-            self._buf.append(item)
-        self.received += 1
+            return None
+        return item
 
     # ------------------------------------------------------------------ Collector
     def collect(self, ctx: HostContext) -> list[Message]:
         if self._sock is None and time.monotonic() >= self._next_bind:
             self._bind()
-        with self._lock:
-            items, self._buf = self._buf, deque()
+        self._take_overflow()
         by_job: dict[str, list[StepRecord]] = {}
         events: list[Message] = []
-        for item in items:
+        buf = self._buf
+        for _ in range(len(buf)):
+            item = self._decode(buf.popleft())
+            if item is None:
+                continue
             if isinstance(item, RankStep):
                 record = item.step if item.step.host else msgspec.structs.replace(item.step, host=ctx.host)
                 by_job.setdefault(record.job_id, []).append(record)
@@ -149,6 +154,13 @@ class StepsCollector:
                                 for job, recs in by_job.items()]
         self._expire(ctx.now)
         return steps + events
+
+    def _take_overflow(self) -> None:
+        overflow, self._overflow = self._overflow, 0  # a rare race only miscounts by one
+        if overflow:
+            self.rejected["buffer_full"] += overflow
+            self._log("buffer_full", "steps buffer full, datagrams dropped count=%d max=%d",
+                      overflow, self._max)
 
     def health(self) -> CollectorHealth:
         reading = self._thread is not None and self._thread.is_alive()

@@ -1,0 +1,126 @@
+"""The agent's own Prometheus metrics, read from its state at scrape time.
+
+A custom collector on a private :class:`~prometheus_client.CollectorRegistry`
+turns an :class:`~agents.agent.AgentSnapshot` into metric families, so the
+tick loop pays nothing for metrics. Served over HTTP on
+``Settings.metrics_port`` (0 disables it). Process CPU and memory come from
+prometheus-client's own process collector (``process_*``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agents.agent import AgentSnapshot
+from agents.collectors.base import HealthState
+
+log = logging.getLogger(__name__)
+
+P = "stepwatch_agent_"
+
+
+class AgentCollector:
+    """Exposes one agent's snapshot (see ``docs/agent.md`` for every metric)."""
+
+    def __init__(self, snapshot: Callable[[], AgentSnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        yield _gauge("up", "1 while the agent process runs.", 1)
+        yield _gauge("ready", "1 once the agent loop runs (0 while starting or stopping).",
+                     int(s.ready))
+        info = GaugeMetricFamily(P + "info", "The agent instance.", labels=["host", "inst"])
+        info.add_metric([s.host, s.inst], 1)
+        yield info
+        yield _counter("ticks", "Ticks run.", s.ticks)
+        yield _counter("tick_overruns", "Ticks skipped because a tick ran late.", s.overruns)
+        yield _gauge("last_tick_duration_seconds", "Wall time of the last tick.",
+                     s.last_tick_seconds)
+        yield from _collectors(s)
+        yield _labelled(CounterMetricFamily, "messages", "Messages handed to the publisher.",
+                        "kind", s.messages)
+        yield _counter("sink_errors", "Ticks whose messages the publisher refused.", s.sink_errors)
+        yield _counter("steps_received", "Step records received from ranks.", s.steps_received)
+        yield _labelled(CounterMetricFamily, "datagrams_rejected",
+                        "Datagrams from ranks rejected, by reason.", "reason", s.datagrams_rejected)
+        if s.sink is not None:
+            yield from _publisher(s.sink)
+
+
+def _collectors(s: AgentSnapshot) -> Iterator[Metric]:
+    state = GaugeMetricFamily(P + "collector_state",
+                              "1 for the collector's current health state.",
+                              labels=["collector", "state"])
+    errors = CounterMetricFamily(P + "collector_errors",
+                                 "Collector errors (failed reads and exceptions caught).",
+                                 labels=["collector"])
+    for name, health in s.health.items():
+        for value in HealthState:
+            state.add_metric([name, value.value], int(health.state is value))
+        errors.add_metric([name], health.errors_total + s.collector_errors.get(name, 0))
+    yield state
+    yield errors
+
+
+def _publisher(p: Any) -> Iterator[Metric]:
+    yield _gauge("broker_up", "1 when Kafka accepts records (0: spooling to disk).",
+                 int(p.state.value == "up"))
+    yield _labelled(CounterMetricFamily, "messages_produced",
+                    "Messages confirmed by Kafka, by kind.", "kind", p.produced)
+    yield _labelled(CounterMetricFamily, "delivery_failures",
+                    "Delivery reports with an error, by reason (records are retried).",
+                    "reason", p.delivery_failures)
+    yield _counter("producer_resets", "Producers replaced after an outage.", p.producer_resets)
+    yield _counter("spool_rewinds", "Rewinds to the first unacknowledged record.", p.rewinds)
+    spool = p.spool
+    yield _gauge("spool_records", "Records in the spool not yet confirmed by Kafka.", spool.records)
+    yield _gauge("spool_bytes", "Bytes in the spool not yet confirmed by Kafka.", spool.bytes)
+    yield _gauge("spool_max_bytes", "The spool's bound.", spool.max_bytes)
+    yield _labelled(CounterMetricFamily, "spool_dropped_records",
+                    "Records dropped without delivery, by reason (bound: the spool was full "
+                    "and its oldest unsent data was dropped).", "reason",
+                    {"bound": 0, **spool.dropped})
+    yield _counter("spool_torn_frames", "Torn frames truncated at start (a crash mid-write).",
+                   spool.torn_frames)
+
+
+def _gauge(name: str, doc: str, value: float) -> Metric:
+    return GaugeMetricFamily(P + name, doc, value=value)
+
+
+def _counter(name: str, doc: str, value: float) -> Metric:
+    return CounterMetricFamily(P + name, doc, value=value)
+
+
+def _labelled(family: Any, name: str, doc: str, label: str, values: dict[str, int]) -> Metric:
+    metric = family(P + name, doc, labels=[label])
+    for key, value in sorted(values.items()):
+        metric.add_metric([key], value)
+    return metric
+
+
+def registry_for(snapshot: Callable[[], AgentSnapshot], *, process: bool = True) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AgentCollector(snapshot))  # type: ignore[arg-type]
+    if process:
+        ProcessCollector(registry=registry)
+    return registry
+
+
+def render(registry: CollectorRegistry) -> str:
+    return generate_latest(registry).decode()
+
+
+def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> Any:
+    """Serve /metrics on ``port``; returns the server (``.shutdown()`` stops it)."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    log.info("agent metrics listening port=%d", server.server_port)
+    return server

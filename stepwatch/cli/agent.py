@@ -1,0 +1,129 @@
+"""``stepwatch agent``: run the node agent in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import signal
+import threading
+from typing import Any
+
+from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.errors import ConfigError
+
+DESCRIPTION = """\
+Run the node agent: every tick it reads the host's GPUs (NVML or dcgm-exporter),
+its RDMA ports (sysfs) and the step timings training ranks send to its Unix
+socket, and publishes them to Kafka (one topic per kind, keyed by job id).
+Every message goes through an on-disk spool first: while Kafka is unreachable
+the agent keeps collecting and spools (bounded by --spool-max-bytes; when full,
+the oldest unsent data is dropped and counted), then catches up in order.
+Stop with SIGTERM or Ctrl-C: a final tick, a flush, the spool position saved.
+"""
+
+EPILOG = """\
+Every flag falls back to its STEPWATCH_* environment variable, then to the
+default (e.g. --spool-dir = STEPWATCH_SPOOL_DIR). Metrics: /metrics on
+--metrics-port (stepwatch_agent_*). Deployment: docs/agent.md.
+"""
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """``512M`` / ``1GiB`` / ``1048576`` -> bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 512M, 2G)")
+    scale = 1024 ** " kmgt".index(match.group(2).lower() or " ")
+    return int(float(match.group(1)) * scale)
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "agent", help="run the node agent (GPU, RDMA, step timings -> Kafka)",
+        description=DESCRIPTION, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_kafka_flags(p)
+    for action in p._actions:
+        if action.dest == "bootstrap_servers":
+            action.metavar = "HOST:PORT[,...]"
+            action.help = ("Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); required "
+                           "unless --dev-broker")
+    p.add_argument("--dev-broker", action="store_true",
+                   help="start a local development broker (Tansu) and publish to it; "
+                   "for trying things out, not for production")
+    g = p.add_argument_group("agent")
+    g.add_argument("--host", metavar="NAME", help="host name stamped on every message (default: hostname)")
+    g.add_argument("--collectors", metavar="NAMES",
+                   help="comma-separated: steps, nvml, nvml-replay, dcgm, rdma; 'none' for none "
+                   "(default nvml,rdma,steps)")
+    g.add_argument("--socket", dest="agent_socket", metavar="PATH",
+                   help="Unix datagram socket the training ranks send to "
+                   "(default /tmp/stepwatch-agent.sock)")
+    g.add_argument("--tick", dest="tick_seconds", type=float, metavar="SECONDS",
+                   help="seconds between polls, aligned to the wall clock (default 1.0)")
+    g.add_argument("--spool-dir", metavar="DIR", help="directory of the on-disk spool (default var/spool)")
+    g.add_argument("--spool-max-bytes", type=parse_size, metavar="SIZE",
+                   help="spool bound, e.g. 512M (default); when full the oldest unsent data "
+                   "is dropped and counted")
+    g.add_argument("--sysfs-root", metavar="DIR", help="root of the sysfs tree for RDMA counters (default /sys)")
+    g.add_argument("--dcgm-url", metavar="URL", help="dcgm-exporter URL for the dcgm collector, "
+                   "e.g. http://localhost:9400/metrics")
+    g.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="port of the agent's own /metrics (default 9465; 0 disables)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    fields = ("host", "collectors", "agent_socket", "tick_seconds", "spool_dir", "spool_max_bytes",
+              "sysfs_root", "dcgm_url", "metrics_port")
+    settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
+    broker = None
+    if args.dev_broker and not settings.bootstrap_servers:
+        from stepwatch.broker import DevBroker
+
+        broker = DevBroker().start()
+        settings = settings.replace(bootstrap_servers=broker.bootstrap)
+        print(f"development broker started bootstrap={broker.bootstrap}", flush=True)
+    if not settings.bootstrap_servers:
+        raise ConfigError(
+            "the agent needs a Kafka cluster: pass --bootstrap-servers HOST:PORT (or set "
+            "STEPWATCH_BOOTSTRAP_SERVERS), or --dev-broker to start a local development broker "
+            "(`stepwatch demo` starts everything for you)"
+        )
+    try:
+        return _run_agent(settings)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _run_agent(settings: Any) -> int:
+    from agents import metrics
+    from agents.agent import build_agent
+
+    agent = build_agent(settings)
+    stop = threading.Event()
+
+    def _on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    server = None
+    try:
+        if settings.metrics_port:
+            try:
+                server = metrics.serve(metrics.registry_for(agent.snapshot), settings.metrics_port)
+            except OSError as err:
+                agent.shutdown(timeout=1.0)
+                raise ConfigError(f"cannot serve metrics on port {settings.metrics_port}: {err} "
+                                  "(--metrics-port 0 disables it)") from err
+        agent.run(stop)
+    finally:
+        if server is not None:
+            server.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
