@@ -1,0 +1,1 @@
+"""``stepwatch demo``: the whole pipeline on embedded defaults, on one machine."""

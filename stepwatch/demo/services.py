@@ -1,0 +1,82 @@
+"""The demo's child processes: stream workers and the ClickHouse sink.
+
+Each is the real ``stepwatch`` subcommand in its own process, exactly as it
+runs in production, pointed at the demo's broker. A part not present in this
+build is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Child:
+    name: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self, env: dict[str, str]) -> None:
+        with open(self.log_path, "ab") as out:
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        log.info("demo child started name=%s pid=%s log=%s", self.name, self.proc.pid, self.log_path)
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if not self.alive or self.proc is None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(5)
+
+
+def available(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def children(bootstrap: str, workdir: Path, *, workers: int, store: bool) -> list[Child]:
+    """The services to start, in order."""
+    cli = [sys.executable, "-m", "stepwatch.cli"]
+    common = ["--bootstrap-servers", bootstrap]
+    out: list[Child] = []
+    if workers and available("streams.app"):
+        for i in range(workers):
+            out.append(Child(
+                f"stream-{i}",
+                [*cli, "stream", *common, "--worker-name", f"demo-{i}",
+                 "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(9466 + i)],
+                workdir / f"stream-{i}.log",
+            ))
+    if store and available("stepwatch.cli.sink"):
+        out.append(Child(
+            "sink",
+            [*cli, "sink", *common, "--store-path", str(workdir / "chdb")],
+            workdir / "sink.log",
+        ))
+    return out
+
+
+def child_env(prefix: str, partitions: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env["STEPWATCH_TOPIC_PREFIX"] = prefix
+    env["STEPWATCH_PARTITIONS"] = str(partitions)
+    return env
