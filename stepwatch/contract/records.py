@@ -46,7 +46,7 @@ class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defau
 
 
 # --------------------------------------------------------------------------- steps
-class Phases(_Base):
+class Phases(_Base, frozen=True):
     """Phase durations of one step on one rank, in seconds.
 
     ``None`` means the phase was not measured (not the same as 0). ``comm_wait``
@@ -64,7 +64,7 @@ class Phases(_Base):
     extra: dict[str, float] = {}
 
 
-class StepRecord(_Base):
+class StepRecord(_Base, frozen=True):
     """Timing of one training step on one rank."""
 
     job_id: str
@@ -89,7 +89,7 @@ class StepRecord(_Base):
 
 
 # --------------------------------------------------------------------------- GPU
-class GpuReading(_Base):
+class GpuReading(_Base, frozen=True):
     """One GPU at one instant. Counters are cumulative since driver load."""
 
     index: int
@@ -124,7 +124,7 @@ class GpuReading(_Base):
 
 
 # --------------------------------------------------------------------------- NIC ports
-class PortReading(_Base):
+class PortReading(_Base, frozen=True):
     """One RDMA port at one instant. Byte counters are already in bytes (sysfs x4)."""
 
     device: str
@@ -163,7 +163,7 @@ class PortReading(_Base):
 
 
 # --------------------------------------------------------------------------- messages
-class _Message(_Base, tag_field="kind", omit_defaults=False):
+class _Message(_Base, frozen=True, tag_field="kind", omit_defaults=False):
     """Common header: who sent it, when, and its place in the sender's sequence.
 
     ``seq`` counts from 0 per (``host``, ``inst``, ``kind``) without gaps, so
@@ -178,28 +178,28 @@ class _Message(_Base, tag_field="kind", omit_defaults=False):
     seq: int = 0
 
 
-class StepMessage(_Message, tag="step"):
+class StepMessage(_Message, frozen=True, tag="step"):
     """Step records of one job gathered by one host's agent in one tick."""
 
     job_id: str = ""
     steps: list[StepRecord] = []
 
 
-class GpuMessage(_Message, tag="gpu"):
+class GpuMessage(_Message, frozen=True, tag="gpu"):
     """Every GPU of one host at one tick. ``job_id`` is set when the agent knows it."""
 
     job_id: str | None = None
     gpus: list[GpuReading] = []
 
 
-class PortMessage(_Message, tag="port"):
+class PortMessage(_Message, frozen=True, tag="port"):
     """Every RDMA port of one host at one tick."""
 
     job_id: str | None = None
     ports: list[PortReading] = []
 
 
-class EventMessage(_Message, tag="event"):
+class EventMessage(_Message, frozen=True, tag="event"):
     """A discrete event (XID, ECC, link change, job start/end, checkpoint, restart)."""
 
     type: EventType = EventType.XID
@@ -213,7 +213,7 @@ class EventMessage(_Message, tag="event"):
     attrs: dict[str, str | float | int | bool] = {}
 
 
-class DetectionMessage(_Message, tag="detection"):
+class DetectionMessage(_Message, frozen=True, tag="detection"):
     """A detection's state change, produced by the stream processors.
 
     ``id`` is stable over the detection's lifecycle (open → update* → resolved).

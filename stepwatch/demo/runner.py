@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from stepwatch.broker import DevBroker
 from stepwatch.demo.services import Child, child_env, children
@@ -41,8 +42,8 @@ class Demo:
         self.broker: DevBroker | None = None
         self.children: list[Child] = []
         self.tap: Tap | None = None
-        self.publisher = None
-        self.fleet = None
+        self.publisher: Any = None
+        self.fleet: Any = None
         self.ok = True
         self._stop = False
         self._started = time.monotonic()
