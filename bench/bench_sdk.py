@@ -25,6 +25,7 @@ import argparse
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -204,7 +205,9 @@ def main() -> None:
     paths = iter(os.path.join(tmp, f"agent{i}.sock") for i in range(100))
 
     def sw(path: str, **kw: Any) -> stepwatch.StepWatch:
-        return stepwatch.init(job_id="bench", agent_socket=path, timing="wall", env={}, **kw)
+        return stepwatch.init(
+            job_id="bench", agent_socket=path, timing="wall", env={}, job_events=False, **kw
+        )
 
     rows = [run("empty loop (baseline)", empty_loop, n)]
     a = sw(absent)
@@ -230,6 +233,7 @@ def main() -> None:
     received.append(got[0])
     tracer = provider().get_tracer("bench")
     rows.append(run("OTel spans on the hot path (no SDK)", lambda k: otel_hot_loop(tracer, k), n))
+    shutil.rmtree(tmp, ignore_errors=True)
     report(rows, n, received, args.pace_us)
 
 

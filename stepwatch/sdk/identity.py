@@ -66,7 +66,7 @@ _INT_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     "local_rank": ("STEPWATCH_LOCAL_RANK", ("LOCAL_RANK", "SLURM_LOCALID")),
     "local_world_size": (
         "STEPWATCH_LOCAL_WORLD_SIZE",
-        ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"),
+        ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE", "SLURM_TASKS_PER_NODE"),
     ),
     "node_rank": ("STEPWATCH_NODE_RANK", ("GROUP_RANK", "SLURM_NODEID")),
 }
@@ -141,7 +141,7 @@ def _to_int(raw: Any) -> int | None:
     if isinstance(raw, bool):
         return None
     text = str(raw).strip()
-    # SLURM_NTASKS_PER_NODE may read "8(x2)": eight tasks on each of two nodes.
+    # SLURM_TASKS_PER_NODE reads "8(x2)": eight tasks on each of two nodes.
     match = re.match(r"^(\d+)(?:\(x\d+\))?$", text)
     return int(match.group(1)) if match else None
 

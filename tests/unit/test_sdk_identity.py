@@ -21,7 +21,7 @@ SLURM = {
     "SLURM_PROCID": "9",
     "SLURM_LOCALID": "1",
     "SLURM_NTASKS": "16",
-    "SLURM_NTASKS_PER_NODE": "8(x2)",
+    "SLURM_TASKS_PER_NODE": "8(x2)",
     "SLURM_NODEID": "1",
     "SLURMD_NODENAME": "node02",
 }
