@@ -1,6 +1,7 @@
 """The fleet simulator (placeholder docstring, replaced below)."""
 
 from stepwatch.sim.engine import simulate
+from stepwatch.sim.frames import StepTable
 from stepwatch.sim.io import read_labels, write_jsonl, write_labels
 from stepwatch.sim.labels import EXPECTED, Cause, Detection, FaultClass, Label, ground_truth
 from stepwatch.sim.scenario import DEFAULT_START_TS, Fault, FaultKind, Scenario, resolve_all
@@ -16,6 +17,7 @@ __all__ = [
     "FaultKind",
     "Label",
     "Scenario",
+    "StepTable",
     "ground_truth",
     "parse_fault",
     "read_labels",

@@ -97,7 +97,8 @@ class Label(msgspec.Struct, frozen=True, kw_only=True):
     summary: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)  # type: ignore[no-any-return]
+        """Plain JSON types (lists, not tuples)."""
+        return msgspec.json.decode(msgspec.json.encode(self))  # type: ignore[no-any-return]
 
 
 def ground_truth(*scenarios: Scenario) -> list[Label]:

@@ -127,7 +127,7 @@ class Scenario:
     checkpoint_every: int = 150  # 0: never
     checkpoint_seconds: float | None = None  # default 6 x step_seconds
     jitter: float = 0.01  # lognormal sigma of per-rank compute noise
-    tail_prob: float = 0.005  # per rank-step chance of a Pareto-tailed slow step
+    tail_prob: float = 0.002  # per rank-step chance of a Pareto-tailed slow step
     gc_prob: float = 0.002  # per rank-step chance of a GC pause (single slow step)
     gc_seconds: float | None = None  # default 0.15 x step_seconds
     samples_per_step: int = 8
@@ -173,6 +173,9 @@ class Scenario:
                 raise ConfigError(f"fault {fault.kind}: gpu {fault.gpu} outside 0..{self.gpus_per_node - 1}")
             if fault.nic is not None and not 0 <= fault.nic < self.nics_per_node:
                 raise ConfigError(f"fault {fault.kind}: nic {fault.nic} outside 0..{self.nics_per_node - 1}")
+        from stepwatch.sim.targets import resolve_targets
+
+        resolve_targets(self)  # a rank that is not on the given host, ...
 
     # ---------------------------------------------------------------- topology
     @property

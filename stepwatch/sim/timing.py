@@ -138,8 +138,8 @@ class StepModel:
         base = sc.step_seconds
         warm = 1.0 + 2.0 * (1.0 - s / sc.warmup_steps) ** 2 if s < sc.warmup_steps else 1.0
         mult = warm * self.stage_weight * np.exp(sc.jitter * z[0] + self.static + 0.004 * common[0])
-        tail = (1.0 - u[2]) ** (-1.0 / 2.5) - 1.0  # Pareto(2.5) excess
-        mult *= np.where(u[0] < sc.tail_prob, 1.0 + 0.03 * tail, 1.0)
+        tail = (1.0 - u[2]) ** (-1.0 / 1.5) - 1.0  # Pareto(1.5) excess
+        mult *= np.where(u[0] < sc.tail_prob, 1.0 + np.minimum(0.015 + 0.03 * tail, 0.4), 1.0)
         data = base * DATA * np.exp(0.5 * z[2] - 0.125)
         transfer = np.zeros(n)
         for target in self.targets:
