@@ -185,6 +185,7 @@ class StepWatch:
         try:
             raw = step._finish()
             if exc is None:
+                self._failed = None  # a step completed: the job recovered from any earlier error
                 self._submit(raw)
             elif isinstance(exc, Exception):  # not KeyboardInterrupt / SystemExit
                 self._failed = type(exc).__name__

@@ -249,3 +249,18 @@ def test_job_end_at_exit_after_an_uncaught_exception(
 def test_other_ranks_send_no_job_events(sw: StepWatch, agent: FakeAgent) -> None:
     sw.close()
     assert agent.receive(timeout=0.05) == []
+
+
+def test_job_end_is_clean_when_a_later_step_completed(agent: FakeAgent) -> None:
+    sw = stepwatch.init("job-r", rank=0, world_size=2, agent_socket=agent.path, env={})
+    with pytest.raises(RuntimeError), sw.step():
+        raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
+    with sw.step():  # the script caught it, lowered the batch size and went on
+        pass
+    sw.close()
+    _, events = agent.split()
+    assert (events[-1].type, events[-1].code, events[-1].detail) == (
+        EventType.JOB_END,
+        0,
+        "finished",
+    )

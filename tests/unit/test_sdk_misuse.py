@@ -10,6 +10,7 @@ from sdk_agent import FakeAgent
 
 import stepwatch
 from stepwatch.sdk.client import StepWatch
+from stepwatch.sdk.cuda import TimingEvent
 
 
 @pytest.fixture()
@@ -169,13 +170,13 @@ def test_user_exception_inside_phase_inside_step_is_not_swallowed(absent: FakeAg
 
 
 def test_broken_event_factory_falls_back_to_wall_time(absent: FakeAgent) -> None:
-    def factory() -> object:
+    def factory() -> TimingEvent:
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
     absent.listen()
     sw = stepwatch.init(
         "j", job_events=False, agent_socket=absent.path, env={}, event_factory=factory
-    )  # type: ignore[arg-type]
+    )
     assert sw.timing == "cuda"
     run_steps(sw, 2)
     sw.flush(2.0)
