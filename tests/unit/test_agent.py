@@ -1,0 +1,232 @@
+"""The agent loop with injected clocks, fake collectors and a recording sink."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from agents.agent import Agent, build_collectors, collector_names
+from agents.collectors.base import CollectorHealth, HealthState, HostContext
+from agents.collectors.steps import StepsCollector
+from agents.metrics import registry_for, render
+from stepwatch.contract import GpuMessage, GpuReading, Message, PortMessage, StepRecord
+from stepwatch.errors import ConfigError
+from stepwatch.sdk.wire import RankStep, encode_datagram
+from stepwatch.settings import Settings
+
+WALL0 = 1_700_000_000.3
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.mono = 100.0
+        self.waits: list[float] = []
+
+    def wall(self) -> float:
+        return WALL0 + (self.mono - 100.0)
+
+    def monotonic(self) -> float:
+        return self.mono
+
+
+class RecordingSink:
+    def __init__(self) -> None:
+        self.batches: list[list[Message]] = []
+        self.calls: list[str] = []
+
+    def send(self, messages: Sequence[Message]) -> None:
+        self.batches.append(list(messages))
+        self.calls.append("send")
+
+    def flush(self, timeout: float = 10.0) -> int:
+        self.calls.append("flush")
+        return 0
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.calls.append("close")
+
+    @property
+    def messages(self) -> list[Message]:
+        return [m for b in self.batches for m in b]
+
+
+class GpuCollector:
+    name = "fake-gpu"
+
+    def __init__(self, clock: Clock | None = None, cost: float = 0.0) -> None:
+        self.clock, self.cost, self.closed = clock, cost, False
+
+    def collect(self, ctx: HostContext) -> list[Message]:
+        if self.clock is not None:
+            self.clock.mono += self.cost
+        return [GpuMessage(host=ctx.host, ts=ctx.now, gpus=[GpuReading(index=0)]),
+                PortMessage(host="", ts=ctx.now)]
+
+    def health(self) -> CollectorHealth:
+        return CollectorHealth(HealthState.OK)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Broken:
+    name = "broken"
+
+    def collect(self, ctx: HostContext) -> list[Message]:
+        raise RuntimeError("sensor on fire")
+
+    def health(self) -> CollectorHealth:
+        raise RuntimeError("no health either")
+
+    def close(self) -> None:
+        raise RuntimeError("cannot even close")
+
+
+@pytest.fixture()
+def settings(tmp_path: Path) -> Settings:
+    return Settings.load(env={}, host="node01", tick_seconds=1.0, collectors="steps",
+                         agent_socket=str(tmp_path / "a.sock"), spool_dir=str(tmp_path / "spool"))
+
+
+def agent_with(settings: Settings, *collectors, clock: Clock | None = None) -> tuple[Agent, RecordingSink]:
+    clock = clock or Clock()
+    sink = RecordingSink()
+    return Agent(settings, list(collectors), sink, clock=clock.monotonic, wall=clock.wall), sink
+
+
+def test_tick_stamps_gap_free_sequence_per_kind_and_fills_host(settings: Settings) -> None:
+    agent, sink = agent_with(settings, GpuCollector())
+    for _ in range(3):
+        assert agent.tick() == 2
+    gpu = [m for m in sink.messages if isinstance(m, GpuMessage)]
+    port = [m for m in sink.messages if isinstance(m, PortMessage)]
+    assert [m.seq for m in gpu] == [0, 1, 2] and [m.seq for m in port] == [0, 1, 2]
+    assert {m.inst for m in sink.messages} == {agent.sequencer.inst}
+    assert {m.host for m in port} == {"node01"}
+
+
+def test_broken_collector_is_counted_logged_once_and_the_rest_flows(
+        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    agent, sink = agent_with(settings, Broken(), GpuCollector())
+    with caplog.at_level(logging.ERROR, logger="agents.agent"):
+        for _ in range(4):
+            agent.tick()
+    assert len(sink.messages) == 8
+    assert agent.snapshot().collector_errors["broken"] == 4
+    assert len([r for r in caplog.records if "sensor on fire" in r.getMessage()]) == 1
+    assert agent.snapshot().health["broken"].state is HealthState.DOWN
+
+
+def test_host_samples_keyed_by_the_job_the_steps_name(settings: Settings) -> None:
+    steps = StepsCollector(settings.agent_socket)
+    try:
+        agent, sink = agent_with(settings, GpuCollector(), steps)
+        assert agent.collectors[0] is steps  # polled first
+        rec = StepRecord(job_id="llama", rank=3, world_size=8, step=1, start=WALL0 - 1,
+                         end=WALL0, local_rank=3)
+        steps.feed(encode_datagram(RankStep(step=rec)))
+        agent.tick()
+        gpu = next(m for m in sink.messages if isinstance(m, GpuMessage))
+        assert gpu.job_id == "llama"  # learned from the steps of the same tick
+        assert [m.job_id for m in sink.messages if type(m).__name__ == "StepMessage"] == ["llama"]
+    finally:
+        steps.close()
+
+
+def test_no_job_attribution_when_two_jobs_share_the_host(settings: Settings) -> None:
+    steps = StepsCollector(settings.agent_socket)
+    try:
+        agent, sink = agent_with(settings, GpuCollector(), steps)
+        for job, gpu in (("a", 0), ("b", 1)):
+            rec = StepRecord(job_id=job, rank=0, world_size=1, step=1, start=WALL0 - 1,
+                             end=WALL0, gpu=gpu)
+            steps.feed(encode_datagram(RankStep(step=rec)))
+        agent.tick()
+        gpu_msg = next(m for m in sink.messages if isinstance(m, GpuMessage))
+        assert gpu_msg.job_id is None
+    finally:
+        steps.close()
+
+
+def test_run_ticks_aligned_then_shuts_down_cleanly(settings: Settings) -> None:
+    clock = Clock()
+    gpu = GpuCollector()
+    agent, sink = agent_with(settings, gpu, clock=clock)
+    stop = threading.Event()
+    ticks_at: list[float] = []
+    real_tick = agent.tick
+
+    def tick() -> int:
+        ticks_at.append(clock.wall())
+        return real_tick()
+
+    agent.tick = tick  # type: ignore[method-assign]
+
+    def wait(delay: float) -> bool:
+        clock.waits.append(delay)
+        clock.mono += delay
+        if len(ticks_at) >= 4:
+            stop.set()
+        return stop.is_set()
+
+    agent.run(stop, wait=wait)
+    assert clock.waits[0] == pytest.approx(0.7)  # to the next whole second of wall time
+    assert ticks_at[:4] == pytest.approx([WALL0 + 0.7 + i for i in range(4)])
+    assert len(ticks_at) == 5  # four in the loop, one final tick at shutdown
+    assert sink.calls[-2:] == ["flush", "close"] and gpu.closed
+    assert not agent.ready
+
+
+def test_slow_ticks_are_skipped_and_counted(settings: Settings) -> None:
+    clock = Clock()
+    agent, _ = agent_with(settings, GpuCollector(clock, cost=2.5), clock=clock)
+    stop = threading.Event()
+
+    def wait(delay: float) -> bool:
+        clock.waits.append(delay)
+        clock.mono += delay
+        if agent.ticks >= 3:
+            stop.set()
+        return stop.is_set()
+
+    agent.run(stop, wait=wait)
+    assert agent.overruns == 6  # each 2.5 s tick misses two 1 s slots
+    assert all(w == pytest.approx(0.5) for w in clock.waits[1:])  # back on the grid
+
+
+def test_close_errors_do_not_stop_shutdown(settings: Settings) -> None:
+    agent, sink = agent_with(settings, Broken(), GpuCollector())
+    agent.shutdown(timeout=0.1)
+    assert sink.calls[-1] == "close"
+
+
+def test_metrics_expose_agent_state_with_prometheus_names(settings: Settings) -> None:
+    agent, _ = agent_with(settings, Broken(), GpuCollector())
+    agent.tick()
+    text = render(registry_for(agent.snapshot, process=False))
+    assert 'stepwatch_agent_collector_state{collector="broken",state="down"} 1.0' in text
+    assert 'stepwatch_agent_collector_state{collector="fake-gpu",state="ok"} 1.0' in text
+    assert 'stepwatch_agent_collector_errors_total{collector="broken"} 1.0' in text
+    assert 'stepwatch_agent_messages_total{kind="gpu"} 1.0' in text
+    assert "stepwatch_agent_ready 0.0" in text and "stepwatch_agent_up 1.0" in text
+    assert "stepwatch_agent_last_tick_duration_seconds" in text
+    for line in text.splitlines():
+        if line.startswith("# TYPE") and line.endswith("counter"):
+            assert line.split()[2].startswith("stepwatch_agent_")
+
+
+def test_collector_names_and_building(settings: Settings) -> None:
+    assert collector_names(" Steps, nvml,,steps ") == ["steps", "nvml"]
+    assert collector_names("none") == []
+    built = build_collectors(settings.replace(collectors="steps"))
+    try:
+        assert [type(c) for c in built] == [StepsCollector]
+    finally:
+        for c in built:
+            c.close()
+    with pytest.raises(ConfigError):
+        build_collectors(settings.replace(collectors="steps,warp-drive"))
