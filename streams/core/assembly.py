@@ -22,29 +22,76 @@ _EMPTY_PHASES = Phases()
 NAN = float("nan")
 
 
+# Rows of ClosedStep.m, each indexed by rank (NaN where missing or unmeasured).
+START, END, DUR, DATA, COMPUTE, XFER, COMM, CKPT, PAUSE, BUSY, OTHER = range(11)
+ROWS = 11
+
+
 @dataclass(frozen=True, slots=True)
 class ClosedStep:
-    """One step of one job across its ranks; per-rank arrays have ``world_size`` entries."""
+    """One step of one job across its ranks.
+
+    ``m`` holds one row per quantity (the constants above), one column per rank:
+    ``compute`` is forward + backward + optimizer + other named sections;
+    ``xfer`` the rank's own transfer sections (extra ``comm*``, ``nccl*``,
+    ``*transfer*``); ``comm`` the exposed wait in collectives; ``pause`` the
+    checkpoint and evaluation sections (job-wide pauses, not work); ``busy``
+    data + compute + xfer; ``other`` what the phases leave unexplained.
+    ``med`` holds the median of each row over the ranks.
+    """
 
     step: int
     world_size: int
     records: list[StepRecord]
     present: np.ndarray  # bool
-    start: np.ndarray
-    end: np.ndarray
-    dur: np.ndarray
-    data: np.ndarray  # NaN where unmeasured
-    compute: np.ndarray  # forward + backward + optimizer + other named sections
-    xfer: np.ndarray  # the rank's own transfer sections (extra "comm*", "nccl*", "*transfer*")
-    comm: np.ndarray  # exposed wait in collectives
-    ckpt: np.ndarray
-    pause: np.ndarray  # checkpoint + evaluation sections: job-wide pauses, not work
+    m: np.ndarray
+    med: np.ndarray
     has_phases: bool
     samples: int
     tokens: int
     flops: float | None
     end_max: float
     nonfinite_ranks: tuple[int, ...]
+
+    @property
+    def start(self) -> np.ndarray:
+        return self.m[START]
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.m[END]
+
+    @property
+    def dur(self) -> np.ndarray:
+        return self.m[DUR]
+
+    @property
+    def data(self) -> np.ndarray:
+        return self.m[DATA]
+
+    @property
+    def compute(self) -> np.ndarray:
+        return self.m[COMPUTE]
+
+    @property
+    def xfer(self) -> np.ndarray:
+        return self.m[XFER]
+
+    @property
+    def comm(self) -> np.ndarray:
+        return self.m[COMM]
+
+    @property
+    def ckpt(self) -> np.ndarray:
+        return self.m[CKPT]
+
+    @property
+    def pause(self) -> np.ndarray:
+        return self.m[PAUSE]
+
+    @property
+    def busy(self) -> np.ndarray:
+        return self.m[BUSY]
 
     @property
     def complete(self) -> bool:
@@ -166,58 +213,56 @@ class StepAssembler:
 
 
 def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedStep:
-    """Scatter the records of one step into per-rank arrays."""
-    w = world_size
+    """Scatter the records of one step into per-rank rows (one NumPy pass)."""
     n = len(records)
     ranks = np.fromiter((r.rank for r in records), np.intp, n)
-    present = np.zeros(w, bool)
+    present = np.zeros(world_size, bool)
     present[ranks] = True
-
-    def scatter(values: list) -> np.ndarray:
-        out = np.full(w, NAN)
-        out[ranks] = np.array(values, dtype=float)
-        return out
-
-    start = scatter([r.start for r in records])
-    end = scatter([r.end for r in records])
-    phases = [r.phases or _EMPTY_PHASES for r in records]
-    has_phases = any(r.phases is not None for r in records)
+    has_phases = False
+    raw = []
+    for r in records:
+        p = r.phases
+        if p is None:
+            p = _EMPTY_PHASES
+        else:
+            has_phases = True
+        raw.append((r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
+                    p.checkpoint))
+    a = np.array(raw, dtype=float).T  # None -> NaN
+    rows = np.empty((ROWS, n))
+    rows[START], rows[END] = a[0], a[1]
+    rows[DUR] = a[1] - a[0]
     if has_phases:
-        data = scatter([p.data for p in phases])
-        fwd = np.array([p.forward for p in phases], dtype=float)
-        bwd = np.array([p.backward for p in phases], dtype=float)
-        opt = np.array([p.optimizer for p in phases], dtype=float)
-        other, xfer, evals = _split_extra(phases)
-        parts = np.stack([fwd, bwd, opt, other])
+        other, xfer, evals = _split_extra(records)
+        parts = np.vstack([a[3:6], other])
         measured = ~np.isnan(parts).all(axis=0)
-        compute = scatter(np.where(measured, np.nansum(parts, axis=0), NAN).tolist())
-        xfer_a = scatter(xfer)
-        comm = scatter([p.comm_wait for p in phases])
-        ckpt = scatter([p.checkpoint for p in phases])
-        pause = np.nan_to_num(ckpt) + scatter(evals)
+        rows[DATA] = a[2]
+        rows[COMPUTE] = np.where(measured, np.nansum(parts, axis=0), NAN)
+        rows[XFER] = xfer
+        rows[COMM] = a[6]
+        rows[CKPT] = a[7]
+        rows[PAUSE] = np.where(np.isnan(a[7]), 0.0, a[7]) + evals
+        rows[BUSY] = rows[COMPUTE] + np.where(np.isnan(a[2]), 0.0, a[2]) + xfer
+        comm0 = np.where(np.isnan(a[6]), 0.0, a[6])
+        rows[OTHER] = np.maximum(rows[DUR] - rows[BUSY] - comm0 - rows[PAUSE], 0.0)
     else:
-        data = compute = xfer_a = comm = ckpt = np.full(w, NAN)
-        pause = np.zeros(w)
+        rows[DATA:] = NAN
+        rows[PAUSE] = 0.0
+    m = np.full((ROWS, world_size), NAN)
+    m[:, ranks] = rows
     flops_list = [r.flops for r in records if r.flops is not None]
     return ClosedStep(
         step=step,
-        world_size=w,
+        world_size=world_size,
         records=records,
         present=present,
-        start=start,
-        end=end,
-        dur=end - start,
-        data=data,
-        compute=compute,
-        xfer=xfer_a,
-        comm=comm,
-        ckpt=ckpt,
-        pause=pause,
+        m=m,
+        med=rowmed(rows),
         has_phases=has_phases,
         samples=sum(r.samples for r in records),
         tokens=sum(r.tokens for r in records),
         flops=sum(flops_list) if flops_list else None,
-        end_max=float(np.nanmax(end)),
+        end_max=float(a[1].max()),
         nonfinite_ranks=tuple(r.rank for r in records if r.loss_nonfinite),
     )
 
@@ -225,19 +270,31 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
 PAUSE_SECTIONS = frozenset({"eval", "evaluation", "validation", "val"})
 
 
-def _split_extra(phases: list[Phases]) -> tuple[list[float], list[float], list[float]]:
+def _split_extra(records: list[StepRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Extra sections per rank as (other work, own transfers, evaluation pauses)."""
-    n = len(phases)
-    if not any(p.extra for p in phases):
-        return [NAN] * n, [0.0] * n, [0.0] * n
-    other, xfer, evals = [NAN] * n, [0.0] * n, [0.0] * n
-    for i, p in enumerate(phases):
-        for name, value in p.extra.items():
+    n = len(records)
+    other, xfer, evals = np.full(n, NAN), np.zeros(n), np.zeros(n)
+    for i, r in enumerate(records):
+        if r.phases is None or not r.phases.extra:
+            continue
+        for name, value in r.phases.extra.items():
             low = name.lower()
             if low in PAUSE_SECTIONS:
                 evals[i] += value
             elif low.startswith(("comm", "nccl")) or "transfer" in low:
                 xfer[i] += value
             else:
-                other[i] = value if other[i] != other[i] else other[i] + value
+                other[i] = value if np.isnan(other[i]) else other[i] + value
     return other, xfer, evals
+
+
+def rowmed(rows: np.ndarray) -> np.ndarray:
+    """The median of each row, NaN skipped (NaN for a row without values)."""
+    s = np.sort(rows, axis=1)  # NaN sorts last
+    count = rows.shape[1] - np.isnan(rows).sum(axis=1)
+    lo = np.maximum((count - 1) // 2, 0)
+    hi = np.maximum(count // 2, 0)
+    idx = np.arange(rows.shape[0])
+    out = (s[idx, lo] + s[idx, hi]) * 0.5
+    out[count == 0] = NAN
+    return out

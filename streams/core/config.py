@@ -44,8 +44,9 @@ class DetectConfig:
     warmup_steps: int = 5  # first steps of a job (or after a restart) are not scored
     window_steps: int = 8  # n: the persistence window
     persist_steps: int = 5  # k: flagged in k of the last n steps opens a detection
-    straggler_min_excess: float = 0.04  # busy time >= 4 % above the group median
-    straggler_z: float = 5.0  # ... and this many robust sigmas of the group's spread
+    straggler_min_excess: float = 0.03  # busy time >= 3 % above the group median
+    straggler_step_z: float = 2.5  # a step is flagged this many robust sigmas above
+    straggler_z: float = 5.0  # the window's median excess this many standard errors above
     straggler_clear_ratio: float = 0.5  # still flagged while score >= this x threshold
     min_group_size: int = 3  # groups smaller than this cannot be compared
     require_comm_corroboration: bool = True  # straggler must wait least in collectives

@@ -1,7 +1,11 @@
 """Hangs: no step progress for the job against its own cadence; who stopped first.
 
-The limit is ``max(hang_min_seconds, hang_step_multiple x median step time)``,
-measured in event time from the latest step end any rank reported. A crashed
+The limit is ``max(hang_min_seconds, hang_step_multiple x median step time)``
+plus the longest pause the job has shown so far (a step's excess over the
+median: evaluation, checkpoint saves; or a ``checkpoint_save`` event's
+``seconds``), measured in event time from the latest step end any rank
+reported: a job that once paused for a minute to save a checkpoint may do so
+again without being called hung. A crashed
 rank leaves its peers blocked in the next collective: its last reported step
 is behind theirs, or (when it died after reporting) its GPU went idle or left
 the bus while the peers' GPUs keep spinning. Those ranks are *named*
@@ -37,14 +41,15 @@ class HangVerdict:
         return self.behind or self.idle
 
 
-def hang_limit(cfg: DetectConfig, cadence: float | None) -> float:
-    return max(cfg.hang_min_seconds, cfg.hang_step_multiple * (cadence or 0.0))
+def hang_limit(cfg: DetectConfig, cadence: float | None, pause: float = 0.0) -> float:
+    return max(cfg.hang_min_seconds, cfg.hang_step_multiple * (cadence or 0.0)) + pause
 
 
 def check_hang(cfg: DetectConfig, now: float, last_progress: float, cadence: float | None,
-               ranks: RankTable, windows: Mapping[str, HostWindow]) -> HangVerdict | None:
+               pause: float, ranks: RankTable,
+               windows: Mapping[str, HostWindow]) -> HangVerdict | None:
     """A verdict when the job made no progress for longer than its limit."""
-    limit = hang_limit(cfg, cadence)
+    limit = hang_limit(cfg, cadence, pause)
     silent = now - last_progress
     if last_progress <= 0 or silent <= limit:
         return None

@@ -10,7 +10,7 @@ import numpy as np
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepRecord
 from streams.core.api import JobStats
-from streams.core.assembly import ClosedStep, StepAssembler
+from streams.core.assembly import BUSY, DUR, ClosedStep, StepAssembler
 from streams.core.causes import Attribution, CauseFinder, Evidence
 from streams.core.config import DetectConfig
 from streams.core.hang import check_hang
@@ -47,6 +47,7 @@ class Job(Incidents):
         self.newest_step = -1  # the furthest step any rank reported
         self.warm = 0
         self.hung_since: float | None = None
+        self.longest_pause = 0.0  # seconds a step took beyond the cadence, at most (hang limit)
         self.ended_at: float | None = None
         self.finalised = False  # job ended and its detections resolved: no new ones
         self.hosts: set[str] = set()
@@ -83,6 +84,10 @@ class Job(Incidents):
         self.last_seen = max(self.last_seen, ev.ts)
         if ev.type == EventType.JOB_START:
             self.throughput.on_start(ev.ts)
+        elif ev.type == EventType.CHECKPOINT_SAVE:
+            seconds = ev.attrs.get("seconds")
+            if isinstance(seconds, int | float) and seconds > self.longest_pause:
+                self.longest_pause = float(seconds)
         elif ev.type == EventType.JOB_END:
             return self._job_end(ev)
         elif ev.type == EventType.EXCEPTION:
@@ -107,6 +112,9 @@ class Job(Incidents):
         self.ranks.note_progress(present, cs.step, cs.end[present])
         self.last_step = cs.step
         self.throughput.on_step(cs)
+        cadence = self.slowdown.cadence
+        if cadence is not None and cs.med[DUR] - cadence > self.longest_pause:
+            self.longest_pause = float(cs.med[DUR] - cadence)
         out = self._nonfinite_loss(cs) if cs.nonfinite_ranks else []
         out.extend(self._missing(cs))
         if self.book.open:
@@ -116,7 +124,7 @@ class Job(Incidents):
             return out
         groups = self.ranks.groups()
         self.straggler.update(cs, groups)
-        self.slowdown.update(cs, groups, self.straggler.busy.last(1)[0])
+        self.slowdown.update(cs, groups, self.straggler.steps.last(1)[0][BUSY])
         out.extend(self._stragglers(cs))
         out.extend(self._job_slowdown(cs))
         return out
@@ -204,12 +212,13 @@ class Job(Incidents):
 
     # ------------------------------------------------------------------ hangs
     def _check_hang(self, now: float) -> list[DetectionMessage]:
-        v = check_hang(self.cfg, now, self.last_progress, self.slowdown.cadence, self.ranks,
-                       self.causes.windows)
+        v = check_hang(self.cfg, now, self.last_progress, self.slowdown.cadence,
+                       self.longest_pause, self.ranks, self.causes.windows)
         if v is None:
             return []
         self.hung_since = self.last_progress
         ev: Evidence = {"silent_s": round(v.silent_s, 3), "limit_s": round(v.limit_s, 3),
+                        "longest_pause_s": round(self.longest_pause, 3),
                         "last_step": v.last_step, "how": v.how}
         out: list[DetectionMessage] = []
         for rank in v.named[: self.cfg.max_named_ranks]:

@@ -6,22 +6,28 @@ import numpy as np
 
 
 class Ring:
-    """The last ``n`` rows of width ``width``; unfilled rows hold ``fill``."""
+    """The last ``n`` rows of shape ``width``; unfilled rows hold ``fill``."""
 
-    def __init__(self, n: int, width: int, fill: float = np.nan, dtype: type = float) -> None:
+    def __init__(self, n: int, width: int | tuple[int, ...], fill: float = np.nan,
+                 dtype: type = float) -> None:
         self.n = n
-        self.rows: np.ndarray = np.full((n, width), fill, dtype=dtype)
+        shape = (width,) if isinstance(width, int) else width
+        self.rows: np.ndarray = np.full((n, *shape), fill, dtype=dtype)
         self.fill = fill
         self.pos = 0  # next row to write
         self.count = 0  # rows written so far, capped at n
 
-    def push(self, row: np.ndarray | float) -> np.ndarray:
-        """Write ``row`` over the oldest one; return a copy of the row it replaced."""
-        old = self.rows[self.pos].copy()
+    def push(self, row: np.ndarray | float) -> None:
+        """Write ``row`` over the oldest one."""
         self.rows[self.pos] = row
         self.pos = (self.pos + 1) % self.n
         if self.count < self.n:
             self.count += 1
+
+    def swap(self, row: np.ndarray) -> np.ndarray:
+        """Write ``row`` over the oldest one; return a copy of the row it replaced."""
+        old = self.rows[self.pos].copy()
+        self.push(row)
         return old
 
     def filled(self) -> np.ndarray:

@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.core.assembly import ClosedStep
+from streams.core.assembly import BUSY, COMPUTE, DATA, DUR, OTHER, PAUSE, ClosedStep
 from streams.core.config import DetectConfig
 from streams.core.ranks import GroupIndex
 from streams.core.ring import Ring
 from streams.core.stats import colmed, mad_sigma, med, nmin
 
+REBASE_STEPS = 4
 COMPONENTS = ("step", "busy", "data", "compute", "collective", "other")
 
 
@@ -53,10 +54,11 @@ class SlowdownTracker:
         self.baseline: float | None = None
         self.threshold = cfg.slowdown_min_excess
         self.cadence: float | None = None  # median step duration (for hang limits)
+        self._stale = 0  # history rows added since the baseline was computed
 
     def update(self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray) -> None:
-        comps = _components(cs, busy)
-        gmed = _group_medians(busy, groups)
+        comps = _components(cs)
+        gmed = _group_medians(cs, busy, groups)
         if groups.version != self._groups_version:
             self._groups_version = groups.version
             self.group_history = Ring(self.cfg.baseline_steps, len(groups.names))
@@ -64,26 +66,35 @@ class SlowdownTracker:
         assert self.group_history is not None and self.group_recent is not None
         self.recent.push(comps)
         self.group_recent.push(gmed)
-        hist = self.history.filled()
-        if len(hist) >= self.cfg.min_baseline_steps:
-            steps = hist[:, 0]
-            base = med(steps)
-            spread = mad_sigma(steps, base) / base if base > 0 else 0.0
-            self.baseline = base
-            self.threshold = max(self.cfg.slowdown_min_excess, self.cfg.slowdown_z * spread)
-            ratio = comps[0] / base - 1.0 if base > 0 else 0.0
-        else:
-            ratio = float("nan")
+        if self._stale >= REBASE_STEPS or (self.baseline is None and self._stale):
+            self._rebase()
+        base = self.baseline
+        ratio = comps[0] / base - 1.0 if base else float("nan")
         flagged = bool(ratio > self.threshold)
         self.ratios.push(ratio)
         self.flags.push(1.0 if flagged else 0.0)
         if not flagged and not np.isnan(comps[0]):
             self.history.push(comps)
             self.group_history.push(gmed)
+            self._stale += 1
         if self.baseline is not None:
             self.cadence = self.baseline
         elif not np.isnan(comps[0]):
             self.cadence = med(self.recent.filled()[:, 0])
+
+    def _rebase(self) -> None:
+        """Baseline and threshold from the history (every few steps: it moves slowly)."""
+        self._stale = 0
+        hist = self.history.filled()
+        if len(hist) < self.cfg.min_baseline_steps:
+            return
+        steps = hist[:, 0]
+        base = med(steps)
+        if not base > 0:
+            return
+        self.baseline = base
+        spread = mad_sigma(steps, base) / base
+        self.threshold = max(self.cfg.slowdown_min_excess, self.cfg.slowdown_z * spread)
 
     def candidate(self, groups: GroupIndex) -> Slowdown | None:
         """A slowdown when k of the last n steps were flagged and their median ratio is high."""
@@ -122,21 +133,17 @@ class SlowdownTracker:
         return ""
 
 
-def _components(cs: ClosedStep, busy: np.ndarray) -> np.ndarray:
-    dur = cs.dur - cs.pause
-    if not cs.has_phases or np.isnan(busy).all():
-        return np.array([med(dur), np.nan, np.nan, np.nan, np.nan, np.nan])
-    comm = np.nan_to_num(cs.comm)
-    other = np.clip(dur - busy - comm, 0.0, None)
-    med_busy = med(busy)
+def _components(cs: ClosedStep) -> np.ndarray:
+    m = cs.med
+    if not cs.has_phases or np.isnan(m[BUSY]):
+        return np.array([m[DUR] - m[PAUSE], np.nan, np.nan, np.nan, np.nan, np.nan])
     collective = nmin(cs.comm)
     collective = 0.0 if collective != collective else collective
-    med_other = med(other)
-    step = med_busy + collective + med_other
-    return np.array([step, med_busy, med(cs.data), med(cs.compute), collective, med_other])
+    step = m[BUSY] + collective + m[OTHER]
+    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], collective, m[OTHER]])
 
 
-def _group_medians(busy: np.ndarray, groups: GroupIndex) -> np.ndarray:
+def _group_medians(cs: ClosedStep, busy: np.ndarray, groups: GroupIndex) -> np.ndarray:
     if len(groups.members) == 1:
-        return np.array([med(busy)])
+        return np.array([cs.med[BUSY] if cs.has_phases else med(busy)])
     return np.array([med(busy[idx]) for idx in groups.members])

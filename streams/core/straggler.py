@@ -5,13 +5,15 @@ Synchronous training equalises total step time, so the score is built from the
 sections: everything but the exposed collective wait and checkpointing). The
 straggler is the rank with the most busy time and the least ``comm_wait``.
 
-Per step and peer group: ``excess_i = busy_i / median(busy) - 1``; the group's
-spread is ``1.4826 * MAD(excess)``; a rank is *flagged* in a step when its
-excess is above ``max(min_excess, z * typical spread)`` (and, when comm_wait is
-measured, it waits no more than the group median). A rank becomes a
-*candidate* when flagged in ``k`` of the last ``n`` steps and its median excess
-over those ``n`` steps is above the threshold too: single slow steps and
-whole-job pauses (which hit every rank) never qualify.
+Per step and peer group: ``excess_i = busy_i / median(busy) - 1`` and the
+group's spread ``sigma = 1.4826 * MAD(excess)`` (its median over the last 64
+steps is the typical spread). A rank is *flagged* in a step when its excess is
+above ``max(min_excess, step_z * sigma)`` and, when comm_wait is measured, it
+waits no more than the group median. Its *score* is the median excess over the
+last ``n`` steps. It becomes a *candidate* when flagged in ``k`` of the last
+``n`` steps and its score is above ``max(min_excess, z * 1.25 * sigma / sqrt(n))``
+(the noise of a median of ``n`` steps): single slow steps and whole-job pauses
+(which hit every rank) never qualify.
 
 Without phases, the fallback basis is the timestamps: how much later a rank's
 step ends, or how much longer it lasts, than its peers' (relative to the median
@@ -25,12 +27,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.core.assembly import ClosedStep
+from streams.core.assembly import BUSY, COMM, COMPUTE, DATA, ROWS, XFER, ClosedStep
 from streams.core.config import DetectConfig
 from streams.core.ranks import GroupIndex
 from streams.core.ring import Ring
+from streams.core.stats import colmed, mad_sigma, med, opt
 
-MAD_SIGMA = 1.4826
+Evidence = dict[str, str | float | int | bool | None]
+
 NOISE_STEPS = 64
 
 
@@ -52,19 +56,16 @@ class StragglerTracker:
         self.excess = Ring(n, world_size)
         self.flags = Ring(n, world_size, fill=0, dtype=np.int8)
         self.count = np.zeros(world_size, dtype=np.int16)
-        self.busy = Ring(n, world_size)
-        self.data = Ring(n, world_size)
-        self.compute = Ring(n, world_size)
-        self.xfer = Ring(n, world_size)
-        self.comm = Ring(n, world_size)
+        self.steps = Ring(n, (ROWS, world_size))  # the window's ClosedStep rows
         self.threshold = np.full(world_size, cfg.straggler_min_excess)
         self.basis = "phases"
         self._noise: dict[int, Ring] = {}
+        self._sigma: dict[int, float] = {}
         self._groups_version = -1
+        self._sqrt_n = float(np.sqrt(cfg.window_steps))
 
     def reset(self) -> None:
-        for ring in (self.excess, self.flags, self.busy, self.data, self.compute, self.xfer,
-                     self.comm):
+        for ring in (self.excess, self.flags, self.steps):
             ring.clear()
         self.count[:] = 0
 
@@ -72,6 +73,7 @@ class StragglerTracker:
         """Score one closed step."""
         if groups.version != self._groups_version:
             self._noise.clear()
+            self._sigma.clear()
             self._groups_version = groups.version
         busy, basis = self._metric(cs)
         self.basis = basis
@@ -81,21 +83,19 @@ class StragglerTracker:
             if len(idx) < self.cfg.min_group_size:
                 continue
             self._score_group(g, idx, busy, cs.comm, excess, flagged)
-        old = self.flags.push(flagged)
+        old = self.flags.swap(flagged)
         self.count += flagged
         self.count -= old
         self.excess.push(excess)
-        self.busy.push(busy)
-        self.data.push(cs.data)
-        self.compute.push(cs.compute)
-        self.xfer.push(cs.xfer)
-        self.comm.push(cs.comm)
+        self.steps.push(cs.m)
+        if basis != "phases":
+            self.steps.rows[self.steps.pos - 1, BUSY] = busy
 
     def _metric(self, cs: ClosedStep) -> tuple[np.ndarray, str]:
-        if cs.has_phases and not np.isnan(cs.compute[cs.present]).all():
-            return cs.compute + np.nan_to_num(cs.data) + np.nan_to_num(cs.xfer), "phases"
-        med_dur = np.nanmedian(cs.dur)
-        late_end = cs.end - np.nanmedian(cs.end)
+        if cs.has_phases and not np.isnan(cs.med[BUSY]):
+            return cs.busy, "phases"
+        med_dur = med(cs.dur)
+        late_end = cs.end - med(cs.end)
         long_dur = cs.dur - med_dur
         # expressed as a busy-like time so that excess = lateness / median step time
         return med_dur + np.fmax(late_end, long_dur), "timestamps"
@@ -113,26 +113,27 @@ class StragglerTracker:
         ok = ~np.isnan(x)
         if ok.sum() < self.cfg.min_group_size:
             return
-        med = float(np.median(x[ok]))
-        if med <= 0:
+        center = med(x)
+        if not center > 0:
             return
-        e = x / med - 1.0
-        spread = MAD_SIGMA * float(np.median(np.abs(e[ok] - np.median(e[ok]))))
+        e = x / center - 1.0
         noise = self._noise.get(g)
         if noise is None:
             noise = self._noise[g] = Ring(NOISE_STEPS, 1)
-        noise.push(spread)
-        typical = float(np.median(noise.filled()))
-        thr = max(self.cfg.straggler_min_excess, self.cfg.straggler_z * typical)
-        hit = e > thr
+        noise.push(mad_sigma(e, 0.0))
+        sigma = self._sigma.get(g)
+        if sigma is None or noise.pos % 4 == 0:  # the typical spread moves slowly
+            sigma = self._sigma[g] = med(noise.filled()[:, 0])
+        floor = self.cfg.straggler_min_excess
+        hit = e > max(floor, self.cfg.straggler_step_z * sigma)
         if self.cfg.require_comm_corroboration:
             c = comm[idx]
-            cok = ~np.isnan(c)
-            if cok.sum() >= self.cfg.min_group_size:
-                hit &= ~(c > np.median(c[cok]))  # NaN comm does not veto
+            if (~np.isnan(c)).sum() >= self.cfg.min_group_size:
+                hit &= ~(c > med(c))  # NaN comm does not veto
         excess[idx] = e
         flagged[idx] = hit
-        self.threshold[idx] = thr
+        # the score is a median of n steps: its noise is ~1.25 sigma / sqrt(n)
+        self.threshold[idx] = max(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
 
     def candidates(self) -> list[Candidate]:
         """Ranks whose flags persisted (k of n) and whose median excess is above threshold."""
@@ -146,9 +147,7 @@ class StragglerTracker:
         return out
 
     def score(self, rank: int) -> float:
-        col = self.excess.filled()[:, rank]
-        col = col[~np.isnan(col)]
-        return float(np.median(col)) if len(col) else float("nan")
+        return med(self.excess.filled()[:, rank])
 
     def still_slow(self, rank: int) -> tuple[bool, float]:
         """Whether an open straggler still holds (hysteresis), and its current score."""
@@ -160,35 +159,27 @@ class StragglerTracker:
         """Any rank flagged in more than one step of the window (suppresses job_slowdown)."""
         return bool((self.count >= max(2, self.cfg.persist_steps - 2)).any())
 
-    def evidence(self, rank: int, members: np.ndarray) -> dict[str, float | int | str | None]:
+    def evidence(self, rank: int, members: np.ndarray) -> Evidence:
         """The numbers behind a rank's score: its medians against its group's, in seconds."""
-        out: dict[str, float | int | str | None] = {
+        out: Evidence = {
             "basis": self.basis,
             "flagged_steps": int(self.count[rank]),
             "window_steps": self.cfg.window_steps,
             "threshold": round(float(self.threshold[rank]), 4),
             "group_size": len(members),
         }
-        for name, ring in (("busy", self.busy), ("data", self.data), ("compute", self.compute),
-                           ("transfer", self.xfer), ("comm_wait", self.comm)):
-            rows = ring.filled()
-            own = _nanmedian(rows[:, rank])
-            peers = _nanmedian(np.nanmedian(rows[:, members], axis=1)) if len(rows) else None
-            out[f"{name}_s"] = _round(own)
-            out[f"{name}_peer_median_s"] = _round(peers)
-        peer_medians = [_nanmedian(self.busy.filled()[:, r]) for r in members.tolist()]
-        valid = [m for m in peer_medians if m is not None and m > 0]
-        own = _nanmedian(self.busy.filled()[:, rank])
-        if valid and own:
-            out["nvrx_relative"] = round(min(valid) / own, 4)  # min-of-medians / own median
+        window = self.steps.filled()
+        for name, row in (("busy", BUSY), ("data", DATA), ("compute", COMPUTE),
+                          ("transfer", XFER), ("comm_wait", COMM)):
+            rows = window[:, row]
+            own = med(rows[:, rank])
+            peers = med(np.array([med(row[members]) for row in rows]))
+            out[f"{name}_s"] = opt(round(own, 6))
+            out[f"{name}_peer_median_s"] = opt(round(peers, 6))
+        busy = window[:, BUSY]
+        own_busy = med(busy[:, rank])
+        medians = colmed(busy[:, members])
+        medians = medians[medians > 0]
+        if len(medians) and own_busy > 0:
+            out["nvrx_relative"] = round(float(medians.min()) / own_busy, 4)  # min of medians / own
         return out
-
-
-def _nanmedian(x: np.ndarray) -> float | None:
-    x = np.asarray(x, dtype=float)
-    x = x[~np.isnan(x)]
-    return float(np.median(x)) if len(x) else None
-
-
-def _round(x: float | None) -> float | None:
-    return None if x is None else round(x, 6)

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from streams.core.assembly import ClosedStep, Rewind
+from streams.core.assembly import CKPT, DATA, DUR, PAUSE, ClosedStep, Rewind
 from streams.core.ring import Ring
-from streams.core.stats import med
 
 BADPUT = ("data_stall", "checkpoint", "hang", "restart", "lost_progress", "other")
 
@@ -40,20 +39,17 @@ class Throughput:
             self.first_start = ts
 
     def on_step(self, cs: ClosedStep) -> None:
-        start = float(np.nanmin(cs.start))
-        self.on_start(start)
+        self.on_start(float(np.nanmin(cs.start)))
         self.last_end = max(self.last_end, cs.end_max)
         flops = np.nan if cs.flops is None else cs.flops
         self.window.push(np.array([cs.end_max, cs.samples, cs.tokens, flops]))
-        dur = med(cs.dur)
+        m = cs.med
+        dur = float(m[DUR])
         if dur != dur:
             return
-        data = med(cs.data) if cs.has_phases else float("nan")
-        ckpt = med(cs.ckpt) if cs.has_phases else float("nan")
-        pause = med(cs.pause)  # checkpoint + evaluation
-        data = 0.0 if data != data else min(data, dur)
-        ckpt = 0.0 if ckpt != ckpt else min(ckpt, dur - data)
-        pause = max(ckpt, 0.0 if pause != pause else min(pause, dur - data))
+        data = 0.0 if np.isnan(m[DATA]) else min(float(m[DATA]), dur)
+        ckpt = 0.0 if np.isnan(m[CKPT]) else min(float(m[CKPT]), dur - data)
+        pause = max(ckpt, min(float(m[PAUSE]), dur - data))  # checkpoint + evaluation
         self.productive += dur - data - pause
         self.badput["data_stall"] += data
         self.badput["checkpoint"] += ckpt
