@@ -156,7 +156,8 @@ class Agent:
             except Exception as err:
                 self._log("close:" + collector.name, "collector close failed collector=%s err=%r",
                           collector.name, err)
-        log.info("agent stopped host=%s ticks=%d undelivered_in_spool=%d", self.host, self.ticks, left)
+        log.info("agent stopped host=%s ticks=%d messages=%d undelivered_in_spool=%d",
+                 self.host, self.ticks, sum(self._messages.values()), left)
 
     # ------------------------------------------------------------------ state
     def snapshot(self) -> AgentSnapshot:
