@@ -71,7 +71,7 @@ class GpuModel:
             + rng.normal(0.0, 6.0, n) * (f_compute > 0.5) + rng.normal(0.0, 3.0, n) * (f_comm > 0.5)
         )
         spike = (rng.random(n) < 0.01) & (f_compute > 0.8)
-        power = power + 90.0 * spike
+        power = power + rng.uniform(100.0, 200.0, n) * spike  # a momentary surge
         power = np.where(limit < hw.POWER_LIMIT_W, np.maximum(power, limit * (f_compute > 0.5)), power)
         capped = power >= 0.985 * limit
         power = np.where(capped, limit - rng.random(n) * 0.01 * limit, np.maximum(power, 55.0))
