@@ -1,0 +1,1 @@
+"""Exporters: where stepwatch data goes after Kafka (see ``exporters.clickhouse``)."""

@@ -1,0 +1,144 @@
+"""The embedded backend: the ClickHouse engine in this process (chdb).
+
+chdb keeps one embedded server per process, bound to one database path; a
+second process opening the same path fails to lock it. So exactly one process
+owns a path (the sink, or ``stepwatch db serve``) and every other reader goes
+through the owner's query endpoint (:mod:`exporters.clickhouse.service`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from exporters.clickhouse.store import (
+    OUTPUT_SETTINGS,
+    ClickHouseError,
+    Result,
+    dedup_settings,
+    encode_rows,
+    error_from,
+    parse_json_compact,
+    strip_sql,
+)
+from stepwatch.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+_LOCKED_HINT = (
+    "another process owns this store (a running `stepwatch db sink` or `db serve`?); "
+    "readers reach it through its endpoint file, writers must stop it first"
+)
+
+
+def _open_session(path: str) -> Any:
+    try:
+        from chdb import session
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise StoreError("the embedded store needs chdb: pip install 'stepwatch[pipeline]'") from err
+    try:
+        return session.Session(path)
+    except Exception as err:
+        text = str(err)
+        if "Cannot lock file" in text or "another server instance" in text.lower():
+            raise StoreError(f"store {path}: {_LOCKED_HINT}") from err
+        if "already initialized with path" in text:
+            raise StoreError(
+                f"store {path}: this process already has another chdb path open "
+                "(chdb allows one path per process; close that store first)"
+            ) from err
+        raise StoreError(f"cannot open store {path}: {text.splitlines()[0]}") from err
+
+
+class ChdbStore:
+    """A :class:`~exporters.clickhouse.store.Store` on an embedded chdb database."""
+
+    backend = "chdb"
+
+    def __init__(self, path: str, database: str = "stepwatch", *, readonly: bool = False):
+        self.path = os.path.abspath(path)
+        self.database = database
+        self.readonly = readonly
+        if not readonly:
+            os.makedirs(self.path, exist_ok=True)
+        elif not os.path.isdir(self.path):
+            raise StoreError(f"no store at {self.path}: run `stepwatch db migrate` first")
+        self._session = _open_session(self.path)
+        try:
+            self._prepare()
+        except StoreError:
+            self.close()
+            raise
+
+    def _prepare(self) -> None:
+        if not self.readonly:
+            self._raw(f"CREATE DATABASE IF NOT EXISTS `{self.database}`")
+        try:
+            self._raw(f"USE `{self.database}`")
+        except ClickHouseError as err:
+            raise StoreError(
+                f"store {self.path} has no database {self.database!r}: run `stepwatch db migrate`"
+            ) from err
+        for name, value in OUTPUT_SETTINGS.items():
+            self._raw(f"SET {name} = {value}")
+        if self.readonly:
+            self._raw("SET readonly = 2")
+
+    def _raw(self, sql: str, fmt: str = "CSV", params: Mapping[str, Any] | None = None) -> Any:
+        if self._session is None:
+            raise StoreError(f"store {self.path} is closed")
+        try:
+            return self._session.query(sql, fmt, params=dict(params) if params else None)
+        except Exception as err:
+            raise error_from(err, "chdb") from err
+
+    def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
+        self._raw(strip_sql(sql), "CSV", params)
+
+    def query(self, sql: str, params: Mapping[str, Any] | None = None) -> Result:
+        out = self._raw(strip_sql(sql), "JSONCompact", params)
+        return parse_json_compact(out.bytes())
+
+    def insert(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        token: str | None = None,
+    ) -> int:
+        if not rows:
+            return 0
+        settings = dedup_settings(token)
+        clause = ""
+        if settings:
+            clause = " SETTINGS " + ", ".join(f"{k} = {_literal(v)}" for k, v in settings.items())
+        cols = ", ".join(f"`{c}`" for c in columns)
+        sql = f"INSERT INTO `{self.database}`.`{table}` ({cols}){clause}"
+        if self._session is None:
+            raise StoreError(f"store {self.path} is closed")
+        try:
+            inserter = self._session.send_insert(sql, "JSONCompactEachRow")
+            inserter.append(encode_rows(rows))
+            inserter.finish()
+        except Exception as err:
+            raise error_from(err, f"insert into {table}") from err
+        return len(rows)
+
+    def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            session.close()
+
+    def __enter__(self) -> ChdbStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _literal(value: Any) -> str:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return str(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"

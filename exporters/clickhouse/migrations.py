@@ -1,0 +1,192 @@
+"""Versioned, idempotent schema migrations.
+
+Migrations are the numbered files ``schema/NNNN_name.sql``, applied in order,
+each once; ``schema_migrations`` records what was applied with the checksum of
+the file. Every statement is written to be re-runnable (``IF NOT EXISTS``), so a
+migration interrupted half-way is simply applied again. A migration never
+destroys data: :func:`check_non_destructive` refuses ``DROP TABLE``,
+``TRUNCATE``, ``DELETE`` and friends, and a test runs it over every file.
+
+``{{raw_ttl_days}}`` in a file is filled from the settings; the checksum covers
+the file as written, so changing the retention later is not "an edited
+migration": :meth:`Migrator.ensure_ttl` adjusts the tables instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from exporters.clickhouse.store import Store
+from stepwatch.errors import StoreError
+
+log = logging.getLogger(__name__)
+
+SCHEMA_DIR = Path(__file__).with_name("schema")
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+_DESTRUCTIVE = re.compile(
+    r"\b(DROP\s+(TABLE|DATABASE|DICTIONARY|COLUMN|PARTITION|PART)|TRUNCATE|DELETE\s+WHERE|"
+    r"DELETE\s+FROM|CLEAR\s+COLUMN|RENAME\s+TABLE|EXCHANGE\s+TABLES)\b",
+    re.IGNORECASE,
+)
+RAW_TTL_COLUMNS = {"step_events": "start_ts", "gpu_samples": "ts", "port_samples": "ts"}
+_TTL = re.compile(r"TTL toDateTime\((\w+)\) \+ toIntervalDay\((\d+)\)")
+
+LEDGER_DDL = """
+CREATE TABLE IF NOT EXISTS schema_migrations
+(
+    version UInt32,
+    name String,
+    checksum String,
+    applied_at DateTime64(3, 'UTC') DEFAULT now64(3)
+)
+ENGINE = ReplacingMergeTree
+ORDER BY version
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
+
+    def statements(self, variables: Mapping[str, object]) -> list[str]:
+        return split_statements(render(self.sql, variables))
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    version: int
+    name: str
+    applied: bool
+    checksum_ok: bool  # False: the file changed after it was applied
+
+
+def load_migrations(directory: Path = SCHEMA_DIR) -> list[Migration]:
+    """The migration files in version order; gaps and duplicates are errors."""
+    found: list[Migration] = []
+    for path in sorted(directory.glob("*.sql")):
+        match = _FILE.match(path.name)
+        if not match:
+            raise StoreError(f"migration file {path.name} is not named NNNN_name.sql")
+        found.append(Migration(int(match.group(1)), match.group(2), path.read_text()))
+    for expected, migration in enumerate(found, start=1):
+        if migration.version != expected:
+            raise StoreError(f"migration versions must run 1..n without gaps; found {migration.version}")
+        for statement in migration.statements({"raw_ttl_days": 1}):
+            check_non_destructive(statement, migration.name)
+    return found
+
+
+def render(sql: str, variables: Mapping[str, object]) -> str:
+    def sub(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in variables:
+            raise StoreError(f"migration placeholder {{{{{name}}}}} has no value")
+        return str(variables[name])
+
+    return _PLACEHOLDER.sub(sub, sql)
+
+
+def split_statements(sql: str) -> list[str]:
+    """Statements end with ``;`` at the end of a line; comment-only chunks are dropped."""
+    out: list[str] = []
+    current: list[str] = []
+    for line in sql.splitlines():
+        current.append(line)
+        if line.rstrip().endswith(";"):
+            out.append("\n".join(current).rstrip().rstrip(";"))
+            current = []
+    out.append("\n".join(current))
+    return [s.strip() for s in out if _has_code(s)]
+
+
+def _has_code(chunk: str) -> bool:
+    return any(ln.strip() and not ln.strip().startswith("--") for ln in chunk.splitlines())
+
+
+def check_non_destructive(statement: str, where: str = "") -> None:
+    code = "\n".join(ln.split("--", 1)[0] for ln in statement.splitlines())
+    match = _DESTRUCTIVE.search(code)
+    if match:
+        raise StoreError(f"migration {where} would destroy data ({match.group(0)!r}); write a new table instead")
+
+
+class Migrator:
+    """Applies pending migrations to a store and reports their status."""
+
+    def __init__(self, store: Store, raw_ttl_days: int = 90, migrations: list[Migration] | None = None):
+        self.store = store
+        self.raw_ttl_days = raw_ttl_days
+        self.migrations = load_migrations() if migrations is None else migrations
+
+    def _applied(self) -> dict[int, str]:
+        self.store.command(LEDGER_DDL)
+        result = self.store.query("SELECT version, any(checksum) FROM schema_migrations GROUP BY version")
+        return {int(v): str(c) for v, c in result.rows}
+
+    def status(self) -> list[MigrationStatus]:
+        applied = self._applied()
+        return [
+            MigrationStatus(m.version, m.name, m.version in applied, applied.get(m.version, m.checksum) == m.checksum)
+            for m in self.migrations
+        ]
+
+    def migrate(self) -> list[Migration]:
+        """Apply what is pending, in order; return what was applied (empty: nothing to do)."""
+        applied = self._applied()
+        done: list[Migration] = []
+        for migration in self.migrations:
+            if migration.version in applied:
+                if applied[migration.version] != migration.checksum:
+                    log.warning(
+                        "migration changed after it was applied version=%d name=%s",
+                        migration.version, migration.name,
+                    )
+                continue
+            for statement in migration.statements({"raw_ttl_days": self.raw_ttl_days}):
+                self.store.command(statement)
+            self.store.insert(
+                "schema_migrations",
+                ("version", "name", "checksum"),
+                [(migration.version, migration.name, migration.checksum)],
+            )
+            log.info("migration applied version=%d name=%s", migration.version, migration.name)
+            done.append(migration)
+        self.ensure_ttl()
+        return done
+
+    def current_ttl(self) -> dict[str, int]:
+        result = self.store.query(
+            "SELECT name, engine_full FROM system.tables WHERE database = currentDatabase()"
+        )
+        out: dict[str, int] = {}
+        for name, engine in result.rows:
+            match = _TTL.search(str(engine))
+            if name in RAW_TTL_COLUMNS and match:
+                out[str(name)] = int(match.group(2))
+        return out
+
+    def ensure_ttl(self) -> list[str]:
+        """Make the raw tables' TTL match the setting; return the tables changed."""
+        changed: list[str] = []
+        for table, days in self.current_ttl().items():
+            if days == self.raw_ttl_days:
+                continue
+            column = RAW_TTL_COLUMNS[table]
+            self.store.command(
+                f"ALTER TABLE {table} MODIFY TTL toDateTime({column}) + INTERVAL {self.raw_ttl_days} DAY"
+            )
+            log.info("ttl changed table=%s days=%d previous=%d", table, self.raw_ttl_days, days)
+            changed.append(table)
+        return changed

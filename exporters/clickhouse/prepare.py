@@ -1,0 +1,260 @@
+"""Kafka records -> checked table rows and dead letters (no Kafka, no I/O but seeding).
+
+For each record: decode and validate against the contract (a bad record
+becomes a dead letter with the contract's reason: ``malformed_json``,
+``schema``, ``unknown_kind``, ``unsupported_version``, ``absurd_value``);
+drop a message already seen by its (host, inst, kind, seq); map it to rows;
+check each row against its column types (``overflow``, ``invalid_value``).
+Counter rates are computed here (:mod:`exporters.clickhouse.rates`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from exporters.clickhouse import rows as R
+from exporters.clickhouse.rates import (
+    GPU_COUNTERS,
+    MAX_GAP_SECONDS,
+    PORT_COUNTERS,
+    CounterTracker,
+    Reading,
+    gpu_derived,
+    gpu_values,
+    port_values,
+)
+from exporters.clickhouse.store import Store
+from stepwatch.contract import (
+    KIND_OF,
+    DetectionMessage,
+    EventMessage,
+    GpuMessage,
+    Message,
+    PortMessage,
+    StepMessage,
+    decode,
+)
+from stepwatch.errors import ContractError, StoreError
+from stepwatch.logs import LogOnce
+
+log = logging.getLogger(__name__)
+
+MAX_PAYLOAD = 1 << 20
+SEED_CHUNK = 2000
+
+
+@dataclass(frozen=True)
+class Record:
+    """One Kafka record, as the sink sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes | None
+    key: bytes | None = None
+
+
+@dataclass
+class TableRows:
+    table: R.Table
+    rows: list[tuple[Any, ...]] = field(default_factory=list)
+    sources: list[Record] = field(default_factory=list)
+    wheres: list[str] = field(default_factory=list)  # which part of the message each row is
+
+    def remove(self, indexes: set[int]) -> None:
+        keep = [i for i in range(len(self.rows)) if i not in indexes]
+        self.rows = [self.rows[i] for i in keep]
+        self.sources = [self.sources[i] for i in keep]
+        self.wheres = [self.wheres[i] for i in keep]
+
+
+@dataclass
+class Prepared:
+    tables: dict[str, TableRows] = field(default_factory=dict)
+    dead: list[tuple[Any, ...]] = field(default_factory=list)
+    messages: int = 0
+    duplicates: int = 0
+
+    def add(self, table: R.Table, row: tuple[Any, ...], source: Record, where: str) -> None:
+        bucket = self.tables.setdefault(table.name, TableRows(table))
+        bucket.rows.append(row)
+        bucket.sources.append(source)
+        bucket.wheres.append(where)
+
+
+class _Header(msgspec.Struct):
+    kind: Any = None
+    host: Any = None
+    inst: Any = None
+    seq: Any = None
+
+
+_lenient = msgspec.json.Decoder(_Header)
+
+
+def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any, ...]:
+    """A dead_letters row; the header fields are read leniently when they can be."""
+    payload = record.value or b""
+    try:
+        header = _lenient.decode(payload)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        header = _Header()
+    seq = header.seq if isinstance(header.seq, int) and 0 <= header.seq < 2**64 else None
+    return (
+        now, record.topic, record.partition, record.offset,
+        (record.key or b"").decode("utf-8", "replace"), reason, detail[:8192],
+        payload[:MAX_PAYLOAD].decode("utf-8", "replace"),
+        _s(header.kind), _s(header.host), _s(header.inst), seq,
+    )
+
+
+def _s(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def row_reason(problem: str) -> str:
+    return "overflow" if "overflows" in problem else "invalid_value"
+
+
+class Preparer:
+    """Turns a batch of records into rows; keeps counter state across batches."""
+
+    def __init__(
+        self,
+        store: Store | None = None,
+        *,
+        now: Callable[[], float] = time.time,
+        recent_keys: int = 1_000_000,
+    ) -> None:
+        self.store = store
+        self.now = now
+        self.gpus = CounterTracker(len(GPU_COUNTERS))
+        self.ports = CounterTracker(len(PORT_COUNTERS))
+        self._recent: OrderedDict[tuple[str, str, str, int], None] = OrderedDict()
+        self._recent_max = recent_keys
+        self._warn = LogOnce(log)
+
+    def prepare(self, records: Sequence[Record]) -> Prepared:
+        out = Prepared(messages=len(records))
+        now = self.now()
+        decoded: list[tuple[Record, Message]] = []
+        for record in records:
+            message = self._decode(record, out, now)
+            if message is not None:
+                decoded.append((record, message))
+        self._seed(decoded)
+        for record, message in decoded:
+            self._map(record, message, out)
+        self._check(out, now)
+        return out
+
+    def _check(self, out: Prepared, now: float) -> None:
+        """Rows whose values do not fit their columns become dead letters."""
+        for bucket in out.tables.values():
+            bad = bucket.table.check_rows(bucket.rows)
+            for i, problem in sorted(bad.items()):
+                detail = f"{bucket.wheres[i]}: {problem}"
+                out.dead.append(dead_row(bucket.sources[i], row_reason(problem), detail, now))
+            if bad:
+                bucket.remove(set(bad))
+
+    def _decode(self, record: Record, out: Prepared, now: float) -> Message | None:
+        if not record.value:
+            out.dead.append(dead_row(record, "malformed_json", "empty record value", now))
+            return None
+        try:
+            message = decode(record.value, now=lambda: now)
+        except ContractError as err:
+            out.dead.append(dead_row(record, err.reason, err.detail, now))
+            return None
+        key = (message.host, message.inst, KIND_OF[type(message)].value, message.seq)
+        if key in self._recent:
+            out.duplicates += 1
+            return None
+        self._recent[key] = None
+        if len(self._recent) > self._recent_max:
+            self._recent.popitem(last=False)
+        return message
+
+    def _map(self, record: Record, message: Message, out: Prepared) -> None:
+        if isinstance(message, StepMessage):
+            for i, step in enumerate(message.steps):
+                out.add(R.STEPS, R.step_row(message, step), record, f"steps[{i}]")
+        elif isinstance(message, GpuMessage):
+            for g in message.gpus:
+                change = self.gpus.update((message.host, g.index), message.ts, gpu_values(g))
+                row = R.gpu_row(message, g, gpu_derived(change), int(change.known))
+                out.add(R.GPUS, row, record, f"gpus[{g.index}]")
+        elif isinstance(message, PortMessage):
+            for p in message.ports:
+                change = self.ports.update((message.host, p.device, p.port), message.ts, port_values(p))
+                row = R.port_row(message, p, (change.dt, *change.rates()), int(change.known))
+                out.add(R.PORTS, row, record, f"ports[{p.device}:{p.port}]")
+        elif isinstance(message, EventMessage):
+            out.add(R.EVENTS, R.event_row(message), record, "event")
+        elif isinstance(message, DetectionMessage):
+            out.add(R.DETECTIONS, R.detection_row(message), record, "detection")
+
+    # ------------------------------------------------------------------ seeding
+    def _seed(self, decoded: list[tuple[Record, Message]]) -> None:
+        """Fetch the last stored reading of counter keys this process has not seen."""
+        if self.store is None:
+            return
+        gpu_keys: dict[Any, float] = {}
+        port_keys: dict[Any, float] = {}
+        for _, m in decoded:
+            if isinstance(m, GpuMessage):
+                for g in m.gpus:
+                    k = (m.host, g.index)
+                    if self.gpus.needs_seed(k):
+                        gpu_keys[k] = min(gpu_keys.get(k, m.ts), m.ts)
+            elif isinstance(m, PortMessage):
+                for p in m.ports:
+                    k2 = (m.host, p.device, p.port)
+                    if self.ports.needs_seed(k2):
+                        port_keys[k2] = min(port_keys.get(k2, m.ts), m.ts)
+        self._seed_table(self.gpus, gpu_keys, "gpu_samples", ("host", "gpu"), GPU_COUNTERS)
+        self._seed_table(self.ports, port_keys, "port_samples", ("host", "device", "port"), PORT_COUNTERS)
+
+    def _seed_table(self, tracker: CounterTracker, wanted: dict[Any, float], table: str,
+                    key_cols: tuple[str, ...], counters: tuple[str, ...]) -> None:
+        items = list(wanted.items())
+        for start in range(0, len(items), SEED_CHUNK):
+            chunk = dict(items[start:start + SEED_CHUNK])
+            try:
+                found = self._lookup(chunk, table, key_cols, counters)
+            except StoreError as err:
+                self._warn("seed", "counter seed lookup failed table=%s error=%s", table, err)
+                return
+            for key in chunk:
+                tracker.seed(key, found.get(key))
+
+    def _lookup(self, chunk: dict[Any, float], table: str, key_cols: tuple[str, ...],
+                counters: tuple[str, ...]) -> dict[Any, Reading]:
+        assert self.store is not None
+        keys = ", ".join("(" + ", ".join(_lit(v) for v in k) + ")" for k in chunk)
+        bounds = ", ".join(repr(float(b)) for b in chunk.values())
+        cols = ", ".join(key_cols)
+        sql = (
+            f"SELECT {cols}, toFloat64(ts) AS t, {', '.join(counters)} FROM {table} "
+            f"WHERE ({cols}) IN ({keys}) "
+            f"AND ts >= toDateTime64({min(chunk.values()) - MAX_GAP_SECONDS!r}, 3, 'UTC') "
+            f"AND toFloat64(ts) < arrayElement([{bounds}], indexOf([{keys}], ({cols}))) "
+            f"ORDER BY ts DESC LIMIT 1 BY {cols}"
+        )
+        result = self.store.query(sql)
+        n = len(key_cols)
+        return {tuple(row[:n]): Reading(float(row[n]), tuple(row[n + 1:])) for row in result.rows}
+
+
+def _lit(value: Any) -> str:
+    if isinstance(value, int):
+        return str(value)
+    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"

@@ -1,0 +1,35 @@
+-- job_timeline: a job's failures and detections, in time order
+--
+-- The job's own events (start, checkpoints, restarts, exceptions, end), the
+-- host-level events (XID, ECC, link changes) of the hosts the job ran on while
+-- it ran, and every detection state change (open, update, resolved) with its
+-- cause and fault class.
+-- @param job String  the job
+-- @param limit UInt32 = 10000  rows at most
+WITH
+    (SELECT min(first_seen) - toIntervalMinute(10) FROM rank_placement WHERE job_id = {job:String}) AS t0,
+    (SELECT max(last_seen) + toIntervalHour(1) FROM rank_placement WHERE job_id = {job:String}) AS t1
+SELECT ts, source, what, host, rank, gpu, device, port, code, cause, detail
+FROM
+(
+    SELECT ts, 'event' AS source, toString(type) AS what, toString(host) AS host, rank, gpu,
+           toString(device) AS device, port, code, '' AS cause, detail
+    FROM events FINAL
+    WHERE job_id = {job:String}
+       OR (job_id = '' AND ts BETWEEN t0 AND t1
+           AND host IN (SELECT host FROM rank_placement WHERE job_id = {job:String}))
+    UNION ALL
+    SELECT d.ts AS ts, 'detection' AS source, concat(d.type, ':', d.state) AS what,
+           if(d.subject_host != '', toString(d.subject_host), toString(p.host)) AS host,
+           d.rank AS rank, d.gpu AS gpu, '' AS device, CAST(NULL, 'Nullable(UInt16)') AS port,
+           CAST(NULL, 'Nullable(Int64)') AS code, concat(d.cause, '/', d.fault) AS cause,
+           d.summary AS detail
+    FROM detections AS d FINAL
+    LEFT JOIN
+    (
+        SELECT rank, any(host) AS host FROM rank_placement WHERE job_id = {job:String} GROUP BY rank
+    ) AS p ON d.rank = p.rank
+    WHERE d.job_id = {job:String}
+)
+ORDER BY ts, source, what
+LIMIT {limit:UInt32}

@@ -1,0 +1,42 @@
+-- rank_step_percentiles: per-rank step-time and compute percentiles of one job
+--
+-- Step wall time is nearly equal on every rank of a synchronous job; the
+-- straggler shows in compute (high) and comm_wait (low), and its peers in
+-- comm_wait (high). compute_vs_group is the rank's median compute over the
+-- median of its peer group (same pipeline stage): 1.10 means 10 % slower.
+-- @param job String  the job
+-- @param since DateTime64(3, 'UTC') = 0  steps from this time on
+-- @param limit UInt32 = 100000  rows at most
+SELECT
+    rank,
+    host,
+    gpu,
+    peer_group,
+    steps,
+    round(step_q[1], 4) AS step_p50_s,
+    round(step_q[2], 4) AS step_p90_s,
+    round(step_q[3], 4) AS step_p99_s,
+    round(compute_q[1], 4) AS compute_p50_s,
+    round(compute_q[2], 4) AS compute_p90_s,
+    round(compute_q[3], 4) AS compute_p99_s,
+    round(comm_wait_p50, 4) AS comm_wait_p50_s,
+    round(data_p50, 4) AS data_p50_s,
+    round(compute_q[1] / median(compute_q[1]) OVER (PARTITION BY peer_group), 4) AS compute_vs_group
+FROM
+(
+    SELECT
+        rank,
+        any(host) AS host,
+        any(gpu) AS gpu,
+        any(peer_group) AS peer_group,
+        count() AS steps,
+        quantilesExact(0.5, 0.9, 0.99)(duration_s) AS step_q,
+        quantilesExact(0.5, 0.9, 0.99)(compute_s) AS compute_q,
+        quantileExact(0.5)(comm_wait_s) AS comm_wait_p50,
+        quantileExact(0.5)(data_s) AS data_p50
+    FROM step_events FINAL
+    WHERE job_id = {job:String} AND start_ts >= {since:DateTime64(3, 'UTC')}
+    GROUP BY rank
+)
+ORDER BY rank
+LIMIT {limit:UInt32}

@@ -1,0 +1,210 @@
+"""The Kafka -> ClickHouse sink: batched, at-least-once, duplicate-free.
+
+Loop: consume -> buffer per partition -> cut batches (size or age) -> record
+each new batch's offsets in ``sink_batches`` -> insert its rows with a
+deterministic ``insert_deduplication_token`` per (batch, table) -> write dead
+letters -> commit the offsets. Offsets are committed only after the inserts
+succeeded. After a crash the restarted sink replays from the committed offset,
+cuts its first batches at the recorded offsets again, and ClickHouse drops the
+inserts it already has (tables *and* rollups); a duplicate message from
+upstream is dropped by its (host, inst, kind, seq) and, failing that, collapsed
+by ReplacingMergeTree. See docs/store.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from exporters.clickhouse import rows as R
+from exporters.clickhouse.kafka_source import TP, Source
+from exporters.clickhouse.planner import Batch, Planner
+from exporters.clickhouse.prepare import Preparer, dead_row
+from exporters.clickhouse.sink_metrics import SinkMetrics
+from exporters.clickhouse.store import Store
+from exporters.clickhouse.writer import StopRequested, Writer
+from stepwatch.contract import Topics
+from stepwatch.errors import StepwatchError, TransportError
+from stepwatch.logs import LogOnce
+
+log = logging.getLogger(__name__)
+
+PLAN_COLUMNS = ("consumer_group", "topic", "partition", "first_offset", "last_offset", "messages", "planned_at")
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    group_id: str = "stepwatch-store"
+    batch_messages: int = 5000  # per partition
+    batch_seconds: float = 1.0
+    poll_max: int = 10000
+    poll_timeout: float = 0.2
+    retry_initial: float = 0.5
+    retry_max: float = 30.0
+    lag_interval: float = 5.0
+
+
+def sink_topics(prefix: str) -> tuple[str, ...]:
+    t = Topics(prefix)
+    return (t.steps, t.gpu, t.ports, t.events, t.detections)
+
+
+class Sink:
+    """Consumes the telemetry and detection topics into the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        source: Source,
+        topics: Sequence[str],
+        config: SinkConfig = SinkConfig(),
+        metrics: SinkMetrics | None = None,
+        *,
+        after_insert: Callable[[list[Batch]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.source = source
+        self.topics = tuple(topics)
+        self.config = config
+        self.metrics = metrics or SinkMetrics()
+        self.after_insert = after_insert
+        self._stop = threading.Event()
+        self.planner = Planner(config.batch_messages, config.batch_seconds, clock)
+        self.preparer = Preparer(store)
+        self.writer = Writer(store, self.metrics, retry_initial=config.retry_initial,
+                             retry_max=config.retry_max, should_stop=self._stop.is_set)
+        self._committed: dict[TP, int] = {}
+        self._warn = LogOnce(log)
+        self._last_lag = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> None:
+        """Consume until :meth:`stop`; then flush, commit and close."""
+        self.source.subscribe(self.topics, self._on_assign, self._on_revoke)
+        self.metrics.ready.set(1)
+        log.info("sink ready group=%s topics=%s store=%s", self.config.group_id,
+                 ",".join(self.topics), self.store.backend)
+        try:
+            while not self._stop.is_set():
+                self.step()
+            self._write(self.planner.due(force=True))
+        except StopRequested:
+            log.warning("sink stopped during a retried insert: the batch will be replayed")
+        finally:
+            self.metrics.ready.set(0)
+            self.source.close()
+            log.info("sink stopped rows=%d", int(sum(
+                self.metrics.value("stepwatch_sink_rows_inserted_total", table=t) for t in R.TABLES)))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def step(self) -> int:
+        """One poll and the writes it made due; returns records consumed."""
+        records = self.source.poll(self.config.poll_max, self.config.poll_timeout)
+        for record in records:
+            self.planner.add(record)
+            self.metrics.messages.labels(record.topic).inc()
+        self._write(self.planner.due())
+        self.metrics.buffered.set(self.planner.buffered)
+        self._update_lag()
+        return len(records)
+
+    # ------------------------------------------------------------------ rebalance
+    def _on_assign(self, tps: list[TP]) -> None:
+        committed = self.source.committed(tps)
+        for tp in tps:
+            offset = committed.get(tp)
+            plans = self._load_plans(tp, offset)
+            self.planner.assign(tp, plans)
+            self._committed[tp] = offset or 0
+            if plans:
+                log.info("replaying planned batches topic=%s partition=%d batches=%d from=%s",
+                         tp[0], tp[1], len(plans), offset)
+
+    def _on_revoke(self, tps: list[TP]) -> None:
+        try:
+            self._write(self.planner.due(force=True, only=tps))
+        except StopRequested:
+            pass
+        for tp in tps:
+            self.planner.revoke(tp)
+            self._committed.pop(tp, None)
+            try:
+                self.metrics.lag.remove(tp[0], str(tp[1]))
+            except KeyError:
+                pass
+
+    def _load_plans(self, tp: TP, committed: int | None) -> list[tuple[int, int]]:
+        result = self.store.query(
+            "SELECT first_offset, last_offset FROM sink_batches FINAL "
+            "WHERE consumer_group = {g:String} AND topic = {t:String} AND partition = {p:UInt32} "
+            "AND last_offset >= {c:UInt64} ORDER BY first_offset",
+            {"g": self.config.group_id, "t": tp[0], "p": tp[1], "c": committed or 0},
+        )
+        return [(int(a), int(b)) for a, b in result.rows]
+
+    # ------------------------------------------------------------------ writing
+    def _write(self, batches: list[Batch]) -> None:
+        if not batches:
+            return
+        self._plan([b for b in batches if not b.replayed])
+        for batch in batches:
+            self._write_batch(batch)
+        if self.after_insert is not None:
+            self.after_insert(batches)
+        self._commit({b.tp: b.last + 1 for b in batches})
+        for batch in batches:
+            self.metrics.batches.labels("replayed" if batch.replayed else "new").inc()
+
+    def _plan(self, batches: list[Batch]) -> None:
+        if not batches:
+            return
+        now = time.time()
+        rows = [(self.config.group_id, b.topic, b.partition, b.first, b.last, len(b.records), now)
+                for b in batches]
+        self.writer.insert("sink_batches", PLAN_COLUMNS, rows, token="")
+
+    def _write_batch(self, batch: Batch) -> None:
+        prepared = self.preparer.prepare(batch.records)
+        self.metrics.duplicates.inc(prepared.duplicates)
+        base = f"{self.config.group_id}|{batch.topic}|{batch.partition}|{batch.first}-{batch.last}"
+        now = time.time()
+        for name, bucket in prepared.tables.items():
+            refused = self.writer.insert_isolating(name, bucket.table.names, bucket.rows, f"{base}|{name}")
+            self.metrics.rows.labels(name).inc(len(bucket.rows) - len(refused))
+            for index, error in refused:
+                prepared.dead.append(dead_row(bucket.sources[index], "rejected_by_store", error, now))
+        if prepared.dead:
+            dl = R.DEAD_LETTERS
+            refused = self.writer.insert_isolating(dl.name, dl.names, prepared.dead, f"{base}|{dl.name}")
+            for index, error in refused:
+                log.error("dead letter refused by the store offset=%s error=%s", prepared.dead[index][3], error)
+            for index, row in enumerate(prepared.dead):
+                if index not in {i for i, _ in refused}:
+                    self.metrics.dead.labels(row[5]).inc()
+
+    def _commit(self, offsets: dict[TP, int]) -> None:
+        try:
+            self.source.commit(offsets)
+        except TransportError as err:
+            # The rows are written; an uncommitted batch is replayed and deduplicated later.
+            self._warn("commit", "offset commit failed (batches will be replayed) error=%s", err)
+            return
+        self._committed.update(offsets)
+        self.metrics.last_commit.set(time.time())
+
+    def _update_lag(self) -> None:
+        now = time.monotonic()
+        if now - self._last_lag < self.config.lag_interval or not self._committed:
+            return
+        self._last_lag = now
+        try:
+            for (topic, partition), lag in self.source.lag(dict(self._committed)).items():
+                self.metrics.lag.labels(topic, str(partition)).set(lag)
+        except StepwatchError as err:
+            self._warn("lag", "lag update failed error=%s", err)

@@ -1,0 +1,71 @@
+"""Seeded multi-job runs with known faults, for the store's integration tests.
+
+Three jobs on overlapping hosts (simulator, fixed seeds):
+
+* ``gpu-03`` is 10 % slower (SLOW_GPU on the whole host) in jobA and jobB,
+  healthy in jobC: the lemon node.
+* jobA: NIC congestion on ``gpu-02`` mlx5_5 (steps 30-80).
+* jobB: a link flap on ``gpu-06`` mlx5_2 at step 50.
+* jobC: XID 79 on ``gpu-09`` GPU 4 at step 60: the rank dies, the job hangs.
+
+Straggler detections (hand-built, as the stream workers would publish them)
+flag gpu-03's ranks in jobA and jobB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from stepwatch.contract import KIND_OF, DetectionMessage, Message, Topics, encode, message_key
+from stepwatch.sim import Fault, FaultKind, Scenario, simulate
+
+T0 = 1767225600.0  # 2026-01-01T00:00:00Z
+LEMON = "gpu-03"
+STEPS = 120
+
+
+def hosts(*numbers: int) -> tuple[str, ...]:
+    return tuple(f"gpu-{n:02d}" for n in numbers)
+
+
+def scenarios() -> list[Scenario]:
+    slow = Fault(FaultKind.SLOW_GPU, host=LEMON, start_step=0, severity=0.10)
+    return [
+        Scenario(seed=1, job_id="jobA", nodes=4, steps=STEPS, hosts=hosts(1, 2, 3, 4), start_ts=T0,
+                 flops_per_token=6e9,
+                 faults=(slow, Fault(FaultKind.NIC_CONGESTION, host="gpu-02", nic=5,
+                                     start_step=30, end_step=80))),
+        Scenario(seed=2, job_id="jobB", nodes=4, steps=STEPS, hosts=hosts(3, 5, 6, 7),
+                 start_ts=T0 + 3600,
+                 faults=(slow, Fault(FaultKind.LINK_FLAP, host="gpu-06", nic=2, start_step=50))),
+        Scenario(seed=3, job_id="jobC", nodes=4, steps=STEPS, hosts=hosts(1, 3, 8, 9),
+                 start_ts=T0 + 7200,
+                 faults=(Fault(FaultKind.XID79, host="gpu-09", gpu=4, start_step=60),)),
+    ]
+
+
+def detections() -> list[DetectionMessage]:
+    """Straggler detections for the lemon's ranks (ranks 16..23 in jobA, 0..7 in jobB)."""
+    out = []
+    for seq, (job, rank, ts) in enumerate([("jobA", 17, T0 + 60), ("jobB", 2, T0 + 3660)]):
+        out.append(DetectionMessage(
+            host="stream-0", ts=ts, inst="w1", seq=seq, id=f"{job}-straggler-{rank}", job_id=job,
+            type="straggler", state="open", rank=rank, cause="gpu", fault="system", score=0.91,
+            step=40, first_step=30, opened_at=ts, summary=f"rank {rank} compute 10% above peers",
+            evidence={"compute_ratio": 1.1},
+        ))
+    return out
+
+
+def messages() -> list[Message]:
+    """Every message of the three runs plus the detections, in time order."""
+    out: list[Message] = [m for sc in scenarios() for m in simulate(sc)]
+    out.extend(detections())
+    return sorted(out, key=lambda m: m.ts)
+
+
+def keyed(messages: list[Message], prefix: str) -> Iterator[tuple[str, bytes, bytes]]:
+    """(topic, key, value) for each message, as the agents publish them."""
+    topics = Topics(prefix)
+    for m in messages:
+        yield topics.for_kind(KIND_OF[type(m)]), message_key(m), encode(m)
