@@ -28,10 +28,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.detect_score import CaseResult, report_lines, score  # noqa: E402
-from bench.detect_suite import Case, suite  # noqa: E402
-from stepwatch.sim import ground_truth, simulate  # noqa: E402
-from streams.core import DetectConfig, Engine  # noqa: E402
+from bench.detect_score import CaseResult, report_lines, score
+from bench.detect_suite import Case, suite
+from stepwatch.sim import ground_truth, simulate
+from streams.core import DetectConfig, Engine
 
 
 def run_case(case: Case, cfg: DetectConfig) -> CaseResult:

@@ -143,7 +143,7 @@ def score(results: list[CaseResult]) -> dict[str, Any]:
     per_kind: dict[str, dict[str, Any]] = defaultdict(lambda: {"n": 0, "hit": 0, "cause": 0,
                                                                  "ttd": []})
     for o in outcomes:
-        sev = "" if o.case.severity is None else f"@{int(round(o.case.severity * 100))}%"
+        sev = "" if o.case.severity is None else f"@{round(o.case.severity * 100)}%"
         row = per_kind[o.label.kind + sev]
         row["n"] += 1
         if o.first is not None:

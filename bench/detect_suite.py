@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,7 +27,7 @@ STOPS = (
 )
 SEVERITIES = (0.05, 0.10, 0.30)
 # heavy noise: 2.5 % per-step compute jitter, frequent tails and GC pauses, pauses every 50 steps
-HEAVY = {"jitter": 0.025, "tail_prob": 0.02, "gc_prob": 0.01, "eval_every": 50,
+HEAVY: dict[str, Any] = {"jitter": 0.025, "tail_prob": 0.02, "gc_prob": 0.01, "eval_every": 50,
          "checkpoint_every": 100}
 
 
@@ -62,7 +63,7 @@ def suite(*, quick: bool, seed: int) -> list[Case]:
     n = 0
 
     def add(shape: Shape, faults: tuple[Fault, ...], heavy: bool, sev: float | None,
-            label: str, **knobs: float) -> None:
+            label: str, **knobs: Any) -> None:
         nonlocal n
         n += 1
         extra = dict(HEAVY) if heavy else {}

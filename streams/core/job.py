@@ -133,14 +133,16 @@ class Job(Incidents):
         out: list[DetectionMessage] = []
         candidates = {c.rank: c for c in self.straggler.candidates()}
         for rank, c in candidates.items():
-            out.extend(self.book.observe(self._straggler_finding(rank, c.score, cs)))
+            if self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
+                out.extend(self.book.observe(self._straggler_finding(rank, c.score, cs)))
         for key in self.book.keys(T.STRAGGLER):
             r = key[1]
             if r is None or r in candidates:
                 continue
             holds, score = self.straggler.still_slow(r)
             if holds:
-                out.extend(self.book.observe(self._straggler_finding(r, score, cs)))
+                if self.book.hold(key, cs.end_max):
+                    out.extend(self.book.observe(self._straggler_finding(r, score, cs)))
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
         return out
@@ -170,6 +172,8 @@ class Job(Incidents):
             return self.book.clear(key, cs.end_max, cs.step) if is_open else []
         if not is_open and self.straggler.suspicious() and not sd.group:
             return []  # a straggler explains it
+        if not self.book.hold(key, cs.end_max):
+            return []
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
             self.hosts, cs.end_max, sd.deltas, self._onset_span()))
         where = f"group {sd.group!r}" if sd.group else "the job"

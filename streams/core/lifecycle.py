@@ -97,6 +97,18 @@ class DetectionBook:
             return [self._message(cur, State.UPDATE, f)]
         return []
 
+    def hold(self, key: Key, ts: float) -> bool:
+        """The condition of an open detection still holds (its clearing restarts).
+
+        True when an update may be due (the rate limit passed): only then is it
+        worth building a new :class:`Finding` for :meth:`observe`.
+        """
+        cur = self.open.get(key)
+        if cur is None:
+            return True
+        cur.clear_steps = 0
+        return ts - cur.last_emit >= self.cfg.update_min_seconds
+
     def clear(self, key: Key, ts: float, step: int | None) -> list[DetectionMessage]:
         """The condition did not hold this step; resolve after ``resolve_steps`` such steps."""
         cur = self.open.get(key)
