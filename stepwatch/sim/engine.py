@@ -11,6 +11,7 @@ merged by timestamp, then stamped with ``inst`` and a gap-free ``seq`` per
 from __future__ import annotations
 
 import heapq
+import itertools
 import zlib
 from collections import defaultdict, deque
 from collections.abc import Iterator
@@ -81,11 +82,16 @@ class JobRun:
     def _add(self, block: StepBlock) -> None:
         sc = self.sc
         self.blocks.append(block)
-        ticks = np.ceil((block.end - sc.start_ts - self.rank_phase) / sc.tick_seconds)
-        ticks = ticks.astype(np.int64).tolist()
-        gpn = sc.gpus_per_node
-        for rank, record in self.records.build(block):
-            self.pending[ticks[rank]][rank // gpn].append(record)
+        ranks, records = self.records.build(block)
+        if not records:
+            return
+        ticks = np.ceil((block.end[ranks] - sc.start_ts - self.rank_phase[ranks]) / sc.tick_seconds)
+        hosts = ranks // sc.gpus_per_node
+        key = ticks.astype(np.int64) * sc.nodes + hosts
+        cuts = [0, *(np.flatnonzero(np.diff(key)) + 1).tolist(), len(records)]
+        tick_of, host_of = ticks.astype(np.int64).tolist(), hosts.tolist()
+        for lo, hi in itertools.pairwise(cuts):  # runs of one host and tick
+            self.pending[tick_of[lo]][host_of[lo]].extend(records[lo:hi])
 
     def _drain_events(self) -> None:
         for event in self.model.events:

@@ -28,8 +28,8 @@ class RecordBuilder:
             else sc.flops_per_token * sc.tokens_per_step / sc.pipeline_stages
         )
 
-    def build(self, b: StepBlock) -> list[tuple[int, StepRecord]]:
-        """(rank, record) for every rank that reported step ``b.step``."""
+    def build(self, b: StepBlock) -> tuple[np.ndarray, list[StepRecord]]:
+        """The ranks that reported step ``b.step`` (ascending) and their records."""
         sc = self.sc
         idx = np.flatnonzero(b.emit)
         n = len(idx)
@@ -59,7 +59,7 @@ class RecordBuilder:
             "samples": [self.samples[r] for r in ranks], "tokens": [self.tokens[r] for r in ranks],
             "loss": losses, "loss_nonfinite": nonfinite, "flops": self.flops, "timing": "cuda",
         }, n)
-        return list(zip(ranks, records, strict=True))
+        return idx, records
 
     @staticmethod
     def _extras(b: StepBlock, idx: np.ndarray) -> list[dict[str, float]]:
