@@ -132,8 +132,8 @@ class StepModel:
     # ------------------------------------------------------------------ one step
     def _step(self, s: int, t0: float) -> StepBlock:
         sc, n, rng = self.scenario, self.n, self.rng
-        z = rng.standard_normal((5, n))
-        u = rng.random((3, n))
+        z = rng.standard_normal((6, n))  # compute, gc, data, fault, skew, loss
+        u = rng.random((4, n))  # tail?, gc?, tail size, checkpoint share
         common = rng.standard_normal(4)
         base = sc.step_seconds
         warm = 1.0 + 2.0 * (1.0 - s / sc.warmup_steps) ** 2 if s < sc.warmup_steps else 1.0
@@ -153,14 +153,14 @@ class StepModel:
         comm = base * COMM * math.exp(0.05 * common[1])
         evaluation = self._eval_pause(s, common[2])
         ckpt = self._ckpt_pause(s, common[3])
-        ckpt_r = ckpt * (1.0 - 0.002 * u[2]) if ckpt else np.zeros(n)
+        ckpt_r = ckpt * (1.0 - 0.002 * u[3]) if ckpt else np.zeros(n)
         t1 = t0 + float(work.max()) + comm + evaluation + ckpt
         skew = np.abs(z[4]) * 2e-4 * min(1.0, base)
         start, end = t0 + self._skew, t1 + skew
         self._skew = skew
         busy = work + evaluation + ckpt_r
         comm_wait = np.maximum(end - start - busy, 0.0)
-        loss = self._loss(s, z[4])
+        loss = self._loss(s, z[5])
         emit = np.ones(n, dtype=bool)
         block = StepBlock(
             s, t0, t1, emit, start, end, data, forward, backward, optimizer, transfer,
