@@ -156,8 +156,9 @@ class Agent:
             except Exception as err:
                 self._log("close:" + collector.name, "collector close failed collector=%s err=%r",
                           collector.name, err)
-        log.info("agent stopped host=%s ticks=%d messages=%d undelivered_in_spool=%d",
-                 self.host, self.ticks, sum(self._messages.values()), left)
+        log.info("agent stopped host=%s ticks=%d messages=%d steps_received=%d "
+                 "undelivered_in_spool=%d", self.host, self.ticks, sum(self._messages.values()),
+                 self.steps.steps_received if self.steps else 0, left)
 
     # ------------------------------------------------------------------ state
     def snapshot(self) -> AgentSnapshot:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from agents.spool import Pos, Record, Spool, SpoolStats
+from agents.spool import End, Record, Spool, SpoolStats
 from stepwatch.contract import KIND_OF, Kind, Message, Topics, encode, message_key
 from stepwatch.errors import SpoolError, StepwatchError
 from stepwatch.logs import LogOnce
@@ -69,7 +69,7 @@ class _Slot:
 
     __slots__ = ("end", "gen", "owner", "state", "topic")
 
-    def __init__(self, owner: KafkaPublisher, end: Pos, topic: str, gen: int) -> None:
+    def __init__(self, owner: KafkaPublisher, end: End, topic: str, gen: int) -> None:
         self.owner, self.end, self.topic, self.gen = owner, end, topic, gen
         self.state = 0  # 0 in flight, 1 delivered, 2 dropped (rejected), -1 failed
 
@@ -118,6 +118,8 @@ class KafkaPublisher:
         self._failures: Counter[str] = Counter()
         self._rejected = 0
         self._resets = 0
+        self._skip: set[int] = set()  # record numbers delivered before a reset
+        self._skipped = 0
         self._connected = False
         self._rewinds = 0
         self._wake = threading.Event()
@@ -182,6 +184,7 @@ class KafkaPublisher:
             producer_resets=self._resets,
             rewinds=self._rewinds,
             spool=self.spool.stats(),
+            extra={"resends_skipped": self._skipped},
         )
 
     def _by_kind(self, per_topic: Counter[str]) -> dict[str, int]:
@@ -231,13 +234,19 @@ class KafkaPublisher:
             self._backlog.extend(self.spool.read(min(room, BATCH)))
         sent = 0
         gen, inflight, backlog, produce = self._gen, self._inflight, self._backlog, producer.produce
+        skip = self._skip
         while backlog and sent < room:
-            rec = backlog[0]
-            slot = _Slot(self, rec.end, rec.topic, gen)
-            try:
-                produce(rec.topic, rec.value, rec.key, on_delivery=slot)
-            except BufferError:
-                break  # librdkafka's queue is full: serve delivery reports first
+            topic, key, value, end = backlog[0]
+            slot = _Slot(self, end, topic, gen)
+            if skip and end[2] in skip:  # landed before the last reset: not again
+                skip.discard(end[2])
+                slot.state = 1
+                self._skipped += 1
+            else:
+                try:
+                    produce(topic, value, key, on_delivery=slot)
+                except BufferError:
+                    break  # librdkafka's queue is full: serve delivery reports first
             backlog.popleft()
             inflight.append(slot)
             sent += 1
@@ -340,17 +349,22 @@ class KafkaPublisher:
                  self.settings.bootstrap_servers, self.spool.acked.record, self.spool.pending())
 
     def _drop_producer(self, purge: bool) -> None:
+        """Retire the producer; remember which in-flight records did land, so the
+        resend after the rewind skips them (fewer duplicates, same per-partition order:
+        a partition's later records never land after an earlier one failed)."""
         self._gen += 1
-        self._inflight.clear()
         producer, self._producer = self._producer, None
-        if producer is None:
-            return
-        try:
-            if purge:
-                producer.purge()
-            producer.flush(0)
-        except Exception as err:
-            self._log("purge", "producer purge failed err=%r", err)
+        if producer is not None:
+            try:
+                if purge:
+                    producer.purge()
+                producer.flush(0)  # serve the reports still queued
+            except Exception as err:
+                self._log("purge", "producer purge failed err=%r", err)
+        acked = self.spool.acked.record
+        self._skip = {r for r in self._skip if r > acked}
+        self._skip.update(slot.end[2] for slot in self._inflight if slot.state > 0)
+        self._inflight.clear()
 
     def _producer_config(self) -> dict[str, Any]:
         from stepwatch.kafka import producer_config

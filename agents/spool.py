@@ -55,11 +55,11 @@ class Pos(NamedTuple):
     record: int
 
 
-class Record(NamedTuple):
-    topic: str
-    key: bytes
-    value: bytes
-    end: Pos  # the position just after this record (what acknowledging it means)
+# Per-record values are plain tuples (a NamedTuple costs ~10x more to build, and the
+# publisher handles every record): End = (segment, offset, record) just after a record,
+# what acknowledging it means; Record = (topic, key, value, end).
+End = tuple[int, int, int]
+Record = tuple[str, bytes, bytes, End]
 
 
 @dataclass
@@ -209,10 +209,10 @@ class Spool:
             if self._cursor.record != start:
                 return  # the reader is behind: it reads from disk
             self._tail_bytes = 0
-        off, rec, tail = seg.size, start, self._tail
+        off, rec, tail, first = seg.size, start, self._tail, seg.first
         for (t, k, v), f in zip(records, frames, strict=True):
             off, rec = off + len(f), rec + 1
-            tail.append(Record(t, k, v, Pos(seg.first, off, rec)))
+            tail.append((t, k, v, (first, off, rec)))
         self._tail_bytes += off - seg.size
         if len(tail) > TAIL_MAX_RECORDS or self._tail_bytes > TAIL_MAX_BYTES:
             self._forget()
@@ -262,11 +262,11 @@ class Spool:
         out: list[Record] = []
         with self._lock:
             tail = self._tail
-            if tail and tail[0].end.record == self._cursor.record + 1:
+            if tail and tail[0][3][2] == self._cursor.record + 1:
                 self._close_reader()
                 while tail and len(out) < limit:
                     out.append(tail.popleft())
-                self._cursor = out[-1].end
+                self._cursor = Pos(*out[-1][3])
                 return out
             self._forget()
             while len(out) < limit:
@@ -314,8 +314,8 @@ class Spool:
             raw_topic = body[4:4 + tl]
             topic = topics.get(raw_topic) or topics.setdefault(raw_topic, raw_topic.decode())
             off, record = end, record + 1
-            out.append(Record(topic, body[4 + tl:4 + tl + kl], body[4 + tl + kl:],
-                              Pos(first, base + off, record)))
+            out.append((topic, body[4 + tl:4 + tl + kl], body[4 + tl + kl:],
+                        (first, base + off, record)))
         self._roff = off
         self._cursor = Pos(first, base + off, record)
 
@@ -348,8 +348,9 @@ class Spool:
         self._reader, self._rbuf, self._roff = None, b"", 0
 
     # ------------------------------------------------------------------ ack / rewind
-    def ack(self, pos: Pos) -> None:
-        """Everything before ``pos`` was delivered; delete fully acknowledged segments."""
+    def ack(self, end: End) -> None:
+        """Everything before ``end`` was delivered; delete fully acknowledged segments."""
+        pos = Pos(*end)
         with self._lock:
             if pos.record <= self._ack.record:
                 return  # stale (e.g. from before a rewind or a bound drop)

@@ -43,6 +43,7 @@ class FakeCluster:
         self.mode = "ok"  # ok | fail | hold
         self.reverse = False  # deliver each poll's batch in reverse (as across partitions)
         self.reject: set[bytes] = set()  # values refused permanently
+        self.fail_once: set[bytes] = set()  # values whose first delivery fails
         self.producers: list[FakeProducer] = []
         self.lock = threading.Lock()
 
@@ -73,7 +74,8 @@ class FakeProducer:
         if c.reverse:
             items.reverse()
         for topic, key, value, cb in items:
-            if c.mode == "fail":
+            if c.mode == "fail" or value in c.fail_once:
+                c.fail_once.discard(value)
                 cb(Err("_MSG_TIMED_OUT"), None)
             elif value in c.reject:
                 cb(Err("MSG_SIZE_TOO_LARGE"), None)
@@ -176,6 +178,20 @@ def test_failed_delivery_rewinds_and_resends_on_a_fresh_producer(
     assert len(cluster.producers) >= 2
 
 
+def test_resend_after_a_partial_failure_skips_what_landed(publisher: KafkaPublisher,
+                                                         cluster: FakeCluster) -> None:
+    from stepwatch.contract import encode
+
+    msgs = messages(10)
+    cluster.fail_once = {encode(msgs[3]), encode(msgs[7])}
+    publisher.send(msgs)
+    assert publisher.flush(5) == 0
+    got = received(cluster)
+    assert len(got) == len(set(got)) == 10  # 3 and 7 resent, 4-6 and 8-9 not again
+    assert publisher.stats().extra["resends_skipped"] == 5
+    assert publisher.spool.acked.record == 10
+
+
 def test_unreachable_cluster_spools_then_catches_up_in_order(
         tmp_path: Path, cluster: FakeCluster) -> None:
     cluster.reachable = False
@@ -263,4 +279,4 @@ def test_real_producer_with_unreachable_bootstrap_spools_instead_of_losing(tmp_p
     assert pub.state is BrokerState.DOWN
     pub.close(timeout=0.5)
     spool = Spool(tmp_path / "spool", s.spool_max_bytes)
-    assert [decode(r.value) for r in spool.read(1000)] == msgs
+    assert [decode(value) for _t, _k, value, _e in spool.read(1000)] == msgs

@@ -17,7 +17,7 @@ def recs(start: int, n: int, size: int = 100) -> list[tuple[str, bytes, bytes]]:
 
 
 def values(records: list) -> list[int]:
-    return [int(r.value[:8]) for r in records]
+    return [int(value[:8]) for _topic, _key, value, _end in records]
 
 
 def drain(spool: Spool, ack: bool = True) -> list[int]:
@@ -25,7 +25,7 @@ def drain(spool: Spool, ack: bool = True) -> list[int]:
     while batch := spool.read(7):
         out += values(batch)
         if ack:
-            spool.ack(batch[-1].end)
+            spool.ack(batch[-1][3])
     return out
 
 
@@ -34,9 +34,9 @@ def test_append_read_ack_in_order(tmp_path: Path) -> None:
     spool.append(recs(0, 50))
     first = spool.read(20)
     assert values(first) == list(range(20))
-    assert first[0].topic == "t.steps" and first[0].key == b"job-0"
+    assert first[0][:2] == ("t.steps", b"job-0")
     assert spool.pending() == 50 and spool.unread() == 30
-    spool.ack(first[-1].end)
+    spool.ack(first[-1][3])
     assert spool.pending() == 30
     spool.append(recs(50, 10))
     assert drain(spool) == list(range(20, 60))
@@ -47,10 +47,10 @@ def test_rewind_returns_to_first_unacknowledged(tmp_path: Path) -> None:
     spool = Spool(tmp_path, 10 * 2**20)
     spool.append(recs(0, 30))
     batch = spool.read(30)
-    spool.ack(batch[9].end)  # 0..9 delivered, 10..29 in flight and then failed
+    spool.ack(batch[9][3])  # 0..9 delivered, 10..29 in flight and then failed
     assert spool.rewind() == 20
     assert values(spool.read(100)) == list(range(10, 30))
-    spool.ack(batch[5].end)  # a stale ack never moves the position back
+    spool.ack(batch[5][3])  # a stale ack never moves the position back
     assert spool.acked.record == 10
 
 
@@ -68,7 +68,7 @@ def test_restart_resumes_from_persisted_ack(tmp_path: Path) -> None:
     spool = Spool(tmp_path, 10 * 2**20, segment_bytes=4096)
     spool.append(recs(0, 100))
     batch = spool.read(40)
-    spool.ack(batch[-1].end)
+    spool.ack(batch[-1][3])
     spool.close()
     again = Spool(tmp_path, 10 * 2**20, segment_bytes=4096)
     assert again.pending() == 60
@@ -80,7 +80,7 @@ def test_unpersisted_acks_are_replayed_after_a_crash(tmp_path: Path) -> None:
     spool = Spool(tmp_path, 10 * 2**20)
     spool.append(recs(0, 10))
     spool.persist()  # ack position 0 on disk
-    spool.ack(spool.read(10)[-1].end)  # delivered, but the process dies before persisting
+    spool.ack(spool.read(10)[-1][3])  # delivered, but the process dies before persisting
     again = Spool(tmp_path, 10 * 2**20)
     assert drain(again) == list(range(10))  # at-least-once: resent, not lost
 
@@ -149,7 +149,7 @@ def test_bound_drop_while_reading_skips_to_surviving_data(tmp_path: Path) -> Non
     in_flight = spool.read(5)
     for i in range(10, 200, 10):
         spool.append(recs(i, 10))
-    spool.ack(in_flight[-1].end)  # arrives after its segment was dropped: ignored
+    spool.ack(in_flight[-1][3])  # arrives after its segment was dropped: ignored
     got = drain(spool)
     dropped = spool.stats().dropped["bound"]
     assert got == list(range(200 - len(got), 200))
