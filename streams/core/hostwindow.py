@@ -30,12 +30,12 @@ HW_THERMAL = 0x40
 POWER_BRAKE = 0x80
 SW_POWER_CAP = 0x4
 BAD_THROTTLE = HW_SLOWDOWN | SW_THERMAL | HW_THERMAL | POWER_BRAKE
-THROTTLE_NAMES = {
-    SW_POWER_CAP: "SwPowerCap",
+THROTTLE_NAMES = {  # most severe first: the first one found leads the summary
     HW_SLOWDOWN: "HwSlowdown",
-    SW_THERMAL: "SwThermal",
     HW_THERMAL: "HwThermal",
     POWER_BRAKE: "PowerBrake",
+    SW_THERMAL: "SwThermal",
+    SW_POWER_CAP: "SwPowerCap",
 }
 CONGESTION_COUNTERS = ("np_cnp_sent_total", "rp_cnp_handled_total",
                        "np_ecn_marked_roce_packets_total")

@@ -113,8 +113,8 @@ class Job(Incidents):
         self.last_step = cs.step
         self.throughput.on_step(cs)
         cadence = self.slowdown.cadence
-        if cadence is not None and cs.med[DUR] - cadence > self.longest_pause:
-            self.longest_pause = float(cs.med[DUR] - cadence)
+        if cadence is not None and cs.med[DUR] > 2 * cadence:  # a pause, not noise
+            self.longest_pause = max(self.longest_pause, float(cs.med[DUR] - cadence))
         out = self._nonfinite_loss(cs) if cs.nonfinite_ranks else []
         out.extend(self._missing(cs))
         if self.book.open:
@@ -177,8 +177,9 @@ class Job(Incidents):
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
             self.hosts, cs.end_max, sd.deltas, self._onset_span()))
         where = f"group {sd.group!r}" if sd.group else "the job"
-        summary = (f"{where} is {sd.score:.1%} slower than its own baseline "
-                   f"({sd.current_s:.3f} s vs {sd.baseline_s:.3f} s per step): {attr.reason}")
+        what = "busy time" if sd.group else "straggler-free step time"
+        summary = (f"{where} is {sd.score:.1%} slower than its own baseline ({what} "
+                   f"{sd.current_s:.3f} s vs {sd.baseline_s:.3f} s per step): {attr.reason}")
         ev: Evidence = {
             "baseline_step_s": round(sd.baseline_s, 6),
             "current_step_s": round(sd.current_s, 6),

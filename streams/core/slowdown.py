@@ -55,6 +55,7 @@ class SlowdownTracker:
         self.threshold = cfg.slowdown_min_excess
         self.cadence: float | None = None  # median step duration (for hang limits)
         self._stale = 0  # history rows added since the baseline was computed
+        self.group_base: np.ndarray | None = None  # baseline median busy time per group
 
     def update(self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray) -> None:
         comps = _components(cs)
@@ -63,6 +64,7 @@ class SlowdownTracker:
             self._groups_version = groups.version
             self.group_history = Ring(self.cfg.baseline_steps, len(groups.names))
             self.group_recent = Ring(self.cfg.window_steps, len(groups.names))
+            self.group_base = None
         assert self.group_history is not None and self.group_recent is not None
         self.recent.push(comps)
         self.group_recent.push(gmed)
@@ -70,6 +72,11 @@ class SlowdownTracker:
             self._rebase()
         base = self.baseline
         ratio = comps[0] / base - 1.0 if base else float("nan")
+        if self.group_base is not None and len(gmed) > 1 and not np.isnan(gmed).all():
+            with np.errstate(divide="ignore", invalid="ignore"):
+                worst = np.nanmax(gmed / self.group_base) - 1.0  # one stage slower: its own ratio
+            if worst > ratio:
+                ratio = float(worst)
         flagged = bool(ratio > self.threshold)
         self.ratios.push(ratio)
         self.flags.push(1.0 if flagged else 0.0)
@@ -93,6 +100,8 @@ class SlowdownTracker:
         if not base > 0:
             return
         self.baseline = base
+        if self.group_history is not None and self.group_history.count:
+            self.group_base = colmed(self.group_history.filled())
         spread = mad_sigma(steps, base) / base
         self.threshold = max(self.cfg.slowdown_min_excess, self.cfg.slowdown_z * spread)
 
@@ -116,12 +125,15 @@ class SlowdownTracker:
         now = colmed(self.recent.filled())
         deltas = {name: round(float(now[i] - base[i]), 6)
                   for i, name in enumerate(COMPONENTS) if not np.isnan(now[i] - base[i])}
-        return Slowdown(score, self.threshold, self._slow_group(groups), self.baseline,
-                        float(now[0]), deltas)
+        group, g_base, g_now = self._slow_group(groups)
+        if group:  # report the group's own busy time
+            return Slowdown(score, self.threshold, group, g_base, g_now, deltas)
+        return Slowdown(score, self.threshold, "", self.baseline, float(now[0]), deltas)
 
-    def _slow_group(self, groups: GroupIndex) -> str:
+    def _slow_group(self, groups: GroupIndex) -> tuple[str, float, float]:
+        """The one group whose busy time grew while the others' did not."""
         if len(groups.names) < 2 or self.group_history is None or self.group_recent is None:
-            return ""
+            return "", 0.0, 0.0
         base = colmed(self.group_history.filled())
         now = colmed(self.group_recent.filled())
         with np.errstate(divide="ignore", invalid="ignore"):
@@ -129,8 +141,9 @@ class SlowdownTracker:
         slow = np.flatnonzero(ratio > self.threshold)
         calm = np.flatnonzero(ratio <= self.threshold / 2)
         if len(slow) == 1 and len(calm) == len(groups.names) - 1:
-            return groups.names[int(slow[0])]
-        return ""
+            g = int(slow[0])
+            return groups.names[g], float(base[g]), float(now[g])
+        return "", 0.0, 0.0
 
 
 def _components(cs: ClosedStep) -> np.ndarray:

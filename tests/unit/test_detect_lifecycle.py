@@ -1,0 +1,93 @@
+"""Lifecycle (open -> update -> resolved, stable ids), stats, eviction."""
+
+from __future__ import annotations
+
+import pytest
+from detect_synth import T0, Job, drive, event, gpu_message, interleave
+
+from stepwatch.contract import EventType
+from streams.core import DetectConfig, Engine
+
+
+def _states(found: list) -> list[tuple[str, str, int | None]]:
+    return [(d.type, d.state, d.rank) for d in found]
+
+
+def test_one_straggler_is_one_detection_from_open_to_resolved() -> None:
+    job = Job(world=16, steps=120, slow={7: (30, 1.2)})
+    job.single = {(7, s): 1 / 1.2 for s in range(70, 120)}  # it recovers at step 70
+    found = drive(Engine(), job.messages())
+    assert [s for s in _states(found) if s[1] != "update"] == [
+        ("straggler", "open", 7), ("straggler", "resolved", 7)]
+    assert len({d.id for d in found}) == 1
+    resolved = found[-1]
+    assert resolved.first_step == found[0].first_step
+    assert 70 <= (resolved.step or 0) <= 70 + DetectConfig().resolve_steps + 8
+    assert resolved.opened_at == found[0].opened_at
+
+
+def test_ids_are_stable_across_replays() -> None:
+    job = Job(world=16, steps=60, slow={2: (20, 1.2)})
+    a = drive(Engine(), job.messages())
+    b = drive(Engine(), job.messages())
+    assert [d.id for d in a] == [d.id for d in b] and a
+
+
+def test_updates_are_rate_limited() -> None:
+    job = Job(world=16, steps=200, slow={3: (20, 1.1)})
+    job.single = {(3, s): 1.5 for s in range(60, 200)}  # the score grows a lot
+    found = drive(Engine(DetectConfig(update_min_seconds=30.0)), job.messages())
+    updates = [d for d in found if d.state == "update"]
+    assert 1 <= len(updates) <= 200 // 30
+    assert all(u.score and u.score > 0.3 for u in updates)
+
+
+def test_job_end_resolves_what_is_open_and_the_job_is_evicted() -> None:
+    job = Job(world=16, steps=60, slow={2: (20, 1.2)})
+    messages = job.messages()
+    end_ts = max(r.end for m in messages for r in m.steps) + 0.5
+    end = event(EventType.JOB_END, "h000", end_ts, job_id=job.job_id, code=0, detail="completed")
+    engine = Engine(DetectConfig(job_end_grace_seconds=100.0))
+    found = drive(engine, [*messages, end], until=end_ts + 10)
+    assert _states(found)[-1] == ("straggler", "resolved", 2)
+    assert found[-1].evidence["resolved_because"] == "job ended"
+    assert [s.job_id for s in engine.stats()] == [job.job_id]
+    drive(engine, [], until=end_ts + 101)
+    assert engine.stats() == []
+
+
+def test_stats_throughput_mfu_and_goodput() -> None:
+    job = Job(world=16, steps=60, flops=2e14, pauses={10: 5.0})  # before the rate window
+    messages = job.messages()
+    samples = [gpu_message(h, T0 + k) for k in range(70) for h in job.hosts()]
+    engine = Engine()
+    drive(engine, interleave(messages, samples))
+    (s,) = engine.stats()
+    step = 1.0 * (sum((0.01, 0.30, 0.55, 0.06)) + 0.08)  # work + collective, no jitter
+    assert s.last_step == 59 and s.world_size == 16 and not s.hung
+    assert s.step_seconds_median == pytest.approx(step, rel=0.05)
+    assert s.samples_per_second == pytest.approx(16 * 4 / step, rel=0.05)
+    assert s.tokens_per_second == pytest.approx(16 * 4096 / step, rel=0.05)
+    assert s.mfu == pytest.approx(2e14 / step / 989e12, rel=0.05)
+    assert s.badput_seconds["checkpoint"] == pytest.approx(5.0, rel=0.01)
+    assert s.badput_seconds["data_stall"] == pytest.approx(0.6, rel=0.1)
+    assert 0.8 < (s.goodput_ratio or 0) < 0.95
+
+
+def test_restart_from_a_checkpoint_counts_lost_progress() -> None:
+    import msgspec
+
+    job = Job(world=8, steps=40)
+    first = job.messages()
+    restart_at = max(r.end for m in first for r in m.steps) + 30.0
+    again = Job(world=8, steps=40).messages()[: 10 * 1]  # steps 0..9 again, 30 s later
+    shift = restart_at - T0
+    again = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
+        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift, step=r.step + 20)
+        for r in m.steps]) for m in again]  # resumes from step 20 (the last checkpoint)
+    engine = Engine()
+    assert drive(engine, [*first, *again]) == []
+    (s,) = engine.stats()
+    assert s.last_step == 29
+    assert s.badput_seconds["restart"] == pytest.approx(30.0, abs=0.5)
+    assert s.badput_seconds["lost_progress"] == pytest.approx(20 * 0.99, rel=0.1)
