@@ -213,7 +213,8 @@ class StepsCollector:
 
 def _event(item: RankEvent, host: str) -> EventMessage:
     return EventMessage(host=host, ts=item.ts, type=item.type, job_id=item.job_id,
-                        rank=item.rank, gpu=item.gpu, detail=item.detail, attrs=dict(item.attrs))
+                        rank=item.rank, gpu=item.gpu, code=item.code, detail=item.detail,
+                        attrs=dict(item.attrs))
 
 
 def _bind_socket(path: str, mode: int) -> socket.socket:

@@ -110,9 +110,10 @@ def test_gpu_ownership_from_gpu_or_local_rank(collector: StepsCollector, path: s
     collect(collector, expect=2)
     assert collector.owners() == {4: ("a", 0), 1: ("a", 9)}
     assert collector.job_of_gpu() == {4: "a", 1: "a"}
-    send(path, encode_datagram(RankEvent(type=EventType.JOB_END, ts=NOW, job_id="a")))
-    collect(collector, expect=1)
+    send(path, encode_datagram(RankEvent(type=EventType.JOB_END, ts=NOW, job_id="a", code=1)))
+    (end,) = collect(collector, expect=1)
     assert collector.job_of_gpu() == {}
+    assert isinstance(end, EventMessage) and end.code == 1  # the exit code travels on
 
 
 def test_gpu_ownership_expires(collector: StepsCollector, path: str) -> None:
