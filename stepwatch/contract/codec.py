@@ -81,13 +81,22 @@ def decode_unchecked(data: bytes | str) -> Message:
 def check_values(message: Message, now: float) -> None:
     """Reject values no real system produces: NaN, negative durations, the future."""
     _check_time("ts", message.ts, now)
+    # Each branch first runs a cheap pre-check over the whole message; only when
+    # it fails does the record-by-record check run, to raise with the precise
+    # reason (it is the authority: the pre-check may fail where it would pass).
     if isinstance(message, StepMessage):
+        if _sane_steps(message.steps, now):
+            return
         for record in message.steps:
             check_step(record, now)
     elif isinstance(message, GpuMessage):
+        if _sane_readings(message.gpus):
+            return
         for gpu in message.gpus:
             _check_numbers(f"gpus[{gpu.index}]", msgspec.structs.asdict(gpu))
     elif isinstance(message, PortMessage):
+        if _sane_readings(message.ports):
+            return
         for port in message.ports:
             _check_numbers(f"ports[{port.device}:{port.port}]", msgspec.structs.asdict(port))
     elif isinstance(message, EventMessage):
@@ -115,6 +124,38 @@ def check_step(record: StepRecord, now: float) -> None:
                 raise ContractError("absurd_value", f"{where}: phase {name}={value!r}")
     if record.loss is not None and math.isinf(record.loss) and record.loss < 0:
         raise ContractError("absurd_value", f"{where}: loss is -inf")
+
+
+def _finite_non_negative(values: list) -> bool:
+    return not values or (min(values) >= 0 and math.isfinite(sum(values)))
+
+
+def _sane_readings(readings: Iterable[msgspec.Struct]) -> bool:
+    """True when no reading has a negative or non-finite number (fast path)."""
+    astuple = msgspec.structs.astuple
+    return _finite_non_negative(
+        [v for r in readings for v in astuple(r) if type(v) is float or type(v) is int]
+    )
+
+
+def _sane_steps(steps: Iterable[StepRecord], now: float) -> bool:
+    """True when every record would pass :func:`check_step` (fast path)."""
+    limit = now + FUTURE_SKEW_SECONDS
+    astuple = msgspec.structs.astuple
+    for r in steps:
+        start, end = r.start, r.end
+        if not (0 <= r.rank < r.world_size and r.step >= 0 and r.samples >= 0
+                and r.tokens >= 0 and 0 < start <= limit and 0 < end <= limit
+                and 0 <= end - start <= MAX_STEP_SECONDS):
+            return False
+        if r.phases is not None:
+            values = [v for v in astuple(r.phases) if type(v) is float or type(v) is int]
+            values.extend(r.phases.extra.values())
+            if not _finite_non_negative(values):
+                return False
+        if r.loss is not None and r.loss == -math.inf:
+            return False
+    return True
 
 
 def _check_time(what: str, value: float, now: float) -> None:
