@@ -110,6 +110,7 @@ class KafkaPublisher:
         self._failed: str | None = None
         self._state = BrokerState.DOWN
         self._since_suspect = 0.0
+        self._probed = False
         self._next_probe = 0.0
         self._backoff = BACKOFF_MIN
         self._last_persist = clock()
@@ -296,14 +297,17 @@ class KafkaPublisher:
                         reason, self.spool.pending())
             self._state = BrokerState.SUSPECT
             self._since_suspect = self._clock()
+            self._probed = False
 
     def _check_suspect(self) -> None:
-        """Probe the cluster; recover in place, or reset the producer and rewind."""
-        try:
-            self._probe()
-        except Exception as err:
-            self._enter_down(f"probe failed: {err}")
-            return
+        """Probe the cluster once; then recover in place, or reset the producer and rewind."""
+        if not self._probed:
+            try:
+                self._probe()
+            except Exception as err:
+                self._enter_down(f"probe failed: {err}")
+                return
+            self._probed = True
         if self._failed is None and not self._inflight:
             self._state = BrokerState.UP  # a blip: everything in flight landed
             log.info("kafka reachable again, no reset needed")
@@ -374,8 +378,11 @@ class KafkaPublisher:
     def _ensure_topics(self, timeout: float) -> None:
         from stepwatch.kafka import ensure_topics
 
+        # the admin client's own log lines go through the same once-per-kind logger
+        quiet: Any = {**self.settings.kafka_config, "logger": _RdLogger(self._rdlog)}
+        settings = self.settings.replace(kafka_config=quiet)
         try:
-            ensure_topics(self.settings, [self.topics.for_kind(k) for k in Kind], timeout=timeout)
+            ensure_topics(settings, [self.topics.for_kind(k) for k in Kind], timeout=timeout)
         except StepwatchError:
             raise
         except Exception as err:

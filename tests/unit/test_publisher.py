@@ -238,6 +238,34 @@ def test_broker_down_then_back_resends_what_was_in_flight(publisher: KafkaPublis
     assert len(received(cluster)) == 20
 
 
+def test_stuck_in_flight_after_a_blip_is_reset_after_the_grace(
+        publisher: KafkaPublisher, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    import agents.publisher
+
+    monkeypatch.setattr(agents.publisher, "GRACE_SECONDS", 0.3)
+    probes = []
+    real_probe = cluster.probe
+
+    def probe() -> None:
+        probes.append(1)
+        real_probe()
+
+    monkeypatch.setattr(publisher, "_probe", probe)
+    cluster.mode = "hold"  # the broker came back but the producer's records never land
+    publisher.send(messages(5))
+    time.sleep(0.1)
+    cluster.producers[-1].config["error_cb"](Err("_ALL_BROKERS_DOWN"))
+    time.sleep(0.15)
+    assert publisher.state is BrokerState.SUSPECT and len(probes) == 1  # probed once, waiting
+    deadline = time.monotonic() + 5
+    while len(cluster.producers) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cluster.mode = "ok"
+    assert publisher.flush(5) == 0
+    assert len(cluster.producers) == 2 and len(probes) == 1
+    assert sorted(received(cluster)) == sorted(set(received(cluster))) and len(received(cluster)) == 5
+
+
 def test_permanently_rejected_record_is_dropped_and_counted(publisher: KafkaPublisher,
                                                             cluster: FakeCluster) -> None:
     msgs = messages(5)
