@@ -41,7 +41,7 @@ def run_case(case: Case, cfg: DetectConfig) -> CaseResult:
     last_tick = 0.0
     messages = records = 0
     t0 = time.perf_counter()
-    for message in simulate(case.scenario):
+    for message in simulate(*case.scenarios):
         messages += 1
         records += len(getattr(message, "steps", ()))
         detections.extend(engine.process(message))
@@ -50,7 +50,8 @@ def run_case(case: Case, cfg: DetectConfig) -> CaseResult:
             detections.extend(engine.tick(message.ts))
     detections.extend(engine.tick(engine.now))
     elapsed = time.perf_counter() - t0
-    return CaseResult(case, ground_truth(case.scenario), detections, messages, records, elapsed)
+    return CaseResult(case, ground_truth(*case.scenarios), detections, messages, records,
+                      elapsed)
 
 
 def micro_benchmark(repeat: int = 3) -> list[dict[str, Any]]:

@@ -41,8 +41,7 @@ class CaseResult:
 
     @property
     def job_hours(self) -> float:
-        sc = self.case.scenario
-        return sc.steps * sc.step_seconds / 3600.0
+        return self.case.job_hours
 
 
 def hits(label: Label, d: DetectionMessage) -> bool:

@@ -49,11 +49,15 @@ PP1024 = Shape("pp8x1024", 128, 8, 170)
 @dataclass(frozen=True)
 class Case:
     name: str
-    scenario: Scenario
+    scenarios: tuple[Scenario, ...]  # several: concurrent jobs through one engine
     shape: str
     healthy: bool
     severity: float | None  # of the slowdown fault; None: healthy or a stopping fault
     heavy_noise: bool
+
+    @property
+    def job_hours(self) -> float:
+        return sum(sc.steps * sc.step_seconds for sc in self.scenarios) / 3600.0
 
 
 def suite(*, quick: bool, seed: int) -> list[Case]:
@@ -71,7 +75,7 @@ def suite(*, quick: bool, seed: int) -> list[Case]:
         steps = int(extra.pop("steps", shape.steps))
         sc = Scenario(seed=seed * 1000 + n, job_id=f"{label}-{n}", nodes=shape.nodes,
                       pipeline_stages=shape.stages, steps=steps, faults=faults, **extra)
-        cases.append(Case(label, sc, shape.name, not faults, sev, heavy))
+        cases.append(Case(label, (sc,), shape.name, not faults, sev, heavy))
 
     for i, kind in enumerate(SLOWDOWNS):
         for j, sev in enumerate(SEVERITIES):
@@ -98,8 +102,25 @@ def suite(*, quick: bool, seed: int) -> list[Case]:
     healthy = [(DP8, 600, 2.0), (DP32, 600, 1.0), (PP64, 400, 4.0), (DP32, 300, 10.0)]
     if not quick:
         healthy += [(DP8, 1200, 10.0), (PP64, 800, 1.0), (DP256, 400, 3.0), (PP1024, 200, 5.0),
-                    (DP32, 1000, 6.0), (PP64, 600, 10.0)]
+                    (DP32, 1000, 6.0), (PP64, 600, 10.0), (DP32, 2000, 6.0), (DP8, 3000, 12.0)]
+    cases.append(_fleet(seed))
     for shape, steps, step_s in healthy:
         add(shape, (), True, None, f"healthy-{shape.name}-{step_s:g}s", steps=steps,
             step_seconds=step_s)
     return cases
+
+
+def _fleet(seed: int) -> Case:
+    """Three jobs at once on disjoint hosts, one engine: faults stay in their own job."""
+    common: dict[str, Any] = {"steps": 260, "start_ts": 1767225600.0}
+    jobs = (
+        Scenario(seed=seed * 1000 + 901, job_id="fleet-a", nodes=4,
+                 hosts=tuple(f"a{i:03d}" for i in range(4)),
+                 faults=(Fault(FaultKind.THERMAL_THROTTLE, start_step=120, severity=0.10),),
+                 **common),
+        Scenario(seed=seed * 1000 + 902, job_id="fleet-b", nodes=8, pipeline_stages=4,
+                 hosts=tuple(f"b{i:03d}" for i in range(8)), **common, **HEAVY),
+        Scenario(seed=seed * 1000 + 903, job_id="fleet-c", nodes=1, hosts=("c000",),
+                 faults=(Fault(FaultKind.XID79, start_step=150),), **common),
+    )
+    return Case("fleet-3-jobs", jobs, "fleet", False, 0.10, False)

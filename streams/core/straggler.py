@@ -169,11 +169,14 @@ class StragglerTracker:
             "group_size": len(members),
         }
         window = self.steps.filled()
+        # peers: the group without the ranks flagged in the window (half a group may be slow)
+        calm = members[self.count[members] == 0]
+        peers_idx = calm if len(calm) >= self.cfg.min_group_size else members
         for name, row in (("busy", BUSY), ("data", DATA), ("compute", COMPUTE),
                           ("transfer", XFER), ("comm_wait", COMM)):
             rows = window[:, row]
             own = med(rows[:, rank])
-            peers = med(np.array([med(row[members]) for row in rows]))
+            peers = med(np.array([med(r[peers_idx]) for r in rows]))
             out[f"{name}_s"] = opt(round(own, 6))
             out[f"{name}_peer_median_s"] = opt(round(peers, 6))
         busy = window[:, BUSY]
