@@ -130,13 +130,21 @@ class Migrator:
         self.raw_ttl_days = raw_ttl_days
         self.migrations = load_migrations() if migrations is None else migrations
 
-    def _applied(self) -> dict[int, str]:
-        self.store.command(LEDGER_DDL)
+    def _applied(self, create: bool = True) -> dict[int, str]:
+        if create:
+            self.store.command(LEDGER_DDL)
+        else:
+            exists = self.store.query(
+                "SELECT count() FROM system.tables "
+                "WHERE database = currentDatabase() AND name = 'schema_migrations'")
+            if not exists.scalar():
+                return {}
         result = self.store.query("SELECT version, any(checksum) FROM schema_migrations GROUP BY version")
         return {int(v): str(c) for v, c in result.rows}
 
     def status(self) -> list[MigrationStatus]:
-        applied = self._applied()
+        """What is applied (read-only: works through a read-only endpoint)."""
+        applied = self._applied(create=False)
         return [
             MigrationStatus(m.version, m.name, m.version in applied, applied.get(m.version, m.checksum) == m.checksum)
             for m in self.migrations

@@ -99,7 +99,8 @@ class Planner:
             if plan is not None and head >= plan[0]:
                 if state.records[-1].offset < plan[1]:
                     break  # wait for the rest of the planned batch
-                taken = self._take(state, lambda r, p=plan: r.offset <= p[1])
+                last = plan[1]
+                taken = self._take(state, lambda r: r.offset <= last)
                 state.plans.popleft()
                 out.append(Batch(tp[0], tp[1], plan[0], plan[1], taken, replayed=True))
                 continue
@@ -114,7 +115,8 @@ class Planner:
                 break
             taken = [state.records.popleft() for _ in range(n)]
             out.append(Batch(tp[0], tp[1], taken[0].offset, taken[-1].offset, taken))
-        state.since = self.clock() if state.records else None
+        if out or not state.records:
+            state.since = self.clock() if state.records else None
         return out
 
     @staticmethod

@@ -124,6 +124,7 @@ class QueryService:
     @property
     def url(self) -> str:
         host, port = self._server.server_address[:2]
+        host = host.decode() if isinstance(host, bytes) else str(host)
         return f"http://{host}:{port}"
 
     @property
@@ -205,7 +206,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "stepwatch-store"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - BaseHTTPRequestHandler API
+    def log_message(self, format: str, *args: Any) -> None:
         log.debug("endpoint " + format, *args)
 
     def do_GET(self) -> None:

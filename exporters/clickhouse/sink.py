@@ -91,11 +91,13 @@ class Sink:
         try:
             while not self._stop.is_set():
                 self.step()
+            log.debug("sink flushing before stop buffered=%d", self.planner.buffered)
             self._write(self.planner.due(force=True))
         except StopRequested:
             log.warning("sink stopped during a retried insert: the batch will be replayed")
         finally:
             self.metrics.ready.set(0)
+            log.debug("sink closing the consumer")
             self.source.close()
             log.info("sink stopped rows=%d", int(sum(
                 self.metrics.value("stepwatch_sink_rows_inserted_total", table=t) for t in R.TABLES)))

@@ -1,0 +1,85 @@
+"""The sink as a service: topics, store, migrations, endpoint, /metrics, signals.
+
+``stepwatch db sink`` calls :func:`run_sink`; so do the reliability tests (with
+an ``after_insert`` hook that kills the process between insert and commit).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from exporters.clickhouse.planner import Batch
+from exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
+from exporters.clickhouse.sink_metrics import SinkMetrics
+from stepwatch.errors import ConfigError
+from stepwatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def run_sink(
+    settings: Settings,
+    config: SinkConfig = SinkConfig(),
+    *,
+    serve: bool = True,
+    after_insert: Callable[[list[Batch]], None] | None = None,
+    install_signals: bool = True,
+) -> SinkMetrics:
+    """Run until SIGTERM/SIGINT; return the metrics (for callers that want totals)."""
+    from exporters.clickhouse.access import open_writer
+    from exporters.clickhouse.kafka_source import KafkaSource
+    from exporters.clickhouse.migrations import Migrator
+    from stepwatch.kafka import ensure_topics
+
+    if not settings.bootstrap_servers:
+        raise ConfigError("the sink needs --bootstrap-servers (or STEPWATCH_BOOTSTRAP_SERVERS)")
+    topics = sink_topics(settings.topic_prefix)
+    ensure_topics(settings, topics)
+    store = open_writer(settings)
+    metrics = SinkMetrics()
+    service: Any = None
+    http: Any = None
+    try:
+        Migrator(store, settings.store_raw_ttl_days).migrate()
+        if store.backend == "chdb" and serve:
+            service = serve_store(settings)
+        if settings.sink_metrics_port:
+            from prometheus_client import start_http_server
+
+            http, _ = start_http_server(settings.sink_metrics_port, registry=metrics.registry)
+            log.info("sink metrics port=%d", settings.sink_metrics_port)
+        sink = Sink(store, KafkaSource(settings, config.group_id), topics, config, metrics,
+                    after_insert=after_insert)
+        if install_signals:
+            on_signals(sink.stop)
+        sink.run()
+    finally:
+        if http is not None:
+            http.shutdown()
+        if service is not None:
+            service.stop()
+        store.close()
+    return metrics
+
+
+def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -> Any:
+    """Start the query endpoint of the embedded store this process owns."""
+    from exporters.clickhouse.service import QueryService, endpoint_path
+
+    return QueryService(settings.store_path, settings.clickhouse_database, port=port,
+                        allow_writes=allow_writes,
+                        endpoint_file=endpoint_path(settings.store_path)).start()
+
+
+def on_signals(stop: Callable[[], Any]) -> None:
+    """SIGTERM and SIGINT call ``stop`` (the loop then flushes, commits and closes)."""
+
+    def handler(signum: int, frame: Any) -> None:
+        log.info("signal received signal=%s: stopping", signal.Signals(signum).name)
+        stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

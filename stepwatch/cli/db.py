@@ -1,0 +1,153 @@
+"""``stepwatch db``: the historical store (ClickHouse / embedded chdb).
+
+``db migrate`` applies the schema, ``db status`` shows it, ``db sink`` runs the
+Kafka -> ClickHouse sink, ``db serve`` owns an embedded store and serves its
+query endpoint for readers when no sink runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def add_store_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("store")
+    g.add_argument("--clickhouse-url", help="ClickHouse server, http(s)://host:port (env "
+                   "STEPWATCH_CLICKHOUSE_URL); empty: the embedded store at --store-path")
+    g.add_argument("--clickhouse-user", help="server user (env STEPWATCH_CLICKHOUSE_USER); the "
+                   "password comes from STEPWATCH_CLICKHOUSE_PASSWORD")
+    g.add_argument("--database", dest="clickhouse_database", help="database name (default stepwatch)")
+    g.add_argument("--store-path", help="embedded store directory (default var/chdb)")
+
+
+def store_settings(args: argparse.Namespace, **more: Any) -> Settings:
+    names = ("clickhouse_url", "clickhouse_user", "clickhouse_database", "store_path")
+    return settings_from_args(args, **{n: getattr(args, n, None) for n in names}, **more)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "db", help="the historical store: migrate, status, sink, serve",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="db_command", metavar="ACTION")
+
+    p = sub.add_parser("migrate", help="apply pending schema migrations (idempotent)")
+    add_store_flags(p)
+    p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows (env STEPWATCH_STORE_RAW_TTL_DAYS)")
+    p.set_defaults(func=run_migrate)
+
+    p = sub.add_parser("status", help="migrations, tables, rows and bytes on disk")
+    add_store_flags(p)
+    p.set_defaults(func=run_status)
+
+    p = sub.add_parser(
+        "sink", help="consume the telemetry topics into the store",
+        description="Kafka -> ClickHouse: batches per partition, inserts with deduplication "
+        "tokens, commits offsets after the insert, dead-letters bad rows. Applies migrations "
+        "at start; with the embedded store it also serves the query endpoint. SIGTERM: "
+        "flush, commit, close.")
+    add_kafka_flags(p)
+    add_store_flags(p)
+    p.add_argument("--group", default="stepwatch-store", help="consumer group (default stepwatch-store)")
+    p.add_argument("--batch-messages", type=int, default=5000, help="records per partition batch")
+    p.add_argument("--batch-seconds", type=float, default=1.0, help="longest a record waits")
+    p.add_argument("--metrics-port", type=int, help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, "
+                   "default 9467; 0 disables)")
+    p.add_argument("--no-serve", action="store_true", help="do not serve the query endpoint")
+    p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows")
+    p.set_defaults(func=run_sink)
+
+    p = sub.add_parser("serve", help="own the embedded store and serve its query endpoint")
+    add_store_flags(p)
+    p.add_argument("--port", type=int, default=0, help="loopback port (default: any free port)")
+    p.add_argument("--allow-writes", action="store_true", help="accept writes through the endpoint")
+    p.set_defaults(func=run_serve)
+    parser.set_defaults(func=lambda args: parser.print_help() or 2)
+
+
+def run_migrate(args: argparse.Namespace) -> int:
+    from exporters.clickhouse.access import open_writer
+    from exporters.clickhouse.migrations import Migrator
+
+    settings = store_settings(args, store_raw_ttl_days=args.raw_ttl_days)
+    store = open_writer(settings)
+    try:
+        applied = Migrator(store, settings.store_raw_ttl_days).migrate()
+    finally:
+        store.close()
+    names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "nothing to do"
+    print(f"migrations applied: {names}")
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from exporters.clickhouse.access import live_endpoint, open_reader
+    from exporters.clickhouse.migrations import Migrator
+    from exporters.clickhouse.output import render
+
+    settings = store_settings(args)
+    owner = live_endpoint(settings)
+    store = open_reader(settings)
+    try:
+        target = settings.clickhouse_url or settings.store_path
+        print(f"store: {store.backend} {target} database={settings.clickhouse_database}")
+        if owner is not None:
+            print(f"owner: pid {owner.pid}, endpoint {owner.url}")
+        for status in Migrator(store).status():
+            state = "applied" if status.applied else "PENDING"
+            changed = "" if status.checksum_ok else " (file changed since applied)"
+            print(f"  {status.version:04d}_{status.name}: {state}{changed}")
+        result = store.query(
+            "SELECT table, sum(rows) AS rows, sum(bytes_on_disk) AS bytes_on_disk, count() AS parts "
+            "FROM system.parts WHERE active AND database = currentDatabase() "
+            "GROUP BY table ORDER BY table")
+        sys.stdout.write(render(result))
+    finally:
+        store.close()
+    return 0
+
+
+def run_sink(args: argparse.Namespace) -> int:
+    from exporters.clickhouse.runner import run_sink as run
+    from exporters.clickhouse.sink import SinkConfig
+
+    settings = store_settings(args, sink_metrics_port=args.metrics_port,
+                              store_raw_ttl_days=args.raw_ttl_days)
+    config = SinkConfig(group_id=args.group, batch_messages=args.batch_messages,
+                        batch_seconds=args.batch_seconds)
+    run(settings, config, serve=not args.no_serve)
+    return 0
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    import threading
+
+    from exporters.clickhouse.access import open_writer
+    from exporters.clickhouse.migrations import Migrator
+    from exporters.clickhouse.runner import on_signals, serve_store
+    from stepwatch.errors import ConfigError
+
+    settings = store_settings(args)
+    if settings.clickhouse_url:
+        raise ConfigError("db serve is for the embedded store; a server serves itself")
+    store = open_writer(settings)
+    try:
+        Migrator(store, settings.store_raw_ttl_days).migrate()
+        service = serve_store(settings, port=args.port, allow_writes=args.allow_writes)
+        print(f"serving {settings.store_path} at {service.url} (endpoint file "
+              f"{service.endpoint_file}); Ctrl-C or SIGTERM stops", flush=True)
+        done = threading.Event()
+        on_signals(done.set)
+        done.wait()
+        service.stop()
+    finally:
+        store.close()
+    return 0

@@ -1,0 +1,46 @@
+"""``stepwatch sql``: run SQL over the historical store.
+
+With the embedded store, the query goes through the owner's endpoint when a
+sink (or ``db serve``) runs, or opens the store itself (read-only) when none
+does. Placeholders ``{name:Type}`` are bound from ``-p name=value``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from stepwatch.cli.db import add_store_flags, store_settings
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "sql", help="run SQL over past runs (table, CSV or JSON output)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='example: stepwatch sql "SELECT job_id, count() FROM step_events GROUP BY job_id"')
+    parser.add_argument("query", nargs="?", help="the SQL; '-' or omitted: read it from stdin")
+    parser.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "jsonl"),
+                        help="output format (default table)")
+    parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
+                        help="value for a {NAME:Type} placeholder (repeatable)")
+    add_store_flags(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from exporters.clickhouse.access import open_reader
+    from exporters.clickhouse.output import render
+    from stepwatch.cli.common import parse_kv
+    from stepwatch.errors import ConfigError
+
+    sql = args.query if args.query not in (None, "-") else sys.stdin.read()
+    if not sql.strip():
+        raise ConfigError("no SQL given")
+    store = open_reader(store_settings(args))
+    try:
+        result = store.query(sql, parse_kv(args.param) or None)
+    finally:
+        store.close()
+    sys.stdout.write(render(result, args.format))
+    return 0
