@@ -79,8 +79,9 @@ class Engine:
             job = self.jobs[job_id]
             try:
                 out.extend(job.tick(now))
-                if self._expired(job, now):
-                    out.extend(job.finish(now))
+                why = self._expired(job, now)
+                if why:
+                    out.extend(job.finish(now, why))
                     del self.jobs[job_id]
                     self.counts["jobs_evicted"] += 1
             except Exception as err:
@@ -126,15 +127,18 @@ class Engine:
         job = self.jobs.get(job_id)
         out: list[DetectionMessage] = []
         if job is not None and job.world_size != world:
-            if job.ended_at is None and all(r.world_size != job.world_size for r in records):
-                log.info("job resized job_id=%s from=%s to=%s", job_id, job.world_size, world)
-            out.extend(job.finish(ts))
+            if job.ended_at is None and records[0].start < job.last_progress:
+                self.counts["records_wrong_world_size"] += len(records)
+                return []  # stray records of another size: not a new incarnation
+            log.info("job resized job_id=%s from=%s to=%s", job_id, job.world_size, world)
+            out.extend(job.finish(ts, f"job restarted with {world} ranks"))
             job = None
         if job is None:
             job = self.jobs[job_id] = Job(job_id, world, self.cfg, self.causes)
         if any(r.world_size != world for r in records):
-            records = [r for r in records if r.world_size == world]
-            self.counts["records_wrong_world_size"] += 1
+            kept = [r for r in records if r.world_size == world]
+            self.counts["records_wrong_world_size"] += len(records) - len(kept)
+            records = kept
         out.extend(job.add_records(records, ts))
         return out
 
@@ -180,7 +184,10 @@ class Engine:
             win = self.windows[host] = HostWindow(host, self.cfg.host_samples)
         return win
 
-    def _expired(self, job: Job, now: float) -> bool:
+    def _expired(self, job: Job, now: float) -> str:
+        """Why the job can be forgotten now ("" while it must be kept)."""
         if job.ended_at is not None:
-            return now - job.ended_at > self.cfg.job_end_grace_seconds
-        return job.last_seen > 0 and now - job.last_seen > self.cfg.job_silence_seconds
+            return "job ended" if now - job.ended_at > self.cfg.job_end_grace_seconds else ""
+        if job.last_seen > 0 and now - job.last_seen > self.cfg.job_silence_seconds:
+            return "job silent"
+        return ""

@@ -296,9 +296,9 @@ class Job(Incidents):
         self._attr_cache[key] = (ts, attr)
         return attr
 
-    def finish(self, ts: float) -> list[DetectionMessage]:
+    def finish(self, ts: float, why: str = "job ended") -> list[DetectionMessage]:
         """Resolve whatever is still open (the job is being forgotten)."""
-        return self.book.resolve_all(ts, self.last_step, "job ended")
+        return self.book.resolve_all(ts, self.last_step, why)
 
     def _peak_flops(self) -> float | None:
         """Sum of the ranks' peak FLOP/s, once every rank's GPU model is known."""

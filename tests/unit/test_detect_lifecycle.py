@@ -91,3 +91,33 @@ def test_restart_from_a_checkpoint_counts_lost_progress() -> None:
     assert s.last_step == 29
     assert s.badput_seconds["restart"] == pytest.approx(30.0, abs=0.5)
     assert s.badput_seconds["lost_progress"] == pytest.approx(20 * 0.99, rel=0.1)
+
+
+def test_memory_stays_bounded_and_silent_jobs_are_forgotten() -> None:
+    job = Job(world=8, steps=40, slow={1: (10, 1.3)})
+    messages = job.messages()
+    for m in messages:  # rank 0 never reports: every step waits, the pending steps are capped
+        m.steps[:] = [r for r in m.steps if r.rank != 0]
+    cfg = DetectConfig(max_pending_steps=8, job_silence_seconds=300.0, hang_min_seconds=1e6)
+    engine = Engine(cfg)
+    for m in messages:
+        engine.process(m)
+        assert engine.jobs[job.job_id].assembler.pending_steps <= cfg.max_pending_steps + 1
+    found = drive(engine, [], until=engine.now + 301)
+    assert engine.stats() == [] and engine.jobs == {}
+    assert all(d.state == "resolved" for d in found)
+
+
+def test_a_job_restarted_with_another_world_size_starts_afresh() -> None:
+    import msgspec
+
+    first = Job(world=16, steps=30).messages()
+    later = max(r.end for m in first for r in m.steps) + 60
+    second = Job(world=8, steps=30).messages()
+    second = [msgspec.structs.replace(m, ts=m.ts + later - T0, steps=[
+        msgspec.structs.replace(r, start=r.start + later - T0, end=r.end + later - T0)
+        for r in m.steps]) for m in second]
+    engine = Engine(DetectConfig(hang_min_seconds=1e6))
+    drive(engine, [*first, *second])
+    (s,) = engine.stats()
+    assert s.world_size == 8 and s.last_step == 29
