@@ -180,3 +180,50 @@ def send_rank_traffic(path: str) -> set[tuple[str, int, int]]:
         event = RankEvent(type=EventType.CHECKPOINT_SAVE, ts=time.time(), job_id=JOB, rank=0)
         sock.sendto(encode_datagram(event), path)
     return sent
+
+
+@pytest.mark.timeout(60)
+def test_broker_command_serves_until_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    out = tmp_path / "broker.out"
+    with open(out, "wb") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "stepwatch.cli", "broker", "--port", str(port),
+                                 "--create-topics", "--partitions", "2"],
+                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(out, f"export STEPWATCH_BOOTSTRAP_SERVERS=127.0.0.1:{port}", proc)
+        settings = Settings.load(env={}, bootstrap_servers=f"127.0.0.1:{port}")
+        from confluent_kafka.admin import AdminClient
+
+        meta = AdminClient({"bootstrap.servers": settings.bootstrap_servers}).list_topics(timeout=10)
+        assert len(meta.topics[Topics().steps].partitions) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    with socket.socket() as probe:
+        assert probe.connect_ex(("127.0.0.1", port)) != 0  # the broker went with it
+
+
+@pytest.mark.timeout(60)
+def test_agent_with_dev_broker_starts_and_stops_cleanly(tmp_path: Path) -> None:
+    log_path = tmp_path / "agent.log"
+    cmd = [sys.executable, "-m", "stepwatch.cli", "agent", "--dev-broker", "--collectors", "steps",
+           "--socket", str(tmp_path / "a.sock"), "--spool-dir", str(tmp_path / "spool"),
+           "--tick", "0.2", "--metrics-port", "0"]
+    env = {k: v for k, v in os.environ.items() if k != "STEPWATCH_BOOTSTRAP_SERVERS"}
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**env, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(log_path, "kafka ready", proc)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log_path.read_text()
+    assert "development broker started" in text and "broker stopped" in text
+    assert not (tmp_path / "a.sock").exists()
