@@ -106,7 +106,8 @@ class Planner:
                 continue
             limit = plan[0] if plan is not None else None
             before = self._count(state, limit)
-            age = self.clock() - (state.since or self.clock())
+            now = self.clock()
+            age = now - (now if state.since is None else state.since)
             if before >= self.batch_messages:
                 n = self.batch_messages
             elif before and (force or limit is not None or age >= self.batch_seconds):

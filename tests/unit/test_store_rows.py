@@ -1,0 +1,176 @@
+"""Rows, column checks and counter rates of the historical store (no store needed)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from exporters.clickhouse import rows as R
+from exporters.clickhouse.prepare import Preparer, Record
+from exporters.clickhouse.rates import PORT_COUNTERS, CounterTracker
+from stepwatch.contract import (
+    EventMessage,
+    EventType,
+    GpuMessage,
+    GpuReading,
+    Phases,
+    PortMessage,
+    PortReading,
+    StepMessage,
+    StepRecord,
+    encode,
+)
+from stepwatch.contract.counters import WRAP_32
+
+NOW = 1767225600.0
+
+
+def step_msg(seq: int = 0, ranks: range = range(4), **rec: object) -> StepMessage:
+    steps = [
+        StepRecord(job_id="j", rank=r, world_size=8, step=seq, start=NOW + seq, end=NOW + seq + 1.0,
+                   local_rank=r, phases=Phases(data=0.1, forward=0.3, backward=0.4, optimizer=0.05,
+                                               comm_wait=0.15), **rec)  # type: ignore[arg-type]
+        for r in ranks
+    ]
+    return StepMessage(host="h1", ts=NOW + seq + 1, inst="i1", seq=seq, job_id="j", steps=steps)
+
+
+def record(message: object, offset: int = 0, topic: str = "t.steps") -> Record:
+    value = message if isinstance(message, bytes) else encode(message)  # type: ignore[arg-type]
+    return Record(topic, 0, offset, value, b"j")
+
+
+def test_step_row_maps_phases_compute_and_gpu_default():
+    msg = step_msg(ranks=range(1))
+    row = dict(zip(R.STEPS.names, R.step_row(msg, msg.steps[0]), strict=True))
+    assert row["compute_s"] == pytest.approx(0.75)
+    assert row["duration_s"] == pytest.approx(1.0)
+    assert row["gpu"] == 0 and row["host"] == "h1" and row["seq"] == 0 and row["inst"] == "i1"
+    assert R.STEPS.check(tuple(row.values())) is None
+
+
+def test_nan_loss_is_written_as_a_string_clickhouse_reads():
+    msg = step_msg(ranks=range(1), loss=float("nan"))
+    row = dict(zip(R.STEPS.names, R.step_row(msg, msg.steps[0]), strict=True))
+    assert row["loss"] == "nan"
+    assert R.f64(float("-inf")) == "-inf" and R.f64(1.5) == 1.5 and R.f64(None) is None
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "expected"),
+    [
+        ("rank", 2**32, "overflows UInt32"),
+        ("gpu", 70000, "overflows UInt16"),
+        ("duration_s", 1e39, "overflows Float32"),
+        ("duration_s", float("inf"), "not finite"),
+        ("start_ts", -5.0, "timestamp"),
+        ("seq", -1, "overflows UInt64"),
+    ],
+)
+def test_check_rejects_values_that_do_not_fit_their_column(column, value, expected):
+    msg = step_msg(ranks=range(1))
+    row = list(R.step_row(msg, msg.steps[0]))
+    row[R.STEPS.names.index(column)] = value
+    problem = R.STEPS.check(tuple(row))
+    assert problem is not None and expected in problem and column in problem
+
+
+def test_check_rows_finds_the_bad_rows_among_good_ones():
+    msg = step_msg(ranks=range(5))
+    rows = [R.step_row(msg, s) for s in msg.steps]
+    bad = list(rows[3])
+    bad[R.STEPS.names.index("phases_extra")] = {"zero_grad": 5e38}
+    rows[3] = tuple(bad)
+    found = R.STEPS.check_rows(rows)
+    assert list(found) == [3] and "phases_extra" in found[3]
+
+
+def test_gpu_and_port_tables_cover_every_contract_field():
+    gpu_fields = set(GpuReading.__struct_fields__) - {"index"}
+    port_fields = set(PortReading.__struct_fields__) - {"device", "port"}
+    assert gpu_fields <= set(R.GPUS.names)
+    assert port_fields <= set(R.PORTS.names)
+    assert len(PORT_COUNTERS) >= 20 and all(c + "" in R.PORTS.names for c in PORT_COUNTERS)
+
+
+# --------------------------------------------------------------------------- rates
+def test_tracker_rates_resets_wraps_gaps_and_out_of_order():
+    t = CounterTracker(1)
+    assert not t.update(("h",), 100.0, [1000]).known  # first reading: unknown
+    change = t.update(("h",), 102.0, [1400])
+    assert change.deltas == (400,) and change.rates() == (200.0,)
+    assert t.update(("h",), 103.0, [50]).deltas == (50,)  # reset: the counter restarted from 0
+    t.update(("h",), 104.0, [WRAP_32 - 10])
+    assert t.update(("h",), 105.0, [5]).deltas == (15,)  # 32-bit wrap
+    assert not t.update(("h",), 104.5, [9]).known  # out of order: no change
+    assert not t.update(("h",), 105.0 + 301, [100]).known  # more than 5 minutes apart
+
+
+def test_tracker_seed_is_used_only_for_unseen_keys():
+    from exporters.clickhouse.rates import Reading
+
+    t = CounterTracker(1)
+    assert t.needs_seed(("a",))
+    t.seed(("a",), Reading(10.0, (100,)))
+    assert not t.needs_seed(("a",))
+    assert t.update(("a",), 11.0, [150]).deltas == (50,)
+    t.seed(("b",), None)
+    assert not t.needs_seed(("b",)) and ("b",) not in t
+
+
+# --------------------------------------------------------------------------- preparer
+def port_msg(seq: int, xmit: int, downed: int = 0) -> PortMessage:
+    return PortMessage(host="h1", ts=NOW + seq, inst="i1", seq=seq, ports=[
+        PortReading(device="mlx5_0", port=1, state="ACTIVE", xmit_bytes_total=xmit,
+                    link_downed_total=downed)])
+
+
+def test_preparer_computes_port_rates_between_batches():
+    prep = Preparer()
+    first = prep.prepare([record(port_msg(0, 1000), 0, "t.ports")])
+    second = prep.prepare([record(port_msg(1, 5000, downed=1), 1, "t.ports")])
+    names = R.PORTS.names
+    row0 = dict(zip(names, first.tables["port_samples"].rows[0], strict=True))
+    row1 = dict(zip(names, second.tables["port_samples"].rows[0], strict=True))
+    assert row0["ver"] == 0 and row0["xmit_bytes_per_s"] is None
+    assert row1["ver"] == 1 and row1["dt_s"] == pytest.approx(1.0)
+    assert row1["xmit_bytes_per_s"] == pytest.approx(4000.0)
+    assert row1["link_downed_per_s"] == pytest.approx(1.0)
+
+
+def test_preparer_dead_letters_bad_records_with_their_reason():
+    good = step_msg(0)
+    future = encode(step_msg(1)).replace(b'"v":1', b'"v":2')
+    overflow = step_msg(2, ranks=range(1), samples=2**64)
+    wrong_type = encode(step_msg(3)).replace(b'"world_size":8', b'"world_size":"eight"')
+    absurd = step_msg(4, ranks=range(1))
+    absurd = msgspec.structs.replace(absurd, ts=NOW * 10)  # far in the future
+    records = [record(good, 0), record(future, 1), record(b"{not json", 2), record(overflow, 3),
+               record(wrong_type, 4), record(absurd, 5), Record("t.steps", 0, 6, None)]
+    out = Preparer(now=lambda: NOW + 100).prepare(records)
+    assert len(out.tables["step_events"].rows) == 4
+    reasons = {row[3]: row[5] for row in out.dead}  # offset -> reason
+    assert reasons == {1: "unsupported_version", 2: "malformed_json", 3: "overflow", 4: "schema",
+                       5: "absurd_value", 6: "malformed_json"}
+    by_offset = {row[3]: row for row in out.dead}
+    assert by_offset[1][8:12] == ("step", "h1", "i1", 1)  # header read leniently
+    assert "samples" in by_offset[3][6] and by_offset[3][7].startswith("{")
+
+
+def test_preparer_drops_a_message_seen_before():
+    prep = Preparer()
+    first = prep.prepare([record(step_msg(0), 0)])
+    again = prep.prepare([record(step_msg(0), 1), record(step_msg(1), 2)])
+    assert len(first.tables["step_events"].rows) == 4
+    assert again.duplicates == 1 and len(again.tables["step_events"].rows) == 4
+
+
+def test_event_and_gpu_rows_fit_their_tables():
+    ev = EventMessage(host="h1", ts=NOW, inst="i", seq=0, type=EventType.XID, gpu=3, code=79,
+                      attrs={"pci": "0000:9A:00.0", "fatal": True})
+    gm = GpuMessage(host="h1", ts=NOW, inst="i", seq=0, gpus=[GpuReading(index=0, ecc_sbe_total=3)])
+    out = Preparer().prepare([record(ev, 0, "t.events"), record(gm, 0, "t.gpu")])
+    assert not out.dead
+    event = dict(zip(R.EVENTS.names, out.tables["events"].rows[0], strict=True))
+    assert event["attrs"] == {"pci": "0000:9A:00.0", "fatal": "true"} and event["type"] == "xid"
+    assert len(out.tables["gpu_samples"].rows[0]) == len(R.GPUS.columns)
