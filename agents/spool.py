@@ -41,8 +41,8 @@ _HEAD = struct.Struct("<II")  # body length, crc32(body)
 _LENS = struct.Struct("<HH")  # topic length, key length
 MAX_BODY = 16 * 1024 * 1024
 READ_CHUNK = 1024 * 1024
-TAIL_MAX_RECORDS = 200_000
-TAIL_MAX_BYTES = 64 * 1024 * 1024
+TAIL_MAX_RECORDS = 20_000  # bounded: during an outage nobody reads it
+TAIL_MAX_BYTES = 8 * 1024 * 1024
 SUFFIX = ".seg"
 ACK_FILE = "ack"
 
