@@ -179,3 +179,13 @@ def test_read_only_directory_is_a_spool_error(tmp_path: Path) -> None:
             Spool(tmp_path / "spool", 2**20)
     finally:
         tmp_path.chmod(0o700)
+
+
+def test_memory_tail_is_bounded_and_disk_takes_over(tmp_path: Path) -> None:
+    from agents import spool as spool_module
+
+    spool = Spool(tmp_path, 64 * 2**20)
+    for i in range(0, spool_module.TAIL_MAX_RECORDS + 500, 500):  # nobody reads: an outage
+        spool.append(recs(i, 500))
+    assert len(spool._tail) < spool_module.TAIL_MAX_RECORDS
+    assert drain(spool) == list(range(spool_module.TAIL_MAX_RECORDS + 500))
