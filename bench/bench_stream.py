@@ -1,0 +1,250 @@
+"""Benchmark the stream worker: records per second per core through the real path.
+
+Pre-loads the four telemetry topics with simulator messages (several jobs,
+8 GPUs and 8 NICs a node: a step message carries 8 step records, a GPU
+message 8 GPU readings, a port message 8 port readings), then in one run:
+
+1. **raw consume** (baseline): a bare confluent-kafka consumer assigned to
+   every partition reads the same messages; CPU of this process.
+2. **raw consume + decode**: the same, plus ``stepwatch.contract.decode``.
+3. **processor only**: decode + dedup + detection core + metrics in-process,
+   no Kafka (``StreamProcessor.process_batch``): the worker's Python floor.
+4. **worker**: ``stepwatch stream`` as a subprocess (Faust, aiokafka, the lean
+   consumer, the engine, metrics) drains the topics; its CPU time comes from
+   ``/proc/<pid>/stat`` (all threads) between the first and the last scrape of
+   its ``/metrics`` while it drains.
+
+An *event* is one record: a step record, a GPU reading, a port reading or a
+discrete event. Kafka messages/s are printed too. Rates are per CPU-second
+(= per core); the ratio compares the worker with the raw consume.
+Goal: >= 100k events/s per worker core.
+
+Run: ``python bench/bench_stream.py`` (``--jobs 4 --steps 150`` for a quick look).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Row:
+    name: str
+    messages: int
+    events: int
+    cpu: float
+    wall: float
+
+    def line(self, base: Row | None) -> str:
+        ratio = f"{self.events / self.cpu / (base.events / base.cpu):6.3f}" if base else "     -"
+        return (f"{self.name:<26} {self.messages:>9} {self.events:>10} {self.cpu:8.2f} "
+                f"{self.wall:8.2f} {self.messages / self.cpu:>12,.0f} "
+                f"{self.events / self.cpu:>12,.0f} {ratio}")
+
+
+def build(jobs: int, nodes: int, steps: int) -> list:
+    from stepwatch.sim import Fault, FaultKind, Scenario, simulate
+
+    start = time.time() - steps * 1.2 - 30
+    scenarios = [
+        Scenario(seed=i + 1, job_id=f"bench-{i}", nodes=nodes, gpus_per_node=8,
+                 nics_per_node=8, steps=steps, step_seconds=1.0, start_ts=start,
+                 hosts=tuple(f"b{i:02d}n{n:03d}" for n in range(nodes)),
+                 faults=(Fault(kind=FaultKind.SLOW_GPU, rank=3, start_step=steps // 3,
+                               severity=0.15),))
+        for i in range(jobs)
+    ]
+    return list(simulate(*scenarios))
+
+
+def records_in(message: object) -> int:
+    for attr in ("steps", "gpus", "ports"):
+        if hasattr(message, attr):
+            return len(getattr(message, attr))
+    return 1
+
+
+def preload(settings: object, messages: list) -> list[tuple[str, bytes, bytes]]:
+    from confluent_kafka import Producer
+
+    from stepwatch.contract import KIND_OF, Topics, encode, message_key
+    from stepwatch.kafka import ensure_topics, producer_config
+
+    ensure_topics(settings)  # type: ignore[arg-type]
+    topics = Topics(settings.topic_prefix)  # type: ignore[attr-defined]
+    producer = Producer(producer_config(settings))  # type: ignore[arg-type]
+    wire = []
+    for i, m in enumerate(messages):
+        item = (topics.for_kind(KIND_OF[type(m)]), message_key(m), encode(m))
+        wire.append(item)
+        producer.produce(item[0], item[2], key=item[1])
+        if i % 5000 == 0:
+            producer.poll(0)
+    if producer.flush(60):
+        raise SystemExit("bench: messages not delivered to the broker")
+    return wire
+
+
+def raw_consume(settings: object, total: int, decode: bool) -> Row:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from stepwatch.contract import Topics
+    from stepwatch.contract import decode as decode_message
+
+    topics = Topics(settings.topic_prefix)  # type: ignore[attr-defined]
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,  # type: ignore[attr-defined]
+                         "group.id": f"bench-raw-{time.time()}", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(t, p, 0) for t in topics.telemetry()
+                     for p in range(settings.partitions)])  # type: ignore[attr-defined]
+    n = events = 0
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    while n < total:
+        for msg in consumer.consume(num_messages=10000, timeout=1.0):
+            if msg.error():
+                continue
+            n += 1
+            if decode:
+                events += records_in(decode_message(msg.value() or b""))
+    row = Row("raw consume + decode" if decode else "raw consume (baseline)", n, events,
+              time.process_time() - cpu0, time.perf_counter() - wall0)
+    consumer.close()
+    return row
+
+
+def processor_only(settings: object, wire: list[tuple[str, bytes, bytes]], events: int) -> Row:
+    from stepwatch.contract import Topics
+    from streams.app import default_engine_factory
+    from streams.worker import RawRecord, Record, StreamProcessor
+
+    proc = StreamProcessor(Topics(settings.topic_prefix),  # type: ignore[attr-defined]
+                           default_engine_factory(settings))  # type: ignore[arg-type]
+    recs: list[RawRecord] = [Record(t, hash(k) % 8, i, k, v) for i, (t, k, v) in enumerate(wire)]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for i in range(0, len(recs), 2000):
+        proc.process_batch(recs[i:i + 2000])
+    return Row("processor only (no Kafka)", len(recs), events,
+               time.process_time() - cpu0, time.perf_counter() - wall0)
+
+
+def scrape(port: int) -> dict[str, float]:
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read()
+    except OSError:
+        return {}
+    out: dict[str, float] = {}
+    for line in text.decode().splitlines():
+        m = re.match(r"(stepwatch_stream_(?:messages|events)_total)\{[^}]*\} (\S+)", line)
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+def cpu_of(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def worker(settings: object, total: int, workdir: str, extra: list[str]) -> Row:
+    from stepwatch.broker import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "stepwatch.cli", "--log-level", "WARNING", "stream",
+           "--bootstrap-servers", settings.bootstrap_servers,  # type: ignore[attr-defined]
+           "--topic-prefix", settings.topic_prefix,  # type: ignore[attr-defined]
+           "--partitions", str(settings.partitions),  # type: ignore[attr-defined]
+           "--metrics-port", str(port), "--data-dir", os.path.join(workdir, "stream"),
+           "--app-id", f"bench-{time.time()}", "--session-timeout", "6", *extra]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=open(os.path.join(workdir, "worker.log"), "wb"))  # noqa: SIM115
+    try:
+        first = last = None
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            m = scrape(port)
+            msgs = m.get("stepwatch_stream_messages_total", 0)
+            point = (msgs, m.get("stepwatch_stream_events_total", 0), cpu_of(proc.pid),
+                     time.perf_counter())
+            if msgs > 0 and first is None:
+                first = point
+            if msgs >= total:
+                last = point
+                break
+            time.sleep(0.1)
+        if first is None or last is None:
+            raise SystemExit(f"bench: worker did not drain the topics (see {workdir}/worker.log)")
+        return Row("worker (stepwatch stream)", int(last[0] - first[0]), int(last[1] - first[1]),
+                   last[2] - first[2], last[3] - first[3])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--jobs", type=int, default=8)
+    ap.add_argument("--nodes", type=int, default=8, help="nodes per job (8 GPUs each)")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--bootstrap-servers", default="", help="default: a development broker")
+    ap.add_argument("--stock-consumer", action="store_true",
+                    help="run the worker with Faust's stock consumer loop")
+    args = ap.parse_args()
+
+    from stepwatch.broker import DevBroker
+    from stepwatch.settings import Settings
+
+    broker = None if args.bootstrap_servers else DevBroker().start()
+    try:
+        bootstrap = args.bootstrap_servers or (broker.bootstrap if broker else "")
+        settings = Settings.load(env={}, bootstrap_servers=bootstrap,
+                                 topic_prefix=f"bench{int(time.time())}",
+                                 partitions=args.partitions)
+        t0 = time.perf_counter()
+        messages = build(args.jobs, args.nodes, args.steps)
+        events = sum(records_in(m) for m in messages)
+        kinds = Counter(type(m).__name__ for m in messages)
+        print(f"simulated {len(messages)} messages, {events} events in "
+              f"{time.perf_counter() - t0:.1f} s: {dict(kinds)}")
+        wire = preload(settings, messages)
+        print(f"pre-loaded {len(wire)} messages into {settings.partitions} partitions x 4 topics")
+        with tempfile.TemporaryDirectory(prefix="bench-stream-") as workdir:
+            base = raw_consume(settings, len(wire), decode=False)
+            base.events = events
+            rows = [base, raw_consume(settings, len(wire), decode=True),
+                    processor_only(settings, wire, events),
+                    worker(settings, len(wire), workdir,
+                           ["--stock-consumer"] if args.stock_consumer else [])]
+        print(f"\n{'path':<26} {'messages':>9} {'events':>10} {'cpu_s':>8} {'wall_s':>8} "
+              f"{'msgs/cpu-s':>12} {'events/cpu-s':>12} {'ratio':>6}")
+        for row in rows:
+            print(row.line(None if row is base else base))
+        w = rows[-1]
+        print(f"\nworker: {w.events / w.cpu:,.0f} events/s per core "
+              f"({w.messages / w.cpu:,.0f} Kafka messages/s per core); goal 100,000 events/s; "
+              f"worker/raw-consume ratio {w.events / w.cpu / (base.events / base.cpu):.3f}")
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+if __name__ == "__main__":
+    main()

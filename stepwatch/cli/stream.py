@@ -1,0 +1,126 @@
+"""``stepwatch stream``: run a stream worker (Faust) that finds stragglers and hangs."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from typing import Any
+
+from stepwatch.cli.common import add_kafka_flags, settings_from_args
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """\
+Consume the telemetry topics (<prefix>.steps, .gpu, .ports, .events) in a Faust
+worker, run the detection core on every job of the partitions this worker owns,
+and publish detections to <prefix>.detections (key = job id), bad input to
+<prefix>.dlq, and Prometheus metrics on --metrics-port.
+
+Scale out by starting more workers with the same --app-id (the Kafka consumer
+group): they split the partitions; every job is analysed by exactly one worker.
+SIGTERM (or Ctrl-C) stops the worker cleanly: offsets committed, producer
+flushed, consumer closed. Open detections live in a Faust table, so a restarted
+worker resolves or continues them instead of opening them again.
+"""
+
+EPILOG = """\
+Kafka client settings are given as librdkafka keys (-X key=value or
+STEPWATCH_KAFKA__<KEY>) and mapped to the worker's aiokafka client:
+security.protocol, sasl.mechanism, sasl.username, sasl.password,
+sasl.kerberos.service.name, ssl.ca.location, ssl.certificate.location,
+ssl.key.location, ssl.key.password, ssl.endpoint.identification.algorithm,
+client.id, group.id, group.instance.id, session.timeout.ms,
+heartbeat.interval.ms, max.poll.interval.ms, request.timeout.ms,
+auto.offset.reset, max.partition.fetch.bytes, compression.type, linger.ms,
+acks, message.max.bytes. Other keys are ignored with a warning.
+See docs/streams.md.
+"""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("stream", help="run a stream worker: detections, DLQ, /metrics",
+                       description=DESCRIPTION, epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_kafka_flags(p)
+    p.add_argument("--dev-broker", action="store_true",
+                   help="start the embedded development broker when no bootstrap servers "
+                   "are configured (otherwise that is an error)")
+    g = p.add_argument_group("worker")
+    g.add_argument("--app-id", help="Faust app id = Kafka consumer group "
+                   "(default stepwatch-stream.<topic prefix>)")
+    g.add_argument("--worker-name", help="name in logs and dead letters (default host:pid)")
+    g.add_argument("--metrics-port", type=int, help="Prometheus /metrics port "
+                   "(env STEPWATCH_STREAM_METRICS_PORT, default 9466; 0 disables)")
+    g.add_argument("--web-port", type=int, default=0,
+                   help="Faust's own web server port (default 0: off)")
+    g.add_argument("--data-dir", help="Faust data directory "
+                   "(env STEPWATCH_STREAM_DATA_DIR, default var/stream)")
+    g.add_argument("--batch", type=int, default=2000,
+                   help="Kafka messages per processing batch (default 2000)")
+    g.add_argument("--batch-within", type=float, default=0.05,
+                   help="seconds to wait for a batch to fill (default 0.05)")
+    g.add_argument("--tick", type=float, default=1.0,
+                   help="seconds between hang checks and metric refreshes (default 1)")
+    g.add_argument("--standby-replicas", type=int, default=1,
+                   help="standby copies of the open-detections table (default 1)")
+    g.add_argument("--session-timeout", type=float,
+                   help="consumer-group session timeout in seconds (default 60; 6 with "
+                   "--dev-broker, which answers a group join after half of it)")
+    g.add_argument("--stock-consumer", action="store_true",
+                   help="use Faust's stock consumer loop instead of the leaner one")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from stepwatch.broker import DevBroker
+    from stepwatch.errors import ConfigError
+
+    settings = settings_from_args(args, stream_metrics_port=args.metrics_port,
+                                  stream_data_dir=args.data_dir)
+    broker: DevBroker | None = None
+    if not settings.bootstrap_servers:
+        if not args.dev_broker:
+            raise ConfigError("no Kafka bootstrap servers: give --bootstrap-servers or "
+                              "STEPWATCH_BOOTSTRAP_SERVERS, or --dev-broker for a local "
+                              "development broker")
+        broker = DevBroker().start()
+        settings = settings.replace(bootstrap_servers=broker.bootstrap)
+        if args.session_timeout is None:
+            args.session_timeout = 6.0
+        log.info("development broker started bootstrap=%s", broker.bootstrap)
+    try:
+        return _run_worker(args, settings)
+    finally:
+        if broker is not None:
+            broker.stop()
+
+
+def _run_worker(args: argparse.Namespace, settings: Any) -> int:
+    from faust.worker import Worker
+
+    from stepwatch.kafka import ensure_topics
+    from streams.app import StreamOptions, create_app
+    from streams.metrics import serve
+
+    ensure_topics(settings)
+    options = StreamOptions(
+        app_id=args.app_id or "", worker_name=args.worker_name or "",
+        data_dir=settings.stream_data_dir, web_port=args.web_port, batch_max=args.batch,
+        batch_within=args.batch_within, tick_seconds=args.tick,
+        standby_replicas=args.standby_replicas, lean_consumer=not args.stock_consumer,
+        session_timeout=args.session_timeout,
+    )
+    service = create_app(settings, options)
+    port = serve(service.metrics, settings.stream_metrics_port)
+    log.info("stream worker starting worker=%s group=%s bootstrap=%s metrics_port=%d",
+             service.worker, service.app.conf.id, settings.bootstrap_servers, port)
+    worker = Worker(service.app, loglevel=logging.getLevelName(logging.getLogger().level),
+                    quiet=True, redirect_stdouts=False, override_logging=False)
+    worker.spinner = None  # no terminal control codes in the logs
+    try:
+        worker.execute_from_commandline()
+    except SystemExit as done:
+        code = done.code
+        log.info("stream worker stopped worker=%s", service.worker)
+        return code if isinstance(code, int) else 0
+    return 0

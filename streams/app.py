@@ -1,0 +1,257 @@
+"""The Faust application: one agent over the four telemetry topics, one timer.
+
+Topology (docs/streams.md)::
+
+    <prefix>.steps ─┐
+    <prefix>.gpu   ─┤ one multi-topic channel, raw bytes,     ┌─► <prefix>.detections
+    <prefix>.ports ─┼─► agent "telemetry" (take_events batch) ─┤   (key = job id, same
+    <prefix>.events─┘   decode → dedup → Engine per partition  │    partition number)
+                              ▲                                ├─► <prefix>.dlq
+                        timer "tick" (1 s): hangs, metrics,    └─► table open-detections
+                        consumer lag                               (changelog, per partition)
+
+Everything of a job is in one partition number of every topic (keyed by job
+at the producer, topics co-partitioned): no repartitioning anywhere. Faust's
+assignor gives partition *n* of every input topic, and of the table's
+changelog, to the same worker.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from stepwatch.contract import Topics
+from stepwatch.logs import LogOnce
+from stepwatch.settings import Settings
+from streams.faust_config import faust_kafka
+from streams.ledger import Ledger
+from streams.metrics import StreamMetrics
+from streams.transport import LeanTransport, QuietMonitor, RawSchema
+from streams.worker import EngineFactory, Output, StreamProcessor
+
+log = logging.getLogger(__name__)
+LEDGER_TABLE = "open-detections"
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """Worker knobs that are not pipeline-wide :class:`Settings`."""
+
+    app_id: str = ""  # the consumer group; default "stepwatch-stream.<topic prefix>"
+    worker_name: str = ""  # in logs and dead letters; default host:pid
+    data_dir: str = "var/stream"
+    web_port: int = 0  # Faust's own web server; 0 keeps it off
+    batch_max: int = 2000  # Kafka messages per batch (take_events)
+    batch_within: float = 0.05  # seconds to wait for a batch to fill
+    tick_seconds: float = 1.0
+    standby_replicas: int = 1
+    grace_steps: int = 64  # inherited detections not re-confirmed within this are resolved
+    silence_seconds: float = 3600.0
+    lean_consumer: bool = True
+    session_timeout: float | None = None  # seconds; Faust's default is 60 (see _timeouts)
+
+    def resolved_app_id(self, settings: Settings) -> str:
+        return self.app_id or f"stepwatch-stream.{settings.topic_prefix}"
+
+    def resolved_worker(self) -> str:
+        return self.worker_name or f"{socket.gethostname()}:{os.getpid()}"
+
+
+class LedgerTable(faust.Table):
+    """The open-detections table; each key's changelog partition is its job's partition.
+
+    Faust would take the partition of the event being processed, which is not
+    defined in a batch mixing partitions nor in the timer; the ledger routes
+    every write explicitly instead.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.routes: dict[bytes, int] = {}
+
+    def route(self, key: bytes, partition: int) -> None:
+        self.routes[key] = partition
+
+    def partition_for_key(self, key: Any) -> int | None:
+        return self.routes.pop(key, None)
+
+
+class _StreamApp(faust.App):
+    lean_consumer = True
+
+    def _new_transport(self) -> Any:
+        if not self.lean_consumer:
+            return super()._new_transport()
+        return LeanTransport(self.conf.broker_consumer, self)
+
+
+@dataclass
+class StreamService:
+    """The app and the objects a caller may want to look at."""
+
+    app: faust.App
+    processor: StreamProcessor
+    metrics: StreamMetrics
+    table: LedgerTable
+    worker: str
+
+
+def default_engine_factory(settings: Settings) -> EngineFactory:
+    from streams.core import DetectConfig, Engine
+
+    config = DetectConfig.from_settings(settings)
+    return lambda: Engine(config)
+
+
+def create_app(
+    settings: Settings,
+    options: StreamOptions | None = None,
+    engine_factory: EngineFactory | None = None,
+    metrics: StreamMetrics | None = None,
+) -> StreamService:
+    """Build the Faust app for ``settings``; run it with a Faust ``Worker``."""
+    options = options or StreamOptions()
+    kafka = faust_kafka(settings.bootstrap_servers, settings.kafka_config)
+    if kafka.ignored:
+        log.warning("kafka settings not used by the stream worker keys=%s", ",".join(kafka.ignored))
+    app = _StreamApp(
+        kafka.group_id or options.resolved_app_id(settings),
+        broker=kafka.broker,
+        broker_credentials=kafka.credentials,
+        datadir=os.path.abspath(options.data_dir),
+        web_enabled=options.web_port > 0,
+        web_port=options.web_port or 6066,
+        web_bind="127.0.0.1",
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        table_standby_replicas=options.standby_replicas,
+        broker_max_poll_records=None,  # all buffered partitions per fetch: see EventTimeAligner
+        stream_buffer_maxsize=max(4096, 2 * options.batch_max),
+        **_lean(options),
+        **_timeouts(options, kafka.conf),
+        **kafka.conf,
+    )
+    app.lean_consumer = options.lean_consumer
+    worker = options.resolved_worker()
+    metrics = metrics or StreamMetrics()
+    table = LedgerTable(
+        app, name=LEDGER_TABLE, key_type=bytes, value_type=bytes,
+        partitions=settings.partitions, beacon=app.tables.beacon,
+        help="Open detections by id (stepwatch ledger)",
+    )
+    app.tables.add(table)
+    ledger = Ledger(table, table.route, options.grace_steps)
+    processor = StreamProcessor(Topics(settings.topic_prefix),
+                                engine_factory or default_engine_factory(settings),
+                                metrics, ledger, worker, silence_seconds=options.silence_seconds)
+    _wire(app, settings, options, processor, metrics, worker)
+    return StreamService(app, processor, metrics, table, worker)
+
+
+def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App
+    """Faust settings of the lean mode (streams.transport); none in stock mode."""
+    return {"Monitor": QuietMonitor} if options.lean_consumer else {}
+
+
+def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
+    """Consumer-group session timeout and a heartbeat to match.
+
+    Tansu (the dev broker) answers a JoinGroup only after half the session
+    timeout, where Kafka answers once all members have rejoined: a short
+    session keeps group joins and rebalances quick on the dev broker.
+    ``-X session.timeout.ms`` / ``heartbeat.interval.ms`` win over this.
+    """
+    if options.session_timeout is None:
+        return {}
+    out: dict[str, Any] = {}
+    if "broker_session_timeout" not in conf:
+        out["broker_session_timeout"] = options.session_timeout
+    if "broker_heartbeat_interval" not in conf:
+        out["broker_heartbeat_interval"] = max(0.1, min(3.0, options.session_timeout / 6))
+    return out
+
+
+def _wire(app: faust.App, settings: Settings, options: StreamOptions,
+          processor: StreamProcessor, metrics: StreamMetrics, worker: str) -> None:
+    topics = Topics(settings.topic_prefix)
+    telemetry = set(topics.telemetry())
+    channel = app.topic(*topics.telemetry(), schema=RawSchema(key_type=bytes, value_type=bytes),
+                        partitions=settings.partitions)
+    publisher = _Publisher(app, metrics)
+    state = {"ready": False}
+
+    async def consume(stream: Any) -> None:
+        async for events in stream.take_events(options.batch_max, within=options.batch_within):
+            try:
+                outputs = processor.process_batch([event.message for event in events])
+            except Exception as err:  # a bug here must not stop the partition
+                metrics.errors.labels("batch").inc()
+                publisher.log_once("batch", "batch failed size=%d error=%r", len(events), err)
+                continue
+            await publisher.publish(outputs)
+
+    app.agent(channel, name="telemetry")(consume)
+
+    async def tick() -> None:
+        if not state["ready"]:
+            return
+        await publisher.publish(processor.tick(time.time()))
+        metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
+
+    app.timer(options.tick_seconds, name="tick")(tick)
+
+    async def on_revoked(sender: Any, revoked: Iterable[TP], **_: Any) -> None:
+        state["ready"] = False
+        metrics.ready.set(0)
+
+    async def on_assigned(sender: Any, assigned: Iterable[TP], **_: Any) -> None:
+        parts = sorted({tp.partition for tp in assigned if tp.topic in telemetry})
+        processor.assign(parts)
+        log.info("partitions assigned worker=%s partitions=%s", worker, parts)
+
+    async def on_rebalance_complete(sender: Any, **_: Any) -> None:
+        processor.activate()
+        processor.refresh_snapshot()
+        state["ready"] = True
+        metrics.ready.set(1)
+        log.info("stream ready worker=%s partitions=%s", worker, sorted(processor.assigned))
+
+    app.on_partitions_revoked.connect(on_revoked)  # type: ignore[arg-type]
+    app.on_partitions_assigned.connect(on_assigned)  # type: ignore[arg-type]
+    app.on_rebalance_complete.connect(on_rebalance_complete)  # type: ignore[arg-type]
+
+
+def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
+    try:
+        value = app.consumer.highwater(TP(topic, partition))
+    except Exception:
+        return None
+    return None if value is None else int(value)
+
+
+class _Publisher:
+    """Produce outputs; a failed send is counted and logged once, never raised."""
+
+    def __init__(self, app: faust.App, metrics: StreamMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.log_once = LogOnce(log)
+
+    async def publish(self, outputs: list[Output]) -> None:
+        for out in outputs:
+            try:
+                await self.app.producer.send(out.topic, out.key, out.value, out.partition,
+                                             None, None)
+            except Exception as err:
+                self.metrics.errors.labels("produce").inc()
+                self.log_once(f"produce:{type(err).__name__}", "produce failed topic=%s "
+                              "error=%r", out.topic, err)

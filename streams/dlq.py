@@ -1,0 +1,117 @@
+"""Validation outcome of one input record, and the dead-letter record for a bad one.
+
+A Kafka record the worker cannot use goes to ``<prefix>.dlq`` with the reason,
+the decoder's detail, where it came from (topic, partition, offset, key) and
+the original payload, so that nothing is lost silently and the sender can be
+found. The payload is kept as UTF-8 text when it is valid UTF-8, else base64;
+payloads above ``MAX_PAYLOAD_BYTES`` are truncated (``payload_truncated``).
+
+Reasons are the contract's (``malformed_json``, ``schema``, ``unknown_kind``,
+``unsupported_version``, ``absurd_value``) plus the worker's own:
+``wrong_topic`` (a valid message of another kind, e.g. a GPU sample on the
+steps topic, or a detection on an input topic) and ``processing_error`` (the
+detection core raised on a valid message; the worker carries on).
+"""
+
+from __future__ import annotations
+
+import base64
+import enum
+import time
+
+import msgspec
+
+from stepwatch.errors import ContractError
+
+MAX_PAYLOAD_BYTES = 256 * 1024
+MAX_DETAIL_CHARS = 1000
+
+
+class DlqReason(enum.StrEnum):
+    MALFORMED_JSON = "malformed_json"
+    SCHEMA = "schema"
+    UNKNOWN_KIND = "unknown_kind"
+    UNSUPPORTED_VERSION = "unsupported_version"
+    ABSURD_VALUE = "absurd_value"
+    WRONG_TOPIC = "wrong_topic"
+    PROCESSING_ERROR = "processing_error"
+
+    @classmethod
+    def of(cls, err: ContractError) -> DlqReason:
+        try:
+            return cls(err.reason)
+        except ValueError:
+            return cls.SCHEMA
+
+
+class DeadLetter(msgspec.Struct, frozen=True, kw_only=True):
+    """The value of a DLQ record (JSON)."""
+
+    reason: str
+    detail: str
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    payload: str
+    payload_encoding: str  # "utf-8" or "base64"
+    payload_bytes: int
+    payload_truncated: bool = False
+    worker: str = ""
+    ts: float = 0.0  # wall clock when dead-lettered
+    kind: str = "dlq"
+    v: int = 1
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(DeadLetter)
+
+
+def dead_letter(
+    reason: DlqReason,
+    detail: str,
+    *,
+    topic: str,
+    partition: int,
+    offset: int,
+    key: bytes | None,
+    payload: bytes | None,
+    worker: str = "",
+    now: float | None = None,
+) -> DeadLetter:
+    raw = payload or b""
+    truncated = len(raw) > MAX_PAYLOAD_BYTES
+    body = raw[:MAX_PAYLOAD_BYTES]
+    try:
+        text, encoding = body.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        text, encoding = base64.b64encode(body).decode("ascii"), "base64"
+    return DeadLetter(
+        reason=str(reason),
+        detail=detail[:MAX_DETAIL_CHARS],
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        key=None if key is None else key.decode("utf-8", "replace"),
+        payload=text,
+        payload_encoding=encoding,
+        payload_bytes=len(raw),
+        payload_truncated=truncated,
+        worker=worker,
+        ts=time.time() if now is None else now,
+    )
+
+
+def encode_dead_letter(letter: DeadLetter) -> bytes:
+    return _encoder.encode(letter)
+
+
+def decode_dead_letter(data: bytes) -> DeadLetter:
+    return _decoder.decode(data)
+
+
+def original_payload(letter: DeadLetter) -> bytes:
+    """The payload as it was received (possibly truncated)."""
+    if letter.payload_encoding == "base64":
+        return base64.b64decode(letter.payload)
+    return letter.payload.encode("utf-8")

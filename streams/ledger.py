@@ -1,0 +1,205 @@
+"""Open detections that outlive a worker: restart and partition moves.
+
+The detection core keeps its state in memory; a restarted worker (or the
+worker a partition moves to) starts it empty and rebuilds it from the stream.
+Without help it would *re-open* every incident under a new id and never close
+the old ones. The ledger prevents that:
+
+* every detection the worker emits is written to a key-value store (the Faust
+  table ``open-detections``, key = detection id, changelog partition = the
+  job's partition), and deleted when it resolves;
+* when a worker takes a partition, the open entries of that partition are
+  *inherited*. The fresh core will find the same incident again within its
+  windows: its ``open`` for the same (job, type, rank, group) is turned into an
+  ``update`` of the inherited id (same ``opened_at``, ``first_step``), and its
+  later updates and resolution keep that id;
+* an inherited entry the new core does not confirm is resolved by the ledger:
+  a hang as soon as the job makes progress past the hung step, anything else
+  once the job has advanced ``grace_steps`` steps without it, and everything
+  of a job on its ``job_end`` event or after ``silence_seconds`` without a
+  message from the job (the core forgets silent jobs the same way).
+
+So a restart costs no duplicate opens and no dangling detections; what is
+lost is only the core's windows, rebuilt from the stream within
+``grace_steps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
+
+import msgspec
+
+from stepwatch.contract import DetectionMessage, EventMessage, EventType, Message, StepMessage
+
+NaturalKey = tuple[str, str, int | None, str]  # job, type, rank, group
+Route = Callable[[bytes, int], None]
+HANG = "hang"
+
+
+class LedgerEntry(msgspec.Struct, frozen=True):
+    partition: int
+    detection: DetectionMessage
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(LedgerEntry)
+
+
+def natural_key(det: DetectionMessage) -> NaturalKey:
+    return (det.job_id, det.type, det.rank, det.group)
+
+
+def _no_route(key: bytes, partition: int) -> None:
+    return None
+
+
+@dataclass
+class _Progress:
+    first_step: int | None = None
+    max_step: int | None = None
+
+
+class PartitionLedger:
+    """The ledger of one partition, as seen by its current owner."""
+
+    def __init__(
+        self,
+        partition: int,
+        store: MutableMapping[bytes, bytes],
+        route: Route = _no_route,
+        grace_steps: int = 64,
+    ) -> None:
+        self.partition = partition
+        self.grace_steps = grace_steps
+        self._store = store
+        self._route = route
+        self.open: dict[str, DetectionMessage] = {}
+        self.inherited: dict[NaturalKey, str] = {}
+        self._alias: dict[str, str] = {}
+        self._progress: dict[str, _Progress] = {}
+        self._load()
+
+    def _load(self) -> None:
+        for raw in list(self._store.values()):
+            try:
+                entry = _decoder.decode(raw)
+            except (msgspec.DecodeError, TypeError):
+                continue
+            det = entry.detection
+            if entry.partition != self.partition or det.state == "resolved":
+                continue
+            self.open[det.id] = det
+            self.inherited[natural_key(det)] = det.id
+            self._progress.setdefault(det.job_id, _Progress())
+
+    # ------------------------------------------------------------------ engine output
+    def record(self, det: DetectionMessage) -> DetectionMessage:
+        """Store a detection from the core; return it as it must be published."""
+        if det.state == "open":
+            old_id = self.inherited.pop(natural_key(det), None)
+            if old_id is not None:
+                old = self.open[old_id]
+                self._alias[det.id] = old_id
+                det = msgspec.structs.replace(
+                    det, id=old_id, state="update",
+                    opened_at=old.opened_at, first_step=old.first_step,
+                )
+        elif det.id in self._alias:
+            alias = self._alias.pop(det.id) if det.state == "resolved" else self._alias[det.id]
+            det = msgspec.structs.replace(det, id=alias)
+        self._write(det)
+        return det
+
+    def _write(self, det: DetectionMessage) -> None:
+        key = det.id.encode()
+        self._route(key, self.partition)
+        if det.state == "resolved":
+            self.open.pop(det.id, None)
+            self._store.pop(key, None)
+        else:
+            self.open[det.id] = det
+            self._store[key] = _encoder.encode(LedgerEntry(self.partition, det))
+
+    # ------------------------------------------------------------------ inherited entries
+    def observe(self, message: Message, now: float) -> list[DetectionMessage]:
+        """Watch the jobs of inherited detections; resolve the unconfirmed ones."""
+        if not self._progress:
+            return []
+        if isinstance(message, StepMessage):
+            job = message.job_id or (message.steps[0].job_id if message.steps else "")
+            progress = self._progress.get(job)
+            if progress is None or not message.steps:
+                return []
+            top = max(r.step for r in message.steps)
+            if progress.first_step is None:
+                progress.first_step = top
+            progress.max_step = top if progress.max_step is None else max(progress.max_step, top)
+            return self._expire(job, progress, now)
+        if (isinstance(message, EventMessage) and message.type == EventType.JOB_END
+                and message.job_id in self._progress):
+            return self._resolve_job(message.job_id, now, "job ended")
+        return []
+
+    def _expire(self, job: str, progress: _Progress, now: float) -> list[DetectionMessage]:
+        out: list[DetectionMessage] = []
+        assert progress.max_step is not None and progress.first_step is not None
+        advanced = progress.max_step - progress.first_step
+        for key, det_id in list(self.inherited.items()):
+            if key[0] != job:
+                continue
+            det = self.open[det_id]
+            if det.type == HANG:
+                done = det.step is None or progress.max_step > det.step
+                why = f"job progressed to step {progress.max_step}"
+            else:
+                done = advanced >= self.grace_steps
+                why = f"not confirmed over {advanced} steps after the worker restarted"
+            if done:
+                out.append(self._resolve(key, now, why))
+        if not any(k[0] == job for k in self.inherited):
+            self._progress.pop(job, None)
+        return out
+
+    def expire_silent(self, now: float, silence_seconds: float) -> list[DetectionMessage]:
+        """Resolve inherited entries of jobs silent for ``silence_seconds`` (event time)."""
+        out: list[DetectionMessage] = []
+        for key, det_id in list(self.inherited.items()):
+            progress = self._progress.get(key[0])
+            if progress is not None and progress.max_step is not None:
+                continue
+            if now - self.open[det_id].ts >= silence_seconds:
+                out.append(self._resolve(key, now, f"job silent for {silence_seconds:.0f} s"))
+        return out
+
+    def _resolve_job(self, job: str, now: float, why: str) -> list[DetectionMessage]:
+        keys = [k for k in self.inherited if k[0] == job]
+        self._progress.pop(job, None)
+        return [self._resolve(k, now, why) for k in keys]
+
+    def _resolve(self, key: NaturalKey, now: float, why: str) -> DetectionMessage:
+        det_id = self.inherited.pop(key)
+        det = self.open[det_id]
+        resolved = msgspec.structs.replace(
+            det, state="resolved", ts=now, summary=f"{det.summary} — resolved: {why}".strip(),
+        )
+        self._write(resolved)
+        return resolved
+
+
+class Ledger:
+    """All partitions' ledgers of one worker over one store."""
+
+    def __init__(
+        self,
+        store: MutableMapping[bytes, bytes] | None = None,
+        route: Route = _no_route,
+        grace_steps: int = 64,
+    ) -> None:
+        self.store: MutableMapping[bytes, bytes] = {} if store is None else store
+        self.route = route
+        self.grace_steps = grace_steps
+
+    def for_partition(self, partition: int) -> PartitionLedger:
+        return PartitionLedger(partition, self.store, self.route, self.grace_steps)

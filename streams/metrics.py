@@ -1,0 +1,175 @@
+"""Prometheus metrics of a stream worker: its jobs' health and its own.
+
+Each worker owns a :class:`CollectorRegistry` (no global state) served on
+``Settings.stream_metrics_port``. Cardinality is bounded by design:
+
+* per job (``job_id``): step time, throughput, MFU, goodput, hang, open
+  detections by ``type`` — only jobs of the partitions this worker owns now;
+* per flagged rank (``job_id, rank, host, gpu, type, cause``): the score, only
+  while the detection is open — the series disappears when it resolves;
+* pipeline health: by ``kind`` (4 input kinds), ``reason`` (closed sets),
+  ``partition`` (the partition count).
+
+Job and rank series are rendered at scrape time from an immutable snapshot the
+worker swaps in once per tick, so stale series cannot linger and the HTTP
+thread never reads state the event loop is changing.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from stepwatch.contract import DetectionMessage
+from streams.core.api import JobStats
+
+log = logging.getLogger(__name__)
+
+NS = "stepwatch"
+RANK_LABELS = ("job_id", "rank", "host", "gpu", "type", "cause")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the job collector renders: one tuple swap per tick."""
+
+    jobs: tuple[JobStats, ...] = ()
+    open: tuple[DetectionMessage, ...] = ()
+    scores: Mapping[tuple[str, int], float] = field(default_factory=dict)
+
+
+class JobCollector:
+    """Per-job and per-flagged-rank gauges from the latest snapshot."""
+
+    def __init__(self) -> None:
+        self.snapshot = Snapshot()
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        yield from _job_families(snap.jobs)
+        yield from _detection_families(snap)
+
+
+def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{NS}_{name}", doc, labels=labels)
+
+
+def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
+    spec: list[tuple[str, str, str]] = [
+        ("job_step_seconds", "Median step wall time of the job over its recent steps.",
+         "step_seconds_median"),
+        ("job_samples_per_second", "Training samples per second (all ranks).", "samples_per_second"),
+        ("job_tokens_per_second", "Tokens per second (all ranks).", "tokens_per_second"),
+        ("job_mfu_ratio", "Model FLOPs utilisation (0..1).", "mfu"),
+        ("job_goodput_ratio", "Share of wall time spent in productive steps (0..1).",
+         "goodput_ratio"),
+        ("job_last_step", "Last closed step of the job.", "last_step"),
+        ("job_world_size", "Ranks in the job.", "world_size"),
+    ]
+    for name, doc, attr in spec:
+        fam = _gauge(name, doc, ["job_id"])
+        for job in jobs:
+            value = getattr(job, attr)
+            if value is not None and math.isfinite(value):
+                fam.add_metric([job.job_id], float(value))
+        yield fam
+    hung = _gauge("job_hung", "1 while the job makes no progress (hang detected).", ["job_id"])
+    stragglers = _gauge("job_stragglers", "Ranks currently flagged as stragglers.", ["job_id"])
+    for job in jobs:
+        hung.add_metric([job.job_id], 1.0 if job.hung else 0.0)
+        stragglers.add_metric([job.job_id], float(len(job.flagged_ranks)))
+    yield hung
+    yield stragglers
+
+
+def _detection_families(snap: Snapshot) -> Iterator[Metric]:
+    by_type: dict[tuple[str, str], int] = {}
+    for det in snap.open:
+        key = (det.job_id, det.type)
+        by_type[key] = by_type.get(key, 0) + 1
+    opened = _gauge("job_open_detections", "Open detections of the job by type.", ["job_id", "type"])
+    for (job, type_), n in sorted(by_type.items()):
+        opened.add_metric([job, type_], float(n))
+    yield opened
+    ranks = _gauge(
+        "rank_flagged_score",
+        "Score of a rank while an open detection names it, as the detection core reports "
+        "it (docs/detection.md); the series is removed when the detection resolves.",
+        list(RANK_LABELS),
+    )
+    for det in snap.open:
+        if det.rank is None:
+            continue
+        score = snap.scores.get((det.job_id, det.rank), det.score)
+        host = det.evidence.get("host") if det.evidence else None
+        gpu = "" if det.gpu is None else str(det.gpu)
+        labels = [det.job_id, str(det.rank), str(host or ""), gpu, det.type, det.cause]
+        ranks.add_metric(labels, float("nan") if score is None else float(score))
+    yield ranks
+
+
+class StreamMetrics:
+    """Every metric of one stream worker, in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.events = Counter(f"{NS}_stream_events", "Telemetry records consumed "
+                              "(step records, GPU readings, port readings, events).",
+                              ["kind"], registry=r)
+        self.messages = Counter(f"{NS}_stream_messages", "Kafka messages consumed.",
+                                ["kind"], registry=r)
+        self.dlq = Counter(f"{NS}_stream_dlq_messages", "Messages sent to the dead-letter topic.",
+                           ["reason"], registry=r)
+        self.dropped = Counter(f"{NS}_stream_dropped_records", "Valid records dropped "
+                               "(duplicate, out_of_order, stale).", ["kind", "reason"], registry=r)
+        self.detections = Counter(f"{NS}_stream_detections", "Detection state changes emitted.",
+                                  ["type", "state"], registry=r)
+        self.errors = Counter(f"{NS}_stream_errors", "Errors caught at the worker's loop edges.",
+                              ["where"], registry=r)
+        self.lag = Gauge(f"{NS}_stream_consumer_lag_messages", "Messages behind the high "
+                         "watermark, per input kind and partition.", ["kind", "partition"],
+                         registry=r)
+        self.ready = Gauge(f"{NS}_stream_ready", "1 when partitions are assigned, tables "
+                           "recovered and the worker is consuming.", registry=r)
+        self.partitions = Gauge(f"{NS}_stream_assigned_partitions", "Partitions (of each "
+                                "input topic) this worker owns.", registry=r)
+        self.jobs = Gauge(f"{NS}_stream_jobs", "Jobs analysed by this worker.", registry=r)
+        self.batch = Histogram(f"{NS}_stream_batch_seconds", "Processing time of one batch.",
+                               buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
+        self.job_collector = JobCollector()
+        r.register(self.job_collector)  # type: ignore[arg-type]
+
+    def count_batch(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Add a batch's tallies: keys (family, label) as produced by the worker."""
+        families: dict[str, Any] = {
+            "events": self.events, "messages": self.messages, "dlq": self.dlq,
+        }
+        for (family, label), n in counts.items():
+            families[family].labels(label).inc(n)
+
+    def set_lag(self, lags: Mapping[tuple[str, int], int]) -> None:
+        self.lag.clear()
+        for (kind, partition), value in lags.items():
+            self.lag.labels(kind, str(partition)).set(value)
+
+
+def serve(metrics: StreamMetrics, port: int, addr: str = "0.0.0.0") -> int:
+    """Serve /metrics on ``port`` (0 disables); return the port bound, 0 if none."""
+    if port <= 0:
+        return 0
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
+    bound = int(server.server_address[1])
+    log.info("metrics serving port=%d", bound)
+    return bound

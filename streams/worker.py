@@ -1,0 +1,293 @@
+"""The stream worker's logic, free of Faust: raw Kafka records in, outputs back.
+
+:class:`StreamProcessor` is what the Faust agent and timer (``streams.app``)
+drive, and what unit tests drive without a broker. It owns one
+:class:`PartitionState` per assigned partition number: a detection core
+(``Analyzer``), a deduplicator and the partition's detection ledger. The
+topics are co-partitioned and keyed by job, so a partition number holds whole
+jobs: dropping a revoked partition drops exactly its jobs' state, and nothing
+is shared between partitions (no locks, no cross-partition bookkeeping).
+
+Per batch the processor decodes each record (``stepwatch.contract.decode``:
+msgspec, one call per Kafka message, a message carries a whole node tick),
+routes bad records to the dead-letter topic, drops duplicates, feeds the core,
+passes the core's detections through the ledger and tallies metrics once per
+batch rather than once per record.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from stepwatch.contract import (
+    KIND_OF,
+    DetectionMessage,
+    EventMessage,
+    EventType,
+    GpuMessage,
+    Kind,
+    Message,
+    PortMessage,
+    StepMessage,
+    Topics,
+    decode,
+    encode,
+)
+from stepwatch.errors import ContractError
+from stepwatch.logs import LogOnce
+from streams.core.api import Analyzer, JobStats
+from streams.dedup import Deduplicator
+from streams.dlq import DlqReason, dead_letter, encode_dead_letter
+from streams.ledger import Ledger, PartitionLedger
+from streams.metrics import Snapshot, StreamMetrics
+
+log = logging.getLogger(__name__)
+
+EngineFactory = Callable[[], Analyzer]
+
+
+class RawRecord(Protocol):
+    """What the processor reads of a Kafka record (Faust's ``Message`` has these)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
+@dataclass(frozen=True)
+class Output:
+    """A record to produce: detections and dead letters."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    partition: int
+
+
+@dataclass(frozen=True)
+class Record:
+    """A plain :class:`RawRecord` (tests, benchmarks)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+class PartitionState:
+    """Everything the worker holds for one partition number."""
+
+    def __init__(self, partition: int, engine: Analyzer, ledger: PartitionLedger) -> None:
+        self.partition = partition
+        self.engine = engine
+        self.ledger = ledger
+        self.dedup = Deduplicator()
+        self.last_event_ts = 0.0
+
+
+def _records_in(message: Message) -> int:
+    if isinstance(message, StepMessage):
+        return len(message.steps)
+    if isinstance(message, GpuMessage):
+        return len(message.gpus)
+    if isinstance(message, PortMessage):
+        return len(message.ports)
+    return 1
+
+
+class StreamProcessor:
+    """Decode, validate, deduplicate, detect; one core per partition."""
+
+    def __init__(
+        self,
+        topics: Topics,
+        engine_factory: EngineFactory,
+        metrics: StreamMetrics | None = None,
+        ledger: Ledger | None = None,
+        worker: str = "",
+        clock: Callable[[], float] = time.time,
+        silence_seconds: float = 3600.0,
+    ) -> None:
+        self.topics = topics
+        self.engine_factory = engine_factory
+        self.metrics = metrics or StreamMetrics()
+        self.ledger = ledger or Ledger()
+        self.worker = worker
+        self.clock = clock
+        self.silence_seconds = silence_seconds
+        self.kind_of_topic = {topics.for_kind(k): k.value for k in
+                              (Kind.STEP, Kind.GPU, Kind.PORT, Kind.EVENT)}
+        self.states: dict[int, PartitionState] = {}
+        self.assigned: set[int] = set()
+        self.positions: dict[tuple[str, int], int] = {}
+        self._log_once = LogOnce(log)
+
+    # ------------------------------------------------------------------ partitions
+    def assign(self, partitions: Iterable[int]) -> None:
+        """The new assignment: forget every partition not in it."""
+        self.assigned = set(partitions)
+        for p in [p for p in self.states if p not in self.assigned]:
+            del self.states[p]
+            log.info("partition dropped partition=%d worker=%s", p, self.worker)
+        self.positions = {tp: o for tp, o in self.positions.items() if tp[1] in self.assigned}
+        self.metrics.partitions.set(len(self.assigned))
+
+    def activate(self) -> None:
+        """Tables recovered: build state for every assigned partition now."""
+        for p in sorted(self.assigned):
+            self.state(p)
+
+    def state(self, partition: int) -> PartitionState:
+        st = self.states.get(partition)
+        if st is None:
+            st = PartitionState(partition, self.engine_factory(),
+                                self.ledger.for_partition(partition))
+            self.states[partition] = st
+            if st.ledger.inherited:
+                log.info("detections inherited partition=%d open=%d worker=%s",
+                         partition, len(st.ledger.inherited), self.worker)
+        return st
+
+    # ------------------------------------------------------------------ the hot path
+    def process_batch(self, records: Sequence[RawRecord]) -> list[Output]:
+        """Process a batch of Kafka records in order; return what to produce."""
+        started = time.perf_counter()
+        out: list[Output] = []
+        tally: dict[tuple[str, str], int] = {}
+        positions = self.positions
+        kind_of_topic = self.kind_of_topic
+        for rec in records:
+            positions[(rec.topic, rec.partition)] = rec.offset
+            kind = kind_of_topic.get(rec.topic, "unknown")
+            tally[("messages", kind)] = tally.get(("messages", kind), 0) + 1
+            try:
+                message = decode(rec.value or b"")
+            except ContractError as err:
+                out.append(self._dead(rec, DlqReason.of(err), err.detail, tally))
+                continue
+            if KIND_OF[type(message)].value != kind:
+                detail = f"a {KIND_OF[type(message)].value} message on the {kind} topic"
+                out.append(self._dead(rec, DlqReason.WRONG_TOPIC, detail, tally))
+                continue
+            st = self.states.get(rec.partition) or self.state(rec.partition)
+            admitted = st.dedup.admit(message)
+            if admitted is None:
+                continue
+            n = _records_in(admitted)
+            tally[("events", kind)] = tally.get(("events", kind), 0) + n
+            out.extend(self._feed(st, rec, admitted, tally))
+        self._flush_tally(tally)
+        self.metrics.batch.observe(time.perf_counter() - started)
+        return out
+
+    def _feed(self, st: PartitionState, rec: RawRecord, message: Message,
+              tally: dict[tuple[str, str], int]) -> list[Output]:
+        if message.ts > st.last_event_ts:
+            st.last_event_ts = message.ts
+        try:
+            found = st.engine.process(message)
+            found.extend(st.ledger.observe(message, message.ts))
+        except Exception as err:  # the core must never stop the worker
+            self.metrics.errors.labels("process").inc()
+            self._log_once(f"process:{type(err).__name__}", "detection core failed "
+                           "partition=%d offset=%d error=%r", rec.partition, rec.offset, err,
+                           level=logging.ERROR)
+            return [self._dead(rec, DlqReason.PROCESSING_ERROR, repr(err), tally)]
+        if isinstance(message, EventMessage) and message.type == EventType.JOB_END and (
+            message.job_id
+        ):
+            st.dedup.forget_job(message.job_id)
+        return [self._publish(st, det) for det in found] if found else []
+
+    def _dead(self, rec: RawRecord, reason: DlqReason, detail: str,
+              tally: dict[tuple[str, str], int]) -> Output:
+        tally[("dlq", reason.value)] = tally.get(("dlq", reason.value), 0) + 1
+        letter = dead_letter(reason, detail, topic=rec.topic, partition=rec.partition,
+                             offset=rec.offset, key=rec.key, payload=rec.value,
+                             worker=self.worker, now=self.clock())
+        return Output(self.topics.dlq, rec.key, encode_dead_letter(letter), rec.partition)
+
+    def _publish(self, st: PartitionState, det: DetectionMessage) -> Output:
+        det = st.ledger.record(det)
+        self.metrics.detections.labels(det.type, det.state).inc()
+        if det.state == "open":
+            log.info("detection opened id=%s job_id=%s type=%s rank=%s cause=%s score=%s",
+                     det.id, det.job_id, det.type, det.rank, det.cause, det.score)
+        return Output(self.topics.detections, det.job_id.encode(), encode(det), st.partition)
+
+    def _flush_tally(self, tally: dict[tuple[str, str], int]) -> None:
+        self.metrics.count_batch(tally)
+        for st in self.states.values():
+            for (kind, reason), n in st.dedup.take_dropped().items():
+                self.metrics.dropped.labels(kind, reason.value).inc(n)
+
+    # ------------------------------------------------------------------ time
+    def tick(self, now: float | None = None) -> list[Output]:
+        """Hang detection and window closing; refresh the metrics snapshot."""
+        now = self.clock() if now is None else now
+        out: list[Output] = []
+        for st in list(self.states.values()):
+            try:
+                found = st.engine.tick(now)
+                found.extend(st.ledger.expire_silent(now, self.silence_seconds))
+            except Exception as err:
+                self.metrics.errors.labels("tick").inc()
+                self._log_once(f"tick:{type(err).__name__}", "tick failed partition=%d "
+                               "error=%r", st.partition, err, level=logging.ERROR)
+                continue
+            out.extend(self._publish(st, det) for det in found)
+        self.refresh_snapshot()
+        return out
+
+    def stats(self) -> list[JobStats]:
+        return [s for st in self.states.values() for s in st.engine.stats()]
+
+    def open_detections(self) -> list[DetectionMessage]:
+        return [d for st in self.states.values() for d in st.ledger.open.values()]
+
+    def refresh_snapshot(self) -> None:
+        jobs = tuple(self.stats())
+        opened = tuple(self.open_detections())
+        scores = {(j.job_id, r): s for j in jobs for r, s in j.flagged_ranks.items()}
+        self.metrics.job_collector.snapshot = Snapshot(jobs, opened, scores)
+        self.metrics.jobs.set(len(jobs))
+
+    def lag(
+        self,
+        highwater: Callable[[str, int], int | None],
+        position: Callable[[str, int], int | None] | None = None,
+    ) -> dict[tuple[str, int], int]:
+        """Messages behind the high watermark per (kind, partition).
+
+        ``position`` gives the last offset read where this worker has not
+        processed a record of the partition yet (e.g. resumed at the end).
+        """
+        out: dict[tuple[str, int], int] = {}
+        for topic, kind in self.kind_of_topic.items():
+            for p in self.assigned:
+                high = highwater(topic, p)
+                if high is None:
+                    continue
+                pos = self.positions.get((topic, p))
+                if pos is None:
+                    pos = position(topic, p) if position is not None else None
+                if pos is not None:
+                    out[(kind, p)] = max(0, high - (pos + 1))
+        return out
+
