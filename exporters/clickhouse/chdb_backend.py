@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -61,6 +62,7 @@ class ChdbStore:
         self.path = os.path.abspath(path)
         self.database = database
         self.readonly = readonly
+        self._lock = threading.Lock()  # a chdb connection runs one statement at a time
         if not readonly:
             os.makedirs(self.path, exist_ok=True)
         elif not os.path.isdir(self.path):
@@ -87,12 +89,13 @@ class ChdbStore:
             self._raw("SET readonly = 2")
 
     def _raw(self, sql: str, fmt: str = "CSV", params: Mapping[str, Any] | None = None) -> Any:
-        if self._session is None:
-            raise StoreError(f"store {self.path} is closed")
-        try:
-            return self._session.query(sql, fmt, params=dict(params) if params else None)
-        except Exception as err:
-            raise error_from(err, "chdb") from err
+        with self._lock:
+            if self._session is None:
+                raise StoreError(f"store {self.path} is closed")
+            try:
+                return self._session.query(sql, fmt, params=dict(params) if params else None)
+            except Exception as err:
+                raise error_from(err, "chdb") from err
 
     def command(self, sql: str, params: Mapping[str, Any] | None = None) -> None:
         self._raw(strip_sql(sql), "CSV", params)
@@ -116,18 +119,21 @@ class ChdbStore:
             clause = " SETTINGS " + ", ".join(f"{k} = {_literal(v)}" for k, v in settings.items())
         cols = ", ".join(f"`{c}`" for c in columns)
         sql = f"INSERT INTO `{self.database}`.`{table}` ({cols}){clause}"
-        if self._session is None:
-            raise StoreError(f"store {self.path} is closed")
-        try:
-            inserter = self._session.send_insert(sql, "JSONCompactEachRow")
-            inserter.append(encode_rows(rows))
-            inserter.finish()
-        except Exception as err:
-            raise error_from(err, f"insert into {table}") from err
+        data = encode_rows(rows)
+        with self._lock:
+            if self._session is None:
+                raise StoreError(f"store {self.path} is closed")
+            try:
+                inserter = self._session.send_insert(sql, "JSONCompactEachRow")
+                inserter.append(data)
+                inserter.finish()
+            except Exception as err:
+                raise error_from(err, f"insert into {table}") from err
         return len(rows)
 
     def close(self) -> None:
-        session, self._session = self._session, None
+        with self._lock:
+            session, self._session = self._session, None
         if session is not None:
             session.close()
 

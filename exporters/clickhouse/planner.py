@@ -99,8 +99,7 @@ class Planner:
             if plan is not None and head >= plan[0]:
                 if state.records[-1].offset < plan[1]:
                     break  # wait for the rest of the planned batch
-                last = plan[1]
-                taken = self._take(state, lambda r: r.offset <= last)
+                taken = self._take_through(state, plan[1])
                 state.plans.popleft()
                 out.append(Batch(tp[0], tp[1], plan[0], plan[1], taken, replayed=True))
                 continue
@@ -132,8 +131,8 @@ class Planner:
         return n
 
     @staticmethod
-    def _take(state: _Partition, keep: Callable[[Record], bool]) -> list[Record]:
+    def _take_through(state: _Partition, last: int) -> list[Record]:
         taken: list[Record] = []
-        while state.records and keep(state.records[0]):
+        while state.records and state.records[0].offset <= last:
             taken.append(state.records.popleft())
         return taken

@@ -132,7 +132,8 @@ class QueryService:
         return Endpoint(self.url, USER, self.password, self.database, os.getpid(), not self.allow_writes)
 
     def start(self) -> QueryService:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="store-endpoint", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,),
+                                        name="store-endpoint", daemon=True)
         self._thread.start()
         if self.endpoint_file is not None:
             self.endpoint.write(self.endpoint_file)

@@ -69,3 +69,34 @@ def keyed(messages: list[Message], prefix: str) -> Iterator[tuple[str, bytes, by
     topics = Topics(prefix)
     for m in messages:
         yield topics.for_kind(KIND_OF[type(m)]), message_key(m), encode(m)
+
+
+def expected_rows(messages: list[Message]) -> dict[str, int]:
+    """Rows each table must hold for these (valid) messages."""
+    from stepwatch.contract import EventMessage, GpuMessage, PortMessage, StepMessage
+
+    return {
+        "step_events": sum(len(m.steps) for m in messages if isinstance(m, StepMessage)),
+        "gpu_samples": sum(len(m.gpus) for m in messages if isinstance(m, GpuMessage)),
+        "port_samples": sum(len(m.ports) for m in messages if isinstance(m, PortMessage)),
+        "events": sum(1 for m in messages if isinstance(m, EventMessage)),
+        "detections": sum(1 for m in messages if isinstance(m, DetectionMessage)),
+    }
+
+
+def produce(bootstrap: str, prefix: str, messages: list[Message], extra: list[tuple[str, bytes]] = ()) -> int:
+    """Publish the messages (and raw ``(topic, value)`` extras) and wait for delivery."""
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    n = 0
+    for topic, key, value in keyed(messages, prefix):
+        producer.produce(topic, value, key)
+        n += 1
+        if n % 5000 == 0:
+            producer.poll(0)
+    for topic, value in extra:
+        producer.produce(topic, value, b"bad")
+        n += 1
+    assert producer.flush(30) == 0
+    return n

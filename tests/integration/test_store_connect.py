@@ -1,0 +1,140 @@
+"""clickhouse-connect, the production client, end to end over HTTP.
+
+No ClickHouse server installs here, so the server is the owner's query
+endpoint (exporters.clickhouse.service): ClickHouse's HTTP interface in front
+of the real engine (chdb). The client, its HTTP requests, server-side
+parameter binding, compressed inserts and error parsing are all the real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import urllib.request
+
+import pytest
+
+from exporters.clickhouse import rows as R
+from exporters.clickhouse.access import open_reader, open_writer
+from exporters.clickhouse.chdb_backend import ChdbStore
+from exporters.clickhouse.connect_backend import ClickHouseConnectStore
+from exporters.clickhouse.migrations import Migrator, load_migrations
+from exporters.clickhouse.service import USER, Endpoint, QueryService, endpoint_path
+from exporters.clickhouse.store import ClickHouseError
+from stepwatch.errors import StoreError
+from stepwatch.settings import Settings
+
+EVENT_COLS = ("ts", "job_id", "host", "type", "detail", "attrs", "inst", "seq")
+
+
+@pytest.fixture()
+def owner(tmp_path):
+    """This process owns an embedded store and serves it read-write and read-only."""
+    path = str(tmp_path / "chdb")
+    store = ChdbStore(path)
+    rw = QueryService(path, allow_writes=True).start()
+    ro = QueryService(path, endpoint_file=endpoint_path(path)).start()
+    yield store, rw, ro
+    ro.stop()
+    rw.stop()
+    store.close()
+
+
+def connect(service: QueryService, **kw) -> ClickHouseConnectStore:
+    return ClickHouseConnectStore(service.url, USER, service.password, "stepwatch", **kw)
+
+
+def test_migrations_inserts_dedup_and_parameters_through_the_real_client(owner):
+    _, rw, _ = owner
+    client = connect(rw)
+    try:
+        assert [m.version for m in Migrator(client, raw_ttl_days=3650).migrate()] == \
+            [m.version for m in load_migrations()]
+        assert Migrator(client, raw_ttl_days=3650).migrate() == []
+        row = (1767225600.25, "job'1", "h", "xid", "Xid 79", {"pci": "0000:9A"}, "i", 7)
+        for _ in range(2):
+            client.insert("events", EVENT_COLS, [row], token="g|t.events|0|7-7|events")
+        client.insert("events", EVENT_COLS, [(*row[:-1], 8)], token="g|t.events|0|8-8|events")
+        result = client.query(
+            "SELECT seq, attrs, toString(ts) AS t FROM events WHERE job_id = {j:String} ORDER BY seq",
+            {"j": "job'1"})
+        assert result.rows == [(7, {"pci": "0000:9A"}, "2026-01-01 00:00:00.250"),
+                               (8, {"pci": "0000:9A"}, "2026-01-01 00:00:00.250")]
+        with pytest.raises(ClickHouseError) as err:
+            client.query("SELECT * FROM no_such_table")
+        assert err.value.code == 60
+        with pytest.raises(ClickHouseError) as err:
+            client.insert("events", ("seq",), [("not a number",)], token="x")
+        assert err.value.data_error
+    finally:
+        client.close()
+
+
+def test_the_read_only_endpoint_refuses_writes_and_strangers(owner):
+    _, rw, ro = owner
+    setup = connect(rw)
+    Migrator(setup, raw_ttl_days=3650).migrate()
+    setup.close()
+    reader = connect(ro, create_database=False)
+    try:
+        assert reader.query("SELECT count() FROM schema_migrations").scalar() == len(load_migrations())
+        with pytest.raises(ClickHouseError, match="readonly"):
+            reader.command("DROP TABLE events")
+        with pytest.raises(ClickHouseError, match="readonly"):
+            reader.insert("events", EVENT_COLS, [(1767225600.0, "j", "h", "xid", "", {}, "i", 1)])
+    finally:
+        reader.close()
+    with pytest.raises(StoreError, match="Authentication failed"):
+        ClickHouseConnectStore(ro.url, USER, "wrong", "stepwatch", create_database=False)
+    with urllib.request.urlopen(ro.url + "/ping", timeout=5) as reply:
+        assert reply.read() == b"Ok.\n"
+
+
+def test_readers_find_the_owner_and_writers_refuse_to_compete(owner, tmp_path):
+    store, _, ro = owner
+    Migrator(store, raw_ttl_days=3650).migrate()
+    store.insert("events", EVENT_COLS, [(1767225600.0, "j", "h", "xid", "", {}, "i", 1)])
+    settings = Settings.load(env={}, store_path=store.path)
+    endpoint = Endpoint.read(endpoint_path(store.path))
+    assert endpoint is not None and endpoint.pid == os.getpid() and endpoint.url == ro.url
+    assert oct(os.stat(endpoint_path(store.path)).st_mode & 0o777) == "0o600"
+    reader = open_reader(settings)
+    try:
+        assert reader.backend == "clickhouse-connect"
+        assert reader.query("SELECT count() FROM events").scalar() == 1
+    finally:
+        reader.close()
+    with pytest.raises(StoreError, match="owned by process"):
+        open_writer(settings)
+
+
+def test_a_stale_endpoint_file_is_ignored(tmp_path):
+    path = str(tmp_path / "chdb")
+    s = ChdbStore(path)
+    Migrator(s, raw_ttl_days=3650).migrate()
+    s.close()
+    stale = {"url": "http://127.0.0.1:9", "user": USER, "password": "x", "database": "stepwatch",
+             "pid": 2**22 + 12345, "readonly": True}
+    endpoint_path(path).write_text(json.dumps(stale))
+    reader = open_reader(Settings.load(env={}, store_path=path))
+    try:
+        assert reader.backend == "chdb"
+        assert reader.query("SELECT count() FROM step_events").scalar() == 0
+    finally:
+        reader.close()
+
+
+def test_the_server_backend_is_chosen_by_url(owner):
+    _, rw, _ = owner
+    settings = Settings.load(env={}, clickhouse_url=rw.url, clickhouse_user=USER,
+                             clickhouse_password=rw.password, clickhouse_database="other")
+    writer = open_writer(settings)
+    try:
+        assert writer.backend == "clickhouse-connect"
+        assert writer.query("SELECT currentDatabase()").scalar() == "other"
+        Migrator(writer, raw_ttl_days=3650).migrate()
+        names = writer.query("SHOW TABLES").column("name")
+        assert set(R.TABLES) <= set(names)
+    finally:
+        writer.close()
+    assert "secret" not in repr(settings.replace(clickhouse_password="secret"))
