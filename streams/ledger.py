@@ -114,11 +114,13 @@ class PartitionLedger:
 
     def _write(self, det: DetectionMessage) -> None:
         key = det.id.encode()
-        self._route(key, self.partition)
         if det.state == "resolved":
             self.open.pop(det.id, None)
-            self._store.pop(key, None)
+            if key in self._store:
+                self._route(key, self.partition)
+                del self._store[key]
         else:
+            self._route(key, self.partition)
             self.open[det.id] = det
             self._store[key] = _encoder.encode(LedgerEntry(self.partition, det))
 

@@ -172,12 +172,13 @@ class StreamProcessor:
         tally: dict[tuple[str, str], int] = {}
         positions = self.positions
         kind_of_topic = self.kind_of_topic
+        clock = self.clock
         for rec in records:
             positions[(rec.topic, rec.partition)] = rec.offset
             kind = kind_of_topic.get(rec.topic, "unknown")
             tally[("messages", kind)] = tally.get(("messages", kind), 0) + 1
             try:
-                message = decode(rec.value or b"")
+                message = decode(rec.value or b"", now=clock)
             except ContractError as err:
                 out.append(self._dead(rec, DlqReason.of(err), err.detail, tally))
                 continue

@@ -1,0 +1,94 @@
+"""The open-detections ledger: what a restarted worker does with inherited detections."""
+
+from __future__ import annotations
+
+import msgspec
+
+from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepMessage, StepRecord
+from streams.ledger import Ledger, LedgerEntry
+
+T0 = 1_700_000_000.0
+
+
+def det(id_: str, state: str = "open", type_: str = "straggler", rank: int | None = 5,
+        step: int = 40, job: str = "j") -> DetectionMessage:
+    return DetectionMessage(host="w", ts=T0 + step, id=id_, job_id=job, type=type_, state=state,
+                            rank=rank, step=step, first_step=step, opened_at=T0 + step,
+                            cause="gpu", summary="slow")
+
+
+def progress(step: int, job: str = "j") -> StepMessage:
+    rec = StepRecord(job_id=job, rank=0, world_size=8, step=step, start=T0 + step,
+                     end=T0 + step + 1)
+    return StepMessage(host="h", ts=T0 + step, job_id=job, steps=[rec])
+
+
+def test_records_open_update_resolved_in_the_store_with_routes() -> None:
+    routes: list[tuple[bytes, int]] = []
+    ledger = Ledger(route=lambda key, p: routes.append((key, p)))
+    part = ledger.for_partition(3)
+    part.record(det("a"))
+    assert msgspec.json.decode(ledger.store[b"a"], type=LedgerEntry).partition == 3
+    part.record(det("a", state="update"))
+    assert part.open["a"].state == "update"
+    part.record(det("a", state="resolved"))
+    assert b"a" not in ledger.store and not part.open
+    assert routes == [(b"a", 3)] * 3  # every write goes to the job's partition
+
+
+def test_restarted_worker_continues_an_inherited_detection_under_its_id() -> None:
+    ledger = Ledger()
+    ledger.for_partition(1).record(det("old-id", step=40))
+    ledger.for_partition(2).record(det("other", job="k"))
+    fresh = ledger.for_partition(1)  # a new owner of partition 1
+    assert set(fresh.open) == {"old-id"}  # partition 2's entry is not ours
+    # the fresh core finds the same straggler again, under its own id
+    out = fresh.record(det("new-id", step=60))
+    assert (out.id, out.state, out.first_step, out.opened_at) == ("old-id", "update", 40, T0 + 40)
+    assert fresh.record(det("new-id", state="update", step=70)).id == "old-id"
+    resolved = fresh.record(det("new-id", state="resolved", step=80))
+    assert (resolved.id, resolved.state) == ("old-id", "resolved")
+    assert b"old-id" not in ledger.store
+
+
+def test_unconfirmed_inherited_detection_is_resolved_after_grace_steps() -> None:
+    ledger = Ledger(grace_steps=10)
+    ledger.for_partition(0).record(det("a", step=40))
+    fresh = ledger.for_partition(0)
+    assert fresh.observe(progress(41), T0) == []
+    assert fresh.observe(progress(50), T0) == []
+    out = fresh.observe(progress(51), T0 + 51)
+    assert [(d.id, d.state) for d in out] == [("a", "resolved")]
+    assert "not confirmed" in out[0].summary
+    assert not fresh.open and b"a" not in ledger.store
+    assert fresh.observe(progress(90), T0) == []  # nothing left to watch
+
+
+def test_inherited_hang_resolves_as_soon_as_the_job_progresses() -> None:
+    ledger = Ledger()
+    ledger.for_partition(0).record(det("h", type_="hang", rank=None, step=40))
+    fresh = ledger.for_partition(0)
+    assert fresh.observe(progress(39), T0) == []  # replayed records from before the hang
+    assert [d.state for d in fresh.observe(progress(41), T0)] == ["resolved"]
+
+
+def test_job_end_and_silence_resolve_inherited_detections() -> None:
+    ledger = Ledger()
+    part = ledger.for_partition(0)
+    part.record(det("a", job="j"))
+    part.record(det("b", job="k", step=10))
+    fresh = ledger.for_partition(0)
+    end = EventMessage(host="h", ts=T0 + 100, type=EventType.JOB_END, job_id="j")
+    assert [d.id for d in fresh.observe(end, T0 + 100)] == ["a"]
+    assert fresh.expire_silent(T0 + 100, 3600) == []
+    assert [d.id for d in fresh.expire_silent(T0 + 10 + 3600, 3600)] == ["b"]
+    assert not ledger.store
+
+
+def test_a_new_detection_of_the_fresh_core_is_stored_as_is() -> None:
+    ledger = Ledger()
+    ledger.for_partition(0).record(det("a", rank=5))
+    fresh = ledger.for_partition(0)
+    out = fresh.record(det("b", rank=6))  # another rank: not the inherited incident
+    assert (out.id, out.state) == ("b", "open")
+    assert set(fresh.open) == {"a", "b"}
