@@ -17,11 +17,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from bench.detect_suite import Case
+from bench.detect_suite import SLOWDOWNS, Case
 from stepwatch.contract import DetectionMessage
 from stepwatch.sim import Label
 
 JOB_LEVEL = frozenset({"job_slowdown", "hang", "user_error"})
+SLOWDOWN_KINDS = frozenset(k.value for k in SLOWDOWNS)
 START_TOLERANCE_S = 1.0
 END_GRACE_S = 60.0
 
@@ -142,7 +143,8 @@ def score(results: list[CaseResult]) -> dict[str, Any]:
     per_kind: dict[str, dict[str, Any]] = defaultdict(lambda: {"n": 0, "hit": 0, "cause": 0,
                                                                  "ttd": []})
     for o in outcomes:
-        sev = "" if o.case.severity is None else f"@{round(o.case.severity * 100)}%"
+        slowdown = o.label.kind in SLOWDOWN_KINDS
+        sev = f"@{round(o.label.severity * 100)}%" if slowdown else ""
         row = per_kind[o.label.kind + sev]
         row["n"] += 1
         if o.first is not None:

@@ -51,6 +51,7 @@ class ClosedStep:
     tokens: int
     flops: float | None
     end_max: float
+    start_min: float
     nonfinite_ranks: tuple[int, ...]
 
     @property
@@ -218,7 +219,7 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
     ranks = np.fromiter((r.rank for r in records), np.intp, n)
     present = np.zeros(world_size, bool)
     present[ranks] = True
-    has_phases = False
+    has_phases = has_extra = False
     raw = []
     for r in records:
         p = r.phases
@@ -226,6 +227,8 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
             p = _EMPTY_PHASES
         else:
             has_phases = True
+            if p.extra:
+                has_extra = True
         raw.append((r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
                     p.checkpoint))
     a = np.array(raw, dtype=float).T  # None -> NaN
@@ -233,16 +236,24 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
     rows[START], rows[END] = a[0], a[1]
     rows[DUR] = a[1] - a[0]
     if has_phases:
-        other, xfer, evals = _split_extra(records)
-        parts = np.vstack([a[3:6], other])
-        measured = ~np.isnan(parts).all(axis=0)
+        parts = a[3:6]
+        xfer: np.ndarray | float = 0.0
+        evals: np.ndarray | float = 0.0
+        if has_extra:
+            other, xfer, evals = _split_extra(records)
+            parts = np.vstack([parts, other])
+        if np.isnan(parts).any():
+            measured = ~np.isnan(parts).all(axis=0)
+            rows[COMPUTE] = np.where(measured, np.nansum(parts, axis=0), NAN)
+        else:
+            rows[COMPUTE] = parts.sum(axis=0)
+        data0 = np.where(np.isnan(a[2]), 0.0, a[2])
         rows[DATA] = a[2]
-        rows[COMPUTE] = np.where(measured, np.nansum(parts, axis=0), NAN)
         rows[XFER] = xfer
         rows[COMM] = a[6]
         rows[CKPT] = a[7]
         rows[PAUSE] = np.where(np.isnan(a[7]), 0.0, a[7]) + evals
-        rows[BUSY] = rows[COMPUTE] + np.where(np.isnan(a[2]), 0.0, a[2]) + xfer
+        rows[BUSY] = rows[COMPUTE] + data0 + xfer
         comm0 = np.where(np.isnan(a[6]), 0.0, a[6])
         rows[OTHER] = np.maximum(rows[DUR] - rows[BUSY] - comm0 - rows[PAUSE], 0.0)
     else:
@@ -263,6 +274,7 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
         tokens=sum(r.tokens for r in records),
         flops=sum(flops_list) if flops_list else None,
         end_max=float(a[1].max()),
+        start_min=float(a[0].min()),
         nonfinite_ranks=tuple(r.rank for r in records if r.loss_nonfinite),
     )
 

@@ -96,10 +96,11 @@ class CauseFinder:
                 span: float | None = None) -> Attribution:
         """Why the whole job (or a group) got slower: the component that grew, then its host."""
         hosts = sorted(set(hosts))
-        grown = {k: v for k, v in deltas.items() if k in ("data", "compute", "collective", "other")}
+        grown = {k: v for k, v in deltas.items()
+                 if k in ("data", "compute", "transfer", "collective", "other")}
         top = max(grown, key=lambda k: grown[k]) if grown else "step"
         ev: Evidence = {"grew": top}
-        if top == "collective":
+        if top in ("collective", "transfer"):
             ports = {h: self._ports(h, t1, span) for h in hosts}
             found = []
             for h, ps in ports.items():

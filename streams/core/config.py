@@ -64,10 +64,10 @@ class DetectConfig:
     hang_min_seconds: float = 60.0
     hang_step_multiple: float = 10.0
     rank_missing_steps: int = 3  # absent from this many closed steps while peers progress
-    max_named_ranks: int = 8  # rank_missing detections per incident, the rest summarised
+    max_named_ranks: int = 8  # rank_missing detections per incident (evidence counts all)
     # --- causes -----------------------------------------------------------------------
-    host_window_seconds: float = 60.0  # GPU/port/event history kept per host
-    host_samples: int = 128  # ring size per host and kind
+    host_window_seconds: float = 60.0  # default look-back for GPU/port/event signals
+    host_samples: int = 128  # samples (and events) kept per host and kind
     hot_temp_c: float = 85.0
     low_clock_ratio: float = 0.97  # SM clock below this x max clock (and 2 % below peers)
     power_cap_ratio: float = 0.98  # power at or above this x limit

@@ -18,7 +18,7 @@ from streams.core.incidents import Incidents
 from streams.core.kinds import DetectionType
 from streams.core.lifecycle import DetectionBook, Finding, Key
 from streams.core.ranks import RankTable
-from streams.core.slowdown import SlowdownTracker
+from streams.core.slowdown import Slowdown, SlowdownTracker
 from streams.core.straggler import StragglerTracker
 from streams.core.throughput import Throughput
 
@@ -170,8 +170,8 @@ class Job(Incidents):
         sd = self.slowdown.still_slow(groups) if is_open else self.slowdown.candidate(groups)
         if sd is None:
             return self.book.clear(key, cs.end_max, cs.step) if is_open else []
-        if not is_open and self.straggler.suspicious() and not sd.group:
-            return []  # a straggler explains it
+        if not is_open and not sd.group and self.straggler.suspicious() and _waits(sd):
+            return []  # the job waits longer, for a straggler that is reported as such
         if not self.book.hold(key, cs.end_max):
             return []
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
@@ -334,6 +334,12 @@ class Job(Incidents):
             flagged_ranks=flagged,
             badput_seconds=badput,
         )
+
+
+def _waits(sd: Slowdown) -> bool:
+    """Most of the slowdown is waiting (collectives, unexplained), not the median rank's work."""
+    grew = sd.current_s - sd.baseline_s
+    return sd.deltas.get("busy", 0.0) < 0.5 * grew
 
 
 def _share(ev: dict, part: str, whole: str) -> float | None:

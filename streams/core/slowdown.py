@@ -21,14 +21,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.core.assembly import BUSY, COMPUTE, DATA, DUR, OTHER, PAUSE, ClosedStep
+from streams.core.assembly import BUSY, COMPUTE, DATA, DUR, OTHER, PAUSE, XFER, ClosedStep
 from streams.core.config import DetectConfig
 from streams.core.ranks import GroupIndex
 from streams.core.ring import Ring
 from streams.core.stats import colmed, mad_sigma, med, nmin
 
 REBASE_STEPS = 4
-COMPONENTS = ("step", "busy", "data", "compute", "collective", "other")
+COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +149,11 @@ class SlowdownTracker:
 def _components(cs: ClosedStep) -> np.ndarray:
     m = cs.med
     if not cs.has_phases or np.isnan(m[BUSY]):
-        return np.array([m[DUR] - m[PAUSE], np.nan, np.nan, np.nan, np.nan, np.nan])
+        return np.array([m[DUR] - m[PAUSE], *[np.nan] * (len(COMPONENTS) - 1)])
     collective = nmin(cs.comm)
     collective = 0.0 if collective != collective else collective
     step = m[BUSY] + collective + m[OTHER]
-    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], collective, m[OTHER]])
+    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], m[XFER], collective, m[OTHER]])
 
 
 def _group_medians(cs: ClosedStep, busy: np.ndarray, groups: GroupIndex) -> np.ndarray:

@@ -39,7 +39,7 @@ class Throughput:
             self.first_start = ts
 
     def on_step(self, cs: ClosedStep) -> None:
-        self.on_start(float(np.nanmin(cs.start)))
+        self.on_start(cs.start_min)
         self.last_end = max(self.last_end, cs.end_max)
         flops = np.nan if cs.flops is None else cs.flops
         self.window.push(np.array([cs.end_max, cs.samples, cs.tokens, flops]))
