@@ -11,6 +11,7 @@ Counter rates are computed here (:mod:`exporters.clickhouse.rates`).
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -99,13 +100,26 @@ class _Header(msgspec.Struct):
 _lenient = msgspec.json.Decoder(_Header)
 
 
+def _scan_header(payload: bytes) -> _Header:
+    """Header fields from JSON too broken to parse, when they can be spotted."""
+    found: dict[str, Any] = {}
+    for name in ("kind", "host", "inst"):
+        match = re.search(rb'"' + name.encode() + rb'"\s*:\s*"([^"\\]{0,256})"', payload)
+        if match:
+            found[name] = match.group(1).decode("utf-8", "replace")
+    match = re.search(rb'"seq"\s*:\s*(\d{1,20})\b', payload)
+    if match:
+        found["seq"] = int(match.group(1))
+    return _Header(**found)
+
+
 def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any, ...]:
     """A dead_letters row; the header fields are read leniently when they can be."""
     payload = record.value or b""
     try:
         header = _lenient.decode(payload)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        header = _Header()
+        header = _scan_header(payload[:65536])
     seq = header.seq if isinstance(header.seq, int) and 0 <= header.seq < 2**64 else None
     return (
         now, record.topic, record.partition, record.offset,

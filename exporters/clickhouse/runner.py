@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
 from exporters.clickhouse.planner import Batch
 from exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
 from exporters.clickhouse.sink_metrics import SinkMetrics
-from stepwatch.errors import ConfigError
+from stepwatch.errors import ConfigError, StoreError
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def run_sink(
         raise ConfigError("the sink needs --bootstrap-servers (or STEPWATCH_BOOTSTRAP_SERVERS)")
     topics = sink_topics(settings.topic_prefix)
     ensure_topics(settings, topics)
-    store = open_writer(settings)
+    store = _open_owned(settings, open_writer)
     metrics = SinkMetrics()
     service: Any = None
     http: Any = None
@@ -63,6 +64,19 @@ def run_sink(
             service.stop()
         store.close()
     return metrics
+
+
+def _open_owned(settings: Settings, open_writer: Callable[[Settings], Any], wait: float = 30.0) -> Any:
+    """Open the store to write; a reader holding the embedded path briefly is waited for."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            return open_writer(settings)
+        except StoreError as err:
+            if "another process owns" not in str(err) or time.monotonic() > deadline:
+                raise
+            log.warning("store busy, retrying path=%s error=%s", settings.store_path, err)
+            time.sleep(0.5)
 
 
 def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -> Any:
