@@ -27,10 +27,10 @@ def register(subparsers: Any) -> None:
     d = sub.add_parser("detect", help=BENCHMARKS["detect"][1],
                        description=(
                            "Seeded suite of simulated jobs (healthy runs with heavy noise and "
-                           "pauses; every fault kind at 5/10/30 %% severity; 8 to 1024 ranks, "
+                           "pauses; every fault kind at 5/10/30 % severity; 8 to 1024 ranks, "
                            "data and pipeline parallel): precision, recall, F1, time to detect, "
                            "cause attribution, false detections per 1000 healthy job-hours, "
-                           "overall and for severities >= 10 %%; Engine.process records/s."))
+                           "overall and for severities >= 10 %; Engine.process records/s."))
     d.add_argument("--quick", action="store_true", help="the small suite (under a minute)")
     d.add_argument("--seed", type=int, default=7, help="suite seed (default 7)")
     d.add_argument("--json", metavar="PATH", help="also write the figures as JSON")

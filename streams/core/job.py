@@ -263,12 +263,15 @@ class Job(Incidents):
             self.throughput.on_rewind(rw, self.slowdown.cadence)
             if self.hung_since is not None:
                 self.hung_since = None
+                restarted_at = self.last_progress + max(rw.gap_seconds, 0.0)
                 for type_ in (T.HANG, T.RANK_MISSING):
                     for key in self.book.keys(type_):
-                        out.extend(self.book.resolve(key, self.last_progress, None, "restarted"))
+                        out.extend(self.book.resolve(key, restarted_at, rw.to_step, "restarted"))
         self.assembler.rewinds.clear()
         self.warm = 0
         self.straggler.reset()
+        self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
+        self.newest_step = self.assembler.last_closed + 1
         return out
 
     def _finalise(self, now: float) -> list[DetectionMessage]:

@@ -100,3 +100,24 @@ def test_rank_absent_while_its_peers_progress() -> None:
     missing = opened(found)
     assert [(d.type, d.rank, d.evidence["how"]) for d in missing] == [
         ("rank_missing", 12, "absent")]
+
+
+def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
+    import msgspec
+
+    job = Job(world=8, steps=30)
+    first = job.messages()
+    engine = Engine()
+    stop = _last_end(first)
+    found = drive(engine, first, until=stop + 70)
+    assert [d.type for d in opened(found)] == ["hang"]
+    shift = 120.0  # the scheduler restarts it from the checkpoint at step 20
+    again = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
+        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
+        for r in m.steps]) for m in Job(world=8, steps=30).messages() if m.steps[0].step >= 20]
+    found = drive(engine, again)
+    assert [(d.type, d.state, d.evidence["resolved_because"]) for d in found] == [
+        ("hang", "resolved", "restarted")]
+    s = engine.stats()[0]
+    assert not s.hung and s.badput_seconds["restart"] > 100
+    assert s.badput_seconds["lost_progress"] > 5
