@@ -110,7 +110,9 @@ def _detection_families(snap: Snapshot) -> Iterator[Metric]:
         if det.rank is None:
             continue
         score = snap.scores.get((det.job_id, det.rank), det.score)
+        # the core puts the flagged rank's host in the header ("stepwatch" when unknown)
         host = det.evidence.get("host") if det.evidence else None
+        host = host or (det.host if det.host != "stepwatch" else "")
         gpu = "" if det.gpu is None else str(det.gpu)
         labels = [det.job_id, str(det.rank), str(host or ""), gpu, det.type, det.cause]
         ranks.add_metric(labels, float("nan") if score is None else float(score))

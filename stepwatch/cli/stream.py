@@ -63,6 +63,9 @@ def register(sub: Any) -> None:
                    help="seconds between hang checks and metric refreshes (default 1)")
     g.add_argument("--standby-replicas", type=int, default=1,
                    help="standby copies of the open-detections table (default 1)")
+    g.add_argument("--restore-grace-steps", type=int, default=64,
+                   help="steps a job must advance before an inherited open detection the "
+                   "restarted core did not confirm is resolved (default 64)")
     g.add_argument("--session-timeout", type=float,
                    help="consumer-group session timeout in seconds (default 60; 6 with "
                    "--dev-broker, which answers a group join after half of it)")
@@ -108,7 +111,7 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
         data_dir=settings.stream_data_dir, web_port=args.web_port, batch_max=args.batch,
         batch_within=args.batch_within, tick_seconds=args.tick,
         standby_replicas=args.standby_replicas, lean_consumer=not args.stock_consumer,
-        session_timeout=args.session_timeout,
+        session_timeout=args.session_timeout, grace_steps=args.restore_grace_steps,
     )
     service = create_app(settings, options)
     port = serve(service.metrics, settings.stream_metrics_port)
