@@ -190,11 +190,12 @@ def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
         reasons.append(f"throttled ({name})")
         ev[f"throttle_{name}_share"] = round(own.throttle_share[bit], 3)
     peer_clock = median_of([p.sm_clock_ratio for p in peers if p.sm_clock_ratio is not None])
-    if own.sm_clock_ratio is not None and own.sm_clock_ratio < cfg.low_clock_ratio and (
-        peer_clock is None or own.sm_clock_ratio < peer_clock - 0.02
+    low = own.sm_clock_ratio_low  # a quarter of the samples: the drop may be recent
+    if low is not None and low < cfg.low_clock_ratio and (
+        peer_clock is None or low < peer_clock - 0.02
     ):
         reasons.append("SM clock below max")
-        ev["sm_clock_ratio"] = round(own.sm_clock_ratio, 3)
+        ev["sm_clock_ratio"] = round(low, 3)
         ev["peer_sm_clock_ratio"] = None if peer_clock is None else round(peer_clock, 3)
     peer_temp = median_of([p.temp_c for p in peers if p.temp_c is not None])
     if own.temp_c is not None and own.temp_c >= cfg.hot_temp_c and (

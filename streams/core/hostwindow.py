@@ -48,6 +48,7 @@ class GpuSignals:
     samples: int
     throttle_share: dict[int, float]  # reason bit -> share of samples with it set
     sm_clock_ratio: float | None  # median SM clock / max SM clock
+    sm_clock_ratio_low: float | None  # its 25th percentile (a drop in part of the window)
     temp_c: float | None  # median GPU temperature
     power_ratio: float | None  # median power / power limit
     util_pct: float | None  # median GPU utilisation
@@ -194,7 +195,7 @@ def _gpu_signals(readings: list[GpuReading], events: list[EventMessage]) -> GpuS
     dbe_events = sum(1 for e in events if e.type == EventType.ECC and is_dbe(e))
     n = len(readings)
     if not n:
-        return GpuSignals(0, {}, None, None, None, None, dbe_events, 0, xids)
+        return GpuSignals(0, {}, None, None, None, None, None, dbe_events, 0, xids)
     share = {bit: sum(1 for r in readings if (r.throttle_reasons or 0) & bit) / n
              for bit in THROTTLE_NAMES}
     clocks = [r.sm_clock_mhz / r.sm_clock_max_mhz for r in readings
@@ -205,6 +206,7 @@ def _gpu_signals(readings: list[GpuReading], events: list[EventMessage]) -> GpuS
         samples=n,
         throttle_share=share,
         sm_clock_ratio=median_of(clocks),
+        sm_clock_ratio_low=sorted(clocks)[len(clocks) // 4] if clocks else None,
         temp_c=median_of([r.temp_gpu_c for r in readings if r.temp_gpu_c is not None]),
         power_ratio=median_of(power),
         util_pct=median_of([r.util_gpu_pct for r in readings if r.util_gpu_pct is not None]),
