@@ -58,7 +58,10 @@ class Migration:
 
     @property
     def checksum(self) -> str:
-        return hashlib.sha256(self.sql.encode()).hexdigest()[:16]
+        """Of the statements as written, comments and layout left out."""
+        code = [ln.split("--", 1)[0].strip() for ln in self.sql.splitlines()]
+        normal = " ".join(" ".join(c for c in code if c).split())
+        return hashlib.sha256(normal.encode()).hexdigest()[:16]
 
     def statements(self, variables: Mapping[str, object]) -> list[str]:
         return split_statements(render(self.sql, variables))

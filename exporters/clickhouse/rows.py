@@ -295,10 +295,14 @@ def event_row(msg: EventMessage) -> tuple[Any, ...]:
     )
 
 
+UNATTRIBUTED_HOST = "stepwatch"  # a detection's header host when it flags no host (events.md)
+
+
 def detection_row(msg: DetectionMessage) -> tuple[Any, ...]:
     evidence = {k: text(v) for k, v in msg.evidence.items()}
+    subject = evidence.get("host") or ("" if msg.host == UNATTRIBUTED_HOST else msg.host)
     return (
         msg.ts, msg.id, msg.job_id, msg.type, msg.state, msg.rank, msg.gpu, msg.group, msg.cause,
         msg.fault, f64(msg.score), msg.step, msg.first_step, msg.opened_at, msg.summary, evidence,
-        evidence.get("host", ""), msg.host, msg.inst, msg.seq,
+        subject, msg.host, msg.inst, msg.seq,
     )

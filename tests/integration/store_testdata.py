@@ -45,11 +45,16 @@ def scenarios() -> list[Scenario]:
 
 
 def detections() -> list[DetectionMessage]:
-    """Straggler detections for the lemon's ranks (ranks 16..23 in jobA, 0..7 in jobB)."""
+    """Straggler detections for the lemon's ranks (ranks 16..23 in jobA, 0..7 in jobB).
+
+    The jobA one names its host in the header, as the stream workers do; the jobB
+    one names only the rank (header host ``stepwatch``), placed through rank_placement.
+    """
     out = []
-    for seq, (job, rank, ts) in enumerate([("jobA", 17, T0 + 60), ("jobB", 2, T0 + 3660)]):
+    flagged = [("jobA", 17, T0 + 60, LEMON), ("jobB", 2, T0 + 3660, "stepwatch")]
+    for job, rank, ts, host in flagged:
         out.append(DetectionMessage(
-            host="stream-0", ts=ts, inst="w1", seq=seq, id=f"{job}-straggler-{rank}", job_id=job,
+            host=host, ts=ts, inst="w1", seq=0, id=f"{job}-straggler-{rank}", job_id=job,
             type="straggler", state="open", rank=rank, cause="gpu", fault="system", score=0.91,
             step=40, first_step=30, opened_at=ts, summary=f"rank {rank} compute 10% above peers",
             evidence={"compute_ratio": 1.1},

@@ -119,6 +119,9 @@ def test_job_timeline_orders_events_and_detections(loaded):
     timeline_a = run(loaded[0], "job_timeline", job="jobA").dicts()
     detection = [r for r in timeline_a if r["source"] == "detection"]
     assert [(d["what"], d["host"], d["rank"]) for d in detection] == [("straggler:open", D.LEMON, 17)]
+    timeline_b = run(loaded[0], "job_timeline", job="jobB").dicts()
+    placed = [(r["host"], r["rank"]) for r in timeline_b if r["source"] == "detection"]
+    assert placed == [(D.LEMON, 2)]  # rank-only detection, host from rank_placement
     assert [r["ts"] for r in timeline_a] == sorted(r["ts"] for r in timeline_a)
 
 

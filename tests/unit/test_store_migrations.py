@@ -79,3 +79,12 @@ def test_render_fills_placeholders_and_refuses_unknown_ones():
     assert render("TTL x + INTERVAL {{raw_ttl_days}} DAY", {"raw_ttl_days": 7}) == "TTL x + INTERVAL 7 DAY"
     with pytest.raises(StoreError, match="no value"):
         render("{{missing}}", {})
+
+
+def test_checksum_ignores_comments_and_layout_but_not_statements():
+    from exporters.clickhouse.migrations import Migration
+
+    base = Migration(1, "a", "CREATE TABLE IF NOT EXISTS a (x UInt8) ENGINE = Memory;\n")
+    commented = Migration(1, "a", "-- why\nCREATE TABLE IF NOT EXISTS a\n  (x UInt8)   ENGINE = Memory; -- note\n")
+    changed = Migration(1, "a", "CREATE TABLE IF NOT EXISTS a (x UInt16) ENGINE = Memory;\n")
+    assert base.checksum == commented.checksum != changed.checksum

@@ -39,8 +39,8 @@ CREATE TABLE IF NOT EXISTS detections
     opened_at Nullable(DateTime64(3, 'UTC')),
     summary String CODEC(ZSTD(1)),
     evidence Map(String, String) CODEC(ZSTD(1)),
-    subject_host LowCardinality(String),  -- the host the detection is about, when known
-    host LowCardinality(String),          -- the stream worker that produced it
+    subject_host LowCardinality(String),  -- the flagged host, when the detection names one
+    host LowCardinality(String),          -- the message header's host (flagged host or 'stepwatch')
     inst LowCardinality(String),
     seq UInt64 CODEC(Delta, ZSTD(1))
 )
