@@ -105,7 +105,7 @@ def bench_sink(messages: list[StepMessage], batch: int, work: Path) -> tuple[int
                 first.append(time.perf_counter())
             return got
 
-        sink.source.poll = poll  # type: ignore[method-assign]
+        sink.source.poll = poll  # type: ignore[method-assign,assignment]
         thread = threading.Thread(target=sink.run, daemon=True)
         thread.start()
         deadline = time.monotonic() + 600

@@ -14,7 +14,7 @@ flag gpu-03's ranks in jobA and jobB.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from stepwatch.contract import KIND_OF, DetectionMessage, Message, Topics, encode, message_key
 from stepwatch.sim import Fault, FaultKind, Scenario, simulate
@@ -89,7 +89,8 @@ def expected_rows(messages: list[Message]) -> dict[str, int]:
     }
 
 
-def produce(bootstrap: str, prefix: str, messages: list[Message], extra: list[tuple[str, bytes]] = ()) -> int:
+def produce(bootstrap: str, prefix: str, messages: list[Message],
+            extra: Sequence[tuple[str, bytes]] = ()) -> int:
     """Publish the messages (and raw ``(topic, value)`` extras) and wait for delivery."""
     from confluent_kafka import Producer
 
