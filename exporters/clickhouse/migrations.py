@@ -132,6 +132,7 @@ class Migrator:
         self.store = store
         self.raw_ttl_days = raw_ttl_days
         self.migrations = load_migrations() if migrations is None else migrations
+        self.ttl_changed: list[str] = []  # tables whose raw TTL the last migrate() changed
 
     def _applied(self, create: bool = True) -> dict[int, str]:
         if create:
@@ -174,7 +175,7 @@ class Migrator:
             )
             log.info("migration applied version=%d name=%s", migration.version, migration.name)
             done.append(migration)
-        self.ensure_ttl()
+        self.ttl_changed = self.ensure_ttl()
         return done
 
     def current_ttl(self) -> dict[str, int]:

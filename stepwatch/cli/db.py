@@ -80,11 +80,14 @@ def run_migrate(args: argparse.Namespace) -> int:
     settings = store_settings(args, store_raw_ttl_days=args.raw_ttl_days)
     store = open_writer(settings)
     try:
-        applied = Migrator(store, settings.store_raw_ttl_days).migrate()
+        migrator = Migrator(store, settings.store_raw_ttl_days)
+        applied = migrator.migrate()
     finally:
         store.close()
     names = ", ".join(f"{m.version:04d}_{m.name}" for m in applied) or "nothing to do"
     print(f"migrations applied: {names}")
+    if migrator.ttl_changed:
+        print(f"raw-row TTL set to {settings.store_raw_ttl_days} days on: {', '.join(migrator.ttl_changed)}")
     return 0
 
 

@@ -104,3 +104,18 @@ def test_readonly_store_refuses_writes_and_one_path_per_process(store, tmp_path)
         reader.close()
     with pytest.raises(StoreError, match="one path per process"):
         ChdbStore(str(tmp_path / "other"))
+
+
+def test_db_cli_migrates_once_and_reports_status(tmp_path, capsys):
+    from stepwatch.cli import main
+
+    path = ["--store-path", str(tmp_path / "cli")]
+    assert main(["db", "migrate", *path]) == 0
+    assert "0001_raw_tables" in capsys.readouterr().out
+    assert main(["db", "migrate", *path, "--raw-ttl-days", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "nothing to do" in out and "TTL set to 30 days" in out
+    assert main(["db", "status", *path]) == 0
+    status = capsys.readouterr().out
+    assert "0004_ops_tables: applied" in status and "PENDING" not in status
+    assert "step_events" in status and "schema_migrations" in status
