@@ -109,9 +109,11 @@ def run_status(args: argparse.Namespace) -> int:
             changed = "" if status.checksum_ok else " (file changed since applied)"
             print(f"  {status.version:04d}_{status.name}: {state}{changed}")
         result = store.query(
-            "SELECT table, sum(rows) AS rows, sum(bytes_on_disk) AS bytes_on_disk, count() AS parts "
-            "FROM system.parts WHERE active AND database = currentDatabase() "
-            "GROUP BY table ORDER BY table")
+            "SELECT t.name AS table, t.engine AS engine, p.rows AS rows, p.bytes AS bytes_on_disk, "
+            "p.parts AS parts FROM system.tables AS t LEFT JOIN (SELECT table, sum(rows) AS rows, "
+            "sum(bytes_on_disk) AS bytes, count() AS parts FROM system.parts "
+            "WHERE active AND database = currentDatabase() GROUP BY table) AS p ON t.name = p.table "
+            "WHERE t.database = currentDatabase() AND t.engine NOT LIKE '%View' ORDER BY t.name")
         sys.stdout.write(render(result))
     finally:
         store.close()
