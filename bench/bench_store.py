@@ -93,7 +93,7 @@ def bench_sink(messages: list[StepMessage], batch: int, work: Path) -> tuple[int
                 producer.poll(0)
         producer.flush(60)
         store = ChdbStore(str(work / "sink"))
-        Migrator(store, raw_ttl_days=3650).migrate()
+        Migrator(store, raw_ttl_days=20000).migrate()
         sink = Sink(store, KafkaSource(settings, "bench"), sink_topics("b"),
                     SinkConfig(batch_messages=batch, batch_seconds=0.5))
         first: list[float] = []
@@ -125,7 +125,7 @@ def bench_raw_insert(messages: list[StepMessage], batch: int, work: Path) -> tup
     prepared = Preparer().prepare([Record("b.steps", 0, i, encode(m)) for i, m in enumerate(messages)])
     all_rows = prepared.tables["step_events"].rows
     store = ChdbStore(str(work / "raw"))
-    Migrator(store, raw_ttl_days=3650).migrate()
+    Migrator(store, raw_ttl_days=20000).migrate()
     per_block = batch * RANKS_PER_HOST
     started = time.perf_counter()
     for i in range(0, len(all_rows), per_block):
@@ -159,7 +159,7 @@ SETTINGS max_insert_threads = 2, max_block_size = 1048576
 
 def bench_query(ranks: int, steps: int, repeat: int, work: Path) -> dict[str, float]:
     store = ChdbStore(str(work / "big"))
-    Migrator(store, raw_ttl_days=3650).migrate()
+    Migrator(store, raw_ttl_days=20000).migrate()
     rows = ranks * steps
     started = time.perf_counter()
     store.command(GENERATE.format(ranks=ranks, rows=rows, t0=T0, slow_rank=ranks // 2 + 5))

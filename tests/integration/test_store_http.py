@@ -48,9 +48,9 @@ def test_migrations_inserts_dedup_and_parameters_through_the_real_client(owner):
     _, rw, _ = owner
     client = connect(rw)
     try:
-        assert [m.version for m in Migrator(client, raw_ttl_days=3650).migrate()] == \
+        assert [m.version for m in Migrator(client, raw_ttl_days=20000).migrate()] == \
             [m.version for m in load_migrations()]
-        assert Migrator(client, raw_ttl_days=3650).migrate() == []
+        assert Migrator(client, raw_ttl_days=20000).migrate() == []
         row = (1767225600.25, "job'1", "h", "xid", "Xid 79", {"pci": "0000:9A"}, "i", 7)
         for _ in range(2):
             client.insert("events", EVENT_COLS, [row], token="g|t.events|0|7-7|events")
@@ -73,7 +73,7 @@ def test_migrations_inserts_dedup_and_parameters_through_the_real_client(owner):
 def test_the_read_only_endpoint_refuses_writes_and_strangers(owner):
     _, rw, ro = owner
     setup = connect(rw)
-    Migrator(setup, raw_ttl_days=3650).migrate()
+    Migrator(setup, raw_ttl_days=20000).migrate()
     setup.close()
     reader = connect(ro, create_database=False)
     try:
@@ -92,7 +92,7 @@ def test_the_read_only_endpoint_refuses_writes_and_strangers(owner):
 
 def test_readers_find_the_owner_and_writers_refuse_to_compete(owner, tmp_path):
     store, _, ro = owner
-    Migrator(store, raw_ttl_days=3650).migrate()
+    Migrator(store, raw_ttl_days=20000).migrate()
     store.insert("events", EVENT_COLS, [(1767225600.0, "j", "h", "xid", "", {}, "i", 1)])
     settings = Settings.load(env={}, store_path=store.path)
     endpoint = Endpoint.read(endpoint_path(store.path))
@@ -111,7 +111,7 @@ def test_readers_find_the_owner_and_writers_refuse_to_compete(owner, tmp_path):
 def test_a_stale_endpoint_file_is_ignored(tmp_path):
     path = str(tmp_path / "chdb")
     s = ChdbStore(path)
-    Migrator(s, raw_ttl_days=3650).migrate()
+    Migrator(s, raw_ttl_days=20000).migrate()
     s.close()
     stale = {"url": "http://127.0.0.1:9", "user": USER, "password": "x", "database": "stepwatch",
              "pid": 2**22 + 12345, "readonly": True}
@@ -132,7 +132,7 @@ def test_the_server_backend_is_chosen_by_url(owner):
     try:
         assert writer.backend == "clickhouse-connect"
         assert writer.query("SELECT currentDatabase()").scalar() == "other"
-        Migrator(writer, raw_ttl_days=3650).migrate()
+        Migrator(writer, raw_ttl_days=20000).migrate()
         names = writer.query("SHOW TABLES").column("name")
         assert set(R.TABLES) <= set(names)
     finally:

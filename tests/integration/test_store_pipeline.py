@@ -42,7 +42,7 @@ def loaded(tmp_path_factory):
         ensure_topics(settings, sink_topics("p"))
         D.produce(broker.bootstrap, "p", messages)
         store = ChdbStore(settings.store_path)
-        Migrator(store, raw_ttl_days=3650).migrate()
+        Migrator(store, raw_ttl_days=20000).migrate()
         sink = Sink(store, KafkaSource(settings, "it-pipeline"), sink_topics("p"),
                     SinkConfig(batch_messages=2000, batch_seconds=0.3))
         thread = threading.Thread(target=sink.run, daemon=True)

@@ -86,7 +86,7 @@ def test_sigkill_between_insert_and_commit_then_restart_stores_everything_once(b
         **os.environ,
         "STEPWATCH_BOOTSTRAP_SERVERS": broker.bootstrap, "STEPWATCH_TOPIC_PREFIX": "r",
         "STEPWATCH_PARTITIONS": "4", "STEPWATCH_STORE_PATH": store_path,
-        "STEPWATCH_STORE_RAW_TTL_DAYS": "3650", "STEPWATCH_SINK_METRICS_PORT": "0",
+        "STEPWATCH_STORE_RAW_TTL_DAYS": "20000", "STEPWATCH_SINK_METRICS_PORT": "0",
         "STEPWATCH_KAFKA__SESSION_TIMEOUT_MS": "6000", "STEPWATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
     }
     settings = Settings.load(env=env)

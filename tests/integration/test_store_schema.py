@@ -17,7 +17,7 @@ T0 = 1767225600.0
 @pytest.fixture()
 def store(tmp_path):
     s = ChdbStore(str(tmp_path / "chdb"))
-    Migrator(s, raw_ttl_days=3650).migrate()
+    Migrator(s, raw_ttl_days=20000).migrate()
     yield s
     s.close()
 
@@ -36,7 +36,7 @@ def step_rows(seq: int, ranks: int = 4) -> list[tuple]:
 
 def test_migrate_twice_is_a_no_op(store):
     before = tables(store)
-    assert Migrator(store, raw_ttl_days=3650).migrate() == []
+    assert Migrator(store, raw_ttl_days=20000).migrate() == []
     assert tables(store) == before
     ledger = store.query("SELECT version, count() FROM schema_migrations GROUP BY version ORDER BY version")
     assert ledger.rows == [(m.version, 1) for m in load_migrations()]
@@ -65,8 +65,8 @@ def test_engines_keys_ttl_and_codecs(store):
     lowcard = store.query("SELECT type FROM system.columns WHERE database = currentDatabase() "
                           "AND table = 'step_events' AND name IN ('host', 'job_id')").column("type")
     assert lowcard == ["LowCardinality(String)"] * 2
-    assert Migrator(store, raw_ttl_days=3650).current_ttl() == dict.fromkeys(
-        ("step_events", "gpu_samples", "port_samples"), 3650)
+    assert Migrator(store, raw_ttl_days=20000).current_ttl() == dict.fromkeys(
+        ("step_events", "gpu_samples", "port_samples"), 20000)
 
 
 def test_ttl_follows_the_setting(store):
