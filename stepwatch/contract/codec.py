@@ -19,6 +19,7 @@ from stepwatch.contract.records import (
     GpuMessage,
     Message,
     PortMessage,
+    PortReading,
     StepMessage,
     StepRecord,
 )
@@ -163,6 +164,22 @@ def _check_time(what: str, value: float, now: float) -> None:
         raise ContractError("absurd_value", f"{what}: timestamp {value!r}")
     if value > now + FUTURE_SKEW_SECONDS:
         raise ContractError("absurd_value", f"{what}: timestamp {value!r} is in the future")
+
+
+def _check_struct(where: str, record: msgspec.Struct) -> None:
+    """Fast path: only on a bad value build the precise message."""
+    for name in record.__struct_fields__:
+        value = getattr(record, name)
+        if value is None or value.__class__ is str or value.__class__ is bool:
+            continue
+        if not value >= 0 or value == math.inf:  # negative, NaN or inf
+            _check_numbers(f"{where}[{_ident(record)}]", msgspec.structs.asdict(record))
+
+
+def _ident(record: msgspec.Struct) -> str:
+    if isinstance(record, PortReading):
+        return f"{record.device}:{record.port}"
+    return str(getattr(record, "index", "?"))
 
 
 def _check_numbers(where: str, fields: dict[str, object]) -> None:

@@ -222,7 +222,7 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
 
     id: str = ""
     job_id: str = ""
-    type: str = ""  # straggler | hang | throughput | rank_missing | job_slowdown | user_error
+    type: str = ""  # straggler | job_slowdown | hang | rank_missing | link_flap | throughput | user_error
     state: str = "open"  # open | update | resolved
     rank: int | None = None
     gpu: int | None = None

@@ -163,4 +163,11 @@ class Demo:
         for d in opened:
             lines.append(f"  {d.type} job={d.job_id} rank={d.rank} host={d.host} cause={d.cause} "
                          f"at step {d.step}: {d.summary}")
+        if any(c.name == "sink" for c in self.children):
+            store = self.options.workdir / "chdb"
+            lines += [
+                "history (ClickHouse engine, embedded):",
+                f"  stepwatch query job_timeline --job demo-job --store-path {store}",
+                f"  stepwatch query rank_step_percentiles --job demo-job --store-path {store}",
+            ]
         return "\n".join(lines)

@@ -66,10 +66,11 @@ def children(bootstrap: str, workdir: Path, *, workers: int, store: bool) -> lis
                  "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(9466 + i)],
                 workdir / f"stream-{i}.log",
             ))
-    if store and available("stepwatch.cli.sink"):
+    if store and available("exporters.clickhouse.sink"):
         out.append(Child(
             "sink",
-            [*cli, "sink", *common, "--store-path", str(workdir / "chdb")],
+            [*cli, "db", "sink", *common, "--store-path", str(workdir / "chdb"),
+             "--metrics-port", "0"],
             workdir / "sink.log",
         ))
     return out
