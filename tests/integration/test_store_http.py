@@ -138,3 +138,34 @@ def test_the_server_backend_is_chosen_by_url(owner):
     finally:
         writer.close()
     assert "secret" not in repr(settings.replace(clickhouse_password="secret"))
+
+
+def test_the_endpoint_answers_like_clickhouse_http_to_curl_style_requests(owner):
+    import base64
+    import gzip
+    import urllib.error
+    import urllib.parse
+
+    _, rw, _ = owner
+    auth = {"X-ClickHouse-User": USER, "X-ClickHouse-Key": rw.password}
+
+    def call(query: str | None = None, body: bytes = b"", headers: dict | None = None, **params):
+        qs = urllib.parse.urlencode({**({"query": query} if query else {}), **params})
+        req = urllib.request.Request(f"{rw.url}/?{qs}", data=body or None,
+                                     headers={**auth, **(headers or {})})
+        with urllib.request.urlopen(req, timeout=10) as reply:
+            return reply.read(), dict(reply.headers)
+
+    out, headers = call("SELECT 1 + {x:UInt8} AS y", param_x="2", default_format="JSONEachRow")
+    assert out == b'{"y":3}\n' and headers["X-ClickHouse-Format"] == "JSONEachRow"
+    assert call("SELECT 'a' AS s FORMAT TSV")[0] == b"a\n"
+    call(body=b"CREATE TABLE t (a UInt8) ENGINE = Memory", database="default")
+    call("INSERT INTO t FORMAT CSV", body=gzip.compress(b"1\n2\n3\n"),
+         headers={"Content-Encoding": "gzip"}, database="default")
+    assert call("SELECT sum(a) FROM t", database="default")[0] == b"6\n"
+    basic = "Basic " + base64.b64encode(f"{USER}:{rw.password}".encode()).decode()
+    assert call("SELECT 7", headers={"Authorization": basic, "X-ClickHouse-Key": ""})[0] == b"7\n"
+    with pytest.raises(urllib.error.HTTPError) as err:
+        call("SELECT nope_function()")
+    assert err.value.headers["X-ClickHouse-Exception-Code"] == "46"
+    assert err.value.read().startswith(b"Code: 46. DB::Exception:")
