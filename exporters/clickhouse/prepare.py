@@ -14,7 +14,7 @@ import logging
 import re
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -165,7 +165,11 @@ class Preparer:
                 decoded.append((record, message))
         self._seed(decoded)
         for record, message in decoded:
-            self._map(record, message, out)
+            try:
+                self._map(record, message, out)
+            except Exception as err:  # a bug must not stall the partition: keep the record
+                self._warn("map", "cannot map a record error=%r", err, level=logging.ERROR)
+                out.dead.append(dead_row(record, "internal_error", repr(err), now))
         self._check(out, now)
         return out
 
@@ -198,23 +202,27 @@ class Preparer:
         return message
 
     def _map(self, record: Record, message: Message, out: Prepared) -> None:
+        """Add the message's rows; all of them or, if mapping fails, none."""
+        for table, row, where in list(self._rows(message)):
+            out.add(table, row, record, where)
+
+    def _rows(self, message: Message) -> Iterator[tuple[R.Table, tuple[Any, ...], str]]:
         if isinstance(message, StepMessage):
             for i, step in enumerate(message.steps):
-                out.add(R.STEPS, R.step_row(message, step), record, f"steps[{i}]")
+                yield R.STEPS, R.step_row(message, step), f"steps[{i}]"
         elif isinstance(message, GpuMessage):
             for g in message.gpus:
                 change = self.gpus.update((message.host, g.index), message.ts, gpu_values(g))
-                row = R.gpu_row(message, g, gpu_derived(change), int(change.known))
-                out.add(R.GPUS, row, record, f"gpus[{g.index}]")
+                yield R.GPUS, R.gpu_row(message, g, gpu_derived(change), int(change.known)), f"gpus[{g.index}]"
         elif isinstance(message, PortMessage):
             for p in message.ports:
                 change = self.ports.update((message.host, p.device, p.port), message.ts, port_values(p))
                 row = R.port_row(message, p, (change.dt, *change.rates()), int(change.known))
-                out.add(R.PORTS, row, record, f"ports[{p.device}:{p.port}]")
+                yield R.PORTS, row, f"ports[{p.device}:{p.port}]"
         elif isinstance(message, EventMessage):
-            out.add(R.EVENTS, R.event_row(message), record, "event")
+            yield R.EVENTS, R.event_row(message), "event"
         elif isinstance(message, DetectionMessage):
-            out.add(R.DETECTIONS, R.detection_row(message), record, "detection")
+            yield R.DETECTIONS, R.detection_row(message), "detection"
 
     # ------------------------------------------------------------------ seeding
     def _seed(self, decoded: list[tuple[Record, Message]]) -> None:

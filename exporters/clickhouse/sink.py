@@ -24,7 +24,7 @@ from exporters.clickhouse.kafka_source import TP, Source
 from exporters.clickhouse.planner import Batch, Planner
 from exporters.clickhouse.prepare import Preparer, dead_row
 from exporters.clickhouse.sink_metrics import SinkMetrics
-from exporters.clickhouse.store import Store
+from exporters.clickhouse.store import ClickHouseError, Store
 from exporters.clickhouse.writer import StopRequested, Writer
 from stepwatch.contract import Topics
 from stepwatch.errors import StepwatchError, TransportError
@@ -142,6 +142,19 @@ class Sink:
                 pass
 
     def _load_plans(self, tp: TP, committed: int | None) -> list[tuple[int, int]]:
+        delay = self.config.retry_initial
+        while True:
+            try:
+                return self._query_plans(tp, committed)
+            except ClickHouseError as err:
+                if self._stop.is_set():
+                    raise
+                self.metrics.retries.labels("sink_batches").inc()
+                log.warning("cannot read batch plans, retrying delay_s=%.1f error=%s", delay, err)
+                time.sleep(delay)
+                delay = min(delay * 2, self.config.retry_max)
+
+    def _query_plans(self, tp: TP, committed: int | None) -> list[tuple[int, int]]:
         result = self.store.query(
             "SELECT first_offset, last_offset FROM sink_batches FINAL "
             "WHERE consumer_group = {g:String} AND topic = {t:String} AND partition = {p:UInt32} "

@@ -244,3 +244,43 @@ def test_run_flushes_commits_and_closes_on_stop():
     assert len(store.tables["step_events"]) == 24 and closed == [True]
     assert sum(log.committed.values()) == 6
     assert sink.metrics.value("stepwatch_sink_ready") == 0
+
+
+def test_plans_are_read_again_when_the_store_is_briefly_down():
+    log, store = FakeLog(messages(4), partitions=1), FakeStore()
+    calls = 0
+    original = store.query
+
+    def flaky(sql, params=None):
+        nonlocal calls
+        if "FROM sink_batches" in sql:
+            calls += 1
+            if calls <= 2:
+                raise ClickHouseError("Code: 210. DB::Exception: Connection refused", 210)
+        return original(sql, params)
+
+    store.query = flaky  # type: ignore[method-assign]
+    sink = Sink(store, FakeSource(log), TOPICS, config(batch_messages=10))
+    sink.source.subscribe(TOPICS, sink._on_assign, sink._on_revoke)
+    drain(sink, polls=2)
+    assert calls == 3 and len(store.tables["step_events"]) == 16
+    assert sink.metrics.value("stepwatch_sink_insert_retries_total", table="sink_batches") == 2
+
+
+def test_a_record_that_breaks_the_mapping_is_kept_as_a_dead_letter(monkeypatch):
+    from exporters.clickhouse import rows as R
+
+    log, store = FakeLog(messages(3), partitions=1), FakeStore()
+    original = R.step_row
+
+    def fragile(msg, rec):
+        if msg.seq == 1 and rec.rank == 2:  # after two rows of the message were mapped
+            raise KeyError("surprise")
+        return original(msg, rec)
+
+    monkeypatch.setattr(R, "step_row", fragile)
+    sink = Sink(store, FakeSource(log), TOPICS, config(batch_messages=10))
+    sink.source.subscribe(TOPICS, sink._on_assign, sink._on_revoke)
+    drain(sink, polls=2)
+    assert len(store.tables["step_events"]) == 8
+    assert [(d["reason"], d["seq"]) for d in store.tables["dead_letters"]] == [("internal_error", 1)]
