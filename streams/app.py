@@ -66,23 +66,46 @@ class StreamOptions:
         return self.worker_name or f"{socket.gethostname()}:{os.getpid()}"
 
 
-class LedgerTable(faust.Table):
-    """The open-detections table; each key's changelog partition is its job's partition.
+class TableStore:
+    """The ledger's store over the Faust table ``open-detections``.
 
-    Faust would take the partition of the event being processed, which is not
-    defined in a batch mixing partitions nor in the timer; the ledger routes
-    every write explicitly instead.
+    Reads and local writes go to the table's store at once; the changelog
+    writes are queued and :meth:`flush` sends them one at a time, each to the
+    partition of its job (Faust would take the partition of the event being
+    processed, undefined in a batch that mixes partitions and in the timer),
+    waiting for each to be acknowledged. One record per produce request also
+    keeps Tansu (the dev broker, which reports a high watermark of the last
+    batch's base offset + 1) from hiding the tail of the changelog from Faust's
+    table recovery.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.routes: dict[bytes, int] = {}
+    def __init__(self, table: Any) -> None:
+        self.table = table
+        self.pending: list[tuple[bytes, bytes | None, int]] = []
 
-    def route(self, key: bytes, partition: int) -> None:
-        self.routes[key] = partition
+    def values(self) -> Iterable[bytes]:
+        return list(self.table.data.values())
 
-    def partition_for_key(self, key: Any) -> int | None:
-        return self.routes.pop(key, None)
+    def __contains__(self, key: object) -> bool:
+        return key in self.table.data
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        self.table.data[key] = value
+        self.pending.append((key, value, partition))
+
+    def delete(self, key: bytes, partition: int) -> None:
+        self.table.data.pop(key, None)
+        self.pending.append((key, None, partition))
+
+    async def flush(self) -> None:
+        """Send the queued changelog writes, in order, each acknowledged before the next."""
+        topic = self.table.changelog_topic
+        while self.pending:
+            key, value, partition = self.pending[0]
+            sent = await topic.send(key=key, value=value, partition=partition,
+                                    key_serializer="raw", value_serializer="raw")
+            await sent
+            self.pending.pop(0)
 
 
 class _StreamApp(faust.App):
@@ -101,7 +124,8 @@ class StreamService:
     app: faust.App
     processor: StreamProcessor
     metrics: StreamMetrics
-    table: LedgerTable
+    table: Any
+    store: TableStore
     worker: str
 
 
@@ -143,18 +167,16 @@ def create_app(
     app.lean_consumer = options.lean_consumer
     worker = options.resolved_worker()
     metrics = metrics or StreamMetrics()
-    table = LedgerTable(
-        app, name=LEDGER_TABLE, key_type=bytes, value_type=bytes,
-        partitions=settings.partitions, beacon=app.tables.beacon,
-        help="Open detections by id (stepwatch ledger)",
-    )
-    app.tables.add(table)
-    ledger = Ledger(table, table.route, options.grace_steps)
+    table = app.Table(LEDGER_TABLE, key_type=bytes, value_type=bytes,
+                      partitions=settings.partitions,
+                      help="Open detections by id (stepwatch ledger)")
+    store = TableStore(table)
+    ledger = Ledger(store, options.grace_steps)
     processor = StreamProcessor(Topics(settings.topic_prefix),
                                 engine_factory or default_engine_factory(settings),
                                 metrics, ledger, worker, silence_seconds=options.silence_seconds)
-    _wire(app, settings, options, processor, metrics, worker)
-    return StreamService(app, processor, metrics, table, worker)
+    _wire(app, settings, options, processor, metrics, store, worker)
+    return StreamService(app, processor, metrics, table, store, worker)
 
 
 def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App
@@ -181,12 +203,13 @@ def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wire(app: faust.App, settings: Settings, options: StreamOptions,
-          processor: StreamProcessor, metrics: StreamMetrics, worker: str) -> None:
+          processor: StreamProcessor, metrics: StreamMetrics, store: TableStore,
+          worker: str) -> None:
     topics = Topics(settings.topic_prefix)
     telemetry = set(topics.telemetry())
     channel = app.topic(*topics.telemetry(), schema=RawSchema(key_type=bytes, value_type=bytes),
                         partitions=settings.partitions)
-    publisher = _Publisher(app, metrics)
+    publisher = _Publisher(app, metrics, store)
     state = {"ready": False}
 
     async def consume(stream: Any) -> None:
@@ -241,9 +264,10 @@ def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
 class _Publisher:
     """Produce outputs; a failed send is counted and logged once, never raised."""
 
-    def __init__(self, app: faust.App, metrics: StreamMetrics) -> None:
+    def __init__(self, app: faust.App, metrics: StreamMetrics, store: TableStore) -> None:
         self.app = app
         self.metrics = metrics
+        self.store = store
         self.log_once = LogOnce(log)
 
     async def publish(self, outputs: list[Output]) -> None:
@@ -255,3 +279,12 @@ class _Publisher:
                 self.metrics.errors.labels("produce").inc()
                 self.log_once(f"produce:{type(err).__name__}", "produce failed topic=%s "
                               "error=%r", out.topic, err)
+        if self.store.pending:
+            # before the batch that caused them is acknowledged: a committed
+            # offset never runs ahead of its ledger entry
+            try:
+                await self.store.flush()
+            except Exception as err:
+                self.metrics.errors.labels("table").inc()
+                self.log_once(f"table:{type(err).__name__}", "ledger write failed pending=%d "
+                              "error=%r", len(self.store.pending), err)

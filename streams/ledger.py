@@ -7,7 +7,8 @@ the old ones. The ledger prevents that:
 
 * every detection the worker emits is written to a key-value store (the Faust
   table ``open-detections``, key = detection id, changelog partition = the
-  job's partition), and deleted when it resolves;
+  job's partition; see :class:`streams.app.TableStore`), and deleted when it
+  resolves;
 * when a worker takes a partition, the open entries of that partition are
   *inherited*. The fresh core will find the same incident again within its
   windows: its ``open`` for the same (job, type, rank, group) is turned into an
@@ -26,16 +27,47 @@ lost is only the core's windows, rebuilt from the stream within
 
 from __future__ import annotations
 
-from collections.abc import Callable, MutableMapping
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import msgspec
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, Message, StepMessage
 
 NaturalKey = tuple[str, str, int | None, str]  # job, type, rank, group
-Route = Callable[[bytes, int], None]
 HANG = "hang"
+
+
+class LedgerStore(Protocol):
+    """Where ledger entries live: key = detection id, written to the job's partition."""
+
+    def values(self) -> Iterable[bytes]: ...
+
+    def __contains__(self, key: object) -> bool: ...
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None: ...
+
+    def delete(self, key: bytes, partition: int) -> None: ...
+
+
+class DictStore:
+    """An in-memory :class:`LedgerStore` (tests, the offline replay)."""
+
+    def __init__(self) -> None:
+        self.data: dict[bytes, bytes] = {}
+
+    def values(self) -> Iterable[bytes]:
+        return self.data.values()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.data
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        self.data[key] = value
+
+    def delete(self, key: bytes, partition: int) -> None:
+        self.data.pop(key, None)
 
 
 class LedgerEntry(msgspec.Struct, frozen=True):
@@ -51,10 +83,6 @@ def natural_key(det: DetectionMessage) -> NaturalKey:
     return (det.job_id, det.type, det.rank, det.group)
 
 
-def _no_route(key: bytes, partition: int) -> None:
-    return None
-
-
 @dataclass
 class _Progress:
     first_step: int | None = None
@@ -67,14 +95,12 @@ class PartitionLedger:
     def __init__(
         self,
         partition: int,
-        store: MutableMapping[bytes, bytes],
-        route: Route = _no_route,
+        store: LedgerStore,
         grace_steps: int = 64,
     ) -> None:
         self.partition = partition
         self.grace_steps = grace_steps
         self._store = store
-        self._route = route
         self.open: dict[str, DetectionMessage] = {}
         self.inherited: dict[NaturalKey, str] = {}
         self._alias: dict[str, str] = {}
@@ -117,12 +143,10 @@ class PartitionLedger:
         if det.state == "resolved":
             self.open.pop(det.id, None)
             if key in self._store:
-                self._route(key, self.partition)
-                del self._store[key]
+                self._store.delete(key, self.partition)
         else:
-            self._route(key, self.partition)
             self.open[det.id] = det
-            self._store[key] = _encoder.encode(LedgerEntry(self.partition, det))
+            self._store.put(key, _encoder.encode(LedgerEntry(self.partition, det)), self.partition)
 
     # ------------------------------------------------------------------ inherited entries
     def observe(self, message: Message, now: float) -> list[DetectionMessage]:
@@ -193,15 +217,9 @@ class PartitionLedger:
 class Ledger:
     """All partitions' ledgers of one worker over one store."""
 
-    def __init__(
-        self,
-        store: MutableMapping[bytes, bytes] | None = None,
-        route: Route = _no_route,
-        grace_steps: int = 64,
-    ) -> None:
-        self.store: MutableMapping[bytes, bytes] = {} if store is None else store
-        self.route = route
+    def __init__(self, store: LedgerStore | None = None, grace_steps: int = 64) -> None:
+        self.store: LedgerStore = DictStore() if store is None else store
         self.grace_steps = grace_steps
 
     def for_partition(self, partition: int) -> PartitionLedger:
-        return PartitionLedger(partition, self.store, self.route, self.grace_steps)
+        return PartitionLedger(partition, self.store, self.grace_steps)

@@ -69,6 +69,8 @@ def register(sub: Any) -> None:
     g.add_argument("--session-timeout", type=float,
                    help="consumer-group session timeout in seconds (default 60; 6 with "
                    "--dev-broker, which answers a group join after half of it)")
+    g.add_argument("--faust-log-level", default="WARNING",
+                   help="log level of Faust, mode and aiokafka (default WARNING)")
     g.add_argument("--stock-consumer", action="store_true",
                    help="use Faust's stock consumer loop instead of the leaner one")
     p.set_defaults(func=run)
@@ -105,6 +107,8 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
     from streams.app import StreamOptions, create_app
     from streams.metrics import serve
 
+    for name in ("faust", "mode", "aiokafka"):
+        logging.getLogger(name).setLevel(args.faust_log_level.upper())
     ensure_topics(settings)
     options = StreamOptions(
         app_id=args.app_id or "", worker_name=args.worker_name or "",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepMessage, StepRecord
-from streams.ledger import Ledger, LedgerEntry
+from streams.ledger import DictStore, Ledger, LedgerEntry
 
 T0 = 1_700_000_000.0
 
@@ -23,17 +23,32 @@ def progress(step: int, job: str = "j") -> StepMessage:
     return StepMessage(host="h", ts=T0 + step, job_id=job, steps=[rec])
 
 
-def test_records_open_update_resolved_in_the_store_with_routes() -> None:
-    routes: list[tuple[bytes, int]] = []
-    ledger = Ledger(route=lambda key, p: routes.append((key, p)))
+class RecordingStore(DictStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[tuple[str, bytes, int]] = []
+
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        super().put(key, value, partition)
+        self.writes.append(("put", key, partition))
+
+    def delete(self, key: bytes, partition: int) -> None:
+        super().delete(key, partition)
+        self.writes.append(("delete", key, partition))
+
+
+def test_records_open_update_resolved_in_the_store_with_partitions() -> None:
+    store = RecordingStore()
+    ledger = Ledger(store)
     part = ledger.for_partition(3)
     part.record(det("a"))
-    assert msgspec.json.decode(ledger.store[b"a"], type=LedgerEntry).partition == 3
+    assert msgspec.json.decode(store.data[b"a"], type=LedgerEntry).partition == 3
     part.record(det("a", state="update"))
     assert part.open["a"].state == "update"
     part.record(det("a", state="resolved"))
-    assert b"a" not in ledger.store and not part.open
-    assert routes == [(b"a", 3)] * 3  # every write goes to the job's partition
+    assert b"a" not in store and not part.open
+    # every write goes to the job's partition
+    assert store.writes == [("put", b"a", 3), ("put", b"a", 3), ("delete", b"a", 3)]
 
 
 def test_restarted_worker_continues_an_inherited_detection_under_its_id() -> None:
@@ -82,7 +97,7 @@ def test_job_end_and_silence_resolve_inherited_detections() -> None:
     assert [d.id for d in fresh.observe(end, T0 + 100)] == ["a"]
     assert fresh.expire_silent(T0 + 100, 3600) == []
     assert [d.id for d in fresh.expire_silent(T0 + 10 + 3600, 3600)] == ["b"]
-    assert not ledger.store
+    assert not list(ledger.store.values())
 
 
 def test_a_new_detection_of_the_fresh_core_is_stored_as_is() -> None:
