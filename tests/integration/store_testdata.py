@@ -8,8 +8,9 @@ Three jobs on overlapping hosts (simulator, fixed seeds):
 * jobB: a link flap on ``gpu-06`` mlx5_2 at step 50.
 * jobC: XID 79 on ``gpu-09`` GPU 4 at step 60: the rank dies, the job hangs.
 
-Straggler detections (hand-built, as the stream workers would publish them)
-flag gpu-03's ranks in jobA and jobB.
+Detections come from the detection core (``streams.core.Engine``, what the
+stream workers run) over the same telemetry, stamped like a worker's output,
+plus one hand-built detection that names only a rank.
 """
 
 from __future__ import annotations
@@ -44,29 +45,33 @@ def scenarios() -> list[Scenario]:
     ]
 
 
-def detections() -> list[DetectionMessage]:
-    """Straggler detections for the lemon's ranks (ranks 16..23 in jobA, 0..7 in jobB).
+def detections(telemetry: list[Message]) -> list[DetectionMessage]:
+    """The detection core's findings on the runs, stamped as a stream worker does.
 
-    The jobA one names its host in the header, as the stream workers do; the jobB
-    one names only the rank (header host ``stepwatch``), placed through rank_placement.
+    ``streams.core.Engine`` over the time-ordered telemetry (what the stream
+    workers run), then one hand-built detection that names only a rank (header
+    host ``stepwatch``), so the store's rank -> host placement is exercised too.
     """
-    out = []
-    flagged = [("jobA", 17, T0 + 60, LEMON), ("jobB", 2, T0 + 3660, "stepwatch")]
-    for job, rank, ts, host in flagged:
-        out.append(DetectionMessage(
-            host=host, ts=ts, inst="w1", seq=0, id=f"{job}-straggler-{rank}", job_id=job,
-            type="straggler", state="open", rank=rank, cause="gpu", fault="system", score=0.91,
-            step=40, first_step=30, opened_at=ts, summary=f"rank {rank} compute 10% above peers",
-            evidence={"compute_ratio": 1.1},
-        ))
-    return out
+    from agents.sink import Sequencer
+    from streams.core import Engine
+
+    engine = Engine()
+    found: list[DetectionMessage] = []
+    for m in telemetry:
+        found.extend(engine.process(m))
+    found.extend(engine.tick(telemetry[-1].ts + 600))
+    found.append(DetectionMessage(
+        host="stepwatch", ts=T0 + 3700, id="jobB-throughput-2", job_id="jobB", type="throughput",
+        state="open", rank=2, cause="unknown", fault="unknown", step=40,
+        summary="rank 2 below the job's throughput"))
+    sequencer = Sequencer("worker-1")
+    return [sequencer.stamp(d) for d in found]  # type: ignore[misc]
 
 
 def messages() -> list[Message]:
     """Every message of the three runs plus the detections, in time order."""
-    out: list[Message] = [m for sc in scenarios() for m in simulate(sc)]
-    out.extend(detections())
-    return sorted(out, key=lambda m: m.ts)
+    telemetry: list[Message] = sorted((m for sc in scenarios() for m in simulate(sc)), key=lambda m: m.ts)
+    return sorted([*telemetry, *detections(telemetry)], key=lambda m: m.ts)
 
 
 def keyed(messages: list[Message], prefix: str) -> Iterator[tuple[str, bytes, bytes]]:

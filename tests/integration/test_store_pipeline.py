@@ -2,9 +2,9 @@
 
 The runs (store_testdata): gpu-03 is 10 % slow in jobA and jobB (the lemon),
 NIC congestion on gpu-02 mlx5_5 in jobA, a link flap on gpu-06 mlx5_2 in jobB,
-XID 79 on gpu-09 GPU 4 hanging jobC. Stream workers are not part of this test:
-the straggler detections are hand-built DetectionMessages on the detections
-topic, as the workers publish them.
+XID 79 on gpu-09 GPU 4 hanging jobC. The detections are the detection core's
+(streams.core.Engine) on the same telemetry, published on the detections topic
+as the stream workers publish them (the Faust workers themselves are not run).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def test_lemon_nodes_names_the_host_slow_in_two_jobs(loaded):
     rows = run(loaded[0], "lemon_nodes").dicts()
     assert [r["host"] for r in rows] == [D.LEMON]
     lemon = rows[0]
-    assert lemon["jobs"] == 3 and lemon["slow_jobs"] == 2 and lemon["flagged_jobs"] == 2
+    assert lemon["jobs"] == 3 and lemon["slow_jobs"] == 2 and lemon["flagged_jobs"] >= 2
     assert lemon["slow_job_ids"] == ["jobA", "jobB"]
     assert 1.07 < lemon["median_ratio"] < 1.13
 
@@ -116,12 +116,15 @@ def test_job_timeline_orders_events_and_detections(loaded):
     assert rows[0]["what"] == "job_start"
     xid = [r for r in rows if r["what"] == "xid"]
     assert len(xid) == 1 and (xid[0]["host"], xid[0]["gpu"], xid[0]["code"]) == ("gpu-09", 4, 79)
+    lost = [r for r in rows if r["what"] == "rank_missing:open"]
+    assert lost and (lost[0]["host"], lost[0]["rank"], lost[0]["cause"]) == ("gpu-09", 28, "hardware/system")
+    assert lost[0]["ts"] >= xid[0]["ts"]
     timeline_a = run(loaded[0], "job_timeline", job="jobA").dicts()
-    detection = [r for r in timeline_a if r["source"] == "detection"]
-    assert [(d["what"], d["host"], d["rank"]) for d in detection] == [("straggler:open", D.LEMON, 17)]
+    opened = {(r["host"], r["rank"]) for r in timeline_a if r["what"] == "straggler:open"}
+    assert {(D.LEMON, rank) for rank in range(16, 24)} <= opened  # gpu-03 holds ranks 16..23
     timeline_b = run(loaded[0], "job_timeline", job="jobB").dicts()
-    placed = [(r["host"], r["rank"]) for r in timeline_b if r["source"] == "detection"]
-    assert placed == [(D.LEMON, 2)]  # rank-only detection, host from rank_placement
+    placed = [(r["host"], r["rank"]) for r in timeline_b if r["what"] == "throughput:open"]
+    assert placed == [(D.LEMON, 2)]  # a rank-only detection, its host from rank_placement
     assert [r["ts"] for r in timeline_a] == sorted(r["ts"] for r in timeline_a)
 
 
