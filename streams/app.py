@@ -35,7 +35,7 @@ from stepwatch.settings import Settings
 from streams.faust_config import faust_kafka
 from streams.ledger import Ledger
 from streams.metrics import StreamMetrics
-from streams.transport import LeanTransport, QuietMonitor, RawSchema
+from streams.transport import LeanTransport, QuietMonitor, RawSchema, bulk_events
 from streams.worker import EngineFactory, Output, StreamProcessor
 
 log = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class StreamOptions:
     data_dir: str = "var/stream"
     web_port: int = 0  # Faust's own web server; 0 keeps it off
     batch_max: int = 2000  # Kafka messages per batch (take_events)
-    batch_within: float = 0.05  # seconds to wait for a batch to fill
+    batch_within: float = 0.05  # seconds to wait for a batch to fill (stock mode only)
     tick_seconds: float = 1.0
     standby_replicas: int = 1
     grace_steps: int = 64  # inherited detections not re-confirmed within this are resolved
@@ -110,6 +110,7 @@ class TableStore:
 
 class _StreamApp(faust.App):
     lean_consumer = True
+    aligned_topics: frozenset[str] | None = None  # read by streams.transport.LeanConsumer
 
     def _new_transport(self) -> Any:
         if not self.lean_consumer:
@@ -165,6 +166,7 @@ def create_app(
         **kafka.conf,
     )
     app.lean_consumer = options.lean_consumer
+    app.aligned_topics = frozenset(Topics(settings.topic_prefix).telemetry())
     worker = options.resolved_worker()
     metrics = metrics or StreamMetrics()
     table = app.Table(LEDGER_TABLE, key_type=bytes, value_type=bytes,
@@ -213,7 +215,11 @@ def _wire(app: faust.App, settings: Settings, options: StreamOptions,
     state = {"ready": False}
 
     async def consume(stream: Any) -> None:
-        async for events in stream.take_events(options.batch_max, within=options.batch_within):
+        if options.lean_consumer:
+            batches = bulk_events(stream, options.batch_max)
+        else:
+            batches = stream.take_events(options.batch_max, within=options.batch_within)
+        async for events in batches:
             try:
                 outputs = processor.process_batch([event.message for event in events])
             except Exception as err:  # a bug here must not stop the partition

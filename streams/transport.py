@@ -49,7 +49,25 @@ class LeanConsumer(faust_aiokafka.Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.scheduler = EventTimeAligner(self.app)
+        self.aligner = EventTimeAligner(self.app, getattr(self.app, "aligned_topics", None),
+                                        self._lagging)
+        self.scheduler = self.aligner
+
+    def _lagging(self) -> list[Any]:
+        """Aligned partitions with records not read yet (per the fetched high watermark)."""
+        aligner = self.aligner
+        out = []
+        try:
+            for tp in self.assignment():
+                if aligner.topics is not None and tp.topic not in aligner.topics:
+                    continue
+                high = self.highwater(tp)
+                read = self._read_offset.get(tp)
+                if high is not None and high > (-1 if read is None else read) + 1:
+                    out.append(tp)
+        except Exception:  # no assignment yet, consumer stopping: align what is fetched
+            return []
+        return out
 
     async def _drain_messages(self, fetcher: Any) -> None:  # pragma: no cover - needs a broker
         callback = self.callback
@@ -120,39 +138,74 @@ def _timestamp(item: tuple[Any, Any]) -> Any:
 
 
 class EventTimeAligner(DefaultSchedulingStrategy):
-    """Deliver fetched records in timestamp order; hold back what runs ahead."""
+    """Deliver fetched records in timestamp order; hold back what runs ahead.
 
-    def __init__(self, app: Any = None, max_held: int = 50_000) -> None:
+    ``topics`` are the topics to align (the telemetry topics; others pass
+    through untouched). ``lagging`` names the partitions of those topics that
+    have unread records but brought none in this fetch: their last delivered
+    timestamp bounds the cutoff too (never delivered: everything waits), for
+    at most ``max_rounds`` fetches in a row.
+    """
+
+    def __init__(
+        self,
+        app: Any = None,
+        topics: frozenset[str] | None = None,
+        lagging: Any = None,
+        max_held: int = 50_000,
+        max_rounds: int = 5,
+    ) -> None:
         self.app = app
+        self.topics = topics
+        self.lagging = lagging  # callable: () -> iterable of TPs with unread records
         self.max_held = max_held
+        self.max_rounds = max_rounds
         self.held: dict[Any, list] = {}
+        self.last_ts: dict[Any, int] = {}
+        self.rounds = 0
         self._generation: int | None = None
 
     def iterate(self, records: Mapping[Any, list]) -> Iterator[tuple[Any, Any]]:
         generation = getattr(self.app, "consumer_generation_id", None)
         if generation != self._generation:
             self.held.clear()
+            self.last_ts.clear()
             self._generation = generation
         pending: dict[Any, list] = self.held
         self.held = {}
+        passthrough = []
         for tp, recs in records.items():
-            if recs:
+            if not recs:
+                continue
+            if self.topics is not None and tp.topic not in self.topics:
+                passthrough.append([(tp, r) for r in recs])
+            else:
                 pending[tp] = pending[tp] + list(recs) if tp in pending else list(recs)
-        if not pending:
-            return iter(())
-        if not records or len(pending) == 1 or sum(map(len, pending.values())) > self.max_held:
-            # nothing new to align with (caught up), one partition, or too much held
-            streams = [[(tp, r) for r in recs] for tp, recs in pending.items()]
-            return heapq.merge(*streams, key=_timestamp)
-        cutoff = min(recs[-1].timestamp for recs in pending.values())
-        streams = []
+        cutoff = self._cutoff(records, pending)
+        streams = passthrough
         for tp, recs in pending.items():
             split = len(recs)
-            if recs[-1].timestamp > cutoff:
+            if cutoff is not None and recs[-1].timestamp > cutoff:
                 split = next(i for i, r in enumerate(recs) if r.timestamp > cutoff)
                 self.held[tp] = recs[split:]
-            streams.append([(tp, r) for r in recs[:split]])
+            if split:
+                streams.append([(tp, r) for r in recs[:split]])
+                self.last_ts[tp] = recs[split - 1].timestamp
+        self.rounds = self.rounds + 1 if self.held else 0
         return heapq.merge(*streams, key=_timestamp)
+
+    def _cutoff(self, records: Mapping[Any, list], pending: dict[Any, list]) -> float | None:
+        """The newest timestamp every aligned partition has reached (None: release all)."""
+        if (not pending or not records or self.rounds >= self.max_rounds
+                or sum(map(len, pending.values())) > self.max_held):
+            return None  # caught up, stuck for too long, or too much held
+        fronts = [recs[-1].timestamp for recs in pending.values()]
+        for tp in self.lagging() if self.lagging is not None else ():
+            if tp not in pending:
+                fronts.append(self.last_ts.get(tp, -1))
+        if len(fronts) < 2:
+            return None
+        return min(fronts)
 
 
 class RawSchema(faust.Schema):
@@ -196,3 +249,46 @@ class QuietMonitor(Monitor):
 
     def track_tp_end_offset(self, tp: Any, offset: int) -> None:
         return None
+
+
+async def bulk_events(stream: Any, max_: int) -> AsyncIterator[list[Any]]:
+    """Batches of events taken straight off the agent's channel queue.
+
+    ``Stream.take_events`` passes every event through the stream iterator,
+    which yields to the event loop once per event (``await sleep(0)``) and runs
+    the stream's processor chain; at a Kafka message per node tick that
+    per-event turn of the loop is a large share of a worker's CPU. This waits
+    for one event, then takes whatever else is queued (up to ``max_``) in one
+    go — no waiting for a batch to fill — with Faust's bookkeeping kept:
+    messages are tracked as unacknowledged on the way in, events from a
+    previous consumer generation or taken while the flow is suspended (during
+    a rebalance) are skipped, and every event is acknowledged after the caller
+    has processed the batch, so offsets are committed only behind processed
+    records.
+    """
+    app = stream.app
+    channel = aiter(stream.channel)  # registers the channel with the conductor
+    queue = channel.queue
+    consumer = app.consumer
+    acking = app.topics.acking_topics
+    flow = app.flow_control
+    while True:
+        batch = [await queue.get()]
+        while len(batch) < max_ and not queue.empty():
+            batch.append(queue.get_nowait())
+        generation = app.consumer_generation_id
+        active = flow.is_active()
+        live = []
+        for event in batch:
+            message = event.message
+            if message.topic in acking and not message.tracked:
+                message.tracked = True
+                consumer.track_message(message)
+            if active and message.generation_id == generation:
+                live.append(event)
+        try:
+            if live:
+                yield live
+        finally:
+            for event in batch:
+                event.ack()

@@ -56,3 +56,30 @@ def test_rebalance_drops_held_records_and_cap_releases_all() -> None:
     capped = EventTimeAligner(App(), max_held=3)
     out = order(capped.iterate({"a": recs(1, 2, 3), "b": recs(0)}))
     assert out == [("b", 0), ("a", 1), ("a", 2), ("a", 3)] and not capped.held
+
+
+@dataclass(frozen=True)
+class TP:
+    topic: str
+    partition: int = 0
+
+
+def test_a_lagging_partition_holds_the_others_back_for_a_few_rounds() -> None:
+    steps, gpu, other = TP("steps"), TP("gpu"), TP("changelog")
+    lag: list[TP] = [gpu]
+    al = EventTimeAligner(App(), frozenset({"steps", "gpu"}), lambda: lag, max_rounds=2)
+    # gpu has unread records but none in this fetch, and nothing delivered yet: all wait
+    out = order(al.iterate({steps: recs(10, 20), other: recs(99)}))
+    assert out == [(other, 99)]  # not an aligned topic: passes straight through
+    out = order(al.iterate({gpu: recs(15)}))
+    assert out == [(steps, 10), (gpu, 15)]  # steps at 20 > gpu's front 15: still held
+    lag.clear()
+    assert order(al.iterate({})) == [(steps, 20)]
+
+
+def test_held_records_are_released_after_max_rounds() -> None:
+    steps, gpu = TP("steps"), TP("gpu")
+    al = EventTimeAligner(App(), frozenset({"steps", "gpu"}), lambda: [gpu], max_rounds=2)
+    assert order(al.iterate({steps: recs(10)})) == []
+    assert order(al.iterate({steps: recs(11)})) == []
+    assert order(al.iterate({steps: recs(12)})) == [(steps, 10), (steps, 11), (steps, 12)]
