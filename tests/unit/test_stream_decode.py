@@ -150,3 +150,29 @@ def test_every_gpu_field_perturbed_alone(field: str) -> None:
         reading = msgspec.structs.replace(GpuReading(index=0), **{field: value})
         message = GpuMessage(host="h", ts=NOW, gpus=[GpuReading(index=1, power_w=300.0), reading])
         assert fast_ok(message) == slow_ok(message), (field, value)
+
+
+@pytest.mark.parametrize("text", [
+    b'{"kind":"gpu","host":"h","ts":1700000000,"gpus":[{"index":0,"power_w":-5}]}',
+    b'{"kind":"gpu","host":"h","ts":1700000000,"gpus":[{"index":0, "power_w": -0.5}]}',
+    b'{"kind":"port","host":"h","ts":1700000000,"ports":[{"device":"m","port":1,'
+    b'"xmit_wait_total":\n  -7}]}',
+])
+def test_negative_sample_values_are_caught_by_decode(text: bytes) -> None:
+    from stepwatch.contract import decode
+
+    with pytest.raises(ContractError) as err:
+        decode(text, now=lambda: NOW)
+    assert err.value.reason == "absurd_value"
+    with pytest.raises(ContractError):
+        decode(text.decode(), now=lambda: NOW)
+
+
+def test_samples_without_negative_numbers_only_need_the_timestamp_check() -> None:
+    from stepwatch.contract import decode, encode
+
+    message = GpuMessage(host="h", ts=NOW, gpus=[GpuReading(index=0, uuid="GPU-a:-b", power_w=0.0)])
+    assert decode(encode(message), now=lambda: NOW) == message  # "a:-b": full check, passes
+    future = msgspec.structs.replace(message, ts=NOW + 10_000)
+    with pytest.raises(ContractError, match="future"):
+        decode(encode(future), now=lambda: NOW)
