@@ -273,9 +273,15 @@ async def bulk_events(stream: Any, max_: int) -> AsyncIterator[list[Any]]:
     acking = app.topics.acking_topics
     flow = app.flow_control
     while True:
-        batch = [await queue.get()]
+        try:
+            batch = [await queue.get()]
+        except StopAsyncIteration:  # Faust ends the channel on shutdown
+            return
         while len(batch) < max_ and not queue.empty():
-            batch.append(queue.get_nowait())
+            try:
+                batch.append(queue.get_nowait())
+            except StopAsyncIteration:
+                break
         generation = app.consumer_generation_id
         active = flow.is_active()
         live = []

@@ -154,3 +154,4 @@ def test_bad_input_goes_to_the_dlq_and_good_traffic_is_unaffected(settings, tmp_
         code = worker.stop()
     assert code == 0, worker.log[-3000:]
     assert "stream worker stopped" in worker.log
+    assert "Traceback" not in worker.log, worker.log[-3000:]
