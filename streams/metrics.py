@@ -3,8 +3,9 @@
 Each worker owns a :class:`CollectorRegistry` (no global state) served on
 ``Settings.stream_metrics_port``. Cardinality is bounded by design:
 
-* per job (``job_id``): step time, throughput, MFU, goodput, hang, open
-  detections by ``type`` — only jobs of the partitions this worker owns now;
+* per job (``job_id``): step time, throughput, MFU, goodput, badput by
+  ``reason``, hang, open detections by ``type`` — only jobs of the partitions
+  this worker owns now;
 * per flagged rank (``job_id, rank, host, gpu, type, cause``): the score, only
   while the detection is open — the series disappears when it resolves;
 * pipeline health: by ``kind`` (4 input kinds), ``reason`` (closed sets),
@@ -82,6 +83,13 @@ def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
             if value is not None and math.isfinite(value):
                 fam.add_metric([job.job_id], float(value))
         yield fam
+    badput = _gauge("job_badput_seconds", "Wall time lost by the job, by reason (data_stall, "
+                    "checkpoint, hang, restart, lost_progress, other), over the core's window.",
+                    ["job_id", "reason"])
+    for job in jobs:
+        for reason, seconds in sorted(getattr(job, "badput_seconds", {}).items()):
+            badput.add_metric([job.job_id, reason], float(seconds))
+    yield badput
     hung = _gauge("job_hung", "1 while the job makes no progress (hang detected).", ["job_id"])
     stragglers = _gauge("job_stragglers", "Ranks currently flagged as stragglers.", ["job_id"])
     for job in jobs:
