@@ -31,11 +31,13 @@ from streams.core.assembly import BUSY, COMM, COMPUTE, DATA, ROWS, XFER, ClosedS
 from streams.core.config import DetectConfig
 from streams.core.ranks import GroupIndex
 from streams.core.ring import Ring
-from streams.core.stats import colmed, mad_sigma, med, opt
+from streams.core.stats import colmed, mad_sigma, med, nanmed, opt
 
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
+_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait")
+_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,16 +174,14 @@ class StragglerTracker:
         # peers: the group without the ranks flagged in the window (half a group may be slow)
         calm = members[self.count[members] == 0]
         peers_idx = calm if len(calm) >= self.cfg.min_group_size else members
-        for name, row in (("busy", BUSY), ("data", DATA), ("compute", COMPUTE),
-                          ("transfer", XFER), ("comm_wait", COMM)):
-            rows = window[:, row]
-            own = med(rows[:, rank])
-            peers = med(np.array([med(r[peers_idx]) for r in rows]))
-            out[f"{name}_s"] = opt(round(own, 6))
-            out[f"{name}_peer_median_s"] = opt(round(peers, 6))
-        busy = window[:, BUSY]
-        own_busy = med(busy[:, rank])
-        medians = colmed(busy[:, members])
+        sel = window[:, _EVIDENCE_ROWS]  # (steps, rows, ranks)
+        own = nanmed(sel[:, :, rank], 0)
+        peers = nanmed(nanmed(sel[:, :, peers_idx], -1), 0)  # median over steps of step medians
+        for i, name in enumerate(_EVIDENCE_NAMES):
+            out[f"{name}_s"] = opt(round(float(own[i]), 6))
+            out[f"{name}_peer_median_s"] = opt(round(float(peers[i]), 6))
+        own_busy = float(own[0])
+        medians = colmed(window[:, BUSY][:, members])
         medians = medians[medians > 0]
         if len(medians) and own_busy > 0:
             out["nvrx_relative"] = round(float(medians.min()) / own_busy, 4)  # min of medians / own
