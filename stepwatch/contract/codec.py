@@ -51,14 +51,18 @@ def encode(message: Message) -> bytes:
 def decode(data: bytes | str, *, now: Callable[[], float] = time.time) -> Message:
     """Parse and validate one message; raise ContractError with the reason."""
     message = decode_unchecked(data)
-    if type(message) in _SAMPLES and not _has_negative_number(
+    kind = type(message)
+    if (kind in _SAMPLES or kind is StepMessage) and not _has_negative_number(
         data if isinstance(data, bytes) else data.encode()
     ):
         # Decoded from JSON every number is finite (msgspec rejects NaN,
         # Infinity and out-of-range numbers), so with no negative number in the
-        # text the readings cannot fail check_values: only the timestamp can.
-        _check_time("ts", message.ts, now())
-        return message
+        # text the readings cannot fail check_values: only the timestamp can;
+        # step records only on their times and rank (_sane_nonnegative_steps).
+        t = now()
+        _check_time("ts", message.ts, t)
+        if not isinstance(message, StepMessage) or _sane_nonnegative_steps(message.steps, t):
+            return message
     check_values(message, now())
     return message
 
@@ -199,6 +203,13 @@ def _sane_steps(steps: Iterable[StepRecord], now: float) -> bool:
         if r.loss is not None and r.loss == -math.inf:
             return False
     return True
+
+
+def _sane_nonnegative_steps(steps: Iterable[StepRecord], now: float) -> bool:
+    """:func:`_sane_steps` for records known to hold no negative or non-finite number."""
+    limit = now + FUTURE_SKEW_SECONDS
+    return all(0 < r.start <= r.end <= limit and r.end - r.start <= MAX_STEP_SECONDS
+               and r.rank < r.world_size for r in steps)
 
 
 def _check_time(what: str, value: float, now: float) -> None:
