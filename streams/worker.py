@@ -101,14 +101,13 @@ class PartitionState:
         self.last_event_ts = 0.0
 
 
+_RECORDS: dict[type, str] = {StepMessage: "steps", GpuMessage: "gpus", PortMessage: "ports"}
+_CLASS_OF_KIND: dict[str, type] = {kind.value: cls for cls, kind in KIND_OF.items()}
+
+
 def _records_in(message: Message) -> int:
-    if isinstance(message, StepMessage):
-        return len(message.steps)
-    if isinstance(message, GpuMessage):
-        return len(message.gpus)
-    if isinstance(message, PortMessage):
-        return len(message.ports)
-    return 1
+    attr = _RECORDS.get(type(message))
+    return 1 if attr is None else len(getattr(message, attr))
 
 
 class StreamProcessor:
@@ -170,29 +169,39 @@ class StreamProcessor:
         started = time.perf_counter()
         out: list[Output] = []
         tally: dict[tuple[str, str], int] = {}
+        messages: dict[str, int] = {}
+        events: dict[str, int] = {}
         positions = self.positions
         kind_of_topic = self.kind_of_topic
+        class_of_kind = _CLASS_OF_KIND
+        states = self.states
         clock = self.clock
         for rec in records:
-            positions[(rec.topic, rec.partition)] = rec.offset
-            kind = kind_of_topic.get(rec.topic, "unknown")
-            tally[("messages", kind)] = tally.get(("messages", kind), 0) + 1
+            topic, partition = rec.topic, rec.partition
+            positions[(topic, partition)] = rec.offset
+            kind = kind_of_topic.get(topic, "unknown")
+            messages[kind] = messages.get(kind, 0) + 1
             try:
                 message = decode(rec.value or b"", now=clock)
             except ContractError as err:
                 out.append(self._dead(rec, DlqReason.of(err), err.detail, tally))
                 continue
-            if KIND_OF[type(message)].value != kind:
+            if type(message) is not class_of_kind.get(kind):
                 detail = f"a {KIND_OF[type(message)].value} message on the {kind} topic"
                 out.append(self._dead(rec, DlqReason.WRONG_TOPIC, detail, tally))
                 continue
-            st = self.states.get(rec.partition) or self.state(rec.partition)
+            st = states.get(partition) or self.state(partition)
             admitted = st.dedup.admit(message)
             if admitted is None:
                 continue
-            n = _records_in(admitted)
-            tally[("events", kind)] = tally.get(("events", kind), 0) + n
-            out.extend(self._feed(st, rec, admitted, tally))
+            events[kind] = events.get(kind, 0) + _records_in(admitted)
+            found = self._feed(st, rec, admitted, tally)
+            if found:
+                out.extend(found)
+        for kind, n in messages.items():
+            tally[("messages", kind)] = n
+        for kind, n in events.items():
+            tally[("events", kind)] = n
         self._flush_tally(tally)
         self.metrics.batch.observe(time.perf_counter() - started)
         return out

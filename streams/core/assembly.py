@@ -216,12 +216,14 @@ class StepAssembler:
 def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedStep:
     """Scatter the records of one step into per-rank rows (one NumPy pass)."""
     n = len(records)
-    ranks = np.fromiter((r.rank for r in records), np.intp, n)
-    present = np.zeros(world_size, bool)
-    present[ranks] = True
     has_phases = has_extra = False
     raw = []
-    for r in records:
+    rank_list = []
+    samples = tokens = 0
+    flops = 0.0
+    has_flops = False
+    nonfinite: list[int] = []
+    for r in records:  # one pass over the records; the rest is NumPy
         p = r.phases
         if p is None:
             p = _EMPTY_PHASES
@@ -231,6 +233,17 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
                 has_extra = True
         raw.append((r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
                     p.checkpoint))
+        rank_list.append(r.rank)
+        samples += r.samples
+        tokens += r.tokens
+        if r.flops is not None:
+            flops += r.flops  # the same sum as sum() over these values
+            has_flops = True
+        if r.loss_nonfinite:
+            nonfinite.append(r.rank)
+    ranks = np.array(rank_list, np.intp)
+    present = np.zeros(world_size, bool)
+    present[ranks] = True
     a = np.array(raw, dtype=float).T  # None -> NaN
     rows = np.empty((ROWS, n))
     rows[START], rows[END] = a[0], a[1]
@@ -261,7 +274,6 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
         rows[PAUSE] = 0.0
     m = np.full((ROWS, world_size), NAN)
     m[:, ranks] = rows
-    flops_list = [r.flops for r in records if r.flops is not None]
     return ClosedStep(
         step=step,
         world_size=world_size,
@@ -270,12 +282,12 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
         m=m,
         med=rowmed(rows),
         has_phases=has_phases,
-        samples=sum(r.samples for r in records),
-        tokens=sum(r.tokens for r in records),
-        flops=sum(flops_list) if flops_list else None,
+        samples=samples,
+        tokens=tokens,
+        flops=flops if has_flops else None,
         end_max=float(a[1].max()),
         start_min=float(a[0].min()),
-        nonfinite_ranks=tuple(r.rank for r in records if r.loss_nonfinite),
+        nonfinite_ranks=tuple(nonfinite),
     )
 
 

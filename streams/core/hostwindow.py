@@ -90,6 +90,7 @@ class HostWindow:
     gpu_names: dict[int, str] = field(default_factory=dict)
     last_seen: float = 0.0
     links: dict[tuple[str, int], tuple[str, int | None]] = field(default_factory=dict)
+    _port_sig: list[tuple[str, int, str, int | None]] | None = None  # last port states seen
 
     def __post_init__(self) -> None:
         self.gpu = deque(maxlen=self.size)
@@ -119,6 +120,11 @@ class HostWindow:
         return []
 
     def _link_changes(self, message: PortMessage) -> list[LinkIncident]:
+        sig = [(p.device, p.port, p.state, p.link_downed_total) for p in message.ports]
+        if sig == self._port_sig:
+            return []  # every port as in the last sample: no change to find, links as they are
+        # the shortcut holds only when each port appears once (then ``links`` holds ``sig``)
+        self._port_sig = sig if len({(d, n) for d, n, _, _ in sig}) == len(sig) else None
         out: list[LinkIncident] = []
         for p in message.ports:
             key = (p.device, p.port)

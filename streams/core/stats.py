@@ -37,16 +37,17 @@ def nanmed(a: np.ndarray, axis: int = -1) -> np.ndarray:
     value, or the mean of the two middle values computed as ``(lo + hi) * 0.5``.
     """
     s = np.sort(np.moveaxis(a, axis, -1), axis=-1)  # NaN sorts last
-    n = s.shape[-1]
+    shape, n = s.shape[:-1], s.shape[-1]
     if n == 0:
-        return np.full(s.shape[:-1], NAN)
-    count = n - np.isnan(s).sum(axis=-1)
+        return np.full(shape, NAN)
+    s = s.reshape(-1, n)
+    count = n - np.isnan(s).sum(axis=1)
+    lanes = np.arange(s.shape[0])
     lo = np.maximum((count - 1) // 2, 0)
     hi = np.minimum(count // 2, n - 1)
-    lo_v = np.take_along_axis(s, lo[..., None], -1)[..., 0]
-    hi_v = np.take_along_axis(s, hi[..., None], -1)[..., 0]
+    lo_v, hi_v = s[lanes, lo], s[lanes, hi]
     mid = np.where(lo == hi, lo_v, (lo_v + hi_v) * 0.5)  # odd count: the middle value itself
-    return np.where(count == 0, NAN, mid)
+    return np.where(count == 0, NAN, mid).reshape(shape)
 
 
 def nmin(x: np.ndarray) -> float:
