@@ -11,10 +11,18 @@ downstream (see :mod:`stepwatch.contract.counters`).
 from __future__ import annotations
 
 import enum
+from typing import Annotated
 
 import msgspec
 
 CONTRACT_VERSION = 1
+
+# Value constraints are part of the schema: msgspec checks them while decoding
+# (a violation is reported as ``absurd_value``), so no Python pass is needed.
+# JSON numbers are always finite once decoded.
+Count = Annotated[int, msgspec.Meta(ge=0)]
+NonNeg = Annotated[float, msgspec.Meta(ge=0)]
+Epoch = Annotated[float, msgspec.Meta(gt=0)]
 
 
 class Kind(enum.StrEnum):
@@ -55,36 +63,36 @@ class Phases(_Base, frozen=True):
     section (Megatron/TorchTitan timer names, for example).
     """
 
-    data: float | None = None
-    forward: float | None = None
-    backward: float | None = None
-    optimizer: float | None = None
-    comm_wait: float | None = None
-    checkpoint: float | None = None
-    extra: dict[str, float] = {}
+    data: NonNeg | None = None
+    forward: NonNeg | None = None
+    backward: NonNeg | None = None
+    optimizer: NonNeg | None = None
+    comm_wait: NonNeg | None = None
+    checkpoint: NonNeg | None = None
+    extra: dict[str, NonNeg] = {}
 
 
 class StepRecord(_Base, frozen=True):
     """Timing of one training step on one rank."""
 
     job_id: str
-    rank: int
-    world_size: int
-    step: int
-    start: float
-    end: float
+    rank: Count
+    world_size: Annotated[int, msgspec.Meta(ge=1)]
+    step: Count
+    start: Epoch
+    end: Epoch
     host: str = ""
-    local_rank: int = 0
-    gpu: int | None = None  # GPU index on the host; defaults to local_rank when absent
+    local_rank: Count = 0
+    gpu: Count | None = None  # GPU index on the host; defaults to local_rank when absent
     group: str = "all"  # peer-group key: ranks are compared only with the same group
     phases: Phases | None = None
-    samples: int = 0
-    tokens: int = 0
+    samples: Count = 0
+    tokens: Count = 0
     loss: float | None = None
     # JSON cannot carry NaN/inf: a non-finite loss travels as loss=null with
     # loss_nonfinite=true (a user-error signal: the detector decides).
     loss_nonfinite: bool = False
-    flops: float | None = None  # model FLOPs this rank executed in this step (for MFU)
+    flops: NonNeg | None = None  # model FLOPs this rank executed in this step (for MFU)
     timing: str = "wall"  # "wall" (host clock) or "cuda" (CUDA events)
 
 
@@ -92,35 +100,35 @@ class StepRecord(_Base, frozen=True):
 class GpuReading(_Base, frozen=True):
     """One GPU at one instant. Counters are cumulative since driver load."""
 
-    index: int
+    index: Count
     uuid: str = ""
     name: str = ""
     pci_bus_id: str = ""
-    util_gpu_pct: float | None = None
-    util_mem_pct: float | None = None
-    fb_used_mib: float | None = None
-    fb_free_mib: float | None = None
-    temp_gpu_c: float | None = None
-    temp_mem_c: float | None = None
-    power_w: float | None = None
-    power_limit_w: float | None = None
-    energy_mj_total: int | None = None
-    sm_clock_mhz: float | None = None
-    sm_clock_max_mhz: float | None = None
-    mem_clock_mhz: float | None = None
-    throttle_reasons: int | None = None  # NVML clocks-event reasons bitmask
-    ecc_sbe_total: int | None = None
-    ecc_dbe_total: int | None = None
-    remapped_rows_correctable: int | None = None
-    remapped_rows_uncorrectable: int | None = None
+    util_gpu_pct: NonNeg | None = None
+    util_mem_pct: NonNeg | None = None
+    fb_used_mib: NonNeg | None = None
+    fb_free_mib: NonNeg | None = None
+    temp_gpu_c: NonNeg | None = None
+    temp_mem_c: NonNeg | None = None
+    power_w: NonNeg | None = None
+    power_limit_w: NonNeg | None = None
+    energy_mj_total: Count | None = None
+    sm_clock_mhz: NonNeg | None = None
+    sm_clock_max_mhz: NonNeg | None = None
+    mem_clock_mhz: NonNeg | None = None
+    throttle_reasons: Count | None = None  # NVML clocks-event reasons bitmask
+    ecc_sbe_total: Count | None = None
+    ecc_dbe_total: Count | None = None
+    remapped_rows_correctable: Count | None = None
+    remapped_rows_uncorrectable: Count | None = None
     remapped_rows_pending: bool | None = None
-    pcie_replay_total: int | None = None
-    nvlink_tx_bytes_total: int | None = None
-    nvlink_rx_bytes_total: int | None = None
-    gr_engine_active: float | None = None  # profiling ratios 0..1 (DCGM only)
-    tensor_active: float | None = None
-    dram_active: float | None = None
-    xid_last: int | None = None  # dcgm-exporter's gauge, for reference only
+    pcie_replay_total: Count | None = None
+    nvlink_tx_bytes_total: Count | None = None
+    nvlink_rx_bytes_total: Count | None = None
+    gr_engine_active: NonNeg | None = None  # profiling ratios 0..1 (DCGM only)
+    tensor_active: NonNeg | None = None
+    dram_active: NonNeg | None = None
+    xid_last: Count | None = None  # dcgm-exporter's gauge, for reference only
 
 
 # --------------------------------------------------------------------------- NIC ports
@@ -128,38 +136,38 @@ class PortReading(_Base, frozen=True):
     """One RDMA port at one instant. Byte counters are already in bytes (sysfs x4)."""
 
     device: str
-    port: int
+    port: Count
     netdev: str = ""
     link_layer: str = ""  # InfiniBand / Ethernet
     state: str = ""  # e.g. ACTIVE
     phys_state: str = ""  # e.g. LinkUp
-    rate_gbps: float | None = None
-    xmit_bytes_total: int | None = None
-    rcv_bytes_total: int | None = None
-    xmit_packets_total: int | None = None
-    rcv_packets_total: int | None = None
-    xmit_wait_total: int | None = None
-    symbol_error_total: int | None = None
-    link_downed_total: int | None = None
-    link_error_recovery_total: int | None = None
-    rcv_errors_total: int | None = None
-    rcv_remote_physical_errors_total: int | None = None
-    xmit_discards_total: int | None = None
-    excessive_buffer_overrun_errors_total: int | None = None
-    local_link_integrity_errors_total: int | None = None
-    vl15_dropped_total: int | None = None
+    rate_gbps: NonNeg | None = None
+    xmit_bytes_total: Count | None = None
+    rcv_bytes_total: Count | None = None
+    xmit_packets_total: Count | None = None
+    rcv_packets_total: Count | None = None
+    xmit_wait_total: Count | None = None
+    symbol_error_total: Count | None = None
+    link_downed_total: Count | None = None
+    link_error_recovery_total: Count | None = None
+    rcv_errors_total: Count | None = None
+    rcv_remote_physical_errors_total: Count | None = None
+    xmit_discards_total: Count | None = None
+    excessive_buffer_overrun_errors_total: Count | None = None
+    local_link_integrity_errors_total: Count | None = None
+    vl15_dropped_total: Count | None = None
     # mlx5 hw_counters (RoCE congestion and transport errors)
-    np_cnp_sent_total: int | None = None
-    np_ecn_marked_roce_packets_total: int | None = None
-    rp_cnp_handled_total: int | None = None
-    rp_cnp_ignored_total: int | None = None
-    out_of_sequence_total: int | None = None
-    packet_seq_err_total: int | None = None
-    implied_nak_seq_err_total: int | None = None
-    local_ack_timeout_err_total: int | None = None
-    rnr_nak_retry_err_total: int | None = None
-    duplicate_request_total: int | None = None
-    out_of_buffer_total: int | None = None
+    np_cnp_sent_total: Count | None = None
+    np_ecn_marked_roce_packets_total: Count | None = None
+    rp_cnp_handled_total: Count | None = None
+    rp_cnp_ignored_total: Count | None = None
+    out_of_sequence_total: Count | None = None
+    packet_seq_err_total: Count | None = None
+    implied_nak_seq_err_total: Count | None = None
+    local_ack_timeout_err_total: Count | None = None
+    rnr_nak_retry_err_total: Count | None = None
+    duplicate_request_total: Count | None = None
+    out_of_buffer_total: Count | None = None
 
 
 # --------------------------------------------------------------------------- messages
@@ -172,10 +180,10 @@ class _Message(_Base, frozen=True, tag_field="kind", omit_defaults=False):
     """
 
     host: str
-    ts: float
+    ts: Epoch
     v: int = CONTRACT_VERSION
     inst: str = ""
-    seq: int = 0
+    seq: Count = 0
 
 
 class StepMessage(_Message, frozen=True, tag="step"):
