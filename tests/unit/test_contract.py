@@ -146,3 +146,22 @@ def test_jsonl_reader_reports_bad_lines_in_place() -> None:
     assert len(items) == 3
     assert isinstance(items[1], ContractError)
     assert isinstance(items[0], StepMessage) and isinstance(items[2], StepMessage)
+
+
+def test_json_schema_carries_kinds_and_value_constraints() -> None:
+    from stepwatch.contract.schema import json_schema
+
+    schema = json_schema()
+    defs = schema["$defs"]
+    assert {"StepMessage", "GpuMessage", "PortMessage", "EventMessage", "DetectionMessage"} <= set(defs)
+    assert defs["StepMessage"]["properties"]["kind"]["enum"] == ["step"]
+    rank = defs["StepRecord"]["properties"]["rank"]
+    assert rank == {"type": "integer", "minimum": 0}
+
+
+def test_constraint_violation_names_field_and_reason() -> None:
+    data = encode(GpuMessage(host="n1", ts=NOW, gpus=[GpuReading(index=0, power_w=-3.0)]))
+    with pytest.raises(ContractError) as info:
+        _decode(data)
+    assert info.value.reason == "absurd_value"
+    assert "$.gpus[0].power_w" in str(info.value)
