@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import importlib
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, cast
 
@@ -42,6 +43,12 @@ from faust.sensors.monitor import Monitor
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.utils import DefaultSchedulingStrategy
+
+#: aiokafka modules that bind ``lz4_decode`` at import (the C record reader first)
+_LZ4_USERS = ("aiokafka.record._crecords.default_records",
+              "aiokafka.record._crecords.legacy_records",
+              "aiokafka.record.default_records", "aiokafka.record.legacy_records",
+              "aiokafka.protocol.message")
 
 
 class LeanConsumer(faust_aiokafka.Consumer):
@@ -131,6 +138,32 @@ class LeanTransport(faust_aiokafka.Transport):
     """The aiokafka transport with :class:`LeanConsumer`."""
 
     Consumer = LeanConsumer
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        use_lz4_frame()
+
+
+def use_lz4_frame() -> bool:
+    """Decompress LZ4 record batches with ``lz4.frame`` when it is installed.
+
+    aiokafka decodes LZ4 batches with cramjam, which measured about three
+    times slower than ``lz4.frame`` on the same frames (the producers compress
+    with LZ4; the output is the same bytes); it was ~5 % of the worker's
+    samples under the benchmark. Without the ``lz4`` package nothing changes.
+    """
+    try:
+        decompress = importlib.import_module("lz4.frame").decompress
+    except ImportError:
+        return False
+    for name in _LZ4_USERS:
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        if getattr(module, "lz4_decode", None) is not None:
+            setattr(module, "lz4_decode", decompress)  # noqa: B010 - module attribute
+    return True
 
 
 def _timestamp(item: tuple[Any, Any]) -> Any:
