@@ -141,10 +141,15 @@ def test_bad_input_goes_to_the_dlq_and_good_traffic_is_unaffected(settings, tmp_
 
         # the straggler is still found: right rank and cause, and nothing on the clean job
         dets = [json.loads(v) for _, v in read_topic(settings, topics.detections)]
-        opened = [(d["job_id"], d["type"], d["rank"], d["cause"]) for d in dets
-                  if d["state"] == "open"]
-        assert ("fz-1", "straggler", 5, "gpu") in opened
+        opened = [(d["job_id"], d["type"], d["rank"]) for d in dets if d["state"] == "open"]
+        assert ("fz-1", "straggler", 5) in opened
         assert not [o for o in opened if o[1] == "straggler" and o[2] != 5]
+        # The traffic is one backlog, so a step can reach the engine before the
+        # GPU samples of its second; the cause may then be corrected by an
+        # update. What counts is the detection's latest word.
+        latest = {d["id"]: d for d in dets}
+        assert [(d["job_id"], d["rank"], d["cause"]) for d in latest.values()
+                if d["type"] == "straggler"] == [("fz-1", 5, "gpu")]
         wait_for("flagged rank on /metrics", lambda: worker.value(
             "stepwatch_rank_flagged_score", job_id="fz-1", rank="5", type="straggler",
             cause="gpu", gpu="5", host="fa0") > 0, 10, [worker])
