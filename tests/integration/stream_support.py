@@ -105,11 +105,15 @@ def publish(settings: Settings, items: Iterable[Message | tuple[str, bytes | Non
     producer = Producer(producer_config(settings, **{"linger.ms": 5}))
     n = 0
     for item in items:
+        stamp = {}
         if isinstance(item, tuple):
             topic, key, value = item
         else:
             topic, key, value = topics.for_kind(KIND_OF[type(item)]), message_key(item), encode(item)
-        producer.produce(topic, value, key=key)
+            # record timestamp = event time, as for an agent producing live: the
+            # worker's event-time alignment orders a backlog by it
+            stamp = {"timestamp": int(item.ts * 1000)}
+        producer.produce(topic, value, key=key, **stamp)
         n += 1
         if n % 2000 == 0:
             producer.poll(0)

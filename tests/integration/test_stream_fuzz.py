@@ -19,7 +19,6 @@ import pytest
 from stream_support import StreamWorker, publish, read_topic, wait_for
 
 from stepwatch.contract import (
-    KIND_OF,
     DetectionMessage,
     EventMessage,
     EventType,
@@ -30,7 +29,6 @@ from stepwatch.contract import (
     StepRecord,
     Topics,
     encode,
-    message_key,
 )
 from stepwatch.kafka import ensure_topics
 from stepwatch.sim import Fault, FaultKind, Scenario, simulate
@@ -87,8 +85,8 @@ def bad_traffic(topics: Topics, now: float, n: int) -> list[tuple[Raw, str]]:
     return out
 
 
-def interleave(good: list[Raw], bad: list[Raw]) -> list[Raw]:
-    out: list[Raw] = []
+def interleave(good: list[Message], bad: list[Raw]) -> list[Message | Raw]:
+    out: list[Message | Raw] = []
     per = len(bad) / max(1, len(good))
     taken = 0
     for i, g in enumerate(good):
@@ -111,10 +109,9 @@ def test_bad_input_goes_to_the_dlq_and_good_traffic_is_unaffected(settings, tmp_
         gpus = [m for m in good if isinstance(m, GpuMessage)]
         dup_steps, dup_gpus = steps[10:40], gpus[5:15]  # sent again, late
         bad = bad_traffic(topics, now, 3000)
-        as_raw: list[Raw] = [(topics.for_kind(KIND_OF[type(m)]), message_key(m), encode(m))
-                             for m in [*good, *dup_steps, *dup_gpus]]
-        sent = publish(settings, interleave(as_raw, [b[0] for b in bad]))
-        assert sent == len(as_raw) + len(bad)
+        good_all: list[Message] = [*good, *dup_steps, *dup_gpus]
+        sent = publish(settings, interleave(good_all, [b[0] for b in bad]))
+        assert sent == len(good_all) + len(bad)
 
         wait_for("every message consumed",
                  lambda: worker.value("stepwatch_stream_messages_total") >= sent, 90, [worker])
