@@ -135,7 +135,8 @@ class KafkaPublisher:
         if not messages:
             return
         topic_of = self._topic_of
-        records = [(topic_of[type(m)], message_key(m), encode(m)) for m in messages]
+        records = [(topic_of[type(m)], message_key(m), encode(m), int(m.ts * 1000))
+                   for m in messages]
         try:
             self.spool.append(records)
         except SpoolError as err:
@@ -237,7 +238,7 @@ class KafkaPublisher:
         gen, inflight, backlog, produce = self._gen, self._inflight, self._backlog, producer.produce
         skip = self._skip
         while backlog and sent < room:
-            topic, key, value, end = backlog[0]
+            topic, key, value, end, ts = backlog[0]
             slot = _Slot(self, end, topic, gen)
             if skip and end[2] in skip:  # landed before the last reset: not again
                 skip.discard(end[2])
@@ -245,7 +246,7 @@ class KafkaPublisher:
                 self._skipped += 1
             else:
                 try:
-                    produce(topic, value, key, on_delivery=slot)
+                    produce(topic, value, key, on_delivery=slot, timestamp=ts)
                 except BufferError:
                     break  # librdkafka's queue is full: serve delivery reports first
             backlog.popleft()

@@ -38,7 +38,7 @@ from stepwatch.errors import SpoolError
 log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("<II")  # body length, crc32(body)
-_LENS = struct.Struct("<HH")  # topic length, key length
+_LENS = struct.Struct("<HHq")  # topic length, key length, event time (ms; 0: none)
 MAX_BODY = 16 * 1024 * 1024
 READ_CHUNK = 1024 * 1024
 TAIL_MAX_RECORDS = 20_000  # bounded: during an outage nobody reads it
@@ -57,9 +57,12 @@ class Pos(NamedTuple):
 
 # Per-record values are plain tuples (a NamedTuple costs ~10x more to build, and the
 # publisher handles every record): End = (segment, offset, record) just after a record,
-# what acknowledging it means; Record = (topic, key, value, end).
+# what acknowledging it means; Record = (topic, key, value, end, timestamp_ms), where
+# timestamp_ms is the message's event time, produced as the Kafka record timestamp
+# (0: none, the broker stamps it) so consumers can order a replayed backlog by it.
 End = tuple[int, int, int]
-Record = tuple[str, bytes, bytes, End]
+Record = tuple[str, bytes, bytes, End, int]
+Entry = tuple[str, bytes, bytes, int]  # what append takes: topic, key, value, timestamp_ms
 
 
 @dataclass
@@ -82,9 +85,9 @@ class SpoolStats:
     torn_frames: int = 0
 
 
-def frame(topic: str, key: bytes, value: bytes) -> bytes:
+def frame(topic: str, key: bytes, value: bytes, timestamp_ms: int = 0) -> bytes:
     t = topic.encode()
-    body = _LENS.pack(len(t), len(key)) + t + key + value
+    body = _LENS.pack(len(t), len(key), timestamp_ms) + t + key + value
     return _HEAD.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -178,11 +181,11 @@ class Spool:
         return pos
 
     # ------------------------------------------------------------------ write side
-    def append(self, records: Sequence[tuple[str, bytes, bytes]]) -> int:
-        """Append (topic, key, value) records; returns how many. Raises SpoolError."""
+    def append(self, records: Sequence[Entry]) -> int:
+        """Append (topic, key, value, timestamp_ms) records; returns how many. Raises SpoolError."""
         if not records:
             return 0
-        frames = [frame(t, k, v) for t, k, v in records]
+        frames = [frame(t, k, v, ts) for t, k, v, ts in records]
         with self._lock:
             seg = self._segments[-1]
             try:
@@ -200,7 +203,7 @@ class Spool:
             self._enforce_bound()
         return len(records)
 
-    def _remember(self, seg: _Segment, records: Sequence[tuple[str, bytes, bytes]],
+    def _remember(self, seg: _Segment, records: Sequence[Entry],
                   frames: list[bytes]) -> None:
         """Keep just-written records in memory while the reader is caught up with them,
         so the sender need not read them back from disk."""
@@ -210,9 +213,9 @@ class Spool:
                 return  # the reader is behind: it reads from disk
             self._tail_bytes = 0
         off, rec, tail, first = seg.size, start, self._tail, seg.first
-        for (t, k, v), f in zip(records, frames, strict=True):
+        for (t, k, v, ts), f in zip(records, frames, strict=True):
             off, rec = off + len(f), rec + 1
-            tail.append((t, k, v, (first, off, rec)))
+            tail.append((t, k, v, (first, off, rec), ts))
         self._tail_bytes += off - seg.size
         if len(tail) > TAIL_MAX_RECORDS or self._tail_bytes > TAIL_MAX_BYTES:
             self._forget()
@@ -307,15 +310,16 @@ class Spool:
             if end > size:
                 break
             body = buf[off + 8:end]
-            if blen < 4 or zlib.crc32(body) != crc:
+            if blen < _LENS.size or zlib.crc32(body) != crc:
                 self._corrupt(seg, record)
                 return
-            tl, kl = _LENS.unpack_from(body)
-            raw_topic = body[4:4 + tl]
+            tl, kl, ts = _LENS.unpack_from(body)
+            h = _LENS.size
+            raw_topic = body[h:h + tl]
             topic = topics.get(raw_topic) or topics.setdefault(raw_topic, raw_topic.decode())
             off, record = end, record + 1
-            out.append((topic, body[4 + tl:4 + tl + kl], body[4 + tl + kl:],
-                        (first, base + off, record)))
+            out.append((topic, body[h + tl:h + tl + kl], body[h + tl + kl:],
+                        (first, base + off, record), ts))
         self._roff = off
         self._cursor = Pos(first, base + off, record)
 

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from agents.publisher import BrokerState, KafkaPublisher
@@ -45,6 +46,7 @@ class FakeCluster:
         self.reject: set[bytes] = set()  # values refused permanently
         self.fail_once: set[bytes] = set()  # values whose first delivery fails
         self.producers: list[FakeProducer] = []
+        self.timestamps: list[int] = []  # record timestamps asked for, in produce order
         self.lock = threading.Lock()
 
     def factory(self, config: dict[str, Any]) -> FakeProducer:
@@ -62,8 +64,10 @@ class FakeProducer:
         self.cluster, self.config = cluster, config
         self.queue: list[tuple[str, bytes, bytes, Callable[..., None]]] = []
 
-    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Callable[..., None]) -> None:
+    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Callable[..., None],
+                timestamp: int = 0) -> None:
         self.queue.append((topic, key, value, on_delivery))
+        self.cluster.timestamps.append(timestamp)
 
     def poll(self, timeout: float = 0) -> int:
         c = self.cluster
@@ -150,6 +154,14 @@ def test_everything_delivered_in_order_with_topic_and_key(publisher: KafkaPublis
     stats = publisher.stats()
     assert stats.produced == {"step": 150, "gpu": 150} == stats.accepted
     assert stats.spool.records == 0 and stats.state is BrokerState.UP
+
+
+def test_record_timestamp_is_the_event_time(publisher: KafkaPublisher,
+                                            cluster: FakeCluster) -> None:
+    msgs = [msgspec.structs.replace(m, ts=NOW - 100 + i) for i, m in enumerate(messages(20))]
+    publisher.send(msgs)
+    assert publisher.flush(5) == 0
+    assert cluster.timestamps == [int((NOW - 100 + i) * 1000) for i in range(20)]
 
 
 def test_ack_waits_for_the_oldest_report(publisher: KafkaPublisher, cluster: FakeCluster) -> None:
@@ -307,4 +319,4 @@ def test_real_producer_with_unreachable_bootstrap_spools_instead_of_losing(tmp_p
     assert pub.state is BrokerState.DOWN
     pub.close(timeout=0.5)
     spool = Spool(tmp_path / "spool", s.spool_max_bytes)
-    assert [decode(value) for _t, _k, value, _e in spool.read(1000)] == msgs
+    assert [decode(value) for _t, _k, value, _e, _ts in spool.read(1000)] == msgs

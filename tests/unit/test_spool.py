@@ -11,13 +11,13 @@ from agents.spool import ACK_FILE, Spool, frame
 from stepwatch.errors import SpoolError
 
 
-def recs(start: int, n: int, size: int = 100) -> list[tuple[str, bytes, bytes]]:
-    return [("t.steps", f"job-{i % 3}".encode(), f"{i:08d}".encode() + b"x" * size)
-            for i in range(start, start + n)]
+def recs(start: int, n: int, size: int = 100) -> list[tuple[str, bytes, bytes, int]]:
+    return [("t.steps", f"job-{i % 3}".encode(), f"{i:08d}".encode() + b"x" * size,
+             1_700_000_000_000 + i) for i in range(start, start + n)]
 
 
 def values(records: list) -> list[int]:
-    return [int(value[:8]) for _topic, _key, value, _end in records]
+    return [int(value[:8]) for _topic, _key, value, _end, _ts in records]
 
 
 def drain(spool: Spool, ack: bool = True) -> list[int]:
@@ -189,3 +189,13 @@ def test_memory_tail_is_bounded_and_disk_takes_over(tmp_path: Path) -> None:
         spool.append(recs(i, 500))
     assert len(spool._tail) < spool_module.TAIL_MAX_RECORDS
     assert drain(spool) == list(range(spool_module.TAIL_MAX_RECORDS + 500))
+
+
+def test_event_time_travels_with_each_record_from_memory_and_from_disk(tmp_path) -> None:
+    spool = Spool(tmp_path, 10 * 2**20)
+    spool.append(recs(0, 3))
+    assert [r[4] for r in spool.read(3)] == [1_700_000_000_000 + i for i in range(3)]
+    spool.append(recs(3, 2))
+    spool.close()
+    again = Spool(tmp_path, 10 * 2**20)  # nothing acknowledged: all read back from disk
+    assert [r[4] for r in again.read(10)] == [1_700_000_000_000 + i for i in range(5)]
