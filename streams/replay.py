@@ -16,8 +16,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 
-from stepwatch.contract import KIND_OF, DetectionMessage, check_values, decode_unchecked
+from stepwatch.contract import KIND_OF, DetectionMessage, decode
 from stepwatch.errors import ContractError
 from streams.core.api import Analyzer, JobStats
 
@@ -90,8 +91,7 @@ def replay(
         if not raw.strip():
             continue
         try:
-            message = decode_unchecked(raw)
-            check_values(message, max(wall, now))
+            message = decode(raw, now=partial(max, wall, now))
         except ContractError as err:
             summary.malformed += 1
             summary.errors[err.reason] += 1

@@ -118,6 +118,7 @@ def _job_matches(selector: str | None, index: int, job_id: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     from stepwatch.sim import ground_truth, resolve_all, simulate, write_jsonl, write_labels
+    from stepwatch.sim.pacing import paced
 
     scenarios = resolve_all(build_scenarios(args))
     if args.labels:
@@ -169,19 +170,6 @@ class Tally:
         )
 
 
-def paced(messages: Iterable[Message], speed: float, start: float) -> Iterator[Message]:
-    """Release each message when the wall clock reaches its timestamp (scaled by ``speed``)."""
-    if speed <= 0:
-        raise ConfigError("--speed must be > 0")
-    wall0 = time.time()
-    for message in messages:
-        due = wall0 + (message.ts - start) / speed
-        delay = due - time.time()
-        if delay > 0:
-            time.sleep(delay)
-        yield message
-
-
 def _to_kafka(args: argparse.Namespace, messages: Iterable[Message], out: str | None) -> None:
     import tempfile
 
@@ -206,17 +194,12 @@ def _to_kafka(args: argparse.Namespace, messages: Iterable[Message], out: str | 
 
 def _publish(sink: MessageSink, messages: Iterable[Message], tee: IO[bytes] | None) -> None:
     from stepwatch.contract import encode
+    from stepwatch.sim.pacing import batches
 
-    batch: list[Message] = []
-    for message in messages:
-        if batch and (len(batch) >= 2000 or message.ts - batch[0].ts >= 0.25):
-            sink.send(batch)
-            batch = []
-        batch.append(message)
-        if tee is not None:
-            tee.write(encode(message) + b"\n")
-    if batch:
+    for batch in batches(messages):
         sink.send(batch)
+        if tee is not None:
+            tee.writelines(encode(m) + b"\n" for m in batch)
 
 
 def _kafka_sink(settings: Any) -> MessageSink:

@@ -3,19 +3,20 @@
 Messages from :func:`stepwatch.sim.simulate` are grouped per tick, stamped by a
 :class:`~agents.sink.Sequencer` (per host and kind, as each node agent does)
 and handed to the spool-backed Kafka publisher, exactly like a node agent's
-tick. Runs in a background thread; ``stop`` ends it early.
+tick. The simulator already numbers its messages; the driver stamps them
+again with its own instance id, as each run of a real agent does, so runs
+against a long-lived Kafka never look like duplicates of each other. Runs in a
+background thread; ``stop`` ends it early.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Iterator
 
 from agents.sink import MessageSink, Sequencer
-from stepwatch.contract import Message
 from stepwatch.sim import Scenario, resolve_all, simulate
+from stepwatch.sim.pacing import batches, paced
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +40,9 @@ class FleetDriver:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        start = min(s.start_ts for s in self.scenarios)
         try:
-            for batch in _ticks(simulate(*self.scenarios)):
-                delay = batch[0].ts - time.time()
-                if delay > 0 and self._stop.wait(delay):
-                    return
+            for batch in batches(paced(simulate(*self.scenarios), 1.0, start, self._stop.wait)):
                 if self._stop.is_set():
                     return
                 self.sink.send([self.sequencer.stamp(m) for m in batch])
@@ -52,15 +51,3 @@ class FleetDriver:
             log.exception("fleet simulation failed")
         finally:
             self.finished.set()
-
-
-def _ticks(messages: Iterator[Message], width: float = 0.25) -> Iterator[list[Message]]:
-    """Group time-ordered messages into batches at most ``width`` seconds wide."""
-    batch: list[Message] = []
-    for message in messages:
-        if batch and message.ts - batch[0].ts > width:
-            yield batch
-            batch = []
-        batch.append(message)
-    if batch:
-        yield batch

@@ -15,6 +15,7 @@ from stepwatch.cli import simulate as cli
 from stepwatch.contract import Message, StepMessage, read_jsonl
 from stepwatch.errors import ConfigError, ContractError
 from stepwatch.sim import Fault, FaultKind, Scenario, parse_fault, read_labels, simulate
+from stepwatch.sim.pacing import batches, paced
 
 
 def test_parse_fault_reads_every_key() -> None:
@@ -97,10 +98,18 @@ def test_paced_releases_messages_at_their_time() -> None:
     span = messages[-1].ts - messages[0].ts
     started = time.monotonic()
     released = []
-    for m in cli.paced(messages, speed=4.0, start=messages[0].ts):
+    for m in paced(messages, speed=4.0, start=messages[0].ts):
         released.append((time.monotonic() - started, m.ts - messages[0].ts))
     assert released[-1][0] >= span / 4.0 - 0.02
     assert all(wall >= (ts / 4.0) - 0.02 for wall, ts in released)
+
+
+def test_batches_are_one_tick_wide_and_bounded() -> None:
+    sc = Scenario(nodes=2, steps=5, with_ports=False)
+    messages = list(simulate(sc))
+    groups = list(batches(messages, width=0.25, max_size=3))
+    assert [m for g in groups for m in g] == messages  # nothing lost, order kept
+    assert all(len(g) <= 3 and g[-1].ts - g[0].ts < 0.25 for g in groups)
 
 
 class FakeSink:
