@@ -26,8 +26,9 @@ test-integration:  ## integration tests only (start real services on loopback)
 lint:  ## ruff
 	$(VENV)/bin/ruff check .
 
-typecheck:  ## mypy
-	$(VENV)/bin/mypy stepwatch agents streams exporters
+typecheck:  ## mypy and the import-layer contracts (lint-imports)
+	$(VENV)/bin/mypy stepwatch
+	$(VENV)/bin/lint-imports
 
 check: lint typecheck test  ## lint, typecheck and test (what CI runs)
 

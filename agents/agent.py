@@ -21,9 +21,9 @@ from typing import Any
 
 import msgspec
 
-from agents.collectors.base import Collector, CollectorHealth, HealthState, HostContext
-from agents.collectors.steps import StepsCollector
-from agents.sink import MessageSink, Sequencer
+from stepwatch.agents.collectors.base import Collector, CollectorHealth, HealthState, HostContext
+from stepwatch.agents.collectors.steps import StepsCollector
+from stepwatch.agents.sink import MessageSink, Sequencer
 from stepwatch.contract import KIND_OF, GpuMessage, Message, PortMessage
 from stepwatch.errors import ConfigError
 from stepwatch.logs import LogOnce
@@ -232,7 +232,7 @@ def build_collectors(settings: Settings) -> list[Collector]:
         return out
     registry: Callable[[Settings, list[str]], list[Collector]] | None
     try:
-        from agents.collectors import build_collectors as registry
+        from stepwatch.agents.collectors import build_collectors as registry
     except ImportError:  # host collectors not part of this build
         registry = None
     for name in others:
@@ -255,7 +255,7 @@ def build_agent(settings: Settings, sink: MessageSink | None = None) -> Agent:
     (default: the spool-backed Kafka publisher)."""
     collectors = build_collectors(settings)
     if sink is None:
-        from agents.publisher import KafkaPublisher
+        from stepwatch.agents.publisher import KafkaPublisher
 
         try:
             sink = KafkaPublisher(settings)

@@ -1,7 +1,7 @@
 """The agent's own Prometheus metrics, read from its state at scrape time.
 
 A custom collector on a private :class:`~prometheus_client.CollectorRegistry`
-turns an :class:`~agents.agent.AgentSnapshot` into metric families, so the
+turns an :class:`~stepwatch.agents.agent.AgentSnapshot` into metric families, so the
 tick loop pays nothing for metrics. Served over HTTP on
 ``Settings.metrics_port`` (0 disables it). Process CPU and memory come from
 prometheus-client's own process collector (``process_*``).
@@ -16,8 +16,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agents.agent import AgentSnapshot
-from agents.collectors.base import HealthState
+from stepwatch.agents.agent import AgentSnapshot
+from stepwatch.agents.collectors.base import HealthState
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def _labelled(family: Any, name: str, doc: str, label: str, values: dict[str, in
 
 def registry_for(snapshot: Callable[[], AgentSnapshot], *, process: bool = True) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(snapshot))  # type: ignore[arg-type]
+    registry.register(AgentCollector(snapshot))
     if process:
         ProcessCollector(registry=registry)
     return registry

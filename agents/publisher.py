@@ -1,7 +1,7 @@
-"""The Kafka publisher: a :class:`~agents.sink.MessageSink` with a no-loss on-disk spool.
+"""The Kafka publisher: a :class:`~stepwatch.agents.sink.MessageSink` with a no-loss on-disk spool.
 
 ``send`` encodes each (already sequenced) message and appends it to the
-:class:`~agents.spool.Spool`; it never touches the network. A sender thread
+:class:`~stepwatch.agents.spool.Spool`; it never touches the network. A sender thread
 reads the spool in order, produces to Kafka (idempotent, lz4, batched; one
 topic per kind, keyed by job id or host) and acknowledges spool positions only
 when delivery reports confirm them, in order. When the broker is unreachable
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from agents.spool import End, Record, Spool, SpoolStats
+from stepwatch.agents.spool import End, Record, Spool, SpoolStats
 from stepwatch.contract import KIND_OF, Kind, Message, Topics, encode, message_key
 from stepwatch.errors import SpoolError, StepwatchError
 from stepwatch.logs import LogOnce
@@ -400,7 +400,7 @@ class KafkaPublisher:
             self._log("persist", "cannot persist spool position err=%s", err, level=logging.ERROR)
 
 
-class _RdLogger(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _RdLogger(logging.LoggerAdapter):
     """librdkafka's log lines, each distinct facility logged once (reconnects are noisy)."""
 
     def __init__(self, once: LogOnce) -> None:

@@ -2,7 +2,7 @@
 
 ``MessageSink`` is the one interface; :class:`JsonlSink` writes the offline form
 of a topic; the Kafka publisher with its on-disk spool lives in
-:mod:`agents.publisher`. :class:`Sequencer` stamps each message with its
+:mod:`stepwatch.agents.publisher`. :class:`Sequencer` stamps each message with its
 per-(host, kind) sequence number and the sender's instance id before it is sent.
 """
 

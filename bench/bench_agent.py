@@ -60,9 +60,9 @@ def available(module: str) -> bool:
 
 def host_collectors() -> list[str]:
     names = ["steps"]
-    if available("agents.collectors.nvml_replay"):
+    if available("stepwatch.agents.collectors.nvml_replay"):
         names.append("nvml-replay")
-    if available("agents.collectors.rdma") and (SYSFS / "class" / "infiniband").is_dir():
+    if available("stepwatch.agents.collectors.rdma") and (SYSFS / "class" / "infiniband").is_dir():
         names.append("rdma")
     return names
 
@@ -155,8 +155,8 @@ def throughput(n: int) -> tuple[float, float]:
     """(publisher msg/s, bare producer msg/s) for ``n`` messages from many hosts."""
     from confluent_kafka import Producer
 
-    from agents.publisher import KafkaPublisher
-    from agents.sink import Sequencer
+    from stepwatch.agents.publisher import KafkaPublisher
+    from stepwatch.agents.sink import Sequencer
     from stepwatch.broker import DevBroker
     from stepwatch.contract import StepMessage, Topics, encode, message_key
     from stepwatch.kafka import ensure_topics, producer_config

@@ -34,12 +34,12 @@ sys.path.insert(0, str(ROOT))
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from agents.collectors.base import HostContext  # noqa: E402
-from agents.collectors.dcgm import DcgmCollector, fetch  # noqa: E402
-from agents.collectors.nvml import DYNAMIC_FIELDS, NvmlCollector  # noqa: E402
-from agents.collectors.nvml_replay import ReplayNvml  # noqa: E402
-from agents.collectors.promtext import Parser  # noqa: E402
-from agents.collectors.rdma import RdmaCollector  # noqa: E402
+from stepwatch.agents.collectors.base import HostContext  # noqa: E402
+from stepwatch.agents.collectors.dcgm import DcgmCollector, fetch  # noqa: E402
+from stepwatch.agents.collectors.nvml import DYNAMIC_FIELDS, NvmlCollector  # noqa: E402
+from stepwatch.agents.collectors.nvml_replay import ReplayNvml  # noqa: E402
+from stepwatch.agents.collectors.promtext import Parser  # noqa: E402
+from stepwatch.agents.collectors.rdma import RdmaCollector  # noqa: E402
 
 SYSFS = ROOT / "tests" / "fixtures" / "sysfs"
 PAGE = (ROOT / "tests" / "fixtures" / "dcgm" / "h100_8gpu_Hostname.prom").read_bytes()

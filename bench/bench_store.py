@@ -36,12 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from exporters.clickhouse import queries  # noqa: E402
-from exporters.clickhouse import rows as R  # noqa: E402
-from exporters.clickhouse.chdb_backend import ChdbStore  # noqa: E402
-from exporters.clickhouse.migrations import Migrator  # noqa: E402
-from exporters.clickhouse.prepare import Preparer, Record  # noqa: E402
 from stepwatch.contract import Phases, StepMessage, StepRecord, encode  # noqa: E402
+from stepwatch.exporters.clickhouse import queries  # noqa: E402
+from stepwatch.exporters.clickhouse import rows as R  # noqa: E402
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore  # noqa: E402
+from stepwatch.exporters.clickhouse.migrations import Migrator  # noqa: E402
+from stepwatch.exporters.clickhouse.prepare import Preparer, Record  # noqa: E402
 
 T0 = 1767225600.0
 RANKS_PER_HOST = 8
@@ -74,9 +74,9 @@ def step_messages(hosts: int, steps: int) -> list[StepMessage]:
 def bench_sink(messages: list[StepMessage], batch: int, work: Path) -> tuple[int, float]:
     from confluent_kafka import Producer
 
-    from exporters.clickhouse.kafka_source import KafkaSource
-    from exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
     from stepwatch.broker import DevBroker
+    from stepwatch.exporters.clickhouse.kafka_source import KafkaSource
+    from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
     from stepwatch.kafka import ensure_topics
     from stepwatch.settings import Settings
 

@@ -129,8 +129,8 @@ def raw_consume(settings: object, total: int, decode: bool) -> Row:
 
 def processor_only(settings: object, wire: list[tuple[str, bytes, bytes]], events: int) -> Row:
     from stepwatch.contract import Topics
-    from streams.app import default_engine_factory
-    from streams.worker import RawRecord, Record, StreamProcessor
+    from stepwatch.streams.worker.app import default_engine_factory
+    from stepwatch.streams.worker.processor import RawRecord, Record, StreamProcessor
 
     proc = StreamProcessor(Topics(settings.topic_prefix),  # type: ignore[attr-defined]
                            default_engine_factory(settings))  # type: ignore[arg-type]

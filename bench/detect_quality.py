@@ -1,123 +1,13 @@
-"""Detection quality of the core against the simulator's ground truth.
-
-A seeded suite of simulated jobs (stepwatch.sim): healthy runs with heavy noise
-and periodic evaluation/checkpoint pauses; every fault kind, slowdowns at 5 %,
-10 % and 30 %; job shapes from 8 to 1024 ranks, data parallel and pipeline
-stages with unequal compute. Each job's messages go through a fresh
-:class:`streams.core.Engine` exactly as the replay drives it (tick at the
-largest timestamp seen, every second of event time); its detections are matched
-to the labels. Printed: precision, recall, F1, time-to-detect (steps and
-seconds, median and p95), cause-attribution accuracy and false detections per
-1000 healthy job-hours, overall and for severities >= 10 %, a per-kind table,
-and a micro-benchmark of Engine.process (records/s) against msgspec decoding
-of the same messages measured in the same run.
+"""Detection quality of the core against ground truth: see :mod:`stepwatch.quality.run`.
 
     python bench/detect_quality.py [--quick] [--seed 7] [--json out.json]
-    stepwatch bench detect [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import time
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.detect_score import CaseResult, report_lines, score
-from bench.detect_suite import Case, suite
-from stepwatch.sim import ground_truth, simulate
-from streams.core import DetectConfig, Engine
-
-
-def run_case(case: Case, cfg: DetectConfig) -> CaseResult:
-    """Drive one fresh engine over the case's messages, as the replay does."""
-    engine = Engine(cfg)
-    detections = []
-    last_tick = 0.0
-    messages = records = 0
-    t0 = time.perf_counter()
-    for message in simulate(*case.scenarios):
-        messages += 1
-        records += len(getattr(message, "steps", ()))
-        detections.extend(engine.process(message))
-        if message.ts - last_tick >= 1.0:
-            last_tick = message.ts
-            detections.extend(engine.tick(message.ts))
-    detections.extend(engine.tick(engine.now))
-    elapsed = time.perf_counter() - t0
-    return CaseResult(case, ground_truth(*case.scenarios), detections, messages, records,
-                      elapsed)
-
-
-def micro_benchmark(repeat: int = 3) -> list[dict[str, Any]]:
-    """records/s through Engine.process for three job sizes, vs decoding the same bytes."""
-    from stepwatch.contract import StepMessage, decode_unchecked, encode
-    from stepwatch.sim import Scenario
-
-    out = []
-    for nodes, stages, steps in ((1, 1, 400), (8, 2, 200), (128, 8, 40)):
-        sc = Scenario(seed=11, nodes=nodes, pipeline_stages=stages, steps=steps,
-                      with_gpu=False, with_ports=False)
-        msgs = [m for m in simulate(sc) if isinstance(m, StepMessage)]
-        wire = [encode(m) for m in msgs]
-        n = sum(len(m.steps) for m in msgs)
-        best_engine = best_decode = float("inf")
-        for _ in range(repeat):
-            engine = Engine()
-            t = time.perf_counter()
-            for m in msgs:
-                engine.process(m)
-            best_engine = min(best_engine, time.perf_counter() - t)
-            t = time.perf_counter()
-            for b in wire:
-                decode_unchecked(b)
-            best_decode = min(best_decode, time.perf_counter() - t)
-        out.append({
-            "ranks": sc.world_size, "stages": stages, "records": n,
-            "engine_records_per_s": round(n / best_engine),
-            "engine_us_per_record": round(1e6 * best_engine / n, 2),
-            "decode_records_per_s": round(n / best_decode),
-            "engine_over_decode": round(best_engine / best_decode, 2),
-        })
-    return out
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="the small suite (about a minute)")
-    p.add_argument("--seed", type=int, default=7, help="suite seed (default 7)")
-    p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
-    p.add_argument("--no-micro", action="store_true", help="skip the Engine.process timing")
-    p.add_argument("--verbose", action="store_true", help="list every miss and false detection")
-    args = p.parse_args(argv)
-    return run(quick=args.quick, seed=args.seed, json_path=args.json, micro=not args.no_micro,
-               verbose=args.verbose)
-
-
-def run(*, quick: bool = False, seed: int = 7, json_path: str | None = None, micro: bool = True,
-        verbose: bool = False, cfg: DetectConfig | None = None) -> int:
-    cfg = cfg or DetectConfig()
-    cases = suite(quick=quick, seed=seed)
-    t0 = time.perf_counter()
-    results = [run_case(case, cfg) for case in cases]
-    wall = time.perf_counter() - t0
-    figures = score(results)
-    figures["suite"] = {"mode": "quick" if quick else "full", "seed": seed, "cases": len(cases),
-                        "seconds": round(wall, 1)}
-    if micro:
-        figures["micro"] = micro_benchmark()
-    for line in report_lines(figures, verbose=verbose):
-        print(line)
-    if json_path:
-        Path(json_path).write_text(json.dumps(figures, indent=2, default=str) + "\n")
-    return 0
-
+from stepwatch.quality.run import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,1 +1,1 @@
-"""Exporters: where stepwatch data goes after Kafka (see ``exporters.clickhouse``)."""
+"""Exporters: where stepwatch data goes after Kafka (see ``stepwatch.exporters.clickhouse``)."""

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README, CI): lint, type-check, then the whole pytest suite.
+# The test command (README, CI): lint, type-check, import-layer contracts, then the whole pytest suite.
 # pytest exit code 5 ("no tests collected") is treated as a failure: a suite that
 # collects nothing has tested nothing.
 set -uo pipefail

@@ -2,7 +2,7 @@
 
 A JSON Lines file is the offline form of a topic (one message per line, the
 bytes a producer sends). :func:`replay` decodes each line, validates it like
-the stream workers do, feeds it to the same :class:`~streams.core.api.Analyzer`
+the stream workers do, feeds it to the same :class:`~stepwatch.streams.core.api.Analyzer`
 and ticks the engine on event time: ``now`` is the largest timestamp seen so
 far, ticked whenever it advanced by ``tick_seconds``. A bad line is reported
 (line number, reason, detail) to ``on_error`` and skipped; it never stops the
@@ -20,7 +20,7 @@ from functools import partial
 
 from stepwatch.contract import KIND_OF, DetectionMessage, decode
 from stepwatch.errors import ContractError
-from streams.core.api import Analyzer, JobStats
+from stepwatch.streams.core.api import Analyzer, JobStats
 
 OnDetection = Callable[[DetectionMessage], None]
 OnError = Callable[[int, ContractError, bytes], None]

@@ -2,7 +2,7 @@
 
 ``build_collectors(settings, ["nvml", "rdma"])`` returns ready collectors:
 
-* ``nvml``: GPUs through NVML (:mod:`agents.collectors.nvml`);
+* ``nvml``: GPUs through NVML (:mod:`stepwatch.agents.collectors.nvml`);
 * ``nvml-replay``: the same collector over a recorded NVML session
   (``STEPWATCH_NVML_REPLAY`` = path of a recording; default: the shipped
   8-GPU H100 recording), for benchmarks, demos and GPU-less hosts;
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from agents.collectors.base import (
+from stepwatch.agents.collectors.base import (
     Collector,
     CollectorHealth,
     HealthState,
@@ -33,29 +33,29 @@ AGENT_OWNED = frozenset({"steps"})
 
 
 def _nvml(settings: Settings) -> Collector:
-    from agents.collectors.nvml import NvmlCollector
-    from agents.collectors.nvml_api import RealNvml
+    from stepwatch.agents.collectors.nvml import NvmlCollector
+    from stepwatch.agents.collectors.nvml_api import RealNvml
 
     return NvmlCollector(RealNvml(), name="nvml")
 
 
 def _nvml_replay(settings: Settings) -> Collector:
-    from agents.collectors.nvml import NvmlCollector
-    from agents.collectors.nvml_replay import DEFAULT_RECORDING, ReplayNvml
+    from stepwatch.agents.collectors.nvml import NvmlCollector
+    from stepwatch.agents.collectors.nvml_replay import DEFAULT_RECORDING, ReplayNvml
 
     path = getattr(settings, "nvml_replay", "") or os.environ.get(NVML_REPLAY_ENV, "")
     return NvmlCollector(ReplayNvml.from_file(path or DEFAULT_RECORDING), name="nvml-replay")
 
 
 def _dcgm(settings: Settings) -> Collector:
-    from agents.collectors.dcgm import DcgmCollector
+    from stepwatch.agents.collectors.dcgm import DcgmCollector
 
     timeout = min(2.0, max(0.2, settings.tick_seconds / 2))
     return DcgmCollector(settings.dcgm_url or DEFAULT_DCGM_URL, timeout=timeout)
 
 
 def _rdma(settings: Settings) -> Collector:
-    from agents.collectors.rdma import RdmaCollector
+    from stepwatch.agents.collectors.rdma import RdmaCollector
 
     return RdmaCollector(settings.sysfs_root)
 

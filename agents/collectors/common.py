@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from agents.collectors.base import CollectorHealth, HealthState, HostContext
+from stepwatch.agents.collectors.base import CollectorHealth, HealthState, HostContext
 from stepwatch.logs import LogOnce
 
 

@@ -1,7 +1,7 @@
 """GPU collector scraping an existing dcgm-exporter (Prometheus text, usually :9400).
 
 One HTTP GET per tick with a short timeout; the page is parsed with
-:mod:`agents.collectors.promtext` and folded into one GpuMessage (one
+:mod:`stepwatch.agents.collectors.promtext` and folded into one GpuMessage (one
 GpuReading per ``gpu`` label). Host labels come in both spellings
 (``Hostname``, and ``hostname`` in newer exporters); attribution labels
 (``pod``, ``namespace``, ``container``, ``hpc_job``) are kept per GPU in
@@ -26,9 +26,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from agents.collectors.base import CollectorHealth, HostContext
-from agents.collectors.common import HealthTracker, job_for
-from agents.collectors.promtext import Parser, Sample
+from stepwatch.agents.collectors.base import CollectorHealth, HostContext
+from stepwatch.agents.collectors.common import HealthTracker, job_for
+from stepwatch.agents.collectors.promtext import Parser, Sample
 from stepwatch.contract import EventMessage, EventType, GpuMessage, GpuReading, Message
 
 log = logging.getLogger(__name__)

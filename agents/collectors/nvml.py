@@ -1,6 +1,6 @@
 """GPU collector over NVML: one GpuMessage per tick, plus XID events.
 
-Reads every GPU through an injectable :class:`~agents.collectors.nvml_api.NvmlApi`
+Reads every GPU through an injectable :class:`~stepwatch.agents.collectors.nvml_api.NvmlApi`
 and converts NVML's units into the contract's (mW -> W, bytes -> MiB,
 KiB -> bytes). A reading NVML does not support on a GPU (``NotSupported``) is
 None and is not asked for again; any other failed call is None for that field,
@@ -19,9 +19,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents.collectors.base import CollectorHealth, HostContext
-from agents.collectors.common import HealthTracker, job_for
-from agents.collectors.nvml_api import (
+from stepwatch.agents.collectors.base import CollectorHealth, HostContext
+from stepwatch.agents.collectors.common import HealthTracker, job_for
+from stepwatch.agents.collectors.nvml_api import (
     STATIC_FIELDS,
     UNAVAILABLE,
     UNSUPPORTED,

@@ -2,7 +2,7 @@
 
 The collector never touches ``pynvml`` directly: it talks to an :class:`NvmlApi`
 (this module's :class:`RealNvml`, or the recording-backed fake in
-:mod:`agents.collectors.nvml_replay`). Every reading is named by a
+:mod:`stepwatch.agents.collectors.nvml_replay`). Every reading is named by a
 :class:`Field` and returned in NVML's own units (mW, bytes, mJ, KiB); the
 collector converts. Every NVML failure comes out as :class:`NvmlError` with a
 short ``reason`` (``not_supported``, ``gpu_lost``, ``library_not_found`` ...).

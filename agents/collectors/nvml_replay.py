@@ -1,4 +1,4 @@
-"""An :class:`~agents.collectors.nvml_api.NvmlApi` backed by a recording.
+"""An :class:`~stepwatch.agents.collectors.nvml_api.NvmlApi` backed by a recording.
 
 A recording (JSON, written by ``tests/fixtures/nvml/record.py`` on a GPU host)
 holds, per GPU, its static identity and a list of samples taken every
@@ -21,7 +21,7 @@ from typing import Any
 
 import msgspec
 
-from agents.collectors.nvml_api import COUNTER_FIELDS, Field, NvmlError, NvmlEvent
+from stepwatch.agents.collectors.nvml_api import COUNTER_FIELDS, Field, NvmlError, NvmlEvent
 from stepwatch.errors import ConfigError
 
 FORMAT = "stepwatch-nvml-recording"

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from agents.collectors.base import CollectorHealth, HostContext
-from agents.collectors.common import HealthTracker
-from agents.collectors.sysfs import (
+from stepwatch.agents.collectors.base import CollectorHealth, HostContext
+from stepwatch.agents.collectors.common import HealthTracker
+from stepwatch.agents.collectors.sysfs import (
     failure_reason,
     list_dir,
     parse_counter,

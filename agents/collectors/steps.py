@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from agents.collectors.base import CollectorHealth, HealthState, HostContext
+from stepwatch.agents.collectors.base import CollectorHealth, HealthState, HostContext
 from stepwatch.contract import (
     EventMessage,
     EventType,

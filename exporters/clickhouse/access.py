@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from exporters.clickhouse.service import Endpoint, endpoint_path
-from exporters.clickhouse.store import Store
 from stepwatch.errors import StoreError
+from stepwatch.exporters.clickhouse.service import Endpoint, endpoint_path
+from stepwatch.exporters.clickhouse.store import Store
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ def live_endpoint(settings: Settings) -> Endpoint | None:
 
 
 def open_server(settings: Settings, *, create_database: bool = True) -> Store:
-    from exporters.clickhouse.connect_backend import ClickHouseConnectStore
+    from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore
 
     return ClickHouseConnectStore(
         settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password,
@@ -44,7 +44,7 @@ def open_writer(settings: Settings) -> Store:
             f"the store at {settings.store_path} is owned by process {owner.pid} "
             f"(endpoint {owner.url}); stop it first, or let it do the writing"
         )
-    from exporters.clickhouse.chdb_backend import ChdbStore
+    from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 
     return ChdbStore(settings.store_path, settings.clickhouse_database)
 
@@ -55,11 +55,11 @@ def open_reader(settings: Settings) -> Store:
         return open_server(settings, create_database=False)
     owner = live_endpoint(settings)
     if owner is not None:
-        from exporters.clickhouse.connect_backend import ClickHouseConnectStore
+        from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore
 
         log.debug("reading through the owner's endpoint url=%s pid=%d", owner.url, owner.pid)
         return ClickHouseConnectStore(owner.url, owner.user, owner.password,
                                       settings.clickhouse_database, create_database=False)
-    from exporters.clickhouse.chdb_backend import ChdbStore
+    from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 
     return ChdbStore(settings.store_path, settings.clickhouse_database, readonly=True)

@@ -3,7 +3,7 @@
 chdb keeps one embedded server per process, bound to one database path; a
 second process opening the same path fails to lock it. So exactly one process
 owns a path (the sink, or ``stepwatch db serve``) and every other reader goes
-through the owner's query endpoint (:mod:`exporters.clickhouse.service`).
+through the owner's query endpoint (:mod:`stepwatch.exporters.clickhouse.service`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from exporters.clickhouse.store import (
+from stepwatch.errors import StoreError
+from stepwatch.exporters.clickhouse.store import (
     OUTPUT_SETTINGS,
     ClickHouseError,
     Result,
@@ -24,7 +25,6 @@ from exporters.clickhouse.store import (
     parse_json_compact,
     strip_sql,
 )
-from stepwatch.errors import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ def _open_session(path: str) -> Any:
 
 
 class ChdbStore:
-    """A :class:`~exporters.clickhouse.store.Store` on an embedded chdb database."""
+    """A :class:`~stepwatch.exporters.clickhouse.store.Store` on an embedded chdb database."""
 
     backend = "chdb"
 

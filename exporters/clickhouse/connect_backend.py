@@ -2,7 +2,7 @@
 
 ``Settings.clickhouse_url`` picks it (``https://`` for TLS, user and password
 from the settings or the URL). The same class talks to the query endpoint an
-embedded store's owner serves on loopback (:mod:`exporters.clickhouse.service`),
+embedded store's owner serves on loopback (:mod:`stepwatch.exporters.clickhouse.service`),
 which speaks the subset of ClickHouse's HTTP interface this client uses.
 """
 
@@ -13,7 +13,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from exporters.clickhouse.store import (
+from stepwatch.errors import ConfigError, StoreError
+from stepwatch.exporters.clickhouse.store import (
     OUTPUT_SETTINGS,
     ClickHouseError,
     Result,
@@ -23,7 +24,6 @@ from exporters.clickhouse.store import (
     parse_json_compact,
     strip_sql,
 )
-from stepwatch.errors import ConfigError, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ def _wrap(err: Exception, what: str) -> ClickHouseError:
 
 
 class ClickHouseConnectStore:
-    """A :class:`~exporters.clickhouse.store.Store` on a ClickHouse server."""
+    """A :class:`~stepwatch.exporters.clickhouse.store.Store` on a ClickHouse server."""
 
     backend = "clickhouse-connect"
 

@@ -11,8 +11,8 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from exporters.clickhouse.prepare import Record
 from stepwatch.errors import TransportError
+from stepwatch.exporters.clickhouse.prepare import Record
 from stepwatch.kafka import client_config
 from stepwatch.logs import LogOnce
 from stepwatch.settings import Settings

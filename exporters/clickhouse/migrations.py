@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from exporters.clickhouse.store import Store
 from stepwatch.errors import StoreError
+from stepwatch.exporters.clickhouse.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import io
 import json
 from typing import Any
 
-from exporters.clickhouse.store import Result
 from stepwatch.errors import ConfigError
+from stepwatch.exporters.clickhouse.store import Result
 
 FORMATS = ("table", "csv", "json", "jsonl")
 

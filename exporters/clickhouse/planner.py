@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from exporters.clickhouse.prepare import Record
+from stepwatch.exporters.clickhouse.prepare import Record
 
 TP = tuple[str, int]
 

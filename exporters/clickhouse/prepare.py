@@ -5,7 +5,7 @@ becomes a dead letter with the contract's reason: ``malformed_json``,
 ``schema``, ``unknown_kind``, ``unsupported_version``, ``absurd_value``);
 drop a message already seen by its (host, inst, kind, seq); map it to rows;
 check each row against its column types (``overflow``, ``invalid_value``).
-Counter rates are computed here (:mod:`exporters.clickhouse.rates`).
+Counter rates are computed here (:mod:`stepwatch.exporters.clickhouse.rates`).
 """
 
 from __future__ import annotations
@@ -20,18 +20,6 @@ from typing import Any
 
 import msgspec
 
-from exporters.clickhouse import rows as R
-from exporters.clickhouse.rates import (
-    GPU_COUNTERS,
-    MAX_GAP_SECONDS,
-    PORT_COUNTERS,
-    CounterTracker,
-    Reading,
-    gpu_derived,
-    gpu_values,
-    port_values,
-)
-from exporters.clickhouse.store import Store
 from stepwatch.contract import (
     KIND_OF,
     DetectionMessage,
@@ -43,6 +31,18 @@ from stepwatch.contract import (
     decode,
 )
 from stepwatch.errors import ContractError, StoreError
+from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.rates import (
+    GPU_COUNTERS,
+    MAX_GAP_SECONDS,
+    PORT_COUNTERS,
+    CounterTracker,
+    Reading,
+    gpu_derived,
+    gpu_values,
+    port_values,
+)
+from stepwatch.exporters.clickhouse.store import Store
 from stepwatch.logs import LogOnce
 
 log = logging.getLogger(__name__)

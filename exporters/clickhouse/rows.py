@@ -16,7 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from exporters.clickhouse.rates import GPU_DELTAS, GPU_RATES, PORT_COUNTERS, PORT_RATES
 from stepwatch.contract import (
     DetectionMessage,
     EventMessage,
@@ -27,6 +26,7 @@ from stepwatch.contract import (
     StepMessage,
     StepRecord,
 )
+from stepwatch.exporters.clickhouse.rates import GPU_DELTAS, GPU_RATES, PORT_COUNTERS, PORT_RATES
 
 Check = Callable[[Any], str | None]
 

@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from exporters.clickhouse.planner import Batch
-from exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
-from exporters.clickhouse.sink_metrics import SinkMetrics
 from stepwatch.errors import ConfigError, StoreError
+from stepwatch.exporters.clickhouse.planner import Batch
+from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
+from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -30,9 +30,9 @@ def run_sink(
     install_signals: bool = True,
 ) -> SinkMetrics:
     """Run until SIGTERM/SIGINT; return the metrics (for callers that want totals)."""
-    from exporters.clickhouse.access import open_writer
-    from exporters.clickhouse.kafka_source import KafkaSource
-    from exporters.clickhouse.migrations import Migrator
+    from stepwatch.exporters.clickhouse.access import open_writer
+    from stepwatch.exporters.clickhouse.kafka_source import KafkaSource
+    from stepwatch.exporters.clickhouse.migrations import Migrator
     from stepwatch.kafka import ensure_topics
 
     if not settings.bootstrap_servers:
@@ -81,7 +81,7 @@ def _open_owned(settings: Settings, open_writer: Callable[[Settings], Any], wait
 
 def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -> Any:
     """Start the query endpoint of the embedded store this process owns."""
-    from exporters.clickhouse.service import QueryService, endpoint_path
+    from stepwatch.exporters.clickhouse.service import QueryService, endpoint_path
 
     return QueryService(settings.store_path, settings.clickhouse_database, port=port,
                         allow_writes=allow_writes,

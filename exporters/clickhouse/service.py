@@ -35,9 +35,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from exporters.clickhouse.chdb_backend import _open_session
-from exporters.clickhouse.store import error_from
 from stepwatch.errors import StoreError
+from stepwatch.exporters.clickhouse.chdb_backend import _open_session
+from stepwatch.exporters.clickhouse.store import error_from
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +196,7 @@ def _decompress(body: bytes, encoding: str) -> bytes:
 
         return bytes(lz4.frame.decompress(body))
     if encoding == "zstd":
-        from backports import zstd  # type: ignore[import-not-found]
+        from backports import zstd
 
         return bytes(zstd.decompress(body))
     raise StoreError(f"unsupported Content-Encoding {encoding!r}")

@@ -19,15 +19,15 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from exporters.clickhouse import rows as R
-from exporters.clickhouse.kafka_source import TP, Source
-from exporters.clickhouse.planner import Batch, Planner
-from exporters.clickhouse.prepare import Preparer, dead_row
-from exporters.clickhouse.sink_metrics import SinkMetrics
-from exporters.clickhouse.store import ClickHouseError, Store
-from exporters.clickhouse.writer import StopRequested, Writer
 from stepwatch.contract import Topics
 from stepwatch.errors import StepwatchError, TransportError
+from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.kafka_source import TP, Source
+from stepwatch.exporters.clickhouse.planner import Batch, Planner
+from stepwatch.exporters.clickhouse.prepare import Preparer, dead_row
+from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
+from stepwatch.exporters.clickhouse.store import ClickHouseError, Store
+from stepwatch.exporters.clickhouse.writer import StopRequested, Writer
 from stepwatch.logs import LogOnce
 
 log = logging.getLogger(__name__)

@@ -3,12 +3,12 @@
 :class:`Store` is the one extension point. Its sibling backends run the same
 DDL, inserts and queries:
 
-* :class:`~exporters.clickhouse.chdb_backend.ChdbStore`: the ClickHouse engine
+* :class:`~stepwatch.exporters.clickhouse.chdb_backend.ChdbStore`: the ClickHouse engine
   in-process (chdb), persistent at ``Settings.store_path``. The default.
-* :class:`~exporters.clickhouse.connect_backend.ClickHouseConnectStore`: a
+* :class:`~stepwatch.exporters.clickhouse.connect_backend.ClickHouseConnectStore`: a
   ClickHouse server over HTTP(S) (clickhouse-connect). Production, and also how
   readers reach an embedded store that another process owns (see
-  :mod:`exporters.clickhouse.service`).
+  :mod:`stepwatch.exporters.clickhouse.service`).
 
 Rows go in as ``JSONCompactEachRow`` and results come back as ``JSONCompact`` on
 both transports, so the bytes are the same whichever runs underneath.

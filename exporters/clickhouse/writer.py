@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from exporters.clickhouse.sink_metrics import SinkMetrics
-from exporters.clickhouse.store import ClickHouseError, Store
 from stepwatch.errors import StepwatchError
+from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
+from stepwatch.exporters.clickhouse.store import ClickHouseError, Store
 
 log = logging.getLogger(__name__)
 

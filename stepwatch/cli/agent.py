@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_agent(settings: Any) -> int:
     from agents import metrics
-    from agents.agent import build_agent
+    from stepwatch.agents.agent import build_agent
 
     agent = build_agent(settings)
     stop = threading.Event()

@@ -1,30 +1,23 @@
-"""``stepwatch bench``: run a benchmark from the bench/ folder of a source checkout."""
+"""``stepwatch bench``: run a benchmark shipped in the package (:mod:`stepwatch.quality`)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-from stepwatch.errors import ConfigError
-
-# name -> (script in bench/, one-line help)
 BENCHMARKS = {
-    "detect": ("detect_quality.py",
-               "detection quality against the simulator's ground truth, and Engine.process speed"),
+    "detect": "detection quality against the scenarios' ground truth, and Engine.process speed",
 }
 
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "bench", help="run a benchmark (detection quality, ...)",
-        description="Run a benchmark script from bench/ (needs a source checkout). "
+        description="Run a benchmark. "
         "Figures are printed with same-run baselines; see each benchmark's --help.",
     )
     sub = p.add_subparsers(dest="benchmark", metavar="BENCHMARK")
-    d = sub.add_parser("detect", help=BENCHMARKS["detect"][1],
+    d = sub.add_parser("detect", help=BENCHMARKS["detect"],
                        description=(
                            "Seeded suite of simulated jobs (healthy runs with heavy noise and "
                            "pauses; every fault kind at 5/10/30 % severity; 8 to 1024 ranks, "
@@ -41,20 +34,7 @@ def register(subparsers: Any) -> None:
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    module = load("detect")
-    return int(module.run(quick=args.quick, seed=args.seed, json_path=args.json,
-                          micro=not args.no_micro, verbose=args.verbose))
+    from stepwatch.quality.run import run
 
-
-def load(name: str) -> ModuleType:
-    """Import bench/<script> of the checkout this package runs from."""
-    script = Path(__file__).resolve().parents[2] / "bench" / BENCHMARKS[name][0]
-    if not script.is_file():
-        raise ConfigError(f"benchmark {name!r} needs a source checkout: {script.name} not found "
-                          "next to the stepwatch package")
-    spec = importlib.util.spec_from_file_location(f"_bench_{name}", script)
-    if spec is None or spec.loader is None:
-        raise ConfigError(f"cannot load {script.name}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return int(run(quick=args.quick, seed=args.seed, json_path=args.json,
+                   micro=not args.no_micro, verbose=args.verbose))

@@ -74,8 +74,8 @@ def register(subparsers: Any) -> None:
 
 
 def run_migrate(args: argparse.Namespace) -> int:
-    from exporters.clickhouse.access import open_writer
-    from exporters.clickhouse.migrations import Migrator
+    from stepwatch.exporters.clickhouse.access import open_writer
+    from stepwatch.exporters.clickhouse.migrations import Migrator
 
     settings = store_settings(args, store_raw_ttl_days=args.raw_ttl_days)
     store = open_writer(settings)
@@ -92,9 +92,9 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from exporters.clickhouse.access import live_endpoint, open_reader
-    from exporters.clickhouse.migrations import Migrator
-    from exporters.clickhouse.output import render
+    from stepwatch.exporters.clickhouse.access import live_endpoint, open_reader
+    from stepwatch.exporters.clickhouse.migrations import Migrator
+    from stepwatch.exporters.clickhouse.output import render
 
     settings = store_settings(args)
     owner = live_endpoint(settings)
@@ -121,8 +121,8 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_sink(args: argparse.Namespace) -> int:
-    from exporters.clickhouse.runner import run_sink as run
-    from exporters.clickhouse.sink import SinkConfig
+    from stepwatch.exporters.clickhouse.runner import run_sink as run
+    from stepwatch.exporters.clickhouse.sink import SinkConfig
 
     settings = store_settings(args, sink_metrics_port=args.metrics_port,
                               store_raw_ttl_days=args.raw_ttl_days)
@@ -135,10 +135,10 @@ def run_sink(args: argparse.Namespace) -> int:
 def run_serve(args: argparse.Namespace) -> int:
     import threading
 
-    from exporters.clickhouse.access import open_writer
-    from exporters.clickhouse.migrations import Migrator
-    from exporters.clickhouse.runner import on_signals, serve_store
     from stepwatch.errors import ConfigError
+    from stepwatch.exporters.clickhouse.access import open_writer
+    from stepwatch.exporters.clickhouse.migrations import Migrator
+    from stepwatch.exporters.clickhouse.runner import on_signals, serve_store
 
     settings = store_settings(args)
     if settings.clickhouse_url:

@@ -18,7 +18,7 @@ from pathlib import Path
 DEFAULT_FAULT = "slow_gpu:rank=13:start=40:severity=0.3"
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on embedded defaults, live",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")

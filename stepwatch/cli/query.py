@@ -34,8 +34,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporters.clickhouse import queries
     from stepwatch.errors import ConfigError
+    from stepwatch.exporters.clickhouse import queries
 
     if args.list or not args.name:
         width = max(len(n) for n in queries.registry())
@@ -46,9 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if args.describe:
         print(describe(saved))
         return 0
-    from exporters.clickhouse.access import open_reader
-    from exporters.clickhouse.output import render
     from stepwatch.cli.common import parse_kv
+    from stepwatch.exporters.clickhouse.access import open_reader
+    from stepwatch.exporters.clickhouse.output import render
 
     values: dict[str, str | None] = dict(parse_kv(args.param))
     for name in ("job", "since", "limit"):

@@ -57,8 +57,8 @@ def register(subparsers: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from stepwatch.contract import encode
     from stepwatch.settings import Settings
-    from streams.core import DetectConfig, Engine
-    from streams.replay import replay
+    from stepwatch.streams.core import DetectConfig, Engine
+    from stepwatch.streams.replay import replay
 
     settings = Settings.load(hang_min_seconds=args.hang_min_seconds,
                              hang_step_multiple=args.hang_step_multiple)

@@ -12,7 +12,7 @@ from stepwatch.cli.common import add_kafka_flags, settings_from_args
 from stepwatch.errors import ConfigError
 
 if TYPE_CHECKING:
-    from agents.sink import MessageSink
+    from stepwatch.agents.sink import MessageSink
     from stepwatch.contract import Message
     from stepwatch.sim import Scenario
 
@@ -204,6 +204,6 @@ def _publish(sink: MessageSink, messages: Iterable[Message], tee: IO[bytes] | No
 
 def _kafka_sink(settings: Any) -> MessageSink:
     """The agent's spool-backed publisher (imported lazily: it needs confluent-kafka)."""
-    from agents.publisher import KafkaPublisher
+    from stepwatch.agents.publisher import KafkaPublisher
 
-    return KafkaPublisher(settings)  # type: ignore[return-value]
+    return KafkaPublisher(settings)

@@ -29,10 +29,10 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from exporters.clickhouse.access import open_reader
-    from exporters.clickhouse.output import render
     from stepwatch.cli.common import parse_kv
     from stepwatch.errors import ConfigError
+    from stepwatch.exporters.clickhouse.access import open_reader
+    from stepwatch.exporters.clickhouse.output import render
 
     sql = args.query if args.query not in (None, "-") else sys.stdin.read()
     if not sql.strip():

@@ -104,8 +104,8 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
     from faust.worker import Worker
 
     from stepwatch.kafka import ensure_topics
-    from streams.app import StreamOptions, create_app
-    from streams.metrics import serve
+    from stepwatch.streams.worker.app import StreamOptions, create_app
+    from stepwatch.streams.worker.metrics import serve
 
     for name in ("faust", "mode", "aiokafka"):
         logging.getLogger(name).setLevel(args.faust_log_level.upper())

@@ -1,7 +1,7 @@
 """Drive the simulated fleet through the real agent path at wall-clock pace.
 
 Messages from :func:`stepwatch.sim.simulate` are grouped per tick, stamped by a
-:class:`~agents.sink.Sequencer` (per host and kind, as each node agent does)
+:class:`~stepwatch.agents.sink.Sequencer` (per host and kind, as each node agent does)
 and handed to the spool-backed Kafka publisher, exactly like a node agent's
 tick. The simulator already numbers its messages; the driver stamps them
 again with its own instance id, as each run of a real agent does, so runs
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from agents.sink import MessageSink, Sequencer
+from stepwatch.agents.sink import MessageSink, Sequencer
 from stepwatch.sim import Scenario, resolve_all, simulate
 from stepwatch.sim.pacing import batches, paced
 

@@ -50,7 +50,7 @@ class Demo:
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
-        from agents.publisher import KafkaPublisher
+        from stepwatch.agents.publisher import KafkaPublisher
         from stepwatch.demo.fleet import FleetDriver
 
         opts = self.options
@@ -76,7 +76,7 @@ class Demo:
         self.broker = DevBroker(log_path=str(self.options.workdir / "broker.log")).start()
         return self.broker.bootstrap
 
-    def _scenarios(self) -> list:  # type: ignore[type-arg]
+    def _scenarios(self) -> list:
         from stepwatch.sim import Scenario, parse_fault
 
         faults = tuple(parse_fault(text).fault for text in self.options.faults)

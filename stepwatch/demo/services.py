@@ -58,7 +58,7 @@ def children(bootstrap: str, workdir: Path, *, workers: int, store: bool) -> lis
     cli = [sys.executable, "-m", "stepwatch.cli"]
     common = ["--bootstrap-servers", bootstrap]
     out: list[Child] = []
-    if workers and available("streams.app"):
+    if workers and available("stepwatch.streams.worker.app"):
         for i in range(workers):
             out.append(Child(
                 f"stream-{i}",
@@ -66,7 +66,7 @@ def children(bootstrap: str, workdir: Path, *, workers: int, store: bool) -> lis
                  "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(9466 + i)],
                 workdir / f"stream-{i}.log",
             ))
-    if store and available("exporters.clickhouse.sink"):
+    if store and available("stepwatch.exporters.clickhouse.sink"):
         out.append(Child(
             "sink",
             [*cli, "db", "sink", *common, "--store-path", str(workdir / "chdb"),

@@ -65,7 +65,7 @@ class StepTable:
         mask = self.steps >= first
         if last is not None:
             mask &= self.steps < last
-        return mask  # type: ignore[no-any-return]
+        return mask
 
     def members(self, group: str) -> np.ndarray:
         return np.flatnonzero(np.array(self.groups) == group)

@@ -20,7 +20,7 @@ def write_jsonl(path: str | os.PathLike[str] | IO[bytes], messages: Iterable[Mes
     if hasattr(path, "write"):
         return _write(path, messages)  # type: ignore[arg-type]
     try:
-        with open(path, "wb") as stream:  # type: ignore[arg-type]
+        with open(path, "wb") as stream:
             return _write(stream, messages)
     except OSError as err:
         raise StepwatchError(f"cannot write {path}: {err}") from err

@@ -98,7 +98,7 @@ class Label(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (lists, not tuples)."""
-        return msgspec.json.decode(msgspec.json.encode(self))  # type: ignore[no-any-return]
+        return msgspec.json.decode(msgspec.json.encode(self))
 
 
 def ground_truth(*scenarios: Scenario) -> list[Label]:

@@ -35,7 +35,7 @@ class RecordBuilder:
         n = len(idx)
 
         def col(x: np.ndarray, digits: int = 6) -> list[float]:
-            return np.round(x[idx], digits).tolist()  # type: ignore[no-any-return]
+            return np.round(x[idx], digits).tolist()
 
         extras = self._extras(b, idx)
         ckpt = col(b.checkpoint) if b.checkpoint.any() else None

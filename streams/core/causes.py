@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from stepwatch.contract import EventType
-from streams.core.config import DetectConfig
-from streams.core.hostwindow import (
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostwindow import (
     BAD_THROTTLE,
     SW_POWER_CAP,
     THROTTLE_NAMES,
@@ -26,7 +26,7 @@ from streams.core.hostwindow import (
     PortSignals,
     median_of,
 )
-from streams.core.kinds import Cause, Fault
+from stepwatch.streams.core.kinds import Cause, Fault
 
 HARDWARE_XIDS = frozenset({48, 79, 95})
 USER_XIDS = frozenset({13, 31, 43})  # most often the application's own fault

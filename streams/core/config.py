@@ -2,7 +2,7 @@
 
 ``DetectConfig`` is frozen; build it once (``DetectConfig.from_settings`` takes
 the hang knobs from :class:`stepwatch.settings.Settings`) and hand it to
-:class:`streams.core.engine.Engine`. Times are event-time seconds, counts are
+:class:`stepwatch.streams.core.engine.Engine`. Times are event-time seconds, counts are
 steps.
 """
 

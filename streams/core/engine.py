@@ -1,4 +1,4 @@
-"""The detection engine: an :class:`~streams.core.api.Analyzer` over contract messages.
+"""The detection engine: an :class:`~stepwatch.streams.core.api.Analyzer` over contract messages.
 
 Drivers (the Faust workers, the offline replay) feed every valid message of the
 jobs they own to :meth:`Engine.process` and call :meth:`Engine.tick` with the
@@ -24,11 +24,11 @@ from stepwatch.contract import (
     StepRecord,
 )
 from stepwatch.logs import LogOnce
-from streams.core.api import JobStats
-from streams.core.causes import CauseFinder
-from streams.core.config import DetectConfig
-from streams.core.hostwindow import HostWindow, LinkIncident, is_dbe
-from streams.core.job import Job
+from stepwatch.streams.core.api import JobStats
+from stepwatch.streams.core.causes import CauseFinder
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostwindow import HostWindow, LinkIncident, is_dbe
+from stepwatch.streams.core.job import Job
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.core.config import DetectConfig
-from streams.core.hostwindow import HostWindow, median_of
-from streams.core.ranks import RankTable
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostwindow import HostWindow, median_of
+from stepwatch.streams.core.ranks import RankTable
 
 IDLE_UTIL_PCT = 10.0
 SPIN_UTIL_PCT = 30.0

@@ -12,18 +12,18 @@ for the hang limit. A NIC link going down opens ``link_flap`` (cause
 from __future__ import annotations
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType
-from streams.core.assembly import ClosedStep
-from streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder
-from streams.core.hostwindow import LinkIncident
-from streams.core.kinds import Cause, DetectionType, Fault
-from streams.core.lifecycle import DetectionBook, Finding
-from streams.core.ranks import RankTable
+from stepwatch.streams.core.assembly import ClosedStep
+from stepwatch.streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder
+from stepwatch.streams.core.hostwindow import LinkIncident
+from stepwatch.streams.core.kinds import Cause, DetectionType, Fault
+from stepwatch.streams.core.lifecycle import DetectionBook, Finding
+from stepwatch.streams.core.ranks import RankTable
 
 T = DetectionType
 
 
 class Incidents:
-    """Mixin of :class:`streams.core.job.Job` (uses its book, ranks and causes)."""
+    """Mixin of :class:`stepwatch.streams.core.job.Job` (uses its book, ranks and causes)."""
 
     book: DetectionBook
     ranks: RankTable

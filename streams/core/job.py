@@ -9,18 +9,18 @@ from collections.abc import Callable
 import numpy as np
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepRecord
-from streams.core.api import JobStats
-from streams.core.assembly import BUSY, DUR, ClosedStep, StepAssembler
-from streams.core.causes import Attribution, CauseFinder, Evidence
-from streams.core.config import DetectConfig
-from streams.core.hang import check_hang
-from streams.core.incidents import Incidents
-from streams.core.kinds import DetectionType
-from streams.core.lifecycle import DetectionBook, Finding, Key
-from streams.core.ranks import RankTable
-from streams.core.slowdown import Slowdown, SlowdownTracker
-from streams.core.straggler import StragglerTracker
-from streams.core.throughput import Throughput
+from stepwatch.streams.core.api import JobStats
+from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, StepAssembler
+from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hang import check_hang
+from stepwatch.streams.core.incidents import Incidents
+from stepwatch.streams.core.kinds import DetectionType
+from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
+from stepwatch.streams.core.ranks import RankTable
+from stepwatch.streams.core.slowdown import Slowdown, SlowdownTracker
+from stepwatch.streams.core.straggler import StragglerTracker
+from stepwatch.streams.core.throughput import Throughput
 
 log = logging.getLogger(__name__)
 T = DetectionType

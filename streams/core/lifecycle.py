@@ -15,9 +15,9 @@ import hashlib
 from dataclasses import dataclass, field
 
 from stepwatch.contract import DetectionMessage
-from streams.core.causes import Attribution, Evidence
-from streams.core.config import DetectConfig
-from streams.core.kinds import Cause, DetectionType, State
+from stepwatch.streams.core.causes import Attribution, Evidence
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.kinds import Cause, DetectionType, State
 
 Key = tuple[DetectionType, int | None, str]
 

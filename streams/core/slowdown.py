@@ -21,11 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.core.assembly import BUSY, COMPUTE, DATA, DUR, OTHER, PAUSE, XFER, ClosedStep
-from streams.core.config import DetectConfig
-from streams.core.ranks import GroupIndex
-from streams.core.ring import Ring
-from streams.core.stats import colmed, mad_sigma, med, nmin
+from stepwatch.streams.core.assembly import BUSY, COMPUTE, DATA, DUR, OTHER, PAUSE, XFER, ClosedStep
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.ranks import GroupIndex
+from stepwatch.streams.core.ring import Ring
+from stepwatch.streams.core.stats import colmed, mad_sigma, med, nmin
 
 REBASE_STEPS = 4
 COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other")

@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from streams.core.assembly import BUSY, COMM, COMPUTE, DATA, ROWS, XFER, ClosedStep
-from streams.core.config import DetectConfig
-from streams.core.ranks import GroupIndex
-from streams.core.ring import Ring
-from streams.core.stats import colmed, mad_sigma, med, nanmed, opt
+from stepwatch.streams.core.assembly import BUSY, COMM, COMPUTE, DATA, ROWS, XFER, ClosedStep
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.ranks import GroupIndex
+from stepwatch.streams.core.ring import Ring
+from stepwatch.streams.core.stats import colmed, mad_sigma, med, nanmed, opt
 
 Evidence = dict[str, str | float | int | bool | None]
 

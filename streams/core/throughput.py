@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from streams.core.assembly import CKPT, DATA, DUR, PAUSE, ClosedStep, Rewind
-from streams.core.ring import Ring
+from stepwatch.streams.core.assembly import CKPT, DATA, DUR, PAUSE, ClosedStep, Rewind
+from stepwatch.streams.core.ring import Ring
 
 BADPUT = ("data_stall", "checkpoint", "hang", "restart", "lost_progress", "other")
 

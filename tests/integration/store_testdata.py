@@ -8,7 +8,7 @@ Three jobs on overlapping hosts (simulator, fixed seeds):
 * jobB: a link flap on ``gpu-06`` mlx5_2 at step 50.
 * jobC: XID 79 on ``gpu-09`` GPU 4 at step 60: the rank dies, the job hangs.
 
-Detections come from the detection core (``streams.core.Engine``, what the
+Detections come from the detection core (``stepwatch.streams.core.Engine``, what the
 stream workers run) over the same telemetry, stamped like a worker's output,
 plus one hand-built detection that names only a rank.
 """
@@ -48,12 +48,12 @@ def scenarios() -> list[Scenario]:
 def detections(telemetry: list[Message]) -> list[DetectionMessage]:
     """The detection core's findings on the runs, stamped as a stream worker does.
 
-    ``streams.core.Engine`` over the time-ordered telemetry (what the stream
+    ``stepwatch.streams.core.Engine`` over the time-ordered telemetry (what the stream
     workers run), then one hand-built detection that names only a rank (header
     host ``stepwatch``), so the store's rank -> host placement is exercised too.
     """
-    from agents.sink import Sequencer
-    from streams.core import Engine
+    from stepwatch.agents.sink import Sequencer
+    from stepwatch.streams.core import Engine
 
     engine = Engine()
     found: list[DetectionMessage] = []

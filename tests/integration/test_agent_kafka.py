@@ -53,9 +53,9 @@ def available(module: str) -> bool:
 
 def host_collectors() -> list[str]:
     names = []
-    if available("agents.collectors.nvml_replay"):
+    if available("stepwatch.agents.collectors.nvml_replay"):
         names.append("nvml-replay")
-    if available("agents.collectors.rdma") and (SYSFS / "class" / "infiniband").is_dir():
+    if available("stepwatch.agents.collectors.rdma") and (SYSFS / "class" / "infiniband").is_dir():
         names.append("rdma")
     return names
 

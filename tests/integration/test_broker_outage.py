@@ -21,8 +21,8 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from agents.agent import Agent, build_collectors
-from agents.publisher import BrokerState, KafkaPublisher
+from stepwatch.agents.agent import Agent, build_collectors
+from stepwatch.agents.publisher import BrokerState, KafkaPublisher
 from stepwatch.audit import SeqAudit
 from stepwatch.broker import DevBroker
 from stepwatch.contract import KIND_OF, Message, StepMessage, StepRecord, Topics, decode

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.collectors.base import HealthState, HostContext
-from agents.collectors.nvml import NvmlCollector
-from agents.collectors.nvml_api import NvmlError, RealNvml
-from agents.collectors.nvml_replay import ReplayNvml
+from stepwatch.agents.collectors.base import HealthState, HostContext
+from stepwatch.agents.collectors.nvml import NvmlCollector
+from stepwatch.agents.collectors.nvml_api import NvmlError, RealNvml
+from stepwatch.agents.collectors.nvml_replay import ReplayNvml
 from stepwatch.contract import GpuMessage, decode, encode
 
 pytestmark = pytest.mark.gpu

@@ -1,7 +1,7 @@
 """clickhouse-connect, the production client, end to end over HTTP.
 
 No ClickHouse server installs here, so the server is the owner's query
-endpoint (exporters.clickhouse.service): ClickHouse's HTTP interface in front
+endpoint (stepwatch.exporters.clickhouse.service): ClickHouse's HTTP interface in front
 of the real engine (chdb). The client, its HTTP requests, server-side
 parameter binding, compressed inserts and error parsing are all the real ones.
 """
@@ -14,14 +14,14 @@ import urllib.request
 
 import pytest
 
-from exporters.clickhouse import rows as R
-from exporters.clickhouse.access import open_reader, open_writer
-from exporters.clickhouse.chdb_backend import ChdbStore
-from exporters.clickhouse.connect_backend import ClickHouseConnectStore
-from exporters.clickhouse.migrations import Migrator, load_migrations
-from exporters.clickhouse.service import USER, Endpoint, QueryService, endpoint_path
-from exporters.clickhouse.store import ClickHouseError
 from stepwatch.errors import StoreError
+from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.access import open_reader, open_writer
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore
+from stepwatch.exporters.clickhouse.migrations import Migrator, load_migrations
+from stepwatch.exporters.clickhouse.service import USER, Endpoint, QueryService, endpoint_path
+from stepwatch.exporters.clickhouse.store import ClickHouseError
 from stepwatch.settings import Settings
 
 EVENT_COLS = ("ts", "job_id", "host", "type", "detail", "attrs", "inst", "seq")

@@ -3,7 +3,7 @@
 The runs (store_testdata): gpu-03 is 10 % slow in jobA and jobB (the lemon),
 NIC congestion on gpu-02 mlx5_5 in jobA, a link flap on gpu-06 mlx5_2 in jobB,
 XID 79 on gpu-09 GPU 4 hanging jobC. The detections are the detection core's
-(streams.core.Engine) on the same telemetry, published on the detections topic
+(stepwatch.streams.core.Engine) on the same telemetry, published on the detections topic
 as the stream workers publish them (the Faust workers themselves are not run).
 """
 
@@ -15,13 +15,13 @@ import time
 import pytest
 import store_testdata as D
 
-from exporters.clickhouse import queries
-from exporters.clickhouse.chdb_backend import ChdbStore
-from exporters.clickhouse.kafka_source import KafkaSource
-from exporters.clickhouse.migrations import Migrator
-from exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
-from exporters.clickhouse.store import Result
 from stepwatch.cli import main
+from stepwatch.exporters.clickhouse import queries
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+from stepwatch.exporters.clickhouse.kafka_source import KafkaSource
+from stepwatch.exporters.clickhouse.migrations import Migrator
+from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
+from stepwatch.exporters.clickhouse.store import Result
 from stepwatch.kafka import ensure_topics
 
 NOW = D.T0 + 86400

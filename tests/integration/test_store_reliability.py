@@ -23,12 +23,12 @@ import msgspec
 import pytest
 import store_testdata as D
 
-from exporters.clickhouse.access import open_reader
-from exporters.clickhouse.chdb_backend import ChdbStore
-from exporters.clickhouse.service import Endpoint, endpoint_path
-from exporters.clickhouse.sink import sink_topics
 from stepwatch.broker import free_port
 from stepwatch.contract import Phases, StepMessage, StepRecord, encode
+from stepwatch.exporters.clickhouse.access import open_reader
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+from stepwatch.exporters.clickhouse.service import Endpoint, endpoint_path
+from stepwatch.exporters.clickhouse.sink import sink_topics
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
 
@@ -39,8 +39,8 @@ GROUP = "reliability"
 # commit, no goodbye to the group) right after the N-th round of inserts.
 CRASHING_SINK = """
 import os, signal, sys
-from exporters.clickhouse.runner import run_sink
-from exporters.clickhouse.sink import SinkConfig
+from stepwatch.exporters.clickhouse.runner import run_sink
+from stepwatch.exporters.clickhouse.sink import SinkConfig
 from stepwatch.settings import Settings
 rounds = 0
 def crash(batches):

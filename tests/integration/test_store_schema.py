@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.clickhouse import rows as R
-from exporters.clickhouse.chdb_backend import ChdbStore
-from exporters.clickhouse.migrations import Migrator, load_migrations
-from exporters.clickhouse.prepare import Preparer, Record
 from stepwatch.contract import Phases, StepMessage, StepRecord, encode
 from stepwatch.errors import StoreError
+from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+from stepwatch.exporters.clickhouse.migrations import Migrator, load_migrations
+from stepwatch.exporters.clickhouse.prepare import Preparer, Record
 
 T0 = 1767225600.0
 

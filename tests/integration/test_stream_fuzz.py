@@ -32,7 +32,7 @@ from stepwatch.contract import (
 )
 from stepwatch.kafka import ensure_topics
 from stepwatch.sim import Fault, FaultKind, Scenario, simulate
-from streams.dlq import decode_dead_letter, original_payload
+from stepwatch.streams.worker.dlq import decode_dead_letter, original_payload
 
 Raw = tuple[str, bytes | None, bytes]
 

@@ -26,7 +26,7 @@ from stepwatch.contract import (
     StepMessage,
     StepRecord,
 )
-from streams.core import Engine
+from stepwatch.streams.core import Engine
 
 T0 = 1_767_225_600.0
 SHARES = (0.01, 0.30, 0.55, 0.06)  # data, forward, backward, optimizer of a 1 s step

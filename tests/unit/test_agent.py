@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.agent import Agent, build_collectors, collector_names
-from agents.collectors.base import CollectorHealth, HealthState, HostContext
-from agents.collectors.steps import StepsCollector
-from agents.metrics import registry_for, render
+from stepwatch.agents.agent import Agent, build_collectors, collector_names
+from stepwatch.agents.collectors.base import CollectorHealth, HealthState, HostContext
+from stepwatch.agents.collectors.steps import StepsCollector
+from stepwatch.agents.metrics import registry_for, render
 from stepwatch.contract import GpuMessage, GpuReading, Message, PortMessage, StepRecord
 from stepwatch.errors import ConfigError
 from stepwatch.sdk.wire import RankStep, encode_datagram
@@ -112,7 +112,7 @@ def test_tick_stamps_gap_free_sequence_per_kind_and_fills_host(settings: Setting
 def test_broken_collector_is_counted_logged_once_and_the_rest_flows(
         settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
     agent, sink = agent_with(settings, Broken(), GpuCollector())
-    with caplog.at_level(logging.ERROR, logger="agents.agent"):
+    with caplog.at_level(logging.ERROR, logger="stepwatch.agents.agent"):
         for _ in range(4):
             agent.tick()
     assert len(sink.messages) == 8

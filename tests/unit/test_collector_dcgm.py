@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from agents.collectors.base import HealthState, HostContext
-from agents.collectors.dcgm import DcgmCollector
-from agents.collectors.nvml import NvmlCollector
-from agents.collectors.nvml_replay import ReplayNvml
-from agents.collectors.promtext import Parser, parse
+from stepwatch.agents.collectors.base import HealthState, HostContext
+from stepwatch.agents.collectors.dcgm import DcgmCollector
+from stepwatch.agents.collectors.nvml import NvmlCollector
+from stepwatch.agents.collectors.nvml_replay import ReplayNvml
+from stepwatch.agents.collectors.promtext import Parser, parse
 from stepwatch.contract import EventMessage, EventType, GpuMessage, decode, encode
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "dcgm"
@@ -173,7 +173,7 @@ def test_endpoint_down_is_down_logged_once_never_raises(caplog: pytest.LogCaptur
     url = probe.url
     probe.close()  # nothing listens there any more
     collector = DcgmCollector(url, timeout=0.5)
-    caplog.set_level(logging.WARNING, logger="agents.collectors.dcgm")
+    caplog.set_level(logging.WARNING, logger="stepwatch.agents.collectors.dcgm")
     for _ in range(3):
         assert collector.collect(ctx()) == []
     health = collector.health()

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from agents.collectors import build_collectors, parse_names
-from agents.collectors.base import Collector, HealthState, HostContext
-from agents.collectors.nvml import NvmlCollector
-from agents.collectors.nvml_api import Field, NvmlError, RealNvml
-from agents.collectors.nvml_replay import DEFAULT_RECORDING, ReplayNvml, load_recording
+from stepwatch.agents.collectors import build_collectors, parse_names
+from stepwatch.agents.collectors.base import Collector, HealthState, HostContext
+from stepwatch.agents.collectors.nvml import NvmlCollector
+from stepwatch.agents.collectors.nvml_api import Field, NvmlError, RealNvml
+from stepwatch.agents.collectors.nvml_replay import DEFAULT_RECORDING, ReplayNvml, load_recording
 from stepwatch.contract import EventMessage, EventType, GpuMessage, decode, encode
 from stepwatch.errors import ConfigError
 from stepwatch.settings import Settings
@@ -137,7 +137,7 @@ def test_failed_call_is_none_for_that_field_counted_logged_once(
     collector = NvmlCollector(api)
     collector.collect(ctx())
     api.fail(3, Field.POWER, "gpu_lost")
-    caplog.set_level(logging.WARNING, logger="agents.collectors.nvml")
+    caplog.set_level(logging.WARNING, logger="stepwatch.agents.collectors.nvml")
     for _ in range(3):
         msg = gpu_message(collector.collect(ctx()))
         assert msg.gpus[3].power_w is None
@@ -158,7 +158,7 @@ def test_nvml_missing_is_down_logged_once_and_retried(
 ) -> None:
     api = ReplayNvml.from_file(clock=clock, unavailable="library_not_found")
     collector = NvmlCollector(api, retry_ticks=5)
-    caplog.set_level(logging.WARNING, logger="agents.collectors.nvml")
+    caplog.set_level(logging.WARNING, logger="stepwatch.agents.collectors.nvml")
     for _ in range(5):
         assert collector.collect(ctx()) == []
         assert collector.health().state is HealthState.DOWN
@@ -279,7 +279,7 @@ def test_registry_builds_by_name_and_replay_env(monkeypatch: pytest.MonkeyPatch)
 
 
 def test_default_recording_ships_inside_the_package() -> None:
-    data = importlib.resources.files("agents.collectors.data")
+    data = importlib.resources.files("stepwatch.agents.collectors.data")
     assert data.joinpath("h100_8gpu.json").is_file()
     assert DEFAULT_RECORDING.parent.name == "data"
     recording = load_recording(DEFAULT_RECORDING)

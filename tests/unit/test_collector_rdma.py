@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from agents.collectors import rdma as rdma_module
-from agents.collectors.base import HealthState, HostContext
-from agents.collectors.rdma import RdmaCollector
-from agents.collectors.sysfs import parse_counter, parse_rate, parse_state
+from stepwatch.agents.collectors import rdma as rdma_module
+from stepwatch.agents.collectors.base import HealthState, HostContext
+from stepwatch.agents.collectors.rdma import RdmaCollector
+from stepwatch.agents.collectors.sysfs import parse_counter, parse_rate, parse_state
 from stepwatch.contract import EventMessage, EventType, PortMessage, PortReading, decode, encode
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
@@ -92,7 +92,7 @@ def test_garbled_files_are_none_counted_logged_once(
     port_file(tree, "mlx5_4", "rate").write_text("fast\n")
     port_file(tree, "mlx5_5", "state").write_text("4 ACTIVE\n")
     collector = RdmaCollector(str(tree))
-    caplog.set_level(logging.WARNING, logger="agents.collectors.rdma")
+    caplog.set_level(logging.WARNING, logger="stepwatch.agents.collectors.rdma")
     for _ in range(3):
         ports = by_device(split(collector.collect(ctx()))[0])
     assert ports["mlx5_2"].symbol_error_total is None

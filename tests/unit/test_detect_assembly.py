@@ -8,8 +8,8 @@ import pytest
 from detect_synth import Job, drive
 
 from stepwatch.contract import Phases, StepMessage
-from streams.core import Engine
-from streams.core.assembly import BUSY, COMPUTE, PAUSE, XFER, StepAssembler, build_step
+from stepwatch.streams.core import Engine
+from stepwatch.streams.core.assembly import BUSY, COMPUTE, PAUSE, XFER, StepAssembler, build_step
 
 
 def _records(job: Job) -> list:

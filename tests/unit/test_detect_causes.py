@@ -9,8 +9,8 @@ from detect_synth import T0, Job, drive, gpu_message, interleave, num, opened, p
 
 from stepwatch.contract import DetectionMessage, Message, PortMessage, PortReading
 from stepwatch.contract.counters import WRAP_32
-from streams.core import Engine
-from streams.core.hostwindow import HostWindow
+from stepwatch.streams.core import Engine
+from stepwatch.streams.core.hostwindow import HostWindow
 
 GpuFn = Callable[[int], dict]  # seconds since the fault -> overrides of GPU 5 on h000
 PortFn = Callable[[int], dict]  # seconds since the fault -> counters of NIC 5 on h000

@@ -6,7 +6,7 @@ from detect_synth import Job, drive, event, gpu_message, interleave, opened
 
 from stepwatch.contract import EventType
 from stepwatch.settings import Settings
-from streams.core import DetectConfig, Engine
+from stepwatch.streams.core import DetectConfig, Engine
 
 
 def _last_end(messages: list) -> float:

@@ -6,7 +6,7 @@ import pytest
 from detect_synth import T0, Job, drive, event, gpu_message, interleave
 
 from stepwatch.contract import EventType
-from streams.core import DetectConfig, Engine
+from stepwatch.streams.core import DetectConfig, Engine
 
 
 def _states(found: list) -> list[tuple[str, str, int | None]]:

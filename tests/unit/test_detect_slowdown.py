@@ -5,7 +5,7 @@ from __future__ import annotations
 from detect_synth import Job, drive, gpu_message, interleave, num, opened, port_message
 
 from stepwatch.contract import Message
-from streams.core import Engine
+from stepwatch.streams.core import Engine
 
 
 def test_whole_job_slowdown_is_a_job_slowdown_not_stragglers() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streams.core.stats import colmed, med, nanmed
+from stepwatch.streams.core.stats import colmed, med, nanmed
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from detect_synth import Job, drive, num, opened
 
-from streams.core import DetectConfig, Engine
+from stepwatch.streams.core import DetectConfig, Engine
 
 
 def test_straggler_found_although_every_rank_has_the_same_step_time() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from detect_synth import T0, Job, drive, event, gpu_message, interleave, opened
 
 from stepwatch.contract import EventType
-from streams.core import Engine
+from stepwatch.streams.core import Engine
 
 
 def _end(job: Job, messages: list, code: int, detail: str = "error"):  # type: ignore[no-untyped-def]

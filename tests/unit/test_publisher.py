@@ -11,9 +11,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from agents.publisher import BrokerState, KafkaPublisher
-from agents.sink import MessageSink, Sequencer
-from agents.spool import Spool
+from stepwatch.agents.publisher import BrokerState, KafkaPublisher
+from stepwatch.agents.sink import MessageSink, Sequencer
+from stepwatch.agents.spool import Spool
 from stepwatch.contract import GpuMessage, GpuReading, Message, StepMessage, StepRecord, decode
 from stepwatch.errors import TransportError
 from stepwatch.settings import Settings
@@ -252,9 +252,9 @@ def test_broker_down_then_back_resends_what_was_in_flight(publisher: KafkaPublis
 
 def test_stuck_in_flight_after_a_blip_is_reset_after_the_grace(
         publisher: KafkaPublisher, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
-    import agents.publisher
+    import stepwatch.agents.publisher
 
-    monkeypatch.setattr(agents.publisher, "GRACE_SECONDS", 0.3)
+    monkeypatch.setattr(stepwatch.agents.publisher, "GRACE_SECONDS", 0.3)
     probes = []
     real_probe = cluster.probe
 

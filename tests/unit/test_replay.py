@@ -12,8 +12,8 @@ from detect_synth import T0, Job, event, gpu_message, interleave
 
 from stepwatch.cli import main
 from stepwatch.contract import DetectionMessage, EventType, Message, encode
-from streams.core import Engine
-from streams.replay import replay
+from stepwatch.streams.core import Engine
+from stepwatch.streams.replay import replay
 
 
 def _write(path: Path, extra_lines: dict[int, bytes]) -> int:

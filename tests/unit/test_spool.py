@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.spool import ACK_FILE, Spool, frame
+from stepwatch.agents.spool import ACK_FILE, Spool, frame
 from stepwatch.errors import SpoolError
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from agents.collectors.base import HealthState, HostContext
-from agents.collectors.steps import StepsCollector
+from stepwatch.agents.collectors.base import HealthState, HostContext
+from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.contract import EventMessage, EventType, StepMessage, StepRecord
 from stepwatch.errors import CollectorError
 from stepwatch.sdk.wire import RankEvent, RankStep, encode_datagram
@@ -153,7 +153,7 @@ def test_live_socket_and_regular_file_are_not_taken_over(path: str) -> None:
 
 
 def test_bind_socket_refuses_non_socket(tmp_path: Path) -> None:
-    from agents.collectors.steps import _bind_socket
+    from stepwatch.agents.collectors.steps import _bind_socket
 
     target = tmp_path / "f"
     target.write_text("x")

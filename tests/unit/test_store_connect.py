@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exporters.clickhouse.connect_backend import _safe, client_args
-from exporters.clickhouse.store import (
+from stepwatch.errors import ConfigError
+from stepwatch.exporters.clickhouse.connect_backend import _safe, client_args
+from stepwatch.exporters.clickhouse.store import (
     ClickHouseError,
     dedup_settings,
     encode_rows,
@@ -13,7 +14,6 @@ from exporters.clickhouse.store import (
     parse_json_compact,
     strip_sql,
 )
-from stepwatch.errors import ConfigError
 
 
 def test_https_url_means_tls_on_8443_with_settings_credentials():

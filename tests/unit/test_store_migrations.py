@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from exporters.clickhouse.migrations import (
+from stepwatch.errors import StoreError
+from stepwatch.exporters.clickhouse.migrations import (
     check_non_destructive,
     load_migrations,
     render,
     split_statements,
 )
-from stepwatch.errors import StoreError
 
 
 def test_shipped_migrations_load_in_order_and_are_idempotent_ddl():
@@ -82,7 +82,7 @@ def test_render_fills_placeholders_and_refuses_unknown_ones():
 
 
 def test_checksum_ignores_comments_and_layout_but_not_statements():
-    from exporters.clickhouse.migrations import Migration
+    from stepwatch.exporters.clickhouse.migrations import Migration
 
     base = Migration(1, "a", "CREATE TABLE IF NOT EXISTS a (x UInt8) ENGINE = Memory;\n")
     commented = Migration(1, "a", "-- why\nCREATE TABLE IF NOT EXISTS a\n  (x UInt8)   ENGINE = Memory; -- note\n")

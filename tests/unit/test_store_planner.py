@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from exporters.clickhouse.planner import Planner
-from exporters.clickhouse.prepare import Record
+from stepwatch.exporters.clickhouse.planner import Planner
+from stepwatch.exporters.clickhouse.prepare import Record
 
 TP = ("t.steps", 0)
 

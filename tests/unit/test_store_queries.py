@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from exporters.clickhouse import queries
-from exporters.clickhouse.output import render
-from exporters.clickhouse.store import Result
 from stepwatch.errors import ConfigError
+from stepwatch.exporters.clickhouse import queries
+from stepwatch.exporters.clickhouse.output import render
+from stepwatch.exporters.clickhouse.store import Result
 
 REQUIRED = {"lemon_nodes", "rank_step_percentiles", "goodput_mfu", "job_timeline",
             "network_hotspots", "gpu_errors"}

@@ -5,9 +5,6 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from exporters.clickhouse import rows as R
-from exporters.clickhouse.prepare import Preparer, Record
-from exporters.clickhouse.rates import PORT_COUNTERS, CounterTracker
 from stepwatch.contract import (
     EventMessage,
     EventType,
@@ -21,6 +18,9 @@ from stepwatch.contract import (
     encode,
 )
 from stepwatch.contract.counters import WRAP_32
+from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.prepare import Preparer, Record
+from stepwatch.exporters.clickhouse.rates import PORT_COUNTERS, CounterTracker
 
 NOW = 1767225600.0
 
@@ -107,7 +107,7 @@ def test_tracker_rates_resets_wraps_gaps_and_out_of_order():
 
 
 def test_tracker_seed_is_used_only_for_unseen_keys():
-    from exporters.clickhouse.rates import Reading
+    from stepwatch.exporters.clickhouse.rates import Reading
 
     t = CounterTracker(1)
     assert t.needs_seed(("a",))

@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from exporters.clickhouse.prepare import Record
-from exporters.clickhouse.sink import Sink, SinkConfig
-from exporters.clickhouse.sink_metrics import SinkMetrics
-from exporters.clickhouse.store import ClickHouseError, Result
-from exporters.clickhouse.writer import StopRequested, Writer
 from stepwatch.contract import Phases, StepMessage, StepRecord, encode
+from stepwatch.exporters.clickhouse.prepare import Record
+from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig
+from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
+from stepwatch.exporters.clickhouse.store import ClickHouseError, Result
+from stepwatch.exporters.clickhouse.writer import StopRequested, Writer
 
 NOW = 1767225600.0
 TOPICS = ("t.steps",)
@@ -268,7 +268,7 @@ def test_plans_are_read_again_when_the_store_is_briefly_down():
 
 
 def test_a_record_that_breaks_the_mapping_is_kept_as_a_dead_letter(monkeypatch):
-    from exporters.clickhouse import rows as R
+    from stepwatch.exporters.clickhouse import rows as R
 
     log, store = FakeLog(messages(3), partitions=1), FakeStore()
     original = R.step_row

@@ -9,7 +9,7 @@ import pytest
 
 from stepwatch.cli import main
 from stepwatch.errors import ConfigError
-from streams.dlq import (
+from stepwatch.streams.worker.dlq import (
     MAX_PAYLOAD_BYTES,
     DlqReason,
     dead_letter,
@@ -17,7 +17,7 @@ from streams.dlq import (
     encode_dead_letter,
     original_payload,
 )
-from streams.faust_config import broker_urls, faust_kafka
+from stepwatch.streams.worker.faust_config import broker_urls, faust_kafka
 
 
 def test_librdkafka_keys_map_to_faust_settings() -> None:

@@ -11,7 +11,7 @@ from stepwatch.contract import (
     StepMessage,
     StepRecord,
 )
-from streams.dedup import Deduplicator, DropReason, SeenWindow
+from stepwatch.streams.worker.dedup import Deduplicator, DropReason, SeenWindow
 
 T0 = 1_700_000_000.0
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepMessage, StepRecord
-from streams.ledger import DictStore, Ledger, LedgerEntry
+from stepwatch.streams.worker.ledger import DictStore, Ledger, LedgerEntry
 
 T0 = 1_700_000_000.0
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from streams.transport import EventTimeAligner
+from stepwatch.streams.worker.transport import EventTimeAligner
 
 
 @dataclass

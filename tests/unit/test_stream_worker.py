@@ -16,9 +16,9 @@ from stepwatch.contract import (
     decode,
     encode,
 )
-from streams.core.api import JobStats
-from streams.dlq import decode_dead_letter, original_payload
-from streams.worker import Record, StreamProcessor
+from stepwatch.streams.core.api import JobStats
+from stepwatch.streams.worker.dlq import decode_dead_letter, original_payload
+from stepwatch.streams.worker.processor import Record, StreamProcessor
 
 TOPICS = Topics("t")
 T0 = 1_700_000_000.0
@@ -187,7 +187,7 @@ def test_real_engine_finds_the_simulated_straggler() -> None:
     from stepwatch.contract import KIND_OF, message_key
     from stepwatch.settings import Settings
     from stepwatch.sim import Fault, FaultKind, Scenario, simulate
-    from streams.app import default_engine_factory
+    from stepwatch.streams.worker.app import default_engine_factory
 
     sc = Scenario(seed=3, job_id="sim", nodes=4, gpus_per_node=8, steps=90, start_ts=T0,
                   faults=(Fault(kind=FaultKind.SLOW_GPU, rank=13, start_step=30, severity=0.2),))

@@ -263,7 +263,7 @@ class QuietMonitor(Monitor):
 
     The stock monitor timestamps every message in and out of every stream for
     Faust's web statistics page, which the stream worker does not serve; the
-    worker's own metrics (``streams.metrics``) count per batch. Commit, send
+    worker's own metrics (``stepwatch.streams.worker.metrics``) count per batch. Commit, send
     and rebalance sensors are kept.
     """
 

@@ -32,11 +32,11 @@ from faust.types import TP
 from stepwatch.contract import Topics
 from stepwatch.logs import LogOnce
 from stepwatch.settings import Settings
-from streams.faust_config import faust_kafka
-from streams.ledger import Ledger
-from streams.metrics import StreamMetrics
-from streams.transport import LeanTransport, QuietMonitor, RawSchema, bulk_events
-from streams.worker import EngineFactory, Output, StreamProcessor
+from stepwatch.streams.worker.faust_config import faust_kafka
+from stepwatch.streams.worker.ledger import Ledger
+from stepwatch.streams.worker.metrics import StreamMetrics
+from stepwatch.streams.worker.processor import EngineFactory, Output, StreamProcessor
+from stepwatch.streams.worker.transport import LeanTransport, QuietMonitor, RawSchema, bulk_events
 
 log = logging.getLogger(__name__)
 LEDGER_TABLE = "open-detections"
@@ -110,7 +110,7 @@ class TableStore:
 
 class _StreamApp(faust.App):
     lean_consumer = True
-    aligned_topics: frozenset[str] | None = None  # read by streams.transport.LeanConsumer
+    aligned_topics: frozenset[str] | None = None  # read by stepwatch.streams.worker.transport.LeanConsumer
 
     def _new_transport(self) -> Any:
         if not self.lean_consumer:
@@ -131,7 +131,7 @@ class StreamService:
 
 
 def default_engine_factory(settings: Settings) -> EngineFactory:
-    from streams.core import DetectConfig, Engine
+    from stepwatch.streams.core import DetectConfig, Engine
 
     config = DetectConfig.from_settings(settings)
     return lambda: Engine(config)
@@ -182,7 +182,7 @@ def create_app(
 
 
 def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App
-    """Faust settings of the lean mode (streams.transport); none in stock mode."""
+    """Faust settings of the lean mode (stepwatch.streams.worker.transport); none in stock mode."""
     return {"Monitor": QuietMonitor} if options.lean_consumer else {}
 
 

@@ -1,6 +1,6 @@
 """The stream worker's logic, free of Faust: raw Kafka records in, outputs back.
 
-:class:`StreamProcessor` is what the Faust agent and timer (``streams.app``)
+:class:`StreamProcessor` is what the Faust agent and timer (``stepwatch.streams.worker.app``)
 drive, and what unit tests drive without a broker. It owns one
 :class:`PartitionState` per assigned partition number: a detection core
 (``Analyzer``), a deduplicator and the partition's detection ledger. The
@@ -39,11 +39,11 @@ from stepwatch.contract import (
 )
 from stepwatch.errors import ContractError
 from stepwatch.logs import LogOnce
-from streams.core.api import Analyzer, JobStats
-from streams.dedup import Deduplicator
-from streams.dlq import DlqReason, dead_letter, encode_dead_letter
-from streams.ledger import Ledger, PartitionLedger
-from streams.metrics import Snapshot, StreamMetrics
+from stepwatch.streams.core.api import Analyzer, JobStats
+from stepwatch.streams.worker.dedup import Deduplicator
+from stepwatch.streams.worker.dlq import DlqReason, dead_letter, encode_dead_letter
+from stepwatch.streams.worker.ledger import Ledger, PartitionLedger
+from stepwatch.streams.worker.metrics import Snapshot, StreamMetrics
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from bench.detect_suite import SLOWDOWNS, Case
 from stepwatch.contract import DetectionMessage
+from stepwatch.quality.suite import SLOWDOWNS, Case
 from stepwatch.sim import Label
 
 JOB_LEVEL = frozenset({"job_slowdown", "hang", "user_error"})

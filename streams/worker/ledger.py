@@ -7,7 +7,7 @@ the old ones. The ledger prevents that:
 
 * every detection the worker emits is written to a key-value store (the Faust
   table ``open-detections``, key = detection id, changelog partition = the
-  job's partition; see :class:`streams.app.TableStore`), and deleted when it
+  job's partition; see :class:`stepwatch.streams.worker.app.TableStore`), and deleted when it
   resolves;
 * when a worker takes a partition, the open entries of that partition are
   *inherited*. The fresh core will find the same incident again within its

@@ -28,7 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from stepwatch.contract import DetectionMessage
-from streams.core.api import JobStats
+from stepwatch.streams.core.api import JobStats
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class StreamMetrics:
         self.batch = Histogram(f"{NS}_stream_batch_seconds", "Processing time of one batch.",
                                buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
         self.job_collector = JobCollector()
-        r.register(self.job_collector)  # type: ignore[arg-type]
+        r.register(self.job_collector)
 
     def count_batch(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Add a batch's tallies: keys (family, label) as produced by the worker."""
