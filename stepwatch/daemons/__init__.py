@@ -1,0 +1,5 @@
+"""Launchers for the real daemons stepwatch works with (Prometheus, Alertmanager, Slurm).
+
+Used by the demo, the integration tests and the benchmarks: each starts the real
+binary on loopback ports, waits for readiness and stops it cleanly.
+"""

@@ -1,0 +1,1 @@
+"""Post-mortem reports from the historical store (``stepwatch report --job ID``)."""
