@@ -164,8 +164,8 @@ class _Model:
         elif f.kind is Kind.HOST_DATA:
             x[0, host] += extra
         elif f.kind is Kind.LEMON_HOST:
-            x[1, host] *= 1 + f.severity
-            x[2, host] *= 1 + f.severity
+            x[1, host] += extra / 3
+            x[2, host] += 2 * extra / 3
         elif f.kind is Kind.NIC_CONGESTION:
             ar += extra
         elif f.kind is Kind.PP_LINK:

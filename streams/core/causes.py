@@ -78,6 +78,8 @@ class CauseFinder:
         hw = hardware_reasons(own)
         if hw:
             return Attribution(Cause.HARDWARE, Fault.SYSTEM, hw[0], {"hardware": ", ".join(hw)})
+        if data_share is not None and data_share >= self.cfg.data_share_for_input:
+            return by_phases(data_share, compute_share, self.cfg.data_share_for_input, "")
         peer_gpus = [s for i, s in gpus.items() if i != gpu]
         for h in peers:
             peer_gpus.extend(self._gpus(h, t1, span).values())
@@ -128,7 +130,7 @@ class CauseFinder:
         t0, t1 = self._range(t1, span)
         if top == "compute":
             all_gpus = [s for h in hosts for s in self._gpus(h, t1, span).values()]
-            slow = [s for s in all_gpus if gpu_reasons(s, [], self.cfg)]
+            slow = [s for s in all_gpus if severe_gpu(s, self.cfg)]
             if all_gpus and len(slow) >= len(all_gpus) / 2:
                 ev["gpus_throttled"] = len(slow)
                 ev["gpus"] = len(all_gpus)
@@ -198,6 +200,16 @@ def by_phases(data_share: float | None, compute_share: float | None, need: float
     return UNKNOWN
 
 
+def severe_gpu(s: GpuSignals, cfg: DetectConfig) -> bool:
+    """A GPU slowed by something wrong on its own evidence (thermal/HW throttle, heat).
+
+    A clock below max or the power cap alone is what busy GPUs do: it never
+    explains a job-wide slowdown.
+    """
+    bad = sum(v for bit, v in s.throttle_share.items() if bit & BAD_THROTTLE)
+    return bad >= 0.25 or (s.temp_c is not None and s.temp_c >= cfg.hot_temp_c)
+
+
 def hardware_reasons(s: GpuSignals | None) -> list[str]:
     if s is None:
         return []
@@ -225,7 +237,9 @@ def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
             continue
         reasons.append(f"throttled ({name})")
         ev[f"throttle_{name}_share"] = round(own.throttle_share[bit], 3)
-    peer_clock = median_of([p.sm_clock_ratio for p in peers if p.sm_clock_ratio is not None])
+    # like with like: the own low quartile against the peers' low quartiles
+    peer_clock = median_of([p.sm_clock_ratio_low for p in peers
+                            if p.sm_clock_ratio_low is not None])
     low = own.sm_clock_ratio_low  # a quarter of the samples: the drop may be recent
     if low is not None and low < cfg.low_clock_ratio and (
         peer_clock is None or low < peer_clock - 0.02

@@ -140,11 +140,11 @@ class Job(Incidents, Stragglers):
         if sd is None:
             return self.book.clear(key, cs.end_max, cs.step) if is_open else []
         related = ""
-        if not is_open and not sd.group:
-            if self.straggler.suspicious() and _waits(sd):
+        if not is_open:
+            if not sd.group and self.straggler.suspicious() and _waits(sd):
                 return []  # the job waits longer, for a straggler that is reported as such
             related = self.straggler_incident()
-            if not related and self.straggler.suspicious() and (
+            if not related and self.straggler.any_rising() and (
                     self._slowdown_defer < self.cfg.window_steps):
                 self._slowdown_defer += 1
                 return []  # a straggler incident is on its way: link to it, not a second one

@@ -64,6 +64,7 @@ _EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM,
 DIM_NAMES = ("busy", *PHASE_NAMES)  # dimension 0: the sum; then the phases one by one
 DIM_ROWS = [BUSY, *PHASE_ROWS]
 NDIM = len(DIM_ROWS)
+_BWD_DIM = DIM_NAMES.index("backward")
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +92,8 @@ class StragglerTracker:
         self._sigma: dict[int, np.ndarray] = {}
         self._groups_version = -1
         self._sqrt_n = float(np.sqrt(cfg.window_steps))
+        self._floor = np.full(NDIM, cfg.straggler_phase_min_excess)
+        self._floor[0] = cfg.straggler_min_excess
 
     def reset(self) -> None:
         for ring in (self.excess, self.flags, self.steps):
@@ -155,18 +158,23 @@ class StragglerTracker:
         sigma = self._sigma.get(g)
         if sigma is None or noise.pos % 4 == 0:  # the typical spread moves slowly
             sigma = self._sigma[g] = nanmed(noise.filled(), 0)
-        floor = self.cfg.straggler_min_excess
+        floor = self._floor
+        c = comm[idx]
+        comm_measured = (~np.isnan(c)).sum() >= self.cfg.min_group_size
         with np.errstate(invalid="ignore"):
             limit = np.fmax(floor, self.cfg.straggler_step_z * sigma)[:, None]
-            hit = (e > limit).any(axis=0)
-        if self.cfg.require_comm_corroboration:
-            c = comm[idx]
-            if (~np.isnan(c)).sum() >= self.cfg.min_group_size:
-                hit &= ~(c > med(c))  # NaN comm does not veto
+            over = e > limit
+            if not comm_measured:
+                over[_BWD_DIM] = False  # DDP: backward holds the peers' wait, not evidence
+            hit = over.any(axis=0)
+        if self.cfg.require_comm_corroboration and comm_measured:
+            hit &= ~(c > med(c))  # NaN comm does not veto
         excess[:, idx] = e
         flagged[idx] = hit
         # the score is a median of n steps: its noise is ~1.25 sigma / sqrt(n)
         thr = np.fmax(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
+        if not comm_measured:
+            thr[_BWD_DIM] = np.inf
         self.threshold[:, idx] = thr[:, None]
 
     def _scores(self, rank: int) -> np.ndarray:
@@ -206,6 +214,11 @@ class StragglerTracker:
         """Whether an open straggler still holds (hysteresis), and its current score."""
         score, thr = self._best(rank, self.cfg.straggler_clear_ratio)
         return bool(score > thr), score
+
+    def any_rising(self, limit: int = 16) -> bool:
+        """Some rank is on its way to a straggler verdict (see :meth:`rising`)."""
+        ranks = np.flatnonzero(self.count >= 2)[:limit]
+        return any(self.rising(int(r)) for r in ranks)
 
     def suspicious(self) -> bool:
         """Any rank flagged in more than one step of the window (suppresses job_slowdown)."""
