@@ -7,11 +7,11 @@ explicit accounting, Student-t/Pareto noise, irregular pauses, bursty congestion
 from __future__ import annotations
 
 import pytest
+from detect_synth import drive, opened
 
 from stepwatch.contract import DetectionMessage
 from stepwatch.quality.wild import Fault, Job, Kind, generate
 from stepwatch.streams.core import Engine
-from detect_synth import drive, opened
 
 pytestmark = pytest.mark.unit
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from detect_synth import T0, drive, num, opened
 
 from stepwatch.contract import Phases, StepMessage, StepRecord
 from stepwatch.streams.core import Engine
-from detect_synth import T0, drive, num, opened
 
 pytestmark = pytest.mark.unit
 
