@@ -51,3 +51,7 @@ class StoreError(StepwatchError):
 
 class DetectionError(StepwatchError):
     """The detection core was given input it cannot work with."""
+
+
+class DaemonError(StepwatchError):
+    """A launched daemon (Prometheus, Alertmanager, Slurm) failed to start, answer or stop."""
