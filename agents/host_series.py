@@ -62,6 +62,8 @@ GPU_GAUGES: list[tuple[str, str, str, float]] = [
      "tensor_active", 1.0),
     ("remapped_rows_pending", "1 while a row remap waits for a GPU reset "
      "(DCGM_FI_DEV_ROW_REMAP_PENDING).", "remapped_rows_pending", 1.0),
+    ("row_remap_failure", "1 when a row remap failed: no spare rows left "
+     "(DCGM_FI_DEV_ROW_REMAP_FAILURE).", "remapped_rows_failure", 1.0),
 ]
 # (metric suffix without _total, help, reading attribute); cumulative since driver load
 GPU_COUNTERS: list[tuple[str, str, str]] = [
