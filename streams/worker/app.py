@@ -44,7 +44,7 @@ LEDGER_TABLE = "open-detections"
 
 @dataclass(frozen=True)
 class StreamOptions:
-    """Worker knobs that are not pipeline-wide :class:`Settings`."""
+    """The worker's knobs, derived from :class:`Settings` (``from_settings``); tests build them directly."""
 
     app_id: str = ""  # the consumer group; default "stepwatch-stream.<topic prefix>"
     worker_name: str = ""  # in logs and dead letters; default host:pid
@@ -58,6 +58,20 @@ class StreamOptions:
     silence_seconds: float = 3600.0
     lean_consumer: bool = True
     session_timeout: float | None = None  # seconds; Faust's default is 60 (see _timeouts)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> StreamOptions:
+        """The worker's options as the one settings model gives them."""
+        return cls(
+            app_id=settings.stream_app_id, worker_name=settings.stream_worker_name,
+            data_dir=settings.stream_data_dir, web_port=settings.stream_web_port,
+            batch_max=settings.stream_batch, batch_within=settings.stream_batch_within,
+            tick_seconds=settings.stream_tick_seconds,
+            standby_replicas=settings.stream_standby_replicas,
+            grace_steps=settings.stream_restore_grace_steps,
+            lean_consumer=not settings.stream_stock_consumer,
+            session_timeout=settings.stream_session_timeout or None,
+        )
 
     def resolved_app_id(self, settings: Settings) -> str:
         return self.app_id or f"stepwatch-stream.{settings.topic_prefix}"
