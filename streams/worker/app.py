@@ -30,13 +30,20 @@ import faust
 from faust.types import TP
 
 from stepwatch.contract import Topics
+from stepwatch.errors import ConfigError
 from stepwatch.logs import LogOnce
 from stepwatch.settings import Settings
 from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
 from stepwatch.streams.worker.processor import EngineFactory, Output, StreamProcessor
-from stepwatch.streams.worker.transport import LeanTransport, QuietMonitor, RawSchema, bulk_events
+from stepwatch.streams.worker.transport import (
+    LeanTransport,
+    QuietMonitor,
+    RawSchema,
+    bulk_events,
+    faust_version_problem,
+)
 
 log = logging.getLogger(__name__)
 LEDGER_TABLE = "open-detections"
@@ -197,7 +204,12 @@ def create_app(
 
 def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App
     """Faust settings of the lean mode (stepwatch.streams.worker.transport); none in stock mode."""
-    return {"Monitor": QuietMonitor} if options.lean_consumer else {}
+    if not options.lean_consumer:
+        return {}
+    problem = faust_version_problem()
+    if problem:
+        raise ConfigError(problem)
+    return {"Monitor": QuietMonitor}
 
 
 def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
