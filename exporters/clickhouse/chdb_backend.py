@@ -38,7 +38,7 @@ def _open_session(path: str) -> Any:
     try:
         from chdb import session
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise StoreError("the embedded store needs chdb: pip install 'stepwatch[pipeline]'") from err
+        raise StoreError("the embedded store needs chdb: pip install 'stepwatch[dev]'") from err
     try:
         return session.Session(path)
     except Exception as err:
