@@ -10,6 +10,7 @@ package calls :func:`require` first (cheap: no import), so a missing package is 
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 from stepwatch.errors import MissingDependencyError
 
@@ -44,8 +45,19 @@ def hint(module: str, what: str = "") -> str:
 def require(*modules: str, what: str = "") -> None:
     """Raise MissingDependencyError naming the extra for the first module not installed."""
     for module in modules:
-        if importlib.util.find_spec(module.split(".")[0]) is None:
+        if not installed(module):
             raise MissingDependencyError(hint(module, what))
+
+
+def installed(module: str) -> bool:
+    """Whether the top-level package of ``module`` can be imported (without importing it)."""
+    top = module.split(".")[0]
+    if top in sys.modules:  # already imported (faust's module has no __spec__ once loaded)
+        return True
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def from_import_error(err: ModuleNotFoundError) -> MissingDependencyError | None:

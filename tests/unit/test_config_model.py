@@ -119,3 +119,12 @@ def test_missing_optional_module_becomes_one_line_hint() -> None:
     translated = from_import_error(err)
     assert translated is not None and "stepwatch[agent]" in str(translated)
     assert from_import_error(ModuleNotFoundError("x", name="not_ours")) is None
+
+
+def test_require_accepts_a_module_already_imported_without_spec(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    fake = types.ModuleType("odd_module_xyz")
+    fake.__spec__ = None
+    monkeypatch.setitem(__import__("sys").modules, "odd_module_xyz", fake)
+    require("odd_module_xyz")  # faust's module looks like this once imported
