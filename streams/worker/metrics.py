@@ -144,7 +144,7 @@ def _open_detections(opened: tuple[DetectionMessage, ...]) -> Metric:
     )
     seen: set[tuple[str, ...]] = set()
     for det in opened:
-        labels = _detection_labels(det)
+        labels = detection_labels(det)
         if labels in seen:
             continue
         seen.add(labels)
@@ -153,7 +153,7 @@ def _open_detections(opened: tuple[DetectionMessage, ...]) -> Metric:
     return fam
 
 
-def _detection_labels(det: DetectionMessage) -> tuple[str, ...]:
+def detection_labels(det: DetectionMessage) -> tuple[str, ...]:
     ev = det.evidence or {}
     host = ev.get("suspect_host") or ev.get("host") or (det.host if det.host != "stepwatch" else "")
     port = ev.get("port")
