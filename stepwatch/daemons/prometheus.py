@@ -63,6 +63,7 @@ class Prometheus:
     scrape_interval: str = "1s"
     evaluation_interval: str = "1s"
     job_name: str = "stepwatch"
+    scrape_jobs: Mapping[str, Sequence[str]] = field(default_factory=dict)  # more jobs: name -> targets
     port: int = 0
     host: str = LOOPBACK
     _proc: ManagedProcess | None = field(default=None, repr=False)
@@ -82,8 +83,10 @@ class Prometheus:
                        "evaluation_interval": self.evaluation_interval,
                        "scrape_timeout": self.scrape_interval},
             "rule_files": [str(Path(p).resolve()) for p in self.rule_files],
-            "scrape_configs": [{"job_name": self.job_name,
-                                "static_configs": [{"targets": list(self.targets)}]}],
+            "scrape_configs": [
+                {"job_name": name, "static_configs": [{"targets": list(targets)}]}
+                for name, targets in {self.job_name: self.targets, **self.scrape_jobs}.items()
+            ],
         }
         if self.alertmanagers:
             cfg["alerting"] = {"alertmanagers": [

@@ -59,8 +59,8 @@ def test_prometheus_scrapes_evaluates_and_alertmanager_routes(
 
 
 def test_stop_is_clean_and_idempotent(prometheus_factory):
-    prom = prometheus_factory()
-    assert prom.target_health() == {}
+    prom = prometheus_factory(scrape_jobs={"other": ["127.0.0.1:1"]})
+    assert [c["job_name"] for c in prom.config()["scrape_configs"]] == ["stepwatch", "other"]
     prom.stop()
     prom.stop()
     with pytest.raises(DaemonError):
