@@ -43,12 +43,15 @@ def test_stream_detections_fire_the_shipped_rules_and_reach_the_remediator(
             prom = prometheus_factory(targets=[f"127.0.0.1:{worker.port}"],
                                       rule_files=rule_files(), alertmanagers=[am.address],
                                       job_name="stepwatch-stream")
+            published = time.monotonic()
             publish(settings, fleet())
             user = wait_for(lambda: prom.firing("JobUserError"), 90, what="JobUserError")[0]
+            t_user = time.monotonic() - published
             assert user.labels["job_id"] == "nan-1" and user.labels["class"] == "user"
             assert user.labels["remediation"] == "notify"
             straggler = wait_for(lambda: prom.firing("StragglerPersistent"), 90,
                                  what="StragglerPersistent")[0]
+            t_straggler = time.monotonic() - published
             assert straggler.labels["job_id"] == "slow-1" and straggler.labels["rank"] == "3"
             assert straggler.labels["cause"] == "gpu" and straggler.labels["remediation"] == "drain"
 
@@ -58,6 +61,9 @@ def test_stream_detections_fire_the_shipped_rules_and_reach_the_remediator(
             got = wait_for(lambda: delivered() >= {"JobUserError", "StragglerPersistent"} and
                            delivered(), 30, what="both alerts at the remediator")
             assert got == {"JobUserError", "StragglerPersistent"}
+            print(f"\npublished -> firing: JobUserError {t_user:.1f} s (for: 0), "
+                  f"StragglerPersistent {t_straggler:.1f} s (for: 30s); -> remediator webhook "
+                  f"{time.monotonic() - published:.1f} s")
             assert all(d.authorization == "Bearer stream-test-token"
                        for d in hooks.received("/remediator"))
     finally:
