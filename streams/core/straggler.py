@@ -149,10 +149,8 @@ class StragglerTracker:
         present = ~np.isnan(busy)
         if present.sum() < self.cfg.min_group_size:
             return
-        if not present.all():  # absent ranks: NaN in every row, left out of the medians
-            xs_ok = xs[:, present]
-        else:
-            xs_ok = xs
+        # absent ranks: NaN in every row, left out of the medians
+        xs_ok = xs if present.all() else xs[:, present]
         center = med(busy[present])
         if not center > 0:
             return
