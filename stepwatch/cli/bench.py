@@ -20,7 +20,7 @@ def register(subparsers: Any) -> None:
     d = sub.add_parser("detect", help=BENCHMARKS["detect"],
                        description=(
                            "Two seeded scenario families, reported separately: 'sim' "
-                           "(stepwatch.sim: every fault kind at 5/10/30 %%, 8 to 1024 ranks) "
+                           "(stepwatch.sim: every fault kind at 5/10/30 percent, 8 to 1024 ranks) "
                            "and 'wild' (stepwatch.quality.wild, written independently: "
                            "Student-t/Pareto noise, irregular pauses, DDP wait-inside-backward, "
                            "unequal pipeline stages, host data stalls, congested NICs; "
