@@ -27,6 +27,7 @@ SUBCOMMANDS = (
     "db",
     "sql",
     "query",
+    "report",
     "bench",
 )
 
