@@ -15,6 +15,7 @@ The remediator is another branch's service: its series are not served here
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,8 +81,16 @@ def _fields(m: Any) -> dict[str, Any]:
 
 
 class NullSink:
+    """Takes the agent's messages; reports publisher stats as a healthy Kafka publisher does."""
+
     def send(self, messages: list[Message]) -> None:
         pass
+
+    def stats(self) -> Any:
+        spool = SimpleNamespace(records=12, bytes=4096, max_bytes=512 << 20, dropped={},
+                                torn_frames=0)
+        return SimpleNamespace(state=SimpleNamespace(value="up"), produced={"gpu": 10, "ports": 10},
+                               delivery_failures={}, producer_resets=0, rewinds=0, spool=spool)
 
     def flush(self, timeout: float) -> int:
         return 0
