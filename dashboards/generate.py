@@ -18,10 +18,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable, Row  # noqa: E402
-from grafana_foundation_sdk.cog.encoder import JSONEncoder  # noqa: E402
-from panels import (  # noqa: E402
-    PROM, ch_heatmap, ch_series, ch_table, prom_table, series, single,
+from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable, Row
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from panels import (
+    PROM,
+    ch_heatmap,
+    ch_series,
+    ch_table,
+    prom_table,
+    series,
+    single,
 )
 
 OUT = Path(__file__).resolve().parent / "json"

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders import heatmap as heatmap_b
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
 from grafana_foundation_sdk.cog import variants as cogvariants
-from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 PROM = DataSourceRef(type_val="prometheus", uid="stepwatch-prometheus")
 CLICKHOUSE = DataSourceRef(type_val="grafana-clickhouse-datasource", uid="stepwatch-clickhouse")

@@ -15,9 +15,9 @@ The remediator is another branch's service: its series are not served here
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from prometheus_client import CollectorRegistry, start_http_server
