@@ -75,6 +75,8 @@ class Demo:
         self._loop()
 
     def _start_broker(self) -> str:
+        # the broker runs in its own session: a terminal's Ctrl-C reaches the demo only,
+        # which stops the broker last, after the publisher and the workers have drained
         self.broker = DevBroker(log_path=str(self.options.workdir / "broker.log")).start()
         return self.broker.bootstrap
 
@@ -144,7 +146,7 @@ class Demo:
         if self.fleet is not None:
             self.fleet.stop()
         undelivered = self.publisher.flush(15.0) if self.publisher is not None else 0
-        if self.tap is not None:
+        if self.tap is not None and self.fleet is not None:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not self._caught_up():
                 self.tap.poll()
