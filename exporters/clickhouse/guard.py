@@ -50,8 +50,10 @@ DENIED_SETTINGS = frozenset({
     "input_format_record_errors_file_path", "format_avro_schema_registry_url", "url_base",
     "into_outfile_create_parent_directories", "s3queue_default_zookeeper_path",
     "input_format_values_interpret_expressions", "input_format_values_deduce_templates_of_expressions",
-    "allow_introspection_functions",
+    "allow_introspection_functions", "dialect", "allow_experimental_kusto_dialect",
+    "allow_experimental_prql_dialect",
 })
+CAPPED_SETTINGS = frozenset({"max_execution_time"})  # from the URL only, and capped by the endpoint
 READ_KINDS = frozenset({
     "SelectWithUnionQuery", "SelectIntersectExceptQuery", "SelectQuery", "DescribeQuery", "Explain",
 })
@@ -188,7 +190,7 @@ class Guard:
         allowed = stmt.kind in kinds or stmt.kind.startswith(READ_KIND_PREFIXES)
         if stmt.kind == "Explain":
             inner = [label.split(" ", 1)[0] for depth, label in stmt.ast if depth == 1]
-            allowed = all(k in READ_KINDS or k == "Set" for k in inner)
+            allowed = all(k in READ_KINDS or k in ("Set", "Identifier") for k in inner)
         if allowed:
             return
         if self.readonly:
@@ -242,8 +244,9 @@ class Guard:
                 _deny(f"{tok.word} (the endpoint never reads or writes local files)")
             if tok.word == "SETTINGS":
                 for name in _settings_clause(toks, i + 1):
-                    if name.lower() in DENIED_SETTINGS:
-                        _deny(f"setting {name}")
+                    if name.lower() in DENIED_SETTINGS | CAPPED_SETTINGS:
+                        _deny(f"setting {name} in the query (set it in the URL)"
+                              if name.lower() in CAPPED_SETTINGS else f"setting {name}")
             if tok.word == "FORMAT" and _is_format_clause(toks, i):
                 self.output_format(toks[i + 1].text)
 

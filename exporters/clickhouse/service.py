@@ -64,10 +64,11 @@ from stepwatch.exporters.clickhouse.store import error_from
 log = logging.getLogger(__name__)
 
 USER = "stepwatch"
+DEFAULT_MAX_EXECUTION_TIME = 300.0  # seconds a statement may run
 _NOT_SETTINGS = frozenset({
     "query", "database", "default_format", "user", "password", "quota_key", "query_id",
     "session_id", "session_timeout", "session_check", "compress", "decompress", "buffer_size",
-    "wait_end_of_query", "client_protocol_version", "readonly", "enable_http_compression",
+    "wait_end_of_query", "client_protocol_version", "enable_http_compression",
     "send_progress_in_http_headers", "http_headers_progress_interval_ms",
 })
 _CONTENT_TYPES = {"JSON": "application/json", "JSONCompact": "application/json"}
@@ -132,6 +133,7 @@ class QueryService:
         password: str | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+        max_execution_time: float = DEFAULT_MAX_EXECUTION_TIME,
     ) -> None:
         self.path = os.path.abspath(path)
         self.database = database
@@ -140,6 +142,7 @@ class QueryService:
         self.endpoint_file = endpoint_file
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
+        self.max_execution_time = max_execution_time
         self.requests = 0
         self.errors = 0
         self._guard_lock = threading.Lock()
@@ -195,6 +198,7 @@ class QueryService:
             session.query(f"USE {identifier(guard.database(session, request.database))}")
             fmt = guard.output_format(request.fmt)
             settings = {guard.setting(name): value for name, value in request.settings.items()}
+            settings["max_execution_time"] = _capped(settings.get("max_execution_time"), self.max_execution_time)
             full = request.text()
             offset = insert_data_offset(_lex_view(full)) if _first_word(full) == "INSERT" else None
             if offset is not None:
@@ -257,6 +261,15 @@ class Request:
         if self.query and self.body:
             return self.query.encode() + b"\n" + self.body
         return self.query.encode() or self.body
+
+
+def _capped(value: str | None, cap: float) -> str:
+    """A query's time limit: the client's when it is lower than the endpoint's (0 means none)."""
+    try:
+        asked = float(value) if value is not None else cap
+    except ValueError as err:
+        raise Refused(f"Bad max_execution_time {value[:32]!r}. (CANNOT_PARSE_NUMBER)", 27) from err
+    return repr(min(asked, cap) if asked > 0 else cap)
 
 
 def _apply(session: Any, settings: dict[str, str]) -> None:
@@ -387,7 +400,7 @@ def _request(url_params: dict[str, str], body: bytes) -> Request:
 
 def _status_of(code: int | None) -> int:
     """The HTTP status ClickHouse gives an engine error (its exceptionCodeToHTTPStatus, in short)."""
-    if code in (164, 497, 516):  # READONLY, ACCESS_DENIED, AUTHENTICATION_FAILED
+    if code in (164, 344, 497, 516):  # READONLY, SUPPORT_IS_DISABLED, ACCESS_DENIED, AUTHENTICATION_FAILED
         return 403
     if code in (60, 81, 83):  # UNKNOWN_TABLE, UNKNOWN_DATABASE, UNKNOWN_DICTIONARY (as 404)
         return 404
