@@ -268,7 +268,7 @@ def _capped(value: str | None, cap: float) -> str:
     try:
         asked = float(value) if value is not None else cap
     except ValueError as err:
-        raise Refused(f"Bad max_execution_time {value[:32]!r}. (CANNOT_PARSE_NUMBER)", 27) from err
+        raise Refused(f"Bad max_execution_time {str(value)[:32]!r}. (CANNOT_PARSE_NUMBER)", 27) from err
     return repr(min(asked, cap) if asked > 0 else cap)
 
 

@@ -45,7 +45,7 @@ class Token:
         if self.kind is Kind.WORD:
             return self.text
         if self.kind is Kind.QUOTED:
-            return _unescape(self.text[1:-1])
+            return _unescape(self.text[1:-1], self.text[0])
         return ""
 
 
@@ -53,10 +53,10 @@ class LexError(ValueError):
     """Unterminated string, quoted identifier, comment or parameter."""
 
 
-def _unescape(body: str) -> str:
+def _unescape(body: str, quote: str) -> str:
     out, i = [], 0
     while i < len(body):
-        if body[i] == "\\" and i + 1 < len(body):
+        if (body[i] == "\\" or body.startswith(quote * 2, i)) and i + 1 < len(body):
             out.append(body[i + 1])
             i += 2
             continue
