@@ -201,8 +201,8 @@ class Guard:
 
     def _check_tree(self, stmt: Statement) -> None:
         for index, (depth, label) in enumerate(stmt.ast):
-            head, _, rest = label.partition(" ")
-            name = rest.split(" ", 1)[0] if rest else ""
+            head, *words = label.split()
+            name = words[0] if words else ""
             if head in ("Function", "FunctionWithKeyValueArguments"):
                 self._check_function(name)
             elif label.startswith("Dictionary definition"):
@@ -226,9 +226,9 @@ class Guard:
         for child_depth, label in ast[index + 1:]:
             if child_depth <= depth:
                 return
-            head, _, rest = label.partition(" ")
+            head, *words = label.split()
             if child_depth == depth + 1 and head == "Function":
-                engine = rest.split(" ", 1)[0]
+                engine = words[0] if words else ""
                 if not (engine in SAFE_ENGINES or engine.endswith("MergeTree")) or \
                         engine.startswith("Replicated"):
                     _deny(f"engine {engine} (only local, in-store engines are served)")

@@ -300,6 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
     service: QueryService
     protocol_version = "HTTP/1.1"
     server_version = "stepwatch-store"
+    timeout = 60  # seconds a connection may sit idle or trickle its request
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("endpoint " + format, *args)
@@ -351,7 +352,10 @@ class _Handler(BaseHTTPRequestHandler):
             return b""
         self.close_connection = True  # until the body has been read in full
         length = content_length(self.headers, self.service.max_body_bytes)
-        body = self.rfile.read(length) if length else b""
+        try:
+            body = self.rfile.read(length) if length else b""
+        except OSError as err:  # the client stalled past ``timeout`` or went away
+            raise Refused(f"Request body not received: {err}.", 0, HTTPStatus.REQUEST_TIMEOUT) from err
         if len(body) != length:
             raise Refused(f"Request body ended after {len(body)} of {length} bytes.", 0)
         self.close_connection = False

@@ -378,3 +378,14 @@ def test_a_runaway_query_is_stopped_by_the_endpoints_time_limit(site):
         status, out = call(quick, "SELECT count() FROM numbers_mt(1e15)", max_execution_time="3600")
         assert status == 408 and b"TIMEOUT_EXCEEDED" in out, out
         refused(*call(quick, "SELECT 1 SETTINGS max_execution_time = 3600"))
+
+
+def test_query_parameters_stay_values(site):
+    ro, probe = site["ro"], probe_sql(site)
+    status, out = call(ro, "SELECT count() FROM {t:Identifier}", database="stepwatch",
+                       param_t=f"file('{probe}', LineAsString)")
+    refused(status, out)
+    status, out = call(ro, "SELECT {s:String}", param_s="x'; DROP TABLE alerts; --")
+    assert (status, out) == (200, b"x\\'; DROP TABLE alerts; --\n")
+    refused(*call(ro, "SELECT * FROM file({p:String}, LineAsString)", param_p=probe))
+    assert snapshot(site["store"]) == site["before"]
