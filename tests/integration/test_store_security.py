@@ -350,11 +350,14 @@ def test_clickhouse_connect_and_the_cli_read_through_the_endpoint(site):
         client.close()
     env = {**os.environ, "STEPWATCH_STORE_PATH": site["store"].path}
     cmds = (["sql", "SELECT count() AS n FROM events WHERE type = {t:String}", "-p", "t=xid", "-f", "csv"],
-            ["query", "gpu_errors", "--since", "2025-12-01", "--format", "csv"])
+            ["query", "gpu_errors", "--since", "2025-12-01", "--format", "csv"], ["db", "status"])
+    outputs: list[str] = []
     for args in cmds:
         done = subprocess.run([sys.executable, "-m", "stepwatch.cli", *args], env=env, capture_output=True,
                               text=True, timeout=120, check=False)
         assert done.returncode == 0, done.stderr
+        outputs.append(done.stdout)
+    assert outputs[0].split() == ["n", "50"]
     assert snapshot(site["store"]) == site["before"]
 
 
