@@ -8,6 +8,7 @@ through the owner's query endpoint (:mod:`stepwatch.exporters.clickhouse.service
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -47,7 +48,8 @@ def connection_string(path: str) -> str:
     """
     user_files = os.path.join(path, USER_FILES_DIR)
     if os.path.isdir(path):
-        os.makedirs(user_files, mode=0o700, exist_ok=True)
+        with contextlib.suppress(OSError):  # a reader without write access: the engine copes
+            os.makedirs(user_files, mode=0o700, exist_ok=True)
     return f"{path}?user_files_path={user_files}"
 
 

@@ -85,7 +85,10 @@ def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -
 
     return QueryService(settings.store_path, settings.clickhouse_database, port=port,
                         allow_writes=allow_writes,
-                        endpoint_file=endpoint_path(settings.store_path)).start()
+                        endpoint_file=endpoint_path(settings.store_path),
+                        max_body_bytes=settings.store_endpoint_max_body_bytes,
+                        max_decompressed_bytes=settings.store_endpoint_max_decompressed_bytes,
+                        max_execution_time=settings.store_endpoint_max_query_seconds).start()
 
 
 def on_signals(stop: Callable[[], Any]) -> None:
