@@ -24,7 +24,8 @@ and values are only ever passed as escaped string literals.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, NoReturn
 
@@ -81,6 +82,12 @@ class Catalog:
     settings: frozenset[str]
     table_functions: frozenset[str]  # lower-cased
     formats: frozenset[str]  # lower-cased, output and input
+    aliases: Mapping[str, str] = field(default_factory=dict)  # setting alias -> setting, lower-cased
+
+    def denied_setting(self, name: str) -> bool:
+        """A setting (or an alias of one) that names files, hosts, the dialect or limits."""
+        lower = name.lower()
+        return lower in DENIED_SETTINGS or self.aliases.get(lower, "") in DENIED_SETTINGS
 
     @classmethod
     def load(cls, session: Any) -> Catalog:
@@ -91,6 +98,8 @@ class Catalog:
             settings=frozenset(names("SELECT name FROM system.settings")),
             table_functions=frozenset(n.lower() for n in names("SELECT name FROM system.table_functions")),
             formats=frozenset(n.lower() for n in names("SELECT name FROM system.formats")),
+            aliases=dict(line.lower().split("\t", 1) for line in
+                         names("SELECT name, alias_for FROM system.settings WHERE alias_for != ''")),
         )
 
 
@@ -141,7 +150,7 @@ class Guard:
     def setting(self, name: str) -> str:
         if name not in self.catalog.settings:
             raise Refused(f"Unknown setting {name!r}. (UNKNOWN_SETTING)", 115)
-        if name in DENIED_SETTINGS:
+        if self.catalog.denied_setting(name):
             raise Refused(f"Setting {name!r} cannot be set through this endpoint. (ACCESS_DENIED)",
                           497, HTTPStatus.FORBIDDEN)
         return name
@@ -244,7 +253,7 @@ class Guard:
                 _deny(f"{tok.word} (the endpoint never reads or writes local files)")
             if tok.word == "SETTINGS":
                 for name in _settings_clause(toks, i + 1):
-                    if name.lower() in DENIED_SETTINGS | CAPPED_SETTINGS:
+                    if self.catalog.denied_setting(name) or name.lower() in CAPPED_SETTINGS:
                         _deny(f"setting {name} in the query (set it in the URL)"
                               if name.lower() in CAPPED_SETTINGS else f"setting {name}")
             if tok.word == "FORMAT" and _is_format_clause(toks, i):

@@ -392,3 +392,37 @@ def test_query_parameters_stay_values(site):
     assert (status, out) == (200, b"x\\'; DROP TABLE alerts; --\n")
     refused(*call(ro, "SELECT * FROM file({p:String}, LineAsString)", param_p=probe))
     assert snapshot(site["store"]) == site["before"]
+
+
+SEPARATORS = [";", ";\n", " -- c\n;", "/* c */;", " # c\n;", "\u037e", "\uff1b", "\u2028;", "\x00;", "\\;",
+              "';", "`;", "\";", ";\r\n", " ;;; ", "\n\n;", "/*;*/", "--;\n", "\t;\t", "); ", "}; "]
+PREFIXES = ["SELECT 1", "SELECT count() FROM alerts", "SHOW TABLES", "SELECT 'a", "SELECT `a", "WITH 1 AS x SELECT x",
+            "SELECT * FROM numbers(2) WHERE number IN (SELECT 1", "EXPLAIN SELECT 1", "DESCRIBE alerts"]
+PAYLOADS = ["TRUNCATE TABLE stepwatch.alerts", "DROP TABLE stepwatch.alerts", "INSERT INTO alerts SELECT * FROM alerts",
+            "ALTER TABLE stepwatch.events DELETE WHERE 1", "SET readonly = 0", "SELECT * FROM file('{probe}', LineAsString)",
+            "CREATE TABLE stepwatch.x (a UInt8) ENGINE = Memory", "SYSTEM SHUTDOWN", "DETACH TABLE stepwatch.alerts"]
+
+
+def _flip_case(text: str, rng) -> str:
+    return "".join(c.upper() if rng.random() < 0.5 else c.lower() for c in text)
+
+
+@pytest.mark.timeout(300)
+def test_randomised_stacking_never_gets_through(site):
+    """Seeded combinations of a harmless start, a separator and a harmful statement."""
+    import random
+
+    rng = random.Random(20261123)
+    ro, probe = site["ro"], probe_sql(site)
+    leaks = []
+    for _ in range(300):
+        payload = rng.choice(PAYLOADS).format(probe=probe)
+        sql = rng.choice(PREFIXES) + rng.choice(SEPARATORS) + (_flip_case(payload, rng) if rng.random() < 0.5
+                                                               else payload)
+        status, out = call(ro, body=sql.encode()) if rng.random() < 0.5 else call(ro, sql)
+        if status >= 500 or MARKER.encode() in out or (status == 200 and "file(" in sql.lower()
+                                                        and b"probe" in out):
+            leaks.append((sql, status, out[:200]))
+    assert leaks == []
+    assert snapshot(site["store"]) == site["before"]
+    assert call(ro, "SELECT count() FROM alerts", database="stepwatch") == (200, b"2\n")
