@@ -301,6 +301,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_version = "stepwatch-store"
     timeout = 60  # seconds a connection may sit idle or trickle its request
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("endpoint " + format, *args)
