@@ -46,6 +46,15 @@ from urllib.parse import parse_qsl, urlsplit
 
 from stepwatch.errors import StoreError
 from stepwatch.exporters.clickhouse.chdb_backend import _open_session
+from stepwatch.exporters.clickhouse.endpoint_request import (
+    Request,
+    capped,
+    leading_word,
+    lex_view,
+    parse_request,
+    status_of,
+    utf8,
+)
 from stepwatch.exporters.clickhouse.guard import Catalog, Guard, Refused, identifier, literal
 from stepwatch.exporters.clickhouse.http_body import (
     DEFAULT_MAX_BODY,
@@ -54,8 +63,6 @@ from stepwatch.exporters.clickhouse.http_body import (
     decompress,
 )
 from stepwatch.exporters.clickhouse.sqltext import (
-    LexError,
-    first_word,
     insert_data_offset,
     skip_data_separator,
 )
@@ -65,12 +72,6 @@ log = logging.getLogger(__name__)
 
 USER = "stepwatch"
 DEFAULT_MAX_EXECUTION_TIME = 300.0  # seconds a statement may run
-_NOT_SETTINGS = frozenset({
-    "query", "database", "default_format", "user", "password", "quota_key", "query_id",
-    "session_id", "session_timeout", "session_check", "compress", "decompress", "buffer_size",
-    "wait_end_of_query", "client_protocol_version", "enable_http_compression",
-    "send_progress_in_http_headers", "http_headers_progress_interval_ms",
-})
 _CONTENT_TYPES = {"JSON": "application/json", "JSONCompact": "application/json"}
 
 
@@ -198,12 +199,12 @@ class QueryService:
             session.query(f"USE {identifier(guard.database(session, request.database))}")
             fmt = guard.output_format(request.fmt)
             settings = {guard.setting(name): value for name, value in request.settings.items()}
-            settings["max_execution_time"] = _capped(settings.get("max_execution_time"), self.max_execution_time)
+            settings["max_execution_time"] = capped(settings.get("max_execution_time"), self.max_execution_time)
             full = request.text()
-            offset = insert_data_offset(_lex_view(full)) if _first_word(full) == "INSERT" else None
+            offset = insert_data_offset(lex_view(full)) if leading_word(full) == "INSERT" else None
             if offset is not None:
                 return self._insert(session, guard, request, full, offset, settings)
-            stmt = guard.statement(session, _utf8(full), request.params)
+            stmt = guard.statement(session, utf8(full), request.params)
             _apply(session, settings)
             result = session.query(stmt.text, fmt, params=request.params or None)
             summary = {"read_rows": int(result.rows_read()), "written_rows": int(result.rows_written())}
@@ -213,7 +214,7 @@ class QueryService:
     def _insert(session: Any, guard: Guard, request: Request, full: bytes, offset: int,
                 settings: dict[str, str]) -> tuple[bytes, dict[str, int]]:
         """``INSERT ... FORMAT x``: the statement is checked; its data never reaches the SQL parser."""
-        stmt = guard.statement(session, _utf8(full[:offset]), request.params)
+        stmt = guard.statement(session, utf8(full[:offset]), request.params)
         fmt = stmt.insert_format
         if fmt is None:
             raise Refused("INSERT without a FORMAT clause takes no data. (SYNTAX_ERROR)", 62)
@@ -245,55 +246,9 @@ class QueryService:
             session.close()
 
 
-@dataclass(frozen=True)
-class Request:
-    """What one HTTP request asks the endpoint to run."""
-
-    query: str  # the URL's query parameter: the start of the statement
-    body: bytes  # the rest of the statement, or an INSERT's data
-    params: dict[str, str]
-    settings: dict[str, str]
-    database: str
-    fmt: str
-
-    def text(self) -> bytes:
-        """ClickHouse's rule: the URL's query, a line break, then the body."""
-        if self.query and self.body:
-            return self.query.encode() + b"\n" + self.body
-        return self.query.encode() or self.body
-
-
-def _capped(value: str | None, cap: float) -> str:
-    """A query's time limit: the client's when it is lower than the endpoint's (0 means none)."""
-    try:
-        asked = float(value) if value is not None else cap
-    except ValueError as err:
-        raise Refused(f"Bad max_execution_time {str(value)[:32]!r}. (CANNOT_PARSE_NUMBER)", 27) from err
-    return repr(min(asked, cap) if asked > 0 else cap)
-
-
 def _apply(session: Any, settings: dict[str, str]) -> None:
     for name, value in settings.items():  # names checked against system.settings
         session.query(f"SET {name} = {literal(value)}")
-
-
-def _lex_view(data: bytes) -> str:
-    """Bytes as text with one character per byte, so lexer offsets are byte offsets."""
-    return data.decode("latin-1")
-
-
-def _first_word(data: bytes) -> str:
-    try:
-        return first_word(_lex_view(data[:65536]))
-    except LexError:
-        return ""
-
-
-def _utf8(data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise Refused(f"The query is not valid UTF-8: {err}. (SYNTAX_ERROR)", 62) from err
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -324,7 +279,7 @@ class _Handler(BaseHTTPRequestHandler):
                 raise Refused(f"{USER}: Authentication failed: password is incorrect. "
                               "(AUTHENTICATION_FAILED)", 516, HTTPStatus.FORBIDDEN)
             body = self._body(with_body)
-            request = _request(url_params, body)
+            request = parse_request(url_params, body)
             started = time.perf_counter()
             out, summary = service.execute(request)
         except Refused as err:
@@ -339,7 +294,7 @@ class _Handler(BaseHTTPRequestHandler):
         except Exception as err:
             service.errors += 1
             wrapped = error_from(err, "endpoint")
-            self._error(_status_of(wrapped.code), wrapped.code or 0, str(err).strip())
+            self._error(status_of(wrapped.code), wrapped.code or 0, str(err).strip())
             return
         summary["elapsed_ns"] = int((time.perf_counter() - started) * 1e9)
         self._reply(200, out, {
@@ -387,30 +342,3 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header(name, value)
         self.end_headers()
         self.wfile.write(body)
-
-
-def _request(url_params: dict[str, str], body: bytes) -> Request:
-    request = Request(
-        query=url_params.get("query", ""),
-        body=body,
-        params={k[6:]: v for k, v in url_params.items() if k.startswith("param_")},
-        settings={k: v for k, v in url_params.items() if k not in _NOT_SETTINGS and not k.startswith("param_")},
-        database=url_params.get("database") or "default",
-        fmt=url_params.get("default_format") or "TabSeparated",
-    )
-    if not request.query.strip() and not body.strip():
-        raise Refused("Empty query. (SYNTAX_ERROR)", 62)
-    return request
-
-
-def _status_of(code: int | None) -> int:
-    """The HTTP status ClickHouse gives an engine error (its exceptionCodeToHTTPStatus, in short)."""
-    if code in (164, 344, 497, 516):  # READONLY, SUPPORT_IS_DISABLED, ACCESS_DENIED, AUTHENTICATION_FAILED
-        return 403
-    if code in (60, 81, 83):  # UNKNOWN_TABLE, UNKNOWN_DATABASE, UNKNOWN_DICTIONARY (as 404)
-        return 404
-    if code in (6, 26, 27, 38, 41, 46, 47, 53, 62, 69, 70, 72, 73, 115, 117, 456, 457):
-        return 400  # parse, type, unknown-name and bad-parameter errors
-    if code == 159:  # TIMEOUT_EXCEEDED
-        return 408
-    return 500
