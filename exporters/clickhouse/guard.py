@@ -53,6 +53,7 @@ DENIED_SETTINGS = frozenset({
     "input_format_values_interpret_expressions", "input_format_values_deduce_templates_of_expressions",
     "allow_introspection_functions", "dialect", "allow_experimental_kusto_dialect",
     "allow_experimental_prql_dialect",
+    "disk", "storage_policy",  # table settings: disk(type = local, path = ...) reaches any directory
 })
 CAPPED_SETTINGS = frozenset({"max_execution_time"})  # from the URL only, and capped by the endpoint
 READ_KINDS = frozenset({
@@ -251,7 +252,7 @@ class Guard:
         for i, tok in enumerate(toks):
             if tok.word in ("OUTFILE", "INFILE"):
                 _deny(f"{tok.word} (the endpoint never reads or writes local files)")
-            if tok.word == "SETTINGS":
+            if tok.word in ("SETTINGS", "SETTING"):  # SETTING: ALTER TABLE ... MODIFY SETTING
                 for name in _settings_clause(toks, i + 1):
                     if self.catalog.denied_setting(name) or name.lower() in CAPPED_SETTINGS:
                         _deny(f"setting {name} in the query (set it in the URL)"

@@ -369,6 +369,11 @@ def test_the_write_endpoint_refuses_files_hosts_and_expressions_too(site):
         refused(*call(rw, "INSERT INTO t VALUES", body=f"(file('{probe}'))".encode(), database="default"))
         refused(*call(rw, f"CREATE TABLE f (s String) ENGINE = File(LineAsString, '{probe}')"))
         refused(*call(rw, "SYSTEM SHUTDOWN"))
+        outside = site["outside"]
+        refused(*call(rw, "CREATE TABLE m (a UInt8) ENGINE = MergeTree ORDER BY a "
+                          f"SETTINGS disk = disk(type = local, path = '{outside}/d/')", database="default"))
+        refused(*call(rw, "ALTER TABLE stepwatch.alerts MODIFY SETTING storage_policy = 'x'"))
+        refused(*call(rw, f"CREATE DATABASE fs ENGINE = Filesystem('{outside}')"))
         assert call(rw, "INSERT INTO t VALUES ('ok'), ('x;DROP TABLE t')", database="default")[0] == 200
         assert call(rw, "INSERT INTO t FORMAT CSV", body=b"a\nb\n", database="default")[0] == 200
         assert call(rw, "SELECT count() FROM t", database="default")[1] == b"4\n"
