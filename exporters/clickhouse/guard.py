@@ -64,6 +64,7 @@ WRITE_KINDS = READ_KINDS | {
     "InsertQuery", "CreateQuery", "AlterQuery", "DropQuery", "TruncateQuery", "OptimizeQuery", "Rename",
 }
 DENIED_ALTER_COMMANDS = ("FETCH", "FREEZE", "UNFREEZE")
+DEFAULT_MAX_QUERY_SIZE = 262144  # the engine's default max_query_size
 _FORMAT_TAIL = re.compile(r"\sFORMAT\s+(\w+)\s*$")
 
 
@@ -174,8 +175,11 @@ class Guard:
     # -------------------------------------------------------------- statements
     def statement(self, session: Any, sql: str, params: dict[str, str] | None = None) -> Statement:
         """The one statement in ``sql``, parsed by the engine and checked; Refused otherwise."""
+        wrapped = f"SELECT formatQuerySingleLine({literal(sql)})"
+        if len(wrapped) > DEFAULT_MAX_QUERY_SIZE // 2:  # the wrapper must not trip the parser's limit
+            session.query(f"SET max_query_size = {2 * len(wrapped.encode()) + 4096}")
         try:
-            out = session.query(f"SELECT formatQuerySingleLine({literal(sql)})", "TSVRaw")
+            out = session.query(wrapped, "TSVRaw")
         except Exception as err:
             raise Refused(_engine_error(err), 62) from err
         text = out.bytes().decode().rstrip("\n")

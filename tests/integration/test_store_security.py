@@ -327,6 +327,12 @@ LEGIT = [
 ]
 
 
+def test_a_long_legitimate_query_is_not_cut_by_the_checks(site):
+    long = "x" * (600 << 10)
+    status, out = call(site["ro"], body=f"SELECT length('{long}')".encode())
+    assert (status, out) == (200, b"614400\n")
+
+
 @pytest.mark.parametrize(("sql", "expected"), LEGIT)
 def test_legitimate_reads_still_work(site, sql, expected):
     status, out = call(site["ro"], body=sql.encode(), database="stepwatch", param_p="3", max_threads="2")
