@@ -437,3 +437,9 @@ def test_randomised_stacking_never_gets_through(site):
     assert leaks == []
     assert snapshot(site["store"]) == site["before"]
     assert call(ro, "SELECT count() FROM alerts", database="stepwatch") == (200, b"2\n")
+
+
+def test_the_engines_user_files_path_is_inside_the_store(site):
+    status, out = call(site["ro"], "SELECT value FROM system.server_settings WHERE name = 'user_files_path'")
+    assert status == 200
+    assert out.decode().strip() == os.path.join(site["store"].path, "user_files")
