@@ -39,13 +39,14 @@ class Request:
         return self.query.encode() or self.body
 
 
-def capped(value: str | None, cap: float) -> str:
-    """A query's time limit: the client's when it is lower than the endpoint's (0 means none)."""
+def capped(name: str, value: str | None, cap: float) -> str:
+    """A per-query limit: the client's when it is lower than the endpoint's (0 means none)."""
     try:
         asked = float(value) if value is not None else cap
     except ValueError as err:
-        raise Refused(f"Bad max_execution_time {str(value)[:32]!r}. (CANNOT_PARSE_NUMBER)", 27) from err
-    return repr(min(asked, cap) if asked > 0 else cap)
+        raise Refused(f"Bad {name} {str(value)[:32]!r}. (CANNOT_PARSE_NUMBER)", 27) from err
+    limit = min(asked, cap) if asked > 0 else cap
+    return str(int(limit)) if isinstance(cap, int) else repr(float(limit))
 
 
 def lex_view(data: bytes) -> str:
@@ -89,8 +90,8 @@ def status_of(code: int | None) -> int:
         return 403
     if code in (60, 81, 83):  # UNKNOWN_TABLE, UNKNOWN_DATABASE, UNKNOWN_DICTIONARY (as 404)
         return 404
-    if code in (6, 26, 27, 38, 41, 46, 47, 53, 62, 69, 70, 72, 73, 115, 117, 456, 457):
-        return 400  # parse, type, unknown-name and bad-parameter errors
+    if code in (6, 26, 27, 38, 41, 46, 47, 53, 62, 69, 70, 72, 73, 115, 117, 396, 456, 457):
+        return 400  # parse, type, unknown-name, bad-parameter and result-too-big errors
     if code == 159:  # TIMEOUT_EXCEEDED
         return 408
     return 500

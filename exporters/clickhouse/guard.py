@@ -55,7 +55,8 @@ DENIED_SETTINGS = frozenset({
     "allow_experimental_prql_dialect",
     "disk", "storage_policy",  # table settings: disk(type = local, path = ...) reaches any directory
 })
-CAPPED_SETTINGS = frozenset({"max_execution_time"})  # from the URL only, and capped by the endpoint
+# per-query limits: from the URL only, and capped by the endpoint
+CAPPED_SETTINGS = frozenset({"max_execution_time", "max_result_bytes", "max_memory_usage"})
 READ_KINDS = frozenset({
     "SelectWithUnionQuery", "SelectIntersectExceptQuery", "SelectQuery", "DescribeQuery", "Explain",
 })

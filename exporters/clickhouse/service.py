@@ -72,6 +72,8 @@ log = logging.getLogger(__name__)
 
 USER = "stepwatch"
 DEFAULT_MAX_EXECUTION_TIME = 300.0  # seconds a statement may run
+DEFAULT_MAX_RESULT_BYTES = 1 << 30  # a reply is held in memory before it is sent
+DEFAULT_MAX_MEMORY_USAGE = 8 << 30  # memory one statement may take in the owner's process
 _CONTENT_TYPES = {"JSON": "application/json", "JSONCompact": "application/json"}
 
 
@@ -135,6 +137,8 @@ class QueryService:
         max_body_bytes: int = DEFAULT_MAX_BODY,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
         max_execution_time: float = DEFAULT_MAX_EXECUTION_TIME,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        max_memory_usage: int = DEFAULT_MAX_MEMORY_USAGE,
     ) -> None:
         self.path = os.path.abspath(path)
         self.database = database
@@ -143,7 +147,11 @@ class QueryService:
         self.endpoint_file = endpoint_file
         self.max_body_bytes = max_body_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
-        self.max_execution_time = max_execution_time
+        self.limits: dict[str, float] = {
+            "max_execution_time": max_execution_time,
+            "max_result_bytes": max_result_bytes,
+            "max_memory_usage": max_memory_usage,
+        }
         self.requests = 0
         self.errors = 0
         self._guard_lock = threading.Lock()
@@ -199,7 +207,8 @@ class QueryService:
             session.query(f"USE {identifier(guard.database(session, request.database))}")
             fmt = guard.output_format(request.fmt)
             settings = {guard.setting(name): value for name, value in request.settings.items()}
-            settings["max_execution_time"] = capped(settings.get("max_execution_time"), self.max_execution_time)
+            for name, cap in self.limits.items():
+                settings[name] = capped(name, settings.get(name), cap)
             full = request.text()
             offset = insert_data_offset(lex_view(full)) if leading_word(full) == "INSERT" else None
             if offset is not None:

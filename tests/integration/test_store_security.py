@@ -387,11 +387,16 @@ def test_the_write_endpoint_refuses_files_hosts_and_expressions_too(site):
         assert call(rw, "DROP TABLE t", database="default")[0] == 200
 
 
-def test_a_runaway_query_is_stopped_by_the_endpoints_time_limit(site):
+def test_runaway_queries_are_stopped_by_the_endpoints_limits(site):
     with QueryService(site["store"].path, max_execution_time=1) as quick:
         status, out = call(quick, "SELECT count() FROM numbers_mt(1e15)", max_execution_time="3600")
         assert status == 408 and b"TIMEOUT_EXCEEDED" in out, out
         refused(*call(quick, "SELECT 1 SETTINGS max_execution_time = 3600"))
+    with QueryService(site["store"].path, max_result_bytes=1 << 20) as small:
+        status, out = call(small, "SELECT * FROM numbers(1e8)", max_result_bytes="0")
+        assert status == 400 and b"TOO_MANY_ROWS_OR_BYTES" in out, out[:300]
+        refused(*call(small, "SELECT 1 SETTINGS max_memory_usage = 0"))
+        assert call(small, "SELECT count() FROM numbers(1e6)") == (200, b"1000000\n")
 
 
 def test_query_parameters_stay_values(site):
