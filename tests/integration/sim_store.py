@@ -53,7 +53,6 @@ def fill(path: Path, sc: Scenario | None = None) -> int:
     store = ChdbStore(str(path))
     try:
         Migrator(store, migrations=load_migrations()).migrate()
-        _missing_columns(store)
         prepared = Preparer(store).prepare(records)
         for table, rows in prepared.tables.items():
             if rows.rows:
@@ -62,12 +61,3 @@ def fill(path: Path, sc: Scenario | None = None) -> int:
         store.close()
     return len(msgs)
 
-
-def _missing_columns(store: ChdbStore) -> None:
-    """Columns the row builders emit that no migration has created yet.
-
-    ``GpuReading.remapped_rows_failure`` joined the contract without a
-    migration; until one lands, add it here so the run loads. No-op afterwards.
-    """
-    store.command("ALTER TABLE gpu_samples ADD COLUMN IF NOT EXISTS "
-                  "remapped_rows_failure Nullable(Bool) AFTER remapped_rows_pending")
