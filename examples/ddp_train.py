@@ -121,8 +121,10 @@ def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
         if args.pin and len(cores) > 1:
             os.sched_setaffinity(0, {cores[rank * len(cores) // world]})
     if args.emulate_hosts > 0:
-        host = f"host-{rank * args.emulate_hosts // world}"
-        os.environ["STEPWATCH_HOST"] = host
+        per_host = -(-world // args.emulate_hosts)
+        host = f"host-{rank // per_host}"
+        os.environ.update(STEPWATCH_HOST=host, LOCAL_RANK=str(rank % per_host),
+                          LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host))
         sock = os.environ.get("STEPWATCH_AGENT_SOCKET", "")
         if "{host}" in sock:
             os.environ["STEPWATCH_AGENT_SOCKET"] = sock.replace("{host}", host)

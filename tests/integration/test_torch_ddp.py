@@ -1,0 +1,134 @@
+"""Real PyTorch DDP jobs (4 ranks, gloo on CPU) through SDK -> agents -> broker -> worker.
+
+Each test runs ``examples/ddp_train.py`` with the DDP integration and a real
+slowdown from step ``START``: extra compute in one rank's forward, a slow data
+loader on one rank, CPU contention from busy processes pinned (``taskset``) to
+the core of host-1's two ranks, or nothing (healthy: no detection). One broker,
+stream worker and pair of agents serve the whole module.
+
+``STEPWATCH_TORCH_RECORD=1`` also writes each job's step messages, as the
+agents published them, to ``tests/fixtures/torch/`` with their labels (the
+replay tests in ``tests/unit/test_integrations_torch_replay.py`` read them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stream_support import StreamWorker, wait_for  # noqa: E402
+from torch_jobs import (  # noqa: E402
+    RANKS_OF,
+    ROOT,
+    Agents,
+    Fault,
+    detections,
+    phase_means,
+    run_job,
+    step_messages,
+)
+
+from stepwatch.broker import DevBroker  # noqa: E402
+from stepwatch.contract import encode  # noqa: E402
+from stepwatch.kafka import ensure_topics  # noqa: E402
+from stepwatch.settings import Settings  # noqa: E402
+
+pytestmark = pytest.mark.integration
+log = logging.getLogger(__name__)
+
+STEPS = 130
+START = 50
+FIXTURES = ROOT / "tests" / "fixtures" / "torch"
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Agents, Path]]:
+    work = tmp_path_factory.mktemp("torch")
+    with DevBroker(log_path=str(work / "broker.log")) as broker:
+        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="t",
+                                 partitions=2, spool_dir=str(work / "spool"),
+                                 agent_socket=str(work / "agent.sock"), metrics_port=0,
+                                 stream_metrics_port=0, host="testhost")
+        ensure_topics(settings)
+        worker = StreamWorker(settings, work, "w").start()
+        agents = Agents(settings, work)
+        try:
+            agents.start()
+            wait_for("stream worker ready", lambda: worker.value("stepwatch_stream_ready") == 1,
+                     90, [worker])
+            yield settings, agents, work
+        finally:
+            agents.stop()
+            worker.stop()
+
+
+def run_and_detect(pipeline: tuple[Settings, Agents, Path], name: str, fault: Fault
+                   ) -> list[dict[str, object]]:
+    settings, agents, work = pipeline
+    job = f"{name}-{int(time.time())}"
+    run_job(agents, job, fault, STEPS, work)
+    # the last steps close after the assembly deadline; wait until the worker saw them
+    time.sleep(8)
+    msgs = step_messages(settings, job)
+    ranks = {r.rank for m in msgs for r in m.steps}
+    assert ranks == {0, 1, 2, 3}, f"steps from ranks {ranks}"
+    found = detections(settings, job)
+    means = phase_means(msgs, START + 5, STEPS)
+    log.warning("torch run %s fault=%s detections=%s phases=%s", name, fault,
+                [(d["type"], d["state"], d.get("rank"), d["cause"], d.get("step")) for d in found],
+                json.dumps(means))
+    if os.environ.get("STEPWATCH_TORCH_RECORD"):
+        record(name, fault, msgs, means)
+    return found
+
+
+def record(name: str, fault: Fault, msgs: list, means: dict) -> None:  # type: ignore[type-arg]
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    (FIXTURES / f"{name}.jsonl").write_bytes(b"".join(encode(m) + b"\n" for m in msgs))
+    labels_path = FIXTURES / "labels.json"
+    labels = json.loads(labels_path.read_text()) if labels_path.exists() else {}
+    labels[name] = {"fault": fault.kind, "rank": fault.rank, "host": fault.host,
+                    "ranks": list(RANKS_OF[fault.host]) if fault.kind == "cpu" and fault.host
+                    else ([fault.rank] if fault.rank is not None else []),
+                    "start_step": fault.start if fault.rank is not None else None,
+                    "factor": fault.factor, "steps": STEPS, "world_size": 4,
+                    "phase_medians_after_start": means}
+    labels_path.write_text(json.dumps(labels, indent=1, sort_keys=True) + "\n")
+
+
+def opened(found: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [d for d in found if d["state"] == "open"]
+
+
+def test_healthy_ddp_job_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
+    assert opened(run_and_detect(pipeline, "healthy", Fault("healthy"))) == []
+
+
+def test_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
+    found = opened(run_and_detect(pipeline, "compute", Fault("compute", 1, 2.5, START)))
+    assert [(d["type"], d["rank"]) for d in found] == [("straggler", 1)], found
+    assert found[0]["cause"] == "gpu", found[0]
+    assert int(found[0]["first_step"]) >= START  # type: ignore[call-overload]
+
+
+def test_slow_data_loader_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
+    found = opened(run_and_detect(pipeline, "data", Fault("data", 2, 3.0, START)))
+    assert [(d["type"], d["rank"]) for d in found] == [("straggler", 2)], found
+    assert found[0]["cause"] == "host_input", found[0]
+
+
+def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untyped-def]
+    found = opened(run_and_detect(pipeline, "cpu", Fault("cpu", 3, 2.0, START)))
+    assert found, "no detection for CPU contention on host-1"
+    hosts = {d.get("host") or d["evidence"].get("host") for d in found}  # type: ignore[union-attr]
+    ranks = {d["rank"] for d in found}
+    assert hosts == {"host-1"} or ranks <= set(RANKS_OF["host-1"]), found
+    assert len(found) == 1, f"one incident per fault, got {found}"
