@@ -39,7 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import stepwatch
-from stepwatch.integrations.torch import instrument_ddp
+from stepwatch.integrations.torch import instrument_ddp, instrument_fsdp
 
 BUSY_LOOP = "import time\nwhile True:\n    sum(range(10000))\n"
 
@@ -47,6 +47,11 @@ BUSY_LOOP = "import time\nwhile True:\n    sum(range(10000))\n"
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                   help="DistributedDataParallel, or FSDP2 (fully_shard per layer)")
+    p.add_argument("--plain", action="store_true",
+                   help="phases only, without the DDP/FSDP integration (the comm wait then "
+                        "stays inside backward)")
     p.add_argument("--nproc", type=int, default=4, help="ranks to spawn without torchrun (default 4)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=64)
@@ -88,8 +93,21 @@ def make_model(width: int, layers: int) -> nn.Module:
     return nn.Sequential(*blocks, nn.Linear(width, 1))
 
 
+def wrap(model: nn.Module, parallel: str) -> nn.Module:
+    if parallel == "ddp":
+        return DDP(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
 def extra_forward(model: nn.Module, x: torch.Tensor, extra: float) -> None:
-    """``extra`` more forward passes' worth of real compute, outside autograd."""
+    """``extra`` more forward passes' worth of real compute, outside autograd, on a
+    local copy of the model (the wrapped one would start collectives of its own)."""
     with torch.no_grad():
         whole, part = int(extra), extra - int(extra)
         for _ in range(whole):
@@ -135,12 +153,18 @@ def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
 def train(args: argparse.Namespace, rank: int, world: int) -> None:
     device = setup_rank(args, rank, world)
     torch.manual_seed(0)
-    model = DDP(make_model(args.width, args.layers).to(device))
+    model = wrap(make_model(args.width, args.layers).to(device), args.parallel)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     data = Batches(args.batch, args.width, seed=rank)
+    local_copy = make_model(args.width, args.layers).to(device)  # for --slow-kind compute
 
     sw = stepwatch.init(job_id=args.job_id)          # identity from torchrun / Slurm / env
-    instrument_ddp(model, sw)                       # backward -> backward + comm_wait
+    if args.plain:
+        pass
+    elif args.parallel == "ddp":
+        instrument_ddp(model, sw)                   # backward -> backward + comm_wait
+    else:
+        instrument_fsdp(model, sw)                  # all-gather waits -> comm_wait
 
     slow = args.slow_rank == rank
     forward_times: list[float] = []
@@ -157,7 +181,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
                 with s.phase("forward"):
                     loss = nn.functional.mse_loss(model(x), y)
                     if slow and args.slow_kind == "compute" and step >= args.slow_from:
-                        extra_forward(model, x, args.slow_factor - 1.0)
+                        extra_forward(local_copy, x, args.slow_factor - 1.0)
                 forward_times.append(time.perf_counter() - t0)
                 with s.phase("backward"):
                     loss.backward()

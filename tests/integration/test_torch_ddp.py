@@ -108,6 +108,10 @@ def opened(found: list[dict[str, object]]) -> list[dict[str, object]]:
     return [d for d in found if d["state"] == "open"]
 
 
+full = pytest.mark.skipif(not os.environ.get("STEPWATCH_TORCH_FULL"),
+                          reason="the full set of real torch runs: STEPWATCH_TORCH_FULL=1")
+
+
 def test_healthy_ddp_job_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
     assert opened(run_and_detect(pipeline, "healthy", Fault("healthy"))) == []
 
@@ -119,16 +123,32 @@ def test_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no
     assert int(found[0]["first_step"]) >= START  # type: ignore[call-overload]
 
 
+@full
 def test_slow_data_loader_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
     found = opened(run_and_detect(pipeline, "data", Fault("data", 2, 3.0, START)))
     assert [(d["type"], d["rank"]) for d in found] == [("straggler", 2)], found
     assert found[0]["cause"] == "host_input", found[0]
 
 
+@full
 def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untyped-def]
     found = opened(run_and_detect(pipeline, "cpu", Fault("cpu", 3, 2.0, START)))
     assert found, "no detection for CPU contention on host-1"
-    hosts = {d.get("host") or d["evidence"].get("host") for d in found}  # type: ignore[union-attr]
-    ranks = {d["rank"] for d in found}
-    assert hosts == {"host-1"} or ranks <= set(RANKS_OF["host-1"]), found
     assert len(found) == 1, f"one incident per fault, got {found}"
+    assert found[0]["host"] == "host-1", found[0]
+    assert found[0]["rank"] is None or found[0]["rank"] in RANKS_OF["host-1"], found[0]
+
+
+@full
+def test_plain_loop_without_integration_finds_the_slow_forward(pipeline) -> None:  # type: ignore[no-untyped-def]
+    """The README loop, phases only: the wait stays inside backward, busy sums are equal."""
+    fault = Fault("compute", 1, 2.5, START, options=("--plain",))
+    found = opened(run_and_detect(pipeline, "compute_plain", fault))
+    assert [(d["type"], d["rank"]) for d in found] == [("straggler", 1)], found
+
+
+@full
+def test_fsdp_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
+    fault = Fault("compute", 1, 4.0, START, options=("--parallel", "fsdp"))
+    found = opened(run_and_detect(pipeline, "fsdp_compute", fault))
+    assert [(d["type"], d["rank"]) for d in found] == [("straggler", 1)], found

@@ -37,6 +37,7 @@ class Fault:
     rank: int | None = None
     factor: float = 1.0
     start: int = 0
+    options: tuple[str, ...] = ()  # more example flags: --plain, --parallel fsdp
 
     @property
     def host(self) -> str | None:
@@ -44,8 +45,8 @@ class Fault:
 
     def args(self) -> list[str]:
         if self.rank is None:
-            return []
-        return ["--slow-rank", str(self.rank), "--slow-kind", self.kind,
+            return list(self.options)
+        return [*self.options, "--slow-rank", str(self.rank), "--slow-kind", self.kind,
                 "--slow-factor", str(self.factor), "--slow-from", str(self.start)]
 
 

@@ -35,6 +35,16 @@ class Launch:
     event: TimingEvent | None
 
 
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """An interval the rank spent blocked in a framework's collective wait."""
+
+    start: int
+    end: int
+    first: TimingEvent | None
+    last: TimingEvent | None
+
+
 @dataclass
 class CommStats:
     """What the integration saw (``handle.stats()``); read it for your own logs."""
@@ -66,11 +76,19 @@ class WaitSplitter:
         self.log = LogOnce(logger)
         self._lock = threading.Lock()
         self._launches: list[Launch] = []
+        self._waits: list[Wait] = []
 
     def launched(self, ns: int, event: TimingEvent | None) -> None:
         """The last collective of a backward pass was launched at ``ns``."""
         with self._lock:
             self._launches.append(Launch(ns, event))
+
+    def waited(self, wait: Wait) -> None:
+        """The rank waited for a collective from ``wait.start`` to ``wait.end``
+        (e.g. FSDP's all-gather before a module's forward): carved out of the
+        phase that holds it into ``comm_wait``."""
+        with self._lock:
+            self._waits.append(wait)
 
     def comm_done(self, seconds: float) -> None:
         self.stats.buckets += 1
@@ -83,9 +101,14 @@ class WaitSplitter:
     def __call__(self, spans: list[Span], step: int) -> None:
         with self._lock:
             launches, self._launches = self._launches, []
+            waits, self._waits = self._waits, []
         self.stats.steps += 1
-        if not launches:
-            return
+        if launches:
+            self._split_at_launches(spans, launches, step)
+        if waits:
+            spans[:] = carve(spans, waits, self.stats)
+
+    def _split_at_launches(self, spans: list[Span], launches: list[Launch], step: int) -> None:
         out: list[Span] = []
         for span in spans:
             name, start, end, first, last = span
@@ -110,3 +133,26 @@ class WaitSplitter:
                      "phase in step %s; wrap loss.backward() in sw.step's phase(%r) to measure "
                      "the exposed wait", len(launches), self.phase.value, step, self.phase.value)
         spans[:] = out
+
+
+def carve(spans: list[Span], waits: list[Wait], stats: CommStats) -> list[Span]:
+    """Cut each wait out of the span that holds it: (a, w0) + comm_wait (w0, w1) + (w1, b).
+
+    A wait no span holds whole, or one without CUDA events inside an event-timed
+    span, is left where it is (counted as unmatched)."""
+    out = list(spans)
+    for wait in sorted(waits, key=lambda w: w.start):
+        for i, (name, a, b, first, last) in enumerate(out):
+            if name == COMM_WAIT or not (a <= wait.start <= wait.end <= b):
+                continue
+            timed = first is not None and last is not None
+            if timed and (wait.first is None or wait.last is None):
+                break
+            f0, f1 = (wait.first, wait.last) if timed else (None, None)
+            out[i:i + 1] = [(name, a, wait.start, first, f0), (COMM_WAIT, wait.start, wait.end, f0, f1),
+                            (name, wait.end, b, f1, last)]
+            stats.split += 1
+            break
+        else:
+            stats.unmatched += 1
+    return out
