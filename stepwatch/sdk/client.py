@@ -23,7 +23,7 @@ from typing import Any
 
 from stepwatch.contract.records import EventType
 from stepwatch.logs import LogOnce
-from stepwatch.sdk.cuda import EventPool
+from stepwatch.sdk.cuda import EventPool, TimingEvent
 from stepwatch.sdk.events import (
     checkpoint_event,
     custom_event,
@@ -33,7 +33,6 @@ from stepwatch.sdk.events import (
 )
 from stepwatch.sdk.exporter import Exporter, Item
 from stepwatch.sdk.identity import Identity
-from stepwatch.sdk.cuda import TimingEvent
 from stepwatch.sdk.step import (
     NULL_CONTEXT,
     PhaseTimer,

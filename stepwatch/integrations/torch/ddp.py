@@ -46,7 +46,7 @@ def timed_hook(sw: StepWatch, splitter: WaitSplitter, inner: Hook) -> Hook:
 
     # unannotated on purpose: DDP checks that a hook's `bucket` annotation, if any,
     # is dist.GradBucket and its return annotation Future[Tensor]
-    def stepwatch_timed_hook(state, bucket):  # type: ignore[no-untyped-def]
+    def stepwatch_timed_hook(state, bucket):
         start = perf_counter_ns()
         try:
             if bucket.is_last():

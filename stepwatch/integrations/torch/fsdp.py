@@ -115,7 +115,7 @@ def instrument(model: Any, sw: StepWatch) -> Any:
         from torch.distributed.fsdp import FSDPModule
     except ImportError as err:
         raise StepwatchError("instrument_fsdp needs torch.distributed.fsdp.fully_shard (FSDP2)") from err
-    units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    units: list[Any] = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not units:
         raise StepwatchError("instrument_fsdp found no fully_shard module: call it after fully_shard")
     splitter = WaitSplitter()
