@@ -205,3 +205,48 @@ def test_timing_failures_never_reach_training(ddp_group: Any, agent: FakeAgent,
     assert model.module.weight.grad is not None
     assert handle.stats()["errors"] == {"launch_mark": 1}
     sw.close()
+
+
+def test_fsdp_waits_are_carved_out_of_the_phase_that_holds_them() -> None:
+    from stepwatch.integrations.torch.split import Wait
+
+    gpu = FakeGpu()
+    a, w0, w1, b = (gpu.factory() for _ in range(4))
+    splitter = WaitSplitter()
+    splitter.waited(Wait(2 * MS, 3 * MS, None, None))
+    splitter.waited(Wait(12 * MS, 15 * MS, w0, w1))
+    splitter.waited(Wait(40 * MS, 41 * MS, None, None))  # in no phase: left alone
+    spans: list[Any] = [("forward", 0, 10 * MS, None, None), ("backward", 10 * MS, 20 * MS, a, b)]
+    splitter(spans, 0)
+    assert spans == [("forward", 0, 2 * MS, None, None), ("comm_wait", 2 * MS, 3 * MS, None, None),
+                     ("forward", 3 * MS, 10 * MS, None, None),
+                     ("backward", 10 * MS, 12 * MS, a, w0), ("comm_wait", 12 * MS, 15 * MS, w0, w1),
+                     ("backward", 15 * MS, 20 * MS, w1, b)]
+    assert splitter.stats.split == 2 and splitter.stats.unmatched == 1
+
+
+def test_real_fsdp2_model_reports_all_gather_waits(ddp_group: Any, agent: FakeAgent) -> None:
+    torch = ddp_group
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        pytest.skip("no FSDP2 in this torch")
+    from stepwatch.integrations.torch import instrument_fsdp
+
+    net = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Linear(32, 1))
+    for layer in net:
+        fully_shard(layer)
+    fully_shard(net)
+    sw = stepwatch.init("j", rank=0, world_size=1, agent_socket=agent.path, job_events=False)
+    handle = instrument_fsdp(net, sw)
+    for _ in range(2):
+        with sw.step() as s:
+            with s.phase("forward"):
+                loss = net(torch.randn(4, 32)).sum()
+            with s.phase("backward"):
+                loss.backward()
+    sw.flush()
+    recs = [d.step for d in agent.steps()]
+    assert len(recs) == 2 and all(r.phases and r.phases.comm_wait is not None for r in recs)
+    assert handle.stats()["split"] >= 6 and handle.stats()["errors"] == {}  # type: ignore[operator]
+    sw.close()
