@@ -48,7 +48,10 @@ def test_healthy_run_is_silent(name: str) -> None:
     assert opened(detections(name)) == []
 
 
-@pytest.mark.parametrize("name,cause", [("compute", "gpu"), ("data", "host_input")])
+# compute_plain: the README loop without the integration (the wait stays inside
+# backward); fsdp_compute: FSDP2 with instrument_fsdp
+@pytest.mark.parametrize("name,cause", [("compute", "gpu"), ("data", "host_input"),
+                                        ("compute_plain", "gpu"), ("fsdp_compute", "gpu")])
 def test_one_slow_rank_is_found_with_its_cause(name: str, cause: str) -> None:
     label = LABELS[name]
     found = opened(detections(name))
