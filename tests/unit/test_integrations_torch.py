@@ -152,7 +152,7 @@ def test_real_ddp_model_reports_backward_and_comm_wait(ddp_group: Any, agent: Fa
     model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
                 bucket_cap_mb=0.01)  # several buckets
     sw = stepwatch.init("j", rank=0, world_size=1, agent_socket=agent.path, job_events=False)
-    handle = instrument_ddp(model, sw)
+    handle = instrument_ddp(model, sw, time_buckets=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = [p.detach().clone() for p in model.parameters()]
     for _ in range(3):

@@ -68,15 +68,17 @@ def require_torch() -> Any:
     return torch
 
 
-def instrument_ddp(model: Any, sw: StepWatch, *, hook: Any = None, state: Any = None
-                   ) -> Instrumented:
+def instrument_ddp(model: Any, sw: StepWatch, *, hook: Any = None, state: Any = None,
+                   time_buckets: bool = False) -> Instrumented:
     """Register a timing DDP communication hook on ``model`` (a
     ``DistributedDataParallel``) and split ``backward`` into ``backward`` +
     ``comm_wait`` in every step of ``sw``.
 
     DDP accepts one comm hook: to keep your own (e.g. ``fp16_compress_hook``) pass
     it as ``hook`` with its ``state``; the default is DDP's all-reduce. Call before
-    the first backward. Raises only for misuse at set-up (not a DDP model, a hook
+    the first backward. ``time_buckets=True`` also sums every bucket's all-reduce
+    wall time into ``stats()["comm_seconds"]`` (meaningful with gloo; a Python
+    callback per bucket). Raises only for misuse at set-up (not a DDP model, a hook
     already registered); after that nothing raises into training.
     """
     require_torch()
@@ -89,7 +91,7 @@ def instrument_ddp(model: Any, sw: StepWatch, *, hook: Any = None, state: Any = 
         state = default_state if state is None else state
     splitter = WaitSplitter(Phase.BACKWARD)
     try:
-        model.register_comm_hook(state, timed_hook(sw, splitter, hook))
+        model.register_comm_hook(state, timed_hook(sw, splitter, hook, time_buckets))
     except RuntimeError as err:
         raise StepwatchError(f"could not register the DDP comm hook: {err}") from err
     sw.add_step_hook(splitter)

@@ -5,7 +5,9 @@ when the bucket was launched (``perf_counter_ns``, plus a CUDA event on the
 current stream for the last bucket when the SDK times with CUDA events) and,
 from the bucket's future, how long its all-reduce took (wall time; meaningful
 with gloo, where the future completes when the reduction does). It then calls
-the real hook (DDP's default all-reduce unless you give your own). Nothing
+the real hook (DDP's default all-reduce unless you give your own). Per-bucket
+timing (``time_buckets=True``) chains a Python callback on each bucket's
+future, so it is off by default. Nothing
 here synchronizes the device or waits on a future.
 """
 
@@ -28,7 +30,8 @@ def default_hook() -> tuple[Hook, Any]:
     return allreduce_hook, None
 
 
-def timed_hook(sw: StepWatch, splitter: WaitSplitter, inner: Hook) -> Hook:
+def timed_hook(sw: StepWatch, splitter: WaitSplitter, inner: Hook, time_buckets: bool = False
+               ) -> Hook:
     """A DDP comm hook that marks the launch of each step's last bucket and times
     every bucket's future, then forwards to ``inner``. A failure of the timing is
     caught and counted; one of ``inner`` (the real all-reduce) propagates, as it
@@ -54,6 +57,8 @@ def timed_hook(sw: StepWatch, splitter: WaitSplitter, inner: Hook) -> Hook:
         except Exception as err:
             splitter.error("launch_mark", err)
         fut = inner(state, bucket)
+        if not time_buckets:
+            return fut
         try:
             return fut.then(done_after(start))
         except Exception as err:
