@@ -23,8 +23,8 @@ from time import perf_counter_ns
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import stepwatch  # noqa: E402
-from stepwatch.integrations.torch.split import WaitSplitter  # noqa: E402
+import stepwatch
+from stepwatch.integrations.torch.split import WaitSplitter
 
 
 def sdk_steps(n: int, hook: bool) -> float:
