@@ -50,7 +50,8 @@ FIXTURES = ROOT / "tests" / "fixtures" / "torch"
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Settings, Agents, Path]]:
+def pipeline(tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[Settings, Agents, Path, StreamWorker]]:
     work = tmp_path_factory.mktemp("torch")
     with DevBroker(log_path=str(work / "broker.log")) as broker:
         settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="t",
@@ -64,19 +65,21 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Setting
             agents.start()
             wait_for("stream worker ready", lambda: worker.value("stepwatch_stream_ready") == 1,
                      90, [worker])
-            yield settings, agents, work
+            yield settings, agents, work, worker
         finally:
             agents.stop()
             worker.stop()
 
 
-def run_and_detect(pipeline: tuple[Settings, Agents, Path], name: str, fault: Fault
-                   ) -> list[dict[str, object]]:
-    settings, agents, work = pipeline
+def run_and_detect(pipeline: tuple[Settings, Agents, Path, StreamWorker], name: str,
+                   fault: Fault) -> list[dict[str, object]]:
+    settings, agents, work, worker = pipeline
     job = f"{name}-{int(time.time())}"
     run_job(agents, job, fault, STEPS, work)
-    # the last steps close after the assembly deadline; wait until the worker saw them
-    time.sleep(8)
+    # the last steps close after the assembly deadline: wait until the worker closed them
+    wait_for("the worker closed the job's last step", lambda: worker.value(
+        "stepwatch_job_last_step", job_id=job) >= STEPS - 1, 60, [worker])
+    time.sleep(1)  # the detections of that step are produced right after
     msgs = step_messages(settings, job)
     ranks = {r.rank for m in msgs for r in m.steps}
     assert ranks == {0, 1, 2, 3}, f"steps from ranks {ranks}"
