@@ -7,7 +7,6 @@ installed. Nothing the integration does may raise into training.
 
 from __future__ import annotations
 
-import builtins
 import os
 import sys
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from sdk_agent import FakeAgent
 from test_sdk_cuda import FakeGpu
 
 import stepwatch
-from stepwatch.errors import StepwatchError
+from stepwatch.errors import MissingDependencyError, StepwatchError
 from stepwatch.integrations.torch import INSTALL_HINT, require_torch
 from stepwatch.integrations.torch.split import WaitSplitter
 
@@ -107,16 +106,16 @@ def test_a_failing_step_hook_never_reaches_training(agent: FakeAgent) -> None:
 
 
 def test_missing_torch_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = builtins.__import__
+    import importlib.util
+
+    real = importlib.util.find_spec
 
     def no_torch(name: str, *args: Any, **kw: Any) -> Any:
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("No module named 'torch'")
-        return real(name, *args, **kw)
+        return None if name == "torch" else real(name, *args, **kw)
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
-    monkeypatch.setattr(builtins, "__import__", no_torch)
-    with pytest.raises(StepwatchError, match=r"pip install 'stepwatch\[torch\]'"):
+    monkeypatch.setattr(importlib.util, "find_spec", no_torch)
+    with pytest.raises(MissingDependencyError, match=r"pip install 'stepwatch\[torch\]'"):
         require_torch()
     assert "stepwatch[torch]" in INSTALL_HINT
 

@@ -31,13 +31,14 @@ import logging
 from typing import Any
 
 from stepwatch.errors import StepwatchError
+from stepwatch.extras import hint, require
 from stepwatch.integrations.torch.split import CommStats, WaitSplitter
 from stepwatch.sdk import StepWatch
 from stepwatch.sdk.phases import Phase
 
 logger = logging.getLogger(__name__)
 
-INSTALL_HINT = "the torch integration needs PyTorch: pip install 'stepwatch[torch]'"
+INSTALL_HINT = hint("torch", "the torch integration")  # ... pip install 'stepwatch[torch]'
 
 __all__ = ["INSTALL_HINT", "CommStats", "Instrumented", "instrument_ddp", "instrument_fsdp"]
 
@@ -60,11 +61,11 @@ class Instrumented:
 
 
 def require_torch() -> Any:
-    """``import torch``, or a one-line error naming the extra to install."""
-    try:
-        import torch
-    except ImportError as err:
-        raise StepwatchError(INSTALL_HINT) from err
+    """``import torch``, or a one-line error naming the extra to install
+    (:class:`~stepwatch.errors.MissingDependencyError`)."""
+    require("torch", what="the torch integration")
+    import torch
+
     return torch
 
 
