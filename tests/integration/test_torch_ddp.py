@@ -72,7 +72,10 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory
 
 
 def run_and_detect(pipeline: tuple[Settings, Agents, Path, StreamWorker], name: str,
-                   fault: Fault) -> list[dict[str, object]]:
+                   fault: Fault, means: dict[int, dict[str, float]] | None = None
+                   ) -> list[dict[str, object]]:
+    """Run the job, return its detections; ``means`` receives the per-rank phase
+    medians after the fault's start."""
     settings, agents, work, worker = pipeline
     job = f"{name}-{int(time.time())}"
     run_job(agents, job, fault, STEPS, work)
@@ -84,13 +87,15 @@ def run_and_detect(pipeline: tuple[Settings, Agents, Path, StreamWorker], name: 
     ranks = {r.rank for m in msgs for r in m.steps}
     assert ranks == {0, 1, 2, 3}, f"steps from ranks {ranks}"
     found = detections(settings, job)
-    means = phase_means(msgs, START + 5, STEPS)
+    measured = phase_means(msgs, START + 5, STEPS)
+    if means is not None:
+        means.update(measured)
     log.warning("torch run %s fault=%s detections=%s phases=%s", name, fault,
                 [(d["type"], d["state"], d.get("rank"), d.get("ranks"), d["host"], d["cause"],
                   d.get("first_step"), d.get("related")) for d in found],
-                json.dumps(means))
+                json.dumps(measured))
     if os.environ.get("STEPWATCH_TORCH_RECORD"):
-        record(name, fault, msgs, means)
+        record(name, fault, msgs, measured)
     return found
 
 
@@ -146,10 +151,20 @@ def test_slow_data_loader_on_one_rank(pipeline) -> None:  # type: ignore[no-unty
 @full
 def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untyped-def]
     """Busy processes pinned to host-1's core slow both its ranks: one host incident."""
-    fault = Fault("cpu", 3, 2.0, START)
-    d = hit(run_and_detect(pipeline, "cpu", fault), fault)
+    fault = Fault("cpu", 3, 3.0, START)  # two busy processes
+    means: dict[int, dict[str, float]] = {}
+    found = run_and_detect(pipeline, "cpu", fault, means)
+    effect = compute_of(means, RANKS_OF["host-1"]) / compute_of(means, RANKS_OF["host-0"]) - 1
+    if effect < 0.10:
+        # the machine's other load (unpinned) moved to host-0's core: no fault to find
+        pytest.skip(f"contention slowed host-1 by only {effect:.0%} on this loaded machine")
+    d = hit(found, fault)
     assert d["type"] == "straggler" and d["rank"] is None, d
     assert sorted(d["ranks"]) == list(RANKS_OF["host-1"]), d  # type: ignore[call-overload]
+
+
+def compute_of(means: dict[int, dict[str, float]], ranks: tuple[int, ...]) -> float:
+    return sum(means[r]["forward"] + means[r]["backward"] for r in ranks) / len(ranks)
 
 
 @full
