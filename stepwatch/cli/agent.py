@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_agent(settings: Any) -> int:
-    from agents import metrics
+    from stepwatch.agents import metrics
     from stepwatch.agents.agent import build_agent
 
     agent = build_agent(settings)

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepwatch.quality.score import CaseResult, _fmt, report_lines, score
 from stepwatch.quality import wild_suite
+from stepwatch.quality.score import CaseResult, _fmt, report_lines, score
 from stepwatch.quality.suite import BenchCase, suite
 from stepwatch.sim import simulate
 from stepwatch.streams.core import DetectConfig, Engine

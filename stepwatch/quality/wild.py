@@ -150,7 +150,7 @@ class _Model:
             comm = np.full(job.world, np.nan)
         else:
             comm = wait
-        wall = sync + float(np.max(x[3]))
+        wall = float(sync + np.max(x[3]))
         return x, comm, wall, burst
 
     def _fault(self, f: Fault, x: np.ndarray, ar: float, p2p: np.ndarray) -> float:

@@ -87,13 +87,20 @@ class CauseFinder:
         if found:
             reasons, ev = found
             return Attribution(Cause.GPU, Fault.SYSTEM, reasons[0], ev)
-        ports = self._ports(host, t1, span)
-        peer_ports = [p for h in peers for p in self._ports(h, t1, span)]
-        net = network_reasons(ports, peer_ports, self.cfg)
-        if net:
-            reasons, ev = net
-            return Attribution(Cause.NETWORK, Fault.SYSTEM, reasons[0], ev)
+        net = self._own_nic(host, peers, t1, span)
+        if net is not None:
+            return net
         return by_phases(data_share, compute_share, self.cfg.data_share_for_input, "")
+
+    def _own_nic(self, host: str, peers: list[str], t1: float,
+                 span: float | None) -> Attribution | None:
+        """The host's NIC, against the peers' ports and its own history (see netloc)."""
+        t0, t1 = self._range(t1, span)
+        sus = localize(self.windows, [host, *peers], t0, t1, self.cfg.host_window_seconds,
+                       self.cfg, only=host)
+        if sus is None:
+            return None
+        return Attribution(Cause.NETWORK, Fault.SYSTEM, sus.reasons[0], sus.evidence)
 
     def for_host(self, host: str, gpus: list[int], peer_hosts: Iterable[str], t1: float,
                  data_share: float | None, span: float | None = None,
@@ -101,23 +108,24 @@ class CauseFinder:
         """Why several ranks of one host are slow: its GPUs, its NICs, its input, its compute."""
         peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
         signals = self._gpus(host, t1, span)
+        need = self.cfg.data_share_for_input
         for g in gpus:
             hw = hardware_reasons(signals.get(g))
             if hw:
                 return Attribution(Cause.HARDWARE, Fault.SYSTEM, f"{hw[0]} on gpu {g}",
                                    {"hardware": ", ".join(hw), "gpu": g})
+        if data_share is not None and data_share >= need:
+            return by_phases(data_share, compute_share, need, " of the host")
         peer_gpus = [s for h in peers for s in self._gpus(h, t1, span).values()]
         found = [(g, f) for g in gpus if (f := gpu_reasons(signals.get(g), peer_gpus, self.cfg))]
         if found and len(found) * 2 >= len(gpus):
             g, (reasons, ev) = found[0]
             return Attribution(Cause.GPU, Fault.SYSTEM, f"{reasons[0]} on {len(found)} GPUs",
                                {**ev, "gpus_with_symptoms": len(found)})
-        peer_ports = [p for h in peers for p in self._ports(h, t1, span)]
-        net = network_reasons(self._ports(host, t1, span), peer_ports, self.cfg)
-        if net:
-            reasons, ev = net
-            return Attribution(Cause.NETWORK, Fault.SYSTEM, reasons[0], ev)
-        return by_phases(data_share, compute_share, self.cfg.data_share_for_input, " of the host")
+        net = self._own_nic(host, peers, t1, span)
+        if net is not None:
+            return net
+        return by_phases(data_share, compute_share, need, " of the host")
 
     def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
                 span: float | None = None) -> Attribution:
@@ -268,36 +276,3 @@ def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
         return None
     ev["gpu_reasons"] = ", ".join(reasons)
     return reasons, ev
-
-
-def network_reasons(own: list[PortSignals], peers: list[PortSignals],
-                    cfg: DetectConfig) -> tuple[list[str], Evidence] | None:
-    """NIC symptoms on ``own`` ports: errors, link down, or congestion well above peers."""
-    peer_cnp = median_of([p.cnp_per_s for p in peers]) or 0.0
-    peer_wait = median_of([p.xmit_wait_per_s for p in peers]) or 0.0
-    cnp_limit = max(cfg.min_cnp_per_second, cfg.congestion_ratio * peer_cnp)
-    wait_limit = max(cfg.min_xmit_wait_per_second, cfg.congestion_ratio * peer_wait)
-    for p in sorted(own, key=lambda p: (-len(p.errors) - p.down, -p.cnp_per_s)):
-        reasons = []
-        if p.down:
-            reasons.append(f"link down on {p.device}")
-        if p.errors:
-            reasons.append(f"link errors on {p.device}")
-        if p.cnp_per_s >= cnp_limit:
-            reasons.append(f"congestion (ECN/CNP) on {p.device}")
-        if p.xmit_wait_per_s >= wait_limit:
-            reasons.append(f"xmit_wait on {p.device}")
-        if reasons:
-            ev: Evidence = {
-                "device": p.device,
-                "port": p.port,
-                "cnp_per_s": round(p.cnp_per_s, 1),
-                "peer_cnp_per_s": round(peer_cnp, 1),
-                "xmit_wait_per_s": round(p.xmit_wait_per_s, 1),
-                "peer_xmit_wait_per_s": round(peer_wait, 1),
-                "link_down": p.down,
-                **{f"{k}_delta": v for k, v in p.errors.items()},
-                "network_reasons": ", ".join(reasons),
-            }
-            return reasons, ev
-    return None

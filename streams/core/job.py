@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -15,7 +14,7 @@ from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hang import check_hang
 from stepwatch.streams.core.incidents import Incidents
-from stepwatch.streams.core.kinds import DetectionType
+from stepwatch.streams.core.kinds import Cause, DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
 from stepwatch.streams.core.slowdown import Slowdown, SlowdownTracker
@@ -282,6 +281,11 @@ class Job(Incidents, Stragglers):
         if cached is not None and ts - cached[0] < self.cfg.update_min_seconds:
             return cached[1]
         attr = compute()
+        if cached is not None and key in self.book.open and (
+                attr.cause == Cause.UNKNOWN and cached[1].cause != Cause.UNKNOWN):
+            # the evidence of an open detection does not fade into "unknown" because the
+            # port's own history (or the window) now holds the fault itself: keep the cause
+            attr = cached[1]
         self._attr_cache[key] = (ts, attr)
         return attr
 

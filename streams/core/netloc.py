@@ -35,11 +35,15 @@ class Suspect:
 
 
 def localize(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float, t1: float,
-             history_s: float, cfg: DetectConfig) -> Suspect | None:
-    """The port most likely behind a job-wide communication slowdown in [t0, t1], or None."""
+             history_s: float, cfg: DetectConfig, only: str | None = None) -> Suspect | None:
+    """The port most likely behind a job-wide communication slowdown in [t0, t1], or None
+    (``only``: judge that host's ports alone, the others being the reference)."""
     now: dict[str, list[PortSignals]] = {}
     before: dict[str, dict[tuple[str, int], PortSignals]] = {}
-    for h in sorted(hosts)[:MAX_HOSTS]:
+    names = sorted(hosts)[:MAX_HOSTS]
+    if only is not None and only not in names:
+        names.append(only)
+    for h in names:
         win = windows.get(h)
         if win is None:
             continue
@@ -53,6 +57,8 @@ def localize(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float,
         peers_wait = median_of([p.xmit_wait_per_s for p in every]) or 0.0
     best: Suspect | None = None
     for h, ports in now.items():
+        if only is not None and h != only:
+            continue
         for p in ports:
             s = _judge(h, p, before[h].get((p.device, p.port)), peers_cnp, peers_wait, cfg)
             if s is not None and (best is None or s.rise > best.rise):

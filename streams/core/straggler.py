@@ -51,7 +51,7 @@ from stepwatch.streams.core.assembly import (
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt
+from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, rowmed
 
 Evidence = dict[str, str | float | int | bool | None]
 
@@ -92,7 +92,7 @@ class StragglerTracker:
         self._sigma: dict[int, np.ndarray] = {}
         self._groups_version = -1
         self._sqrt_n = float(np.sqrt(cfg.window_steps))
-        self._floor = np.full(NDIM, cfg.straggler_phase_min_excess)
+        self._floor = np.full(NDIM, cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
         self._floor[0] = cfg.straggler_min_excess
 
     def reset(self) -> None:
@@ -113,10 +113,11 @@ class StragglerTracker:
             x[0] = busy
         excess = np.full((NDIM, self.world_size), np.nan)
         flagged = np.zeros(self.world_size, dtype=np.int8)
-        for g, idx in enumerate(groups.members):
-            if len(idx) < self.cfg.min_group_size:
-                continue
-            self._score_group(g, idx, x, cs.comm, excess, flagged)
+        if not self._score_batch(groups, x, cs.comm, excess, flagged):
+            for g, idx in enumerate(groups.members):
+                if len(idx) < self.cfg.min_group_size:
+                    continue
+                self._score_group(g, idx, x, cs.comm, excess, flagged)
         old = self.flags.swap(flagged)
         self.count += flagged
         self.count -= old
@@ -145,19 +146,17 @@ class StragglerTracker:
     ) -> None:
         xs = x[:, idx]  # (dims, members)
         busy = xs[0]
-        if (~np.isnan(busy)).sum() < self.cfg.min_group_size:
+        present = ~np.isnan(busy)
+        if present.sum() < self.cfg.min_group_size:
             return
-        center = med(busy)
+        # absent ranks: NaN in every row, left out of the medians
+        xs_ok = xs if present.all() else xs[:, present]
+        center = med(busy[present])
         if not center > 0:
             return
-        e = (xs - nanmed(xs, -1)[:, None]) / center  # every dimension in units of busy time
-        noise = self._noise.get(g)
-        if noise is None:
-            noise = self._noise[g] = Ring(NOISE_STEPS, NDIM)
-        noise.push(MAD_SIGMA * nanmed(np.abs(e), -1))
-        sigma = self._sigma.get(g)
-        if sigma is None or noise.pos % 4 == 0:  # the typical spread moves slowly
-            sigma = self._sigma[g] = nanmed(noise.filled(), 0)
+        centers = rowmed(xs_ok)[:, None]
+        e = (xs - centers) / center  # every dimension in units of busy time
+        sigma = self._push_noise(g, MAD_SIGMA * rowmed(np.abs(xs_ok - centers)) / center)
         floor = self._floor
         c = comm[idx]
         comm_measured = (~np.isnan(c)).sum() >= self.cfg.min_group_size
@@ -176,6 +175,57 @@ class StragglerTracker:
         if not comm_measured:
             thr[_BWD_DIM] = np.inf
         self.threshold[:, idx] = thr[:, None]
+
+    def _score_batch(self, groups: GroupIndex, x: np.ndarray, comm: np.ndarray,
+                     excess: np.ndarray, flagged: np.ndarray) -> bool:
+        """Every group at once when they have the same size and every rank reported (the
+        common case): the same numbers as :meth:`_score_group`, one partition per step."""
+        sizes = {len(m) for m in groups.members}
+        n = len(groups.members[0])
+        if len(sizes) != 1 or n < self.cfg.min_group_size:
+            return False
+        order = np.concatenate(groups.members)
+        n_groups = len(groups.members)
+        xs = x[:, order].reshape(NDIM, n_groups, n)
+        count = np.isnan(xs).sum(axis=-1)
+        if count[0].any() or not ((count == 0) | (count == n)).all():
+            return False  # absent ranks or phases measured on some ranks only
+        centers = _pmed(xs)  # (dims, groups)
+        center = centers[0]
+        if not (center > 0).all():
+            return False
+        dev = xs - centers[..., None]
+        e = dev / center[None, :, None]
+        spread = MAD_SIGMA * _pmed(np.abs(dev)) / center[None, :]
+        sigma = np.empty((NDIM, n_groups))
+        for g in range(n_groups):
+            sigma[:, g] = self._push_noise(g, spread[:, g])
+        cs = comm[order].reshape(n_groups, n)
+        measured = (~np.isnan(cs)).sum(axis=1) >= self.cfg.min_group_size
+        floor = self._floor[:, None]
+        with np.errstate(invalid="ignore"):
+            over = e > np.fmax(floor, self.cfg.straggler_step_z * sigma)[..., None]
+            over[_BWD_DIM, ~measured] = False
+            hit = over.any(axis=0)
+            if self.cfg.require_comm_corroboration and measured.any():
+                cmed = np.array([med(row) for row in cs])
+                hit &= ~((cs > cmed[:, None]) & measured[:, None])
+        excess[:, order] = e.reshape(NDIM, -1)
+        flagged[order] = hit.reshape(-1)
+        thr = np.fmax(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
+        thr[_BWD_DIM, ~measured] = np.inf
+        self.threshold[:, order] = np.repeat(thr, n, axis=1)
+        return True
+
+    def _push_noise(self, g: int, spread: np.ndarray) -> np.ndarray:
+        noise = self._noise.get(g)
+        if noise is None:
+            noise = self._noise[g] = Ring(NOISE_STEPS, NDIM)
+        noise.push(spread)
+        sigma = self._sigma.get(g)
+        if sigma is None or noise.pos % 4 == 0:  # the typical spread moves slowly
+            sigma = self._sigma[g] = rowmed(noise.filled().T)
+        return sigma
 
     def _scores(self, rank: int) -> np.ndarray:
         """Window median of each dimension's excess for ``rank`` (NaN: not measured)."""
@@ -262,3 +312,13 @@ class StragglerTracker:
         if len(medians) and own_busy > 0:
             out["nvrx_relative"] = round(float(medians.min()) / own_busy, 4)  # min of medians / own
         return out
+
+
+def _pmed(a: np.ndarray) -> np.ndarray:
+    """Median along the last axis of an array whose lanes are complete or all NaN."""
+    n = a.shape[-1]
+    h = n // 2
+    if n % 2:
+        return np.partition(a, h, axis=-1)[..., h]
+    p = np.partition(a, (h - 1, h), axis=-1)
+    return (p[..., h - 1] + p[..., h]) * 0.5

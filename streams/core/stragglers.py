@@ -60,7 +60,7 @@ class Stragglers:
             holds, score = self.straggler.still_slow(r)
             if holds:
                 if self.book.hold(key, cs.end_max):
-                    out.extend(self.book.observe(self._straggler_finding(r, score, cs)))
+                    out.extend(self._observe(self._straggler_finding(r, score, cs)))
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
         return out
@@ -74,7 +74,7 @@ class Stragglers:
         if host and len(ranks) >= 2:
             slow = sorted({*ranks, *(r for r in others if self.straggler.rising(r))})
             self._host_defer.pop(host, None)
-            return self.book.observe(self._host_finding(host, slow, cs))
+            return self._observe(self._host_finding(host, slow, cs))
         out: list[DetectionMessage] = []
         rank = ranks[0]
         if not self.book.is_open(T.STRAGGLER, rank) and host and any(
@@ -84,7 +84,7 @@ class Stragglers:
                 self._host_defer[host] = waited + 1
                 return out  # a second rank of the host is on its way: one incident
         if self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
-            out.extend(self.book.observe(self._straggler_finding(rank, candidates[rank], cs)))
+            out.extend(self._observe(self._straggler_finding(rank, candidates[rank], cs)))
         return out
 
     def _host_holds(self, key: Key, candidates: dict[int, float],
@@ -95,8 +95,22 @@ class Stragglers:
         if not slow:
             return self.book.clear(key, cs.end_max, cs.step)
         if self.book.hold(key, cs.end_max):
-            return self.book.observe(self._host_finding(host, slow, cs))
+            return self._observe(self._host_finding(host, slow, cs))
         return []
+
+    def _observe(self, f: Finding) -> list[DetectionMessage]:
+        """Open or update; a new straggler that an open job slowdown already explains (same
+        cause, or the host the slowdown names) belongs to that incident (``related``)."""
+        cur = self.book.open.get(f.key)
+        if cur is not None:
+            f.related = cur.finding.related
+            return self.book.observe(f)
+        js = self.book.open.get((T.JOB_SLOWDOWN, None, ""))
+        if js is not None and not js.finding.related and (
+                js.finding.attribution.cause == f.attribution.cause
+                or (js.finding.host and js.finding.host == f.host)):
+            f.related = js.id
+        return self.book.observe(f)
 
     # ------------------------------------------------------------------ findings
     def _straggler_finding(self, rank: int, score: float, cs: ClosedStep) -> Finding:
