@@ -6,7 +6,7 @@ loader on one rank, CPU contention from busy processes pinned (``taskset``) to
 the core of host-1's two ranks, or nothing (healthy: no detection). One broker,
 stream worker and pair of agents serve the whole module.
 
-``STEPWATCH_TORCH_RECORD=1`` also writes each job's step messages, as the
+``STEPWATCH_TORCH_RECORD=1`` (any non-empty value) also writes each job's step messages, as the
 agents published them, to ``tests/fixtures/torch/`` with their labels (the
 replay tests in ``tests/unit/test_integrations_torch_replay.py`` read them).
 """
