@@ -92,6 +92,13 @@ class StragglerTracker:
         self._sigma: dict[int, np.ndarray] = {}
         self._groups_version = -1
         self._sqrt_n = float(np.sqrt(cfg.window_steps))
+        self._bnoise: Ring | None = None
+        self._bsigma: np.ndarray | None = None
+        self._floor2 = np.full((NDIM, 1), cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
+        self._floor2[0] = cfg.straggler_min_excess
+        self._thr_scale = cfg.straggler_z * 1.25 / float(np.sqrt(cfg.window_steps))
+        self._batch_version = -1
+        self._batch: tuple[np.ndarray, int, int] | None = None
         self._floor = np.full(NDIM, cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
         self._floor[0] = cfg.straggler_min_excess
 
@@ -105,6 +112,7 @@ class StragglerTracker:
         if groups.version != self._groups_version:
             self._noise.clear()
             self._sigma.clear()
+            self._bnoise = None
             self._groups_version = groups.version
         busy, basis = self._metric(cs)
         self.basis = basis
@@ -180,42 +188,62 @@ class StragglerTracker:
                      excess: np.ndarray, flagged: np.ndarray) -> bool:
         """Every group at once when they have the same size and every rank reported (the
         common case): the same numbers as :meth:`_score_group`, one partition per step."""
-        sizes = {len(m) for m in groups.members}
-        n = len(groups.members[0])
-        if len(sizes) != 1 or n < self.cfg.min_group_size:
+        if self._batch_version != groups.version:
+            self._batch_version = groups.version
+            n = len(groups.members[0])
+            same = all(len(m) == n for m in groups.members) and n >= self.cfg.min_group_size
+            self._batch = (np.concatenate(groups.members), len(groups.members), n) if same \
+                else None
+        if self._batch is None:
             return False
-        order = np.concatenate(groups.members)
-        n_groups = len(groups.members)
-        xs = x[:, order].reshape(NDIM, n_groups, n)
-        count = np.isnan(xs).sum(axis=-1)
-        if count[0].any() or not ((count == 0) | (count == n)).all():
+        order, n_groups, n = self._batch
+        identity = n_groups == 1 and n == self.world_size  # one group: ranks in order
+        xs = (x if identity else x[:, order]).reshape(NDIM, n_groups, n)
+        nan = np.isnan(xs)
+        lanes = nan.any(axis=-1)
+        if lanes[0].any() or (lanes != nan.all(axis=-1)).any():
             return False  # absent ranks or phases measured on some ranks only
         centers = _pmed(xs)  # (dims, groups)
         center = centers[0]
         if not (center > 0).all():
             return False
         dev = xs - centers[..., None]
-        e = dev / center[None, :, None]
-        spread = MAD_SIGMA * _pmed(np.abs(dev)) / center[None, :]
-        sigma = np.empty((NDIM, n_groups))
-        for g in range(n_groups):
-            sigma[:, g] = self._push_noise(g, spread[:, g])
-        cs = comm[order].reshape(n_groups, n)
-        measured = (~np.isnan(cs)).sum(axis=1) >= self.cfg.min_group_size
-        floor = self._floor[:, None]
-        with np.errstate(invalid="ignore"):
-            over = e > np.fmax(floor, self.cfg.straggler_step_z * sigma)[..., None]
-            over[_BWD_DIM, ~measured] = False
-            hit = over.any(axis=0)
-            if self.cfg.require_comm_corroboration and measured.any():
-                cmed = np.array([med(row) for row in cs])
-                hit &= ~((cs > cmed[:, None]) & measured[:, None])
-        excess[:, order] = e.reshape(NDIM, -1)
-        flagged[order] = hit.reshape(-1)
-        thr = np.fmax(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
-        thr[_BWD_DIM, ~measured] = np.inf
-        self.threshold[:, order] = np.repeat(thr, n, axis=1)
+        e = dev / center[:, None]
+        sigma = self._batch_sigma(_pmed(np.abs(e)) * MAD_SIGMA, n_groups)
+        cs = (comm if identity else comm[order]).reshape(n_groups, n)
+        cnan = np.isnan(cs)
+        measured = (~cnan).sum(axis=1) >= self.cfg.min_group_size
+        over = e > np.fmax(self._floor2, self.cfg.straggler_step_z * sigma)[..., None]
+        if not measured.all():
+            over[_BWD_DIM, ~measured] = False  # DDP: backward holds the peers' wait
+        hit = over.any(axis=0)
+        if self.cfg.require_comm_corroboration and measured.any():
+            cmed = _pmed(cs) if not cnan.any() else np.array([med(row) for row in cs])
+            hit &= ~((cs > cmed[:, None]) & measured[:, None])
+        thr = np.fmax(self._floor2, self._thr_scale * sigma)
+        if not measured.all():
+            thr[_BWD_DIM, ~measured] = np.inf
+        if identity:
+            excess[:] = e.reshape(NDIM, -1)
+            flagged[:] = hit.reshape(-1)
+            self.threshold[:] = thr
+        else:
+            excess[:, order] = e.reshape(NDIM, -1)
+            flagged[order] = hit.reshape(-1)
+            self.threshold[:, order] = np.repeat(thr, n, axis=1)
         return True
+
+    def _batch_sigma(self, spread: np.ndarray, n_groups: int) -> np.ndarray:
+        """The typical spread of every (dimension, group): one ring, refreshed every 4 steps."""
+        ring = self._bnoise
+        if ring is None or ring.rows.shape[1:] != spread.shape:
+            ring = self._bnoise = Ring(NOISE_STEPS, spread.shape)
+            self._bsigma = None
+        ring.push(spread)
+        if self._bsigma is None or ring.pos % 4 == 0:
+            rows = ring.filled()
+            self._bsigma = rowmed(rows.reshape(len(rows), -1).T).reshape(NDIM, n_groups)
+        return self._bsigma
 
     def _push_noise(self, g: int, spread: np.ndarray) -> np.ndarray:
         noise = self._noise.get(g)
