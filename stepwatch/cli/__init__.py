@@ -28,6 +28,7 @@ SUBCOMMANDS = (
     "sql",
     "query",
     "bench",
+    "remediate",
 )
 
 
