@@ -13,7 +13,14 @@ from stepwatch.alerts.remediate import guards
 from stepwatch.alerts.remediate.actuators.base import Actuator, NodeState, Notifier
 from stepwatch.alerts.remediate.audit import AuditSink
 from stepwatch.alerts.remediate.model import (
-    Action, ActionKind, Alert, AlertClass, Decision, Mode, Outcome, action_id,
+    Action,
+    ActionKind,
+    Alert,
+    AlertClass,
+    Decision,
+    Mode,
+    Outcome,
+    action_id,
 )
 from stepwatch.alerts.remediate.policy import Policy
 from stepwatch.alerts.remediate.state import ActionRow, State, Status

@@ -5,10 +5,10 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class Mode(str, Enum):
+class Mode(StrEnum):
     """How far the remediator goes: dry-run, queue for a person, or act."""
 
     OBSERVE = "observe"  # decide and record only (the default)
@@ -16,7 +16,7 @@ class Mode(str, Enum):
     EXECUTE = "execute"  # act, except actions the policy says need approval
 
 
-class ActionKind(str, Enum):
+class ActionKind(StrEnum):
     DRAIN = "drain"  # take the node out of the scheduler
     REQUEUE = "requeue"  # requeue the job from its last checkpoint, excluding the node
     NOTIFY = "notify"  # tell the job's owner
@@ -24,7 +24,7 @@ class ActionKind(str, Enum):
     NONE = "none"  # no rule matched: recorded, nothing done
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     """What became of one decision (the ``outcome`` label of the decisions metric)."""
 
     ACTED = "acted"
@@ -36,7 +36,7 @@ class Outcome(str, Enum):
     ESCALATED = "escalated"
 
 
-class AlertClass(str, Enum):
+class AlertClass(StrEnum):
     SYSTEM = "system"
     USER = "user"
 

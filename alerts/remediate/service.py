@@ -8,7 +8,8 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from stepwatch.alerts.remediate import actuators, policy as policy_mod
+from stepwatch.alerts.remediate import actuators
+from stepwatch.alerts.remediate import policy as policy_mod
 from stepwatch.alerts.remediate.actuators.base import Actuator
 from stepwatch.alerts.remediate.audit import Audit, ClickHouseWriter, KafkaWriter, Metrics, Writer
 from stepwatch.alerts.remediate.engine import Remediator

@@ -12,7 +12,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from stepwatch.alerts.remediate.actuators.base import Actuator, LogActuator, Notifier
-from stepwatch.alerts.remediate.actuators.command import CommandActuator, CommandNotifier, WebhookNotifier
+from stepwatch.alerts.remediate.actuators.command import (
+    CommandActuator,
+    CommandNotifier,
+    WebhookNotifier,
+)
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
 from stepwatch.errors import ConfigError
 
@@ -24,7 +28,8 @@ def build(spec: Mapping[str, Any]) -> Actuator:
     if kind == "slurm":
         return SlurmActuator(scontrol=str(spec.get("scontrol", "scontrol")),
                              sinfo=str(spec.get("sinfo", "sinfo")),
-                             timeout=float(spec.get("timeout", 20.0)))
+                             timeout=float(spec.get("timeout", 20.0)),
+                             conf=str(spec.get("slurm_conf", "")))
     if kind == "kubernetes":
         from stepwatch.alerts.remediate.actuators.kube import KubeActuator
 

@@ -14,38 +14,42 @@ transient; an unknown node or job, or a refusal, is permanent.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from stepwatch.alerts.remediate.actuators.base import NodeState
 from stepwatch.errors import ActuatorError
 
 log = logging.getLogger(__name__)
 
-Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+Runner = Callable[[Sequence[str], float, "Mapping[str, str] | None"], "subprocess.CompletedProcess[str]"]
 _TRANSIENT = ("unable to contact slurm controller", "socket timed out", "temporarily unavailable",
               "slurm_persist_conn", "connection refused", "resource busy", "try again")
 _FIELD = re.compile(r"(\w+)=")
 
 
-def run_command(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False)
+def run_command(argv: Sequence[str], timeout: float,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
+                          env=None if env is None else dict(env))
 
 
 class SlurmActuator:
     name = "slurm"
 
     def __init__(self, scontrol: str = "scontrol", sinfo: str = "sinfo", timeout: float = 20.0,
-                 runner: Runner = run_command) -> None:
+                 runner: Runner = run_command, conf: str = "") -> None:
         self.scontrol = scontrol
         self.sinfo = sinfo
         self.timeout = timeout
         self.runner = runner
+        self.env = {**os.environ, "SLURM_CONF": conf} if conf else None  # else the default slurm.conf
 
     def _run(self, argv: Sequence[str]) -> str:
         try:
-            done = self.runner(argv, self.timeout)
+            done = self.runner(argv, self.timeout, self.env)
         except FileNotFoundError as err:
             raise ActuatorError(f"{argv[0]} not found", transient=False) from err
         except subprocess.TimeoutExpired as err:
@@ -62,7 +66,8 @@ class SlurmActuator:
         try:
             out = self._run([self.scontrol, "show", "node", node, "-o"])
         except ActuatorError as err:
-            if not err.transient and "invalid node name" in str(err).lower():
+            text = str(err).lower()
+            if not err.transient and ("invalid node name" in text or "not found" in text):
                 return NodeState(False, False)
             raise
         fields = parse_fields(out)
