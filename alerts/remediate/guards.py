@@ -50,9 +50,9 @@ def judge(state: State, g: Guardrails, alert: Alert, node: NodeState, *, drains:
     if state.count(REMEDIATION, now - g.repeat_window_s, node=host) >= g.repeat_count:
         return Verdict("repeat_offender", escalate=True,
                        detail=f"{g.repeat_count} remediations of {host} within the window")
-    if state.count(REMEDIATION, now - g.node_cooldown_s, node=host):
+    if g.node_cooldown_s and state.count(REMEDIATION, now - g.node_cooldown_s, node=host):
         return Verdict("node_cooldown")
-    if job and state.count(REMEDIATION, now - g.job_cooldown_s, job_id=job):
+    if job and g.job_cooldown_s and state.count(REMEDIATION, now - g.job_cooldown_s, job_id=job):
         return Verdict("job_cooldown")
     if state.count(REMEDIATION, now - g.rate_window_s) >= g.rate_limit:
         return Verdict("rate_limited")
