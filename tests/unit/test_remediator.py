@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from stepwatch.alerts.remediate.actuators.base import LogActuator, NodeState
 from stepwatch.alerts.remediate.audit import Audit, Metrics
@@ -14,7 +15,6 @@ from stepwatch.alerts.remediate.model import ActionKind, Alert, Mode, Outcome
 from stepwatch.alerts.remediate.policy import PolicyError, from_mapping, load
 from stepwatch.alerts.remediate.state import State
 from stepwatch.errors import ActuatorError
-from prometheus_client import CollectorRegistry
 
 pytestmark = pytest.mark.unit
 EXAMPLE = Path(__file__).resolve().parents[2] / "alerts" / "remediate" / "policy.example.yaml"
@@ -112,7 +112,7 @@ def test_execute_drains_and_requeues_once_per_fingerprint(make):
 
 
 def test_state_survives_a_restart(make, tmp_path):
-    engine, fake, *_ = make(state_dir=tmp_path / "s")
+    engine, _fake, *_ = make(state_dir=tmp_path / "s")
     engine.handle([alert()])
     engine2, fake2, *_ = make(state_dir=tmp_path / "s")
     assert [d.outcome for d in engine2.handle([alert()])] == [Outcome.DUPLICATE] * 2
@@ -133,12 +133,12 @@ def test_user_errors_only_notify_the_owner(make):
 
 
 def test_no_rule_is_recorded_and_nothing_done(make):
-    engine, fake, *_ = make()
+    engine, _fake, *_ = make()
     assert outcomes(engine.handle([alert(name="JobThroughputDrop")])) == [("none", "skipped", "no_rule")]
 
 
 def test_breaker_opens_at_the_share_and_stays_open(make):
-    engine, fake, owner, pager, clock, registry = make(guardrails={
+    engine, fake, _owner, pager, clock, registry = make(guardrails={
         "breaker": {"max_share": 0.1, "window": "1h"}, "rate_limit": {"actions": 100}}, nodes=20)
     results = [engine.handle([alert(host=f"node{i:02d}", job_id=f"j{i}")]) for i in range(1, 6)]
     drained = [c[1] for c in fake.calls if c[0] == "drain"]
@@ -153,7 +153,7 @@ def test_breaker_opens_at_the_share_and_stays_open(make):
 
 
 def test_cooldowns_rate_limit_and_repeat_offenders(make):
-    engine, fake, owner, pager, clock, _ = make(guardrails={
+    engine, _fake, _owner, pager, clock, _ = make(guardrails={
         "cooldown": {"node": "1h", "job": "10m"}, "rate_limit": {"actions": 2, "per": "1h"},
         "repeat_offender": {"count": 2, "window": "7d"}, "breaker": {"max_share": 1.0}})
     engine.handle([alert(fp="a")])
@@ -188,7 +188,7 @@ def test_approval_queue_then_approve(make):
 
 
 def test_recommend_mode_queues_everything(make):
-    engine, fake, *_ = make(Mode.RECOMMEND)
+    engine, _fake, *_ = make(Mode.RECOMMEND)
     assert {d.outcome for d in engine.handle([alert()])} == {Outcome.QUEUED}
 
 

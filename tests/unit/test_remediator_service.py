@@ -155,7 +155,7 @@ def test_kubernetes_actuator_cordons_taints_and_deletes_pods():
     assert kube.node_count() == 1 and not kube.node_state("n1").drained
     assert not kube.node_state("ghost").exists
     kube.drain("n1", "stepwatch: xid 79")
-    name, body = core.patches[0]
+    _name, body = core.patches[0]
     assert body["spec"]["unschedulable"] is True
     assert body["spec"]["taints"] == [{"effect": "NoSchedule", "key": TAINT_KEY, "value": "stepwatch"}]
     assert body["metadata"]["annotations"] == {REASON_ANNOTATION: "stepwatch: xid 79"}
