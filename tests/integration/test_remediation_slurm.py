@@ -7,73 +7,27 @@ from the stream worker's metrics are tested in test_alerting.py and the alerts' 
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import Iterator
 
 import pytest
 from alert_support import WebhookReceiver
+from remediation_support import POLICY, TOKEN, audit_records
 
 from stepwatch.alerts.config import Receivers, alertmanager_config
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
 from stepwatch.alerts.remediate.client import Client
 from stepwatch.alerts.remediate.service import build
 from stepwatch.daemons.prometheus import wait_for
-from stepwatch.daemons.slurm import SlurmCluster, missing_binaries
+from stepwatch.daemons.slurm import missing_binaries
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(bool(missing_binaries()),
                                  reason=f"Slurm/munge binaries absent: {missing_binaries()}")]
-TOKEN = "integration-token"
-POLICY = """
-mode: execute
-rules:
-  - match: {{alertname: StragglerPersistent, class: system, remediation: drain}}
-    actions: [drain, requeue]
-  - match: {{class: user}}
-    actions: [notify]
-guardrails:
-  breaker: {{max_share: 0.5, window: 1h}}
-  rate_limit: {{actions: 20, per: 1h}}
-actuator: {{kind: slurm, slurm_conf: "{conf}"}}
-notify: {{kind: webhook, url: "{notify}"}}
-page: {{kind: webhook, url: "{page}"}}
-"""
-
-
-@pytest.fixture()
-def slurm(tmp_path) -> Iterator[SlurmCluster]:
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("the one-host Slurm cluster needs root (slurmd runs jobs as their user)")
-    with SlurmCluster(tmp_path / "slurm", nodes=4) as cluster:
-        yield cluster
-
-
 def straggler(host: str, job: str) -> dict:
     return {"labels": {"alertname": "StragglerPersistent", "host": host, "job_id": job, "rank": "3",
                        "cause": "gpu", "fault": "system", "class": "system", "remediation": "drain",
                        "severity": "page", "scope": "rank"},
             "annotations": {"summary": f"straggler on {host}"}}
-
-
-def audit_records(settings, n: int) -> list[dict]:
-    from confluent_kafka import Consumer, TopicPartition
-
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "t",
-                         "enable.auto.commit": False})
-    topic = f"{settings.topic_prefix}.remediations"
-    parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
-    consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    out: list[dict] = []
-    deadline = time.monotonic() + 20
-    while len(out) < n and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and not msg.error():
-            out.append(json.loads(msg.value()))
-    consumer.close()
-    return out
 
 
 def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
