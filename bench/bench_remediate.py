@@ -63,6 +63,9 @@ class Timed:
     def node_count(self) -> int:
         return self.inner.node_count()
 
+    def job_owner(self, job_id: str) -> str:
+        return self.inner.job_owner(job_id)
+
     def drain(self, node: str, reason: str) -> str:
         return self._timed("drain", self.inner.drain, node, reason)
 

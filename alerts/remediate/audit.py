@@ -141,9 +141,11 @@ class KafkaWriter:
         from confluent_kafka import Producer
 
         self.topic = topic
-        self._producer = Producer(config)
+        self._producer: Any = Producer(config)
 
     def write(self, records: list[dict[str, Any]]) -> None:
+        if self._producer is None:
+            raise RemediationError("the Kafka audit writer is closed")
         for rec in records:
             self._producer.produce(self.topic, json.dumps(rec).encode(), key=str(rec["id"]).encode())
         left = self._producer.flush(10)
@@ -151,7 +153,9 @@ class KafkaWriter:
             raise RemediationError(f"{left} audit record(s) not delivered to {self.topic}")
 
     def close(self) -> None:
-        self._producer.flush(5)
+        if self._producer is not None:
+            self._producer.flush(5)
+            self._producer = None  # librdkafka's threads end with the object
 
 
 def store_row(rec: dict[str, Any]) -> dict[str, Any]:

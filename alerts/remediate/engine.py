@@ -171,8 +171,18 @@ class Remediator:
             self.audit.actuator_error("pager", err.transient)
             log.error("page failed reason=%s error=%s", reason, err)
 
+    def _owner(self, alert: Alert) -> str:
+        owner = alert.labels.get("owner") or alert.labels.get("user", "")
+        if owner or not alert.job_id:
+            return owner
+        try:
+            return self.actuator.job_owner(alert.job_id)
+        except ActuatorError as err:
+            log.warning("job owner unknown job_id=%s error=%s", alert.job_id, err)
+            return ""
+
     def _event(self, kind: str, alert: Alert, text: str) -> dict[str, object]:
-        return {"kind": kind, "to": alert.labels.get("owner") or alert.labels.get("user", ""),
+        return {"kind": kind, "to": "on-call" if kind == "page" else self._owner(alert),
                 "alertname": alert.name, "job_id": alert.job_id, "host": alert.host,
                 "cause": alert.cause, "summary": alert.summary(), "text": text,
                 "description": alert.annotations.get("description", "")}

@@ -86,6 +86,7 @@ def test_fleet_to_slurm_straggler_drained_and_requeued_user_error_notified(
                 assert "ExcNodeList=node02" in show
                 note = wait_for(lambda: hooks.received("/owner"), 60, what="owner notified")[0]
                 assert note.body["alertname"] == "JobUserError" and note.body["job_id"] == nan_job
+                assert note.body["to"] == "root"  # the Slurm job's owner (the test runs as root)
                 time.sleep(2)
                 states = slurm.node_states()
                 assert [n for n, s in states.items() if s.startswith("drain")] == ["node02"], states

@@ -94,10 +94,11 @@ def test_slurm_actuator_commands_and_failure_kinds():
     calls: list[list[str]] = []
     answers = {"show node": (0, "NodeName=n1 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 "
                              "Reason=stepwatch: straggler cause gpu [root@2026-01-01T00:00:00]"),
-               "show job": (0, "JobId=7 JobState=RUNNING ExcNodeList=n4 Requeue=1")}
+               "show job": (0, "JobId=7 UserId=ada(1000) JobState=RUNNING ExcNodeList=n4 Requeue=1")}
     slurm = SlurmActuator(runner=fake_runner(answers, calls))
     state = slurm.node_state("n1")
     assert state.drained_by_stepwatch and state.reason == "stepwatch: straggler cause gpu"
+    assert slurm.job_owner("7") == "ada"
     slurm.drain("n2", "stepwatch: x")
     assert calls[-1][1:] == ["update", "nodename=n2", "state=drain", "reason=stepwatch: x"]
     slurm.requeue("7", "n2")

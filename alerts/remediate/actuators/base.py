@@ -42,6 +42,10 @@ class Actuator(Protocol):
 
     def requeue(self, job_id: str, exclude_node: str) -> str: ...
 
+    def job_owner(self, job_id: str) -> str:
+        """The user who owns the job ('' when the backend cannot tell)."""
+        ...
+
 
 class Notifier(Protocol):
     """Sends a message to a person (the job's owner, the on-call)."""
@@ -72,6 +76,9 @@ class LogActuator:
     def requeue(self, job_id: str, exclude_node: str) -> str:
         log.info("log actuator requeue job_id=%s exclude=%s", job_id, exclude_node)
         return f"requeue {job_id} logged"
+
+    def job_owner(self, job_id: str) -> str:
+        return ""
 
 
 class LogNotifier:

@@ -64,6 +64,9 @@ class CommandActuator:
         return run_template(self.argv, {"action": "requeue", "node": exclude_node,
                                         "job_id": job_id, "reason": ""}, self.timeout)
 
+    def job_owner(self, job_id: str) -> str:
+        return ""
+
 
 class CommandNotifier:
     """Runs ``argv`` with the event as JSON on stdin-like ``{event}`` plus the fields."""

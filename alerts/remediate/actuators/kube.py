@@ -84,6 +84,9 @@ class KubeActuator:
         self._call("patch node", self.core.patch_node, node, body)
         return f"cordoned and tainted {node}"
 
+    def job_owner(self, job_id: str) -> str:
+        return ""  # Kubernetes has no job owner: give the alert an `owner` label
+
     def requeue(self, job_id: str, exclude_node: str) -> str:
         pods = self._call("list pods", self.core.list_pod_for_all_namespaces,
                           label_selector=f"{self.job_label}={job_id}",

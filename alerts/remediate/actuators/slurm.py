@@ -84,6 +84,9 @@ class SlurmActuator:
         self._run([self.scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"])
         return f"scontrol drained {node}"
 
+    def job_owner(self, job_id: str) -> str:
+        return _user(parse_fields(self._run([self.scontrol, "show", "job", job_id, "-o"])).get("UserId", ""))
+
     def requeue(self, job_id: str, exclude_node: str) -> str:
         fields = parse_fields(self._run([self.scontrol, "show", "job", job_id, "-o"]))
         excluded = {n for n in fields.get("ExcNodeList", "").split(",") if n and n != "(null)"}
@@ -98,6 +101,11 @@ class SlurmActuator:
         finally:
             self._run([self.scontrol, "release", job_id])
         return f"job {job_id} requeued from {state.lower()} excluding {','.join(sorted(excluded))}"
+
+
+def _user(user_id: str) -> str:
+    """``ada(1000)`` -> ``ada``."""
+    return user_id.split("(", 1)[0]
 
 
 def parse_fields(text: str) -> dict[str, str]:
