@@ -159,7 +159,7 @@ class KafkaWriter:
 
 
 def store_row(rec: dict[str, Any]) -> dict[str, Any]:
-    """A decision as a ``remediation_actions`` row (schema 0004 + 0005)."""
+    """A decision as a ``remediation_actions`` row (schema 0004 + 0006)."""
     return {
         "ts": round(float(rec["ts"]), 3), "id": rec["id"], "action": rec["action"],
         "status": rec["outcome"], "dry_run": rec["outcome"] == Outcome.DRY_RUN.value,
