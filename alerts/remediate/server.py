@@ -72,6 +72,7 @@ class RemediatorServer:
 def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        timeout = 30  # a client that stops sending mid-request frees its thread
 
         def do_GET(self) -> None:
             self._guarded(self._get)

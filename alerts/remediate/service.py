@@ -16,7 +16,7 @@ from stepwatch.alerts.remediate.engine import Remediator
 from stepwatch.alerts.remediate.model import Mode
 from stepwatch.alerts.remediate.server import RemediatorServer
 from stepwatch.alerts.remediate.state import State
-from stepwatch.errors import ConfigError
+from stepwatch.errors import ConfigError, StepwatchError
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,10 @@ def audit_writers(settings: Settings) -> list[Writer]:
         from stepwatch.kafka import ensure_topics, producer_config
 
         topic = f"{settings.topic_prefix}.remediations"
-        ensure_topics(settings, [topic])
+        try:
+            ensure_topics(settings, [topic])
+        except StepwatchError as err:  # Kafka down at start: decide anyway, count what is lost
+            log.error("audit topic not verified topic=%s error=%s", topic, err)
         writers.append(KafkaWriter(producer_config(settings, **{"linger.ms": 5}), topic))
     if settings.clickhouse_url:
         writers.append(ClickHouseWriter(settings.clickhouse_url, settings.clickhouse_user,
