@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -47,6 +48,15 @@ def post(url: str, body: bytes, token: str | None = TOKEN) -> tuple[int, Any]:
         return err.code, None
 
 
+def oversized(base: str, size: int) -> bytes:
+    """Announce a too-large body and send none of it: refused from the headers alone."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST /webhook HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                     f"Content-Length: {size}\r\n\r\n".encode())
+        return sock.recv(200)
+
+
 def webhook(**labels: str) -> bytes:
     return json.dumps({"version": "4", "status": "firing", "alerts": [
         {"status": "firing", "fingerprint": "abc", "labels": {"alertname": "GpuXidFatal", "host": "n1",
@@ -60,7 +70,7 @@ def test_webhook_auth_bad_bodies_and_oversize(service):
     assert post(url, b"{not json")[0] == 400
     assert post(url, json.dumps({"version": "3", "alerts": []}).encode())[0] == 400
     assert post(url, json.dumps({"version": "4", "alerts": [{"labels": {}}]}).encode())[0] == 400
-    assert post(url, b"x" * (2 * 1024 * 1024))[0] == 413
+    assert oversized(service.url, 2 * 1024 * 1024).startswith(b"HTTP/1.1 413")
     metrics = urllib.request.urlopen(service.url + "/metrics").read().decode()
     assert 'stepwatch_remediator_requests_rejected_total{code="401"} 2.0' in metrics
     assert urllib.request.urlopen(service.url + "/healthz").status == 200
