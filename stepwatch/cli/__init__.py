@@ -29,6 +29,7 @@ SUBCOMMANDS = (
     "query",
     "report",
     "bench",
+    "remediate",
 )
 
 
