@@ -90,6 +90,21 @@ class Settings:
     stream_session_timeout: float = 0.0  # consumer-group session timeout s; 0: 60 (6 dev broker)
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
+    # --- store endpoint limits (the embedded store's query endpoint) ------------
+    store_endpoint_max_body_bytes: int = 64 * 1024 * 1024  # a request body as sent
+    store_endpoint_max_decompressed_bytes: int = 256 * 1024 * 1024  # after Content-Encoding
+    store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
+    store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
+    store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
+    # --- remediator ---------------------------------------------------------------
+    remediate_port: int = 9469  # the remediator's webhook, API, /metrics and /healthz
+    remediate_bind: str = "127.0.0.1"
+    remediate_policy: str = "alerts/remediate/policy.example.yaml"
+    remediate_state_dir: str = "var/remediate"
+    remediate_token: str = ""  # the bearer token; prefer remediate_token_file
+    remediate_token_file: str = ""
+    remediate_mode: str = ""  # observe | recommend | execute; empty: the policy's mode
+    remediate_url: str = "http://127.0.0.1:9469"  # where the CLI finds the running service
     # --- misc -------------------------------------------------------------------
     log_level: str = "INFO"
     # where each value came from: "flag", "env", "file" or "default" (not a setting)
@@ -129,6 +144,8 @@ class Settings:
         return settings
 
     def validate(self) -> None:
+        if self.remediate_mode not in ("", "observe", "recommend", "execute"):
+            raise ConfigError(f"remediate_mode must be observe, recommend or execute, got {self.remediate_mode!r}")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(f"setting log_level: {self.log_level!r} is not one of "
                               f"{', '.join(LOG_LEVELS)}")
@@ -139,7 +156,10 @@ class Settings:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"setting {name}: port {port} is not in 0..65535")
-        for name in ("stream_batch", "sink_batch_messages", "replication_factor"):
+        for name in ("stream_batch", "sink_batch_messages", "replication_factor",
+                     "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
+                     "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
+                     "store_endpoint_max_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:

@@ -85,7 +85,12 @@ def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -
 
     return QueryService(settings.store_path, settings.clickhouse_database, port=port,
                         allow_writes=allow_writes,
-                        endpoint_file=endpoint_path(settings.store_path)).start()
+                        endpoint_file=endpoint_path(settings.store_path),
+                        max_body_bytes=settings.store_endpoint_max_body_bytes,
+                        max_decompressed_bytes=settings.store_endpoint_max_decompressed_bytes,
+                        max_execution_time=settings.store_endpoint_max_query_seconds,
+                        max_result_bytes=settings.store_endpoint_max_result_bytes,
+                        max_memory_usage=settings.store_endpoint_max_memory_bytes).start()
 
 
 def on_signals(stop: Callable[[], Any]) -> None:
