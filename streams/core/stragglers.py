@@ -72,9 +72,15 @@ class Stragglers:
             return []  # absorbed by the host's incident
         others = [r for r in self.ranks.ranks_on(host) if r not in candidates]
         if host and len(ranks) >= 2:
-            slow = sorted({*ranks, *(r for r in others if self.straggler.rising(r))})
+            slow = sorted({*ranks, *(r for r in self.ranks.ranks_on(host)
+                                     if r not in ranks and self.straggler.rising(r))})
             self._host_defer.pop(host, None)
-            return self._observe(self._host_finding(host, slow, cs))
+            f = self._host_finding(host, slow, cs)
+            # a rank of this host already reported: the host incident continues that one
+            earlier = [self.book.id_of(k) for k in self.book.keys(T.STRAGGLER)
+                       if k[1] is not None and self.ranks.host[k[1]] == host]
+            f.related = earlier[0] if earlier else ""
+            return self._observe(f)
         out: list[DetectionMessage] = []
         rank = ranks[0]
         if not self.book.is_open(T.STRAGGLER, rank) and host and any(
@@ -106,7 +112,7 @@ class Stragglers:
             f.related = cur.finding.related
             return self.book.observe(f)
         js = self.book.open.get((T.JOB_SLOWDOWN, None, ""))
-        if js is not None and not js.finding.related and (
+        if not f.related and js is not None and not js.finding.related and (
                 js.finding.attribution.cause == f.attribution.cause
                 or (js.finding.host and js.finding.host == f.host)):
             f.related = js.id

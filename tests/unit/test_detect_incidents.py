@@ -70,3 +70,16 @@ def test_lemon_host_is_one_incident_with_gpu_cause() -> None:
 def test_healthy_256_ranks_heavy_tails_is_silent() -> None:
     job = Job("big", seed=11, nodes=32, steps=220, step_s=2.0, accounting="ddp")
     assert opened(_run(job)) == []
+
+
+def test_host_incident_after_one_of_its_ranks_continues_that_incident() -> None:
+    from detect_synth import Job as SynthJob
+
+    slow = {8: (20, 0.15), **{r: (45, 0.15) for r in range(9, 16)}}
+    found = opened(drive(Engine(), SynthJob(world=32, steps=90, slow_data=slow).messages()),
+                   "straggler")
+    first = [d for d in found if d.rank == 8]
+    host = [d for d in found if d.rank is None]
+    assert len(first) == 1 and len(host) == 1, [d.summary for d in found]
+    assert host[0].related == first[0].id  # one incident: the host-level one is linked
+    assert [d for d in found if not d.related] == first
