@@ -69,6 +69,9 @@ def register(sub: Any) -> None:
     g.add_argument("--session-timeout", type=float,
                    help="consumer-group session timeout in seconds (default 60; 6 with "
                    "--dev-broker, which answers a group join after half of it)")
+    g.add_argument("--rebalance-timeout", type=float,
+                   help="how long the group coordinator waits for members to rejoin in a "
+                   "rebalance, seconds (default 60)")
     g.add_argument("--faust-log-level", default="WARNING",
                    help="log level of Faust, mode and aiokafka (default WARNING)")
     g.add_argument("--stock-consumer", action="store_true",
@@ -115,7 +118,8 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
         data_dir=settings.stream_data_dir, web_port=args.web_port, batch_max=args.batch,
         batch_within=args.batch_within, tick_seconds=args.tick,
         standby_replicas=args.standby_replicas, lean_consumer=not args.stock_consumer,
-        session_timeout=args.session_timeout, grace_steps=args.restore_grace_steps,
+        session_timeout=args.session_timeout, rebalance_timeout=args.rebalance_timeout,
+        grace_steps=args.restore_grace_steps,
     )
     service = create_app(settings, options)
     port = serve(service.metrics, settings.stream_metrics_port)

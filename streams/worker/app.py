@@ -58,6 +58,7 @@ class StreamOptions:
     silence_seconds: float = 3600.0
     lean_consumer: bool = True
     session_timeout: float | None = None  # seconds; Faust's default is 60 (see _timeouts)
+    rebalance_timeout: float | None = None  # seconds; Faust's default is 60 (see _timeouts)
 
     def resolved_app_id(self, settings: Settings) -> str:
         return self.app_id or f"stepwatch-stream.{settings.topic_prefix}"
@@ -194,9 +195,11 @@ def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
     session keeps group joins and rebalances quick on the dev broker.
     ``-X session.timeout.ms`` / ``heartbeat.interval.ms`` win over this.
     """
-    if options.session_timeout is None:
-        return {}
     out: dict[str, Any] = {}
+    if options.rebalance_timeout is not None:
+        out["broker_rebalance_timeout"] = options.rebalance_timeout
+    if options.session_timeout is None:
+        return out
     if "broker_session_timeout" not in conf:
         out["broker_session_timeout"] = options.session_timeout
     if "broker_heartbeat_interval" not in conf:
