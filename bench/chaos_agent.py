@@ -28,8 +28,15 @@ import harness  # noqa: F401  (puts the checkout on sys.path)
 
 from stepwatch.agents.publisher import KafkaPublisher
 from stepwatch.agents.sink import Sequencer
-from stepwatch.contract import (KIND_OF, EventMessage, GpuMessage, Message, PortMessage,
-                                StepMessage, encode)
+from stepwatch.contract import (
+    KIND_OF,
+    EventMessage,
+    GpuMessage,
+    Message,
+    PortMessage,
+    StepMessage,
+    encode,
+)
 from stepwatch.settings import Settings
 from stepwatch.sim import Fault, FaultKind, Scenario, simulate
 from stepwatch.sim.pacing import batches, paced

@@ -16,7 +16,7 @@ A is killed with SIGKILL. Worker B's ``/metrics`` is scraped every 0.2 s:
 Goal (issue 11): takeover <= 20 s, own stall <= 5 s.
 
 Run: ``python bench/takeover.py`` (all configurations, ~1-2 min each;
-``--only default,s6`` to pick). Prints one row per configuration.
+``--only faust,s6`` to pick). Prints one row per configuration.
 """
 
 from __future__ import annotations
@@ -47,8 +47,9 @@ class Config:
 
 
 CONFIGS = (
-    Config("default", "Faust defaults: session 60 s, heartbeat 3 s, rebalance 60 s"),
-    Config("s10", "session 10 s, heartbeat 1 s", ("--session-timeout", "10")),
+    Config("faust", "Faust defaults: session 60 s, heartbeat 3 s, rebalance 60 s",
+           ("--session-timeout", "60")),
+    Config("s10", "session 10 s, heartbeat 1.7 s", ("--session-timeout", "10")),
     Config("s6", "session 6 s, heartbeat 1 s (stepwatch default)", ("--session-timeout", "6")),
     Config("s6-r10", "session 6 s, rebalance timeout 10 s",
            ("--session-timeout", "6", "--rebalance-timeout", "10")),

@@ -66,9 +66,10 @@ def register(sub: Any) -> None:
     g.add_argument("--restore-grace-steps", type=int, default=64,
                    help="steps a job must advance before an inherited open detection the "
                    "restarted core did not confirm is resolved (default 64)")
-    g.add_argument("--session-timeout", type=float,
-                   help="consumer-group session timeout in seconds (default 60; 6 with "
-                   "--dev-broker, which answers a group join after half of it)")
+    g.add_argument("--session-timeout", type=float, default=6.0,
+                   help="consumer-group session timeout in seconds: a crashed worker's "
+                   "partitions move after it (default 6, Kafka's smallest allowed; heartbeat "
+                   "every 1/6 of it). See docs/streams.md, availability")
     g.add_argument("--rebalance-timeout", type=float,
                    help="how long the group coordinator waits for members to rejoin in a "
                    "rebalance, seconds (default 60)")
@@ -93,8 +94,6 @@ def run(args: argparse.Namespace) -> int:
                               "development broker")
         broker = DevBroker().start()
         settings = settings.replace(bootstrap_servers=broker.bootstrap)
-        if args.session_timeout is None:
-            args.session_timeout = 6.0
         log.info("development broker started bootstrap=%s", broker.bootstrap)
     try:
         return _run_worker(args, settings)
