@@ -81,6 +81,7 @@ class Fleet:
     takeovers: list[float] = field(default_factory=list)
     redriven: int = 0
     log: list[str] = field(default_factory=list)
+    events: list[tuple[float, str]] = field(default_factory=list)  # (wall time, fault kind)
 
     def note(self, text: str) -> None:
         line = f"{time.strftime('%H:%M:%S')} {text}"
@@ -134,6 +135,7 @@ def start(fleet: Fleet) -> None:
 # ---------------------------------------------------------------- faults
 def inject(fleet: Fleet, kind: str, rng: random.Random, redrive_s: float) -> None:
     fleet.faults[kind] += 1
+    fleet.events.append((time.time(), kind))
     if kind == "agent":
         victim = rng.choice(fleet.agents)
         victim.kill9()
@@ -222,10 +224,11 @@ def redrive(fleet: Fleet, since: float, until: float) -> int:
     return n
 
 
-def schedule(rng: random.Random, faults: int) -> list[str]:
-    first = list(KINDS)
+def schedule(rng: random.Random, faults: int, kinds: tuple[str, ...] = KINDS) -> list[str]:
+    first = list(kinds)
     rng.shuffle(first)
-    rest = rng.choices(KINDS, weights=(3, 3, 2, 1), k=max(0, faults - len(first)))
+    weights = [{"agent": 3, "worker": 3, "sink": 2, "broker": 1}[k] for k in kinds]
+    rest = rng.choices(kinds, weights=weights, k=max(0, faults - len(first)))
     return (first + rest)[:faults]
 
 
@@ -305,14 +308,15 @@ def run(args: argparse.Namespace) -> int:
         if args.soak:
             series = soak(fleet, args.seconds, args.rss_every)
         else:
-            for kind in schedule(rng, args.faults):
+            for kind in schedule(rng, args.faults, tuple(args.kinds.split(","))):
                 time.sleep(rng.uniform(args.gap_min, args.gap_max))
                 inject(fleet, kind, rng, args.redrive_seconds)
         time.sleep(args.cooldown)
         finish(fleet)
         topics = Topics(PREFIX)
         report = audit(workdir / "chdb", read_outboxes(sorted(workdir.glob("outbox-*.txt"))),
-                       fleet.tap.snapshot() if fleet.tap else [], topics.detections, topics.dlq)
+                       fleet.tap.snapshot() if fleet.tap else [], topics.detections, topics.dlq,
+                       fleet.events)
     finally:
         for p in fleet.procs():
             p.kill9()
@@ -334,6 +338,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--faults", type=int, default=24)
     p.add_argument("--agents", type=int, default=3)
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help="components to kill, comma-separated (default: all four)")
     p.add_argument("--gap-min", type=float, default=2.0, help="seconds between faults, at least")
     p.add_argument("--gap-max", type=float, default=8.0, help="seconds between faults, at most")
     p.add_argument("--warmup", type=float, default=15.0)

@@ -122,6 +122,8 @@ class Report:
     unexpected: int = 0
     lost_by_kind: Counter[str] = field(default_factory=Counter)
     dup_by_kind: Counter[str] = field(default_factory=Counter)
+    lost_after: Counter[str] = field(default_factory=Counter)  # by the last fault before it
+    opens_after: Counter[str] = field(default_factory=Counter)
     lost_examples: list[str] = field(default_factory=list)
     dup_examples: list[str] = field(default_factory=list)
     changes: int = 0
@@ -134,8 +136,15 @@ class Report:
     dead_rows: Counter[str] = field(default_factory=Counter)
 
 
+def last_fault(events: list[tuple[float, str]], ts: float) -> str:
+    """The kind of the last fault injected before ``ts`` (``none`` before the first)."""
+    before = [kind for t, kind in events if t <= ts]
+    return before[-1] if before else "none"
+
+
 def audit(store_path: Path, produced: dict[tuple[str, str, str, int], Produced],
-          tapped: list[Tapped], detections_topic: str, dlq_topic: str) -> Report:
+          tapped: list[Tapped], detections_topic: str, dlq_topic: str,
+          events: list[tuple[float, str]] | None = None) -> Report:
     from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 
     report = Report(produced=len(produced), produced_rows=sum(p.rows for p in produced.values()))
@@ -143,10 +152,10 @@ def audit(store_path: Path, produced: dict[tuple[str, str, str, int], Produced],
         for kind, table in TABLES.items():
             raw = _counts(store, table, final=False)
             final = _counts(store, table, final=True)
-            _compare(report, kind, raw, final, produced)
+            _compare(report, kind, raw, final, produced, events or [])
         changes = [json.loads(t.value) for t in tapped
                    if t.topic == detections_topic and t.value]
-        _detections(report, store, changes)
+        _detections(report, store, changes, events or [])
         for reason, n in store.query("SELECT reason, count() FROM dead_letters "
                                      "GROUP BY reason").rows:
             report.dead_rows[str(reason)] = int(n)
@@ -162,13 +171,15 @@ def _counts(store: Any, table: str, final: bool) -> dict[tuple[str, str, int], i
 
 def _compare(report: Report, kind: str, raw: dict[tuple[str, str, int], int],
              final: dict[tuple[str, str, int], int],
-             produced: dict[tuple[str, str, str, int], Produced]) -> None:
+             produced: dict[tuple[str, str, str, int], Produced],
+             events: list[tuple[float, str]]) -> None:
     mine = {(p.host, p.inst, p.seq): p for (k, *_), p in produced.items() if k == kind}
     for ident, p in mine.items():
         got = raw.get(ident, 0)
         if got == 0:
             report.lost += 1
             report.lost_by_kind[kind] += 1
+            report.lost_after[last_fault(events, p.ts)] += 1
             if len(report.lost_examples) < 8:
                 report.lost_examples.append(f"{kind} {ident} ts={p.ts:.1f}")
         elif got < p.rows:
@@ -183,7 +194,8 @@ def _compare(report: Report, kind: str, raw: dict[tuple[str, str, int], int],
     report.unexpected += sum(1 for ident in raw if ident not in mine)
 
 
-def _detections(report: Report, store: Any, changes: list[dict[str, Any]]) -> None:
+def _detections(report: Report, store: Any, changes: list[dict[str, Any]],
+                events: list[tuple[float, str]]) -> None:
     report.changes = len(changes)
     stored: Counter[tuple[str, str, int | None]] = Counter(
         (str(i), str(s), None if st is None else int(st)) for i, s, st in store.query(
@@ -199,10 +211,11 @@ def _detections(report: Report, store: Any, changes: list[dict[str, Any]]) -> No
     for ident, n in opens.items():
         if n > 1 and len(report.open_examples) < 8:
             report.open_examples.append(f"id={ident} opened {n}x")
-    report.reopened = _reopened(changes, report.open_examples)
+    report.reopened = _reopened(changes, report.open_examples, report.opens_after, events)
 
 
-def _reopened(changes: list[dict[str, Any]], examples: list[str]) -> int:
+def _reopened(changes: list[dict[str, Any]], examples: list[str], after: Counter[str],
+              events: list[tuple[float, str]]) -> int:
     """Opens of a subject (job, type, rank, gpu, group, host) while another id of it is open."""
     open_ids: dict[tuple[Any, ...], set[str]] = defaultdict(set)
     count = 0
@@ -213,6 +226,7 @@ def _reopened(changes: list[dict[str, Any]], examples: list[str]) -> int:
             others = open_ids[subject] - {c["id"]}
             if others:
                 count += 1
+                after[last_fault(events, float(c.get("ts", 0.0)))] += 1
                 if len(examples) < 8:
                     examples.append(f"{subject} opened as {c['id']} while {sorted(others)} open")
             open_ids[subject].add(c["id"])
@@ -228,7 +242,8 @@ def print_report(report: Report, faults: Counter[str], takeovers: list[float]) -
     print(f"messages produced      {report.produced}  (rows {report.produced_rows})")
     print(f"lost                   {report.lost}  "
           + " ".join(f"{k}={v}" for k, v in sorted(report.lost_by_kind.items()))
-          + (f"  (+{report.partial} partly stored)" if report.partial else ""))
+          + (f"  (+{report.partial} partly stored)" if report.partial else "")
+          + _after(report.lost_after))
     print(f"duplicated in store    {report.duplicated}  "
           + " ".join(f"{k}={v}" for k, v in sorted(report.dup_by_kind.items()))
           + f"  (after FINAL: {report.duplicated_final})")
@@ -237,7 +252,8 @@ def print_report(report: Report, faults: Counter[str], takeovers: list[float]) -
     print(f"detection changes      {report.changes}  missing in store {report.changes_missing}"
           f"  duplicated in store {report.changes_duplicated}")
     print(f"duplicate opens        {report.duplicate_opens + report.reopened}  (same id "
-          f"{report.duplicate_opens}, subject re-opened under a new id {report.reopened})")
+          f"{report.duplicate_opens}, subject re-opened under a new id {report.reopened})"
+          + _after(report.opens_after))
     print(f"dead letters           topic {report.dlq_topic}  store "
           + (" ".join(f"{k}={v}" for k, v in report.dead_rows.items()) or "0"))
     if took:
@@ -247,3 +263,9 @@ def print_report(report: Report, faults: Counter[str], takeovers: list[float]) -
         print("takeover times (s)     none measured")
     for line in report.lost_examples + report.dup_examples + report.open_examples:
         print(f"  example: {line}")
+
+
+def _after(counts: Counter[str]) -> str:
+    if not counts:
+        return ""
+    return "  last fault before: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
