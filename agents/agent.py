@@ -230,18 +230,11 @@ def build_collectors(settings: Settings) -> list[Collector]:
     others = [n for n in names if n != "steps"]
     if not others:
         return out
-    registry: Callable[[Settings, list[str]], list[Collector]] | None
-    try:
-        from stepwatch.agents.collectors import build_collectors as registry
-    except ImportError:  # host collectors not part of this build
-        registry = None
+    from stepwatch.agents.collectors import build_host_collectors
+
     for name in others:
-        if registry is None:
-            log.warning("collector not available in this build collector=%s", name)
-            out.append(Unavailable(name, "not available in this build"))
-            continue
         try:
-            out.extend(registry(settings, [name]))
+            out.extend(build_host_collectors(settings, [name]))
         except ConfigError:
             raise
         except Exception as err:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepwatch.errors import StoreError
+from stepwatch.errors import StoreError, StoreLockedError
 from stepwatch.exporters.clickhouse.store import (
     OUTPUT_SETTINGS,
     ClickHouseError,
@@ -38,13 +38,13 @@ def _open_session(path: str) -> Any:
     try:
         from chdb import session
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise StoreError("the embedded store needs chdb: pip install 'stepwatch[pipeline]'") from err
+        raise StoreError("the embedded store needs chdb: pip install 'stepwatch[dev]'") from err
     try:
         return session.Session(path)
     except Exception as err:
         text = str(err)
         if "Cannot lock file" in text or "another server instance" in text.lower():
-            raise StoreError(f"store {path}: {_LOCKED_HINT}") from err
+            raise StoreLockedError(f"store {path}: {_LOCKED_HINT}") from err
         if "already initialized with path" in text:
             raise StoreError(
                 f"store {path}: this process already has another chdb path open "

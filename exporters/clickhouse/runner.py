@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stepwatch.errors import ConfigError, StoreError
+from stepwatch.errors import ConfigError, StoreLockedError
 from stepwatch.exporters.clickhouse.planner import Batch
 from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
@@ -72,8 +72,8 @@ def _open_owned(settings: Settings, open_writer: Callable[[Settings], Any], wait
     while True:
         try:
             return open_writer(settings)
-        except StoreError as err:
-            if "another process owns" not in str(err) or time.monotonic() > deadline:
+        except StoreLockedError as err:
+            if time.monotonic() > deadline:
                 raise
             log.warning("store busy, retrying path=%s error=%s", settings.store_path, err)
             time.sleep(0.5)
