@@ -130,6 +130,7 @@ class Report:
     changes_missing: int = 0
     changes_duplicated: int = 0
     duplicate_opens: int = 0
+    inconsistent: int = 0  # changes whose opened_at / first_step differ from their open's
     reopened: int = 0
     open_examples: list[str] = field(default_factory=list)
     dlq_topic: int = 0
@@ -206,6 +207,15 @@ def _detections(report: Report, store: Any, changes: list[dict[str, Any]],
             report.changes_missing += 1
         elif stored[ident] > wanted[ident]:
             report.changes_duplicated += 1
+    first = {c["id"]: (c.get("opened_at"), c.get("first_step")) for c in
+             sorted(changes, key=lambda c: c.get("ts", 0.0)) if c["state"] == "open"}
+    for c in changes:
+        if c["id"] in first and (c.get("opened_at"), c.get("first_step")) != first[c["id"]]:
+            report.inconsistent += 1
+            if len(report.open_examples) < 8:
+                report.open_examples.append(
+                    f"id={c['id']} {c['state']} opened_at/first_step {c.get('opened_at')}/"
+                    f"{c.get('first_step')} != open's {first[c['id']]}")
     opens = Counter(c["id"] for c in changes if c["state"] == "open")
     report.duplicate_opens = sum(n - 1 for n in opens.values() if n > 1)
     for ident, n in opens.items():
@@ -251,6 +261,8 @@ def print_report(report: Report, faults: Counter[str], takeovers: list[float]) -
           "killed between spool append and outbox write)")
     print(f"detection changes      {report.changes}  missing in store {report.changes_missing}"
           f"  duplicated in store {report.changes_duplicated}")
+    print(f"inconsistent changes   {report.inconsistent}  (opened_at or first_step differ from "
+          "the open's)")
     print(f"duplicate opens        {report.duplicate_opens + report.reopened}  (same id "
           f"{report.duplicate_opens}, subject re-opened under a new id {report.reopened})"
           + _after(report.opens_after))
