@@ -7,7 +7,6 @@ an ``after_insert`` hook that kills the process between insert and commit).
 from __future__ import annotations
 
 import dataclasses
-
 import logging
 import signal
 import time

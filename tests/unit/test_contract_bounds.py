@@ -24,9 +24,9 @@ BAD: list[tuple[str, bytes, str]] = [
     (TOPICS.steps, (STEP % (T0, 0, T0, T0 + 1, str(2**64))).encode(), "overflow"),
     (TOPICS.steps, (STEP % (T0, 1, T0, T0 + 1, "1" * 30)).encode(), "overflow"),
     (TOPICS.gpu, (GPU % (T0, 2, '"power_w":1e300')).encode(), "overflow"),
-    (TOPICS.gpu, (GPU % (T0, 3, '"energy_mj_total":%d' % 2**70)).encode(), "overflow"),
-    (TOPICS.gpu, (GPU % (T0, 4, '"xid_last":%d' % 2**40)).encode(), "overflow"),
-    (TOPICS.ports, (PORT % (T0, 5, '"xmit_bytes_total":%d' % 2**65)).encode(), "overflow"),
+    (TOPICS.gpu, (GPU % (T0, 3, f'"energy_mj_total":{2**70}')).encode(), "overflow"),
+    (TOPICS.gpu, (GPU % (T0, 4, f'"xid_last":{2**40}')).encode(), "overflow"),
+    (TOPICS.ports, (PORT % (T0, 5, f'"xmit_bytes_total":{2**65}')).encode(), "overflow"),
     (TOPICS.events, (EVENT % (T0, 6, str(2**64))).encode(), "overflow"),
     (TOPICS.events, (EVENT % (T0, 7, "1e300")).encode(), "schema"),  # a float is no XID code
     (TOPICS.gpu, (GPU % (T0, 8, '"power_w":1e999')).encode(), "overflow"),
@@ -34,7 +34,7 @@ BAD: list[tuple[str, bytes, str]] = [
     (TOPICS.events, ((EVENT % (T0, 10, "79"))[:-1] + ',"junk":"%s"}' % ("x" * 2_000_000)).encode(),
      "too_large"),
 ]
-GOOD = [(TOPICS.gpu, (GPU % (T0, 11, '"power_w":300.5,"energy_mj_total":%d' % (2**62))).encode()),
+GOOD = [(TOPICS.gpu, (GPU % (T0, 11, f'"power_w":300.5,"energy_mj_total":{2**62}')).encode()),
         (TOPICS.events, (EVENT % (T0, 12, "79")).encode())]
 
 
