@@ -6,6 +6,7 @@ an ``after_insert`` hook that kills the process between insert and commit).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -39,6 +40,7 @@ def run_sink(
         raise ConfigError("the sink needs --bootstrap-servers (or STEPWATCH_BOOTSTRAP_SERVERS)")
     topics = sink_topics(settings.topic_prefix)
     ensure_topics(settings, topics)
+    config = dataclasses.replace(config, max_message_bytes=settings.max_message_bytes)
     store = _open_owned(settings, open_writer)
     metrics = SinkMetrics()
     service: Any = None

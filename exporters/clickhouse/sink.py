@@ -46,6 +46,7 @@ class SinkConfig:
     retry_initial: float = 0.5
     retry_max: float = 30.0
     lag_interval: float = 5.0
+    max_message_bytes: int = 1 << 20  # the contract's size limit (Settings.max_message_bytes)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
@@ -81,7 +82,7 @@ class Sink:
         self.after_insert = after_insert
         self._stop = threading.Event()
         self.planner = Planner(config.batch_messages, config.batch_seconds, clock)
-        self.preparer = Preparer(store)
+        self.preparer = Preparer(store, max_message_bytes=config.max_message_bytes)
         self.writer = Writer(store, self.metrics, retry_initial=config.retry_initial,
                              retry_max=config.retry_max, should_stop=self._stop.is_set)
         self._committed: dict[TP, int] = {}

@@ -199,7 +199,8 @@ def create_app(
     ledger = Ledger(store, options.grace_steps)
     processor = StreamProcessor(Topics(settings.topic_prefix),
                                 engine_factory or default_engine_factory(settings),
-                                metrics, ledger, worker, silence_seconds=options.silence_seconds)
+                                metrics, ledger, worker, silence_seconds=options.silence_seconds,
+                                max_message_bytes=settings.max_message_bytes)
     _wire(app, settings, options, processor, metrics, store, worker)
     return StreamService(app, processor, metrics, table, store, worker)
 
