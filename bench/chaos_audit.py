@@ -138,7 +138,12 @@ class Report:
 
 
 def last_fault(events: list[tuple[float, str]], ts: float) -> str:
-    """The kind of the last fault injected before ``ts`` (``none`` before the first)."""
+    """The kind of the last fault injected before ``ts`` (``none`` before the first);
+    ``after-broker`` once a broker was killed (within 10 s after ``ts``: records it
+    acknowledged just before it died), whatever came since: a broker loss's
+    consequences (re-used offsets, a forgotten changelog) outlive the next faults."""
+    if any(kind == "broker" and t <= ts + 10 for t, kind in events):
+        return "after-broker"
     before = [kind for t, kind in events if t <= ts]
     return before[-1] if before else "none"
 
@@ -280,4 +285,4 @@ def print_report(report: Report, faults: Counter[str], takeovers: list[float]) -
 def _after(counts: Counter[str]) -> str:
     if not counts:
         return ""
-    return "  last fault before: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+    return "  by last fault before: " + " ".join(f"{k}={v}" for k, v in sorted(counts.items()))
