@@ -71,6 +71,11 @@ def _collectors(s: AgentSnapshot) -> Iterator[Metric]:
 def _publisher(p: Any) -> Iterator[Metric]:
     yield _gauge("broker_up", "1 when Kafka accepts records (0: spooling to disk).",
                  int(p.state.value == "up"))
+    yield _gauge("kafka_ready", "1 when the publisher reaches Kafka and produces (0: it cannot "
+                 "reach it, e.g. from the start with a bad setting; records are spooled).",
+                 int(p.state.value == "up"))
+    yield _gauge("kafka_last_success_timestamp_seconds",
+                 "When Kafka last confirmed a delivery (Unix time; 0: never).", p.last_success)
     yield _labelled(CounterMetricFamily, "messages_produced",
                     "Messages confirmed by Kafka, by kind.", "kind", p.produced)
     yield _labelled(CounterMetricFamily, "delivery_failures",
