@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -223,8 +224,8 @@ def test_an_ack_inside_a_segment_off_a_boundary_resends_at_most_one_record(tmp_p
     spool.close()
     one = len(frame(*recs(0, 1)[0]))
     seg = next(tmp_path.glob("*.seg"))
-    (tmp_path / ACK_FILE).write_text(
-        '{"segment": 0, "offset": %d, "record": 999}' % (10 * one + 5))
+    ack = {"segment": 0, "offset": 10 * one + 5, "record": 999}
+    (tmp_path / ACK_FILE).write_text(json.dumps(ack))
     again = Spool(tmp_path, 10 * 2**20)
     assert drain(again) == list(range(10, 20))
     assert seg.exists()
