@@ -47,11 +47,16 @@ def kafka_logger(role: str) -> logging.Logger:
     return logger
 
 
-def client_config(settings: Settings, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Base client config: bootstrap servers + pass-through + per-client extras."""
+def client_config(settings: Settings, extra: Mapping[str, Any] | None = None,
+                  role: str = "client") -> dict[str, Any]:
+    """Base client config: bootstrap servers + pass-through + per-client extras.
+
+    librdkafka's own log lines go to :func:`kafka_logger` (``role`` names it)
+    unless ``extra`` or the pass-through settings name another ``logger``.
+    """
     if not settings.bootstrap_servers:
         raise ConfigError("bootstrap_servers is empty: start a broker or set STEPWATCH_BOOTSTRAP_SERVERS")
-    config: dict[str, Any] = dict(extra or {})
+    config: dict[str, Any] = {"logger": kafka_logger(role), **(extra or {})}
     config["bootstrap.servers"] = settings.bootstrap_servers
     config.update(settings.kafka_config)
     return config
@@ -101,7 +106,7 @@ def ensure_topics(settings: Settings, names: Iterable[str] | None = None, timeou
     from confluent_kafka.admin import AdminClient, NewTopic
 
     wanted = list(names) if names is not None else list(Topics(settings.topic_prefix).all())
-    admin = AdminClient(client_config(settings, {"logger": kafka_logger("admin")}))
+    admin = AdminClient(client_config(settings, role="admin"))
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except Exception as err:
