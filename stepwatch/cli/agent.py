@@ -82,10 +82,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
     broker = None
     if args.dev_broker and not settings.bootstrap_servers:
-        from stepwatch.broker import DevBroker
+        from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
 
         broker = DevBroker().start()
-        settings = settings.replace(bootstrap_servers=broker.bootstrap)
+        settings = settings.replace(bootstrap_servers=broker.bootstrap, **DEV_TOPIC_SETTINGS)
         print(f"development broker started bootstrap={broker.bootstrap}", flush=True)
     if not settings.bootstrap_servers:
         raise ConfigError(

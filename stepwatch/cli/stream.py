@@ -77,7 +77,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwatch.broker import DevBroker
+    from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.errors import ConfigError
 
     settings = settings_from_args(args, stream_metrics_port=args.metrics_port,
@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
                               "STEPWATCH_BOOTSTRAP_SERVERS, or --dev-broker for a local "
                               "development broker")
         broker = DevBroker().start()
-        settings = settings.replace(bootstrap_servers=broker.bootstrap)
+        settings = settings.replace(bootstrap_servers=broker.bootstrap, **DEV_TOPIC_SETTINGS)
         if args.session_timeout is None:
             args.session_timeout = 6.0
         log.info("development broker started bootstrap=%s", broker.bootstrap)
