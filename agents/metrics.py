@@ -3,7 +3,9 @@
 A custom collector on a private :class:`~prometheus_client.CollectorRegistry`
 turns an :class:`~stepwatch.agents.agent.AgentSnapshot` into metric families, so the
 tick loop pays nothing for metrics. Served over HTTP on
-``Settings.metrics_port`` (0 disables it). Process CPU and memory come from
+``Settings.metrics_port`` (0 disables it) on ``Settings.metrics_host``
+(loopback by default), with optional TLS and basic auth
+(:mod:`stepwatch.metrics_http`). Process CPU and memory come from
 prometheus-client's own process collector (``process_*``).
 """
 
@@ -18,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from stepwatch.agents.agent import AgentSnapshot
 from stepwatch.agents.collectors.base import HealthState
+from stepwatch.metrics_http import Endpoint, serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -122,10 +125,6 @@ def render(registry: CollectorRegistry) -> str:
     return generate_latest(registry).decode()
 
 
-def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics on ``port``; returns the server (``.shutdown()`` stops it)."""
-    from prometheus_client import start_http_server
-
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
-    log.info("agent metrics listening port=%d", server.server_port)
-    return server
+def serve(registry: CollectorRegistry, endpoint: Endpoint) -> Any:
+    """Serve /metrics (listen address, TLS, basic auth: :mod:`stepwatch.metrics_http`)."""
+    return serve_metrics(registry, endpoint, name="agent")

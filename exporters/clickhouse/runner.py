@@ -29,6 +29,7 @@ def run_sink(
     serve: bool = True,
     after_insert: Callable[[list[Batch]], None] | None = None,
     install_signals: bool = True,
+    listen: str = "",
 ) -> SinkMetrics:
     """Run until SIGTERM/SIGINT; return the metrics (for callers that want totals)."""
     from stepwatch.exporters.clickhouse.access import open_writer
@@ -49,11 +50,11 @@ def run_sink(
         Migrator(store, settings.store_raw_ttl_days).migrate()
         if store.backend == "chdb" and serve:
             service = serve_store(settings)
-        if settings.sink_metrics_port:
-            from prometheus_client import start_http_server
+        if settings.sink_metrics_port or listen:
+            from stepwatch.metrics_http import Endpoint, serve_metrics
 
-            http, _ = start_http_server(settings.sink_metrics_port, registry=metrics.registry)
-            log.info("sink metrics port=%d", settings.sink_metrics_port)
+            endpoint = Endpoint.from_settings(settings, settings.sink_metrics_port, listen)
+            http = serve_metrics(metrics.registry, endpoint, name="sink")
         sink = Sink(store, KafkaSource(settings, config.group_id), topics, config, metrics,
                     after_insert=after_insert)
         if install_signals:

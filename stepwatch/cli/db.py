@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--batch-seconds", type=float, default=1.0, help="longest a record waits")
     p.add_argument("--metrics-port", type=int, help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, "
                    "default 9467; 0 disables)")
+    add_web_flags(p)
     p.add_argument("--no-serve", action="store_true", help="do not serve the query endpoint")
     p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows")
     p.set_defaults(func=run_sink)
@@ -128,7 +129,7 @@ def run_sink(args: argparse.Namespace) -> int:
                               store_raw_ttl_days=args.raw_ttl_days)
     config = SinkConfig(group_id=args.group, batch_messages=args.batch_messages,
                         batch_seconds=args.batch_seconds)
-    run(settings, config, serve=not args.no_serve)
+    run(settings, config, serve=not args.no_serve, listen=args.web_listen_address)
     return 0
 
 

@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ def register(sub: Any) -> None:
     g.add_argument("--worker-name", help="name in logs and dead letters (default host:pid)")
     g.add_argument("--metrics-port", type=int, help="Prometheus /metrics port "
                    "(env STEPWATCH_STREAM_METRICS_PORT, default 9466; 0 disables)")
+    add_web_flags(g)
     g.add_argument("--web-port", type=int, default=0,
                    help="Faust's own web server port (default 0: off)")
     g.add_argument("--data-dir", help="Faust data directory "
@@ -118,7 +119,10 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
         session_timeout=args.session_timeout, grace_steps=args.restore_grace_steps,
     )
     service = create_app(settings, options)
-    port = serve(service.metrics, settings.stream_metrics_port)
+    from stepwatch.metrics_http import Endpoint
+
+    port = serve(service.metrics, Endpoint.from_settings(
+        settings, settings.stream_metrics_port, args.web_listen_address))
     log.info("stream worker starting worker=%s group=%s bootstrap=%s metrics_port=%d",
              service.worker, service.app.conf.id, settings.bootstrap_servers, port)
     worker = Worker(service.app, loglevel=logging.getLevelName(logging.getLogger().level),
