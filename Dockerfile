@@ -7,6 +7,6 @@ COPY stepwatch ./stepwatch
 COPY agents ./agents
 COPY streams ./streams
 COPY exporters ./exporters
-RUN pip install --no-cache-dir '.[pipeline]'
+RUN pip install --no-cache-dir '.[agent,stream,store,dev]'
 ENTRYPOINT ["stepwatch"]
 CMD ["--help"]

@@ -3,13 +3,16 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup demo test test-unit test-integration lint typecheck check bench clean
+.PHONY: help setup lock demo test test-unit test-integration lint typecheck alerts check bench clean
 
 help:  ## list the commands
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
 
 setup:  ## install Debian packages and the Python virtual environment (.venv)
 	bash scripts/setup.sh
+
+lock:  ## regenerate requirements/lock.txt (hashed pins of every extra) after a dependency change
+	bash scripts/lock.sh
 
 demo:  ## run the main job on embedded defaults: broker, simulated fleet, agents, live view
 	$(VENV)/bin/stepwatch demo
@@ -29,6 +32,11 @@ lint:  ## ruff
 typecheck:  ## mypy and the import-layer contracts (lint-imports)
 	$(VENV)/bin/mypy stepwatch
 	$(VENV)/bin/lint-imports
+
+alerts:  ## check and unit-test the alert rules (promtool) and the Alertmanager routing (amtool)
+	promtool check rules alerts/rules/*.yml
+	promtool test rules alerts/tests/*_test.yml
+	amtool check-config alerts/alertmanager/alertmanager.yml
 
 check: lint typecheck test  ## lint, typecheck and test (what CI runs)
 

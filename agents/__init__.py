@@ -4,3 +4,7 @@
 Modules import their heavy dependencies (confluent-kafka, prometheus-client)
 themselves, so importing this package is cheap.
 """
+
+from stepwatch.extras import require
+
+require("confluent_kafka", "prometheus_client", what="the node agent")

@@ -1,4 +1,8 @@
-"""The agent's own Prometheus metrics, read from its state at scrape time.
+"""The agent's Prometheus metrics, read from its state at scrape time.
+
+Its own health (``stepwatch_agent_*``) and its host's GPUs and RDMA ports
+(``stepwatch_gpu_*``, ``stepwatch_infiniband_*``, ``stepwatch_roce_*``; see
+:mod:`stepwatch.agents.host_series`).
 
 A custom collector on a private :class:`~prometheus_client.CollectorRegistry`
 turns an :class:`~stepwatch.agents.agent.AgentSnapshot` into metric families, so the
@@ -20,6 +24,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from stepwatch.agents.agent import AgentSnapshot
 from stepwatch.agents.collectors.base import HealthState
+from stepwatch.agents.host_series import families as host_families
 from stepwatch.metrics_http import Endpoint, serve_metrics
 
 log = logging.getLogger(__name__)
@@ -54,6 +59,7 @@ class AgentCollector:
                         "Datagrams from ranks rejected, by reason.", "reason", s.datagrams_rejected)
         if s.sink is not None:
             yield from _publisher(s.sink)
+        yield from host_families(s.host, s.series)
 
 
 def _collectors(s: AgentSnapshot) -> Iterator[Metric]:
@@ -125,6 +131,12 @@ def render(registry: CollectorRegistry) -> str:
     return generate_latest(registry).decode()
 
 
-def serve(registry: CollectorRegistry, endpoint: Endpoint) -> Any:
-    """Serve /metrics (listen address, TLS, basic auth: :mod:`stepwatch.metrics_http`)."""
+def serve(registry: CollectorRegistry, endpoint: Endpoint | int, addr: str = "127.0.0.1") -> Any:
+    """Serve /metrics (listen address, TLS, basic auth: :mod:`stepwatch.metrics_http`).
+
+    A bare port (and ``addr``) means plain HTTP without auth; the server has
+    ``server_port`` and ``shutdown()``.
+    """
+    if isinstance(endpoint, int):
+        endpoint = Endpoint(host=addr, port=endpoint)
     return serve_metrics(registry, endpoint, name="agent")

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command sets up everything on a fresh Debian (bookworm) machine with Python 3.11:
 #   Debian packages (make, Prometheus, Alertmanager, Slurm + munge for the alerting and
-#   remediation parts) and a virtual environment .venv with stepwatch and its pipeline and
-#   development extras. Safe to run again. No Docker needed.
+#   remediation parts) and a virtual environment .venv with every locked dependency
+#   (requirements/lock.txt, hashes checked: the versions CI tested), torch for the real
+#   training jobs, and stepwatch itself (editable). Safe to run again. No Docker needed.
 #   STEPWATCH_SKIP_APT=1 skips the Debian packages; PYTHON=python3.11 picks the interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,5 +39,9 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[pipeline,dev]'
+echo "setup: installing the locked dependencies (requirements/lock.txt)"
+.venv/bin/python -m pip install -q --require-hashes -r requirements/lock.txt
+echo "setup: installing torch 2.13.0 (CPU) for the real training jobs"
+.venv/bin/python -m pip install -q torch==2.13.0
+.venv/bin/python -m pip install -q --no-deps -e .
 echo "setup: done. Next: make demo   (or .venv/bin/stepwatch demo);   make test"

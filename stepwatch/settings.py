@@ -1,9 +1,14 @@
-"""Typed, frozen settings: explicit argument > ``STEPWATCH_*`` env var > default.
+"""Typed, frozen settings: explicit flag > ``STEPWATCH_*`` env > config file > default.
 
-One :class:`Settings` object is built once at start-up (``Settings.load``) and
-passed down. Every field can be given explicitly (CLI flags do this), or by the
-environment variable ``STEPWATCH_<FIELD>`` (upper case), or falls back to the
-default below. Kafka client settings are passed through untouched: explicit
+One :class:`Settings` object holds every setting of every service; it is built
+once at start-up (``Settings.load``) and passed down. Every field can be given
+explicitly (CLI flags do this), or by the environment variable
+``STEPWATCH_<FIELD>`` (upper case), or in a TOML config file (``--config`` or
+``STEPWATCH_CONFIG``; keys are field names, or ``[section]`` tables whose keys
+are the field names without the section prefix, e.g. ``[stream] batch = 2000``
+for ``stream_batch``; a ``[kafka_config]`` table holds librdkafka keys), or falls
+back to the default below. A bad value is a :class:`ConfigError` naming the
+setting. :attr:`Settings.sources` says where each value came from. Kafka client settings are passed through untouched: explicit
 ``kafka_config`` entries win over ``STEPWATCH_KAFKA__<KEY>`` variables, where
 ``KEY`` is the librdkafka key with ``.`` written as ``_`` (for example
 ``STEPWATCH_KAFKA__SECURITY_PROTOCOL=SASL_SSL``). Secrets are masked in
@@ -15,14 +20,19 @@ from __future__ import annotations
 import dataclasses
 import os
 import socket
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from stepwatch.errors import ConfigError
 
 ENV_PREFIX = "STEPWATCH_"
 KAFKA_ENV_PREFIX = "STEPWATCH_KAFKA__"
+CONFIG_ENV = "STEPWATCH_CONFIG"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+_SECTIONS = ("kafka", "agent", "stream", "store", "sink", "hang", "remediate", "demo")
 _SECRET_MARKERS = ("password", "secret", "sasl.password", "ssl.key.password", "token")
 
 
@@ -49,6 +59,7 @@ class Settings:
     spool_max_bytes: int = 512 * 1024 * 1024
     sysfs_root: str = "/sys"
     dcgm_url: str = ""  # e.g. http://localhost:9400/metrics; empty: use NVML
+    nvml_replay: str = ""  # the nvml-replay collector's recording; empty: the shipped H100 one
     collectors: str = "nvml,rdma,steps"  # comma-separated collector names
     metrics_port: int = 9465  # 0 disables the agent's /metrics endpoint
     # --- stream processors -----------------------------------------------------
@@ -64,6 +75,27 @@ class Settings:
     store_path: str = "var/chdb"
     store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)
     sink_metrics_port: int = 9467  # the ClickHouse sink's /metrics; 0 disables it
+    sink_group: str = "stepwatch-store"  # the sink's consumer group
+    sink_batch_messages: int = 5000  # records per partition batch
+    sink_batch_seconds: float = 1.0  # longest a record waits before its batch is inserted
+    # --- stream worker (stepwatch stream) ---------------------------------------
+    stream_app_id: str = ""  # Faust app id = consumer group; empty: stepwatch-stream.<prefix>
+    stream_worker_name: str = ""  # in logs and dead letters; empty: host:pid
+    stream_web_port: int = 0  # Faust's own web server; 0 keeps it off
+    stream_batch: int = 2000  # Kafka messages per processing batch
+    stream_batch_within: float = 0.05  # seconds to wait for a batch to fill (stock consumer)
+    stream_tick_seconds: float = 1.0  # hang checks and metric refreshes
+    stream_standby_replicas: int = 1  # standby copies of the open-detections table
+    stream_restore_grace_steps: int = 64  # steps before an unconfirmed inherited detection resolves
+    stream_session_timeout: float = 0.0  # consumer-group session timeout s; 0: 60 (6 dev broker)
+    stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
+    stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
+    # --- store endpoint limits (the embedded store's query endpoint) ------------
+    store_endpoint_max_body_bytes: int = 64 * 1024 * 1024  # a request body as sent
+    store_endpoint_max_decompressed_bytes: int = 256 * 1024 * 1024  # after Content-Encoding
+    store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
+    store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
+    store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
     # --- integrity: topics, message bounds, /metrics endpoints ---------------------
     min_insync_replicas: int = 2  # topic setting at creation; capped at replication_factor
     topic_retention_hours: float = 168.0  # retention.ms of created topics; <= 0: the broker's
@@ -75,31 +107,59 @@ class Settings:
     metrics_auth_password: str = ""
     # --- misc -------------------------------------------------------------------
     log_level: str = "INFO"
+    # where each value came from: "flag", "env", "file" or "default" (not a setting)
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, **explicit: Any) -> Settings:
-        """Build settings: ``explicit`` (non-None values) > env > defaults."""
+    def load(cls, env: Mapping[str, str] | None = None, config_file: str | None = None,
+             **explicit: Any) -> Settings:
+        """Build settings: ``explicit`` (non-None values) > env > config file > defaults."""
         environ = os.environ if env is None else env
-        known = {f.name: f for f in fields(cls)}
+        known = {f.name: f for f in fields(cls) if f.name != "sources"}
         unknown = set(explicit) - set(known)
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        path = config_file or environ.get(CONFIG_ENV, "")
+        file_values, file_kafka = read_config_file(path, set(known)) if path else ({}, {})
         values: dict[str, Any] = {}
+        sources: dict[str, str] = {}
         for name, f in known.items():
             if name == "kafka_config":
                 continue
-            if explicit.get(name) is not None:
-                values[name] = _coerce(name, f.type, explicit[name])
-            elif ENV_PREFIX + name.upper() in environ:
-                values[name] = _coerce(name, f.type, environ[ENV_PREFIX + name.upper()])
-        kafka = _kafka_from_env(environ)
-        kafka.update(explicit.get("kafka_config") or {})
+            for origin, raw in (("flag", explicit.get(name)),
+                                ("env", environ.get(ENV_PREFIX + name.upper())),
+                                ("file", file_values.get(name))):
+                if raw is not None:
+                    values[name] = _coerce(name, f.type, raw, origin)
+                    sources[name] = origin
+                    break
+            else:
+                sources[name] = "default"
+        kafka = {**file_kafka, **_kafka_from_env(environ), **(explicit.get("kafka_config") or {})}
         values["kafka_config"] = dict(kafka)
-        settings = cls(**values)
+        sources["kafka_config"] = "flag" if explicit.get("kafka_config") else (
+            "env" if _kafka_from_env(environ) else ("file" if file_kafka else "default"))
+        settings = cls(**values, sources=sources)
         settings.validate()
         return settings
 
     def validate(self) -> None:
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"setting log_level: {self.log_level!r} is not one of "
+                              f"{', '.join(LOG_LEVELS)}")
+        if self.stream_faust_log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(f"setting stream_faust_log_level: {self.stream_faust_log_level!r} "
+                              f"is not one of {', '.join(LOG_LEVELS)}")
+        for name in ("metrics_port", "stream_metrics_port", "sink_metrics_port", "stream_web_port"):
+            port = getattr(self, name)
+            if not 0 <= port <= 65535:
+                raise ConfigError(f"setting {name}: port {port} is not in 0..65535")
+        for name in ("stream_batch", "sink_batch_messages", "replication_factor",
+                     "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
+                     "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
+                     "store_endpoint_max_memory_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:
             raise ConfigError(f"partitions must be >= 1, got {self.partitions}")
         if self.tick_seconds <= 0:
@@ -121,9 +181,11 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     def describe(self) -> dict[str, Any]:
-        """A dict of the settings with secrets masked, for logs and ``--help``."""
+        """A dict of the settings with secrets masked, for logs and ``stepwatch config``."""
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name == "sources":
+                continue
             value = getattr(self, f.name)
             if f.name == "kafka_config":
                 value = {k: mask(k, v) for k, v in value.items()}
@@ -152,18 +214,53 @@ def _kafka_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
-def _coerce(name: str, type_name: Any, raw: Any) -> Any:
+def read_config_file(path: str, known: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Settings and librdkafka keys from a TOML file; unknown keys are a ConfigError."""
+    try:
+        with Path(path).open("rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as err:
+        raise ConfigError(f"config file {path}: {err.strerror or err}") from err
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"config file {path}: not valid TOML: {err}") from err
+    values: dict[str, Any] = {}
+    kafka: dict[str, str] = {}
+    for key, value in data.items():
+        if key == "kafka_config" and isinstance(value, dict):
+            kafka.update({str(k): str(v) for k, v in value.items()})
+        elif isinstance(value, dict) and key in _SECTIONS:
+            for sub, inner in value.items():
+                name = f"{key}_{sub}" if f"{key}_{sub}" in known else sub
+                if name not in known:
+                    raise ConfigError(f"config file {path}: unknown setting [{key}] {sub}")
+                values[name] = inner
+        elif key in known:
+            values[key] = value
+        else:
+            raise ConfigError(f"config file {path}: unknown setting {key}")
+    return values, kafka
+
+
+def _coerce(name: str, type_name: Any, raw: Any, origin: str = "flag") -> Any:
     kind = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", "")
+    where = {"env": f" (from {ENV_PREFIX}{name.upper()})", "file": " (from the config file)"}.get(
+        origin, "")
     try:
         if kind == "bool":
             return _to_bool(raw)
         if kind == "int":
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError(raw)
             return int(raw)
         if kind == "float":
+            if isinstance(raw, bool):
+                raise ValueError(raw)
             return float(raw)
+        if isinstance(raw, dict | list):
+            raise ValueError(raw)
         return str(raw)
     except (TypeError, ValueError) as err:
-        raise ConfigError(f"setting {name}: cannot read {raw!r} as {kind}") from err
+        raise ConfigError(f"setting {name}{where}: cannot read {raw!r} as {kind}") from err
 
 
 def _to_bool(raw: Any) -> bool:

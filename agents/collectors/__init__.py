@@ -1,6 +1,6 @@
 """Host collectors the node agent polls every tick, built by name.
 
-``build_collectors(settings, ["nvml", "rdma"])`` returns ready collectors:
+``build_host_collectors(settings, ["nvml", "rdma"])`` returns ready collectors:
 
 * ``nvml``: GPUs through NVML (:mod:`stepwatch.agents.collectors.nvml`);
 * ``nvml-replay``: the same collector over a recorded NVML session
@@ -15,7 +15,6 @@ Collector modules are imported only when their name is asked for.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 
 from stepwatch.agents.collectors.base import (
@@ -27,7 +26,6 @@ from stepwatch.agents.collectors.base import (
 from stepwatch.errors import ConfigError
 from stepwatch.settings import Settings
 
-NVML_REPLAY_ENV = "STEPWATCH_NVML_REPLAY"
 DEFAULT_DCGM_URL = "http://localhost:9400/metrics"
 AGENT_OWNED = frozenset({"steps"})
 
@@ -43,8 +41,8 @@ def _nvml_replay(settings: Settings) -> Collector:
     from stepwatch.agents.collectors.nvml import NvmlCollector
     from stepwatch.agents.collectors.nvml_replay import DEFAULT_RECORDING, ReplayNvml
 
-    path = getattr(settings, "nvml_replay", "") or os.environ.get(NVML_REPLAY_ENV, "")
-    return NvmlCollector(ReplayNvml.from_file(path or DEFAULT_RECORDING), name="nvml-replay")
+    path = settings.nvml_replay or DEFAULT_RECORDING
+    return NvmlCollector(ReplayNvml.from_file(path), name="nvml-replay")
 
 
 def _dcgm(settings: Settings) -> Collector:
@@ -79,7 +77,7 @@ def parse_names(spec: str) -> list[str]:
     return out
 
 
-def build_collectors(settings: Settings, names: list[str]) -> list[Collector]:
+def build_host_collectors(settings: Settings, names: list[str]) -> list[Collector]:
     """Build the named collectors; unknown names raise ConfigError (before any is built)."""
     unknown = [n for n in names if n not in BUILDERS and n not in AGENT_OWNED]
     if unknown:
@@ -96,6 +94,6 @@ __all__ = [
     "CollectorHealth",
     "HealthState",
     "HostContext",
-    "build_collectors",
+    "build_host_collectors",
     "parse_names",
 ]

@@ -8,13 +8,14 @@ through the owner's query endpoint (:mod:`stepwatch.exporters.clickhouse.service
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from stepwatch.errors import StoreError
+from stepwatch.errors import StoreError, StoreLockedError
 from stepwatch.exporters.clickhouse.store import (
     OUTPUT_SETTINGS,
     ClickHouseError,
@@ -34,17 +35,35 @@ _LOCKED_HINT = (
 )
 
 
+USER_FILES_DIR = "user_files"
+
+
+def connection_string(path: str) -> str:
+    """The engine's connection string for ``path``: its user-files path kept inside the store.
+
+    ClickHouse resolves ``file()``-style relative paths and ``INTO OUTFILE``
+    under ``user_files_path``; the engine's default is a system directory. The
+    endpoint refuses those functions outright (see ``guard``); this keeps the
+    engine's own default inside the store as a second line.
+    """
+    user_files = os.path.join(path, USER_FILES_DIR)
+    if os.path.isdir(path):
+        with contextlib.suppress(OSError):  # a reader without write access: the engine copes
+            os.makedirs(user_files, mode=0o700, exist_ok=True)
+    return f"{path}?user_files_path={user_files}"
+
+
 def _open_session(path: str) -> Any:
     try:
         from chdb import session
     except ImportError as err:  # pragma: no cover - depends on the environment
-        raise StoreError("the embedded store needs chdb: pip install 'stepwatch[pipeline]'") from err
+        raise StoreError("the embedded store needs chdb: pip install 'stepwatch[dev]'") from err
     try:
-        return session.Session(path)
+        return session.Session(connection_string(path))
     except Exception as err:
         text = str(err)
         if "Cannot lock file" in text or "another server instance" in text.lower():
-            raise StoreError(f"store {path}: {_LOCKED_HINT}") from err
+            raise StoreLockedError(f"store {path}: {_LOCKED_HINT}") from err
         if "already initialized with path" in text:
             raise StoreError(
                 f"store {path}: this process already has another chdb path open "

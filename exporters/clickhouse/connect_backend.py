@@ -92,7 +92,7 @@ class ClickHouseConnectStore:
         try:
             import clickhouse_connect
         except ImportError as err:  # pragma: no cover - depends on the environment
-            raise StoreError("the server store needs clickhouse-connect: pip install 'stepwatch[pipeline]'") from err
+            raise StoreError("the server store needs clickhouse-connect: pip install 'stepwatch[store]'") from err
         args = client_args(url, user, password)
         try:
             self._client: Any = clickhouse_connect.get_client(**args)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stepwatch.errors import ConfigError, StoreError
+from stepwatch.errors import ConfigError, StoreLockedError
 from stepwatch.exporters.clickhouse.planner import Batch
 from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
@@ -75,8 +75,8 @@ def _open_owned(settings: Settings, open_writer: Callable[[Settings], Any], wait
     while True:
         try:
             return open_writer(settings)
-        except StoreError as err:
-            if "another process owns" not in str(err) or time.monotonic() > deadline:
+        except StoreLockedError as err:
+            if time.monotonic() > deadline:
                 raise
             log.warning("store busy, retrying path=%s error=%s", settings.store_path, err)
             time.sleep(0.5)
@@ -88,7 +88,12 @@ def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -
 
     return QueryService(settings.store_path, settings.clickhouse_database, port=port,
                         allow_writes=allow_writes,
-                        endpoint_file=endpoint_path(settings.store_path)).start()
+                        endpoint_file=endpoint_path(settings.store_path),
+                        max_body_bytes=settings.store_endpoint_max_body_bytes,
+                        max_decompressed_bytes=settings.store_endpoint_max_decompressed_bytes,
+                        max_execution_time=settings.store_endpoint_max_query_seconds,
+                        max_result_bytes=settings.store_endpoint_max_result_bytes,
+                        max_memory_usage=settings.store_endpoint_max_memory_bytes).start()
 
 
 def on_signals(stop: Callable[[], Any]) -> None:

@@ -30,6 +30,7 @@ from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
 from stepwatch.exporters.clickhouse.store import ClickHouseError, Store
 from stepwatch.exporters.clickhouse.writer import StopRequested, Writer
 from stepwatch.logs import LogOnce
+from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +48,12 @@ class SinkConfig:
     retry_max: float = 30.0
     lag_interval: float = 5.0
     max_message_bytes: int = 1 << 20  # the contract's size limit (Settings.max_message_bytes)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SinkConfig:
+        """The sink's knobs as the one settings model gives them."""
+        return cls(group_id=settings.sink_group, batch_messages=settings.sink_batch_messages,
+                   batch_seconds=settings.sink_batch_seconds)
 
 
 def sink_topics(prefix: str) -> tuple[str, ...]:

@@ -12,11 +12,13 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from stepwatch import __version__
 from stepwatch.errors import StepwatchError
 
 # Order is the order shown in --help.
 SUBCOMMANDS = (
     "demo",
+    "config",
     "broker",
     "agent",
     "simulate",
@@ -38,18 +40,17 @@ def build_parser() -> argparse.ArgumentParser:
             "stragglers, hangs and throughput loss and say why; results go to "
             "Prometheus and ClickHouse."
         ),
-        epilog="Settings: explicit flag > STEPWATCH_* environment variable > default.",
+        epilog="Settings: explicit flag > STEPWATCH_* environment variable > config file "
+        "(--config or STEPWATCH_CONFIG, TOML) > default; `stepwatch config` prints them.",
     )
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO, WARNING (env STEPWATCH_LOG_LEVEL)")
+    parser.add_argument("--version", action="version", version=f"stepwatch {__version__}")
+    parser.add_argument("--log-level", default=None,
+                        help="DEBUG, INFO, WARNING, ERROR (env STEPWATCH_LOG_LEVEL)")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="TOML config file (env STEPWATCH_CONFIG)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        try:
-            module = importlib.import_module(f"stepwatch.cli.{name}")
-        except ModuleNotFoundError as err:
-            if err.name == f"stepwatch.cli.{name}":
-                continue  # subcommand not part of this build
-            raise
-        module.register(sub)
+        importlib.import_module(f"stepwatch.cli.{name}").register(sub)
     return parser
 
 
@@ -60,15 +61,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     from stepwatch import logs
+    from stepwatch.extras import from_import_error
     from stepwatch.settings import Settings
 
-    logs.configure(args.log_level or Settings.load().log_level)
     try:
+        settings = Settings.load(config_file=args.config, log_level=args.log_level)
+        logs.configure(settings.log_level)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into head & co.
+        sys.stderr.close()
+        return 0
     except StepwatchError as err:
         print(f"stepwatch: error: {err}", file=sys.stderr)
+        return 1
+    except ModuleNotFoundError as err:
+        missing = from_import_error(err)
+        if missing is None:
+            raise
+        print(f"stepwatch: error: {args.command} {missing}", file=sys.stderr)
         return 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import fields
 from typing import Any
 
 from stepwatch.errors import ConfigError
@@ -38,16 +39,23 @@ def parse_kv(pairs: list[str]) -> dict[str, str]:
     return out
 
 
+SETTING_NAMES = frozenset(f.name for f in fields(Settings)) - {"sources", "kafka_config"}
+
+
 def settings_from_args(args: argparse.Namespace, **more: Any) -> Settings:
-    """Settings from the flags that were given (None = not given) > env > default."""
-    explicit: dict[str, Any] = {}
-    for name in ("bootstrap_servers", "topic_prefix", "partitions", "log_level"):
-        if getattr(args, name, None) is not None:
-            explicit[name] = getattr(args, name)
+    """Settings: flags given (None = not given) > env > config file > default.
+
+    Every flag whose ``dest`` is a :class:`Settings` field is taken as that
+    setting; ``more`` adds values under other flag names.
+    """
+    explicit: dict[str, Any] = {
+        name: value for name, value in vars(args).items()
+        if name in SETTING_NAMES and value is not None
+    }
     if getattr(args, "kafka_config", None):
         explicit["kafka_config"] = parse_kv(args.kafka_config)
     explicit.update({k: v for k, v in more.items() if v is not None})
-    return Settings.load(**explicit)
+    return Settings.load(config_file=getattr(args, "config", None), **explicit)
 
 
 def add_web_flags(group: Any) -> None:

@@ -56,11 +56,14 @@ def register(subparsers: Any) -> None:
         "flush, commit, close.")
     add_kafka_flags(p)
     add_store_flags(p)
-    p.add_argument("--group", default="stepwatch-store", help="consumer group (default stepwatch-store)")
-    p.add_argument("--batch-messages", type=int, default=5000, help="records per partition batch")
-    p.add_argument("--batch-seconds", type=float, default=1.0, help="longest a record waits")
-    p.add_argument("--metrics-port", type=int, help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, "
-                   "default 9467; 0 disables)")
+    p.add_argument("--group", dest="sink_group",
+                   help="consumer group (env STEPWATCH_SINK_GROUP, default stepwatch-store)")
+    p.add_argument("--batch-messages", dest="sink_batch_messages", type=int,
+                   help="records per partition batch (default 5000)")
+    p.add_argument("--batch-seconds", dest="sink_batch_seconds", type=float,
+                   help="longest a record waits (default 1)")
+    p.add_argument("--metrics-port", dest="sink_metrics_port", type=int,
+                   help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, default 9467; 0 disables)")
     add_web_flags(p)
     p.add_argument("--no-serve", action="store_true", help="do not serve the query endpoint")
     p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows")
@@ -125,10 +128,8 @@ def run_sink(args: argparse.Namespace) -> int:
     from stepwatch.exporters.clickhouse.runner import run_sink as run
     from stepwatch.exporters.clickhouse.sink import SinkConfig
 
-    settings = store_settings(args, sink_metrics_port=args.metrics_port,
-                              store_raw_ttl_days=args.raw_ttl_days)
-    config = SinkConfig(group_id=args.group, batch_messages=args.batch_messages,
-                        batch_seconds=args.batch_seconds)
+    settings = store_settings(args, store_raw_ttl_days=args.raw_ttl_days)
+    config = SinkConfig.from_settings(settings)
     run(settings, config, serve=not args.no_serve, listen=args.web_listen_address)
     return 0
 

@@ -45,35 +45,36 @@ def register(sub: Any) -> None:
     p.add_argument("--dev-broker", action="store_true",
                    help="start the embedded development broker when no bootstrap servers "
                    "are configured (otherwise that is an error)")
-    g = p.add_argument_group("worker")
-    g.add_argument("--app-id", help="Faust app id = Kafka consumer group "
+    g = p.add_argument_group("worker (each flag: env STEPWATCH_<DEST>, config [stream] table)")
+    g.add_argument("--app-id", dest="stream_app_id", help="Faust app id = Kafka consumer group "
                    "(default stepwatch-stream.<topic prefix>)")
-    g.add_argument("--worker-name", help="name in logs and dead letters (default host:pid)")
-    g.add_argument("--metrics-port", type=int, help="Prometheus /metrics port "
-                   "(env STEPWATCH_STREAM_METRICS_PORT, default 9466; 0 disables)")
+    g.add_argument("--worker-name", dest="stream_worker_name",
+                   help="name in logs and dead letters (default host:pid)")
+    g.add_argument("--metrics-port", dest="stream_metrics_port", type=int,
+                   help="Prometheus /metrics port (default 9466; 0 disables)")
     add_web_flags(g)
-    g.add_argument("--web-port", type=int, default=0,
+    g.add_argument("--web-port", dest="stream_web_port", type=int,
                    help="Faust's own web server port (default 0: off)")
-    g.add_argument("--data-dir", help="Faust data directory "
-                   "(env STEPWATCH_STREAM_DATA_DIR, default var/stream)")
-    g.add_argument("--batch", type=int, default=2000,
+    g.add_argument("--data-dir", dest="stream_data_dir",
+                   help="Faust data directory (default var/stream)")
+    g.add_argument("--batch", dest="stream_batch", type=int,
                    help="Kafka messages per processing batch (default 2000)")
-    g.add_argument("--batch-within", type=float, default=0.05,
+    g.add_argument("--batch-within", dest="stream_batch_within", type=float,
                    help="seconds to wait for a batch to fill (default 0.05)")
-    g.add_argument("--tick", type=float, default=1.0,
+    g.add_argument("--tick", dest="stream_tick_seconds", type=float,
                    help="seconds between hang checks and metric refreshes (default 1)")
-    g.add_argument("--standby-replicas", type=int, default=1,
+    g.add_argument("--standby-replicas", dest="stream_standby_replicas", type=int,
                    help="standby copies of the open-detections table (default 1)")
-    g.add_argument("--restore-grace-steps", type=int, default=64,
+    g.add_argument("--restore-grace-steps", dest="stream_restore_grace_steps", type=int,
                    help="steps a job must advance before an inherited open detection the "
                    "restarted core did not confirm is resolved (default 64)")
-    g.add_argument("--session-timeout", type=float,
+    g.add_argument("--session-timeout", dest="stream_session_timeout", type=float,
                    help="consumer-group session timeout in seconds (default 60; 6 with "
                    "--dev-broker, which answers a group join after half of it)")
-    g.add_argument("--faust-log-level", default="WARNING",
+    g.add_argument("--faust-log-level", dest="stream_faust_log_level",
                    help="log level of Faust, mode and aiokafka (default WARNING)")
-    g.add_argument("--stock-consumer", action="store_true",
-                   help="use Faust's stock consumer loop instead of the leaner one")
+    g.add_argument("--stock-consumer", dest="stream_stock_consumer", action="store_const",
+                   const=True, help="use Faust's stock consumer loop instead of the leaner one")
     p.set_defaults(func=run)
 
 
@@ -81,8 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.errors import ConfigError
 
-    settings = settings_from_args(args, stream_metrics_port=args.metrics_port,
-                                  stream_data_dir=args.data_dir)
+    settings = settings_from_args(args)
     broker: DevBroker | None = None
     if not settings.bootstrap_servers:
         if not args.dev_broker:
@@ -91,8 +91,8 @@ def run(args: argparse.Namespace) -> int:
                               "development broker")
         broker = DevBroker().start()
         settings = settings.replace(bootstrap_servers=broker.bootstrap, **DEV_TOPIC_SETTINGS)
-        if args.session_timeout is None:
-            args.session_timeout = 6.0
+        if not settings.stream_session_timeout:
+            settings = settings.replace(stream_session_timeout=6.0)
         log.info("development broker started bootstrap=%s", broker.bootstrap)
     try:
         return _run_worker(args, settings)
@@ -109,15 +109,9 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
     from stepwatch.streams.worker.metrics import serve
 
     for name in ("faust", "mode", "aiokafka"):
-        logging.getLogger(name).setLevel(args.faust_log_level.upper())
+        logging.getLogger(name).setLevel(settings.stream_faust_log_level.upper())
     ensure_topics(settings)
-    options = StreamOptions(
-        app_id=args.app_id or "", worker_name=args.worker_name or "",
-        data_dir=settings.stream_data_dir, web_port=args.web_port, batch_max=args.batch,
-        batch_within=args.batch_within, tick_seconds=args.tick,
-        standby_replicas=args.standby_replicas, lean_consumer=not args.stock_consumer,
-        session_timeout=args.session_timeout, grace_steps=args.restore_grace_steps,
-    )
+    options = StreamOptions.from_settings(settings)
     service = create_app(settings, options)
     from stepwatch.metrics_http import Endpoint
 

@@ -160,7 +160,8 @@ def _span_builder(
     try:
         return SpanBuilder(provider)
     except Exception as err:  # opentelemetry missing or a provider without get_tracer
-        logger.warning("stepwatch sdk: OpenTelemetry spans disabled err=%r", err)
+        logger.warning("stepwatch sdk: OpenTelemetry spans disabled (pip install "
+                       "'stepwatch[otel]' for spans) err=%r", err)
         return None
 
 

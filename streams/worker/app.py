@@ -30,13 +30,20 @@ import faust
 from faust.types import TP
 
 from stepwatch.contract import Topics
+from stepwatch.errors import ConfigError
 from stepwatch.logs import LogOnce
 from stepwatch.settings import Settings
 from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
 from stepwatch.streams.worker.processor import EngineFactory, Output, StreamProcessor
-from stepwatch.streams.worker.transport import LeanTransport, QuietMonitor, RawSchema, bulk_events
+from stepwatch.streams.worker.transport import (
+    LeanTransport,
+    QuietMonitor,
+    RawSchema,
+    bulk_events,
+    faust_version_problem,
+)
 
 log = logging.getLogger(__name__)
 LEDGER_TABLE = "open-detections"
@@ -44,7 +51,7 @@ LEDGER_TABLE = "open-detections"
 
 @dataclass(frozen=True)
 class StreamOptions:
-    """Worker knobs that are not pipeline-wide :class:`Settings`."""
+    """The worker's knobs, derived from :class:`Settings` (``from_settings``); tests build them directly."""
 
     app_id: str = ""  # the consumer group; default "stepwatch-stream.<topic prefix>"
     worker_name: str = ""  # in logs and dead letters; default host:pid
@@ -58,6 +65,20 @@ class StreamOptions:
     silence_seconds: float = 3600.0
     lean_consumer: bool = True
     session_timeout: float | None = None  # seconds; Faust's default is 60 (see _timeouts)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> StreamOptions:
+        """The worker's options as the one settings model gives them."""
+        return cls(
+            app_id=settings.stream_app_id, worker_name=settings.stream_worker_name,
+            data_dir=settings.stream_data_dir, web_port=settings.stream_web_port,
+            batch_max=settings.stream_batch, batch_within=settings.stream_batch_within,
+            tick_seconds=settings.stream_tick_seconds,
+            standby_replicas=settings.stream_standby_replicas,
+            grace_steps=settings.stream_restore_grace_steps,
+            lean_consumer=not settings.stream_stock_consumer,
+            session_timeout=settings.stream_session_timeout or None,
+        )
 
     def resolved_app_id(self, settings: Settings) -> str:
         return self.app_id or f"stepwatch-stream.{settings.topic_prefix}"
@@ -184,7 +205,12 @@ def create_app(
 
 def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App
     """Faust settings of the lean mode (stepwatch.streams.worker.transport); none in stock mode."""
-    return {"Monitor": QuietMonitor} if options.lean_consumer else {}
+    if not options.lean_consumer:
+        return {}
+    problem = faust_version_problem()
+    if problem:
+        raise ConfigError(problem)
+    return {"Monitor": QuietMonitor}
 
 
 def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:

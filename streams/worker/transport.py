@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import importlib
+import importlib.metadata
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, cast
 
@@ -49,6 +50,25 @@ _LZ4_USERS = ("aiokafka.record._crecords.default_records",
               "aiokafka.record._crecords.legacy_records",
               "aiokafka.record.default_records", "aiokafka.record.legacy_records",
               "aiokafka.protocol.message")
+
+
+# The faust-streaming series whose consumer internals this module copies
+# (``_drain_messages``, ``_read_offset``, ``_add_gap``); pyproject pins the same range.
+SUPPORTED_FAUST = (0, 15)
+
+
+def faust_version_problem(version: str | None = None) -> str | None:
+    """Why the installed faust-streaming does not fit the lean consumer (None: it fits)."""
+    found = version or importlib.metadata.version("faust-streaming")
+    parts = tuple(int(p) for p in found.split(".")[:2] if p.isdigit())
+    if parts == SUPPORTED_FAUST:
+        return None
+    want = ".".join(map(str, SUPPORTED_FAUST))
+    return (f"faust-streaming {found} is installed but the lean consumer "
+            f"(streams/worker/transport.py) copies the internals of {want}.x: install the "
+            f"locked version (bash scripts/setup.sh, or pip install 'faust-streaming=={want}.*'), "
+            f"or run the worker with --stock-consumer; to support {found}, re-read Faust's "
+            f"Consumer._drain_messages and update LeanConsumer and SUPPORTED_FAUST together")
 
 
 class LeanConsumer(faust_aiokafka.Consumer):

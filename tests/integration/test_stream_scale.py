@@ -34,7 +34,9 @@ def spread_job_ids(partitions: int, per_partition: int) -> list[str]:
 def test_two_workers_split_the_partitions(settings, tmp_path) -> None:
     ensure_topics(settings)
     topics = Topics(settings.topic_prefix)
-    workers = [StreamWorker(settings, tmp_path, name).start() for name in ("w1", "w2")]
+    # w2 runs Faust's stock consumer loop, so both consumer paths stay tested.
+    workers = [StreamWorker(settings, tmp_path, "w1").start(),
+               StreamWorker(settings, tmp_path, "w2", extra=["--stock-consumer"]).start()]
     try:
         wait_for("both workers ready with a share of the partitions", lambda: all(
             w.value("stepwatch_stream_ready") == 1

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from stepwatch.agents.collectors import build_collectors, parse_names
+from stepwatch.agents.collectors import build_host_collectors, parse_names
 from stepwatch.agents.collectors.base import Collector, HealthState, HostContext
 from stepwatch.agents.collectors.nvml import NvmlCollector
 from stepwatch.agents.collectors.nvml_api import Field, NvmlError, RealNvml
@@ -261,19 +261,19 @@ def test_bad_recording_is_a_config_error(tmp_path: Path) -> None:
         load_recording(tmp_path / "missing.json")
 
 
-def test_registry_builds_by_name_and_replay_env(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_registry_builds_by_name_and_replay_env() -> None:
     settings = Settings.load(env={}, sysfs_root="/nonexistent")
     names = parse_names("nvml-replay, rdma,steps,dcgm,rdma")
     assert names == ["nvml-replay", "rdma", "steps", "dcgm"]
-    collectors = build_collectors(settings, names)
+    collectors = build_host_collectors(settings, names)
     assert [c.name for c in collectors] == ["nvml-replay", "rdma", "dcgm"]  # steps: the agent's
     assert all(isinstance(c, Collector) for c in collectors)
     assert len(gpu_message(collectors[0].collect(ctx())).gpus) == 8  # shipped H100 recording
-    monkeypatch.setenv("STEPWATCH_NVML_REPLAY", str(L40S))
-    (replay,) = build_collectors(settings, ["nvml-replay"])
+    from_env = Settings.load(env={"STEPWATCH_NVML_REPLAY": str(L40S)}, sysfs_root="/nonexistent")
+    (replay,) = build_host_collectors(from_env, ["nvml-replay"])
     assert len(gpu_message(replay.collect(ctx())).gpus) == 2
     with pytest.raises(ConfigError, match="unknown collector"):
-        build_collectors(settings, ["nvml", "gpu-magic"])
+        build_host_collectors(settings, ["nvml", "gpu-magic"])
     for c in collectors:
         c.close()
 
