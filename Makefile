@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo test test-unit test-integration lint typecheck check bench clean
+.PHONY: help setup lock demo test test-unit test-integration lint typecheck alerts check bench clean
 
 help:  ## list the commands
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -32,6 +32,11 @@ lint:  ## ruff
 typecheck:  ## mypy and the import-layer contracts (lint-imports)
 	$(VENV)/bin/mypy stepwatch
 	$(VENV)/bin/lint-imports
+
+alerts:  ## check and unit-test the alert rules (promtool) and the Alertmanager routing (amtool)
+	promtool check rules alerts/rules/*.yml
+	promtool test rules alerts/tests/*_test.yml
+	amtool check-config alerts/alertmanager/alertmanager.yml
 
 check: lint typecheck test  ## lint, typecheck and test (what CI runs)
 

@@ -23,6 +23,7 @@ import msgspec
 
 from stepwatch.agents.collectors.base import Collector, CollectorHealth, HealthState, HostContext
 from stepwatch.agents.collectors.steps import StepsCollector
+from stepwatch.agents.host_series import HostSeries, SeriesView
 from stepwatch.agents.sink import MessageSink, Sequencer
 from stepwatch.contract import KIND_OF, GpuMessage, Message, PortMessage
 from stepwatch.errors import ConfigError
@@ -49,6 +50,7 @@ class AgentSnapshot:
     sink: Any = None  # PublisherStats when the sink has stats()
     steps_received: int = 0
     datagrams_rejected: dict[str, int] = field(default_factory=dict)
+    series: SeriesView = field(default_factory=SeriesView)  # per-GPU/port series, XID counts
 
 
 class Agent:
@@ -74,6 +76,7 @@ class Agent:
         self._errors: Counter[str] = Counter()
         self._messages: Counter[str] = Counter()
         self._sink_errors = 0
+        self.series = HostSeries()
 
     # ------------------------------------------------------------------ one tick
     def tick(self) -> int:
@@ -90,6 +93,7 @@ class Agent:
         job = jobs.pop() if len(jobs) == 1 else None
         stamped = [self.sequencer.stamp(_attribute(m, self.host, job)) for m in out]
         self._messages.update(KIND_OF[type(m)].value for m in stamped)
+        self._observe(stamped)
         try:
             self.sink.send(stamped)
         except Exception as err:  # the sink must not stop the loop either
@@ -99,6 +103,12 @@ class Agent:
         self.ticks += 1
         self.last_tick_seconds = self._clock() - started
         return len(stamped)
+
+    def _observe(self, messages: list[Message]) -> None:
+        try:
+            self.series.observe(messages)
+        except Exception as err:  # metrics must not stop the loop
+            self._log("series", "host series update failed err=%r", err, level=logging.ERROR)
 
     def _poll(self, collector: Collector, ctx: HostContext) -> list[Message]:
         try:
@@ -183,6 +193,7 @@ class Agent:
             sink=stats() if callable(stats) else None,
             steps_received=self.steps.steps_received if self.steps else 0,
             datagrams_rejected=dict(self.steps.rejected) if self.steps else {},
+            series=self.series.view(),
         )
 
 

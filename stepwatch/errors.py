@@ -59,3 +59,7 @@ class MissingDependencyError(StepwatchError):
 
 class DetectionError(StepwatchError):
     """The detection core was given input it cannot work with."""
+
+
+class DaemonError(StepwatchError):
+    """A launched daemon (Prometheus, Alertmanager, Slurm) failed to start, answer or stop."""

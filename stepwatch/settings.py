@@ -91,6 +91,12 @@ class Settings:
     stream_rebalance_timeout: float = 0.0  # rebalance (rejoin) timeout s; 0: Faust's 60
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
+    # --- store endpoint limits (the embedded store's query endpoint) ------------
+    store_endpoint_max_body_bytes: int = 64 * 1024 * 1024  # a request body as sent
+    store_endpoint_max_decompressed_bytes: int = 256 * 1024 * 1024  # after Content-Encoding
+    store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
+    store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
+    store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
     # --- integrity: topics, message bounds, /metrics endpoints ---------------------
     min_insync_replicas: int = 2  # topic setting at creation; capped at replication_factor
     topic_retention_hours: float = 168.0  # retention.ms of created topics; <= 0: the broker's
@@ -149,7 +155,10 @@ class Settings:
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"setting {name}: port {port} is not in 0..65535")
-        for name in ("stream_batch", "sink_batch_messages", "replication_factor"):
+        for name in ("stream_batch", "sink_batch_messages", "replication_factor",
+                     "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
+                     "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
+                     "store_endpoint_max_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:

@@ -59,6 +59,7 @@ FAMILIES: dict[str, tuple[str, Callable[[float], Any]]] = {
     "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("remapped_rows_correctable", int),
     "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("remapped_rows_uncorrectable", int),
     "DCGM_FI_DEV_ROW_REMAP_PENDING": ("remapped_rows_pending", bool),
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("remapped_rows_failure", bool),
     "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": ("throttle_reasons", int),
     "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": ("throttle_reasons", int),
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": ("gr_engine_active", float),

@@ -194,6 +194,7 @@ class NvmlCollector:
             remapped_rows_correctable=_int(rows[0]) if rows else None,
             remapped_rows_uncorrectable=_int(rows[1]) if rows else None,
             remapped_rows_pending=bool(rows[2]) if rows else None,
+            remapped_rows_failure=bool(rows[3]) if rows and len(rows) > 3 else None,
             pcie_replay_total=_int(v[Field.PCIE_REPLAY]),
             nvlink_tx_bytes_total=_kib(nvlink[0]),
             nvlink_rx_bytes_total=_kib(nvlink[1]),

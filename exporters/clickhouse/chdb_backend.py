@@ -8,6 +8,7 @@ through the owner's query endpoint (:mod:`stepwatch.exporters.clickhouse.service
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -34,13 +35,31 @@ _LOCKED_HINT = (
 )
 
 
+USER_FILES_DIR = "user_files"
+
+
+def connection_string(path: str) -> str:
+    """The engine's connection string for ``path``: its user-files path kept inside the store.
+
+    ClickHouse resolves ``file()``-style relative paths and ``INTO OUTFILE``
+    under ``user_files_path``; the engine's default is a system directory. The
+    endpoint refuses those functions outright (see ``guard``); this keeps the
+    engine's own default inside the store as a second line.
+    """
+    user_files = os.path.join(path, USER_FILES_DIR)
+    if os.path.isdir(path):
+        with contextlib.suppress(OSError):  # a reader without write access: the engine copes
+            os.makedirs(user_files, mode=0o700, exist_ok=True)
+    return f"{path}?user_files_path={user_files}"
+
+
 def _open_session(path: str) -> Any:
     try:
         from chdb import session
     except ImportError as err:  # pragma: no cover - depends on the environment
         raise StoreError("the embedded store needs chdb: pip install 'stepwatch[dev]'") from err
     try:
-        return session.Session(path)
+        return session.Session(connection_string(path))
     except Exception as err:
         text = str(err)
         if "Cannot lock file" in text or "another server instance" in text.lower():

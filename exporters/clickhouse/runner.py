@@ -29,6 +29,7 @@ def run_sink(
     serve: bool = True,
     after_insert: Callable[[list[Batch]], None] | None = None,
     install_signals: bool = True,
+    listen: str = "",
 ) -> SinkMetrics:
     """Run until SIGTERM/SIGINT; return the metrics (for callers that want totals)."""
     from stepwatch.exporters.clickhouse.access import open_writer
@@ -49,11 +50,11 @@ def run_sink(
         Migrator(store, settings.store_raw_ttl_days).migrate()
         if store.backend == "chdb" and serve:
             service = serve_store(settings)
-        if settings.sink_metrics_port:
-            from prometheus_client import start_http_server
+        if settings.sink_metrics_port or listen:
+            from stepwatch.metrics_http import Endpoint, serve_metrics
 
-            http, _ = start_http_server(settings.sink_metrics_port, registry=metrics.registry)
-            log.info("sink metrics port=%d", settings.sink_metrics_port)
+            endpoint = Endpoint.from_settings(settings, settings.sink_metrics_port, listen)
+            http = serve_metrics(metrics.registry, endpoint, name="sink")
         sink = Sink(store, KafkaSource(settings, config.group_id), topics, config, metrics,
                     after_insert=after_insert)
         if install_signals:
@@ -87,7 +88,12 @@ def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -
 
     return QueryService(settings.store_path, settings.clickhouse_database, port=port,
                         allow_writes=allow_writes,
-                        endpoint_file=endpoint_path(settings.store_path)).start()
+                        endpoint_file=endpoint_path(settings.store_path),
+                        max_body_bytes=settings.store_endpoint_max_body_bytes,
+                        max_decompressed_bytes=settings.store_endpoint_max_decompressed_bytes,
+                        max_execution_time=settings.store_endpoint_max_query_seconds,
+                        max_result_bytes=settings.store_endpoint_max_result_bytes,
+                        max_memory_usage=settings.store_endpoint_max_memory_bytes).start()
 
 
 def on_signals(stop: Callable[[], Any]) -> None:

@@ -13,8 +13,17 @@ clickhouse-connect (and curl) use: ``GET /ping``; ``GET``/``POST /`` with
 ``query``, ``database``, ``default_format``, ``param_<name>`` and settings in
 the URL, the statement or insert data in the body, compressed bodies
 (gzip, deflate, lz4, zstd), ClickHouse-style errors. Every request runs in its
-own chdb session on the owner's path; read-only (``readonly=2``) unless the
-service was started with ``allow_writes``.
+own chdb session on the owner's path; read-only (``readonly=2``, set before
+anything the request names) unless the service was started with ``allow_writes``.
+
+Nothing a request sends is put into SQL as it came: the statement is parsed by
+the engine and checked (one statement; reads only on the read-only endpoint;
+no table function, engine, format or setting that reaches files, hosts or the
+process: :mod:`stepwatch.exporters.clickhouse.guard`), the database, setting
+and format names are checked against the engine's own lists, values travel as
+escaped literals, INSERT data goes to the engine as data, and bodies are size-
+and decompression-bounded (:mod:`stepwatch.exporters.clickhouse.http_body`).
+Refusals answer 4xx with a ClickHouse-style message.
 """
 
 from __future__ import annotations
@@ -27,9 +36,9 @@ import os
 import secrets
 import threading
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,17 +46,34 @@ from urllib.parse import parse_qsl, urlsplit
 
 from stepwatch.errors import StoreError
 from stepwatch.exporters.clickhouse.chdb_backend import _open_session
+from stepwatch.exporters.clickhouse.endpoint_request import (
+    Request,
+    capped,
+    leading_word,
+    lex_view,
+    parse_request,
+    status_of,
+    utf8,
+)
+from stepwatch.exporters.clickhouse.guard import Catalog, Guard, Refused, identifier, literal
+from stepwatch.exporters.clickhouse.http_body import (
+    DEFAULT_MAX_BODY,
+    DEFAULT_MAX_DECOMPRESSED,
+    content_length,
+    decompress,
+)
+from stepwatch.exporters.clickhouse.sqltext import (
+    insert_data_offset,
+    skip_data_separator,
+)
 from stepwatch.exporters.clickhouse.store import error_from
 
 log = logging.getLogger(__name__)
 
 USER = "stepwatch"
-_NOT_SETTINGS = frozenset({
-    "query", "database", "default_format", "user", "password", "quota_key", "query_id",
-    "session_id", "session_timeout", "session_check", "compress", "decompress", "buffer_size",
-    "wait_end_of_query", "client_protocol_version", "readonly", "enable_http_compression",
-    "send_progress_in_http_headers", "http_headers_progress_interval_ms",
-})
+DEFAULT_MAX_EXECUTION_TIME = 300.0  # seconds a statement may run
+DEFAULT_MAX_RESULT_BYTES = 1 << 30  # a reply is held in memory before it is sent
+DEFAULT_MAX_MEMORY_USAGE = 8 << 30  # memory one statement may take in the owner's process
 _CONTENT_TYPES = {"JSON": "application/json", "JSONCompact": "application/json"}
 
 
@@ -108,14 +134,28 @@ class QueryService:
         allow_writes: bool = False,
         endpoint_file: Path | None = None,
         password: str | None = None,
+        max_body_bytes: int = DEFAULT_MAX_BODY,
+        max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED,
+        max_execution_time: float = DEFAULT_MAX_EXECUTION_TIME,
+        max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
+        max_memory_usage: int = DEFAULT_MAX_MEMORY_USAGE,
     ) -> None:
         self.path = os.path.abspath(path)
         self.database = database
         self.allow_writes = allow_writes
         self.password = password or secrets.token_urlsafe(24)
         self.endpoint_file = endpoint_file
+        self.max_body_bytes = max_body_bytes
+        self.max_decompressed_bytes = max_decompressed_bytes
+        self.limits: dict[str, float] = {
+            "max_execution_time": max_execution_time,
+            "max_result_bytes": max_result_bytes,
+            "max_memory_usage": max_memory_usage,
+        }
         self.requests = 0
         self.errors = 0
+        self._guard_lock = threading.Lock()
+        self._guard_cached: Guard | None = None
         handler = type("Handler", (_Handler,), {"service": self})
         self._server = ThreadingHTTPServer((host, port), handler)
         self._server.daemon_threads = True
@@ -158,17 +198,53 @@ class QueryService:
         self.stop()
 
     # ------------------------------------------------------------------ execution
-    def execute(self, sql: str, params: dict[str, str], settings: dict[str, str],
-                database: str, fmt: str) -> tuple[bytes, dict[str, int]]:
+    def execute(self, request: Request) -> tuple[bytes, dict[str, int]]:
+        """Run the one checked statement of ``request``; Refused or an engine error otherwise."""
+        guard = self._guard()
         with self._session() as session:
-            session.query(f"USE `{database}`")
-            for name, value in settings.items():
-                session.query(f"SET {name} = {_quote(value)}")
             if not self.allow_writes:
                 session.query("SET readonly = 2")
-            result = session.query(sql, fmt, params=params or None)
+            session.query(f"USE {identifier(guard.database(session, request.database))}")
+            fmt = guard.output_format(request.fmt)
+            settings = {guard.setting(name): value for name, value in request.settings.items()}
+            for name, cap in self.limits.items():
+                settings[name] = capped(name, settings.get(name), cap)
+            full = request.text()
+            offset = insert_data_offset(lex_view(full)) if leading_word(full) == "INSERT" else None
+            if offset is not None:
+                return self._insert(session, guard, request, full, offset, settings)
+            stmt = guard.statement(session, utf8(full), request.params)
+            _apply(session, settings)
+            result = session.query(stmt.text, fmt, params=request.params or None)
             summary = {"read_rows": int(result.rows_read()), "written_rows": int(result.rows_written())}
             return result.bytes() or b"", summary
+
+    @staticmethod
+    def _insert(session: Any, guard: Guard, request: Request, full: bytes, offset: int,
+                settings: dict[str, str]) -> tuple[bytes, dict[str, int]]:
+        """``INSERT ... FORMAT x``: the statement is checked; its data never reaches the SQL parser."""
+        stmt = guard.statement(session, utf8(full[:offset]), request.params)
+        fmt = stmt.insert_format
+        if fmt is None:
+            raise Refused("INSERT without a FORMAT clause takes no data. (SYNTAX_ERROR)", 62)
+        guard.output_format(fmt)
+        _apply(session, settings)
+        for name in ("input_format_values_interpret_expressions",
+                     "input_format_values_deduce_templates_of_expressions"):
+            session.query(f"SET {name} = 0")
+        inserter = session.send_insert(stmt.insert_head, fmt)
+        data = skip_data_separator(full[offset:])
+        if data:
+            inserter.append(data)
+        result = inserter.finish()
+        return b"", {"read_rows": 0, "written_rows": int(result.rows_written)}
+
+    def _guard(self) -> Guard:
+        with self._guard_lock:
+            if self._guard_cached is None:
+                with self._session() as session:
+                    self._guard_cached = Guard(Catalog.load(session), readonly=not self.allow_writes)
+            return self._guard_cached
 
     @contextlib.contextmanager
     def _session(self) -> Iterator[Any]:
@@ -179,33 +255,17 @@ class QueryService:
             session.close()
 
 
-def _quote(value: str) -> str:
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
-def _decompress(body: bytes, encoding: str) -> bytes:
-    encoding = encoding.strip().lower()
-    if encoding in ("", "identity"):
-        return body
-    if encoding == "gzip":
-        return zlib.decompress(body, 16 + zlib.MAX_WBITS)
-    if encoding == "deflate":
-        return zlib.decompress(body)
-    if encoding == "lz4":
-        import lz4.frame
-
-        return bytes(lz4.frame.decompress(body))
-    if encoding == "zstd":
-        from backports import zstd
-
-        return bytes(zstd.decompress(body))
-    raise StoreError(f"unsupported Content-Encoding {encoding!r}")
+def _apply(session: Any, settings: dict[str, str]) -> None:
+    for name, value in settings.items():  # names checked against system.settings
+        session.query(f"SET {name} = {literal(value)}")
 
 
 class _Handler(BaseHTTPRequestHandler):
     service: QueryService
     protocol_version = "HTTP/1.1"
     server_version = "stepwatch-store"
+    timeout = 60  # seconds a connection may sit idle or trickle its request
+    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("endpoint " + format, *args)
@@ -214,17 +274,58 @@ class _Handler(BaseHTTPRequestHandler):
         if urlsplit(self.path).path.rstrip("/") == "/ping":
             self._reply(200, b"Ok.\n")
             return
-        self._handle(b"")
+        self._serve(with_body=False)
 
     def do_POST(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else b""
+        self._serve(with_body=True)
+
+    def _serve(self, *, with_body: bool) -> None:
+        service = self.service
+        service.requests += 1
+        url_params = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
         try:
-            body = _decompress(body, self.headers.get("Content-Encoding", ""))
-        except Exception as err:
-            self._error(400, 0, f"Cannot decompress request body: {err}")
+            if not self._authorized(url_params):
+                raise Refused(f"{USER}: Authentication failed: password is incorrect. "
+                              "(AUTHENTICATION_FAILED)", 516, HTTPStatus.FORBIDDEN)
+            body = self._body(with_body)
+            request = parse_request(url_params, body)
+            started = time.perf_counter()
+            out, summary = service.execute(request)
+        except Refused as err:
+            service.errors += 1
+            log.info("endpoint refused status=%d code=%d reason=%s", err.status, err.code, err)
+            self._error(int(err.status), err.code, str(err))
             return
-        self._handle(body)
+        except StoreError as err:
+            service.errors += 1
+            self._error(500, 0, str(err))
+            return
+        except Exception as err:
+            service.errors += 1
+            wrapped = error_from(err, "endpoint")
+            self._error(status_of(wrapped.code), wrapped.code or 0, str(err).strip())
+            return
+        summary["elapsed_ns"] = int((time.perf_counter() - started) * 1e9)
+        self._reply(200, out, {
+            "X-ClickHouse-Format": request.fmt,
+            "X-ClickHouse-Summary": json.dumps({k: str(v) for k, v in summary.items()}),
+        }, _CONTENT_TYPES.get(request.fmt, "text/plain; charset=UTF-8"))
+
+    def _body(self, with_body: bool) -> bytes:
+        """The request body, within the limits, decompressed; the connection closes on refusal."""
+        if not with_body:
+            return b""
+        self.close_connection = True  # until the body has been read in full
+        length = content_length(self.headers, self.service.max_body_bytes)
+        try:
+            body = self.rfile.read(length) if length else b""
+        except OSError as err:  # the client stalled past ``timeout`` or went away
+            raise Refused(f"Request body not received: {err}.", 0, HTTPStatus.REQUEST_TIMEOUT) from err
+        if len(body) != length:
+            raise Refused(f"Request body ended after {len(body)} of {length} bytes.", 0)
+        self.close_connection = False
+        return decompress(body, self.headers.get("Content-Encoding", ""),
+                          self.service.max_decompressed_bytes)
 
     def _authorized(self, url_params: dict[str, str]) -> bool:
         user = self.headers.get("X-ClickHouse-User") or url_params.get("user")
@@ -233,44 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
         if auth.lower().startswith("basic "):
             with contextlib.suppress(ValueError):
                 user, _, key = base64.b64decode(auth[6:]).decode().partition(":")
-        return user == USER and secrets.compare_digest(key or "", self.service.password)
-
-    def _handle(self, body: bytes) -> None:
-        service = self.service
-        service.requests += 1
-        url_params = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
-        if not self._authorized(url_params):
-            self._error(403, 516, f"{USER}: Authentication failed: password is incorrect. (AUTHENTICATION_FAILED)")
-            return
-        sql = url_params.get("query", "")
-        text = body.decode("utf-8", errors="replace")
-        sql = f"{sql}\n{text}" if sql and text else (sql or text)
-        if not sql.strip():
-            self._error(400, 62, "Empty query. (SYNTAX_ERROR)")
-            return
-        params = {k[6:]: v for k, v in url_params.items() if k.startswith("param_")}
-        settings = {
-            k: v for k, v in url_params.items() if k not in _NOT_SETTINGS and not k.startswith("param_")
-        }
-        fmt = url_params.get("default_format") or "TabSeparated"
-        database = url_params.get("database") or "default"
-        started = time.perf_counter()
-        try:
-            out, summary = service.execute(sql, params, settings, database, fmt)
-        except StoreError as err:
-            service.errors += 1
-            self._error(500, 0, str(err))
-            return
-        except Exception as err:
-            service.errors += 1
-            wrapped = error_from(err, "endpoint")
-            self._error(500, wrapped.code or 0, str(err).strip())
-            return
-        summary["elapsed_ns"] = int((time.perf_counter() - started) * 1e9)
-        self._reply(200, out, {
-            "X-ClickHouse-Format": fmt,
-            "X-ClickHouse-Summary": json.dumps({k: str(v) for k, v in summary.items()}),
-        }, _CONTENT_TYPES.get(fmt, "text/plain; charset=UTF-8"))
+        return user == USER and secrets.compare_digest((key or "").encode(), self.service.password.encode())
 
     def _error(self, status: int, code: int, message: str) -> None:
         text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}"

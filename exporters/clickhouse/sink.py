@@ -14,6 +14,7 @@ by ReplacingMergeTree. See docs/store.md.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -159,7 +160,7 @@ class Sink:
                     raise
                 self.metrics.retries.labels("sink_batches").inc()
                 log.warning("cannot read batch plans, retrying delay_s=%.1f error=%s", delay, err)
-                time.sleep(delay)
+                time.sleep(delay * random.uniform(0.5, 1.5))  # jittered
                 delay = min(delay * 2, self.config.retry_max)
 
     def _query_plans(self, tp: TP, committed: int | None) -> list[tuple[int, int]]:

@@ -134,6 +134,7 @@ class GpuReading(_Base, frozen=True):
     remapped_rows_correctable: Count | None = None
     remapped_rows_uncorrectable: Count | None = None
     remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None  # no spare row left: the GPU needs replacing
     pcie_replay_total: Count | None = None
     nvlink_tx_bytes_total: Count | None = None
     nvlink_rx_bytes_total: Count | None = None

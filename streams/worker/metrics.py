@@ -8,6 +8,9 @@ Each worker owns a :class:`CollectorRegistry` (no global state) served on
   this worker owns now;
 * per flagged rank (``job_id, rank, host, gpu, type, cause``): the score, only
   while the detection is open — the series disappears when it resolves;
+* per open detection (``stepwatch_detection_score``): type, cause, fault class
+  and where it points (rank, host, GPU, NIC ``device``/``port``) — what the
+  alert rules and the remediator route on; bounded by the open detections;
 * pipeline health: by ``kind`` (4 input kinds), ``reason`` (closed sets),
   ``partition`` (the partition count).
 
@@ -28,12 +31,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from stepwatch.contract import DetectionMessage
+from stepwatch.metrics_http import Endpoint, serve_metrics
 from stepwatch.streams.core.api import JobStats
 
 log = logging.getLogger(__name__)
 
 NS = "stepwatch"
 RANK_LABELS = ("job_id", "rank", "host", "gpu", "type", "cause")
+DETECTION_LABELS = ("job_id", "type", "cause", "fault", "rank", "host", "gpu", "group", "device",
+                    "port")
 
 
 @dataclass(frozen=True)
@@ -125,6 +131,37 @@ def _detection_families(snap: Snapshot) -> Iterator[Metric]:
         labels = [det.job_id, str(det.rank), str(host or ""), gpu, det.type, det.cause]
         ranks.add_metric(labels, float("nan") if score is None else float(score))
     yield ranks
+    yield _open_detections(snap.open)
+
+
+def _open_detections(opened: tuple[DetectionMessage, ...]) -> Metric:
+    fam = _gauge(
+        "detection_score",
+        "One series per open detection, labelled with its type, cause, fault class "
+        "(system/user/unknown) and where it points; value: the core's score (straggler: excess "
+        "busy share; job_slowdown: fraction slower than the job's own baseline; hang: seconds "
+        "silent), 1 when the detection has none. Removed when the detection resolves.",
+        list(DETECTION_LABELS),
+    )
+    seen: set[tuple[str, ...]] = set()
+    for det in opened:
+        labels = detection_labels(det)
+        if labels in seen:
+            continue
+        seen.add(labels)
+        score = det.score if det.score is not None and math.isfinite(det.score) else 1.0
+        fam.add_metric(list(labels), float(score))
+    return fam
+
+
+def detection_labels(det: DetectionMessage) -> tuple[str, ...]:
+    ev = det.evidence or {}
+    host = ev.get("suspect_host") or ev.get("host") or (det.host if det.host != "stepwatch" else "")
+    port = ev.get("port")
+    return (det.job_id, det.type, det.cause, det.fault,
+            "" if det.rank is None else str(det.rank), str(host or ""),
+            "" if det.gpu is None else str(det.gpu), det.group, str(ev.get("device") or ""),
+            "" if port is None else str(port))
 
 
 class StreamMetrics:
@@ -173,13 +210,11 @@ class StreamMetrics:
             self.lag.labels(kind, str(partition)).set(value)
 
 
-def serve(metrics: StreamMetrics, port: int, addr: str = "0.0.0.0") -> int:
-    """Serve /metrics on ``port`` (0 disables); return the port bound, 0 if none."""
-    if port <= 0:
-        return 0
-    from prometheus_client import start_http_server
+def serve(metrics: StreamMetrics, endpoint: Endpoint) -> int:
+    """Serve /metrics (port 0 disables); return the port bound, 0 if none.
 
-    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
-    bound = int(server.server_address[1])
-    log.info("metrics serving port=%d", bound)
-    return bound
+    Listen address, TLS and basic auth: :mod:`stepwatch.metrics_http`.
+    """
+    if endpoint.port <= 0:
+        return 0
+    return serve_metrics(metrics.registry, endpoint, name="stream").port

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import pathlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
 from stepwatch.broker import DevBroker
+from stepwatch.daemons.alertmanager import Alertmanager
+from stepwatch.daemons.prometheus import Prometheus
 from stepwatch.settings import Settings
 
 
@@ -32,3 +36,37 @@ def settings(broker: DevBroker, tmp_path) -> Settings:
         stream_metrics_port=0,
         host="testhost",
     )
+
+
+@pytest.fixture()
+def prometheus_factory(tmp_path) -> Iterator[Callable[..., Prometheus]]:
+    """Start real Prometheus servers: ``prometheus_factory(targets=[...], rule_files=[...])``.
+
+    Each gets its own directory under ``tmp_path`` and a free loopback port, is
+    ready when returned, and is stopped at teardown.
+    """
+    started: list[Prometheus] = []
+
+    def make(**kwargs: Any) -> Prometheus:
+        prom = Prometheus(workdir=tmp_path / f"prometheus{len(started)}", **kwargs)
+        started.append(prom)
+        return prom.start()
+
+    yield make
+    for prom in started:
+        prom.stop()
+
+
+@pytest.fixture()
+def alertmanager_factory(tmp_path) -> Iterator[Callable[..., Alertmanager]]:
+    """Start real Alertmanagers: ``alertmanager_factory(config=yaml_text_or_path)``."""
+    started: list[Alertmanager] = []
+
+    def make(config: str | pathlib.Path, **kwargs: Any) -> Alertmanager:
+        am = Alertmanager(workdir=tmp_path / f"alertmanager{len(started)}", config=config, **kwargs)
+        started.append(am)
+        return am.start()
+
+    yield make
+    for am in started:
+        am.stop()

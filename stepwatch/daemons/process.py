@@ -1,0 +1,137 @@
+"""One managed child process: start, wait for an HTTP readiness URL, stop cleanly.
+
+The launchers in this package (Prometheus, Alertmanager) are thin wrappers
+around :class:`ManagedProcess`; they only build the command line and the
+config files. Nothing here is specific to one daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepwatch.errors import DaemonError
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port(host: str = LOOPBACK) -> int:
+    """A TCP port that is free on ``host`` right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def find_binary(name: str, candidates: Sequence[str] = ()) -> str:
+    """The path of ``name`` on ``PATH`` (or one of ``candidates``), else a clear error."""
+    for cand in (name, *candidates):
+        found = shutil.which(cand)
+        if found:
+            return found
+    raise DaemonError(f"{name} not found on PATH: install it (Debian: apt-get install {name})")
+
+
+def http_get(url: str, timeout: float = 5.0) -> bytes:
+    """GET ``url``; any failure is a :class:`DaemonError`."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return bytes(resp.read())
+    except (urllib.error.URLError, OSError) as err:
+        raise DaemonError(f"GET {url} failed: {err}") from err
+
+
+def http_post(url: str, body: bytes = b"", timeout: float = 5.0,
+              content_type: str = "application/json") -> bytes:
+    """POST ``body`` to ``url``; any failure is a :class:`DaemonError`."""
+    req = urllib.request.Request(url, data=body, method="POST",
+                                 headers={"Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return bytes(resp.read())
+    except (urllib.error.URLError, OSError) as err:
+        raise DaemonError(f"POST {url} failed: {err}") from err
+
+
+def get_json(url: str, timeout: float = 5.0) -> Any:
+    """GET ``url`` and decode JSON."""
+    try:
+        return json.loads(http_get(url, timeout))
+    except ValueError as err:
+        raise DaemonError(f"GET {url}: not JSON: {err}") from err
+
+
+@dataclass
+class ManagedProcess:
+    """A child process with a log file, an HTTP readiness probe and a clean stop."""
+
+    name: str
+    argv: list[str]
+    ready_url: str
+    log_path: Path
+    stop_timeout: float = 10.0
+    _proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    def start(self, timeout: float = 30.0) -> None:
+        log.info("daemon starting name=%s argv=%s", self.name, " ".join(self.argv))
+        with open(self.log_path, "ab") as out:
+            self._proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(timeout)
+        except DaemonError:
+            self.stop()
+            raise
+        log.info("daemon ready name=%s pid=%s url=%s", self.name, self._proc.pid, self.ready_url)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._proc is None or self._proc.poll() is not None:
+                code = None if self._proc is None else self._proc.returncode
+                raise DaemonError(f"{self.name} exited with code {code} at start: {self.log_tail()}")
+            try:
+                http_get(self.ready_url, timeout=1.0)
+                return
+            except DaemonError:
+                time.sleep(0.1)
+        raise DaemonError(f"{self.name} not ready at {self.ready_url} after {timeout:.0f} s: "
+                          f"{self.log_tail()}")
+
+    def stop(self) -> None:
+        """SIGTERM, wait up to ``stop_timeout``, then SIGKILL. Idempotent."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("daemon did not stop on SIGTERM name=%s pid=%s: killing", self.name, proc.pid)
+            proc.kill()
+            proc.wait(timeout=5)
+        log.info("daemon stopped name=%s code=%s", self.name, proc.returncode)
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
