@@ -157,7 +157,13 @@ def inject(fleet: Fleet, kind: str, rng: random.Random, redrive_s: float) -> Non
 
 def kill_worker(fleet: Fleet, rng: random.Random) -> None:
     victim, survivor = rng.sample(fleet.workers, 2)
+    held = metric(scrape(survivor.port), "stepwatch_stream_assigned_partitions")
     victim.proc.kill9()
+    if held >= PARTITIONS:  # the victim owned nothing (still rejoining): no takeover to time
+        fleet.note(f"kill -9 {victim.proc.name} (owned no partitions)")
+        time.sleep(rng.uniform(0, 3))
+        victim.proc.start()
+        return
     t0 = time.monotonic()
     fleet.note(f"kill -9 {victim.proc.name}")
     try:
