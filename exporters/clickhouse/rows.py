@@ -201,7 +201,8 @@ STEPS = table("step_events", [
 
 _GPU_TYPES = {
     "uuid": "String", "name": _LC, "pci_bus_id": "String", "throttle_reasons": "Nullable(UInt64)",
-    "remapped_rows_pending": "Nullable(Bool)", "xid_last": "Nullable(UInt32)",
+    "remapped_rows_pending": "Nullable(Bool)", "remapped_rows_failure": "Nullable(Bool)",
+    "xid_last": "Nullable(UInt32)",
 }
 GPUS = table("gpu_samples", [
     ("ts", _DT3), ("job_id", _LC), ("host", _LC), ("gpu", "UInt16"),

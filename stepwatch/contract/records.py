@@ -256,6 +256,13 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     opened_at: Epoch | None = None
     summary: str = ""
     evidence: dict[str, str | float | int | bool | None] = {}
+    # v1 additions (defaults keep older messages valid): where a host- or
+    # network-level incident is (``host`` in the header names the host), the
+    # ranks it touches, and the id of the incident a linked detection belongs to.
+    device: str | None = None  # NIC device (network detections), e.g. mlx5_3
+    port: int | None = None  # NIC port number
+    ranks: list[int] = []  # affected ranks of a host-level detection
+    related: str = ""  # id of the incident this detection belongs to ("" = its own)
 
 
 Message = StepMessage | GpuMessage | PortMessage | EventMessage | DetectionMessage

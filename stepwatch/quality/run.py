@@ -26,20 +26,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepwatch.quality.score import CaseResult, report_lines, score
-from stepwatch.quality.suite import Case, suite
-from stepwatch.sim import ground_truth, simulate
+from stepwatch.quality import wild_suite
+from stepwatch.quality.score import CaseResult, _fmt, report_lines, score
+from stepwatch.quality.suite import BenchCase, suite
+from stepwatch.sim import simulate
 from stepwatch.streams.core import DetectConfig, Engine
 
 
-def run_case(case: Case, cfg: DetectConfig) -> CaseResult:
+def run_case(case: BenchCase, cfg: DetectConfig) -> CaseResult:
     """Drive one fresh engine over the case's messages, as the replay does."""
     engine = Engine(cfg)
     detections = []
     last_tick = 0.0
     messages = records = 0
     t0 = time.perf_counter()
-    for message in simulate(*case.scenarios):
+    for message in case.messages():
         messages += 1
         records += len(getattr(message, "steps", ()))
         detections.extend(engine.process(message))
@@ -48,8 +49,7 @@ def run_case(case: Case, cfg: DetectConfig) -> CaseResult:
             detections.extend(engine.tick(message.ts))
     detections.extend(engine.tick(engine.now))
     elapsed = time.perf_counter() - t0
-    return CaseResult(case, ground_truth(*case.scenarios), detections, messages, records,
-                      elapsed)
+    return CaseResult(case, case.labels(), detections, messages, records, elapsed)
 
 
 def micro_benchmark(repeat: int = 3) -> list[dict[str, Any]]:
@@ -93,28 +93,69 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--no-micro", action="store_true", help="skip the Engine.process timing")
     p.add_argument("--verbose", action="store_true", help="list every miss and false detection")
+    p.add_argument("--family", choices=(*FAMILIES, "all"), default="all",
+                   help="scenario family: sim (stepwatch.sim), wild (stepwatch.quality.wild, "
+                        "written independently), or all (default)")
     args = p.parse_args(argv)
     return run(quick=args.quick, seed=args.seed, json_path=args.json, micro=not args.no_micro,
-               verbose=args.verbose)
+               verbose=args.verbose,
+               families=FAMILIES if args.family == "all" else (args.family,))
+
+
+FAMILIES = ("sim", "wild")
+
+
+def cases_of(family: str, *, quick: bool, seed: int) -> list[BenchCase]:
+    if family == "sim":
+        return list(suite(quick=quick, seed=seed))
+    return list(wild_suite.suite(quick=quick, seed=seed))
+
+
+def run_family(family: str, *, quick: bool, seed: int, cfg: DetectConfig) -> dict[str, Any]:
+    cases = cases_of(family, quick=quick, seed=seed)
+    t0 = time.perf_counter()
+    results = [run_case(case, cfg) for case in cases]
+    figures = score(results)
+    figures["suite"] = {"family": family, "mode": "quick" if quick else "full", "seed": seed,
+                        "cases": len(cases), "seconds": round(time.perf_counter() - t0, 1)}
+    return figures
 
 
 def run(*, quick: bool = False, seed: int = 7, json_path: str | None = None, micro: bool = True,
-        verbose: bool = False, cfg: DetectConfig | None = None) -> int:
+        verbose: bool = False, cfg: DetectConfig | None = None,
+        families: Sequence[str] = FAMILIES) -> int:
     cfg = cfg or DetectConfig()
-    cases = suite(quick=quick, seed=seed)
-    t0 = time.perf_counter()
-    results = [run_case(case, cfg) for case in cases]
-    wall = time.perf_counter() - t0
-    figures = score(results)
-    figures["suite"] = {"mode": "quick" if quick else "full", "seed": seed, "cases": len(cases),
-                        "seconds": round(wall, 1)}
-    if micro:
-        figures["micro"] = micro_benchmark()
-    for line in report_lines(figures, verbose=verbose):
+    out: dict[str, Any] = {}
+    for family in families:
+        figures = out[family] = run_family(family, quick=quick, seed=seed, cfg=cfg)
+        print(f"=== family {family!r} ===")
+        for line in report_lines(figures, verbose=verbose):
+            print(line)
+        print()
+    for line in family_table(out):
         print(line)
+    if micro:
+        out["micro"] = micro_benchmark()
+        for line in report_lines({"micro": out["micro"]}, micro_only=True):
+            print(line)
     if json_path:
-        Path(json_path).write_text(json.dumps(figures, indent=2, default=str) + "\n")
+        Path(json_path).write_text(json.dumps(out, indent=2, default=str) + "\n")
     return 0
+
+
+def family_table(out: dict[str, Any]) -> list[str]:
+    """One row per family: the issue's figures on slowdowns >= 10 % and healthy runs."""
+    cols = ("precision", "recall", "f1", "duplicates", "ttd_steps_median", "ttd_steps_p95",
+            "ttd_seconds_median", "ttd_seconds_p95", "attribution",
+            "detections_per_healthy_job_hour")
+    lines = ["per family (slowdowns >= 10 % and healthy runs; stops included in 'all faults'):",
+             f"{'family':<8}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols)]
+    for family, f in out.items():
+        for subset, key in (("all faults", "overall"), ("slow>=10%", "slowdowns_ge_10pct")):
+            row = f[key]
+            lines.append(f"{family:<8}{subset:<12}{row['labels']:>7}"
+                         + "".join(f"{_fmt(row[c]):>13}" for c in cols))
+    return lines
 
 
 if __name__ == "__main__":

@@ -8,6 +8,13 @@ no earlier than the fault's start (1 s tolerance) and no later than a minute
 after the fault ended. Every other detection is a false detection. Time to
 detect is from the fault's start to the first hit; attribution is right when
 that first hit's cause is the label's cause.
+
+A host-level detection (``rank`` null, ``ranks`` listed) hits a label whose
+ranks it shares or whose host it names; a network ``job_slowdown`` hits a
+network label only when it names the label's host. A detection that carries
+``related`` (it belongs to another open incident) is not an incident of its
+own: it is neither a hit nor a false detection. *Duplicates* count the extra
+incidents that hit a label already hit.
 """
 
 from __future__ import annotations
@@ -18,7 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from stepwatch.contract import DetectionMessage
-from stepwatch.quality.suite import SLOWDOWNS, Case
+from stepwatch.quality.suite import SLOWDOWNS
+from stepwatch.quality.suite import BenchCase as Case
 from stepwatch.sim import Label
 
 JOB_LEVEL = frozenset({"job_slowdown", "hang", "user_error"})
@@ -38,7 +46,8 @@ class CaseResult:
 
     @property
     def opened(self) -> list[DetectionMessage]:
-        return [d for d in self.detections if d.state == "open"]
+        """The incidents opened (a detection linked to another incident is not one)."""
+        return [d for d in self.detections if d.state == "open" and not d.related]
 
     @property
     def job_hours(self) -> float:
@@ -54,6 +63,10 @@ def hits(label: Label, d: DetectionMessage) -> bool:
         return False
     if d.type == "link_flap":
         return d.host == label.host
+    if d.type == "job_slowdown" and label.cause == "network" and label.host:
+        return d.host == label.host
+    if d.rank is None and d.ranks:
+        return bool(set(d.ranks) & set(label.ranks)) or (bool(label.host) and d.host == label.host)
     if d.rank is None:
         return d.type in JOB_LEVEL
     return not label.ranks or d.rank in label.ranks
@@ -82,9 +95,19 @@ class Outcome:
 
 def evaluate(results: list[CaseResult]) -> tuple[list[Outcome], list[tuple[Case, DetectionMessage]], int]:
     """Outcomes per label, false detections, and the number of true detections."""
+    outcomes, false, true, _ = _evaluate(results)
+    return outcomes, false, true
+
+
+def duplicates(results: list[CaseResult]) -> int:
+    return _evaluate(results)[3]
+
+
+def _evaluate(results: list[CaseResult]) -> tuple[
+        list[Outcome], list[tuple[Case, DetectionMessage]], int, int]:
     outcomes: list[Outcome] = []
     false: list[tuple[Case, DetectionMessage]] = []
-    true = 0
+    true = dups = 0
     for r in results:
         opened = sorted(r.opened, key=lambda d: d.ts)
         for d in opened:
@@ -93,9 +116,11 @@ def evaluate(results: list[CaseResult]) -> tuple[list[Outcome], list[tuple[Case,
             else:
                 false.append((r.case, d))
         for label in r.labels:
+            dups += max(0, sum(1 for d in opened if hits(label, d)) - 1)
+        for label in r.labels:
             first = next((d for d in opened if hits(label, d)), None)
             outcomes.append(Outcome(label, r.case, first))
-    return outcomes, false, true
+    return outcomes, false, true, dups
 
 
 def _pct(values: list[float], q: float) -> float | None:
@@ -106,7 +131,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def summarise(results: list[CaseResult]) -> dict[str, Any]:
-    outcomes, false, true = evaluate(results)
+    outcomes, false, true, dups = _evaluate(results)
     detected = [o for o in outcomes if o.first is not None]
     total = true + len(false)
     precision = true / total if total else 1.0
@@ -120,13 +145,14 @@ def summarise(results: list[CaseResult]) -> dict[str, Any]:
     healthy_false = sum(len(r.opened) for r in healthy)
     return {
         "labels": len(outcomes), "detected": len(detected), "detections": total,
-        "false_detections": len(false),
+        "false_detections": len(false), "duplicates": dups,
         "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4),
         "ttd_steps_median": _pct(steps, 0.5), "ttd_steps_p95": _pct(steps, 0.95),
         "ttd_seconds_median": _r(_pct(secs, 0.5)), "ttd_seconds_p95": _r(_pct(secs, 0.95)),
         "attribution": round(sum(1 for c in causes if c) / len(causes), 4) if causes else None,
         "healthy_job_hours": round(hours, 2), "healthy_detections": healthy_false,
         "false_per_1000_healthy_job_hours": round(1000 * healthy_false / hours, 1) if hours else None,
+        "detections_per_healthy_job_hour": round(healthy_false / hours, 3) if hours else None,
     }
 
 
@@ -173,14 +199,16 @@ def score(results: list[CaseResult]) -> dict[str, Any]:
 GOALS = {"precision": 0.98, "recall": 0.95, "ttd_steps_median": 5, "attribution": 0.9}
 
 
-def report_lines(f: dict[str, Any], verbose: bool = False) -> list[str]:
+def report_lines(f: dict[str, Any], verbose: bool = False, micro_only: bool = False) -> list[str]:
+    if micro_only:
+        return _micro_lines(f)
     s = f.get("suite", {})
-    out = [f"detection quality: {s.get('mode')} suite, seed {s.get('seed')}, {s.get('cases')} "
+    out = [f"detection quality: family {s.get('family', 'sim')}, {s.get('mode')} suite, seed {s.get('seed')}, {s.get('cases')} "
            f"jobs, {f['messages']} messages, {f['records']} step records, "
            f"{s.get('seconds')} s (engine+simulator)", ""]
-    cols = ("precision", "recall", "f1", "ttd_steps_median", "ttd_steps_p95",
+    cols = ("precision", "recall", "f1", "duplicates", "ttd_steps_median", "ttd_steps_p95",
             "ttd_seconds_median", "ttd_seconds_p95", "attribution",
-            "false_per_1000_healthy_job_hours")
+            "detections_per_healthy_job_hour")
     out.append(f"{'subset':<22}{'labels':>7}{'dets':>6}" + "".join(f"{c[:12]:>13}" for c in cols))
     for name in ("overall", "severity_ge_10pct", "slowdowns_ge_10pct"):
         row = f[name]
@@ -192,6 +220,7 @@ def report_lines(f: dict[str, Any], verbose: bool = False) -> list[str]:
         f"{k} {_fmt(g[k])} ({'met' if _met(k, g[k]) else 'NOT met'}, goal "
         f"{'<=' if k.startswith('ttd') else '>='} {v})" for k, v in GOALS.items()))
     healthy = f["overall"]
+    out.append(f"duplicates: {g['duplicates']} (goal: 0)")
     out.append(f"healthy runs: {healthy['healthy_detections']} detections in "
                f"{healthy['healthy_job_hours']} job-hours (goal: 0)")
     out.append("")
@@ -208,6 +237,12 @@ def report_lines(f: dict[str, Any], verbose: bool = False) -> list[str]:
             out.extend(f"  {x}" for x in (items if verbose else items[:8]))
             if not verbose and len(items) > 8:
                 out.append(f"  ... {len(items) - 8} more (--verbose)")
+    out.extend(_micro_lines(f))
+    return out
+
+
+def _micro_lines(f: dict[str, Any]) -> list[str]:
+    out: list[str] = []
     if "micro" in f:
         out.append("")
         out.append("Engine.process micro-benchmark (step messages only, best of 3):")

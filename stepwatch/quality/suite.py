@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from stepwatch.sim import Fault, FaultKind, Scenario
+from stepwatch.contract import Message
+from stepwatch.sim import Fault, FaultKind, Label, Scenario, ground_truth, simulate
 
 SLOWDOWNS = (
     FaultKind.SLOW_GPU,
@@ -58,6 +60,27 @@ class Case:
     @property
     def job_hours(self) -> float:
         return sum(sc.steps * sc.step_seconds for sc in self.scenarios) / 3600.0
+
+    def messages(self) -> Iterator[Message]:
+        return iter(simulate(*self.scenarios))
+
+    def labels(self) -> list[Label]:
+        return ground_truth(*self.scenarios)
+
+
+class BenchCase(Protocol):
+    """What the harness needs of a case, whichever family built it."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def healthy(self) -> bool: ...
+    @property
+    def severity(self) -> float | None: ...
+    @property
+    def job_hours(self) -> float: ...
+    def messages(self) -> Iterator[Message]: ...
+    def labels(self) -> list[Label]: ...
 
 
 def suite(*, quick: bool, seed: int) -> list[Case]:

@@ -10,7 +10,7 @@ from stepwatch.sdk.configure import init
 from stepwatch.sdk.cuda import EventFactory, TimingEvent
 from stepwatch.sdk.identity import Identity, Launcher, detect_identity
 from stepwatch.sdk.phases import ALIASES, Phase, canonical
-from stepwatch.sdk.step import PhaseTimer, Step
+from stepwatch.sdk.step import PhaseTimer, Span, Step, StepHook
 from stepwatch.sdk.wire import RankEvent, RankStep, decode_datagram, encode_datagram
 
 __all__ = [
@@ -23,7 +23,9 @@ __all__ = [
     "PhaseTimer",
     "RankEvent",
     "RankStep",
+    "Span",
     "Step",
+    "StepHook",
     "StepWatch",
     "TimingEvent",
     "canonical",

@@ -23,7 +23,7 @@ from typing import Any
 
 from stepwatch.contract.records import EventType
 from stepwatch.logs import LogOnce
-from stepwatch.sdk.cuda import EventPool
+from stepwatch.sdk.cuda import EventPool, TimingEvent
 from stepwatch.sdk.events import (
     checkpoint_event,
     custom_event,
@@ -33,7 +33,14 @@ from stepwatch.sdk.events import (
 )
 from stepwatch.sdk.exporter import Exporter, Item
 from stepwatch.sdk.identity import Identity
-from stepwatch.sdk.step import NULL_CONTEXT, PhaseTimer, Step, _NullContext
+from stepwatch.sdk.step import (
+    NULL_CONTEXT,
+    PhaseTimer,
+    Step,
+    StepHook,
+    _NullContext,
+    record_event,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +69,7 @@ class StepWatch:
         self._lifecycle = False  # rank 0 sends job_start / job_end (see announce)
         self._failed: str | None = None  # class of the last exception out of a step
         self._pid = os.getpid()
+        self._step_hooks: tuple[StepHook, ...] = ()
         atexit.register(_close_at_exit, weakref.ref(self))
 
     # ------------------------------------------------------------------ identity
@@ -76,6 +84,30 @@ class StepWatch:
     def set_group(self, group: str) -> None:
         """Set the peer-group key (e.g. pipeline stage ``"pp3"``) for the next steps."""
         self._identity = self._identity.replace(group=str(group) or "all")
+
+    # ------------------------------------------------------------------ integrations
+    def add_step_hook(self, hook: StepHook) -> None:
+        """Call ``hook(spans, step_number)`` on the training thread as each step ends.
+
+        ``spans`` is the step's list of ``(name, start_ns, end_ns, start_event,
+        end_event)`` (``perf_counter_ns`` marks; CUDA events or None); the hook may
+        rewrite it in place, for example to split a framework's hidden
+        communication wait out of the phase that contains it
+        (:mod:`stepwatch.integrations.torch`). It must be quick; an exception is
+        logged once and counted, never raised into training."""
+        self._step_hooks = (*self._step_hooks, hook)
+
+    def remove_step_hook(self, hook: StepHook) -> None:
+        """Stop calling ``hook`` (no-op when it was not added)."""
+        self._step_hooks = tuple(h for h in self._step_hooks if h is not hook)
+
+    def new_event(self) -> TimingEvent | None:
+        """A CUDA timing event from the SDK's pool, recorded now on the current
+        stream, or None with wall timing (or when recording fails). Integrations use
+        it to mark points inside a phase; put it in a span so it returns to the pool."""
+        if self._pool is None:
+            return None
+        return record_event(self._pool, self)
 
     # ------------------------------------------------------------------ steps
     def step(

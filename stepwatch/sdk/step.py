@@ -9,6 +9,7 @@ owner's log-once channel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 
 # (name, start perf ns, end perf ns, start event, end event)
 Span = tuple[str, int, int, TimingEvent | None, TimingEvent | None]
+# Called on the training thread when a step ends, with the step's spans (which it
+# may rewrite, e.g. split a framework's hidden wait out of a phase) and the step's
+# number. See StepWatch.add_step_hook.
+StepHook = Callable[[list[Span], int], None]
 
 
 class RawStep:
@@ -229,6 +234,11 @@ class Step:
             for timer in self._open:
                 timer.close_at(end, event)
             self._open.clear()
+        for hook in self._owner._step_hooks:
+            try:
+                hook(self._spans, self._number)
+            except Exception as err:  # an integration must not break the step
+                self._owner._misuse("step_hook", "stepwatch: step hook %r failed err=%r", hook, err)
         self._done = True
         return RawStep(self, end, event)
 

@@ -66,7 +66,7 @@ EXPECTED: dict[FaultKind, Expected] = {
     ),
     FaultKind.JOB_HANG: Expected(D.HANG, C.UNKNOWN, S, "restart"),
     FaultKind.RANK_CRASH: Expected(D.RANK_MISSING, C.UNKNOWN, S, "restart", (D.HANG,)),
-    FaultKind.SLOW_RANK: Expected(D.STRAGGLER, C.UNKNOWN, S, "inspect", (D.JOB_SLOWDOWN,)),
+    FaultKind.SLOW_RANK: Expected(D.STRAGGLER, C.GPU, S, "inspect", (D.JOB_SLOWDOWN,)),
     FaultKind.NAN_LOSS: Expected(D.USER_ERROR, C.USER, FaultClass.USER, "notify_user"),
 }
 del S, D, C

@@ -24,7 +24,12 @@ NAN = float("nan")
 
 # Rows of ClosedStep.m, each indexed by rank (NaN where missing or unmeasured).
 START, END, DUR, DATA, COMPUTE, XFER, COMM, CKPT, PAUSE, BUSY, OTHER = range(11)
-ROWS = 11
+FWD, BWD, OPT, EXTRA = range(11, 15)  # the compute phases one by one (EXTRA: other sections)
+ROWS = 15
+# The phases compared with the peers one by one (a DDP straggler's forward is longer
+# while its backward, where the peers wait, is shorter: equal sums, unequal phases).
+PHASE_ROWS = (DATA, FWD, BWD, OPT, EXTRA, XFER)
+PHASE_NAMES = ("data", "forward", "backward", "optimizer", "other", "transfer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,8 +257,11 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
         parts = a[3:6]
         xfer: np.ndarray | float = 0.0
         evals: np.ndarray | float = 0.0
+        rows[FWD:OPT + 1] = parts
+        rows[EXTRA] = NAN
         if has_extra:
             other, xfer, evals = _split_extra(records)
+            rows[EXTRA] = other
             parts = np.vstack([parts, other])
         if np.isnan(parts).any():
             measured = ~np.isnan(parts).all(axis=0)

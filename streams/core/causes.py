@@ -4,7 +4,9 @@ Order of precedence for a rank: hardware (XID 79/48/95, double-bit ECC,
 uncorrectable remapped rows) > gpu (bad throttle reasons, power cap, SM clock
 below max, heat, other non-user XIDs) > network (link down or errors on the
 host's NICs, ECN/CNP or ``xmit_wait`` rates well above the job's other NICs)
-> host_input (the data phase holds most of the excess) > unknown. GPU and NIC
+> host_input (the data phase holds most of the excess) > gpu "compute" (the
+forward/backward/optimizer phases hold most of the excess while GPU, NIC and
+input look healthy: that GPU computes slower) > unknown (no phase evidence). GPU and NIC
 symptoms count only when the rank's GPU/NIC shows them and most of its peers
 do not: busy GPUs often sit at their power cap, and a fabric-wide congestion
 is not one host's fault.
@@ -27,6 +29,7 @@ from stepwatch.streams.core.hostwindow import (
     median_of,
 )
 from stepwatch.streams.core.kinds import Cause, Fault
+from stepwatch.streams.core.netloc import localize
 
 HARDWARE_XIDS = frozenset({48, 79, 95})
 USER_XIDS = frozenset({13, 31, 43})  # most often the application's own fault
@@ -65,7 +68,8 @@ class CauseFinder:
         return win.port_signals(*self._range(t1, span)) if win else []
 
     def for_rank(self, host: str, gpu: int | None, peer_hosts: Iterable[str], t1: float,
-                 data_share: float | None, span: float | None = None) -> Attribution:
+                 data_share: float | None, span: float | None = None,
+                 compute_share: float | None = None) -> Attribution:
         """Why rank (``host``, ``gpu``) is slow, from samples of the last ``span`` seconds
         (the time the slowdown was seen, so that its symptoms are not diluted)."""
         peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
@@ -74,6 +78,8 @@ class CauseFinder:
         hw = hardware_reasons(own)
         if hw:
             return Attribution(Cause.HARDWARE, Fault.SYSTEM, hw[0], {"hardware": ", ".join(hw)})
+        if data_share is not None and data_share >= self.cfg.data_share_for_input:
+            return by_phases(data_share, compute_share, self.cfg.data_share_for_input, "")
         peer_gpus = [s for i, s in gpus.items() if i != gpu]
         for h in peers:
             peer_gpus.extend(self._gpus(h, t1, span).values())
@@ -81,16 +87,45 @@ class CauseFinder:
         if found:
             reasons, ev = found
             return Attribution(Cause.GPU, Fault.SYSTEM, reasons[0], ev)
-        ports = self._ports(host, t1, span)
-        peer_ports = [p for h in peers for p in self._ports(h, t1, span)]
-        net = network_reasons(ports, peer_ports, self.cfg)
-        if net:
-            reasons, ev = net
-            return Attribution(Cause.NETWORK, Fault.SYSTEM, reasons[0], ev)
-        if data_share is not None and data_share >= self.cfg.data_share_for_input:
-            return Attribution(Cause.HOST_INPUT, Fault.SYSTEM, "slow data phase",
-                               {"data_share_of_excess": round(data_share, 3)})
-        return UNKNOWN
+        net = self._own_nic(host, peers, t1, span)
+        if net is not None:
+            return net
+        return by_phases(data_share, compute_share, self.cfg.data_share_for_input, "")
+
+    def _own_nic(self, host: str, peers: list[str], t1: float,
+                 span: float | None) -> Attribution | None:
+        """The host's NIC, against the peers' ports and its own history (see netloc)."""
+        t0, t1 = self._range(t1, span)
+        sus = localize(self.windows, [host, *peers], t0, t1, self.cfg.host_window_seconds,
+                       self.cfg, only=host)
+        if sus is None:
+            return None
+        return Attribution(Cause.NETWORK, Fault.SYSTEM, sus.reasons[0], sus.evidence)
+
+    def for_host(self, host: str, gpus: list[int], peer_hosts: Iterable[str], t1: float,
+                 data_share: float | None, span: float | None = None,
+                 compute_share: float | None = None) -> Attribution:
+        """Why several ranks of one host are slow: its GPUs, its NICs, its input, its compute."""
+        peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
+        signals = self._gpus(host, t1, span)
+        need = self.cfg.data_share_for_input
+        for g in gpus:
+            hw = hardware_reasons(signals.get(g))
+            if hw:
+                return Attribution(Cause.HARDWARE, Fault.SYSTEM, f"{hw[0]} on gpu {g}",
+                                   {"hardware": ", ".join(hw), "gpu": g})
+        if data_share is not None and data_share >= need:
+            return by_phases(data_share, compute_share, need, " of the host")
+        peer_gpus = [s for h in peers for s in self._gpus(h, t1, span).values()]
+        found = [(g, f) for g in gpus if (f := gpu_reasons(signals.get(g), peer_gpus, self.cfg))]
+        if found and len(found) * 2 >= len(gpus):
+            g, (reasons, ev) = found[0]
+            return Attribution(Cause.GPU, Fault.SYSTEM, f"{reasons[0]} on {len(found)} GPUs",
+                               {**ev, "gpus_with_symptoms": len(found)})
+        net = self._own_nic(host, peers, t1, span)
+        if net is not None:
+            return net
+        return by_phases(data_share, compute_share, need, " of the host")
 
     def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
                 span: float | None = None) -> Attribution:
@@ -100,28 +135,25 @@ class CauseFinder:
                  if k in ("data", "compute", "transfer", "collective", "other")}
         top = max(grown, key=lambda k: grown[k]) if grown else "step"
         ev: Evidence = {"grew": top}
-        if top in ("collective", "transfer"):
-            ports = {h: self._ports(h, t1, span) for h in hosts}
-            found = []
-            for h, ps in ports.items():
-                others = [p for o, qs in ports.items() if o != h for p in qs]
-                net = network_reasons(ps, others, self.cfg)
-                if net:
-                    found.append((float(net[1].get("cnp_per_s") or 0.0), h, net))
-            if found:
-                _, h, (reasons, nev) = max(found, key=lambda x: x[0])
-                return Attribution(Cause.NETWORK, Fault.SYSTEM, f"{reasons[0]} on {h}",
-                                   {**ev, **nev, "suspect_host": h})
-            return Attribution(Cause.NETWORK, Fault.UNKNOWN, "collectives slower", ev)
-        if top == "data":
-            return Attribution(Cause.HOST_INPUT, Fault.UNKNOWN, "data phase slower", ev)
+        t0, t1 = self._range(t1, span)
         if top == "compute":
             all_gpus = [s for h in hosts for s in self._gpus(h, t1, span).values()]
-            slow = [s for s in all_gpus if gpu_reasons(s, [], self.cfg)]
+            slow = [s for s in all_gpus if severe_gpu(s, self.cfg)]
             if all_gpus and len(slow) >= len(all_gpus) / 2:
                 ev["gpus_throttled"] = len(slow)
                 ev["gpus"] = len(all_gpus)
                 return Attribution(Cause.GPU, Fault.SYSTEM, "GPUs throttled job-wide", ev)
+        if top != "data":  # waits may hide in compute phases (DDP backward, pipeline forward)
+            sus = localize(self.windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg)
+            if sus is not None:
+                return Attribution(Cause.NETWORK, Fault.SYSTEM,
+                                   f"{sus.reasons[0]} port {sus.port} on {sus.host}",
+                                   {**ev, **sus.evidence})
+        if top in ("collective", "transfer"):
+            return Attribution(Cause.NETWORK, Fault.UNKNOWN, "collectives slower", ev)
+        if top == "data":
+            return Attribution(Cause.HOST_INPUT, Fault.UNKNOWN, "data phase slower", ev)
+        if top == "compute":
             return Attribution(Cause.UNKNOWN, Fault.UNKNOWN, "compute slower", ev)
         return Attribution(Cause.UNKNOWN, Fault.UNKNOWN, f"{top} slower", ev)
 
@@ -162,6 +194,30 @@ class CauseFinder:
         return None
 
 
+def by_phases(data_share: float | None, compute_share: float | None, need: float,
+              where: str) -> Attribution:
+    """The phase evidence alone: input pipeline, compute on the GPU, or nowhere."""
+    if data_share is not None and data_share >= need:
+        return Attribution(Cause.HOST_INPUT, Fault.SYSTEM, f"slow data phase{where}",
+                           {"data_share_of_excess": round(data_share, 3)})
+    if compute_share is not None and compute_share >= 0.5:
+        return Attribution(Cause.GPU, Fault.SYSTEM,
+                           f"compute longer than peers{where} (GPU telemetry healthy)",
+                           {"compute_share_of_excess": round(compute_share, 3),
+                            "gpu_reasons": "compute"})
+    return UNKNOWN
+
+
+def severe_gpu(s: GpuSignals, cfg: DetectConfig) -> bool:
+    """A GPU slowed by something wrong on its own evidence (thermal/HW throttle, heat).
+
+    A clock below max or the power cap alone is what busy GPUs do: it never
+    explains a job-wide slowdown.
+    """
+    bad = sum(v for bit, v in s.throttle_share.items() if bit & BAD_THROTTLE)
+    return bad >= 0.25 or (s.temp_c is not None and s.temp_c >= cfg.hot_temp_c)
+
+
 def hardware_reasons(s: GpuSignals | None) -> list[str]:
     if s is None:
         return []
@@ -189,7 +245,9 @@ def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
             continue
         reasons.append(f"throttled ({name})")
         ev[f"throttle_{name}_share"] = round(own.throttle_share[bit], 3)
-    peer_clock = median_of([p.sm_clock_ratio for p in peers if p.sm_clock_ratio is not None])
+    # like with like: the own low quartile against the peers' low quartiles
+    peer_clock = median_of([p.sm_clock_ratio_low for p in peers
+                            if p.sm_clock_ratio_low is not None])
     low = own.sm_clock_ratio_low  # a quarter of the samples: the drop may be recent
     if low is not None and low < cfg.low_clock_ratio and (
         peer_clock is None or low < peer_clock - 0.02
@@ -218,36 +276,3 @@ def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
         return None
     ev["gpu_reasons"] = ", ".join(reasons)
     return reasons, ev
-
-
-def network_reasons(own: list[PortSignals], peers: list[PortSignals],
-                    cfg: DetectConfig) -> tuple[list[str], Evidence] | None:
-    """NIC symptoms on ``own`` ports: errors, link down, or congestion well above peers."""
-    peer_cnp = median_of([p.cnp_per_s for p in peers]) or 0.0
-    peer_wait = median_of([p.xmit_wait_per_s for p in peers]) or 0.0
-    cnp_limit = max(cfg.min_cnp_per_second, cfg.congestion_ratio * peer_cnp)
-    wait_limit = max(cfg.min_xmit_wait_per_second, cfg.congestion_ratio * peer_wait)
-    for p in sorted(own, key=lambda p: (-len(p.errors) - p.down, -p.cnp_per_s)):
-        reasons = []
-        if p.down:
-            reasons.append(f"link down on {p.device}")
-        if p.errors:
-            reasons.append(f"link errors on {p.device}")
-        if p.cnp_per_s >= cnp_limit:
-            reasons.append(f"congestion (ECN/CNP) on {p.device}")
-        if p.xmit_wait_per_s >= wait_limit:
-            reasons.append(f"xmit_wait on {p.device}")
-        if reasons:
-            ev: Evidence = {
-                "device": p.device,
-                "port": p.port,
-                "cnp_per_s": round(p.cnp_per_s, 1),
-                "peer_cnp_per_s": round(peer_cnp, 1),
-                "xmit_wait_per_s": round(p.xmit_wait_per_s, 1),
-                "peer_xmit_wait_per_s": round(peer_wait, 1),
-                "link_down": p.down,
-                **{f"{k}_delta": v for k, v in p.errors.items()},
-                "network_reasons": ", ".join(reasons),
-            }
-            return reasons, ev
-    return None

@@ -45,6 +45,7 @@ class DetectConfig:
     window_steps: int = 8  # n: the persistence window
     persist_steps: int = 5  # k: flagged in k of the last n steps opens a detection
     straggler_min_excess: float = 0.03  # busy time >= 3 % above the group median
+    straggler_phase_floor_ratio: float = 0.67  # one phase above its median by this x min_excess
     straggler_step_z: float = 2.5  # a step is flagged this many robust sigmas above
     straggler_z: float = 5.0  # the window's median excess this many standard errors above
     straggler_clear_ratio: float = 0.5  # still flagged while score >= this x threshold

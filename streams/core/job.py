@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable
 
 import numpy as np
@@ -15,11 +14,12 @@ from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hang import check_hang
 from stepwatch.streams.core.incidents import Incidents
-from stepwatch.streams.core.kinds import DetectionType
+from stepwatch.streams.core.kinds import Cause, DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
 from stepwatch.streams.core.slowdown import Slowdown, SlowdownTracker
 from stepwatch.streams.core.straggler import StragglerTracker
+from stepwatch.streams.core.stragglers import Stragglers
 from stepwatch.streams.core.throughput import Throughput
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ T = DetectionType
 STOP_MARGIN_SECONDS = 10.0  # look this far before the last progress for why a rank stopped
 
 
-class Job(Incidents):
+class Job(Incidents, Stragglers):
     def __init__(self, job_id: str, world_size: int, cfg: DetectConfig, causes: CauseFinder) -> None:
         self.job_id = job_id
         self.world_size = world_size
@@ -53,6 +53,8 @@ class Job(Incidents):
         self.hosts: set[str] = set()
         self.links_down: set[str] = set()
         self._attr_cache: dict[Key, tuple[float, Attribution]] = {}
+        self._host_defer: dict[str, int] = {}  # host -> steps a rank-level opening waited
+        self._slowdown_defer = 0  # steps a job_slowdown waited for its straggler incident
 
     # ------------------------------------------------------------------ input
     def add_records(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
@@ -129,40 +131,6 @@ class Job(Incidents):
         out.extend(self._job_slowdown(cs))
         return out
 
-    def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
-        out: list[DetectionMessage] = []
-        candidates = {c.rank: c for c in self.straggler.candidates()}
-        for rank, c in candidates.items():
-            if self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
-                out.extend(self.book.observe(self._straggler_finding(rank, c.score, cs)))
-        for key in self.book.keys(T.STRAGGLER):
-            r = key[1]
-            if r is None or r in candidates:
-                continue
-            holds, score = self.straggler.still_slow(r)
-            if holds:
-                if self.book.hold(key, cs.end_max):
-                    out.extend(self.book.observe(self._straggler_finding(r, score, cs)))
-            else:
-                out.extend(self.book.clear(key, cs.end_max, cs.step))
-        return out
-
-    def _straggler_finding(self, rank: int, score: float, cs: ClosedStep) -> Finding:
-        groups = self.ranks.groups()
-        members = groups.members[int(groups.of_rank[rank])]
-        ev = self.straggler.evidence(rank, members)
-        host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
-        data_share = _share(ev, "data", "busy")
-        attr = self._attribution(
-            (T.STRAGGLER, rank, ""), cs.end_max,
-            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, data_share,
-                                         self._onset_span()),
-        )
-        summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more busy time than the "
-                   f"median of its {len(members)} peers in group {group!r}: {attr.reason}")
-        return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, rank, gpu, group,
-                       host, ev)
-
     def _job_slowdown(self, cs: ClosedStep) -> list[DetectionMessage]:
         groups = self.ranks.groups()
         key: Key = (T.JOB_SLOWDOWN, None, "")
@@ -170,24 +138,41 @@ class Job(Incidents):
         sd = self.slowdown.still_slow(groups) if is_open else self.slowdown.candidate(groups)
         if sd is None:
             return self.book.clear(key, cs.end_max, cs.step) if is_open else []
-        if not is_open and not sd.group and self.straggler.suspicious() and _waits(sd):
-            return []  # the job waits longer, for a straggler that is reported as such
+        related = ""
+        if not is_open:
+            if not sd.group and self.straggler.suspicious() and _waits(sd):
+                return []  # the job waits longer, for a straggler that is reported as such
+            related = self.straggler_incident()
+            if not related and self.straggler.any_rising() and (
+                    self._slowdown_defer < self.cfg.window_steps):
+                self._slowdown_defer += 1
+                return []  # a straggler incident is on its way: link to it, not a second one
+        elif is_open:
+            related = self.book.open[key].finding.related
+        self._slowdown_defer = 0
         if not self.book.hold(key, cs.end_max):
             return []
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
             self.hosts, cs.end_max, sd.deltas, self._onset_span()))
         where = f"group {sd.group!r}" if sd.group else "the job"
         what = "busy time" if sd.group else "straggler-free step time"
+        part = f" (part of incident {related})" if related else ""
         summary = (f"{where} is {sd.score:.1%} slower than its own baseline ({what} "
-                   f"{sd.current_s:.3f} s vs {sd.baseline_s:.3f} s per step): {attr.reason}")
+                   f"{sd.current_s:.3f} s vs {sd.baseline_s:.3f} s per step){part}: "
+                   f"{attr.reason}")
         ev: Evidence = {
             "baseline_step_s": round(sd.baseline_s, 6),
             "current_step_s": round(sd.current_s, 6),
             "threshold": round(sd.threshold, 4),
             **{f"delta_{k}_s": v for k, v in sd.deltas.items()},
         }
+        host = attr.evidence.get("suspect_host")
+        device = attr.evidence.get("device")
+        port = attr.evidence.get("port")
         f = Finding(T.JOB_SLOWDOWN, sd.score, cs.step, cs.end_max, summary, attr,
-                    group=sd.group, evidence=ev)
+                    group=sd.group, host=host if isinstance(host, str) else "", evidence=ev,
+                    device=device if isinstance(device, str) else None,
+                    port=port if isinstance(port, int) else None, related=related)
         return self.book.observe(f)
 
     def _missing(self, cs: ClosedStep) -> list[DetectionMessage]:
@@ -296,6 +281,11 @@ class Job(Incidents):
         if cached is not None and ts - cached[0] < self.cfg.update_min_seconds:
             return cached[1]
         attr = compute()
+        if cached is not None and key in self.book.open and (
+                attr.cause == Cause.UNKNOWN and cached[1].cause != Cause.UNKNOWN):
+            # the evidence of an open detection does not fade into "unknown" because the
+            # port's own history (or the window) now holds the fault itself: keep the cause
+            attr = cached[1]
         self._attr_cache[key] = (ts, attr)
         return attr
 
@@ -344,14 +334,3 @@ def _waits(sd: Slowdown) -> bool:
     grew = sd.current_s - sd.baseline_s
     return sd.deltas.get("busy", 0.0) < 0.5 * grew
 
-
-def _share(ev: dict, part: str, whole: str) -> float | None:
-    """Share of the rank's excess over its peers that sits in phase ``part``."""
-    try:
-        num = ev[f"{part}_s"] - ev[f"{part}_peer_median_s"]
-        den = ev[f"{whole}_s"] - ev[f"{whole}_peer_median_s"]
-    except (KeyError, TypeError):
-        return None
-    if not den or den <= 0 or math.isnan(num):
-        return None
-    return max(0.0, min(1.0, num / den))

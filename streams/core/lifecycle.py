@@ -41,6 +41,10 @@ class Finding:
     host: str = ""
     evidence: Evidence = field(default_factory=dict)
     where: str = ""
+    device: str | None = None
+    port: int | None = None
+    ranks: tuple[int, ...] = ()
+    related: str = ""
 
     @property
     def key(self) -> Key:
@@ -75,6 +79,10 @@ class DetectionBook:
     def opened_at(self, key: Key) -> float | None:
         cur = self.open.get(key)
         return None if cur is None else cur.opened_at
+
+    def id_of(self, key: Key) -> str:
+        cur = self.open.get(key)
+        return "" if cur is None else cur.id
 
     def keys(self, type_: DetectionType) -> list[Key]:
         return [k for k in self.open if k[0] == type_]
@@ -130,7 +138,8 @@ class DetectionBook:
         f = cur.finding
         done = Finding(f.type, f.score, step if step is not None else f.step, ts,
                        f"{f.summary} - resolved: {why}", f.attribution, f.rank, f.gpu,
-                       f.group, f.host, {**f.evidence, "resolved_because": why}, f.where)
+                       f.group, f.host, {**f.evidence, "resolved_because": why}, f.where,
+                       f.device, f.port, f.ranks, f.related)
         return [self._message(cur, State.RESOLVED, done)]
 
     def resolve_all(self, ts: float, step: int | None, why: str) -> list[DetectionMessage]:
@@ -165,6 +174,10 @@ class DetectionBook:
             opened_at=cur.opened_at,
             summary=f.summary,
             evidence=evidence,
+            device=f.device,
+            port=f.port,
+            ranks=list(f.ranks),
+            related=f.related,
         )
 
 

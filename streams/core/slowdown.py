@@ -2,9 +2,13 @@
 
 A straggler makes every peer wait, so the job's step time grows with it; that
 is not a job slowdown. The job metric is therefore the *straggler-free* step
-time: ``median(busy) + min(comm_wait) + median(other)`` over the ranks, where
+time: ``median(busy) + min(comm_wait) + min(other)`` over the ranks, where
 ``min(comm_wait)`` is the wait of the slowest rank, i.e. the collective's own
-cost. It grows when every rank computes slower (power capping across the
+cost, and ``min(other)`` drops the unexplained time a late rank's tail puts on
+its peers. Without ``comm_wait`` (PyTorch DDP: the wait is inside backward)
+the backward term is the *shortest* backward (the rank that waited least:
+its own backward compute plus the collective's tail) and the other phases
+are medians. It grows when every rank computes slower (power capping across the
 fleet, a slower input pipeline everywhere) or when the collective itself is
 slower (network congestion), not when one rank holds the others up. Without
 phases it is the median step duration.
@@ -21,7 +25,20 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepwatch.streams.core.assembly import BUSY, COMPUTE, DATA, DUR, OTHER, PAUSE, XFER, ClosedStep
+from stepwatch.streams.core.assembly import (
+    BUSY,
+    BWD,
+    COMPUTE,
+    DATA,
+    DUR,
+    EXTRA,
+    FWD,
+    OPT,
+    OTHER,
+    PAUSE,
+    XFER,
+    ClosedStep,
+)
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
@@ -151,12 +168,46 @@ def _components(cs: ClosedStep) -> np.ndarray:
     if not cs.has_phases or np.isnan(m[BUSY]):
         return np.array([m[DUR] - m[PAUSE], *[np.nan] * (len(COMPONENTS) - 1)])
     collective = nmin(cs.comm)
+    if collective != collective and not np.isnan(m[BWD]):
+        return _ddp_components(cs)
     collective = 0.0 if collective != collective else collective
-    step = m[BUSY] + collective + m[OTHER]
-    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], m[XFER], collective, m[OTHER]])
+    other = _least_other(cs)
+    step = m[BUSY] + collective + other
+    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], m[XFER], collective, other])
+
+
+def _least_other(cs: ClosedStep) -> float:
+    """Unexplained time of the rank with the least: a late rank's tail (its optimizer, an
+    untimed section) shows as every *other* rank's unexplained time, not its own."""
+    v = nmin(cs.m[OTHER])
+    return 0.0 if v != v else v
+
+
+def _ddp_components(cs: ClosedStep) -> np.ndarray:
+    """No comm_wait measured: the peers' wait for the slowest rank sits in their backward
+    (DDP), so the backward of the rank that waited least (the shortest) stands for the
+    backward compute plus the collective's own tail; the other phases are medians."""
+    m = cs.med
+    compute = _wait_free_compute(m, nmin(cs.m[BWD]))
+    data = 0.0 if np.isnan(m[DATA]) else m[DATA]
+    xfer = 0.0 if np.isnan(m[XFER]) else m[XFER]
+    busy = data + compute + xfer
+    other = _least_other(cs)
+    return np.array([busy + other, busy, m[DATA], compute, m[XFER], 0.0, other])
+
+
+def _wait_free_compute(m: np.ndarray, bwd: float) -> float:
+    parts = np.array([m[FWD], bwd, m[OPT], m[EXTRA]])
+    return float(np.nansum(parts))
 
 
 def _group_medians(cs: ClosedStep, busy: np.ndarray, groups: GroupIndex) -> np.ndarray:
+    ddp = cs.has_phases and np.isnan(cs.comm).all() and not np.isnan(cs.med[BWD])
     if len(groups.members) == 1:
+        if ddp:
+            return np.array([_components(cs)[1]])
         return np.array([cs.med[BUSY] if cs.has_phases else med(busy)])
+    if ddp:  # per group: busy without backward (medians) + the group's shortest backward
+        nobwd = busy - np.where(np.isnan(cs.m[BWD]), 0.0, cs.m[BWD])
+        return np.array([med(nobwd[idx]) + nmin(cs.m[BWD][idx]) for idx in groups.members])
     return np.array([med(busy[idx]) for idx in groups.members])

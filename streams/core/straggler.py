@@ -15,6 +15,16 @@ last ``n`` steps. It becomes a *candidate* when flagged in ``k`` of the last
 (the noise of a median of ``n`` steps): single slow steps and whole-job pauses
 (which hit every rank) never qualify.
 
+Phases are compared one by one as well (data, forward, backward, optimizer,
+other named sections, own transfers): ``excess_p = (x_p - median(x_p)) /
+median(busy)``, i.e. in the same unit as the busy excess, with its own typical
+spread per group and phase. Under PyTorch DDP the peers' wait for a slow rank
+is *inside their backward*, so every rank's busy time is equal while the slow
+rank's forward is the longest (and its backward the shortest): the per-phase
+excess finds it where the sum cannot. A rank is flagged in a step when its
+busy excess *or* one phase's excess passes that dimension's limit; its score
+is the largest window median among the dimensions over their thresholds.
+
 Without phases, the fallback basis is the timestamps: how much later a rank's
 step ends, or how much longer it lasts, than its peers' (relative to the median
 step time). Synchronous training often hides a straggler from timestamps
@@ -27,17 +37,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepwatch.streams.core.assembly import BUSY, COMM, COMPUTE, DATA, ROWS, XFER, ClosedStep
+from stepwatch.streams.core.assembly import (
+    BUSY,
+    COMM,
+    COMPUTE,
+    DATA,
+    PHASE_NAMES,
+    PHASE_ROWS,
+    ROWS,
+    XFER,
+    ClosedStep,
+)
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import colmed, mad_sigma, med, nanmed, opt
+from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, rowmed
 
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
-_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait")
-_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM]
+_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait",
+                   *[p for p in PHASE_NAMES if p not in ("data", "transfer")])
+_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM,
+                  *[r for r, p in zip(PHASE_ROWS, PHASE_NAMES, strict=True)
+                    if p not in ("data", "transfer")]]
+DIM_NAMES = ("busy", *PHASE_NAMES)  # dimension 0: the sum; then the phases one by one
+DIM_ROWS = [BUSY, *PHASE_ROWS]
+NDIM = len(DIM_ROWS)
+_BWD_DIM = DIM_NAMES.index("backward")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,22 +76,31 @@ class Candidate:
 
 
 class StragglerTracker:
-    """Windows of per-rank excess for one job (fixed world size)."""
+    """Windows of per-rank excess (busy and each phase) for one job (fixed world size)."""
 
     def __init__(self, world_size: int, cfg: DetectConfig) -> None:
         self.cfg = cfg
         self.world_size = world_size
         n = cfg.window_steps
-        self.excess = Ring(n, world_size)
+        self.excess = Ring(n, (NDIM, world_size))
         self.flags = Ring(n, world_size, fill=0, dtype=np.int8)
         self.count = np.zeros(world_size, dtype=np.int16)
         self.steps = Ring(n, (ROWS, world_size))  # the window's ClosedStep rows
-        self.threshold = np.full(world_size, cfg.straggler_min_excess)
+        self.threshold = np.full((NDIM, world_size), cfg.straggler_min_excess)
         self.basis = "phases"
         self._noise: dict[int, Ring] = {}
-        self._sigma: dict[int, float] = {}
+        self._sigma: dict[int, np.ndarray] = {}
         self._groups_version = -1
         self._sqrt_n = float(np.sqrt(cfg.window_steps))
+        self._bnoise: Ring | None = None
+        self._bsigma: np.ndarray | None = None
+        self._floor2 = np.full((NDIM, 1), cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
+        self._floor2[0] = cfg.straggler_min_excess
+        self._thr_scale = cfg.straggler_z * 1.25 / float(np.sqrt(cfg.window_steps))
+        self._batch_version = -1
+        self._batch: tuple[np.ndarray, int, int] | None = None
+        self._floor = np.full(NDIM, cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
+        self._floor[0] = cfg.straggler_min_excess
 
     def reset(self) -> None:
         for ring in (self.excess, self.flags, self.steps):
@@ -76,15 +112,20 @@ class StragglerTracker:
         if groups.version != self._groups_version:
             self._noise.clear()
             self._sigma.clear()
+            self._bnoise = None
             self._groups_version = groups.version
         busy, basis = self._metric(cs)
         self.basis = basis
-        excess = np.full(self.world_size, np.nan)
+        x = cs.m[DIM_ROWS] if basis == "phases" else np.full((NDIM, self.world_size), np.nan)
+        if basis != "phases":
+            x[0] = busy
+        excess = np.full((NDIM, self.world_size), np.nan)
         flagged = np.zeros(self.world_size, dtype=np.int8)
-        for g, idx in enumerate(groups.members):
-            if len(idx) < self.cfg.min_group_size:
-                continue
-            self._score_group(g, idx, busy, cs.comm, excess, flagged)
+        if not self._score_batch(groups, x, cs.comm, excess, flagged):
+            for g, idx in enumerate(groups.members):
+                if len(idx) < self.cfg.min_group_size:
+                    continue
+                self._score_group(g, idx, x, cs.comm, excess, flagged)
         old = self.flags.swap(flagged)
         self.count += flagged
         self.count -= old
@@ -106,69 +147,182 @@ class StragglerTracker:
         self,
         g: int,
         idx: np.ndarray,
-        busy: np.ndarray,
+        x: np.ndarray,
         comm: np.ndarray,
         excess: np.ndarray,
         flagged: np.ndarray,
     ) -> None:
-        x = busy[idx]
-        ok = ~np.isnan(x)
-        if ok.sum() < self.cfg.min_group_size:
+        xs = x[:, idx]  # (dims, members)
+        busy = xs[0]
+        present = ~np.isnan(busy)
+        if present.sum() < self.cfg.min_group_size:
             return
-        center = med(x)
+        # absent ranks: NaN in every row, left out of the medians
+        xs_ok = xs if present.all() else xs[:, present]
+        center = med(busy[present])
         if not center > 0:
             return
-        e = x / center - 1.0
-        noise = self._noise.get(g)
-        if noise is None:
-            noise = self._noise[g] = Ring(NOISE_STEPS, 1)
-        noise.push(mad_sigma(e, 0.0))
-        sigma = self._sigma.get(g)
-        if sigma is None or noise.pos % 4 == 0:  # the typical spread moves slowly
-            sigma = self._sigma[g] = med(noise.filled()[:, 0])
-        floor = self.cfg.straggler_min_excess
-        hit = e > max(floor, self.cfg.straggler_step_z * sigma)
-        if self.cfg.require_comm_corroboration:
-            c = comm[idx]
-            if (~np.isnan(c)).sum() >= self.cfg.min_group_size:
-                hit &= ~(c > med(c))  # NaN comm does not veto
-        excess[idx] = e
+        centers = rowmed(xs_ok)[:, None]
+        e = (xs - centers) / center  # every dimension in units of busy time
+        sigma = self._push_noise(g, MAD_SIGMA * rowmed(np.abs(xs_ok - centers)) / center)
+        floor = self._floor
+        c = comm[idx]
+        comm_measured = (~np.isnan(c)).sum() >= self.cfg.min_group_size
+        with np.errstate(invalid="ignore"):
+            limit = np.fmax(floor, self.cfg.straggler_step_z * sigma)[:, None]
+            over = e > limit
+            if not comm_measured:
+                over[_BWD_DIM] = False  # DDP: backward holds the peers' wait, not evidence
+            hit = over.any(axis=0)
+        if self.cfg.require_comm_corroboration and comm_measured:
+            hit &= ~(c > med(c))  # NaN comm does not veto
+        excess[:, idx] = e
         flagged[idx] = hit
         # the score is a median of n steps: its noise is ~1.25 sigma / sqrt(n)
-        self.threshold[idx] = max(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
+        thr = np.fmax(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
+        if not comm_measured:
+            thr[_BWD_DIM] = np.inf
+        self.threshold[:, idx] = thr[:, None]
+
+    def _score_batch(self, groups: GroupIndex, x: np.ndarray, comm: np.ndarray,
+                     excess: np.ndarray, flagged: np.ndarray) -> bool:
+        """Every group at once when they have the same size and every rank reported (the
+        common case): the same numbers as :meth:`_score_group`, one partition per step."""
+        if self._batch_version != groups.version:
+            self._batch_version = groups.version
+            n = len(groups.members[0])
+            same = all(len(m) == n for m in groups.members) and n >= self.cfg.min_group_size
+            self._batch = (np.concatenate(groups.members), len(groups.members), n) if same \
+                else None
+        if self._batch is None:
+            return False
+        order, n_groups, n = self._batch
+        identity = n_groups == 1 and n == self.world_size  # one group: ranks in order
+        xs = (x if identity else x[:, order]).reshape(NDIM, n_groups, n)
+        nan = np.isnan(xs)
+        lanes = nan.any(axis=-1)
+        if lanes[0].any() or (lanes != nan.all(axis=-1)).any():
+            return False  # absent ranks or phases measured on some ranks only
+        centers = _pmed(xs)  # (dims, groups)
+        center = centers[0]
+        if not (center > 0).all():
+            return False
+        dev = xs - centers[..., None]
+        e = dev / center[:, None]
+        sigma = self._batch_sigma(_pmed(np.abs(e)) * MAD_SIGMA, n_groups)
+        cs = (comm if identity else comm[order]).reshape(n_groups, n)
+        cnan = np.isnan(cs)
+        measured = (~cnan).sum(axis=1) >= self.cfg.min_group_size
+        over = e > np.fmax(self._floor2, self.cfg.straggler_step_z * sigma)[..., None]
+        if not measured.all():
+            over[_BWD_DIM, ~measured] = False  # DDP: backward holds the peers' wait
+        hit = over.any(axis=0)
+        if self.cfg.require_comm_corroboration and measured.any():
+            cmed = _pmed(cs) if not cnan.any() else np.array([med(row) for row in cs])
+            hit &= ~((cs > cmed[:, None]) & measured[:, None])
+        thr = np.fmax(self._floor2, self._thr_scale * sigma)
+        if not measured.all():
+            thr[_BWD_DIM, ~measured] = np.inf
+        if identity:
+            excess[:] = e.reshape(NDIM, -1)
+            flagged[:] = hit.reshape(-1)
+            self.threshold[:] = thr
+        else:
+            excess[:, order] = e.reshape(NDIM, -1)
+            flagged[order] = hit.reshape(-1)
+            self.threshold[:, order] = np.repeat(thr, n, axis=1)
+        return True
+
+    def _batch_sigma(self, spread: np.ndarray, n_groups: int) -> np.ndarray:
+        """The typical spread of every (dimension, group): one ring, refreshed every 4 steps."""
+        ring = self._bnoise
+        if ring is None or ring.rows.shape[1:] != spread.shape:
+            ring = self._bnoise = Ring(NOISE_STEPS, spread.shape)
+            self._bsigma = None
+        ring.push(spread)
+        if self._bsigma is None or ring.pos % 4 == 0:
+            rows = ring.filled()
+            self._bsigma = rowmed(rows.reshape(len(rows), -1).T).reshape(NDIM, n_groups)
+        return self._bsigma
+
+    def _push_noise(self, g: int, spread: np.ndarray) -> np.ndarray:
+        noise = self._noise.get(g)
+        if noise is None:
+            noise = self._noise[g] = Ring(NOISE_STEPS, NDIM)
+        noise.push(spread)
+        sigma = self._sigma.get(g)
+        if sigma is None or noise.pos % 4 == 0:  # the typical spread moves slowly
+            sigma = self._sigma[g] = rowmed(noise.filled().T)
+        return sigma
+
+    def _scores(self, rank: int) -> np.ndarray:
+        """Window median of each dimension's excess for ``rank`` (NaN: not measured)."""
+        return nanmed(self.excess.filled()[:, :, rank], 0)
 
     def candidates(self) -> list[Candidate]:
         """Ranks whose flags persisted (k of n) and whose median excess is above threshold."""
         k = self.cfg.persist_steps
         out = []
         for rank in np.flatnonzero(self.count >= k).tolist():
-            score = self.score(rank)
-            thr = float(self.threshold[rank])
+            score, thr = self._best(rank, 1.0)
             if score > thr:
                 out.append(Candidate(rank, score, int(self.count[rank]), thr))
         return out
 
+    def _best(self, rank: int, ratio: float) -> tuple[float, float]:
+        """The dimension most over its threshold: (its score, its threshold x ratio)."""
+        scores = self._scores(rank)
+        thr = self.threshold[:, rank] * ratio
+        with np.errstate(invalid="ignore"):
+            margin = np.where(np.isnan(scores), -np.inf, scores - thr)
+        d = int(np.argmax(margin))
+        return float(np.nan_to_num(scores[d], nan=0.0)), float(thr[d])
+
     def score(self, rank: int) -> float:
-        return med(self.excess.filled()[:, rank])
+        return self._best(rank, 1.0)[0]
+
+    def rising(self, rank: int) -> bool:
+        """Flagged in a few steps with a window median over half its threshold (host peers)."""
+        if self.count[rank] < 2:
+            return False
+        score, thr = self._best(rank, 0.5)
+        return score > thr
 
     def still_slow(self, rank: int) -> tuple[bool, float]:
         """Whether an open straggler still holds (hysteresis), and its current score."""
-        score = self.score(rank)
-        thr = float(self.threshold[rank]) * self.cfg.straggler_clear_ratio
+        score, thr = self._best(rank, self.cfg.straggler_clear_ratio)
         return bool(score > thr), score
+
+    def any_rising(self, limit: int = 16) -> bool:
+        """Some rank is on its way to a straggler verdict (see :meth:`rising`)."""
+        ranks = np.flatnonzero(self.count >= 2)[:limit]
+        return any(self.rising(int(r)) for r in ranks)
 
     def suspicious(self) -> bool:
         """Any rank flagged in more than one step of the window (suppresses job_slowdown)."""
         return bool((self.count >= max(2, self.cfg.persist_steps - 2)).any())
 
+    def longer_phases(self, rank: int) -> dict[str, float]:
+        """The phases (not the sum) whose window median is over their threshold: excess each."""
+        scores = self._scores(rank)
+        out = {}
+        for d in range(1, NDIM):
+            s = scores[d]
+            if s == s and s > self.threshold[d, rank]:
+                out[DIM_NAMES[d]] = round(float(s), 4)
+        return out
+
     def evidence(self, rank: int, members: np.ndarray) -> Evidence:
         """The numbers behind a rank's score: its medians against its group's, in seconds."""
+        longer = self.longer_phases(rank)
         out: Evidence = {
             "basis": self.basis,
             "flagged_steps": int(self.count[rank]),
             "window_steps": self.cfg.window_steps,
-            "threshold": round(float(self.threshold[rank]), 4),
+            "threshold": round(self._best(rank, 1.0)[1], 4),
             "group_size": len(members),
+            "phases_longer": ",".join(longer),
+            **{f"{p}_excess": v for p, v in longer.items()},
         }
         window = self.steps.filled()
         # peers: the group without the ranks flagged in the window (half a group may be slow)
@@ -186,3 +340,13 @@ class StragglerTracker:
         if len(medians) and own_busy > 0:
             out["nvrx_relative"] = round(float(medians.min()) / own_busy, 4)  # min of medians / own
         return out
+
+
+def _pmed(a: np.ndarray) -> np.ndarray:
+    """Median along the last axis of an array whose lanes are complete or all NaN."""
+    n = a.shape[-1]
+    h = n // 2
+    if n % 2:
+        return np.partition(a, h, axis=-1)[..., h]
+    p = np.partition(a, (h - 1, h), axis=-1)
+    return (p[..., h - 1] + p[..., h]) * 0.5

@@ -78,9 +78,12 @@ def test_slow_data_phase_with_healthy_gpu_and_nic_is_host_input() -> None:
     assert num(found[0], "data_share_of_excess") > 0.9
 
 
-def test_slow_compute_with_healthy_signals_is_unknown() -> None:
+def test_slow_compute_with_healthy_signals_is_gpu_compute() -> None:
+    """The phases point at the GPU: its compute is longer than its peers', data is not."""
     found = _run(_healthy, _healthy_port)
-    assert [(d.rank, d.cause, d.fault) for d in found] == [(5, "unknown", "unknown")]
+    assert [(d.rank, d.cause, d.fault) for d in found] == [(5, "gpu", "system")]
+    assert num(found[0], "compute_share_of_excess") > 0.9
+    assert found[0].evidence["gpu_reasons"] == "compute"
 
 
 def test_power_cap_common_to_all_gpus_is_not_blamed() -> None:
@@ -88,7 +91,9 @@ def test_power_cap_common_to_all_gpus_is_not_blamed() -> None:
     capped = {i: {"throttle_reasons": 0x4, "power_w": 700.0} for i in range(8)}
     samples = [gpu_message(h, T0 + k, capped) for k in range(60) for h in job.hosts()]
     found = opened(drive(Engine(), interleave(job.messages(), samples)), "straggler")
-    assert [(d.rank, d.cause) for d in found] == [(5, "unknown")]
+    assert [(d.rank, d.cause) for d in found] == [(5, "gpu")]
+    assert "power" not in found[0].evidence["cause_reason"]  # the common cap is not the reason
+    assert found[0].evidence["gpu_reasons"] == "compute"
 
 
 def _port(ts: float, cnp: int | None = None, wait: int | None = None) -> PortMessage:

@@ -1,0 +1,235 @@
+"""A small real PyTorch DDP training job instrumented with stepwatch.
+
+CPU (gloo), 4 ranks, started by the script itself::
+
+    python examples/ddp_train.py --nproc 4 --steps 200
+
+or by torchrun, on CPU or GPUs (the backend follows the device: NCCL on CUDA)::
+
+    torchrun --nproc-per-node 4 --rdzv-id my-job examples/ddp_train.py --steps 200
+
+Slow one rank down from a given step, to watch stepwatch find it::
+
+    python examples/ddp_train.py --slow-rank 2 --slow-kind compute --slow-factor 2.5 --slow-from 60
+
+* ``compute``: that rank's forward pass does ``F`` times the work (real extra compute);
+* ``data``: its data loader takes an extra ``(F - 1)`` x its own forward time per batch;
+* ``cpu``: ``max(1, round(F - 1))`` busy processes compete for its CPU cores
+  (pinned to them with ``taskset`` where it exists).
+
+The stepwatch part is five lines: ``stepwatch.init()``, ``instrument_ddp``, the
+step and its phases. Everything else is an ordinary DDP loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import stepwatch
+from stepwatch.integrations.torch import instrument_ddp, instrument_fsdp
+
+BUSY_LOOP = "import time\nwhile True:\n    sum(range(10000))\n"
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
+                   help="DistributedDataParallel, or FSDP2 (fully_shard per layer)")
+    p.add_argument("--plain", action="store_true",
+                   help="phases only, without the DDP/FSDP integration (the comm wait then "
+                        "stays inside backward)")
+    p.add_argument("--nproc", type=int, default=4, help="ranks to spawn without torchrun (default 4)")
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--width", type=int, default=768, help="hidden width of the MLP")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--slow-rank", type=int, default=None)
+    p.add_argument("--slow-kind", choices=("compute", "data", "cpu"), default="compute")
+    p.add_argument("--slow-factor", type=float, default=2.0)
+    p.add_argument("--slow-from", type=int, default=60, help="first slowed step")
+    p.add_argument("--job-id", default=None, help="default: torchrun's / Slurm's, else ddp-<time>")
+    p.add_argument("--pin", action="store_true",
+                   help="CPU only: pin rank r to core r * cores // world (realistic contention)")
+    p.add_argument("--emulate-hosts", type=int, default=0,
+                   help="report the ranks as N hosts (host-0 ...), each with its own agent "
+                        "socket when STEPWATCH_AGENT_SOCKET contains {host}")
+    return p.parse_args(argv)
+
+
+class Batches:
+    """Synthetic regression batches; ``delay`` seconds of extra loading per batch."""
+
+    def __init__(self, batch: int, width: int, seed: int) -> None:
+        self.gen = torch.Generator().manual_seed(seed)
+        self.batch, self.width = batch, width
+        self.delay = 0.0
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            if self.delay > 0:
+                time.sleep(self.delay)  # a stalled reader: storage, decode, augmentation
+            x = torch.randn(self.batch, self.width, generator=self.gen)
+            yield x, x.sum(dim=1, keepdim=True).tanh()
+
+
+def make_model(width: int, layers: int) -> nn.Module:
+    blocks: list[nn.Module] = []
+    for _ in range(layers):
+        blocks += [nn.Linear(width, width), nn.GELU()]
+    return nn.Sequential(*blocks, nn.Linear(width, 1))
+
+
+def wrap(model: nn.Module, parallel: str) -> nn.Module:
+    if parallel == "ddp":
+        return DDP(model)
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def extra_forward(model: nn.Module, x: torch.Tensor, extra: float) -> None:
+    """``extra`` more forward passes' worth of real compute, outside autograd, on a
+    local copy of the model (the wrapped one would start collectives of its own)."""
+    with torch.no_grad():
+        whole, part = int(extra), extra - int(extra)
+        for _ in range(whole):
+            model(x)
+        if part > 0:
+            model(x[: max(1, int(len(x) * part))])
+
+
+def compete(cores: set[int], count: int) -> list[subprocess.Popen[bytes]]:
+    """Busy processes pinned to ``cores`` (taskset where present)."""
+    cpus = ",".join(str(c) for c in sorted(cores))
+    prefix = ["taskset", "-c", cpus] if shutil.which("taskset") else []
+    procs = [subprocess.Popen([*prefix, sys.executable, "-c", BUSY_LOOP]) for _ in range(count)]
+    if not prefix:
+        for proc in procs:
+            os.sched_setaffinity(proc.pid, cores)
+    return procs
+
+
+def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        torch.cuda.set_device(local)
+        device, backend = torch.device("cuda", local), "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+        torch.set_num_threads(1)
+        cores = sorted(os.sched_getaffinity(0))
+        if args.pin and len(cores) > 1:
+            os.sched_setaffinity(0, {cores[rank * len(cores) // world]})
+    if args.emulate_hosts > 0:
+        per_host = -(-world // args.emulate_hosts)
+        host = f"host-{rank // per_host}"
+        os.environ.update(STEPWATCH_HOST=host, LOCAL_RANK=str(rank % per_host),
+                          LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host))
+        sock = os.environ.get("STEPWATCH_AGENT_SOCKET", "")
+        if "{host}" in sock:
+            os.environ["STEPWATCH_AGENT_SOCKET"] = sock.replace("{host}", host)
+    dist.init_process_group(backend, rank=rank, world_size=world)
+    return device
+
+
+def train(args: argparse.Namespace, rank: int, world: int) -> None:
+    device = setup_rank(args, rank, world)
+    torch.manual_seed(0)
+    model = wrap(make_model(args.width, args.layers).to(device), args.parallel)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    data = Batches(args.batch, args.width, seed=rank)
+    local_copy = make_model(args.width, args.layers).to(device)  # for --slow-kind compute
+
+    sw = stepwatch.init(job_id=args.job_id)          # identity from torchrun / Slurm / env
+    if args.plain:
+        pass
+    elif args.parallel == "ddp":
+        instrument_ddp(model, sw)                   # backward -> backward + comm_wait
+    else:
+        instrument_fsdp(model, sw)                  # all-gather waits -> comm_wait
+
+    slow = args.slow_rank == rank
+    forward_times: list[float] = []
+    competitors: list[subprocess.Popen[bytes]] = []
+    batches = iter(data)
+    try:
+        for step in range(args.steps):
+            if slow and step == args.slow_from:
+                competitors = start_fault(args, data, forward_times)
+            with sw.step(samples=args.batch) as s:
+                with s.phase("data"):
+                    x, y = (t.to(device, non_blocking=True) for t in next(batches))
+                t0 = time.perf_counter()
+                with s.phase("forward"):
+                    loss = nn.functional.mse_loss(model(x), y)
+                    if slow and args.slow_kind == "compute" and step >= args.slow_from:
+                        extra_forward(local_copy, x, args.slow_factor - 1.0)
+                forward_times.append(time.perf_counter() - t0)
+                with s.phase("backward"):
+                    loss.backward()
+                with s.phase("optimizer"):
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                s.loss = loss.detach()                  # read off the training thread
+    finally:
+        for proc in competitors:
+            proc.kill()
+            proc.wait()
+        sw.close()
+        dist.destroy_process_group()
+
+
+def start_fault(args: argparse.Namespace, data: Batches, forward_times: list[float]
+                ) -> list[subprocess.Popen[bytes]]:
+    if args.slow_kind == "data":
+        recent = sorted(forward_times[-20:]) or [0.01]
+        data.delay = (args.slow_factor - 1.0) * recent[len(recent) // 2]
+    elif args.slow_kind == "cpu":
+        return compete(os.sched_getaffinity(0), max(1, round(args.slow_factor - 1.0)))
+    return []
+
+
+def spawned(rank: int, args: argparse.Namespace, world: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world))
+    train(args, rank, world)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # torchrun (or srun + env)
+        train(args, int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]))
+        return
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
+    if args.job_id is None and "STEPWATCH_JOB_ID" not in os.environ:
+        args.job_id = f"ddp-{int(time.time())}"
+    mp.spawn(spawned, args=(args, args.nproc), nprocs=args.nproc, join=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Localize a network fault from the RDMA counters of a job's hosts.
+
+A congested or faulty NIC slows the whole collective (ring and tree
+all-reduce wait for the slowest link), so no rank has more compute: the job's
+communication time rises against its own baseline. The culprit is found in the
+counters: for every port of the job's hosts, the rates over the recent window
+(``xmit_wait``, ECN marks + CNPs, symbol/link errors, link state) are compared
+with the *other hosts'* ports over the same window and with the *port's own
+history* (the window before). A port is a suspect when a rate is at least
+``congestion_ratio`` times both references (and above the absolute floor), or
+when it shows link errors or a link down. The suspect with the largest rise
+wins; its host, device, port and rates are the detection's fields and evidence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostwindow import HostWindow, PortSignals, median_of
+
+Evidence = dict[str, str | float | int | bool | None]
+MAX_HOSTS = 512  # bound the work on huge jobs (the hosts are sorted: deterministic)
+
+
+@dataclass(frozen=True, slots=True)
+class Suspect:
+    host: str
+    device: str
+    port: int
+    rise: float  # the largest rate / reference ratio (inf for errors or link down)
+    reasons: tuple[str, ...]
+    evidence: Evidence
+
+
+def localize(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float, t1: float,
+             history_s: float, cfg: DetectConfig, only: str | None = None) -> Suspect | None:
+    """The port most likely behind a job-wide communication slowdown in [t0, t1], or None
+    (``only``: judge that host's ports alone, the others being the reference)."""
+    now: dict[str, list[PortSignals]] = {}
+    before: dict[str, dict[tuple[str, int], PortSignals]] = {}
+    names = sorted(hosts)[:MAX_HOSTS]
+    if only is not None and only not in names:
+        names.append(only)
+    for h in names:
+        win = windows.get(h)
+        if win is None:
+            continue
+        now[h] = win.port_signals(t0, t1)
+        before[h] = {(p.device, p.port): p for p in win.port_signals(t0 - history_s, t0)}
+    if len(now) < 2:
+        peers_cnp = peers_wait = 0.0
+    else:
+        every = [p for ps in now.values() for p in ps]
+        peers_cnp = median_of([p.cnp_per_s for p in every]) or 0.0
+        peers_wait = median_of([p.xmit_wait_per_s for p in every]) or 0.0
+    best: Suspect | None = None
+    for h, ports in now.items():
+        if only is not None and h != only:
+            continue
+        for p in ports:
+            s = _judge(h, p, before[h].get((p.device, p.port)), peers_cnp, peers_wait, cfg)
+            if s is not None and (best is None or s.rise > best.rise):
+                best = s
+    return best
+
+
+def _judge(host: str, p: PortSignals, old: PortSignals | None, peer_cnp: float,
+           peer_wait: float, cfg: DetectConfig) -> Suspect | None:
+    reasons: list[str] = []
+    rise = 0.0
+    if p.down:
+        reasons.append(f"link down on {p.device}")
+        rise = float("inf")
+    if p.errors:
+        reasons.append(f"link errors on {p.device}")
+        rise = float("inf")
+    for name, rate, peer, own, floor in (
+        ("congestion (ECN/CNP)", p.cnp_per_s, peer_cnp, old.cnp_per_s if old else None,
+         cfg.min_cnp_per_second),
+        ("xmit_wait", p.xmit_wait_per_s, peer_wait, old.xmit_wait_per_s if old else None,
+         cfg.min_xmit_wait_per_second),
+    ):
+        ref = max(peer, own if own is not None else 0.0, floor / cfg.congestion_ratio)
+        if rate >= floor and rate >= cfg.congestion_ratio * ref:
+            reasons.append(f"{name} on {p.device}")
+            rise = max(rise, rate / ref)
+    if not reasons:
+        return None
+    ev: Evidence = {
+        "suspect_host": host,
+        "device": p.device,
+        "port": p.port,
+        "cnp_per_s": round(p.cnp_per_s, 1),
+        "peer_cnp_per_s": round(peer_cnp, 1),
+        "own_before_cnp_per_s": None if old is None else round(old.cnp_per_s, 1),
+        "xmit_wait_per_s": round(p.xmit_wait_per_s, 1),
+        "peer_xmit_wait_per_s": round(peer_wait, 1),
+        "own_before_xmit_wait_per_s": None if old is None else round(old.xmit_wait_per_s, 1),
+        "link_down": p.down,
+        **{f"{k}_delta": v for k, v in p.errors.items()},
+        "network_reasons": ", ".join(reasons),
+    }
+    return Suspect(host, p.device, p.port, rise, tuple(reasons), ev)

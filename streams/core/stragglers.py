@@ -1,0 +1,186 @@
+"""Straggler incidents of a job: one per slow rank, or one per host when its ranks share it.
+
+A fault shared by the ranks of one host (a data-loader stall, CPU contention,
+a host NIC, a lemon node) makes several of that host's ranks stragglers at
+about the same step. They become **one** host-level ``straggler`` detection
+(``rank`` null, ``host`` the host, ``ranks`` the affected ranks, key
+``host:<name>``), never one per rank. When one rank of a host qualifies while
+another rank of the same host is *rising* (flagged in a few steps, score over
+half its threshold), the rank-level detection waits up to ``HOST_DEFER_STEPS``
+steps for the host to declare itself.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable
+
+from stepwatch.contract import DetectionMessage
+from stepwatch.streams.core.assembly import ClosedStep
+from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
+from stepwatch.streams.core.kinds import DetectionType
+from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
+from stepwatch.streams.core.ranks import RankTable
+from stepwatch.streams.core.straggler import StragglerTracker
+
+T = DetectionType
+HOST_DEFER_STEPS = 3
+COMPUTE_PHASES = ("forward", "backward", "optimizer", "other")
+
+
+class Stragglers:
+    """Mixin of :class:`stepwatch.streams.core.job.Job` (uses its tracker, book and ranks)."""
+
+    straggler: StragglerTracker
+    book: DetectionBook
+    ranks: RankTable
+    causes: CauseFinder
+    hosts: set[str]
+    _host_defer: dict[str, int]
+
+    _attribution: Callable[[Key, float, Callable[[], Attribution]], Attribution]
+    _onset_span: Callable[[], float | None]
+
+    def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
+        out: list[DetectionMessage] = []
+        candidates = {c.rank: c.score for c in self.straggler.candidates()}
+        by_host: dict[str, list[int]] = defaultdict(list)
+        for rank in candidates:
+            by_host[self.ranks.host[rank]].append(rank)
+        for key in self.book.keys(T.STRAGGLER):
+            if key[1] is None:
+                out.extend(self._host_holds(key, candidates, cs))
+        for host, ranks in by_host.items():
+            out.extend(self._new_on_host(host, ranks, candidates, cs))
+        for key in self.book.keys(T.STRAGGLER):
+            r = key[1]
+            if r is None or r in candidates:
+                continue
+            holds, score = self.straggler.still_slow(r)
+            if holds:
+                if self.book.hold(key, cs.end_max):
+                    out.extend(self._observe(self._straggler_finding(r, score, cs)))
+            else:
+                out.extend(self.book.clear(key, cs.end_max, cs.step))
+        return out
+
+    def _new_on_host(self, host: str, ranks: list[int], candidates: dict[int, float],
+                     cs: ClosedStep) -> list[DetectionMessage]:
+        key: Key = (T.STRAGGLER, None, f"host:{host}")
+        if key in self.book.open:
+            return []  # absorbed by the host's incident
+        others = [r for r in self.ranks.ranks_on(host) if r not in candidates]
+        if host and len(ranks) >= 2:
+            slow = sorted({*ranks, *(r for r in others if self.straggler.rising(r))})
+            self._host_defer.pop(host, None)
+            return self._observe(self._host_finding(host, slow, cs))
+        out: list[DetectionMessage] = []
+        rank = ranks[0]
+        if not self.book.is_open(T.STRAGGLER, rank) and host and any(
+                self.straggler.rising(r) for r in others):
+            waited = self._host_defer.get(host, 0)
+            if waited < HOST_DEFER_STEPS:
+                self._host_defer[host] = waited + 1
+                return out  # a second rank of the host is on its way: one incident
+        if self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
+            out.extend(self._observe(self._straggler_finding(rank, candidates[rank], cs)))
+        return out
+
+    def _host_holds(self, key: Key, candidates: dict[int, float],
+                    cs: ClosedStep) -> list[DetectionMessage]:
+        host = key[2].removeprefix("host:")
+        slow = [r for r in self.ranks.ranks_on(host)
+                if r in candidates or self.straggler.still_slow(r)[0]]
+        if not slow:
+            return self.book.clear(key, cs.end_max, cs.step)
+        if self.book.hold(key, cs.end_max):
+            return self._observe(self._host_finding(host, slow, cs))
+        return []
+
+    def _observe(self, f: Finding) -> list[DetectionMessage]:
+        """Open or update; a new straggler that an open job slowdown already explains (same
+        cause, or the host the slowdown names) belongs to that incident (``related``)."""
+        cur = self.book.open.get(f.key)
+        if cur is not None:
+            f.related = cur.finding.related
+            return self.book.observe(f)
+        js = self.book.open.get((T.JOB_SLOWDOWN, None, ""))
+        if js is not None and not js.finding.related and (
+                js.finding.attribution.cause == f.attribution.cause
+                or (js.finding.host and js.finding.host == f.host)):
+            f.related = js.id
+        return self.book.observe(f)
+
+    # ------------------------------------------------------------------ findings
+    def _straggler_finding(self, rank: int, score: float, cs: ClosedStep) -> Finding:
+        groups = self.ranks.groups()
+        members = groups.members[int(groups.of_rank[rank])]
+        ev = self.straggler.evidence(rank, members)
+        host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
+        data_share, compute_share = shares(ev, self.straggler.longer_phases(rank))
+        attr = self._attribution(
+            (T.STRAGGLER, rank, ""), cs.end_max,
+            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, data_share,
+                                         self._onset_span(), compute_share),
+        )
+        what = _what(ev)
+        summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more {what} than the "
+                   f"median of its {len(members)} peers in group {group!r}: {attr.reason}")
+        return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, rank, gpu, group,
+                       host, ev)
+
+    def _host_finding(self, host: str, slow: list[int], cs: ClosedStep) -> Finding:
+        groups = self.ranks.groups()
+        scores = {r: self.straggler.score(r) for r in slow}
+        lead = max(slow, key=lambda r: scores[r])
+        ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])])
+        data_share, compute_share = shares(ev, self.straggler.longer_phases(lead))
+        gpus = [g for g in (self.ranks.gpu[r] for r in slow) if g is not None]
+        key: Key = (T.STRAGGLER, None, f"host:{host}")
+        attr = self._attribution(key, cs.end_max, lambda: self.causes.for_host(
+            host, gpus, self.hosts, cs.end_max, data_share, self._onset_span(), compute_share))
+        score = sorted(scores.values())[len(scores) // 2]
+        on_host = len(self.ranks.ranks_on(host))
+        summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
+                   f"{score:.1%} more {_what(ev)} than their peers), one host-level "
+                   f"incident: {attr.reason}")
+        groups_of = {self.ranks.group[r] for r in slow}
+        hev: Evidence = {**ev, "scope": "host", "lead_rank": lead, "ranks_on_host": on_host,
+                         "affected_ranks": ",".join(map(str, slow))}
+        return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, None, None,
+                       groups_of.pop() if len(groups_of) == 1 else "", host, hev,
+                       where=f"host:{host}", ranks=tuple(slow))
+
+    def straggler_incident(self) -> str:
+        """The id of an open straggler incident (host-level first), "" when none."""
+        keys = sorted(self.book.keys(T.STRAGGLER), key=lambda k: k[1] is not None)
+        return self.book.id_of(keys[0]) if keys else ""
+
+
+def _what(ev: Evidence) -> str:
+    longer = ev.get("phases_longer")
+    return f"{longer} time" if isinstance(longer, str) and longer else "busy time"
+
+
+def shares(ev: Evidence, longer: dict[str, float]) -> tuple[float | None, float | None]:
+    """Shares of the rank's excess in the data phase and in the compute phases."""
+    if longer:
+        total = sum(longer.values())
+        if total > 0:
+            data = longer.get("data", 0.0) / total
+            compute = sum(longer.get(p, 0.0) for p in COMPUTE_PHASES) / total
+            return data, compute
+    return _share(ev, "data", "busy"), _share(ev, "compute", "busy")
+
+
+def _share(ev: Evidence, part: str, whole: str) -> float | None:
+    """Share of the rank's excess over its peers that sits in phase ``part``."""
+    try:
+        num = ev[f"{part}_s"] - ev[f"{part}_peer_median_s"]  # type: ignore[operator]
+        den = ev[f"{whole}_s"] - ev[f"{whole}_peer_median_s"]  # type: ignore[operator]
+    except (KeyError, TypeError):
+        return None
+    if not isinstance(num, float) or not isinstance(den, float) or den <= 0 or math.isnan(num):
+        return None
+    return max(0.0, min(1.0, num / den))
