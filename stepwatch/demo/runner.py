@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class DemoOptions:
     bootstrap: str = ""
-    nodes: int = 4
+    nodes: int = 8
     steps: int = 600
     step_seconds: float = 1.0
     faults: tuple[str, ...] = ()
@@ -34,6 +34,7 @@ class DemoOptions:
     workdir: Path = Path("var/demo")
     redraw: bool = False
     refresh_seconds: float = 2.0
+    report: bool = True
 
 
 class Demo:
@@ -47,6 +48,7 @@ class Demo:
         self.ok = True
         self._stop = False
         self._started = time.monotonic()
+        self.first_detection_s: float | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -77,6 +79,8 @@ class Demo:
         self._loop()
 
     def _start_broker(self) -> str:
+        # the broker runs in its own session: a terminal's Ctrl-C reaches the demo only,
+        # which stops the broker last, after the publisher and the workers have drained
         self.broker = DevBroker(log_path=str(self.options.workdir / "broker.log")).start()
         return self.broker.bootstrap
 
@@ -96,6 +100,9 @@ class Demo:
         while not self._stop:
             self.tap.poll()
             now = time.monotonic()
+            if self.first_detection_s is None and self.tap.detections:
+                self.first_detection_s = now - self._started
+                log.info("first detection seconds_from_start=%.1f", self.first_detection_s)
             if now >= next_draw:
                 self._draw()
                 next_draw = now + self.options.refresh_seconds
@@ -133,10 +140,17 @@ class Demo:
 
     def shutdown(self) -> str:
         """Stop everything in order; return the final summary."""
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not orphan children
+        try:
+            return self._shutdown()
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def _shutdown(self) -> str:
         if self.fleet is not None:
             self.fleet.stop()
         undelivered = self.publisher.flush(15.0) if self.publisher is not None else 0
-        if self.tap is not None:
+        if self.tap is not None and self.fleet is not None:
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline and not self._caught_up():
                 self.tap.poll()
@@ -151,6 +165,12 @@ class Demo:
             self.broker.stop()
         return summary
 
+    @property
+    def store_path(self) -> Path | None:
+        """The embedded store of this run, when the sink ran."""
+        store = self.options.workdir / "chdb"
+        return store if any(c.name == "sink" for c in self.children) and store.exists() else None
+
     def _summary(self, undelivered: int) -> str:
         if self.tap is None or self.fleet is None:
             return "demo did not start"
@@ -164,14 +184,9 @@ class Demo:
             f"faults injected: {', '.join(self.options.faults) or 'none'}",
             f"detections opened: {len(opened)}",
         ]
+        if self.first_detection_s is not None:
+            lines.append(f"first detection {self.first_detection_s:.0f} s after the demo started")
         for d in opened:
             lines.append(f"  {d.type} job={d.job_id} rank={d.rank} host={d.host} cause={d.cause} "
                          f"at step {d.step}: {d.summary}")
-        if any(c.name == "sink" for c in self.children):
-            store = self.options.workdir / "chdb"
-            lines += [
-                "history (ClickHouse engine, embedded):",
-                f"  stepwatch query job_timeline --job demo-job --store-path {store}",
-                f"  stepwatch query rank_step_percentiles --job demo-job --store-path {store}",
-            ]
         return "\n".join(lines)

@@ -28,7 +28,10 @@ class Child:
 
     def start(self, env: dict[str, str]) -> None:
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            # own session: a terminal's Ctrl-C reaches only the demo, which stops its
+            # children in order (workers drain, the sink commits) instead of all at once
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
         log.info("demo child started name=%s pid=%s log=%s", self.name, self.proc.pid, self.log_path)
 
     @property
