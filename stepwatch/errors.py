@@ -63,3 +63,19 @@ class DetectionError(StepwatchError):
 
 class DaemonError(StepwatchError):
     """A launched daemon (Prometheus, Alertmanager, Slurm) failed to start, answer or stop."""
+
+
+class RemediationError(StepwatchError):
+    """The remediator could not parse an alert, load its policy or keep its state."""
+
+
+class ActuatorError(RemediationError):
+    """An actuator (Slurm, Kubernetes, a command, a webhook) failed.
+
+    ``transient`` says whether the same call may succeed later (a timeout, a
+    busy controller) or never will (unknown node, permission denied).
+    """
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient

@@ -97,6 +97,15 @@ class Settings:
     store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
     store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
     store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
+    # --- remediator ---------------------------------------------------------------
+    remediate_port: int = 9469  # the remediator's webhook, API, /metrics and /healthz
+    remediate_bind: str = "127.0.0.1"
+    remediate_policy: str = "alerts/remediate/policy.example.yaml"
+    remediate_state_dir: str = "var/remediate"
+    remediate_token: str = ""  # the bearer token; prefer remediate_token_file
+    remediate_token_file: str = ""
+    remediate_mode: str = ""  # observe | recommend | execute; empty: the policy's mode
+    remediate_url: str = "http://127.0.0.1:9469"  # where the CLI finds the running service
     # --- integrity: topics, message bounds, /metrics endpoints ---------------------
     min_insync_replicas: int = 2  # topic setting at creation; capped at replication_factor
     topic_retention_hours: float = 168.0  # retention.ms of created topics; <= 0: the broker's
@@ -145,6 +154,8 @@ class Settings:
         return settings
 
     def validate(self) -> None:
+        if self.remediate_mode not in ("", "observe", "recommend", "execute"):
+            raise ConfigError(f"remediate_mode must be observe, recommend or execute, got {self.remediate_mode!r}")
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(f"setting log_level: {self.log_level!r} is not one of "
                               f"{', '.join(LOG_LEVELS)}")

@@ -27,7 +27,9 @@ SUBCOMMANDS = (
     "db",
     "sql",
     "query",
+    "report",
     "bench",
+    "remediate",
 )
 
 

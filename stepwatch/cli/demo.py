@@ -14,15 +14,20 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
-DEFAULT_FAULT = "slow_gpu:rank=13:start=40:severity=0.3"
+# A GPU straggler on the second node after a short healthy period: warm-up is
+# 10 steps and the detector needs a baseline and k-of-n persistence, so with
+# 1 s steps the first detection arrives within about a minute of the start.
+JOB = "demo-job"
+DEFAULT_FAULT = "slow_gpu:rank=13:start=20:severity=0.3"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on embedded defaults, live",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")
-    p.add_argument("--nodes", type=int, default=4, help="simulated nodes (x 8 GPUs x 8 NICs)")
+    p.add_argument("--nodes", type=int, default=8, help="simulated nodes (x 8 GPUs x 8 NICs)")
     p.add_argument("--steps", type=int, default=600, help="training steps to simulate")
     p.add_argument("--step-seconds", type=float, default=1.0, help="nominal step time")
     p.add_argument("--fault", action="append", default=None,
@@ -33,6 +38,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-store", action="store_true", help="do not start the ClickHouse sink")
     p.add_argument("--workdir", default="var/demo", help="spool, logs and store of this run")
     p.add_argument("--plain", action="store_true", help="print a status block each interval instead of redrawing")
+    p.add_argument("--no-report", action="store_true",
+                   help="do not write the post-mortem report at the end")
+    p.add_argument("--no-alerting", action="store_true",
+                   help="no Prometheus, Alertmanager or remediator (detections only)")
+    p.add_argument("--no-slurm", action="store_true",
+                   help="do not start a local Slurm cluster: the remediator runs in observe "
+                   "(dry-run) mode")
+    p.add_argument("--torch", action="store_true",
+                   help="a real PyTorch DDP job (examples/ddp_train.py: 4 ranks, gloo on CPU, "
+                   "rank 1 slowed from step 60) through two node agents, instead of the simulator")
     p.set_defaults(func=run)
 
 
@@ -51,13 +66,44 @@ def run(args: argparse.Namespace) -> int:
         store=not args.no_store,
         workdir=Path(args.workdir),
         redraw=sys.stdout.isatty() and not args.plain,
+        report=not args.no_report,
+        alerting=not args.no_alerting,
+        slurm=not args.no_slurm,
+        torch=args.torch,
     )
     demo = Demo(options)
     started = time.monotonic()
     try:
         demo.run()
+    except KeyboardInterrupt:
+        print("\ninterrupted: stopping every process the demo started", file=sys.stderr)
     finally:
         summary = demo.shutdown()
     print(summary)
+    print(_closing(demo, options.report))
     print(f"demo ran {time.monotonic() - started:.0f} s; logs in {options.workdir}")
     return 0 if demo.ok else 1
+
+
+def _closing(demo: Any, report: bool) -> str:
+    """Where things are; the post-mortem report is written once every process has stopped."""
+    from stepwatch.demo.closing import closing_note
+
+    store = demo.store_path
+    path = None
+    job = getattr(demo, "job_id", JOB)
+    if store is not None and report:
+        path = _report(store, demo.options.workdir / "report", job)
+    return closing_note(store, job, path)
+
+
+def _report(store: Path, out: Path, job: str = JOB) -> Path | None:
+    from stepwatch.cli.report import write
+    from stepwatch.errors import StepwatchError
+    from stepwatch.settings import Settings
+
+    try:
+        return write(Settings.load(store_path=str(store)), job, out)
+    except StepwatchError as err:  # no steps stored yet, matplotlib missing: say so, go on
+        print(f"post-mortem report not written: {err}", file=sys.stderr)
+        return None

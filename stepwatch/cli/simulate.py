@@ -66,7 +66,8 @@ def register(subparsers: Any) -> None:
     out.add_argument("--out", help="JSON Lines file, '-' for stdout (default when not to Kafka)")
     out.add_argument("--labels", help="write the ground truth (JSON) here")
     out.add_argument("--kafka", action="store_true",
-                     help="publish to Kafka (implied by --bootstrap-servers)")
+                     help="publish to Kafka (implied by --bootstrap-servers, and by "
+                     "STEPWATCH_BOOTSTRAP_SERVERS when no --out is given)")
     out.add_argument("--realtime", action="store_true",
                      help="start now and pace the output at wall-clock time")
     out.add_argument("--speed", type=float, default=1.0, help="with --realtime: time factor")
@@ -123,7 +124,10 @@ def run(args: argparse.Namespace) -> int:
     scenarios = resolve_all(build_scenarios(args))
     if args.labels:
         write_labels(args.labels, ground_truth(*scenarios))
-    to_kafka = args.kafka or args.bootstrap_servers is not None
+    # Kafka when asked (--kafka), or when a broker is configured by flag or by
+    # STEPWATCH_BOOTSTRAP_SERVERS (as in docker-compose), unless --out names a file.
+    configured = bool(settings_from_args(args).bootstrap_servers)
+    to_kafka = args.kafka or args.bootstrap_servers is not None or (configured and not args.out)
     messages: Iterable[Message] = simulate(*scenarios)
     if args.realtime:
         messages = paced(messages, args.speed, scenarios[0].start_ts)

@@ -260,8 +260,8 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     # network-level incident is (``host`` in the header names the host), the
     # ranks it touches, and the id of the incident a linked detection belongs to.
     device: str | None = None  # NIC device (network detections), e.g. mlx5_3
-    port: int | None = None  # NIC port number
-    ranks: list[int] = []  # affected ranks of a host-level detection
+    port: Index16 | None = None  # NIC port number
+    ranks: list[Index32] = []  # affected ranks of a host-level detection
     related: str = ""  # id of the incident this detection belongs to ("" = its own)
 
 

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepwatch.broker import free_port
+
 log = logging.getLogger(__name__)
 
 
@@ -24,11 +26,15 @@ class Child:
     name: str
     argv: list[str]
     log_path: Path
+    metrics: str = ""  # host:port of its /metrics, for Prometheus and the live view
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self, env: dict[str, str]) -> None:
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+            # own session: a terminal's Ctrl-C reaches only the demo, which stops its
+            # children in order (workers drain, the sink commits) instead of all at once
+            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                         start_new_session=True)
         log.info("demo child started name=%s pid=%s log=%s", self.name, self.proc.pid, self.log_path)
 
     @property
@@ -60,18 +66,20 @@ def children(bootstrap: str, workdir: Path, *, workers: int, store: bool) -> lis
     out: list[Child] = []
     if workers and available("stepwatch.streams.worker.app"):
         for i in range(workers):
+            port = free_port()
             out.append(Child(
                 f"stream-{i}",
                 [*cli, "stream", *common, "--worker-name", f"demo-{i}",
-                 "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(9466 + i)],
-                workdir / f"stream-{i}.log",
+                 "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(port)],
+                workdir / f"stream-{i}.log", metrics=f"127.0.0.1:{port}",
             ))
     if store and available("stepwatch.exporters.clickhouse.sink"):
+        port = free_port()
         out.append(Child(
             "sink",
             [*cli, "db", "sink", *common, "--store-path", str(workdir / "chdb"),
-             "--metrics-port", "0"],
-            workdir / "sink.log",
+             "--metrics-port", str(port)],
+            workdir / "sink.log", metrics=f"127.0.0.1:{port}",
         ))
     return out
 

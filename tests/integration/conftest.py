@@ -11,6 +11,7 @@ import pytest
 from stepwatch.broker import DevBroker
 from stepwatch.daemons.alertmanager import Alertmanager
 from stepwatch.daemons.prometheus import Prometheus
+from stepwatch.daemons.slurm import SlurmCluster
 from stepwatch.settings import Settings
 
 
@@ -70,3 +71,14 @@ def alertmanager_factory(tmp_path) -> Iterator[Callable[..., Alertmanager]]:
     yield make
     for am in started:
         am.stop()
+
+
+@pytest.fixture()
+def slurm(tmp_path) -> Iterator[SlurmCluster]:
+    """A real 4-node Slurm cluster on this host (root only), stopped with its jobs at teardown."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the one-host Slurm cluster needs root (slurmd runs jobs as their user)")
+    with SlurmCluster(tmp_path / "slurm", nodes=4) as cluster:
+        yield cluster

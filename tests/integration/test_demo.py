@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -27,3 +31,45 @@ def test_demo_runs_finds_the_straggler_and_loses_nothing(tmp_path) -> None:
     # the stream worker found the injected straggler and said why
     assert "straggler job=demo-job rank=5 host=node0000 cause=gpu" in summary
     assert "stepwatch query job_timeline" in summary
+
+
+def _children(pid: int) -> set[int]:
+    """Every live descendant of ``pid`` (from /proc)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    out, todo = set(), [pid]
+    while todo:
+        cur = todo.pop()
+        kids = {p for p, pp in parents.items() if pp == cur}
+        out |= kids
+        todo.extend(kids)
+    return out
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_stops_every_process_the_demo_started(tmp_path) -> None:
+    # a terminal's Ctrl-C: SIGINT to the whole foreground process group
+    cmd = [sys.executable, "-m", "stepwatch.cli", "demo", "--plain", "--nodes", "2",
+           "--step-seconds", "0.5", "--no-report", "--workdir", str(tmp_path / "demo")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    seen = ""
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait until the first status block: everything has started
+        seen += line
+        if "sequence audit:" in line:
+            break
+    started = _children(proc.pid)
+    assert len(started) >= 3, seen  # broker, stream worker, sink
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, (seen + rest)[-3000:]
+    assert "interrupted: stopping every process" in rest and "published " in rest
+    time.sleep(0.5)
+    assert not {p for p in started if Path(f"/proc/{p}").exists()
+                and "(Z)" not in Path(f"/proc/{p}/stat").read_text()}, "left running"

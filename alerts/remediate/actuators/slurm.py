@@ -1,0 +1,118 @@
+"""Slurm through ``scontrol``: drain a node, requeue a job excluding a node.
+
+- drain: ``scontrol update nodename=N state=drain reason="stepwatch: ..."``
+- requeue: ``scontrol requeuehold J`` (back to pending, held), ``scontrol update
+  jobid=J ExcNodeList=...`` (the job's exclusions plus the node), ``scontrol
+  release J``. Holding first means the job cannot start again before the
+  exclusion is in place. The job resumes from its last checkpoint the way it
+  always does on a restart (``SLURM_RESTART_COUNT`` is set by Slurm).
+
+Failures are told apart: a controller that does not answer or is busy is
+transient; an unknown node or job, or a refusal, is permanent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+
+from stepwatch.alerts.remediate.actuators.base import NodeState
+from stepwatch.errors import ActuatorError
+
+log = logging.getLogger(__name__)
+
+Runner = Callable[[Sequence[str], float, "Mapping[str, str] | None"], "subprocess.CompletedProcess[str]"]
+_TRANSIENT = ("unable to contact slurm controller", "socket timed out", "temporarily unavailable",
+              "slurm_persist_conn", "connection refused", "resource busy", "try again")
+_FIELD = re.compile(r"(\w+)=")
+
+
+def run_command(argv: Sequence[str], timeout: float,
+                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
+                          env=None if env is None else dict(env))
+
+
+class SlurmActuator:
+    name = "slurm"
+
+    def __init__(self, scontrol: str = "scontrol", sinfo: str = "sinfo", timeout: float = 20.0,
+                 runner: Runner = run_command, conf: str = "") -> None:
+        self.scontrol = scontrol
+        self.sinfo = sinfo
+        self.timeout = timeout
+        self.runner = runner
+        self.env = {**os.environ, "SLURM_CONF": conf} if conf else None  # else the default slurm.conf
+
+    def _run(self, argv: Sequence[str]) -> str:
+        try:
+            done = self.runner(argv, self.timeout, self.env)
+        except FileNotFoundError as err:
+            raise ActuatorError(f"{argv[0]} not found", transient=False) from err
+        except subprocess.TimeoutExpired as err:
+            raise ActuatorError(f"{' '.join(argv[:3])} timed out after {self.timeout:.0f} s",
+                                transient=True) from err
+        if done.returncode != 0:
+            text = (done.stderr or done.stdout or "").strip()
+            transient = any(t in text.lower() for t in _TRANSIENT)
+            raise ActuatorError(f"{' '.join(argv[:3])} failed ({done.returncode}): {text}",
+                                transient=transient)
+        return done.stdout
+
+    def node_state(self, node: str) -> NodeState:
+        try:
+            out = self._run([self.scontrol, "show", "node", node, "-o"])
+        except ActuatorError as err:
+            text = str(err).lower()
+            if not err.transient and ("invalid node name" in text or "not found" in text):
+                return NodeState(False, False)
+            raise
+        fields = parse_fields(out)
+        states = set(fields.get("State", "").upper().replace("*", "").split("+"))
+        drained = bool(states & {"DRAIN", "DRAINED", "DRAINING"})
+        reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", fields.get("Reason", "")).strip()
+        return NodeState(True, drained, "" if reason == "(null)" else reason)
+
+    def node_count(self) -> int:
+        out = self._run([self.sinfo, "-h", "-N", "-o", "%N"])
+        return len({line.strip() for line in out.splitlines() if line.strip()})
+
+    def drain(self, node: str, reason: str) -> str:
+        self._run([self.scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"])
+        return f"scontrol drained {node}"
+
+    def job_owner(self, job_id: str) -> str:
+        return _user(parse_fields(self._run([self.scontrol, "show", "job", job_id, "-o"])).get("UserId", ""))
+
+    def requeue(self, job_id: str, exclude_node: str) -> str:
+        fields = parse_fields(self._run([self.scontrol, "show", "job", job_id, "-o"]))
+        excluded = {n for n in fields.get("ExcNodeList", "").split(",") if n and n != "(null)"}
+        excluded.add(exclude_node)
+        state = fields.get("JobState", "")
+        if state in {"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"}:
+            self._run([self.scontrol, "requeuehold", job_id])
+        else:
+            self._run([self.scontrol, "hold", job_id])
+        try:
+            self._run([self.scontrol, "update", f"jobid={job_id}", f"ExcNodeList={','.join(sorted(excluded))}"])
+        finally:
+            self._run([self.scontrol, "release", job_id])
+        return f"job {job_id} requeued from {state.lower()} excluding {','.join(sorted(excluded))}"
+
+
+def _user(user_id: str) -> str:
+    """``ada(1000)`` -> ``ada``."""
+    return user_id.split("(", 1)[0]
+
+
+def parse_fields(text: str) -> dict[str, str]:
+    """``key=value`` pairs of ``scontrol show ... -o`` (values may hold spaces, e.g. Reason)."""
+    out: dict[str, str] = {}
+    matches = list(_FIELD.finditer(text))
+    for i, found in enumerate(matches):
+        end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+        out.setdefault(found.group(1), text[found.end():end].strip())
+    return out

@@ -1,0 +1,222 @@
+"""The declarative policy: which alerts lead to which actions, and the guardrails.
+
+Loaded once at start and validated; every problem is one line naming the key
+(``policy.yaml: rules[2].actions[0]: unknown action 'reboot' (drain, requeue, notify)``).
+See ``policy.example.yaml`` for every key with its default.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepwatch.alerts.remediate.model import ActionKind, Alert, AlertClass, Mode
+from stepwatch.errors import ConfigError
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)?$")
+_UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
+RULE_ACTIONS = (ActionKind.DRAIN, ActionKind.REQUEUE, ActionKind.NOTIFY)
+
+
+class PolicyError(ConfigError):
+    """The policy file is missing or invalid."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Alerts whose labels match ``match`` (a value or a list of accepted values) get ``actions``."""
+
+    match: Mapping[str, tuple[str, ...]]
+    actions: tuple[ActionKind, ...]
+    approval: bool = False  # queue these actions for a person even in execute mode
+
+    def matches(self, alert: Alert) -> bool:
+        return all(alert.labels.get(k, "") in accepted for k, accepted in self.match.items())
+
+
+@dataclass(frozen=True)
+class Guardrails:
+    breaker_max_share: float = 0.10  # of the cluster's nodes drained within the window
+    breaker_window_s: float = 3600.0
+    node_cooldown_s: float = 3600.0
+    job_cooldown_s: float = 900.0
+    rate_limit: int = 3  # remediations (one alert's actions) per rate window
+    rate_window_s: float = 3600.0
+    attempts_per_node: int = 5  # actuator calls on one node per attempt window
+    attempt_window_s: float = 86400.0
+    repeat_count: int = 3  # remediations of one node in repeat_window_s escalate to a person
+    repeat_window_s: float = 7 * 86400.0
+    opt_out_nodes: frozenset[str] = frozenset()
+    opt_out_label: str = "stepwatch_opt_out"  # an alert label with value "true" opts its node out
+    approval_actions: frozenset[ActionKind] = frozenset()
+
+
+@dataclass(frozen=True)
+class Policy:
+    mode: Mode = Mode.OBSERVE
+    cluster_nodes: int = 0  # 0: ask the actuator how many nodes the cluster has
+    rules: tuple[Rule, ...] = ()
+    guardrails: Guardrails = field(default_factory=Guardrails)
+    actuator: Mapping[str, Any] = field(default_factory=lambda: {"kind": "slurm"})
+    notify: Mapping[str, Any] = field(default_factory=lambda: {"kind": "log"})
+    page: Mapping[str, Any] = field(default_factory=lambda: {"kind": "log"})
+    audit: Mapping[str, Any] = field(default_factory=dict)
+
+    def actions_for(self, alert: Alert) -> tuple[tuple[ActionKind, ...], bool]:
+        """The first matching rule's actions (user-class alerts: notify only) and its approval flag."""
+        for rule in self.rules:
+            if rule.matches(alert):
+                actions = rule.actions
+                if alert.alert_class is AlertClass.USER:
+                    actions = tuple(a for a in actions if a is ActionKind.NOTIFY)
+                return actions, rule.approval
+        if alert.alert_class is AlertClass.USER:
+            return (ActionKind.NOTIFY,), False
+        return (), False
+
+
+def load(path: str | Path) -> Policy:
+    import yaml
+
+    name = Path(path).name
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise PolicyError(f"{name}: cannot read: {err.strerror}") from err
+    except yaml.YAMLError as err:
+        raise PolicyError(f"{name}: not valid YAML: {str(err).splitlines()[0]}") from err
+    try:
+        return from_mapping(raw or {})
+    except PolicyError as err:
+        raise PolicyError(f"{name}: {err}") from err
+
+
+def from_mapping(raw: Any) -> Policy:
+    data = _mapping("policy", raw)
+    _known("policy", data, {"mode", "cluster_nodes", "rules", "guardrails", "actuator", "notify",
+                            "page", "audit"})
+    return Policy(
+        mode=_enum("mode", Mode, data.get("mode", "observe")),
+        cluster_nodes=_int("cluster_nodes", data.get("cluster_nodes", 0), 0),
+        rules=tuple(_rule(f"rules[{i}]", r) for i, r in enumerate(_list("rules", data.get("rules", [])))),
+        guardrails=_guardrails(data.get("guardrails", {})),
+        actuator=_plugin("actuator", data.get("actuator", {"kind": "slurm"}),
+                         ("slurm", "kubernetes", "command", "log")),
+        notify=_plugin("notify", data.get("notify", {"kind": "log"}), ("webhook", "command", "log")),
+        page=_plugin("page", data.get("page", {"kind": "log"}), ("webhook", "command", "log")),
+        audit=_mapping("audit", data.get("audit", {})),
+    )
+
+
+def _rule(where: str, raw: Any) -> Rule:
+    data = _mapping(where, raw)
+    _known(where, data, {"match", "actions", "approval"})
+    match = {str(k): _values(f"{where}.match.{k}", v) for k, v in _mapping(f"{where}.match", data.get("match", {})).items()}
+    actions = tuple(_action(f"{where}.actions[{i}]", a) for i, a in enumerate(_list(f"{where}.actions", data.get("actions"))))
+    if not actions:
+        raise PolicyError(f"{where}.actions: give at least one of drain, requeue, notify")
+    if match.get("class") == ("user",) and set(actions) - {ActionKind.NOTIFY}:
+        raise PolicyError(f"{where}: class=user alerts are never remediated: notify only")
+    return Rule(match, actions, bool(data.get("approval", False)))
+
+
+def _guardrails(raw: Any) -> Guardrails:
+    data = _mapping("guardrails", raw)
+    _known("guardrails", data, {"breaker", "cooldown", "rate_limit", "attempts", "repeat_offender", "opt_out", "approval"})
+    breaker = _mapping("guardrails.breaker", data.get("breaker", {}))
+    cooldown = _mapping("guardrails.cooldown", data.get("cooldown", {}))
+    rate = _mapping("guardrails.rate_limit", data.get("rate_limit", {}))
+    attempts = _mapping("guardrails.attempts", data.get("attempts", {}))
+    repeat = _mapping("guardrails.repeat_offender", data.get("repeat_offender", {}))
+    opt_out = _mapping("guardrails.opt_out", data.get("opt_out", {}))
+    d = Guardrails()
+    share = _number("guardrails.breaker.max_share", breaker.get("max_share", d.breaker_max_share))
+    if not 0 < share <= 1:
+        raise PolicyError(f"guardrails.breaker.max_share: must be in (0, 1], got {share}")
+    return Guardrails(
+        breaker_max_share=share,
+        breaker_window_s=_duration("guardrails.breaker.window", breaker.get("window", d.breaker_window_s)),
+        node_cooldown_s=_duration("guardrails.cooldown.node", cooldown.get("node", d.node_cooldown_s)),
+        job_cooldown_s=_duration("guardrails.cooldown.job", cooldown.get("job", d.job_cooldown_s)),
+        rate_limit=_int("guardrails.rate_limit.actions", rate.get("actions", d.rate_limit), 1),
+        rate_window_s=_duration("guardrails.rate_limit.per", rate.get("per", d.rate_window_s)),
+        attempts_per_node=_int("guardrails.attempts.per_node", attempts.get("per_node", d.attempts_per_node), 1),
+        attempt_window_s=_duration("guardrails.attempts.window", attempts.get("window", d.attempt_window_s)),
+        repeat_count=_int("guardrails.repeat_offender.count", repeat.get("count", d.repeat_count), 1),
+        repeat_window_s=_duration("guardrails.repeat_offender.window", repeat.get("window", d.repeat_window_s)),
+        opt_out_nodes=frozenset(_values("guardrails.opt_out.nodes", opt_out.get("nodes", []))),
+        opt_out_label=str(opt_out.get("label", d.opt_out_label)),
+        approval_actions=frozenset(_action(f"guardrails.approval[{i}]", a) for i, a in
+                                   enumerate(_list("guardrails.approval", data.get("approval", [])))),
+    )
+
+
+def _plugin(where: str, raw: Any, kinds: tuple[str, ...]) -> Mapping[str, Any]:
+    data = _mapping(where, raw)
+    if data.get("kind") not in kinds:
+        raise PolicyError(f"{where}.kind: {data.get('kind')!r} is not one of {', '.join(kinds)}")
+    return dict(data)
+
+
+def _mapping(where: str, raw: Any) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise PolicyError(f"{where}: expected a mapping, got {type(raw).__name__}")
+    return raw
+
+
+def _list(where: str, raw: Any) -> list[Any]:
+    if not isinstance(raw, list):
+        raise PolicyError(f"{where}: expected a list, got {type(raw).__name__}")
+    return raw
+
+
+def _known(where: str, data: Mapping[str, Any], keys: set[str]) -> None:
+    unknown = sorted(set(data) - keys)
+    if unknown:
+        raise PolicyError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(keys))})")
+
+
+def _values(where: str, raw: Any) -> tuple[str, ...]:
+    items = raw if isinstance(raw, list) else [raw]
+    if not all(isinstance(v, (str, int)) and not isinstance(v, bool) for v in items):
+        raise PolicyError(f"{where}: expected a string or a list of strings")
+    return tuple(str(v) for v in items)
+
+
+def _action(where: str, raw: Any) -> ActionKind:
+    names = ", ".join(a.value for a in RULE_ACTIONS)
+    if raw not in {a.value for a in RULE_ACTIONS}:
+        raise PolicyError(f"{where}: unknown action {raw!r} ({names})")
+    return ActionKind(raw)
+
+
+def _enum(where: str, enum: Any, raw: Any) -> Any:
+    try:
+        return enum(raw)
+    except ValueError as err:
+        names = ", ".join(m.value for m in enum)
+        raise PolicyError(f"{where}: {raw!r} is not one of {names}") from err
+
+
+def _number(where: str, raw: Any) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise PolicyError(f"{where}: expected a number, got {raw!r}")
+    return float(raw)
+
+
+def _int(where: str, raw: Any, low: int) -> int:
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < low:
+        raise PolicyError(f"{where}: expected an integer >= {low}, got {raw!r}")
+    return raw
+
+
+def _duration(where: str, raw: Any) -> float:
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw >= 0:
+        return float(raw)
+    found = _DURATION.match(str(raw).strip())
+    if not found:
+        raise PolicyError(f"{where}: {raw!r} is not a duration (e.g. 30s, 10m, 1h, 7d)")
+    return float(found.group(1)) * _UNIT[found.group(2)]

@@ -1,0 +1,172 @@
+"""The remediator's HTTP face (stdlib ``http.server``, one thread per request).
+
+- ``POST /webhook`` (or ``/``): Alertmanager webhook, payload version 4.
+- ``GET /api/actions[?status=queued]``, ``POST /api/approve/<id>``,
+  ``POST /api/close-breaker``, ``GET /api/breaker``: the CLI's API.
+- ``GET /metrics`` (Prometheus text), ``GET /healthz``.
+
+Everything but ``/metrics`` and ``/healthz`` needs ``Authorization: Bearer
+<token>``; the token is compared in constant time and never logged. A body
+over ``max_body`` bytes is refused with 413 before it is read; bad JSON is 400;
+any other failure is 500 and logged — the server keeps serving.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import threading
+from dataclasses import asdict
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from stepwatch.alerts.remediate.audit import Metrics
+from stepwatch.alerts.remediate.engine import Remediator
+from stepwatch.alerts.remediate.payload import PayloadError, parse
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 1024 * 1024
+
+
+class RemediatorServer:
+    def __init__(self, remediator: Remediator, token: str, registry: CollectorRegistry,
+                 metrics: Metrics, host: str = "127.0.0.1", port: int = 0,
+                 max_body: int = MAX_BODY) -> None:
+        if not token:
+            raise ValueError("the remediator needs a bearer token")
+        self.remediator = remediator
+        self._token = token.encode()
+        self.registry = registry
+        self.metrics = metrics
+        self.max_body = max_body
+        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> RemediatorServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="remediator-http",
+                                        daemon=True)
+        self._thread.start()
+        log.info("remediator ready url=%s mode=%s", self.url, self.remediator.mode.value)
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def authorized(self, header: str | None) -> bool:
+        scheme, _, given = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)
+
+
+def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        timeout = 30  # a client that stops sending mid-request frees its thread
+
+        def do_GET(self) -> None:
+            self._guarded(self._get)
+
+        def do_POST(self) -> None:
+            self._guarded(self._post)
+
+        def _guarded(self, fn: Any) -> None:
+            try:
+                fn()
+            except Exception:  # nothing a client sends takes the service down
+                log.exception("request failed path=%s", urlsplit(self.path).path)
+                self._send(500, {"error": "internal error"})
+
+        def _get(self) -> None:
+            parts = urlsplit(self.path)
+            if parts.path == "/healthz":
+                return self._send(200, {"status": "ok", "mode": server.remediator.mode.value})
+            if parts.path == "/metrics":
+                body = generate_latest(server.registry)
+                return self._raw(200, body, CONTENT_TYPE_LATEST)
+            if not self._auth():
+                return None
+            if parts.path == "/api/actions":
+                status = parse_qs(parts.query).get("status", [None])[0]
+                rows = server.remediator.state.actions(status)
+                return self._send(200, {"actions": [
+                    {k: v for k, v in asdict(r).items() if k != "alert"} for r in rows]})
+            if parts.path == "/api/breaker":
+                return self._send(200, asdict(server.remediator.state.breaker()))
+            return self._send(404, {"error": "not found"})
+
+        def _post(self) -> None:
+            path = urlsplit(self.path).path
+            if not self._auth():
+                return None
+            body = self._body()
+            if body is None:
+                return None
+            if path in ("/", "/webhook"):
+                try:
+                    alerts = parse(body)
+                except PayloadError as err:
+                    server.metrics.rejected.labels("400").inc()
+                    log.warning("webhook refused code=400 error=%s", err)
+                    return self._send(400, {"error": str(err)})
+                decisions = server.remediator.handle(alerts)
+                return self._send(200, {"decisions": [d.as_dict() for d in decisions]})
+            if path.startswith("/api/approve/"):
+                decision = server.remediator.approve(path.rsplit("/", 1)[1])
+                if decision is None:
+                    return self._send(404, {"error": "no queued action with that id"})
+                return self._send(200, decision.as_dict())
+            if path == "/api/close-breaker":
+                who = self.headers.get("X-Stepwatch-User", "unknown")
+                was = server.remediator.close_breaker(who)
+                return self._send(200, {"was_open": was, "open": False})
+            return self._send(404, {"error": "not found"})
+
+        def _auth(self) -> bool:
+            if server.authorized(self.headers.get("Authorization")):
+                return True
+            server.metrics.rejected.labels("401").inc()
+            log.warning("request refused code=401 path=%s client=%s", urlsplit(self.path).path,
+                        self.client_address[0])
+            self._send(401, {"error": "bearer token required"}, close=True)
+            return False
+
+        def _body(self) -> bytes | None:
+            try:
+                size = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                size = -1
+            if size < 0 or size > server.max_body:
+                code = 413 if size > server.max_body else 400
+                server.metrics.rejected.labels(str(code)).inc()
+                self._send(code, {"error": f"body must be 0..{server.max_body} bytes"}, close=True)
+                return None
+            return self.rfile.read(size)
+
+        def _send(self, code: int, body: dict[str, Any], close: bool = False) -> None:
+            self._raw(code, json.dumps(body).encode(), "application/json", close)
+
+        def _raw(self, code: int, body: bytes, ctype: str, close: bool = False) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            if close:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            log.debug("http %s", format % args)
+
+    return Handler

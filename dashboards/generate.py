@@ -1,0 +1,270 @@
+"""Generate stepwatch's Grafana dashboards (JSON under dashboards/json/).
+
+    python dashboards/generate.py          # write the JSON files
+    python dashboards/generate.py --check  # fail when a committed file is stale
+
+Dashboards as code with grafana-foundation-sdk (pinned in pyproject's
+``dashboards`` extra). Prometheus data source uid ``stepwatch-prometheus``,
+ClickHouse (grafana-clickhouse-datasource) uid ``stepwatch-clickhouse``, as
+provisioned by dashboards/provisioning/datasources/stepwatch.yml.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable, Row
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from panels import (
+    PROM,
+    ch_heatmap,
+    ch_series,
+    ch_table,
+    prom_table,
+    series,
+    single,
+)
+
+OUT = Path(__file__).resolve().parent / "json"
+RATE = "$__rate_interval"
+JOB = 'job_id=~"$job"'
+GPU_HOST = 'Hostname=~"$host"'
+HOST = 'host=~"$host"'
+
+
+def _var(name: str, query: str, label: str, *, multi: bool = True) -> QueryVariable:
+    """A variable from Prometheus labels; multi-value ones have All = ``.*`` (regex matchers)."""
+    v = QueryVariable(name).label(label).datasource(PROM).query(query).multi(multi)
+    return v.include_all(True).all_value(".*") if multi else v
+
+
+def _base(uid: str, title: str, *tags: str) -> Dashboard:
+    return (Dashboard(title).uid(uid).tags(["stepwatch", *tags]).refresh("10s")
+            .time("now-1h", "now").timezone("utc"))
+
+
+def fleet() -> Dashboard:
+    return (_base("stepwatch-fleet", "stepwatch / Fleet overview", "fleet")
+        .with_row(Row("Jobs"))
+        .with_panel(single("Jobs analysed", "short", "sum(stepwatch_stream_jobs)"))
+        .with_panel(single("Agents up", "short", "sum(stepwatch_agent_up)"))
+        .with_panel(single("Open detections", "short", "sum(stepwatch_job_open_detections)"))
+        .with_panel(single("Firing alerts", "short", 'count(ALERTS{alertstate="firing"}) or vector(0)',
+                           desc="Alert rules (alerts/rules) currently firing."))
+        .with_panel(series("Step time by job", "s", ("stepwatch_job_step_seconds", "{{job_id}}")))
+        .with_panel(series("Throughput by job", "suffix: tokens/s",
+                           ("stepwatch_job_tokens_per_second", "{{job_id}}")))
+        .with_panel(series("MFU by job", "percentunit", ("stepwatch_job_mfu_ratio", "{{job_id}}")))
+        .with_panel(series("Goodput by job", "percentunit",
+                           ("stepwatch_job_goodput_ratio", "{{job_id}}")))
+        .with_row(Row("Flagged"))
+        .with_panel(prom_table("Flagged ranks (score = relative slowdown)", "percentunit",
+                               "stepwatch_rank_flagged_score"))
+        .with_panel(prom_table("Firing alerts", "short", 'ALERTS{alertstate="firing"}',
+                               fault_only=True, desc="Empty while nothing fires.")))
+
+
+def job() -> Dashboard:
+    heat = """
+SELECT toStartOfInterval(start_ts, INTERVAL 10 second) AS time, toString(rank) AS rank,
+       avg(compute_s) AS compute_s
+FROM step_events
+WHERE job_id = '${job}' AND $__timeFilter(start_ts)
+GROUP BY time, rank
+ORDER BY time, rank"""
+    pct = """
+SELECT toStartOfInterval(start_ts, INTERVAL 30 second) AS time,
+       quantile(0.5)(duration_s) AS p50, quantile(0.99)(duration_s) AS p99,
+       max(compute_s) AS slowest_compute
+FROM step_events
+WHERE job_id = '${job}' AND $__timeFilter(start_ts)
+GROUP BY time ORDER BY time"""
+    dets = """
+SELECT ts, type, state, subject_host AS host, rank, cause, score, step, summary
+FROM detections
+WHERE job_id = '${job}' AND $__timeFilter(ts)
+ORDER BY ts DESC LIMIT 200"""
+    return (_base("stepwatch-job", "stepwatch / Job drill-down", "job")
+        .with_variable(_var("job", "label_values(stepwatch_job_step_seconds, job_id)", "job",
+                            multi=False))
+        .with_panel(single("Step time", "s", f"stepwatch_job_step_seconds{{{JOB}}}"))
+        .with_panel(single("MFU", "percentunit", f"stepwatch_job_mfu_ratio{{{JOB}}}"))
+        .with_panel(single("Goodput", "percentunit", f"stepwatch_job_goodput_ratio{{{JOB}}}"))
+        .with_panel(single("Stragglers", "short", f"stepwatch_job_stragglers{{{JOB}}}"))
+        .with_panel(ch_heatmap("Compute time per rank (ClickHouse)", "s", heat,
+                               desc="Forward + backward + optimizer per rank, 10 s buckets."))
+        .with_panel(series("Throughput", "suffix: tokens/s",
+                           (f"stepwatch_job_tokens_per_second{{{JOB}}}", "tokens/s"),
+                           (f"stepwatch_job_samples_per_second{{{JOB}}}", "samples/s")))
+        .with_panel(series("Badput by reason", "s",
+                           (f"stepwatch_job_badput_seconds{{{JOB}}}", "{{reason}}")))
+        .with_panel(ch_series("Step time percentiles (ClickHouse)", "s", pct))
+        .with_panel(prom_table("Flagged ranks", "percentunit",
+                               f"stepwatch_rank_flagged_score{{{JOB}}}"))
+        .with_panel(ch_table("Detections (ClickHouse)", "none", dets)))
+
+
+def node() -> Dashboard:
+    nvlink = """
+SELECT ts AS time, concat(host, ' gpu', toString(gpu)) AS gpu,
+       nvlink_tx_bytes_per_s + nvlink_rx_bytes_per_s AS nvlink_bytes_per_s
+FROM gpu_samples
+WHERE match(host, '^(${host:regex})$') AND $__timeFilter(ts)
+ORDER BY time"""
+    return (_base("stepwatch-node", "stepwatch / Node and GPU health", "gpu")
+        .with_variable(_var("host", "label_values(stepwatch_gpu_sm_clock_hertz, Hostname)", "host"))
+        .with_row(Row("Errors"))
+        .with_panel(series("XID events", "short",
+                           (f"increase(stepwatch_gpu_xid_events_total{{{GPU_HOST}}}[$__range])",
+                            "{{Hostname}} gpu{{gpu}} xid {{xid}}"),
+                           desc="Counted XID events (not dcgm's last-XID gauge)."))
+        .with_panel(series("ECC errors", "short",
+                           (f"increase(stepwatch_gpu_ecc_double_bit_errors_total{{{GPU_HOST}}}[{RATE}])",
+                            "DBE {{Hostname}} gpu{{gpu}}"),
+                           (f"increase(stepwatch_gpu_ecc_single_bit_errors_total{{{GPU_HOST}}}[{RATE}])",
+                            "SBE {{Hostname}} gpu{{gpu}}")))
+        .with_panel(series("Remapped rows", "short",
+                           (f"stepwatch_gpu_remapped_rows_uncorrectable_total{{{GPU_HOST}}}",
+                            "uncorrectable {{Hostname}} gpu{{gpu}}"),
+                           (f"stepwatch_gpu_remapped_rows_pending{{{GPU_HOST}}}",
+                            "pending {{Hostname}} gpu{{gpu}}")))
+        .with_panel(series("PCIe replays", "cps",
+                           (f"rate(stepwatch_gpu_pcie_replay_total{{{GPU_HOST}}}[{RATE}])",
+                            "{{Hostname}} gpu{{gpu}}")))
+        .with_panel(ch_series("NVLink traffic (ClickHouse)", "Bps", nvlink, w=24))
+        .with_row(Row("Clocks, heat, power"))
+        .with_panel(series("SM clock", "hertz",
+                           (f"stepwatch_gpu_sm_clock_hertz{{{GPU_HOST}}}", "{{Hostname}} gpu{{gpu}}"),
+                           (f"max(stepwatch_gpu_sm_clock_max_hertz{{{GPU_HOST}}})", "max")))
+        .with_panel(series("Clock event reasons (throttling)", "short",
+                           (f"sum by (Hostname, reason) (stepwatch_gpu_clocks_event_active{{{GPU_HOST}}})",
+                            "{{Hostname}} {{reason}}")))
+        .with_panel(series("GPU temperature", "celsius",
+                           (f"stepwatch_gpu_temperature_celsius{{{GPU_HOST}}}", "{{Hostname}} gpu{{gpu}}")))
+        .with_panel(series("Power", "watt",
+                           (f"stepwatch_gpu_power_watts{{{GPU_HOST}}}", "{{Hostname}} gpu{{gpu}}"),
+                           (f"stepwatch_gpu_power_limit_watts{{{GPU_HOST}}}", "limit gpu{{gpu}}")))
+        .with_panel(series("Utilisation and tensor activity", "percentunit",
+                           (f"stepwatch_gpu_utilization_ratio{{{GPU_HOST}}}", "util gpu{{gpu}}"),
+                           (f"stepwatch_gpu_tensor_active_ratio{{{GPU_HOST}}}", "tensor gpu{{gpu}}"))))
+
+
+def network() -> Dashboard:
+    port = "{{host}} {{device}}/{{port}}"
+    hot = """
+SELECT host, device, port, sum(xmit_wait_per_s * dt_s) AS xmit_wait_ticks,
+       sum(np_ecn_marked_roce_packets_per_s * dt_s) AS ecn_marked,
+       sum(symbol_error_per_s * dt_s) AS symbol_errors
+FROM port_samples
+WHERE match(host, '^(${host:regex})$') AND $__timeFilter(ts)
+GROUP BY host, device, port
+ORDER BY xmit_wait_ticks DESC LIMIT 20"""
+    return (_base("stepwatch-network", "stepwatch / Network fabric", "network")
+        .with_variable(_var("host", "label_values(stepwatch_infiniband_port_up, host)", "host"))
+        .with_row(Row("Traffic"))
+        .with_panel(series("Transmit", "Bps",
+                           (f"rate(stepwatch_infiniband_port_data_transmitted_bytes_total{{{HOST}}}[{RATE}])", port)))
+        .with_panel(series("Receive", "Bps",
+                           (f"rate(stepwatch_infiniband_port_data_received_bytes_total{{{HOST}}}[{RATE}])", port)))
+        .with_panel(series("Link rate", "Bps",
+                           (f"stepwatch_infiniband_rate_bytes_per_second{{{HOST}}}", port)))
+        .with_panel(series("Port up", "bool", (f"stepwatch_infiniband_port_up{{{HOST}}}", port)))
+        .with_row(Row("Congestion"))
+        .with_panel(series("Transmit wait (congestion)", "cps",
+                           (f"rate(stepwatch_infiniband_port_transmit_wait_total{{{HOST}}}[{RATE}])", port)))
+        .with_panel(series("ECN marked / CNP", "pps",
+                           (f"rate(stepwatch_roce_np_ecn_marked_roce_packets_total{{{HOST}}}[{RATE}])",
+                            "ECN " + port),
+                           (f"rate(stepwatch_roce_np_cnp_sent_total{{{HOST}}}[{RATE}])", "CNP sent " + port),
+                           (f"rate(stepwatch_roce_rp_cnp_handled_total{{{HOST}}}[{RATE}])",
+                            "CNP handled " + port)))
+        .with_row(Row("Errors"))
+        .with_panel(series("Link errors", "short",
+                           (f"increase(stepwatch_infiniband_symbol_error_total{{{HOST}}}[{RATE}])",
+                            "symbol " + port),
+                           (f"increase(stepwatch_infiniband_link_downed_total{{{HOST}}}[{RATE}])",
+                            "downed " + port),
+                           (f"increase(stepwatch_infiniband_port_errors_received_total{{{HOST}}}[{RATE}])",
+                            "rcv errors " + port)))
+        .with_panel(series("RoCE transport errors", "cps",
+                           (f"rate(stepwatch_roce_out_of_sequence_total{{{HOST}}}[{RATE}])", "OOS " + port),
+                           (f"rate(stepwatch_roce_local_ack_timeout_err_total{{{HOST}}}[{RATE}])",
+                            "ack timeout " + port)))
+        .with_panel(ch_table("Hot ports (ClickHouse)", "short", hot)))
+
+
+def pipeline() -> Dashboard:
+    return (_base("stepwatch-pipeline", "stepwatch / Pipeline health", "pipeline")
+        .with_row(Row("Agents"))
+        .with_panel(series("Agent spool", "bytes", ("stepwatch_agent_spool_bytes", "{{instance}}"),
+                           ("stepwatch_agent_spool_max_bytes", "bound {{instance}}")))
+        .with_panel(series("Agent broker up", "bool", ("stepwatch_agent_broker_up", "{{instance}}")))
+        .with_row(Row("Stream workers"))
+        .with_panel(series("Stream consumer lag", "short",
+                           ("sum by (kind) (stepwatch_stream_consumer_lag_messages)", "{{kind}}")))
+        .with_panel(series("Stream events", "cps",
+                           (f"sum by (kind) (rate(stepwatch_stream_events_total[{RATE}]))", "{{kind}}")))
+        .with_panel(series("Dead letters", "cps",
+                           (f"sum by (reason) (rate(stepwatch_stream_dlq_messages_total[{RATE}]))",
+                            "stream {{reason}}"),
+                           (f"sum by (reason) (rate(stepwatch_sink_dead_letter_rows_total[{RATE}]))",
+                            "sink {{reason}}")))
+        .with_panel(series("Workers ready", "bool", ("stepwatch_stream_ready", "{{instance}}")))
+        .with_row(Row("ClickHouse sink"))
+        .with_panel(series("Rows inserted", "rowsps",
+                           (f"sum by (table) (rate(stepwatch_sink_rows_inserted_total[{RATE}]))", "{{table}}")))
+        .with_panel(series("Sink lag", "short",
+                           ("sum(stepwatch_sink_consumer_lag_messages)", "lag"),
+                           ("stepwatch_sink_buffered_messages", "buffered")))
+        .with_panel(series("Seconds since the sink's last commit", "s",
+                           ("time() - stepwatch_sink_last_commit_timestamp_seconds", "{{instance}}")))
+        .with_panel(series("Insert time p99", "s",
+                           (f"histogram_quantile(0.99, sum by (le, table) (rate(stepwatch_sink_insert_seconds_bucket[{RATE}])))",
+                            "{{table}}")))
+        .with_row(Row("Remediator"))
+        .with_panel(series("Remediator decisions", "short",
+                           ("sum by (action, outcome) (increase(stepwatch_remediator_decisions_total[1h]))",
+                            "{{action}} {{outcome}}"), fault_only=True,
+                           desc="Only once the remediator has decided something."))
+        .with_panel(series("Circuit breaker open", "bool",
+                           ("stepwatch_remediator_circuit_breaker_open", "open"), fault_only=True,
+                           desc="1 while open; a person must close it."))
+        .with_panel(series("Actuator errors", "short",
+                           ("sum by (actuator, kind) (increase(stepwatch_remediator_actuator_errors_total[1h]))",
+                            "{{actuator}} {{kind}}"), fault_only=True)))
+
+
+DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
+    "fleet-overview": fleet, "job-drilldown": job, "node-gpu-health": node,
+    "network-fabric": network, "pipeline-health": pipeline,
+}
+
+
+def render(name: str) -> str:
+    return json.dumps(DASHBOARDS[name]().build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    OUT.mkdir(exist_ok=True)
+    for name in DASHBOARDS:
+        path = OUT / f"{name}.json"
+        text = render(name)
+        if "--check" in argv:
+            if not path.exists() or path.read_text() != text:
+                stale.append(path.name)
+        else:
+            path.write_text(text)
+    if stale:
+        print(f"stale: {', '.join(stale)}; run python dashboards/generate.py", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

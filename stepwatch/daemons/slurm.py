@@ -1,0 +1,192 @@
+"""A real multi-node Slurm cluster on one host, for tests and the demo.
+
+One ``slurmctld`` and one ``slurmd -N nodeNN`` per node, all on this host
+(``NodeHostname`` = this host's name, a distinct port per node), with
+``proctrack/linuxproc`` and ``task/none`` so no cgroups are needed; the config
+lives in a temporary directory and ``munged`` is started when it is not
+running (it needs a key in ``/etc/munge``). Commands see the cluster through
+:meth:`SlurmCluster.env` (``SLURM_CONF``). Needs root (slurmd runs jobs as
+their user). Stops cleanly: every daemon it started gets SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from stepwatch.daemons.process import free_port
+from stepwatch.errors import DaemonError
+
+log = logging.getLogger(__name__)
+
+BINARIES = ("slurmctld", "slurmd", "scontrol", "sinfo", "sbatch", "squeue", "scancel", "munged")
+MUNGE_SOCKET = Path("/run/munge/munge.socket.2")
+
+
+def missing_binaries() -> list[str]:
+    """Which of the binaries the cluster needs are not installed."""
+    return [b for b in BINARIES if not (shutil.which(b) or shutil.which(b, path="/usr/sbin:/sbin"))]
+
+
+def _bin(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if not found:
+        raise DaemonError(f"{name} not found: install Debian's slurm-wlm and munge")
+    return found
+
+
+@dataclass
+class SlurmCluster:
+    workdir: Path
+    nodes: int = 4
+    cpus: int = 1
+    ctld_port: int = 0
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+    _munged: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+
+    @property
+    def node_names(self) -> list[str]:
+        return [f"node{i:02d}" for i in range(1, self.nodes + 1)]
+
+    @property
+    def conf_path(self) -> Path:
+        return self.workdir / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.conf_path)}
+
+    def start(self, timeout: float = 60.0) -> SlurmCluster:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._ensure_munge()
+        self._write_config()
+        self._spawn("slurmctld", [_bin("slurmctld"), "-D", "-i", "-f", str(self.conf_path)])
+        self._wait(lambda: self.scontrol("ping", check=False).find("UP") >= 0, timeout, "slurmctld")
+        for name in self.node_names:
+            self._spawn(f"slurmd-{name}", [_bin("slurmd"), "-D", "-N", name, "-f", str(self.conf_path)])
+        self._wait(self._all_idle, timeout, "every slurmd idle")
+        log.info("slurm ready nodes=%s conf=%s", ",".join(self.node_names), self.conf_path)
+        return self
+
+    def _ensure_munge(self) -> None:
+        if MUNGE_SOCKET.exists() and subprocess.run(
+                ["sh", "-c", "munge -n | unmunge"], capture_output=True, check=False).returncode == 0:
+            return
+        Path("/run/munge").mkdir(parents=True, exist_ok=True)
+        log.info("starting munged")
+        self._munged = subprocess.Popen([_bin("munged"), "--foreground", "--force"],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait(MUNGE_SOCKET.exists, 15, "munged")
+
+    def _write_config(self) -> None:
+        host = socket.gethostname()
+        self.ctld_port = self.ctld_port or free_port()
+        d = self.workdir
+        for sub in ("state", "spool"):
+            (d / sub).mkdir(exist_ok=True)
+        lines = [
+            "ClusterName=stepwatch", f"SlurmctldHost={host}", f"SlurmctldPort={self.ctld_port}",
+            "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
+            f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n",
+            f"SlurmctldPidFile={d}/slurmctld.pid", f"SlurmdPidFile={d}/slurmd.%n.pid",
+            f"SlurmctldLogFile={d}/slurmctld.log", f"SlurmdLogFile={d}/slurmd.%n.log",
+            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
+            "SchedulerType=sched/backfill", "ReturnToService=2", "JobRequeue=1",
+            "SlurmdParameters=config_overrides", "SchedulerParameters=sched_interval=1",
+            "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
+            "JobAcctGatherType=jobacct_gather/none", "SlurmctldTimeout=30", "SlurmdTimeout=30",
+            "MessageTimeout=10", "InactiveLimit=0", "MinJobAge=300",
+        ]
+        for name in self.node_names:
+            lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 "
+                         f"Port={free_port()} CPUs={self.cpus} State=UNKNOWN")
+        lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        self.conf_path.write_text("\n".join(lines) + "\n")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        out = open(self.workdir / f"{name}.out", "ab")  # noqa: SIM115 - closed by the child's exit
+        self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env()))
+        out.close()
+
+    def _wait(self, probe: object, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if callable(probe) and probe():
+                return
+            dead = [p for p in self._procs if p.poll() is not None]
+            if dead:
+                self.stop()
+                raise DaemonError(f"slurm daemon exited at start ({what}): {self.log_tail()}")
+            time.sleep(0.2)
+        self.stop()
+        raise DaemonError(f"slurm not ready after {timeout:.0f} s ({what}): {self.log_tail()}")
+
+    def _all_idle(self) -> bool:
+        states = self.node_states()
+        return len(states) == self.nodes and all(s.startswith("idle") for s in states.values())
+
+    def scontrol(self, *args: str, check: bool = True) -> str:
+        return self._run([_bin("scontrol"), *args], check)
+
+    def _run(self, argv: list[str], check: bool = True) -> str:
+        done = subprocess.run(argv, capture_output=True, text=True, env=self.env(), timeout=30, check=False)
+        if check and done.returncode != 0:
+            raise DaemonError(f"{' '.join(argv[:3])} failed: {done.stderr.strip()}")
+        return done.stdout
+
+    def node_states(self) -> dict[str, str]:
+        out = self._run([_bin("sinfo"), "-h", "-N", "-o", "%N %t"], check=False)
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+    def sbatch(self, *args: str) -> str:
+        """Submit a batch job; returns its id."""
+        out = self._run([_bin("sbatch"), "--parsable", *args])
+        return out.strip().split(";")[0]
+
+    def log_tail(self, chars: int = 1500) -> str:
+        try:
+            return (self.workdir / "slurmctld.log").read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def cancel_jobs(self, timeout: float = 10.0) -> None:
+        """Cancel every job and wait until their processes are gone (slurmstepd outlives slurmd)."""
+        jobs = self._run([_bin("squeue"), "-h", "-o", "%i"], check=False).split()
+        if not jobs:
+            return
+        self._run([_bin("scancel"), *jobs], check=False)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self._run([_bin("squeue"), "-h", "-t", "R,CG", "-o", "%i"],
+                                                         check=False).strip():
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self._procs and self._procs[0].poll() is None:
+            self.cancel_jobs()
+        procs, self._procs = self._procs[::-1], []
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        if self._munged is not None and self._munged.poll() is None:
+            self._munged.terminate()
+            self._munged.wait(timeout=10)
+        self._munged = None
+        log.info("slurm stopped conf=%s", self.conf_path)
+
+    def __enter__(self) -> SlurmCluster:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,65 @@
+"""Build a post-mortem report: load, figure, write HTML and PNG files."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from stepwatch.errors import StepwatchError
+from stepwatch.exporters.clickhouse.store import Store
+from stepwatch.report import figures as F
+from stepwatch.report.data import ReportData, load
+from stepwatch.report.goodput import breakdown
+from stepwatch.report.html import page
+
+log = logging.getLogger(__name__)
+
+
+class NoSuchJob(StepwatchError):
+    """The store holds no steps of the job."""
+
+
+@dataclass(frozen=True)
+class Written:
+    html: Path
+    pngs: tuple[Path, ...]
+
+
+def render(data: ReportData) -> dict[str, bytes]:
+    """Figure title -> PNG bytes, in report order."""
+    b = breakdown(data.steps)
+    out = {
+        "Compute time heat map (rank x step)": F.heat_map(data),
+        "Step time and throughput": F.step_time(data),
+        "Goodput breakdown": F.goodput_bar(b, data.job),
+        "Timeline": F.timeline(data),
+    }
+    for host in data.flagged_hosts:
+        if any(r["host"] == host for r in data.gpu):
+            out[f"GPU signals: {host}"] = F.gpu_signals(data, host)
+        if any(r["host"] == host for r in data.ports):
+            out[f"NIC signals: {host}"] = F.nic_signals(data, host)
+    return out
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower()
+
+
+def build_report(store: Store, job: str, out_dir: Path) -> Written:
+    data = load(store, job)
+    if not data.steps:
+        raise NoSuchJob(f"the store holds no steps of job {job!r}")
+    figs = render(data)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pngs = []
+    for i, (title, png) in enumerate(figs.items(), 1):
+        path = out_dir / f"{_slug(job)}-{i:02d}-{_slug(title)}.png"
+        path.write_bytes(png)
+        pngs.append(path)
+    html_path = out_dir / f"report-{_slug(job)}.html"
+    html_path.write_text(page(data, breakdown(data.steps), figs), encoding="utf-8")
+    log.info("report written job=%s html=%s figures=%d", job, html_path, len(pngs))
+    return Written(html_path, tuple(pngs))

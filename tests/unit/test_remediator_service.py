@@ -1,0 +1,182 @@
+"""The remediator's HTTP face and actuators: auth, bad bodies, API; Slurm and Kubernetes backends."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from stepwatch.alerts.remediate.actuators.base import LogActuator
+from stepwatch.alerts.remediate.actuators.kube import REASON_ANNOTATION, TAINT_KEY, KubeActuator
+from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
+from stepwatch.alerts.remediate.client import Client
+from stepwatch.alerts.remediate.service import build
+from stepwatch.errors import ActuatorError, RemediationError
+from stepwatch.settings import Settings
+
+pytestmark = pytest.mark.unit
+TOKEN = "unit-token"
+
+
+@pytest.fixture()
+def service(tmp_path):
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("mode: execute\ncluster_nodes: 10\nrules:\n"
+                      "  - match: {alertname: GpuXidFatal}\n    actions: [drain]\n    approval: true\n")
+    settings = Settings.load(env={}, remediate_policy=str(policy), remediate_state_dir=str(tmp_path / "s"),
+                             remediate_token=TOKEN)
+    svc = build(settings, port=0, actuator=LogActuator(10), writers=[])
+    yield svc
+    svc.stop()
+
+
+def post(url: str, body: bytes, token: str | None = TOKEN) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    req = urllib.request.Request(url, data=body, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, None
+
+
+def oversized(base: str, size: int) -> bytes:
+    """Announce a too-large body and send none of it: refused from the headers alone."""
+    host, port = base.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(f"POST /webhook HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+                     f"Content-Length: {size}\r\n\r\n".encode())
+        return sock.recv(200)
+
+
+def webhook(**labels: str) -> bytes:
+    return json.dumps({"version": "4", "status": "firing", "alerts": [
+        {"status": "firing", "fingerprint": "abc", "labels": {"alertname": "GpuXidFatal", "host": "n1",
+                                                               "class": "system", **labels}}]}).encode()
+
+
+def test_webhook_auth_bad_bodies_and_oversize(service):
+    url = service.url + "/webhook"
+    assert post(url, webhook(), token=None)[0] == 401
+    assert post(url, webhook(), token="wrong")[0] == 401
+    assert post(url, b"{not json")[0] == 400
+    assert post(url, json.dumps({"version": "3", "alerts": []}).encode())[0] == 400
+    assert post(url, json.dumps({"version": "4", "alerts": [{"labels": {}}]}).encode())[0] == 400
+    assert oversized(service.url, 2 * 1024 * 1024).startswith(b"HTTP/1.1 413")
+    metrics = urllib.request.urlopen(service.url + "/metrics").read().decode()
+    assert 'stepwatch_remediator_requests_rejected_total{code="401"} 2.0' in metrics
+    assert urllib.request.urlopen(service.url + "/healthz").status == 200
+    code, body = post(url, webhook())  # still serving after all that
+    assert code == 200 and body["decisions"][0]["outcome"] == "queued"
+
+
+def test_cli_client_lists_approves_and_closes_the_breaker(service):
+    post(service.url + "/webhook", webhook())
+    api = Client(service.url, TOKEN)
+    queued = api.actions("queued")["actions"]
+    assert [a["kind"] for a in queued] == ["drain"]
+    assert api.approve(queued[0]["id"])["outcome"] == "acted"
+    with pytest.raises(RemediationError, match="404"):
+        api.approve(queued[0]["id"])
+    assert api.close_breaker() == {"was_open": False, "open": False}
+    with pytest.raises(RemediationError, match="401"):
+        Client(service.url, "nope").actions()
+
+
+def fake_runner(answers: dict[str, tuple[int, str]], calls: list[list[str]]):
+    def run(argv, timeout, env):
+        calls.append(list(argv))
+        key = " ".join(argv[1:3])
+        code, text = answers.get(key, (0, ""))
+        return subprocess.CompletedProcess(argv, code, text if code == 0 else "", text if code else "")
+    return run
+
+
+def test_slurm_actuator_commands_and_failure_kinds():
+    calls: list[list[str]] = []
+    answers = {"show node": (0, "NodeName=n1 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 "
+                             "Reason=stepwatch: straggler cause gpu [root@2026-01-01T00:00:00]"),
+               "show job": (0, "JobId=7 UserId=ada(1000) JobState=RUNNING ExcNodeList=n4 Requeue=1")}
+    slurm = SlurmActuator(runner=fake_runner(answers, calls))
+    state = slurm.node_state("n1")
+    assert state.drained_by_stepwatch and state.reason == "stepwatch: straggler cause gpu"
+    assert slurm.job_owner("7") == "ada"
+    slurm.drain("n2", "stepwatch: x")
+    assert calls[-1][1:] == ["update", "nodename=n2", "state=drain", "reason=stepwatch: x"]
+    slurm.requeue("7", "n2")
+    assert [c[1] for c in calls[-3:]] == ["requeuehold", "update", "release"]
+    assert calls[-2][2:] == ["jobid=7", "ExcNodeList=n2,n4"]
+    busy = SlurmActuator(runner=fake_runner({"update nodename=n3": (1, "Unable to contact slurm controller")}, []))
+    with pytest.raises(ActuatorError) as err:
+        busy.drain("n3", "r")
+    assert err.value.transient
+    bad = SlurmActuator(runner=fake_runner({"update nodename=n3": (1, "Invalid node name specified")}, []))
+    with pytest.raises(ActuatorError) as err:
+        bad.drain("n3", "r")
+    assert not err.value.transient
+
+
+class FakeCore:
+    """CoreV1Api's methods the actuator uses, over the client's own model objects."""
+
+    def __init__(self) -> None:
+        self.api_client = client.ApiClient()
+        self.nodes = {"n1": client.V1Node(metadata=client.V1ObjectMeta(name="n1", annotations={}),
+                                          spec=client.V1NodeSpec(unschedulable=False))}
+        self.patches: list[tuple[str, dict]] = []
+        self.deleted: list[tuple[str, str]] = []
+        self.fail: ApiException | None = None
+
+    def read_node(self, name: str) -> client.V1Node:
+        if name not in self.nodes:
+            raise ApiException(status=404, reason="Not Found")
+        return self.nodes[name]
+
+    def list_node(self) -> Any:
+        return SimpleNamespace(items=list(self.nodes.values()))
+
+    def patch_node(self, name: str, body: dict) -> None:
+        if self.fail:
+            raise self.fail
+        self.patches.append((name, body))
+        node = self.nodes[name]
+        node.spec.unschedulable = body["spec"]["unschedulable"]
+        node.metadata.annotations.update(body["metadata"]["annotations"])
+
+    def list_pod_for_all_namespaces(self, label_selector: str, field_selector: str) -> Any:
+        assert label_selector == "stepwatch.io/job-id=j1" and field_selector == "spec.nodeName=n1"
+        pod = client.V1Pod(metadata=client.V1ObjectMeta(name="trainer-3", namespace="ml"))
+        return client.V1PodList(items=[pod])
+
+    def delete_namespaced_pod(self, name: str, namespace: str) -> None:
+        self.deleted.append((namespace, name))
+
+
+def test_kubernetes_actuator_cordons_taints_and_deletes_pods():
+    core = FakeCore()
+    kube = KubeActuator(core)
+    assert kube.node_count() == 1 and not kube.node_state("n1").drained
+    assert not kube.node_state("ghost").exists
+    kube.drain("n1", "stepwatch: xid 79")
+    _name, body = core.patches[0]
+    assert body["spec"]["unschedulable"] is True
+    assert body["spec"]["taints"] == [{"effect": "NoSchedule", "key": TAINT_KEY, "value": "stepwatch"}]
+    assert body["metadata"]["annotations"] == {REASON_ANNOTATION: "stepwatch: xid 79"}
+    assert kube.node_state("n1").drained_by_stepwatch
+    assert "1 pod" in kube.requeue("j1", "n1") and core.deleted == [("ml", "trainer-3")]
+    core.fail = ApiException(status=503, reason="Unavailable")
+    with pytest.raises(ActuatorError) as err:
+        kube.drain("n1", "r")
+    assert err.value.transient
+    core.fail = ApiException(status=403, reason="Forbidden")
+    with pytest.raises(ActuatorError) as err:
+        kube.drain("n1", "r")
+    assert not err.value.transient
