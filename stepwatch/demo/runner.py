@@ -77,6 +77,10 @@ class Demo:
         bootstrap = opts.bootstrap or self._start_broker()
         settings = Settings.load(bootstrap_servers=bootstrap, spool_dir=str(opts.workdir / "spool"),
                                  store_path=str(opts.workdir / "chdb"))
+        if not opts.bootstrap:
+            from stepwatch.broker import DEV_TOPIC_SETTINGS
+
+            settings = settings.replace(**DEV_TOPIC_SETTINGS)
         ensure_topics(settings)
         env = child_env(settings.topic_prefix, settings.partitions)
         self.children = children(bootstrap, opts.workdir, workers=opts.workers, store=opts.store)
