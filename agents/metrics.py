@@ -7,7 +7,9 @@ Its own health (``stepwatch_agent_*``) and its host's GPUs and RDMA ports
 A custom collector on a private :class:`~prometheus_client.CollectorRegistry`
 turns an :class:`~stepwatch.agents.agent.AgentSnapshot` into metric families, so the
 tick loop pays nothing for metrics. Served over HTTP on
-``Settings.metrics_port`` (0 disables it). Process CPU and memory come from
+``Settings.metrics_port`` (0 disables it) on ``Settings.metrics_host``
+(loopback by default), with optional TLS and basic auth
+(:mod:`stepwatch.metrics_http`). Process CPU and memory come from
 prometheus-client's own process collector (``process_*``).
 """
 
@@ -23,6 +25,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from stepwatch.agents.agent import AgentSnapshot
 from stepwatch.agents.collectors.base import HealthState
 from stepwatch.agents.host_series import families as host_families
+from stepwatch.metrics_http import Endpoint, serve_metrics
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +80,11 @@ def _collectors(s: AgentSnapshot) -> Iterator[Metric]:
 def _publisher(p: Any) -> Iterator[Metric]:
     yield _gauge("broker_up", "1 when Kafka accepts records (0: spooling to disk).",
                  int(p.state.value == "up"))
+    yield _gauge("kafka_ready", "1 when the publisher reaches Kafka and produces (0: it cannot "
+                 "reach it, e.g. from the start with a bad setting; records are spooled).",
+                 int(p.state.value == "up"))
+    yield _gauge("kafka_last_success_timestamp_seconds",
+                 "When Kafka last confirmed a delivery (Unix time; 0: never).", p.last_success)
     yield _labelled(CounterMetricFamily, "messages_produced",
                     "Messages confirmed by Kafka, by kind.", "kind", p.produced)
     yield _labelled(CounterMetricFamily, "delivery_failures",
@@ -123,10 +131,12 @@ def render(registry: CollectorRegistry) -> str:
     return generate_latest(registry).decode()
 
 
-def serve(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0") -> Any:
-    """Serve /metrics on ``port``; returns the server (``.shutdown()`` stops it)."""
-    from prometheus_client import start_http_server
+def serve(registry: CollectorRegistry, endpoint: Endpoint | int, addr: str = "127.0.0.1") -> Any:
+    """Serve /metrics (listen address, TLS, basic auth: :mod:`stepwatch.metrics_http`).
 
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
-    log.info("agent metrics listening port=%d", server.server_port)
-    return server
+    A bare port (and ``addr``) means plain HTTP without auth; the server has
+    ``server_port`` and ``shutdown()``.
+    """
+    if isinstance(endpoint, int):
+        endpoint = Endpoint(host=addr, port=endpoint)
+    return serve_metrics(registry, endpoint, name="agent")

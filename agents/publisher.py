@@ -8,6 +8,11 @@ when delivery reports confirm them, in order. When the broker is unreachable
 or deliveries fail, the sender stops producing, probes the cluster (which also
 re-creates missing topics: a restarted development broker has none), then
 starts a fresh producer and rewinds to the first unacknowledged record.
+Probes back off exponentially with jitter (a fleet of agents does not retry in
+lockstep after an outage). While Kafka stays unreachable — from the start,
+with a bad ``-X`` setting, or after an outage — a warning is logged at once
+and then every ``DOWN_LOG_EVERY`` seconds; ``stats()`` carries the state and
+the time of the last confirmed delivery for the agent's ``/metrics``.
 Delivery is at-least-once: records in flight when the broker failed may be
 sent twice; sequence numbers make that measurable downstream.
 """
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import random
 import threading
 import time
 from collections import Counter, deque
@@ -35,6 +41,8 @@ log = logging.getLogger(__name__)
 WINDOW = 50_000  # records produced and not yet confirmed
 BATCH = 5_000  # records read from the spool per pump
 BACKOFF_MIN, BACKOFF_MAX = 0.5, 5.0
+JITTER = 0.5  # each wait is the backoff times a uniform factor in [1 - JITTER, 1 + JITTER]
+DOWN_LOG_EVERY = 60.0  # while Kafka stays unreachable: one warning this often
 GRACE_SECONDS = 5.0  # after an outage: time for in-flight records to land before a reset
 PERSIST_EVERY = 1.0  # seconds between writes of the acknowledged position
 # per-record errors no retry can fix: the record is dropped and counted ("rejected")
@@ -43,6 +51,11 @@ PERMANENT = frozenset({"MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "INVALID_REC
 
 ProducerFactory = Callable[[dict[str, Any]], Any]
 Probe = Callable[[], None]
+
+
+def jittered(backoff: float, rng: random.Random) -> float:
+    """``backoff`` times a uniform factor in [1 - JITTER, 1 + JITTER]."""
+    return backoff * rng.uniform(1 - JITTER, 1 + JITTER)
 
 
 class BrokerState(enum.StrEnum):
@@ -62,6 +75,7 @@ class PublisherStats:
     rewinds: int
     spool: SpoolStats
     extra: dict[str, int] = field(default_factory=dict)
+    last_success: float = 0.0  # wall clock of the last confirmed delivery (0: never)
 
 
 class _Slot:
@@ -92,7 +106,8 @@ class KafkaPublisher:
 
     def __init__(self, settings: Settings, *, spool: Spool | None = None,
                  producer_factory: ProducerFactory | None = None, probe: Probe | None = None,
-                 probe_timeout: float = 3.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 probe_timeout: float = 3.0, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None) -> None:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self._topic_of = {cls: self.topics.for_kind(kind) for cls, kind in KIND_OF.items()}
@@ -113,6 +128,10 @@ class KafkaPublisher:
         self._probed = False
         self._next_probe = 0.0
         self._backoff = BACKOFF_MIN
+        self._rng = rng or random.Random()
+        self._down_since = clock()
+        self._next_down_log = 0.0  # the first failure to reach Kafka is logged at once
+        self._last_success = 0.0
         self._last_persist = clock()
         self._accepted: Counter[str] = Counter()
         self._produced: Counter[str] = Counter()
@@ -187,6 +206,7 @@ class KafkaPublisher:
             rewinds=self._rewinds,
             spool=self.spool.stats(),
             extra={"resends_skipped": self._skipped},
+            last_success=self._last_success,
         )
 
     def _by_kind(self, per_topic: Counter[str]) -> dict[str, int]:
@@ -287,6 +307,7 @@ class KafkaPublisher:
         while inflight and inflight[0].state > 0:
             last = inflight.popleft().end
         if last is not None:
+            self._last_success = time.time()
             self.spool.ack(last)
             with self._done:
                 self._done.notify_all()
@@ -316,12 +337,20 @@ class KafkaPublisher:
             self._reset_producer()
 
     def _enter_down(self, reason: str) -> None:
+        now = self._clock()
         if self._state is not BrokerState.DOWN:
-            log.warning("kafka unreachable, spooling to disk reason=%s spool_records=%d",
-                        reason, self.spool.pending())
+            self._down_since = now
+            self._next_down_log = 0.0
+        if now >= self._next_down_log:  # at once, then every DOWN_LOG_EVERY while down
+            self._next_down_log = now + DOWN_LOG_EVERY
+            log.warning("kafka unreachable, spooling to disk reason=%s down_seconds=%.0f "
+                        "spool_records=%d bootstrap=%s last_success=%s", reason,
+                        now - self._down_since, self.spool.pending(),
+                        self.settings.bootstrap_servers,
+                        f"{self._last_success:.0f}" if self._last_success else "never")
         self._drop_producer(purge=True)
         self._state = BrokerState.DOWN
-        self._next_probe = self._clock() + self._backoff
+        self._next_probe = now + jittered(self._backoff, self._rng)
         self._backoff = min(BACKOFF_MAX, self._backoff * 2)
 
     def _wait_probe(self) -> None:

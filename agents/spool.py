@@ -176,9 +176,32 @@ class Spool:
                             pos)
             return start
         if not (0 <= pos.offset <= seg.size and seg.first <= pos.record <= seg.first + seg.count):
-            log.warning("spool ack position out of range, replaying its segment pos=%s", pos)
-            return Pos(seg.first, 0, seg.first)
+            found = self._locate(seg, pos.offset)
+            log.warning("spool ack position out of range (a cut tail?), resuming at the nearest "
+                        "record boundary pos=%s resume=%s", pos, found)
+            return found
         return pos
+
+    def _locate(self, seg: _Segment, offset: int) -> Pos:
+        """The last frame boundary of ``seg`` at or before ``offset``, with its record number.
+
+        An acknowledged position beyond the segment's end (its tail was cut
+        after the ack was written) resumes at the end: what is left of the
+        segment was delivered already, so nothing of it is sent again; an
+        inconsistent position inside the segment resends at most one record.
+        """
+        try:
+            data = seg.path.read_bytes()[:max(0, offset)]
+        except OSError:
+            return Pos(seg.first, 0, seg.first)
+        off, record = 0, seg.first
+        while off + _HEAD.size <= len(data):
+            blen, _crc = _HEAD.unpack_from(data, off)
+            end = off + _HEAD.size + blen
+            if end > len(data):
+                break
+            off, record = end, record + 1
+        return Pos(seg.first, off, record)
 
     # ------------------------------------------------------------------ write side
     def append(self, records: Sequence[Entry]) -> int:

@@ -40,6 +40,10 @@ def broker_binary() -> str:
         raise BrokerError(f"cannot locate the Tansu broker binary: {err}") from err
 
 
+#: topic settings for the development broker: one node, so one replica
+DEV_TOPIC_SETTINGS: dict[str, int] = {"replication_factor": 1, "min_insync_replicas": 1}
+
+
 @dataclass
 class DevBroker:
     """A Tansu broker process on ``host:port``. Use as a context manager."""

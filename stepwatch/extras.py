@@ -31,6 +31,7 @@ EXTRAS: dict[str, tuple[str, str]] = {
     "yaml": ("pyyaml", "remediate"),
     "kubernetes": ("kubernetes", "remediate"),
     "matplotlib": ("matplotlib", "report"),
+    "grafana_foundation_sdk": ("grafana-foundation-sdk", "dashboards"),
 }
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
+from collections.abc import Callable
 
 FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=\"%(message)s\""
 
@@ -36,3 +38,39 @@ class LogOnce:
         if key not in self._seen:
             self._seen.add(key)
             self._logger.log(level, msg + " (further occurrences counted, not logged)", *args)
+
+
+class RateLimit(logging.Filter):
+    """Let through at most ``burst`` records per key and ``interval`` seconds.
+
+    The key is the logger name and the record's first argument (for
+    librdkafka's log callback: the facility, e.g. ``FAIL``, ``REQTMOUT``);
+    the first record let through after a quiet spell says how many were
+    suppressed (``suppressed=N``). An unreachable broker makes librdkafka log
+    the same line every few hundred milliseconds per connection: this keeps
+    one line per facility and interval.
+    """
+
+    def __init__(self, interval: float = 60.0, burst: int = 1,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        super().__init__()
+        self.interval = interval
+        self.burst = burst
+        self.clock = clock
+        self._windows: dict[tuple[str, str], tuple[float, int, int]] = {}  # start, let, dropped
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        key = (record.name, str(args[0]) if args else record.msg)
+        now = self.clock()
+        start, let, dropped = self._windows.get(key, (now, 0, 0))
+        if now - start >= self.interval:
+            start, let = now, 0
+        if let >= self.burst:
+            self._windows[key] = (start, let, dropped + 1)
+            return False
+        if dropped:
+            record.msg = f"{record.msg} (suppressed={dropped} in the last {self.interval:.0f} s)"
+            dropped = 0
+        self._windows[key] = (start, let + 1, dropped)
+        return True

@@ -49,7 +49,7 @@ class Settings:
     kafka_config: Mapping[str, str] = field(default_factory=dict)
     topic_prefix: str = "stepwatch"
     partitions: int = 8
-    replication_factor: int = 1
+    replication_factor: int = 3  # 1 only for the development broker (it sets 1 itself)
     create_topics: bool = True
     # --- node agent ------------------------------------------------------------
     host: str = field(default_factory=_default_host)
@@ -87,7 +87,8 @@ class Settings:
     stream_tick_seconds: float = 1.0  # hang checks and metric refreshes
     stream_standby_replicas: int = 1  # standby copies of the open-detections table
     stream_restore_grace_steps: int = 64  # steps before an unconfirmed inherited detection resolves
-    stream_session_timeout: float = 0.0  # consumer-group session timeout s; 0: 60 (6 dev broker)
+    stream_session_timeout: float = 6.0  # consumer-group session timeout s; 0: Faust's 60
+    stream_rebalance_timeout: float = 0.0  # rebalance (rejoin) timeout s; 0: Faust's 60
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
     # --- store endpoint limits (the embedded store's query endpoint) ------------
@@ -105,6 +106,15 @@ class Settings:
     remediate_token_file: str = ""
     remediate_mode: str = ""  # observe | recommend | execute; empty: the policy's mode
     remediate_url: str = "http://127.0.0.1:9469"  # where the CLI finds the running service
+    # --- integrity: topics, message bounds, /metrics endpoints ---------------------
+    min_insync_replicas: int = 2  # topic setting at creation; capped at replication_factor
+    topic_retention_hours: float = 168.0  # retention.ms of created topics; <= 0: the broker's
+    max_message_bytes: int = 1 << 20  # larger messages are refused (reason too_large)
+    metrics_host: str = "127.0.0.1"  # the interface every /metrics endpoint listens on
+    metrics_tls_cert: str = ""  # PEM certificate: serve /metrics over HTTPS (with the key)
+    metrics_tls_key: str = ""
+    metrics_auth_user: str = ""  # basic auth on /metrics when set (with the password)
+    metrics_auth_password: str = ""
     # --- misc -------------------------------------------------------------------
     log_level: str = "INFO"
     # where each value came from: "flag", "env", "file" or "default" (not a setting)
@@ -168,6 +178,14 @@ class Settings:
             raise ConfigError(f"tick_seconds must be > 0, got {self.tick_seconds}")
         if self.store_raw_ttl_days < 1:
             raise ConfigError(f"store_raw_ttl_days must be >= 1, got {self.store_raw_ttl_days}")
+        if self.replication_factor < 1 or self.min_insync_replicas < 1:
+            raise ConfigError("replication_factor and min_insync_replicas must be >= 1")
+        if self.max_message_bytes < 1024:
+            raise ConfigError(f"max_message_bytes must be >= 1024, got {self.max_message_bytes}")
+        if bool(self.metrics_tls_cert) != bool(self.metrics_tls_key):
+            raise ConfigError("metrics_tls_cert and metrics_tls_key go together")
+        if bool(self.metrics_auth_user) != bool(self.metrics_auth_password):
+            raise ConfigError("metrics_auth_user and metrics_auth_password go together")
         if self.spool_max_bytes < 1024 * 1024:
             raise ConfigError(f"spool_max_bytes must be >= 1 MiB, got {self.spool_max_bytes}")
 

@@ -56,7 +56,7 @@ class KafkaSource:
     def __init__(self, settings: Settings, group_id: str) -> None:
         from confluent_kafka import Consumer
 
-        config = client_config(settings, {**CONSUMER_DEFAULTS, "group.id": group_id})
+        config = client_config(settings, {**CONSUMER_DEFAULTS, "group.id": group_id}, role="sink")
         config.setdefault("client.id", f"stepwatch-sink-{settings.host}")
         config["stats_cb"] = self._stats
         self.group_id = group_id

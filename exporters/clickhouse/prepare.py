@@ -2,7 +2,8 @@
 
 For each record: decode and validate against the contract (a bad record
 becomes a dead letter with the contract's reason: ``malformed_json``,
-``schema``, ``unknown_kind``, ``unsupported_version``, ``absurd_value``);
+``schema``, ``unknown_kind``, ``unsupported_version``, ``absurd_value``,
+``overflow``, ``too_large``: the contract's bounds, the same as the stream worker's);
 drop a message already seen by its (host, inst, kind, seq); map it to rows;
 check each row against its column types (``overflow``, ``invalid_value``).
 Counter rates are computed here (:mod:`stepwatch.exporters.clickhouse.rates`).
@@ -30,6 +31,7 @@ from stepwatch.contract import (
     StepMessage,
     decode,
 )
+from stepwatch.contract.codec import MAX_MESSAGE_BYTES
 from stepwatch.errors import ContractError, StoreError
 from stepwatch.exporters.clickhouse import rows as R
 from stepwatch.exporters.clickhouse.rates import (
@@ -146,6 +148,7 @@ class Preparer:
         *,
         now: Callable[[], float] = time.time,
         recent_keys: int = 1_000_000,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.store = store
         self.now = now
@@ -153,6 +156,7 @@ class Preparer:
         self.ports = CounterTracker(len(PORT_COUNTERS))
         self._recent: OrderedDict[tuple[str, str, str, int], None] = OrderedDict()
         self._recent_max = recent_keys
+        self.max_message_bytes = max_message_bytes
         self._warn = LogOnce(log)
 
     def prepare(self, records: Sequence[Record]) -> Prepared:
@@ -188,7 +192,7 @@ class Preparer:
             out.dead.append(dead_row(record, "malformed_json", "empty record value", now))
             return None
         try:
-            message = decode(record.value, now=lambda: now)
+            message = decode(record.value, now=lambda: now, max_bytes=self.max_message_bytes)
         except ContractError as err:
             out.dead.append(dead_row(record, err.reason, err.detail, now))
             return None

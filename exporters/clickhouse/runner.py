@@ -6,6 +6,7 @@ an ``after_insert`` hook that kills the process between insert and commit).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -28,6 +29,7 @@ def run_sink(
     serve: bool = True,
     after_insert: Callable[[list[Batch]], None] | None = None,
     install_signals: bool = True,
+    listen: str = "",
 ) -> SinkMetrics:
     """Run until SIGTERM/SIGINT; return the metrics (for callers that want totals)."""
     from stepwatch.exporters.clickhouse.access import open_writer
@@ -39,6 +41,7 @@ def run_sink(
         raise ConfigError("the sink needs --bootstrap-servers (or STEPWATCH_BOOTSTRAP_SERVERS)")
     topics = sink_topics(settings.topic_prefix)
     ensure_topics(settings, topics)
+    config = dataclasses.replace(config, max_message_bytes=settings.max_message_bytes)
     store = _open_owned(settings, open_writer)
     metrics = SinkMetrics()
     service: Any = None
@@ -47,11 +50,11 @@ def run_sink(
         Migrator(store, settings.store_raw_ttl_days).migrate()
         if store.backend == "chdb" and serve:
             service = serve_store(settings)
-        if settings.sink_metrics_port:
-            from prometheus_client import start_http_server
+        if settings.sink_metrics_port or listen:
+            from stepwatch.metrics_http import Endpoint, serve_metrics
 
-            http, _ = start_http_server(settings.sink_metrics_port, registry=metrics.registry)
-            log.info("sink metrics port=%d", settings.sink_metrics_port)
+            endpoint = Endpoint.from_settings(settings, settings.sink_metrics_port, listen)
+            http = serve_metrics(metrics.registry, endpoint, name="sink")
         sink = Sink(store, KafkaSource(settings, config.group_id), topics, config, metrics,
                     after_insert=after_insert)
         if install_signals:

@@ -14,6 +14,7 @@ by ReplacingMergeTree. See docs/store.md.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -46,6 +47,7 @@ class SinkConfig:
     retry_initial: float = 0.5
     retry_max: float = 30.0
     lag_interval: float = 5.0
+    max_message_bytes: int = 1 << 20  # the contract's size limit (Settings.max_message_bytes)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
@@ -81,7 +83,7 @@ class Sink:
         self.after_insert = after_insert
         self._stop = threading.Event()
         self.planner = Planner(config.batch_messages, config.batch_seconds, clock)
-        self.preparer = Preparer(store)
+        self.preparer = Preparer(store, max_message_bytes=config.max_message_bytes)
         self.writer = Writer(store, self.metrics, retry_initial=config.retry_initial,
                              retry_max=config.retry_max, should_stop=self._stop.is_set)
         self._committed: dict[TP, int] = {}
@@ -158,7 +160,7 @@ class Sink:
                     raise
                 self.metrics.retries.labels("sink_batches").inc()
                 log.warning("cannot read batch plans, retrying delay_s=%.1f error=%s", delay, err)
-                time.sleep(delay)
+                time.sleep(delay * random.uniform(0.5, 1.5))  # jittered
                 delay = min(delay * 2, self.config.retry_max)
 
     def _query_plans(self, tp: TP, committed: int | None) -> list[tuple[int, int]]:

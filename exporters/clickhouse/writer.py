@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -57,9 +58,10 @@ class Writer:
                 if err.data_error:
                     raise
                 self.metrics.retries.labels(table).inc()
+                wait = delay * random.uniform(0.5, 1.5)  # jitter: sinks do not retry in lockstep
                 log.warning("insert failed, retrying table=%s rows=%d delay_s=%.1f error=%s",
-                            table, len(rows), delay, err)
-                self._wait(delay)
+                            table, len(rows), wait, err)
+                self._wait(wait)
                 delay = min(delay * 2, self.retry_max)
                 continue
             self.metrics.insert_seconds.labels(table).observe(time.perf_counter() - started)

@@ -8,7 +8,7 @@ import signal
 import threading
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
 from stepwatch.errors import ConfigError
 
 DESCRIPTION = """\
@@ -73,6 +73,7 @@ def register(subparsers: Any) -> None:
                    "e.g. http://localhost:9400/metrics")
     g.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="port of the agent's own /metrics (default 9465; 0 disables)")
+    add_web_flags(g)
     p.set_defaults(func=run)
 
 
@@ -82,10 +83,10 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
     broker = None
     if args.dev_broker and not settings.bootstrap_servers:
-        from stepwatch.broker import DevBroker
+        from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
 
         broker = DevBroker().start()
-        settings = settings.replace(bootstrap_servers=broker.bootstrap)
+        settings = settings.replace(bootstrap_servers=broker.bootstrap, **DEV_TOPIC_SETTINGS)
         print(f"development broker started bootstrap={broker.bootstrap}", flush=True)
     if not settings.bootstrap_servers:
         raise ConfigError(
@@ -94,13 +95,13 @@ def run(args: argparse.Namespace) -> int:
             "(`stepwatch demo` starts everything for you)"
         )
     try:
-        return _run_agent(settings)
+        return _run_agent(settings, args.web_listen_address)
     finally:
         if broker is not None:
             broker.stop()
 
 
-def _run_agent(settings: Any) -> int:
+def _run_agent(settings: Any, listen: str = "") -> int:
     from stepwatch.agents import metrics
     from stepwatch.agents.agent import build_agent
 
@@ -113,10 +114,13 @@ def _run_agent(settings: Any) -> int:
     previous = {s: signal.signal(s, _on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     server = None
     try:
-        if settings.metrics_port:
+        if settings.metrics_port or listen:
+            from stepwatch.metrics_http import Endpoint
+
+            endpoint = Endpoint.from_settings(settings, settings.metrics_port, listen)
             try:
-                server = metrics.serve(metrics.registry_for(agent.snapshot), settings.metrics_port)
-            except OSError as err:
+                server = metrics.serve(metrics.registry_for(agent.snapshot), endpoint)
+            except (OSError, ConfigError) as err:
                 agent.shutdown(timeout=1.0)
                 raise ConfigError(f"cannot serve metrics on port {settings.metrics_port}: {err} "
                                   "(--metrics-port 0 disables it)") from err

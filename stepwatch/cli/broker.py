@@ -31,7 +31,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwatch.broker import DevBroker
+    from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.cli.common import settings_from_args
 
     stop = threading.Event()
@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
             from stepwatch.kafka import ensure_topics
 
             args.bootstrap_servers = broker.bootstrap
-            ensure_topics(settings_from_args(args))
+            ensure_topics(settings_from_args(args).replace(**DEV_TOPIC_SETTINGS))
         print(f"broker ready bootstrap={broker.bootstrap}", flush=True)
         print(f"export STEPWATCH_BOOTSTRAP_SERVERS={broker.bootstrap}", flush=True)
         while not stop.wait(1.0):

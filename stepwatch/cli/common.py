@@ -56,3 +56,13 @@ def settings_from_args(args: argparse.Namespace, **more: Any) -> Settings:
         explicit["kafka_config"] = parse_kv(args.kafka_config)
     explicit.update({k: v for k, v in more.items() if v is not None})
     return Settings.load(config_file=getattr(args, "config", None), **explicit)
+
+
+def add_web_flags(group: Any) -> None:
+    """``--web-listen-address`` (node_exporter's convention) for a service's /metrics."""
+    group.add_argument(
+        "--web-listen-address", metavar="HOST:PORT", default="",
+        help="address of /metrics, e.g. 127.0.0.1:9465, [::1]:9465 or :9465 (every "
+        "interface); wins over --metrics-port and STEPWATCH_METRICS_HOST (default host "
+        "127.0.0.1). TLS and basic auth: STEPWATCH_METRICS_TLS_CERT/_KEY, "
+        "STEPWATCH_METRICS_AUTH_USER/_PASSWORD (docs/security.md)")

@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,7 @@ def register(subparsers: Any) -> None:
                    help="longest a record waits (default 1)")
     p.add_argument("--metrics-port", dest="sink_metrics_port", type=int,
                    help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, default 9467; 0 disables)")
+    add_web_flags(p)
     p.add_argument("--no-serve", action="store_true", help="do not serve the query endpoint")
     p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows")
     p.set_defaults(func=run_sink)
@@ -129,7 +130,7 @@ def run_sink(args: argparse.Namespace) -> int:
 
     settings = store_settings(args, store_raw_ttl_days=args.raw_ttl_days)
     config = SinkConfig.from_settings(settings)
-    run(settings, config, serve=not args.no_serve)
+    run(settings, config, serve=not args.no_serve, listen=args.web_listen_address)
     return 0
 
 

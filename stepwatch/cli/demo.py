@@ -40,6 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plain", action="store_true", help="print a status block each interval instead of redrawing")
     p.add_argument("--no-report", action="store_true",
                    help="do not write the post-mortem report at the end")
+    p.add_argument("--no-alerting", action="store_true",
+                   help="no Prometheus, Alertmanager or remediator (detections only)")
+    p.add_argument("--no-slurm", action="store_true",
+                   help="do not start a local Slurm cluster: the remediator runs in observe "
+                   "(dry-run) mode")
+    p.add_argument("--torch", action="store_true",
+                   help="a real PyTorch DDP job (examples/ddp_train.py: 4 ranks, gloo on CPU, "
+                   "rank 1 slowed from step 60) through two node agents, instead of the simulator")
     p.set_defaults(func=run)
 
 
@@ -59,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
         workdir=Path(args.workdir),
         redraw=sys.stdout.isatty() and not args.plain,
         report=not args.no_report,
+        alerting=not args.no_alerting,
+        slurm=not args.no_slurm,
+        torch=args.torch,
     )
     demo = Demo(options)
     started = time.monotonic()
@@ -80,18 +91,19 @@ def _closing(demo: Any, report: bool) -> str:
 
     store = demo.store_path
     path = None
+    job = getattr(demo, "job_id", JOB)
     if store is not None and report:
-        path = _report(store, demo.options.workdir / "report")
-    return closing_note(store, JOB, path)
+        path = _report(store, demo.options.workdir / "report", job)
+    return closing_note(store, job, path)
 
 
-def _report(store: Path, out: Path) -> Path | None:
+def _report(store: Path, out: Path, job: str = JOB) -> Path | None:
     from stepwatch.cli.report import write
     from stepwatch.errors import StepwatchError
     from stepwatch.settings import Settings
 
     try:
-        return write(Settings.load(store_path=str(store)), JOB, out)
+        return write(Settings.load(store_path=str(store)), job, out)
     except StepwatchError as err:  # no steps stored yet, matplotlib missing: say so, go on
         print(f"post-mortem report not written: {err}", file=sys.stderr)
         return None

@@ -20,6 +20,10 @@ Detections are written as JSON Lines (DetectionMessage: open, update, resolved).
 A malformed line is reported with its line number and reason on stderr (and
 written to --dlq) and skipped. A summary goes to stderr when detections go to
 stdout, to stdout otherwise.
+
+Exit status: 0 when at least one line was a valid message (or the input was
+empty), 1 when every line was malformed (the input is not contract messages),
+2 for a usage error.
 """
 
 EXAMPLES = """\
@@ -87,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     report = sys.stderr if args.out == "-" else sys.stdout
     for line in summary.lines_of_text():
         print(line, file=report)
+    if summary.malformed and not summary.messages:
+        print(f"stepwatch: error: all {summary.malformed} lines of {args.events} were malformed: "
+              "no contract message to replay", file=sys.stderr)
+        return 1
     return 0
 
 

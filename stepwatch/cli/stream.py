@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,7 @@ def register(sub: Any) -> None:
                    help="name in logs and dead letters (default host:pid)")
     g.add_argument("--metrics-port", dest="stream_metrics_port", type=int,
                    help="Prometheus /metrics port (default 9466; 0 disables)")
+    add_web_flags(g)
     g.add_argument("--web-port", dest="stream_web_port", type=int,
                    help="Faust's own web server port (default 0: off)")
     g.add_argument("--data-dir", dest="stream_data_dir",
@@ -68,8 +69,12 @@ def register(sub: Any) -> None:
                    help="steps a job must advance before an inherited open detection the "
                    "restarted core did not confirm is resolved (default 64)")
     g.add_argument("--session-timeout", dest="stream_session_timeout", type=float,
-                   help="consumer-group session timeout in seconds (default 60; 6 with "
-                   "--dev-broker, which answers a group join after half of it)")
+                   help="consumer-group session timeout in seconds: a crashed worker's "
+                   "partitions move after it (default 6, Kafka's smallest allowed; heartbeat "
+                   "every 1/6 of it; docs/streams.md, Availability)")
+    g.add_argument("--rebalance-timeout", dest="stream_rebalance_timeout", type=float,
+                   help="how long the coordinator waits for members to rejoin in a rebalance, "
+                   "seconds (default 0: Faust's 60)")
     g.add_argument("--faust-log-level", dest="stream_faust_log_level",
                    help="log level of Faust, mode and aiokafka (default WARNING)")
     g.add_argument("--stock-consumer", dest="stream_stock_consumer", action="store_const",
@@ -78,7 +83,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwatch.broker import DevBroker
+    from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.errors import ConfigError
 
     settings = settings_from_args(args)
@@ -89,9 +94,7 @@ def run(args: argparse.Namespace) -> int:
                               "STEPWATCH_BOOTSTRAP_SERVERS, or --dev-broker for a local "
                               "development broker")
         broker = DevBroker().start()
-        settings = settings.replace(bootstrap_servers=broker.bootstrap)
-        if not settings.stream_session_timeout:
-            settings = settings.replace(stream_session_timeout=6.0)
+        settings = settings.replace(bootstrap_servers=broker.bootstrap, **DEV_TOPIC_SETTINGS)
         log.info("development broker started bootstrap=%s", broker.bootstrap)
     try:
         return _run_worker(args, settings)
@@ -112,7 +115,10 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
     ensure_topics(settings)
     options = StreamOptions.from_settings(settings)
     service = create_app(settings, options)
-    port = serve(service.metrics, settings.stream_metrics_port)
+    from stepwatch.metrics_http import Endpoint
+
+    port = serve(service.metrics, Endpoint.from_settings(
+        settings, settings.stream_metrics_port, args.web_listen_address))
     log.info("stream worker starting worker=%s group=%s bootstrap=%s metrics_port=%d",
              service.worker, service.app.conf.id, settings.bootstrap_servers, port)
     worker = Worker(service.app, loglevel=logging.getLevelName(logging.getLogger().level),

@@ -26,6 +26,7 @@ from stepwatch.contract.records import (
 from stepwatch.errors import ContractError
 
 FUTURE_SKEW_SECONDS = 300.0  # a timestamp further ahead than this is absurd
+MAX_MESSAGE_BYTES = 1 << 20  # a larger message is refused (``too_large``); see Settings
 MAX_STEP_SECONDS = 7 * 24 * 3600.0
 KINDS = ("step", "gpu", "port", "event", "detection")
 
@@ -45,8 +46,17 @@ def encode(message: Message) -> bytes:
     return _encoder.encode(message)
 
 
-def decode(data: bytes | str, *, now: Callable[[], float] = time.time) -> Message:
+def decode(
+    data: bytes | str,
+    *,
+    now: Callable[[], float] = time.time,
+    max_bytes: int = MAX_MESSAGE_BYTES,
+) -> Message:
     """Parse and validate one message; raise ContractError with the reason.
+
+    A message longer than ``max_bytes`` is refused unread (``too_large``): a
+    node tick is a few kB, so a megabyte is a bug or an attack, and every
+    consumer should refuse it the same way.
 
     Non-negativity is checked by msgspec while decoding (schema constraints in
     records.py) and decoded JSON numbers are always finite, so what is left is
@@ -54,6 +64,8 @@ def decode(data: bytes | str, *, now: Callable[[], float] = time.time) -> Messag
     below world size, step duration. Any doubt goes to :func:`check_values`,
     the authority, for the precise reason.
     """
+    if len(data) > max_bytes:
+        raise ContractError("too_large", f"{len(data)} bytes, more than the limit of {max_bytes}")
     message = decode_unchecked(data)
     t = now()
     if message.ts > t + FUTURE_SKEW_SECONDS or (
@@ -113,8 +125,15 @@ def _decode_with_header(data: bytes | str) -> Message:
 
 
 def _validation_reason(err: msgspec.ValidationError) -> str:
-    """A value constraint (``Expected `int` >= 0``) is an absurd value; the rest is schema."""
+    """Which contract reason a schema violation is.
+
+    Above a value's ceiling (``Expected `int` <= ...``, or a number no float
+    can hold) is ``overflow``, below its floor (``Expected `int` >= 0``) is
+    ``absurd_value``; the rest is ``schema``.
+    """
     text = str(err)
+    if "` <= " in text or "` < " in text or text.startswith("Number out of range"):
+        return "overflow"
     return "absurd_value" if "` >= " in text or "` > " in text else "schema"
 
 

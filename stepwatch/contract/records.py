@@ -18,11 +18,23 @@ import msgspec
 CONTRACT_VERSION = 1
 
 # Value constraints are part of the schema: msgspec checks them while decoding
-# (a violation is reported as ``absurd_value``), so no Python pass is needed.
-# JSON numbers are always finite once decoded.
-Count = Annotated[int, msgspec.Meta(ge=0)]
-NonNeg = Annotated[float, msgspec.Meta(ge=0)]
-Epoch = Annotated[float, msgspec.Meta(gt=0)]
+# (a value below its floor is reported as ``absurd_value``, one above its
+# ceiling as ``overflow``), so no Python pass is needed. JSON numbers are
+# always finite once decoded. The ceilings are the one set of bounds every
+# consumer (stream worker, store, replay) applies: what fits the store's
+# columns (UInt16/UInt32 indexes, Float32 gauges) and,
+# for counters, a signed 64-bit integer, which every JSON reader can hold.
+INT64_MAX = 2**63 - 1
+UINT32_MAX = 2**32 - 1
+UINT16_MAX = 2**16 - 1
+FLOAT32_MAX = 3.4028234e38
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
+Index32 = Annotated[int, msgspec.Meta(ge=0, le=UINT32_MAX)]  # ranks, XID codes
+Index16 = Annotated[int, msgspec.Meta(ge=0, le=UINT16_MAX)]  # GPU index, port number
+NonNeg = Annotated[float, msgspec.Meta(ge=0, le=FLOAT32_MAX)]  # gauges, durations
+NonNeg64 = Annotated[float, msgspec.Meta(ge=0)]  # FLOP counts (Float64)
+Epoch = Annotated[float, msgspec.Meta(gt=0)]  # the future is checked against the clock
+Code = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
 
 
 class Kind(enum.StrEnum):
@@ -76,14 +88,14 @@ class StepRecord(_Base, frozen=True):
     """Timing of one training step on one rank."""
 
     job_id: str
-    rank: Count
-    world_size: Annotated[int, msgspec.Meta(ge=1)]
+    rank: Index32
+    world_size: Annotated[int, msgspec.Meta(ge=1, le=UINT32_MAX)]
     step: Count
     start: Epoch
     end: Epoch
     host: str = ""
-    local_rank: Count = 0
-    gpu: Count | None = None  # GPU index on the host; defaults to local_rank when absent
+    local_rank: Index32 = 0
+    gpu: Index16 | None = None  # GPU index on the host; defaults to local_rank when absent
     group: str = "all"  # peer-group key: ranks are compared only with the same group
     phases: Phases | None = None
     samples: Count = 0
@@ -92,7 +104,7 @@ class StepRecord(_Base, frozen=True):
     # JSON cannot carry NaN/inf: a non-finite loss travels as loss=null with
     # loss_nonfinite=true (a user-error signal: the detector decides).
     loss_nonfinite: bool = False
-    flops: NonNeg | None = None  # model FLOPs this rank executed in this step (for MFU)
+    flops: NonNeg64 | None = None  # model FLOPs this rank executed in this step (for MFU)
     timing: str = "wall"  # "wall" (host clock) or "cuda" (CUDA events)
 
 
@@ -100,7 +112,7 @@ class StepRecord(_Base, frozen=True):
 class GpuReading(_Base, frozen=True):
     """One GPU at one instant. Counters are cumulative since driver load."""
 
-    index: Count
+    index: Index16
     uuid: str = ""
     name: str = ""
     pci_bus_id: str = ""
@@ -129,7 +141,7 @@ class GpuReading(_Base, frozen=True):
     gr_engine_active: NonNeg | None = None  # profiling ratios 0..1 (DCGM only)
     tensor_active: NonNeg | None = None
     dram_active: NonNeg | None = None
-    xid_last: Count | None = None  # dcgm-exporter's gauge, for reference only
+    xid_last: Index32 | None = None  # dcgm-exporter's gauge, for reference only
 
 
 # --------------------------------------------------------------------------- NIC ports
@@ -137,7 +149,7 @@ class PortReading(_Base, frozen=True):
     """One RDMA port at one instant. Byte counters are already in bytes (sysfs x4)."""
 
     device: str
-    port: Count
+    port: Index16
     netdev: str = ""
     link_layer: str = ""  # InfiniBand / Ethernet
     state: str = ""  # e.g. ACTIVE
@@ -213,11 +225,11 @@ class EventMessage(_Message, frozen=True, tag="event"):
 
     type: EventType = EventType.XID
     job_id: str | None = None
-    rank: int | None = None
-    gpu: int | None = None
+    rank: Index32 | None = None
+    gpu: Index16 | None = None
     device: str | None = None
-    port: int | None = None
-    code: int | None = None  # XID number, ECC count, exit code ...
+    port: Index16 | None = None
+    code: Code | None = None  # XID number, ECC count, exit code ...
     detail: str = ""
     attrs: dict[str, str | float | int | bool] = {}
 
@@ -233,23 +245,23 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     job_id: str = ""
     type: str = ""  # straggler | job_slowdown | hang | rank_missing | link_flap | throughput | user_error
     state: str = "open"  # open | update | resolved
-    rank: int | None = None
-    gpu: int | None = None
+    rank: Index32 | None = None
+    gpu: Index16 | None = None
     group: str = ""
     cause: str = "unknown"  # gpu | network | host_input | hardware | user | unknown
     fault: str = "unknown"  # system | user | unknown
     score: float | None = None
-    step: int | None = None
-    first_step: int | None = None
-    opened_at: float | None = None
+    step: Count | None = None
+    first_step: Count | None = None
+    opened_at: Epoch | None = None
     summary: str = ""
     evidence: dict[str, str | float | int | bool | None] = {}
     # v1 additions (defaults keep older messages valid): where a host- or
     # network-level incident is (``host`` in the header names the host), the
     # ranks it touches, and the id of the incident a linked detection belongs to.
     device: str | None = None  # NIC device (network detections), e.g. mlx5_3
-    port: int | None = None  # NIC port number
-    ranks: list[int] = []  # affected ranks of a host-level detection
+    port: Index16 | None = None  # NIC port number
+    ranks: list[Index32] = []  # affected ranks of a host-level detection
     related: str = ""  # id of the incident this detection belongs to ("" = its own)
 
 

@@ -12,9 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.broker import DevBroker
+from stepwatch.demo.alerting import AlertingStack, AlertView
+from stepwatch.demo.scrape import scrape_jobs
 from stepwatch.demo.services import Child, child_env, children
 from stepwatch.demo.tap import Tap
+from stepwatch.demo.torchjob import TorchJob
 from stepwatch.demo.view import render
+from stepwatch.errors import StepwatchError
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
 
@@ -35,6 +39,9 @@ class DemoOptions:
     redraw: bool = False
     refresh_seconds: float = 2.0
     report: bool = True
+    alerting: bool = True  # Prometheus + Alertmanager + remediator (+ Slurm when present)
+    slurm: bool = True  # act on a local Slurm cluster when this machine can run one
+    torch: bool = False  # a real PyTorch DDP job (examples/ddp_train.py) instead of the simulator
 
 
 class Demo:
@@ -49,6 +56,13 @@ class Demo:
         self._stop = False
         self._started = time.monotonic()
         self.first_detection_s: float | None = None
+        self.first_alert_s: float | None = None
+        self.first_action_s: float | None = None
+        self.alerting: AlertingStack | None = None
+        self.job_id = "demo-job"
+        self._alert_view = AlertView()
+        self._live: Any = None
+        self.torch_job: TorchJob | None = None
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -63,16 +77,53 @@ class Demo:
         bootstrap = opts.bootstrap or self._start_broker()
         settings = Settings.load(bootstrap_servers=bootstrap, spool_dir=str(opts.workdir / "spool"),
                                  store_path=str(opts.workdir / "chdb"))
+        if not opts.bootstrap:
+            from stepwatch.broker import DEV_TOPIC_SETTINGS
+
+            settings = settings.replace(**DEV_TOPIC_SETTINGS)
         ensure_topics(settings)
         env = child_env(settings.topic_prefix, settings.partitions)
         self.children = children(bootstrap, opts.workdir, workers=opts.workers, store=opts.store)
         for child in self.children:
             child.start(env)
+        hosts = self._start_alerting(settings, env)
         self.tap = Tap(settings)
         self.tap.start()
         self.publisher = KafkaPublisher(settings)
-        self.fleet = FleetDriver(self._scenarios(), self.publisher).start()
+        if opts.torch:
+            self.torch_job = TorchJob(settings, opts.workdir, self.job_id, opts).start(env)
+            self.job_id = self.torch_job.job_id
+            self.fleet = self.torch_job
+        else:
+            self.fleet = FleetDriver(self._scenarios(hosts), self.publisher).start()
         self._loop()
+
+    def _start_alerting(self, settings: Settings, env: dict[str, str]) -> tuple[str, ...] | None:
+        """Slurm (when possible), remediator, Alertmanager, Prometheus; the job's hosts."""
+        opts = self.options
+        if not opts.alerting:
+            return None
+        scrape = {"stepwatch-stream": [c.metrics for c in self.children
+                                       if c.name.startswith("stream") and c.metrics],
+                  "stepwatch-sink": [c.metrics for c in self.children
+                                     if c.name == "sink" and c.metrics]}
+        stack = AlertingStack(opts.workdir / "alerting", scrape={k: v for k, v in scrape.items() if v},
+                              bootstrap=settings.bootstrap_servers,
+                              topic_prefix=settings.topic_prefix, nodes=opts.nodes,
+                              want_slurm=opts.slurm and not opts.torch)
+        stack.workdir.mkdir(parents=True, exist_ok=True)
+        self.alerting = stack
+        try:
+            nodes = stack.start_slurm()
+            if nodes is not None and stack.slurm_job:
+                self.job_id = stack.slurm_job
+            stack.start(env)
+        except (StepwatchError, OSError) as err:
+            log.warning("demo: alerting stack did not start, running without it err=%s", err)
+            stack.stop()
+            self.alerting = None
+            return None
+        return tuple(nodes) if nodes else None
 
     def _start_broker(self) -> str:
         # the broker runs in its own session: a terminal's Ctrl-C reaches the demo only,
@@ -80,14 +131,14 @@ class Demo:
         self.broker = DevBroker(log_path=str(self.options.workdir / "broker.log")).start()
         return self.broker.bootstrap
 
-    def _scenarios(self) -> list:
+    def _scenarios(self, hosts: tuple[str, ...] | None = None) -> list:
         from stepwatch.sim import Scenario, parse_fault
 
         faults = tuple(parse_fault(text).fault for text in self.options.faults)
         return [Scenario(
-            seed=7, job_id="demo-job", nodes=self.options.nodes, steps=self.options.steps,
+            seed=7, job_id=self.job_id, nodes=self.options.nodes, steps=self.options.steps,
             step_seconds=self.options.step_seconds, faults=faults, realtime=True,
-            checkpoint_every=100, eval_every=0,
+            checkpoint_every=100, eval_every=0, hosts=hosts,
         )]
 
     def _loop(self) -> None:
@@ -100,6 +151,7 @@ class Demo:
                 self.first_detection_s = now - self._started
                 log.info("first detection seconds_from_start=%.1f", self.first_detection_s)
             if now >= next_draw:
+                self._refresh_alerting(now)
                 self._draw()
                 next_draw = now + self.options.refresh_seconds
             elapsed = now - self._started
@@ -107,6 +159,17 @@ class Demo:
                 break
             if self.fleet.finished.is_set() and self._caught_up():
                 break
+
+    def _refresh_alerting(self, now: float) -> None:
+        if self.alerting is None:
+            return
+        self._alert_view = self.alerting.view()
+        if self.first_alert_s is None and self._alert_view.firing:
+            self.first_alert_s = now - self._started
+            log.info("first alert firing seconds_from_start=%.1f", self.first_alert_s)
+        if self.first_action_s is None and self._alert_view.decisions:
+            self.first_action_s = now - self._started
+            log.info("first remediator decision seconds_from_start=%.1f", self.first_action_s)
 
     def _caught_up(self) -> bool:
         assert self.tap is not None and self.fleet is not None
@@ -123,13 +186,35 @@ class Demo:
                    "bytes": stats.spool.bytes, "dropped": sum(stats.spool.dropped.values())},
             detections=self.tap.detections,
             dlq=self.tap.dlq,
-            services={c.name: c.alive for c in self.children},
+            services={c.name: c.alive for c in self._all_children()},
+            jobs=scrape_jobs(c.metrics for c in self.children if c.name.startswith("stream")),
+            alerting=self._alert_view if self.alerting is not None else None,
+            slurm=self.alerting.slurm_nodes() if self.alerting is not None else None,
         )
         if self.options.redraw:
-            sys.stdout.write("\x1b[H\x1b[2J" + screen + "\n")
+            self._show_live(screen)
         else:
             sys.stdout.write(screen + "\n" + "-" * 72 + "\n")
         sys.stdout.flush()
+
+    def _show_live(self, screen: str) -> None:
+        """Redraw in place with rich when it is installed, with ANSI codes otherwise."""
+        try:
+            from rich.live import Live
+            from rich.panel import Panel
+            from rich.text import Text
+        except ImportError:
+            sys.stdout.write("\x1b[H\x1b[2J" + screen + "\n")
+            return
+        panel = Panel(Text(screen), title="stepwatch demo", subtitle="Ctrl-C stops everything")
+        if self._live is None:
+            self._live = Live(panel, auto_refresh=False, screen=False)
+            self._live.start()
+        self._live.update(panel, refresh=True)
+
+    def _all_children(self) -> list[Child]:
+        extra = [self.alerting.remediator] if self.alerting and self.alerting.remediator else []
+        return [*self.children, *extra]
 
     def _on_signal(self, *_: object) -> None:
         self._stop = True
@@ -143,6 +228,8 @@ class Demo:
             signal.signal(signal.SIGINT, signal.default_int_handler)
 
     def _shutdown(self) -> str:
+        if self._live is not None:
+            self._live.stop()
         if self.fleet is not None:
             self.fleet.stop()
         undelivered = self.publisher.flush(15.0) if self.publisher is not None else 0
@@ -153,6 +240,8 @@ class Demo:
         summary = self._summary(undelivered)
         if self.publisher is not None:
             self.publisher.close(5.0)
+        if self.alerting is not None:
+            self.alerting.stop()
         for child in reversed(self.children):
             child.stop()
         if self.tap is not None:
@@ -177,11 +266,21 @@ class Demo:
             "",
             f"published {self.fleet.sent} messages; arrived {report.messages}; "
             f"missing {report.missing}; duplicates {report.duplicates}; undelivered {undelivered}",
-            f"faults injected: {', '.join(self.options.faults) or 'none'}",
+            f"faults injected: {self.torch_job.fault if self.torch_job else ', '.join(self.options.faults) or 'none'}",
             f"detections opened: {len(opened)}",
         ]
         if self.first_detection_s is not None:
             lines.append(f"first detection {self.first_detection_s:.0f} s after the demo started")
+        if self.first_alert_s is not None:
+            lines.append(f"first alert firing {self.first_alert_s:.0f} s after the demo started")
+        if self.first_action_s is not None:
+            lines.append(f"first remediator decision {self.first_action_s:.0f} s after the demo "
+                         "started")
+        for decision in self._alert_view.decisions:
+            lines.append(f"  remediator: {decision}")
+        if self.alerting is not None and self.alerting.prometheus is not None:
+            lines.append(f"Prometheus {self.alerting.prometheus.url} and Alertmanager "
+                         f"{self.alerting.alertmanager.url} ran for this demo (stopped now)")
         for d in opened:
             lines.append(f"  {d.type} job={d.job_id} rank={d.rank} host={d.host} cause={d.cause} "
                          f"at step {d.step}: {d.summary}")

@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stepwatch.broker import free_port
+
 log = logging.getLogger(__name__)
 
 
@@ -24,6 +26,7 @@ class Child:
     name: str
     argv: list[str]
     log_path: Path
+    metrics: str = ""  # host:port of its /metrics, for Prometheus and the live view
     proc: subprocess.Popen[bytes] | None = field(default=None, repr=False)
 
     def start(self, env: dict[str, str]) -> None:
@@ -63,18 +66,20 @@ def children(bootstrap: str, workdir: Path, *, workers: int, store: bool) -> lis
     out: list[Child] = []
     if workers and available("stepwatch.streams.worker.app"):
         for i in range(workers):
+            port = free_port()
             out.append(Child(
                 f"stream-{i}",
                 [*cli, "stream", *common, "--worker-name", f"demo-{i}",
-                 "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(9466 + i)],
-                workdir / f"stream-{i}.log",
+                 "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(port)],
+                workdir / f"stream-{i}.log", metrics=f"127.0.0.1:{port}",
             ))
     if store and available("stepwatch.exporters.clickhouse.sink"):
+        port = free_port()
         out.append(Child(
             "sink",
             [*cli, "db", "sink", *common, "--store-path", str(workdir / "chdb"),
-             "--metrics-port", "0"],
-            workdir / "sink.log",
+             "--metrics-port", str(port)],
+            workdir / "sink.log", metrics=f"127.0.0.1:{port}",
         ))
     return out
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stepwatch.audit import AuditReport
 from stepwatch.contract import DetectionMessage
+from stepwatch.demo.alerting import AlertView
+from stepwatch.demo.scrape import JobFigures
 
 KINDS = ("step", "gpu", "port", "event")
 
@@ -17,6 +21,9 @@ def render(
     detections: list[DetectionMessage],
     dlq: int,
     services: dict[str, bool],
+    jobs: Sequence[JobFigures] = (),
+    alerting: AlertView | None = None,
+    slurm: dict[str, str] | None = None,
     max_hosts: int = 8,
 ) -> str:
     lines = [
@@ -37,6 +44,7 @@ def render(
         lines.append(f"{host:<12}{count:>10}")
     if len(hosts) > max_hosts:
         lines.append(f"... and {len(hosts) - max_hosts} more hosts")
+    lines += ["", "jobs:"] + (_job_lines(jobs) or ["  (waiting for the stream worker)"])
     lines += ["", f"detections ({len(detections)} state changes):"]
     for d in detections[-8:]:
         where = f"rank {d.rank}" if d.rank is not None else "job"
@@ -44,7 +52,41 @@ def render(
             f"  {d.state:<8} {d.type:<13} {d.job_id} {where:<9} host={d.host} "
             f"cause={d.cause} fault={d.fault} score={_fmt(d.score)}  {d.summary[:60]}"
         )
+        evidence = ", ".join(f"{k}={v}" for k, v in list(d.evidence.items())[:4])
+        if evidence and d.state == "open":
+            lines.append(f"           evidence: {evidence[:110]}")
+    if alerting is not None:
+        lines += ["", f"firing alerts ({len(alerting.firing)}):"]
+        lines += [f"  {a}" for a in alerting.firing[:8]] or ["  none"]
+        breaker = "OPEN (a person must close it)" if alerting.breaker_open else "closed"
+        lines += ["", f"remediator decisions (circuit breaker {breaker}):"]
+        lines += [f"  {d}" for d in alerting.decisions] or ["  none yet"]
+    if slurm:
+        lines += ["", "slurm nodes: " + "  ".join(f"{n}={s}" for n, s in sorted(slurm.items()))]
     return "\n".join(lines)
+
+
+def _job_lines(jobs: Sequence[JobFigures]) -> list[str]:
+    out = []
+    for job in jobs:
+        step, tok = job.get("step_s"), job.get("tokens_per_s")
+        mfu, good = job.get("mfu"), job.get("goodput")
+        out.append(
+            f"  {job.job_id:<12} step {int(job.get('last_step') or 0):>5}  "
+            f"step time {_fmt(step)} s  tokens/s {_big(tok)}  MFU {_pct(mfu)}  "
+            f"goodput {_pct(good)}  stragglers {int(job.get('stragglers') or 0)}"
+            + ("  HUNG" if job.get("hung") else ""))
+    return out
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f} %"
+
+
+def _big(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 1e6:.2f}M" if value >= 1e6 else f"{value:,.0f}"
 
 
 def _fmt(value: float | None) -> str:

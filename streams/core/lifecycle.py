@@ -6,7 +6,10 @@ it (or keeps it open, emitting a rate-limited ``update`` when the score or the
 cause changed materially); ``clear`` counts steps without the condition and
 resolves after ``resolve_steps`` of them; ``resolve`` closes at once (progress
 resumed, job ended). The id is a hash of job, type, rank, group and the step
-it opened at, so a replay of the same data gives the same ids.
+it opened at, so a replay of the same data gives the same ids. Each state
+change carries its identity in the message header: ``inst`` = the detection id
+and ``seq`` = the change's number (0 = the open), so a store de-duplicating on
+(host, inst, kind, seq) keeps every change of every detection exactly once.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class _Open:
     emitted_score: float | None
     emitted_cause: Cause
     clear_steps: int = 0
+    changes: int = 0  # state changes emitted so far: the next message's ``seq``
 
 
 class DetectionBook:
@@ -148,9 +152,13 @@ class DetectionBook:
         self.emitted += 1
         a = f.attribution
         evidence: Evidence = {**f.evidence, **a.evidence, "cause_reason": a.reason}
+        seq = cur.changes
+        cur.changes += 1
         return DetectionMessage(
             host=f.host or "stepwatch",
             ts=f.ts,
+            inst=cur.id,
+            seq=seq,
             id=cur.id,
             job_id=self.job_id,
             type=f.type.value,

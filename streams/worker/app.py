@@ -64,7 +64,8 @@ class StreamOptions:
     grace_steps: int = 64  # inherited detections not re-confirmed within this are resolved
     silence_seconds: float = 3600.0
     lean_consumer: bool = True
-    session_timeout: float | None = None  # seconds; Faust's default is 60 (see _timeouts)
+    session_timeout: float | None = 6.0  # seconds; None: Faust's 60 (see _timeouts)
+    rebalance_timeout: float | None = None  # seconds; Faust's default is 60 (see _timeouts)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> StreamOptions:
@@ -78,6 +79,7 @@ class StreamOptions:
             grace_steps=settings.stream_restore_grace_steps,
             lean_consumer=not settings.stream_stock_consumer,
             session_timeout=settings.stream_session_timeout or None,
+            rebalance_timeout=settings.stream_rebalance_timeout or None,
         )
 
     def resolved_app_id(self, settings: Settings) -> str:
@@ -197,7 +199,8 @@ def create_app(
     ledger = Ledger(store, options.grace_steps)
     processor = StreamProcessor(Topics(settings.topic_prefix),
                                 engine_factory or default_engine_factory(settings),
-                                metrics, ledger, worker, silence_seconds=options.silence_seconds)
+                                metrics, ledger, worker, silence_seconds=options.silence_seconds,
+                                max_message_bytes=settings.max_message_bytes)
     _wire(app, settings, options, processor, metrics, store, worker)
     return StreamService(app, processor, metrics, table, store, worker)
 
@@ -213,16 +216,23 @@ def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for fa
 
 
 def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
-    """Consumer-group session timeout and a heartbeat to match.
+    """Consumer-group session timeout, heartbeat and rebalance timeout.
 
-    Tansu (the dev broker) answers a JoinGroup only after half the session
-    timeout, where Kafka answers once all members have rejoined: a short
-    session keeps group joins and rebalances quick on the dev broker.
+    A crashed worker's partitions move only once the coordinator expires its
+    session, and aiokafka's eager rebalance stops every member's partitions
+    until the group has rejoined: the session timeout bounds both the
+    takeover and the survivors' stall. Tansu (the dev broker) also answers a
+    JoinGroup only after half the session timeout. 6 s (Kafka's default
+    ``group.min.session.timeout.ms``) with a 1 s heartbeat measured a 12 s
+    takeover and a 4 s stall where Faust's 60 s took 92 s and 31 s
+    (``bench/takeover.py``, docs/streams.md "Availability").
     ``-X session.timeout.ms`` / ``heartbeat.interval.ms`` win over this.
     """
-    if options.session_timeout is None:
-        return {}
     out: dict[str, Any] = {}
+    if options.rebalance_timeout is not None:
+        out["broker_rebalance_timeout"] = options.rebalance_timeout
+    if options.session_timeout is None:
+        return out
     if "broker_session_timeout" not in conf:
         out["broker_session_timeout"] = options.session_timeout
     if "broker_heartbeat_interval" not in conf:

@@ -7,7 +7,7 @@ found. The payload is kept as UTF-8 text when it is valid UTF-8, else base64;
 payloads above ``MAX_PAYLOAD_BYTES`` are truncated (``payload_truncated``).
 
 Reasons are the contract's (``malformed_json``, ``schema``, ``unknown_kind``,
-``unsupported_version``, ``absurd_value``) plus the worker's own:
+``unsupported_version``, ``absurd_value``, ``overflow``, ``too_large``) plus the worker's own:
 ``wrong_topic`` (a valid message of another kind, e.g. a GPU sample on the
 steps topic, or a detection on an input topic) and ``processing_error`` (the
 detection core raised on a valid message; the worker carries on).
@@ -33,6 +33,8 @@ class DlqReason(enum.StrEnum):
     UNKNOWN_KIND = "unknown_kind"
     UNSUPPORTED_VERSION = "unsupported_version"
     ABSURD_VALUE = "absurd_value"
+    OVERFLOW = "overflow"
+    TOO_LARGE = "too_large"
     WRONG_TOPIC = "wrong_topic"
     PROCESSING_ERROR = "processing_error"
 

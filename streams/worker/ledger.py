@@ -122,21 +122,33 @@ class PartitionLedger:
 
     # ------------------------------------------------------------------ engine output
     def record(self, det: DetectionMessage) -> DetectionMessage:
-        """Store a detection from the core; return it as it must be published."""
+        """Store a detection from the core; return it as it must be published.
+
+        A change of an inherited detection keeps the inherited id, ``opened_at``
+        and ``first_step`` for every message to its resolution, and every
+        message gets its identity: ``inst`` = the detection id, ``seq`` = one
+        more than the last change stored (the core's own count otherwise).
+        """
         if det.state == "open":
             old_id = self.inherited.pop(natural_key(det), None)
             if old_id is not None:
-                old = self.open[old_id]
                 self._alias[det.id] = old_id
-                det = msgspec.structs.replace(
-                    det, id=old_id, state="update",
-                    opened_at=old.opened_at, first_step=old.first_step,
-                )
-        elif det.id in self._alias:
+                det = msgspec.structs.replace(det, state="update")
+        if det.id in self._alias:
             alias = self._alias.pop(det.id) if det.state == "resolved" else self._alias[det.id]
-            det = msgspec.structs.replace(det, id=alias)
+            old = self.open[alias]
+            det = msgspec.structs.replace(det, id=alias, opened_at=old.opened_at,
+                                          first_step=old.first_step)
+        det = self._identified(det)
         self._write(det)
         return det
+
+    def _identified(self, det: DetectionMessage) -> DetectionMessage:
+        prev = self.open.get(det.id)
+        seq = det.seq if prev is None else prev.seq + 1
+        if det.inst == det.id and det.seq == seq:
+            return det
+        return msgspec.structs.replace(det, inst=det.id, seq=seq)
 
     def _write(self, det: DetectionMessage) -> None:
         key = det.id.encode()
@@ -210,6 +222,7 @@ class PartitionLedger:
         resolved = msgspec.structs.replace(
             det, state="resolved", ts=now, summary=f"{det.summary} — resolved: {why}".strip(),
         )
+        resolved = self._identified(resolved)
         self._write(resolved)
         return resolved
 

@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from stepwatch.contract import DetectionMessage
+from stepwatch.metrics_http import Endpoint, serve_metrics
 from stepwatch.streams.core.api import JobStats
 
 log = logging.getLogger(__name__)
@@ -209,13 +210,11 @@ class StreamMetrics:
             self.lag.labels(kind, str(partition)).set(value)
 
 
-def serve(metrics: StreamMetrics, port: int, addr: str = "0.0.0.0") -> int:
-    """Serve /metrics on ``port`` (0 disables); return the port bound, 0 if none."""
-    if port <= 0:
-        return 0
-    from prometheus_client import start_http_server
+def serve(metrics: StreamMetrics, endpoint: Endpoint) -> int:
+    """Serve /metrics (port 0 disables); return the port bound, 0 if none.
 
-    server, _thread = start_http_server(port, addr=addr, registry=metrics.registry)
-    bound = int(server.server_address[1])
-    log.info("metrics serving port=%d", bound)
-    return bound
+    Listen address, TLS and basic auth: :mod:`stepwatch.metrics_http`.
+    """
+    if endpoint.port <= 0:
+        return 0
+    return serve_metrics(metrics.registry, endpoint, name="stream").port

@@ -37,6 +37,7 @@ from stepwatch.contract import (
     decode,
     encode,
 )
+from stepwatch.contract.codec import MAX_MESSAGE_BYTES
 from stepwatch.errors import ContractError
 from stepwatch.logs import LogOnce
 from stepwatch.streams.core.api import Analyzer, JobStats
@@ -122,6 +123,7 @@ class StreamProcessor:
         worker: str = "",
         clock: Callable[[], float] = time.time,
         silence_seconds: float = 3600.0,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.topics = topics
         self.engine_factory = engine_factory
@@ -130,6 +132,7 @@ class StreamProcessor:
         self.worker = worker
         self.clock = clock
         self.silence_seconds = silence_seconds
+        self.max_message_bytes = max_message_bytes
         self.kind_of_topic = {topics.for_kind(k): k.value for k in
                               (Kind.STEP, Kind.GPU, Kind.PORT, Kind.EVENT)}
         self.states: dict[int, PartitionState] = {}
@@ -176,13 +179,14 @@ class StreamProcessor:
         class_of_kind = _CLASS_OF_KIND
         states = self.states
         clock = self.clock
+        max_bytes = self.max_message_bytes
         for rec in records:
             topic, partition = rec.topic, rec.partition
             positions[(topic, partition)] = rec.offset
             kind = kind_of_topic.get(topic, "unknown")
             messages[kind] = messages.get(kind, 0) + 1
             try:
-                message = decode(rec.value or b"", now=clock)
+                message = decode(rec.value or b"", now=clock, max_bytes=max_bytes)
             except ContractError as err:
                 out.append(self._dead(rec, DlqReason.of(err), err.detail, tally))
                 continue

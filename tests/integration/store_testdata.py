@@ -46,13 +46,12 @@ def scenarios() -> list[Scenario]:
 
 
 def detections(telemetry: list[Message]) -> list[DetectionMessage]:
-    """The detection core's findings on the runs, stamped as a stream worker does.
+    """The detection core's findings on the runs, as a stream worker publishes them.
 
     ``stepwatch.streams.core.Engine`` over the time-ordered telemetry (what the stream
     workers run), then one hand-built detection that names only a rank (header
     host ``stepwatch``), so the store's rank -> host placement is exercised too.
     """
-    from stepwatch.agents.sink import Sequencer
     from stepwatch.streams.core import Engine
 
     engine = Engine()
@@ -63,9 +62,8 @@ def detections(telemetry: list[Message]) -> list[DetectionMessage]:
     found.append(DetectionMessage(
         host="stepwatch", ts=T0 + 3700, id="jobB-throughput-2", job_id="jobB", type="throughput",
         state="open", rank=2, cause="unknown", fault="unknown", step=40,
-        summary="rank 2 below the job's throughput"))
-    sequencer = Sequencer("worker-1")
-    return [sequencer.stamp(d) for d in found]  # type: ignore[misc]
+        summary="rank 2 below the job's throughput", inst="jobB-throughput-2", seq=0))
+    return found  # each change carries its identity: inst = detection id, seq = change number
 
 
 def messages() -> list[Message]:

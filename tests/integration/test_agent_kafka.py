@@ -227,3 +227,36 @@ def test_agent_with_dev_broker_starts_and_stops_cleanly(tmp_path: Path) -> None:
     text = log_path.read_text()
     assert "development broker started" in text and "broker stopped" in text
     assert not (tmp_path / "a.sock").exists()
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("problem", ["tls-mismatch", "unreachable"])
+def test_agent_that_never_reaches_kafka_says_so_in_logs_and_metrics(
+        broker, tmp_path: Path, problem: str) -> None:
+    """A TLS setting against a plaintext broker, or nothing listening: never "kafka ready"."""
+    port = free_port()
+    log_path = tmp_path / "agent.log"
+    if problem == "tls-mismatch":
+        kafka = ["--bootstrap-servers", broker.bootstrap, "-X", "security.protocol=SSL"]
+    else:
+        kafka = ["--bootstrap-servers", f"127.0.0.1:{free_port()}"]
+    cmd = [sys.executable, "-m", "stepwatch.cli", "agent", *kafka, "--topic-prefix", "t",
+           "--collectors", "steps", "--socket", str(tmp_path / "a.sock"),
+           "--spool-dir", str(tmp_path / "spool"), "--tick", "0.2",
+           "--web-listen-address", f"127.0.0.1:{port}"]
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        wait_for(log_path, "agent ready", proc)
+        wait_for(log_path, "kafka unreachable", proc)
+        assert metric(port, "stepwatch_agent_kafka_ready") == 0
+        assert metric(port, "stepwatch_agent_kafka_last_success_timestamp_seconds") == 0
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log_path.read_text()
+    assert "kafka ready" not in text and "last_success=never" in text
+    assert not [line for line in text.splitlines() if line.startswith("%")]  # no raw librdkafka

@@ -18,6 +18,7 @@ def test_demo_runs_finds_the_straggler_and_loses_nothing(tmp_path) -> None:
         sys.executable, "-m", "stepwatch.cli", "demo", "--plain", "--duration", "40",
         "--nodes", "2", "--step-seconds", "0.5", "--workers", "1",
         "--fault", "slow_gpu:rank=5:start=8:severity=0.3", "--workdir", str(tmp_path / "demo"),
+        "--no-alerting",
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=200)
     out = done.stdout
@@ -31,6 +32,32 @@ def test_demo_runs_finds_the_straggler_and_loses_nothing(tmp_path) -> None:
     # the stream worker found the injected straggler and said why
     assert "straggler job=demo-job rank=5 host=node0000 cause=gpu" in summary
     assert "stepwatch query job_timeline" in summary
+
+
+@pytest.mark.timeout(300)
+def test_demo_fault_is_found_alerted_and_acted_on(tmp_path) -> None:
+    """The whole path: detection -> Prometheus rule -> Alertmanager -> remediator -> Slurm."""
+    from stepwatch.daemons.slurm import missing_binaries
+
+    slurm = not missing_binaries() and os.geteuid() == 0
+    cmd = [
+        sys.executable, "-m", "stepwatch.cli", "demo", "--plain", "--duration", "120",
+        "--nodes", "4", "--step-seconds", "0.5", "--no-report",
+        "--fault", "slow_gpu:rank=13:start=10:severity=0.3", "--workdir", str(tmp_path / "demo"),
+    ]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
+    out = done.stdout
+    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
+    summary = out[out.rindex("published "):]
+    assert "missing 0; duplicates 0; undelivered 0" in summary
+    assert "firing alerts (" in out and "StragglerPersistent" in out
+    assert "first alert firing" in summary and "first remediator decision" in summary
+    if slurm:  # execute mode on the local Slurm cluster: the slow node, and only it, drained
+        assert "drain node02" in summary and ": done" in summary, summary
+        states = out[out.rindex("slurm nodes:"):].splitlines()[0]
+        assert "node02=drain" in states and states.count("=drain") == 1, states
+    else:  # no Slurm here: observe mode, a dry run
+        assert ": dry_run" in summary, summary
 
 
 def _children(pid: int) -> set[int]:

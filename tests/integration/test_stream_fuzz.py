@@ -65,7 +65,11 @@ def bad_traffic(topics: Topics, now: float, n: int) -> list[tuple[Raw, str]]:
         ("malformed_json", topics.ports, lambda i: b"NaN%d" % i),
         ("schema", topics.steps, lambda i: b'{"kind":"step","host":"bad-%d","ts":"noon"}' % i),
         ("schema", topics.events, lambda i: b'{"host":"bad-%d","ts":1700000000}' % i),
-        ("schema", topics.gpu, lambda i: b'{"kind":"gpu","host":"bad-%d","ts":1e999}' % i),
+        ("overflow", topics.gpu, lambda i: b'{"kind":"gpu","host":"bad-%d","ts":1e999}' % i),
+        ("overflow", topics.gpu, lambda i: b'{"kind":"gpu","host":"bad-%d","ts":1700000000,'
+         b'"gpus":[{"index":0,"power_w":1e300}]}' % i),
+        ("overflow", topics.events, lambda i: b'{"kind":"event","host":"bad-%d","ts":1700000000,'
+         b'"type":"xid","code":%d}' % (i, 2**64)),
         ("unknown_kind", topics.steps, lambda i: b'{"kind":"mood","host":"bad-%d","ts":1}' % i),
         ("unsupported_version", topics.steps,
          lambda i: b'{"kind":"step","v":7,"host":"bad-%d","ts":1700000000}' % i),

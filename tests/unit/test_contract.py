@@ -156,7 +156,7 @@ def test_json_schema_carries_kinds_and_value_constraints() -> None:
     assert {"StepMessage", "GpuMessage", "PortMessage", "EventMessage", "DetectionMessage"} <= set(defs)
     assert defs["StepMessage"]["properties"]["kind"]["enum"] == ["step"]
     rank = defs["StepRecord"]["properties"]["rank"]
-    assert rank == {"type": "integer", "minimum": 0}
+    assert rank == {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}
 
 
 def test_constraint_violation_names_field_and_reason() -> None:

@@ -24,6 +24,8 @@ def test_one_straggler_is_one_detection_from_open_to_resolved() -> None:
     assert resolved.first_step == found[0].first_step
     assert 70 <= (resolved.step or 0) <= 70 + DetectConfig().resolve_steps + 8
     assert resolved.opened_at == found[0].opened_at
+    # every state change has its own identity: inst = the id, seq = the change number
+    assert [(d.inst, d.seq) for d in found] == [(resolved.id, i) for i in range(len(found))]
 
 
 def test_ids_are_stable_across_replays() -> None:

@@ -320,3 +320,80 @@ def test_real_producer_with_unreachable_bootstrap_spools_instead_of_losing(tmp_p
     pub.close(timeout=0.5)
     spool = Spool(tmp_path / "spool", s.spool_max_bytes)
     assert [decode(value) for _t, _k, value, _e, _ts in spool.read(1000)] == msgs
+
+
+def _unreachable_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "stepwatch.agents.publisher" and "kafka unreachable" in r.getMessage()]
+
+
+def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cond()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kafka_config", [{}, {"security.protocol": "no-such-protocol"}],
+                         ids=["unreachable-bootstrap", "bad-X-setting"])
+def test_kafka_that_never_works_is_logged_at_once_and_periodically(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+        kafka_config: dict[str, str]) -> None:
+    from stepwatch.agents import publisher as P
+
+    monkeypatch.setattr(P, "DOWN_LOG_EVERY", 0.3)
+    monkeypatch.setattr(P, "BACKOFF_MAX", 0.2)
+    caplog.set_level("WARNING", logger="stepwatch.agents.publisher")
+    s = Settings.load(env={}, bootstrap_servers="127.0.0.1:1", topic_prefix="t",
+                      spool_dir=str(tmp_path / "spool"), host="h", kafka_config=kafka_config)
+    pub = KafkaPublisher(s, probe_timeout=0.3)
+    try:
+        pub.send(messages(5))
+        assert _wait_for(lambda: len(_unreachable_warnings(caplog)) >= 3)
+        first = _unreachable_warnings(caplog)[0]
+        assert "last_success=never" in first and "bootstrap=127.0.0.1:1" in first
+        if kafka_config:
+            assert any("no-such-protocol" in w or "security.protocol" in w
+                       for w in _unreachable_warnings(caplog))
+        stats = pub.stats()
+        assert stats.state is BrokerState.DOWN and stats.last_success == 0.0
+    finally:
+        pub.close(timeout=0.3)
+
+
+def test_readiness_and_last_success_reach_the_agent_metrics(
+        tmp_path: Path, cluster: FakeCluster) -> None:
+    from stepwatch.agents.metrics import _publisher
+
+    cluster.reachable = False
+    pub = KafkaPublisher(settings(tmp_path), producer_factory=cluster.factory, probe=cluster.probe)
+    try:
+        pub.send(messages(4))
+        pub.flush(0.2)
+
+        def gauges() -> dict[str, float]:
+            return {m.name: m.samples[0].value for m in _publisher(pub.stats())
+                    if m.type == "gauge" and m.samples}
+
+        before = gauges()
+        assert before["stepwatch_agent_kafka_ready"] == 0
+        assert before["stepwatch_agent_kafka_last_success_timestamp_seconds"] == 0
+        cluster.reachable = True
+        assert pub.flush(10) == 0
+        after = gauges()
+        assert after["stepwatch_agent_kafka_ready"] == 1
+        assert after["stepwatch_agent_kafka_last_success_timestamp_seconds"] >= NOW
+    finally:
+        pub.close(timeout=1)
+
+
+def test_probe_backoff_is_jittered_so_agents_do_not_retry_in_lockstep() -> None:
+    import random
+
+    from stepwatch.agents.publisher import JITTER, jittered
+
+    waits = [jittered(4.0, random.Random(seed)) for seed in range(200)]
+    assert all(4.0 * (1 - JITTER) <= w <= 4.0 * (1 + JITTER) for w in waits)
+    assert len({round(w, 3) for w in waits}) > 150  # agents started together spread out
+    assert max(waits) - min(waits) > 2.0

@@ -93,3 +93,13 @@ def test_replay_function_ticks_on_event_time(tmp_path: Path) -> None:
 def test_missing_input_file_is_a_clear_error(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     assert main(["replay", str(tmp_path / "nope.jsonl")]) == 1
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_replay_exits_non_zero_when_every_line_is_malformed(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
+    events = tmp_path / "garbage.jsonl"
+    events.write_text('not json\n{"kind": "nope"}\n{"kind":"step"}\n')
+    assert main(["replay", str(events), "--quiet"]) == 1
+    assert "all 3 lines" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["replay", str(empty), "--quiet"]) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -199,3 +200,32 @@ def test_event_time_travels_with_each_record_from_memory_and_from_disk(tmp_path)
     spool.close()
     again = Spool(tmp_path, 10 * 2**20)  # nothing acknowledged: all read back from disk
     assert [r[4] for r in again.read(10)] == [1_700_000_000_000 + i for i in range(5)]
+
+
+def test_a_tail_cut_below_the_ack_resends_nothing_already_acknowledged(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, 10 * 2**20)
+    spool.append(recs(0, 50))
+    spool.ack(spool.read(50)[-1][3])  # all 50 delivered
+    spool.close()
+    seg = next(tmp_path.glob("*.seg"))
+    one = len(frame(*recs(0, 1)[0]))
+    with open(seg, "r+b") as f:  # the disk lost the last 2.5 records after the ack was written
+        f.truncate(seg.stat().st_size - 2 * one - one // 2)
+    again = Spool(tmp_path, 10 * 2**20)
+    assert again.stats().torn_frames == 1
+    assert again.pending() == 0  # the 47 kept records were acknowledged: none is sent again
+    again.append(recs(50, 3))
+    assert drain(again) == [50, 51, 52]
+
+
+def test_an_ack_inside_a_segment_off_a_boundary_resends_at_most_one_record(tmp_path: Path) -> None:
+    spool = Spool(tmp_path, 10 * 2**20)
+    spool.append(recs(0, 20))
+    spool.close()
+    one = len(frame(*recs(0, 1)[0]))
+    seg = next(tmp_path.glob("*.seg"))
+    ack = {"segment": 0, "offset": 10 * one + 5, "record": 999}
+    (tmp_path / ACK_FILE).write_text(json.dumps(ack))
+    again = Spool(tmp_path, 10 * 2**20)
+    assert drain(again) == list(range(10, 20))
+    assert seg.exists()

@@ -107,3 +107,32 @@ def test_a_new_detection_of_the_fresh_core_is_stored_as_is() -> None:
     out = fresh.record(det("b", rank=6))  # another rank: not the inherited incident
     assert (out.id, out.state) == ("b", "open")
     assert set(fresh.open) == {"a", "b"}
+
+
+def test_every_change_after_a_takeover_keeps_the_original_opened_at_and_first_step() -> None:
+    ledger = Ledger()
+    first = ledger.for_partition(1).record(det("old-id", step=40))
+    fresh = ledger.for_partition(1)
+    outs = [fresh.record(det("new-id", step=60)),
+            fresh.record(det("new-id", state="update", step=70)),
+            fresh.record(det("new-id", state="resolved", step=80))]
+    assert [(o.opened_at, o.first_step) for o in outs] == [(T0 + 40, 40)] * 3
+    # one identity per state change: inst = detection id, seq counts on over the takeover
+    assert [(o.inst, o.seq) for o in [first, *outs]] == [("old-id", i) for i in range(4)]
+
+
+def test_changes_carry_the_detection_id_and_a_gapless_change_number() -> None:
+    part = Ledger().for_partition(0)
+    outs = [part.record(det("a", step=1)), part.record(det("b", rank=6, step=1)),
+            part.record(det("a", state="update")), part.record(det("a", state="resolved")),
+            part.record(det("b", rank=6, state="resolved"))]
+    assert [(o.inst, o.seq) for o in outs] == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("b", 1)]
+
+
+def test_a_ledger_resolution_of_an_inherited_entry_is_the_next_change() -> None:
+    ledger = Ledger()
+    ledger.for_partition(0).record(det("x", step=40))
+    fresh = ledger.for_partition(0)
+    out = fresh.observe(EventMessage(host="h", ts=T0 + 90, type=EventType.JOB_END, job_id="j"),
+                        T0 + 90)
+    assert [(o.id, o.state, o.inst, o.seq) for o in out] == [("x", "resolved", "x", 1)]

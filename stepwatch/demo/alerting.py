@@ -1,0 +1,195 @@
+"""The demo's alerting half: a local Slurm cluster, the remediator, Alertmanager, Prometheus.
+
+What a person sees in the demo after a detection: Prometheus scrapes every
+stepwatch component and evaluates the shipped alert rules, Alertmanager routes
+with the shipped tree (waits shortened to 1 s), and the remediator acts on a
+real local Slurm cluster (execute mode) when this machine has Slurm and munge
+and runs as root, or records what it would do (observe mode, a dry run)
+otherwise. Every part is optional: a missing binary turns that part off with
+one log line, never the demo.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from stepwatch.broker import free_port
+from stepwatch.demo.services import Child
+from stepwatch.errors import StepwatchError
+
+log = logging.getLogger(__name__)
+
+POLICY = """\
+mode: {mode}
+rules:
+  - match: {{class: system, remediation: drain}}
+    actions: [drain, requeue]
+  - match: {{class: system, remediation: requeue}}
+    actions: [requeue]
+  - match: {{class: user}}
+    actions: [notify]
+guardrails:
+  breaker: {{max_share: 0.25, window: 10m}}
+  rate_limit: {{actions: 3, per: 1h}}
+actuator: {actuator}
+notify: {{kind: log}}
+page: {{kind: log}}
+"""
+
+
+@dataclass(frozen=True)
+class AlertView:
+    """What the live view shows of alerting: firing alerts and the remediator's decisions."""
+
+    firing: tuple[str, ...] = ()
+    decisions: tuple[str, ...] = ()
+    breaker_open: bool = False
+
+
+@dataclass
+class AlertingStack:
+    workdir: Path
+    scrape: Mapping[str, Sequence[str]]  # Prometheus job name -> host:port targets
+    bootstrap: str
+    topic_prefix: str
+    nodes: int
+    want_slurm: bool = True
+    slurm: Any = None
+    slurm_job: str = ""
+    remediator: Child | None = None
+    alertmanager: Any = None
+    prometheus: Any = None
+    remediator_url: str = ""
+    _token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    _client: Any = None
+
+    # ------------------------------------------------------------------ lifecycle
+    def start_slurm(self) -> list[str] | None:
+        """Start the local Slurm cluster and a job on every node; its node names, or None."""
+        if not self.want_slurm:
+            return None
+        from stepwatch.daemons.slurm import SlurmCluster, missing_binaries
+
+        missing = missing_binaries()
+        if missing or os.geteuid() != 0:
+            why = f"missing {', '.join(missing)}" if missing else "not root"
+            log.info("demo: no local Slurm cluster (%s); the remediator runs in observe mode", why)
+            return None
+        try:
+            self.slurm = SlurmCluster(self.workdir / "slurm", nodes=self.nodes).start()
+            out = self.slurm.sbatch("-N", str(self.nodes), "--requeue", "--wrap", "sleep 3600")
+            self.slurm_job = out.strip().split()[-1]
+        except StepwatchError as err:
+            log.warning("demo: local Slurm cluster did not start (%s); observe mode", err)
+            self.slurm = None
+            return None
+        return list(self.slurm.node_names)
+
+    def start(self, env: Mapping[str, str]) -> AlertingStack:
+        from stepwatch.alerts.config import Receivers, alertmanager_config, rule_files
+        from stepwatch.daemons.alertmanager import Alertmanager
+        from stepwatch.daemons.prometheus import Prometheus
+
+        token_file = self.workdir / "remediator.token"
+        token_file.write_text(self._token)
+        token_file.chmod(0o600)
+        port = free_port()
+        self.remediator_url = f"http://127.0.0.1:{port}"
+        self._start_remediator(port, token_file, env)
+        sink = f"{self.remediator_url}/notify-sink"
+        receivers = Receivers(remediator_url=f"{self.remediator_url}/webhook",
+                              token_file=str(token_file), pager_url=sink, tickets_url=sink)
+        self.alertmanager = Alertmanager(self.workdir / "alertmanager",
+                                         config=alertmanager_config(receivers, fast=True))
+        self.alertmanager.start()
+        jobs = {**self.scrape, "stepwatch-remediator": [f"127.0.0.1:{port}"]}
+        self.prometheus = Prometheus(self.workdir / "prometheus", rule_files=rule_files(),
+                                     alertmanagers=[self.alertmanager.address],
+                                     scrape_jobs=jobs).start()
+        return self
+
+    def _start_remediator(self, port: int, token_file: Path, env: Mapping[str, str]) -> None:
+        if self.slurm is not None:
+            mode, actuator = "execute", f'{{kind: slurm, slurm_conf: "{self.slurm.conf_path}"}}'
+        else:
+            mode, actuator = "observe", f"{{kind: log, nodes: {self.nodes}}}"
+        policy = self.workdir / "remediator-policy.yaml"
+        policy.write_text(POLICY.format(mode=mode, actuator=actuator))
+        self.remediator = Child("remediator", [
+            sys.executable, "-m", "stepwatch.cli", "remediate", "serve", "--policy", str(policy),
+            "--port", str(port), "--state-dir", str(self.workdir / "remediator"),
+            "--token-file", str(token_file), "--bootstrap-servers", self.bootstrap,
+            "--topic-prefix", self.topic_prefix,
+        ], self.workdir / "remediator.log")
+        self.remediator.start(dict(env))
+
+    def stop(self) -> None:
+        for part in (self.prometheus, self.alertmanager):
+            if part is not None:
+                try:
+                    part.stop()
+                except StepwatchError as err:
+                    log.warning("demo: stop failed err=%s", err)
+        if self.remediator is not None:
+            self.remediator.stop()
+        if self.slurm is not None:
+            self.slurm.stop()
+
+    # ------------------------------------------------------------------ what to show
+    def view(self) -> AlertView:
+        firing: tuple[str, ...] = ()
+        decisions: tuple[str, ...] = ()
+        breaker = False
+        try:
+            if self.prometheus is not None:
+                firing = tuple(_alert_line(a) for a in self.prometheus.firing())
+            actions = self._actions()
+            newest_first = sorted(actions, key=lambda a: float(a.get("updated") or 0), reverse=True)
+            decisions = tuple(_decision_line(a) for a in reversed(newest_first[:8]))
+            breaker = bool(self._call("breaker").get("open", False))
+        except (StepwatchError, OSError, ValueError, AttributeError) as err:
+            log.debug("demo: alerting view unavailable err=%s", err)
+        return AlertView(firing=firing, decisions=decisions, breaker_open=breaker)
+
+    def slurm_nodes(self) -> dict[str, str]:
+        return self.slurm.node_states() if self.slurm is not None else {}
+
+    def _actions(self) -> list[dict[str, Any]]:
+        result = self._call("actions")
+        items = result.get("actions", result) if isinstance(result, dict) else result
+        return [a for a in items if isinstance(a, dict)]
+
+    def _call(self, what: str) -> Any:
+        if self._client is None:
+            from stepwatch.alerts.remediate.client import Client
+
+            self._client = Client(self.remediator_url, self._token, timeout=2.0)
+        return self._client.actions() if what == "actions" else self._client.breaker()
+
+
+def _alert_line(alert: Any) -> str:
+    labels = alert.labels
+    where = " ".join(f"{k}={labels[k]}" for k in ("job_id", "host", "rank", "cause") if labels.get(k))
+    return f"{alert.name} [{labels.get('severity', '')}] {where}".strip()
+
+
+def _decision_line(action: Mapping[str, Any]) -> str:
+    """``12:00:01 drain node02 (job 1): done - stepwatch: StragglerPersistent ...``"""
+    when = action.get("updated") or action.get("created") or time.time()
+    try:
+        stamp = time.strftime("%H:%M:%S", time.localtime(float(when)))
+    except (TypeError, ValueError):
+        stamp = str(when)
+    kind = action.get("kind") or action.get("action") or "?"
+    target = action.get("node") or ""
+    job = f" (job {action['job_id']})" if action.get("job_id") else ""
+    reason = action.get("reason") or action.get("detail") or ""
+    return f"{stamp} {kind} {target}{job}: {action.get('status', '?')} - {reason}".strip()
