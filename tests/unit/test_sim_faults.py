@@ -81,7 +81,7 @@ def rate(samples: list[tuple[float, PortReading]], field: str, after: float) -> 
         (FaultKind.DATALOADER_STALL, "straggler", "host_input", "system"),
         (FaultKind.JOB_HANG, "hang", "unknown", "system"),
         (FaultKind.RANK_CRASH, "rank_missing", "unknown", "system"),
-        (FaultKind.SLOW_RANK, "straggler", "unknown", "system"),
+        (FaultKind.SLOW_RANK, "straggler", "gpu", "system"),  # compute longer, telemetry healthy
         (FaultKind.NAN_LOSS, "user_error", "user", "user"),
     ],
 )
