@@ -234,7 +234,9 @@ DETECTIONS = table("detections", [
     ("rank", "Nullable(UInt32)"), ("gpu", "Nullable(UInt16)"), ("peer_group", _LC),
     ("cause", _LC), ("fault", _LC), ("score", "Nullable(Float64)"), ("step", "Nullable(UInt64)"),
     ("first_step", "Nullable(UInt64)"), ("opened_at", f"Nullable({_DT3})"), ("summary", "String"),
-    ("evidence", "Map(String, String)"), ("subject_host", _LC), ("host", _LC), *_TAIL,
+    ("evidence", "Map(String, String)"), ("subject_host", _LC), ("host", _LC),
+    ("device", _LC), ("port", "Nullable(UInt16)"), ("ranks", "Array(UInt32)"), ("related", "String"),
+    *_TAIL,
 ])
 
 DEAD_LETTERS = table("dead_letters", [
@@ -305,5 +307,6 @@ def detection_row(msg: DetectionMessage) -> tuple[Any, ...]:
     return (
         msg.ts, msg.id, msg.job_id, msg.type, msg.state, msg.rank, msg.gpu, msg.group, msg.cause,
         msg.fault, f64(msg.score), msg.step, msg.first_step, msg.opened_at, msg.summary, evidence,
-        subject, msg.host, msg.inst, msg.seq,
+        subject, msg.host, msg.device or "", msg.port, list(msg.ranks), msg.related,
+        msg.inst, msg.seq,
     )

@@ -174,3 +174,16 @@ def test_event_and_gpu_rows_fit_their_tables():
     event = dict(zip(R.EVENTS.names, out.tables["events"].rows[0], strict=True))
     assert event["attrs"] == {"pci": "0000:9A:00.0", "fatal": "true"} and event["type"] == "xid"
     assert len(out.tables["gpu_samples"].rows[0]) == len(R.GPUS.columns)
+
+
+def test_detection_rows_keep_where_a_network_or_host_incident_is() -> None:
+    from stepwatch.contract import DetectionMessage
+
+    msg = DetectionMessage(host="gpu-02", ts=1_767_225_600.0, id="j-job_slowdown-1", job_id="j",
+                           type="job_slowdown", state="open", cause="network", fault="system",
+                           summary="congested NIC", device="mlx5_3", port=1, ranks=[8, 9],
+                           related="j-straggler-0")
+    row = dict(zip(R.DETECTIONS.names, R.detection_row(msg), strict=True))
+    assert (row["device"], row["port"], row["ranks"], row["related"]) == (
+        "mlx5_3", 1, [8, 9], "j-straggler-0")
+    assert row["host"] == "gpu-02"

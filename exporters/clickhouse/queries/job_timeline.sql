@@ -21,9 +21,10 @@ FROM
     UNION ALL
     SELECT d.ts AS ts, 'detection' AS source, concat(d.type, ':', d.state) AS what,
            if(d.subject_host != '', toString(d.subject_host), toString(p.host)) AS host,
-           d.rank AS rank, d.gpu AS gpu, '' AS device, CAST(NULL, 'Nullable(UInt16)') AS port,
+           d.rank AS rank, d.gpu AS gpu, toString(d.device) AS device, d.port AS port,
            CAST(NULL, 'Nullable(Int64)') AS code, concat(d.cause, '/', d.fault) AS cause,
-           d.summary AS detail
+           if(empty(d.ranks), d.summary,
+              concat(d.summary, ' [ranks ', arrayStringConcat(arrayMap(x -> toString(x), d.ranks), ','), ']')) AS detail
     FROM detections AS d FINAL
     LEFT JOIN
     (
