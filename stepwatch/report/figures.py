@@ -39,6 +39,7 @@ def _when(ts: float) -> datetime:
 def heat_map(data: ReportData) -> bytes:
     plt = _plt()
     import numpy as np
+    from matplotlib import ticker
 
     ranks = sorted({int(r["rank"]) for r in data.heat})
     steps = sorted({int(r["step_bucket"]) for r in data.heat})
@@ -60,6 +61,7 @@ def heat_map(data: ReportData) -> bytes:
     fig.colorbar(img, ax=ax, label="compute time (s)", extend="max")
     ax.set_xlabel("step")
     ax.set_ylabel("rank")
+    ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # ranks are whole numbers
     ax.set_title(f"{data.job}: compute time per rank and step (forward + backward + optimizer)")
     _mark_detections(ax, data.detections, horizontal=True)
     return _png(fig)
