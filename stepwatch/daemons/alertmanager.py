@@ -17,6 +17,7 @@ from typing import Any
 
 from stepwatch.daemons.process import (
     LOOPBACK,
+    Daemon,
     ManagedProcess,
     find_binary,
     free_port,
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Alertmanager:
+class Alertmanager(Daemon):
     """An Alertmanager process. ``config`` is YAML text or a path to a file."""
 
     workdir: Path
@@ -67,23 +68,6 @@ class Alertmanager:
                                     self.workdir / "alertmanager.log")
         self._proc.start(timeout)
         return self
-
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.stop()
-            self._proc = None
-
-    def __enter__(self) -> Alertmanager:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_tail(self, chars: int = 2000) -> str:
-        return "" if self._proc is None else self._proc.log_tail(chars)
-
-    def reload(self) -> None:
-        http_post(f"{self.url}/-/reload")
 
     def alerts(self) -> list[dict[str, Any]]:
         """Every alert Alertmanager holds (v2 API objects: labels, annotations, status, ...)."""

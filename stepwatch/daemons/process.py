@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from stepwatch.errors import DaemonError
 
@@ -135,3 +135,36 @@ class ManagedProcess:
             return self.log_path.read_text(errors="replace")[-chars:]
         except OSError:
             return ""
+
+
+class Daemon:
+    """What every launched daemon shares: reload, stop, context manager, log tail.
+
+    Subclasses are dataclasses with a ``_proc`` field, a ``url`` and a ``start()``.
+    """
+
+    _proc: ManagedProcess | None
+
+    @property
+    def url(self) -> str:  # pragma: no cover - every subclass defines it
+        raise NotImplementedError
+
+    def start(self, timeout: float = 30.0) -> Self:  # pragma: no cover - ditto
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return "" if self._proc is None else self._proc.log_tail(chars)
+
+    def reload(self) -> None:
+        http_post(f"{self.url}/-/reload")

@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 
 from stepwatch.daemons.process import (
     LOOPBACK,
+    Daemon,
     ManagedProcess,
     find_binary,
     free_port,
     get_json,
-    http_post,
 )
 from stepwatch.errors import DaemonError
 
@@ -53,7 +53,7 @@ class Alert:
 
 
 @dataclass
-class Prometheus:
+class Prometheus(Daemon):
     """A Prometheus process. Use as a context manager; ``url`` once started."""
 
     workdir: Path
@@ -114,29 +114,12 @@ class Prometheus:
     def _write_config(self) -> None:
         self.config_path.write_text(json.dumps(self.config(), indent=2))
 
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.stop()
-            self._proc = None
-
-    def __enter__(self) -> Prometheus:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def log_tail(self, chars: int = 2000) -> str:
-        return "" if self._proc is None else self._proc.log_tail(chars)
-
     # --- changes ---------------------------------------------------------------
     def set_targets(self, targets: Sequence[str]) -> None:
         """Replace the scrape targets and reload."""
         self.targets = tuple(targets)
         self._write_config()
         self.reload()
-
-    def reload(self) -> None:
-        http_post(f"{self.url}/-/reload")
 
     # --- queries ---------------------------------------------------------------
     def _api(self, path: str, **params: str) -> Any:
