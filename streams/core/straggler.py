@@ -56,7 +56,6 @@ from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, ro
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
-IQR_SIGMA = 1.349  # the interquartile range of normal data, in standard deviations
 _EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait",
                    *[p for p in PHASE_NAMES if p not in ("data", "transfer")])
 _EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM,
@@ -204,16 +203,13 @@ class StragglerTracker:
         lanes = nan.any(axis=-1)
         if lanes[0].any() or (lanes != nan.all(axis=-1)).any():
             return False  # absent ranks or phases measured on some ranks only
-        srt = np.sort(xs, axis=-1)  # one sort: the median and the quartiles
-        h = n // 2
-        centers = srt[..., h] if n % 2 else (srt[..., h - 1] + srt[..., h]) * 0.5
+        centers = _pmed(xs)  # (dims, groups)
         center = centers[0]
         if not (center > 0).all():
             return False
-        e = (xs - centers[..., None]) / center[:, None]
-        q1, q3 = (n - 1) // 4, (3 * (n - 1) + 3) // 4  # robust spread: IQR / 1.349
-        spread = (srt[..., q3] - srt[..., q1]) / (IQR_SIGMA * center)
-        sigma = self._batch_sigma(spread, n_groups)
+        dev = xs - centers[..., None]
+        e = dev / center[:, None]
+        sigma = self._batch_sigma(_pmed(np.abs(e)) * MAD_SIGMA, n_groups)
         cs = (comm if identity else comm[order]).reshape(n_groups, n)
         cnan = np.isnan(cs)
         measured = (~cnan).sum(axis=1) >= self.cfg.min_group_size

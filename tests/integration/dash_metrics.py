@@ -15,6 +15,7 @@ The remediator is another branch's service: its series are not served here
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -90,7 +91,8 @@ class NullSink:
         spool = SimpleNamespace(records=12, bytes=4096, max_bytes=512 << 20, dropped={},
                                 torn_frames=0)
         return SimpleNamespace(state=SimpleNamespace(value="up"), produced={"gpu": 10, "ports": 10},
-                               delivery_failures={}, producer_resets=0, rewinds=0, spool=spool)
+                               delivery_failures={}, producer_resets=0, rewinds=0, spool=spool,
+                               last_success=time.time())
 
     def flush(self, timeout: float) -> int:
         return 0
