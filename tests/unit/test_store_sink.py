@@ -284,3 +284,27 @@ def test_a_record_that_breaks_the_mapping_is_kept_as_a_dead_letter(monkeypatch):
     drain(sink, polls=2)
     assert len(store.tables["step_events"]) == 8
     assert [(d["reason"], d["seq"]) for d in store.tables["dead_letters"]] == [("internal_error", 1)]
+
+
+def test_offsets_reused_by_new_records_are_stored_not_dropped_as_duplicates():
+    """A broker that lost its log (memory-only dev broker; a re-created topic) hands out
+    the same offsets again: the old plans replay over new records, and their content
+    makes new insert tokens, so the new rows are stored - while an exact replay of the
+    same records is still dropped (exactly once)."""
+    store = FakeStore()
+    old = FakeLog(messages(20))
+    first = Sink(store, FakeSource(old), TOPICS, config(batch_messages=3))
+    first.source.subscribe(TOPICS, first._on_assign, first._on_revoke)
+    drain(first)
+    assert len(store.tables["step_events"]) == 20 * 4
+    # the broker restarts empty: committed offsets are gone, the same offsets hold new records
+    fresh = [StepMessage(host="h2", ts=m.ts + 1000, inst="i2", seq=m.seq, job_id="j2",
+                         steps=m.steps) for m in messages(20)]
+    new = FakeLog(fresh)
+    second = Sink(store, FakeSource(new), TOPICS, config(batch_messages=3))
+    second.source.subscribe(TOPICS, second._on_assign, second._on_revoke)
+    drain(second)
+    assert second.metrics.value("stepwatch_sink_batches_total", kind="replayed") >= 1
+    rows = store.tables["step_events"]
+    assert sum(r["host"] == "h2" for r in rows) == 20 * 4  # every new row stored
+    assert sum(r["host"] == "h" for r in rows) == 20 * 4  # the old ones exactly once
