@@ -89,6 +89,21 @@ def rule_for_seconds(name: str) -> float:
     return 0.0
 
 
+def remediator_and_alertmanager(settings: Settings, work: Path, actuator: Any, group_wait: str,
+                                received: list[float]) -> tuple[Any, Alertmanager]:
+    """The remediator (its webhook arrivals stamped into ``received``) and a started
+    Alertmanager with the shipped routing pointed at it, every group_wait set."""
+    svc = build(settings, port=0, actuator=actuator, writers=[])
+    handle = svc.server.remediator.handle
+    svc.server.remediator.handle = lambda alerts: (received.append(time.time()), handle(alerts))[1]  # type: ignore[method-assign]
+    cfg = yaml.safe_load(alertmanager_config(Receivers(svc.url + "/webhook", str(work / "token"),
+                                                       "http://127.0.0.1:9/p", "http://127.0.0.1:9/t"), fast=True))
+    for route in cfg["route"]["routes"]:
+        route["group_wait"] = group_wait
+    am = Alertmanager(workdir=work / "am", config=yaml.safe_dump(cfg), port=free_port()).start()
+    return svc, am
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=5)
@@ -106,15 +121,7 @@ def main() -> int:
         settings = Settings.load(env={}, remediate_policy=str(work / "policy.yaml"),
                                  remediate_token_file=str(work / "token"),
                                  remediate_state_dir=str(work / "state"))
-        svc = build(settings, port=0, actuator=timed, writers=[])
-        handle = svc.server.remediator.handle
-        svc.server.remediator.handle = lambda alerts: (received.append(time.time()), handle(alerts))[1]  # type: ignore[method-assign]
-        cfg = yaml.safe_load(alertmanager_config(Receivers(svc.url + "/webhook", str(work / "token"),
-                                                           "http://127.0.0.1:9/p", "http://127.0.0.1:9/t"), fast=True))
-        for route in cfg["route"]["routes"]:
-            route["group_wait"] = args.group_wait
-        am = Alertmanager(workdir=work / "am", config=yaml.safe_dump(cfg), port=free_port())
-        am.start()
+        svc, am = remediator_and_alertmanager(settings, work, timed, args.group_wait, received)
         rows: list[tuple[float, float, float]] = []
         try:
             for i in range(args.repeat):

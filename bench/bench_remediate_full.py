@@ -33,15 +33,12 @@ import threading
 import time
 from pathlib import Path
 
-import yaml
-from bench_remediate import POLICY, Timed, rule_for_seconds
+from bench_remediate import POLICY, Timed, remediator_and_alertmanager, rule_for_seconds
 
-from stepwatch.alerts.config import Receivers, alertmanager_config, rule_files
+from stepwatch.alerts.config import rule_files
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
-from stepwatch.alerts.remediate.service import build
 from stepwatch.broker import DevBroker, free_port
 from stepwatch.contract import KIND_OF, Topics, encode, message_key
-from stepwatch.daemons.alertmanager import Alertmanager
 from stepwatch.daemons.prometheus import Prometheus, wait_for
 from stepwatch.daemons.slurm import SlurmCluster
 from stepwatch.kafka import ensure_topics, producer_config
@@ -97,14 +94,7 @@ def main() -> int:
             stderr=open(work / "worker.log", "ab"),  # noqa: SIM115
             env={**os.environ, "STEPWATCH_HANG_MIN_SECONDS": "3600"})
         timed = Timed(SlurmActuator(conf=str(slurm.conf_path)))
-        svc = build(settings, port=0, actuator=timed, writers=[])
-        handle = svc.server.remediator.handle
-        svc.server.remediator.handle = lambda alerts: (received.append(time.time()), handle(alerts))[1]  # type: ignore[method-assign]
-        cfg = yaml.safe_load(alertmanager_config(Receivers(svc.url + "/webhook", str(work / "token"),
-                                                           "http://127.0.0.1:9/p", "http://127.0.0.1:9/t"), fast=True))
-        for route in cfg["route"]["routes"]:
-            route["group_wait"] = args.group_wait
-        am = Alertmanager(workdir=work / "am", config=yaml.safe_dump(cfg), port=free_port()).start()
+        svc, am = remediator_and_alertmanager(settings, work, timed, args.group_wait, received)
         prom = Prometheus(workdir=work / "prom", targets=[f"127.0.0.1:{port}"], rule_files=rule_files(),
                           alertmanagers=[am.address], scrape_interval=args.interval,
                           evaluation_interval=args.interval, job_name="stepwatch-stream").start()

@@ -39,10 +39,6 @@ class Alertmanager(Daemon):
     _proc: ManagedProcess | None = field(default=None, repr=False)
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
     def address(self) -> str:
         """host:port, the form Prometheus' ``alerting`` section takes."""
         return f"{self.host}:{self.port}"

@@ -140,14 +140,16 @@ class ManagedProcess:
 class Daemon:
     """What every launched daemon shares: reload, stop, context manager, log tail.
 
-    Subclasses are dataclasses with a ``_proc`` field, a ``url`` and a ``start()``.
+    Subclasses are dataclasses with ``host``, ``port`` and ``_proc`` fields and a ``start()``.
     """
 
+    host: str
+    port: int
     _proc: ManagedProcess | None
 
     @property
-    def url(self) -> str:  # pragma: no cover - every subclass defines it
-        raise NotImplementedError
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     def start(self, timeout: float = 30.0) -> Self:  # pragma: no cover - ditto
         raise NotImplementedError

@@ -69,10 +69,6 @@ class Prometheus(Daemon):
     _proc: ManagedProcess | None = field(default=None, repr=False)
 
     @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    @property
     def config_path(self) -> Path:
         return self.workdir / "prometheus.yml"
 

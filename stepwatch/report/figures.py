@@ -145,31 +145,25 @@ def timeline(data: ReportData) -> bytes:
 
 
 def gpu_signals(data: ReportData, host: str) -> bytes:
-    plt = _plt()
     fields = (("sm_clock_mhz", "SM clock (MHz)"), ("temp_gpu_c", "GPU temperature (°C)"),
               ("power_w", "power (W)"), ("util_gpu_pct", "utilisation (%)"))
-    fig, axes = plt.subplots(len(fields), 1, figsize=(11, 8), sharex=True)
     series = _series(data.gpu, host, lambda r: f"gpu{r['gpu']}")
-    for ax, (col, label) in zip(axes, fields, strict=True):
-        for name, rows in series.items():
-            ax.plot([_when(float(r["ts"])) for r in rows],
-                    [_num(r[col]) for r in rows], lw=0.8, label=name)
-        ax.set_ylabel(label, fontsize=8)
-        _timeline_marks(ax, data)
-    axes[0].legend(ncol=8, fontsize=6, loc="lower left")
-    axes[0].set_title(f"{data.job}: GPU signals of flagged host {host}")
-    axes[-1].set_xlabel("time (UTC)")
-    fig.autofmt_xdate()
-    return _png(fig)
+    return _host_signals(data, series, fields, f"GPU signals of flagged host {host}")
 
 
 def nic_signals(data: ReportData, host: str) -> bytes:
-    plt = _plt()
     fields = (("xmit_bytes_per_s", "transmit (B/s)"), ("xmit_wait_per_s", "xmit wait (ticks/s)"),
               ("np_ecn_marked_roce_packets_per_s", "ECN marked (pkt/s)"),
               ("symbol_error_per_s", "symbol errors (/s)"))
-    fig, axes = plt.subplots(len(fields), 1, figsize=(11, 8), sharex=True)
     series = _series(data.ports, host, lambda r: f"{r['device']}/{r['port']}")
+    return _host_signals(data, series, fields, f"NIC signals of flagged host {host}")
+
+
+def _host_signals(data: ReportData, series: dict[str, Rows],
+                  fields: tuple[tuple[str, str], ...], title: str) -> bytes:
+    """One panel per column, one line per GPU or port, detections marked."""
+    plt = _plt()
+    fig, axes = plt.subplots(len(fields), 1, figsize=(11, 8), sharex=True)
     for ax, (col, label) in zip(axes, fields, strict=True):
         for name, rows in series.items():
             ax.plot([_when(float(r["ts"])) for r in rows],
@@ -177,7 +171,7 @@ def nic_signals(data: ReportData, host: str) -> bytes:
         ax.set_ylabel(label, fontsize=8)
         _timeline_marks(ax, data)
     axes[0].legend(ncol=8, fontsize=6, loc="lower left")
-    axes[0].set_title(f"{data.job}: NIC signals of flagged host {host}")
+    axes[0].set_title(f"{data.job}: {title}")
     axes[-1].set_xlabel("time (UTC)")
     fig.autofmt_xdate()
     return _png(fig)
