@@ -106,6 +106,9 @@ class StepRecord(_Base, frozen=True):
     loss_nonfinite: bool = False
     flops: NonNeg64 | None = None  # model FLOPs this rank executed in this step (for MFU)
     timing: str = "wall"  # "wall" (host clock) or "cuda" (CUDA events)
+    # Seconds the rank's training thread was ready to run but waited for a CPU during
+    # the step (Linux run-queue delay, /proc/thread-self/schedstat): CPU contention.
+    cpu_wait: NonNeg | None = None
 
 
 # --------------------------------------------------------------------------- GPU

@@ -18,6 +18,7 @@ from typing import Any
 
 from stepwatch.contract.records import StepRecord
 from stepwatch.logs import LogOnce
+from stepwatch.sdk.cpuwait import wait_seconds
 from stepwatch.sdk.cuda import elapsed_ns
 from stepwatch.sdk.identity import Identity
 from stepwatch.sdk.phases import to_phases
@@ -43,6 +44,7 @@ class Resolved:
     loss: float | None
     loss_nonfinite: bool
     flops: float | None
+    cpu_wait: float | None = None  # the training thread's run-queue wait over the step (s)
 
 
 class Resolver:
@@ -102,6 +104,7 @@ class Resolver:
             loss=loss,
             loss_nonfinite=nonfinite,
             flops=self._number("flops", raw.flops),
+            cpu_wait=wait_seconds(raw.cpu_wait_ns),
         )
 
     def to_record(self, step: Resolved) -> StepRecord:
@@ -132,6 +135,7 @@ class Resolver:
             loss_nonfinite=step.loss_nonfinite,
             flops=step.flops,
             timing=step.timing,
+            cpu_wait=step.cpu_wait,
         )
 
     def _loss(self, value: Any) -> tuple[float | None, bool]:

@@ -41,6 +41,7 @@ from stepwatch.streams.core.assembly import (
     BUSY,
     COMM,
     COMPUTE,
+    CPUW,
     DATA,
     PHASE_NAMES,
     PHASE_ROWS,
@@ -56,9 +57,9 @@ from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, ro
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
-_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait",
+_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait", "cpu_wait",
                    *[p for p in PHASE_NAMES if p not in ("data", "transfer")])
-_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM,
+_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM, CPUW,
                   *[r for r, p in zip(PHASE_ROWS, PHASE_NAMES, strict=True)
                     if p not in ("data", "transfer")]]
 DIM_NAMES = ("busy", *PHASE_NAMES)  # dimension 0: the sum; then the phases one by one

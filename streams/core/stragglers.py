@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from stepwatch.contract import DetectionMessage
 from stepwatch.streams.core.assembly import ClosedStep
-from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
+from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence, Shares
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
@@ -124,11 +124,11 @@ class Stragglers:
         members = groups.members[int(groups.of_rank[rank])]
         ev = self.straggler.evidence(rank, members)
         host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
-        data_share, compute_share = shares(ev, self.straggler.longer_phases(rank))
+        found = shares(ev, self.straggler.longer_phases(rank))
         attr = self._attribution(
             (T.STRAGGLER, rank, ""), cs.end_max,
-            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, data_share,
-                                         self._onset_span(), compute_share),
+            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, found,
+                                         self._onset_span()),
         )
         what = _what(ev)
         summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more {what} than the "
@@ -141,11 +141,11 @@ class Stragglers:
         scores = {r: self.straggler.score(r) for r in slow}
         lead = max(slow, key=lambda r: scores[r])
         ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])])
-        data_share, compute_share = shares(ev, self.straggler.longer_phases(lead))
+        found = shares(ev, self.straggler.longer_phases(lead))
         gpus = [g for g in (self.ranks.gpu[r] for r in slow) if g is not None]
         key: Key = (T.STRAGGLER, None, f"host:{host}")
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_host(
-            host, gpus, self.hosts, cs.end_max, data_share, self._onset_span(), compute_share))
+            host, gpus, self.hosts, cs.end_max, found, self._onset_span()))
         score = sorted(scores.values())[len(scores) // 2]
         on_host = len(self.ranks.ranks_on(host))
         summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
@@ -169,15 +169,35 @@ def _what(ev: Evidence) -> str:
     return f"{longer} time" if isinstance(longer, str) and longer else "busy time"
 
 
-def shares(ev: Evidence, longer: dict[str, float]) -> tuple[float | None, float | None]:
-    """Shares of the rank's excess in the data phase and in the compute phases."""
+def shares(ev: Evidence, longer: dict[str, float]) -> Shares:
+    """Shares of the rank's excess in the data phase, the compute phases and CPU wait."""
     if longer:
         total = sum(longer.values())
         if total > 0:
             data = longer.get("data", 0.0) / total
             compute = sum(longer.get(p, 0.0) for p in COMPUTE_PHASES) / total
-            return data, compute
-    return _share(ev, "data", "busy"), _share(ev, "compute", "busy")
+            return Shares(data, compute, *_cpu_share(ev, total))
+    return Shares(_share(ev, "data", "busy"), _share(ev, "compute", "busy"),
+                  *_cpu_share(ev, 0.0))
+
+
+def _cpu_share(ev: Evidence, longer_total: float) -> tuple[float | None, Evidence]:
+    """How much of the rank's excess its extra CPU run-queue wait explains.
+
+    The excess in seconds is the larger of the busy-time excess and the longer phases'
+    excess (under DDP the busy sums are equal while a phase is longer; ``longer_total``
+    is in units of the peers' median busy time). None when ``cpu_wait`` is not measured.
+    """
+    try:
+        own, peers = float(ev["cpu_wait_s"]), float(ev["cpu_wait_peer_median_s"])  # type: ignore[arg-type]
+        busy, busy_peers = float(ev["busy_s"]), float(ev["busy_peer_median_s"])  # type: ignore[arg-type]
+    except (KeyError, TypeError, ValueError):
+        return None, {}
+    excess = max(busy - busy_peers, longer_total * busy_peers)
+    if not excess > 0 or math.isnan(own) or math.isnan(peers):
+        return None, {}
+    extra = own - peers
+    return max(0.0, min(1.0, extra / excess)), {"cpu_wait_excess_s": round(extra, 6)}
 
 
 def _share(ev: Evidence, part: str, whole: str) -> float | None:

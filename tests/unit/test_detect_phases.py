@@ -16,10 +16,13 @@ DATA, FWD, BWD, OPT, AR = 0.02, 0.30, 0.55, 0.05, 0.08
 
 
 def ddp_job(slow: dict[int, tuple[str, float]], steps: int = 60, start: int = 20,
-            comm: bool = False, seed: int = 0) -> list[StepMessage]:
+            comm: bool = False, seed: int = 0,
+            cpu_wait: dict[int, float] | None = None) -> list[StepMessage]:
     """DDP accounting: every rank's backward ends when the slowest rank's gradients are
     reduced, so data + forward + backward + optimizer is equal on every rank.
-    ``slow[rank] = (phase, seconds)`` adds work to one phase of one rank from ``start``."""
+    ``slow[rank] = (phase, seconds)`` adds work to one phase of one rank from ``start``.
+    With ``cpu_wait``, every rank reports a run-queue wait of 2 % of its busy time
+    (a busy machine) plus ``cpu_wait[rank]`` seconds from ``start``."""
     rng = np.random.default_rng(seed)
     out, t = [], T0
     for s in range(steps):
@@ -38,9 +41,12 @@ def ddp_job(slow: dict[int, tuple[str, float]], steps: int = 60, start: int = 20
             for r in range(h * PER_HOST, (h + 1) * PER_HOST):
                 ph = Phases(data=x[0, r], forward=x[1, r], backward=x[2, r], optimizer=x[3, r],
                             comm_wait=float(wait[r]) if comm else None)
+                cw = None
+                if cpu_wait is not None:
+                    cw = 0.02 * float(pre[r]) + (cpu_wait.get(r, 0.0) if s >= start else 0.0)
                 recs.append(StepRecord(job_id="ddp", rank=r, world_size=WORLD, step=s, start=t,
                                        end=end, host=f"h{h}", local_rank=r % PER_HOST,
-                                       phases=ph))
+                                       phases=ph, cpu_wait=cw))
             out.append(StepMessage(host=f"h{h}", ts=end + 0.01, job_id="ddp", steps=recs))
         t = end + 0.001
     return out
@@ -76,3 +82,24 @@ def test_ddp_data_stall_is_host_input() -> None:
 
 def test_healthy_ddp_is_silent() -> None:
     assert opened(drive(Engine(), ddp_job({}, steps=200))) == []
+
+
+def test_cpu_contention_is_told_from_a_slower_gpu_by_the_run_queue_wait() -> None:
+    """Same longer forward; the thread that waited for a CPU for it is CPU contention."""
+    slow = {5: ("forward", 0.06)}
+    contended = opened(drive(Engine(), ddp_job(slow, cpu_wait={5: 0.05})), "straggler")
+    assert [(d.rank, d.cause) for d in contended] == [(5, "host_input")]
+    assert contended[0].evidence["host_reasons"] == "cpu_contention"
+    assert num(contended[0], "cpu_wait_share_of_excess") >= 0.5
+    assert num(contended[0], "cpu_wait_s") > num(contended[0], "cpu_wait_peer_median_s") + 0.04
+    gpu = opened(drive(Engine(), ddp_job(slow, cpu_wait={})), "straggler")
+    assert [(d.rank, d.cause) for d in gpu] == [(5, "gpu")]
+    assert gpu[0].evidence["gpu_reasons"] == "compute"
+
+
+def test_cpu_contention_on_a_host_is_one_host_incident() -> None:
+    host1 = range(PER_HOST, 2 * PER_HOST)
+    job = ddp_job({r: ("forward", 0.06) for r in host1}, cpu_wait={r: 0.06 for r in host1})
+    (d,) = opened(drive(Engine(), job), "straggler")
+    assert (d.rank, d.host, sorted(d.ranks)) == (None, "h1", list(host1))
+    assert (d.cause, d.evidence["host_reasons"]) == ("host_input", "cpu_contention")
