@@ -23,7 +23,7 @@ from typing import Any
 
 from stepwatch.contract.records import EventType
 from stepwatch.logs import LogOnce
-from stepwatch.sdk.cpuwait import RunDelay
+from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventPool, TimingEvent
 from stepwatch.sdk.events import (
     checkpoint_event,
@@ -57,12 +57,12 @@ class StepWatch:
         pool: EventPool | None = None,
         timing: str = "wall",
         start_step: int = 0,
-        run_delay: RunDelay | None = None,
+        sched: SchedStat | None = None,
     ) -> None:
         self._identity = identity
         self._exporter = exporter
         self._pool = pool
-        self._run_delay = run_delay  # the thread's CPU run-queue wait (None: not measured)
+        self._sched = sched  # the thread's CPU time and run-queue wait (None: not measured)
         self.timing = timing
         self._next = start_step
         self._last: int | None = None

@@ -1,19 +1,22 @@
-"""Run-queue wait of the training thread: how long it was ready to run but had no CPU.
+"""CPU time and run-queue wait of the training thread over each step (Linux).
 
-Linux accounts, per thread, the time spent runnable on a run queue without
-running (``/proc/thread-self/schedstat``, second field, nanoseconds; present
-whenever the kernel has ``CONFIG_SCHED_INFO``, which every distribution kernel
-has). Its growth over a step is the step's ``cpu_wait``: near 0 on an idle
-core, a large share of the step when other processes compete for the rank's
-CPU (a stray process, an over-subscribed node, data-loader workers pinned to
-the same cores). It tells CPU contention apart from slower compute, which the
-phase durations alone cannot.
+Linux accounts, per thread, the time spent running on a CPU and the time spent
+runnable on a run queue without running (``/proc/thread-self/schedstat``: the
+first two fields, nanoseconds; present whenever the kernel has
+``CONFIG_SCHED_INFO``, which every distribution kernel has). Their growth over
+a step is the step's ``cpu_time`` and ``cpu_wait``. On a machine with enough
+cores the wait is near 0; when other processes compete for the rank's CPU (a
+stray process, an over-subscribed node, data-loader workers pinned to the same
+cores) the thread waits for a larger share of the time it could run. That share,
+``cpu_wait / (cpu_time + cpu_wait)``, compared with the peers', tells CPU
+contention apart from slower compute, which the phase durations alone cannot:
+a rank that merely computes more waits more in proportion, at the same share.
 
 A read is one ``pread`` of an already open file (1-2 us on an idle machine, up
 to 5 us under load), one per step in a loop. The file is opened once per
-thread (``/proc/thread-self`` names the thread that opens it).
-Where it cannot be read (another OS, a hardened ``/proc``), every reading is
-``-1`` and steps carry no ``cpu_wait``; nothing is raised.
+thread (``/proc/thread-self`` names the thread that opens it). Where it cannot
+be read (another OS, a hardened ``/proc``), steps carry neither field; nothing
+is raised.
 """
 
 from __future__ import annotations
@@ -23,7 +26,12 @@ import threading
 from threading import get_ident
 
 SCHEDSTAT = "/proc/thread-self/schedstat"
-UNAVAILABLE = -1
+REUSE_NS = 1_000_000  # a step starting within 1 ms of the last one's end reuses its reading
+
+# (thread ident, cumulative on-CPU ns, cumulative run-queue wait ns, perf_counter_ns)
+Reading = tuple[int, int, int, int]
+# (on-CPU ns, run-queue wait ns) over one step
+Usage = tuple[int, int]
 
 
 class _ThreadFile:
@@ -43,13 +51,8 @@ class _ThreadFile:
                 pass
 
 
-# (thread ident, cumulative wait ns, perf_counter_ns of the reading)
-Reading = tuple[int, int, int]
-REUSE_NS = 1_000_000  # a step starting within 1 ms of the last one's end reuses its reading
-
-
-class RunDelay:
-    """Readings of the calling thread's cumulative run-queue wait (ns).
+class SchedStat:
+    """Readings of the calling thread's cumulative CPU time and run-queue wait.
 
     One read per step in a loop: a step that starts right after the previous one
     ended on the same thread starts from that step's closing reading.
@@ -61,38 +64,45 @@ class RunDelay:
         self._broken = False
         self._last: Reading | None = None
 
-    def read(self) -> int:
-        """The calling thread's cumulative run-queue wait in ns, or ``UNAVAILABLE``."""
+    def read(self) -> tuple[int, int] | None:
+        """The calling thread's cumulative (on-CPU ns, wait ns), None when unreadable."""
         if self._broken:
-            return UNAVAILABLE
+            return None
         try:
             f = getattr(self._local, "file", None)
             if f is None:
                 f = self._local.file = _ThreadFile(self._path)
-            return int(os.pread(f.fd, 64, 0).split()[1])
+            fields = os.pread(f.fd, 64, 0).split()
+            return int(fields[0]), int(fields[1])
         except (OSError, ValueError, IndexError):
             self._broken = True  # absent or unreadable here: stop trying
-            return UNAVAILABLE
+            return None
 
-    def start(self, now_ns: int) -> Reading:
+    def start(self, now_ns: int) -> Reading | None:
         """The reading a step starting at ``now_ns`` (perf_counter_ns) counts from."""
         ident = get_ident()
         last = self._last
-        if last is not None and last[0] == ident and now_ns - last[2] < REUSE_NS:
+        if last is not None and last[0] == ident and now_ns - last[3] < REUSE_NS:
             return last
-        return ident, self.read(), now_ns
-
-    def since(self, first: Reading, end_ns: int) -> int:
-        """The wait (ns) from ``first`` to now, or ``UNAVAILABLE`` (no reading, or another
-        thread than the one ``first`` was read on)."""
-        ident = get_ident()
-        if first[1] < 0 or first[0] != ident:
-            return UNAVAILABLE
         value = self.read()
-        self._last = (ident, value, end_ns)
-        return value - first[1] if value >= first[1] else UNAVAILABLE
+        return None if value is None else (ident, value[0], value[1], now_ns)
+
+    def since(self, first: Reading | None, end_ns: int) -> Usage | None:
+        """(on-CPU ns, wait ns) from ``first`` to now; None without a reading or on
+        another thread than the one ``first`` was read on."""
+        ident = get_ident()
+        if first is None or first[0] != ident:
+            return None
+        value = self.read()
+        if value is None:
+            return None
+        self._last = (ident, value[0], value[1], end_ns)
+        ran, waited = value[0] - first[1], value[1] - first[2]
+        return (ran, waited) if ran >= 0 and waited >= 0 else None
 
 
-def wait_seconds(wait_ns: int) -> float | None:
-    """A measured wait in seconds; None when it was not measured (negative)."""
-    return wait_ns / 1e9 if wait_ns >= 0 else None
+def seconds(usage: Usage | None) -> tuple[float | None, float | None]:
+    """(cpu_time, cpu_wait) in seconds; (None, None) when not measured."""
+    if usage is None:
+        return None, None
+    return usage[0] / 1e9, usage[1] / 1e9

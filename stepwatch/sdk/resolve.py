@@ -18,7 +18,7 @@ from typing import Any
 
 from stepwatch.contract.records import StepRecord
 from stepwatch.logs import LogOnce
-from stepwatch.sdk.cpuwait import wait_seconds
+from stepwatch.sdk.cpuwait import seconds
 from stepwatch.sdk.cuda import elapsed_ns
 from stepwatch.sdk.identity import Identity
 from stepwatch.sdk.phases import to_phases
@@ -44,7 +44,8 @@ class Resolved:
     loss: float | None
     loss_nonfinite: bool
     flops: float | None
-    cpu_wait: float | None = None  # the training thread's run-queue wait over the step (s)
+    cpu_time: float | None = None  # the training thread's time on a CPU over the step (s)
+    cpu_wait: float | None = None  # ... and its run-queue wait (s)
 
 
 class Resolver:
@@ -92,6 +93,7 @@ class Resolver:
             spans = tuple((n, a - raw.start_ns, b - raw.start_ns) for n, a, b, _, _ in raw.spans)
             timing = "wall"
         loss, nonfinite = self._loss(raw.loss)
+        cpu_time, cpu_wait = seconds(raw.cpu)
         return Resolved(
             identity=raw.identity,
             number=raw.number,
@@ -104,7 +106,8 @@ class Resolver:
             loss=loss,
             loss_nonfinite=nonfinite,
             flops=self._number("flops", raw.flops),
-            cpu_wait=wait_seconds(raw.cpu_wait_ns),
+            cpu_time=cpu_time,
+            cpu_wait=cpu_wait,
         )
 
     def to_record(self, step: Resolved) -> StepRecord:
@@ -135,6 +138,7 @@ class Resolver:
             loss_nonfinite=step.loss_nonfinite,
             flops=step.flops,
             timing=step.timing,
+            cpu_time=step.cpu_time,
             cpu_wait=step.cpu_wait,
         )
 

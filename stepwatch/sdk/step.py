@@ -14,7 +14,7 @@ from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from stepwatch.sdk.cpuwait import UNAVAILABLE
+from stepwatch.sdk.cpuwait import Usage
 from stepwatch.sdk.cuda import EventPool, TimingEvent
 from stepwatch.sdk.identity import Identity
 
@@ -33,7 +33,7 @@ class RawStep:
     """A finished step as the training thread saw it: marks, events, counts."""
 
     __slots__ = (
-        "cpu_wait_ns",
+        "cpu",
         "end_event",
         "end_ns",
         "flops",
@@ -48,9 +48,9 @@ class RawStep:
     )
 
     def __init__(self, step: Step, end_ns: int, end_event: TimingEvent | None,
-                 cpu_wait_ns: int = UNAVAILABLE) -> None:
+                 cpu: Usage | None = None) -> None:
         self.identity: Identity = step._identity
-        self.cpu_wait_ns = cpu_wait_ns  # run-queue wait over the step; -1: not measured
+        self.cpu = cpu  # the thread's (on-CPU ns, run-queue wait ns) over the step
         self.number: int = step._number
         self.start_ns: int = step._start_ns
         self.end_ns = end_ns
@@ -151,7 +151,7 @@ class Step:
         "_open",
         "_owner",
         "_pool",
-        "_run_delay0",
+        "_sched0",
         "_spans",
         "_start_event",
         "_start_ns",
@@ -185,8 +185,8 @@ class Step:
         self.loss = loss
         self._start_event = None if self._pool is None else record_event(self._pool, owner)
         self._start_ns = now = perf_counter_ns()
-        delay = owner._run_delay
-        self._run_delay0 = delay.start(now) if delay is not None else None
+        sched = owner._sched
+        self._sched0 = sched.start(now) if sched is not None else None
 
     @property
     def step(self) -> int:
@@ -247,9 +247,8 @@ class Step:
             except Exception as err:  # an integration must not break the step
                 self._owner._misuse("step_hook", "stepwatch: step hook %r failed err=%r", hook, err)
         self._done = True
-        first, delay = self._run_delay0, self._owner._run_delay
-        wait = UNAVAILABLE if first is None or delay is None else delay.since(first, end)
-        return RawStep(self, end, event, wait)
+        sched = self._owner._sched
+        return RawStep(self, end, event, None if sched is None else sched.since(self._sched0, end))
 
     def __enter__(self) -> Step:
         return self

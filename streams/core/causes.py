@@ -41,6 +41,8 @@ MAX_PEER_HOSTS = 16
 MIN_SPAN_SECONDS = 5.0  # at least a few agent ticks of samples
 
 Evidence = dict[str, str | float | int | bool | None]
+# (cpu_wait, cpu_time) per step at the baseline and now (see slowdown.Slowdown.cpu)
+CpuUse = tuple[tuple[float, float], tuple[float, float]]
 
 
 @dataclass(frozen=True)
@@ -147,7 +149,7 @@ class CauseFinder:
         return by_phases(shares, need, " of the host")
 
     def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
-                span: float | None = None) -> Attribution:
+                span: float | None = None, cpu: CpuUse | None = None) -> Attribution:
         """Why the whole job (or a group) got slower: the component that grew, then its host."""
         hosts = sorted(set(hosts))
         grown = {k: v for k, v in deltas.items()
@@ -162,6 +164,11 @@ class CauseFinder:
                 ev["gpus_throttled"] = len(slow)
                 ev["gpus"] = len(all_gpus)
                 return Attribution(Cause.GPU, Fault.SYSTEM, "GPUs throttled job-wide", ev)
+        contention = job_cpu_contention(cpu, deltas.get("step", 0.0))
+        if contention is not None:
+            return Attribution(Cause.HOST_INPUT, Fault.UNKNOWN,
+                               "CPU contention on the job's hosts (waiting for a CPU)",
+                               {**ev, **contention})
         if top != "data":  # waits may hide in compute phases (DDP backward, pipeline forward)
             sus = localize(self.windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg)
             if sus is not None:
@@ -242,6 +249,24 @@ def by_phases(shares: Shares, need: float, where: str) -> Attribution:
                            {"compute_share_of_excess": round(shares.compute, 3),
                             "gpu_reasons": "compute"})
     return UNKNOWN
+
+
+def job_cpu_contention(cpu: CpuUse | None, grew: float) -> Evidence | None:
+    """The ranks' waiting share for a CPU rose enough to explain at least half of the
+    step time the job lost (the wait beyond what its CPU time cost at the baseline's
+    share): evidence, or None."""
+    if cpu is None or not grew > 0:
+        return None
+    (w0, c0), (w1, c1) = cpu
+    if not w0 + c0 > 0 or not w1 + c1 > 0:
+        return None
+    share0 = w0 / (w0 + c0)
+    extra = w1 - (c1 * share0 / (1 - share0) if share0 < 1 else w1)
+    if extra < CPU_SHARE_FOR_CONTENTION * grew:
+        return None
+    return {"host_reasons": "cpu_contention", "cpu_wait_excess_s": round(extra, 6),
+            "cpu_wait_share_baseline": round(share0, 3),
+            "cpu_wait_share_now": round(w1 / (w1 + c1), 3)}
 
 
 def severe_gpu(s: GpuSignals, cfg: DetectConfig) -> bool:

@@ -52,6 +52,10 @@ class Stragglers:
             if key[1] is None:
                 out.extend(self._host_holds(key, candidates, cs))
         for host, ranks in by_host.items():
+            if not self._lasted(host, ranks):
+                ranks = [r for r in ranks if self.book.is_open(T.STRAGGLER, r)]
+                if not ranks:
+                    continue  # not for long enough yet (see StragglerTracker.lasted)
             out.extend(self._new_on_host(host, ranks, candidates, cs))
         for key in self.book.keys(T.STRAGGLER):
             r = key[1]
@@ -64,6 +68,15 @@ class Stragglers:
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
         return out
+
+    def _lasted(self, host: str, ranks: list[int]) -> bool:
+        """New incidents need their slowness to have lasted; a host's ranks count together."""
+        if host and (T.STRAGGLER, None, f"host:{host}") in self.book.open:
+            return True
+        if host and len(ranks) == 1:
+            ranks = [*ranks, *(r for r in self.ranks.ranks_on(host)
+                               if r != ranks[0] and self.straggler.rising(r))]
+        return self.straggler.lasted(ranks)
 
     def _new_on_host(self, host: str, ranks: list[int], candidates: dict[int, float],
                      cs: ClosedStep) -> list[DetectionMessage]:
@@ -184,20 +197,36 @@ def shares(ev: Evidence, longer: dict[str, float]) -> Shares:
 def _cpu_share(ev: Evidence, longer_total: float) -> tuple[float | None, Evidence]:
     """How much of the rank's excess its extra CPU run-queue wait explains.
 
-    The excess in seconds is the larger of the busy-time excess and the longer phases'
-    excess (under DDP the busy sums are equal while a phase is longer; ``longer_total``
-    is in units of the peers' median busy time). None when ``cpu_wait`` is not measured.
+    The extra wait is the rank's wait beyond what its own CPU time would have cost
+    at its peers' waiting share (``wait / (cpu_time + wait)``): a rank that only
+    computes more waits more in proportion on a busy machine, a contended one waits
+    for a larger share. Without ``cpu_time`` the plain difference of waits is used.
+    The excess in seconds is the larger of the busy-time excess and the longer
+    phases' excess (under DDP the busy sums are equal while a phase is longer;
+    ``longer_total`` is in units of the peers' median busy time). None when
+    ``cpu_wait`` is not measured.
     """
-    try:
-        own, peers = float(ev["cpu_wait_s"]), float(ev["cpu_wait_peer_median_s"])  # type: ignore[arg-type]
-        busy, busy_peers = float(ev["busy_s"]), float(ev["busy_peer_median_s"])  # type: ignore[arg-type]
-    except (KeyError, TypeError, ValueError):
+    own, peers = _num(ev, "cpu_wait_s"), _num(ev, "cpu_wait_peer_median_s")
+    busy, busy_peers = _num(ev, "busy_s"), _num(ev, "busy_peer_median_s")
+    if own is None or peers is None or busy is None or busy_peers is None:
         return None, {}
     excess = max(busy - busy_peers, longer_total * busy_peers)
-    if not excess > 0 or math.isnan(own) or math.isnan(peers):
+    if not excess > 0:
         return None, {}
-    extra = own - peers
+    expected = peers
+    ran, ran_peers = _num(ev, "cpu_time_s"), _num(ev, "cpu_time_peer_median_s")
+    if ran is not None and ran_peers is not None and ran_peers + peers > 0:
+        share = peers / (ran_peers + peers)
+        expected = ran * share / (1 - share) if share < 1 else own
+    extra = own - expected
     return max(0.0, min(1.0, extra / excess)), {"cpu_wait_excess_s": round(extra, 6)}
+
+
+def _num(ev: Evidence, key: str) -> float | None:
+    value = ev.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
 
 
 def _share(ev: Evidence, part: str, whole: str) -> float | None:

@@ -1,4 +1,4 @@
-"""The step's CPU run-queue wait: read from the thread's schedstat, carried in the record."""
+"""The step's CPU time and run-queue wait: read from the thread's schedstat, in the record."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from sdk_agent import FakeAgent
 
 import stepwatch
-from stepwatch.sdk.cpuwait import SCHEDSTAT, UNAVAILABLE, RunDelay
+from stepwatch.sdk.cpuwait import SCHEDSTAT, SchedStat
 
 pytestmark = pytest.mark.unit
 HAS_SCHEDSTAT = os.path.exists(SCHEDSTAT)
@@ -39,21 +39,21 @@ def _spin(seconds: float) -> None:
 
 
 def test_missing_file_is_unavailable_and_never_raises(tmp_path: Path) -> None:
-    delay = RunDelay(str(tmp_path / "absent"))
-    assert delay.read() == UNAVAILABLE
-    assert delay.read() == UNAVAILABLE  # stops trying
+    sched = SchedStat(str(tmp_path / "absent"))
+    assert sched.read() is None
+    assert sched.start(0) is None and sched.since(None, 1) is None  # stops trying
 
 
 def test_garbage_file_is_unavailable(tmp_path: Path) -> None:
     f = tmp_path / "schedstat"
     f.write_text("garbage\n")
-    assert RunDelay(str(f)).read() == UNAVAILABLE
+    assert SchedStat(str(f)).read() is None
 
 
-def test_reading_is_the_second_field(tmp_path: Path) -> None:
+def test_reading_is_the_first_two_fields(tmp_path: Path) -> None:
     f = tmp_path / "schedstat"
     f.write_text("669856 116379 3\n")
-    assert RunDelay(str(f)).read() == 116379
+    assert SchedStat(str(f)).read() == (669856, 116379)
 
 
 @pytest.mark.skipif(not HAS_SCHEDSTAT, reason="no /proc/thread-self/schedstat here")
@@ -64,6 +64,8 @@ def test_step_record_carries_cpu_wait(agent: FakeAgent) -> None:
     sw.close()
     (rec,) = [d.step for d in agent.steps()]
     assert rec.cpu_wait is not None and 0 <= rec.cpu_wait <= rec.end - rec.start + 0.01
+    # it spun for 10 ms: on a CPU for most of that time it was not waiting
+    assert rec.cpu_time is not None and 0.001 < rec.cpu_time <= rec.end - rec.start + 0.01
 
 
 def test_switched_off_steps_carry_none(agent: FakeAgent) -> None:
@@ -72,7 +74,7 @@ def test_switched_off_steps_carry_none(agent: FakeAgent) -> None:
         pass
     sw.close()
     (rec,) = [d.step for d in agent.steps()]
-    assert rec.cpu_wait is None
+    assert rec.cpu_wait is None and rec.cpu_time is None
 
 
 @pytest.mark.skipif(not HAS_SCHEDSTAT, reason="no /proc/thread-self/schedstat here")
@@ -110,28 +112,30 @@ def test_contention_on_the_ranks_core_shows_as_cpu_wait(agent: FakeAgent) -> Non
         os.sched_setaffinity(0, before)
     sw.close()
     (rec,) = [d.step for d in agent.steps()]
-    assert rec.cpu_wait is not None
+    assert rec.cpu_wait is not None and rec.cpu_time is not None
     assert rec.cpu_wait > 0.3 * (rec.end - rec.start), rec
+    # three runnable threads on one core: it waits for more than half its runnable time
+    assert rec.cpu_wait / (rec.cpu_wait + rec.cpu_time) > 0.5, rec
 
 
-class _Counting(RunDelay):
+class _Counting(SchedStat):
     def __init__(self) -> None:
         super().__init__()
         self.reads = 0
 
-    def read(self) -> int:
+    def read(self) -> tuple[int, int]:
         self.reads += 1
-        return 1000 * self.reads
+        return 10_000 * self.reads, 1000 * self.reads
 
 
 def test_back_to_back_steps_read_once_each() -> None:
     """A step that starts right after the last one ended counts from that step's reading."""
-    delay = _Counting()
-    first = delay.start(0)
-    assert delay.since(first, 10) == 1000  # 2000 - 1000
-    second = delay.start(10 + 1000)  # 1 us later: reused
-    assert second == first[:1] + (2000, 10)
-    assert delay.since(second, 20) == 1000
-    assert delay.reads == 3
-    late = delay.start(20 + 5_000_000)  # 5 ms later (an eval loop between steps): fresh
-    assert late[1] == 4000 and delay.reads == 4
+    sched = _Counting()
+    first = sched.start(0)
+    assert sched.since(first, 10) == (10_000, 1000)
+    second = sched.start(10 + 1000)  # 1 us later: reused
+    assert second is not None and second[1:] == (20_000, 2000, 10)
+    assert sched.since(second, 20) == (10_000, 1000)
+    assert sched.reads == 3
+    late = sched.start(20 + 5_000_000)  # 5 ms later (an eval loop between steps): fresh
+    assert late is not None and late[2] == 4000 and sched.reads == 4
