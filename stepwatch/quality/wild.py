@@ -12,10 +12,16 @@ detector is measured on data it was not tuned on:
   slowest rank sits inside every other rank's backward (PyTorch DDP); ``explicit``
   jobs report it; pipeline jobs have stages of unequal compute and hide the
   point-to-point waits in ``forward`` (Megatron's ``forward-backward`` style);
+* **CPU**: each training thread is on a CPU for a share of its own work (kernel
+  launches, Python: 15-50 %) and waits on a run queue for a small share of its
+  runnable time (0.5-3 % per host, log-normal per step): ``cpu_time`` and
+  ``cpu_wait`` as the SDK reports them;
 * **faults**: a slower GPU (with or without throttle telemetry), a data stall on
   one rank or on every rank of a host, a lemon host, a congested NIC (every
   rank's collective slower, that host's port counters up), a congested
-  pipeline link (the stage behind it waits).
+  pipeline link (the stage behind it waits), CPU contention on one host (its
+  threads wait for a CPU: its ranks' forward and backward take longer by about
+  the time they waited).
 
 :func:`generate` turns a :class:`Job` into contract messages (steps, GPU and
 port samples, job start/end events) and its :class:`stepwatch.sim.Label` list.
@@ -54,6 +60,7 @@ class Kind(enum.StrEnum):
     LEMON_HOST = "wild_lemon_host"  # every GPU of one host computes slower
     NIC_CONGESTION = "wild_nic_congestion"  # one host's NIC congested: every collective slower
     PP_LINK = "wild_pp_link"  # a congested link between two pipeline stages
+    HOST_CPU = "wild_host_cpu_contention"  # other processes compete for one host's CPUs
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,12 @@ class _Model:
         self.ar = t * float(rng.uniform(0.08, 0.2))  # exposed all-reduce tail
         self.stage = np.array([job.stage_of(r) for r in range(w)])
         self.burst_left = 0
+        # CPU readings from their own generator: the phase numbers do not depend on them
+        self.cpu_rng = np.random.default_rng(job.seed + 2)
+        self.on_cpu = float(self.cpu_rng.uniform(0.15, 0.5))
+        share = np.repeat(self.cpu_rng.uniform(0.005, 0.03, job.nodes), GPUS)
+        self.wait_ratio = share / (1 - share)
+        self.cpu_extra = np.zeros(w)  # run-queue wait a fault adds this step
 
     def _noise(self) -> np.ndarray:
         rng, w = self.rng, self.job.world
@@ -122,8 +135,9 @@ class _Model:
             x[int(rng.integers(0, 4)), spikes] += np.minimum(extra, 3 * self.job.step_s)
         return np.maximum(x, 1e-4)
 
-    def step(self, s: int) -> tuple[np.ndarray, np.ndarray, float, bool]:
-        """(data, fwd, bwd, opt) reported, comm_wait, wall time, congestion burst on."""
+    def step(self, s: int) -> tuple[np.ndarray, np.ndarray, float, bool, np.ndarray]:
+        """(data, fwd, bwd, opt) reported, comm_wait, wall time, congestion burst on,
+        (cpu_time, cpu_wait) of every rank."""
         job, rng, f = self.job, self.rng, self.job.fault
         x = self._noise()
         ar = self.ar * (1 + 0.05 * abs(float(rng.standard_t(self.df))))
@@ -136,9 +150,11 @@ class _Model:
         if rng.random() < self.pause_p:  # GC / eval: every rank at once, any phase
             x[int(rng.integers(0, 4))] += job.step_s * float(rng.exponential(0.8))
         p2p = np.zeros(job.world)
+        self.cpu_extra[:] = 0.0
         if f is not None and s >= f.start:
             ar = self._fault(f, x, ar, p2p)
         pre = x[0] + x[1] + x[2]
+        cpu = self._cpu(pre + x[3])
         stage_pre = np.array([pre[self.stage == g].max() for g in range(job.stages)])
         bubble = stage_pre.max() - stage_pre[self.stage] + p2p  # pipeline waits in forward
         x[1] += bubble
@@ -151,7 +167,16 @@ class _Model:
         else:
             comm = wait
         wall = float(sync + np.max(x[3]))
-        return x, comm, wall, burst
+        return x, comm, wall, burst, cpu
+
+    def _cpu(self, work: np.ndarray) -> np.ndarray:
+        """(cpu_time, cpu_wait) of every rank's training thread for ``work`` seconds of
+        its own work (a contended thread's work includes the time it waited)."""
+        rng, w = self.cpu_rng, self.job.world
+        own = np.maximum(work - self.cpu_extra, 1e-4)
+        ran = self.on_cpu * own * (1 + 0.05 * rng.standard_normal(w))
+        waited = ran * self.wait_ratio * rng.lognormal(0.0, 0.3, w) + self.cpu_extra
+        return np.vstack([np.maximum(ran, 0.0), waited])
 
     def _fault(self, f: Fault, x: np.ndarray, ar: float, p2p: np.ndarray) -> float:
         extra = f.severity * self.job.step_s
@@ -170,6 +195,10 @@ class _Model:
             ar += extra
         elif f.kind is Kind.PP_LINK:
             p2p[self.stage == f.stage] += extra
+        elif f.kind is Kind.HOST_CPU:  # launches wait for a CPU: the GPU idles meanwhile
+            x[1, host] += extra / 3
+            x[2, host] += 2 * extra / 3
+            self.cpu_extra[host] = extra * self.cpu_rng.uniform(0.7, 1.0, GPUS)
         return ar
 
 
@@ -181,11 +210,11 @@ def generate(job: Job) -> Iterator[Message]:
     yield EventMessage(host=job.host(0), ts=t, type=EventType.JOB_START, job_id=job.job_id,
                        rank=0, attrs={"world_size": job.world})
     for s in range(job.steps):
-        x, comm, wall, burst = model.step(s)
+        x, comm, wall, burst, cpu = model.step(s)
         end = t + wall
         ts = end + 0.05
         for h in range(job.nodes):
-            recs = [_record(job, r, s, t, end, x[:, r], comm[r]) for r in
+            recs = [_record(job, r, s, t, end, x[:, r], comm[r], cpu[:, r]) for r in
                     range(h * GPUS, (h + 1) * GPUS)]
             yield StepMessage(host=job.host(h), ts=ts, job_id=job.job_id, steps=recs)
         for h in range(job.nodes):
@@ -199,10 +228,11 @@ def generate(job: Job) -> Iterator[Message]:
 
 
 def _record(job: Job, r: int, s: int, t0: float, t1: float, x: np.ndarray,
-            comm: float) -> StepRecord:
+            comm: float, cpu: np.ndarray) -> StepRecord:
     phases = Phases(data=float(x[0]), forward=float(x[1]), backward=float(x[2]),
                     optimizer=float(x[3]), comm_wait=None if comm != comm else float(comm))
     group = f"stage{job.stage_of(r)}" if job.stages > 1 else "all"
     return StepRecord(job_id=job.job_id, rank=r, world_size=job.world, step=s, start=t0,
                       end=t1, host=job.host(r // GPUS), local_rank=r % GPUS, gpu=r % GPUS,
-                      group=group, phases=phases, samples=32, tokens=32 * 4096)
+                      group=group, phases=phases, samples=32, tokens=32 * 4096,
+                      cpu_time=float(cpu[0]), cpu_wait=float(cpu[1]))

@@ -20,6 +20,7 @@ EXPECTED: dict[Kind, tuple[str, tuple[str, ...], str]] = {
     Kind.LEMON_HOST: ("straggler", ("job_slowdown",), "gpu"),
     Kind.NIC_CONGESTION: ("job_slowdown", (), "network"),
     Kind.PP_LINK: ("job_slowdown", (), "network"),
+    Kind.HOST_CPU: ("straggler", ("job_slowdown",), "host_input"),
 }
 SEVERITIES = (0.12, 0.18, 0.25)  # of the step time; labels carry the effective slowdown
 
@@ -48,7 +49,7 @@ class WildCase:
 
 def label_of(job: Job, f: Fault) -> Label:
     detection, accepted, cause = EXPECTED[f.kind]
-    host_level = f.kind in (Kind.HOST_DATA, Kind.LEMON_HOST)
+    host_level = f.kind in (Kind.HOST_DATA, Kind.LEMON_HOST, Kind.HOST_CPU)
     network = f.kind in (Kind.NIC_CONGESTION, Kind.PP_LINK)
     if host_level:
         ranks: tuple[int, ...] = tuple(range(f.host * GPUS, (f.host + 1) * GPUS))

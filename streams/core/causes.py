@@ -149,7 +149,8 @@ class CauseFinder:
         return by_phases(shares, need, " of the host")
 
     def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
-                span: float | None = None, cpu: CpuUse | None = None) -> Attribution:
+                span: float | None = None, cpu: CpuUse | None = None,
+                cpu_group: str = "") -> Attribution:
         """Why the whole job (or a group) got slower: the component that grew, then its host."""
         hosts = sorted(set(hosts))
         grown = {k: v for k, v in deltas.items()
@@ -166,9 +167,10 @@ class CauseFinder:
                 return Attribution(Cause.GPU, Fault.SYSTEM, "GPUs throttled job-wide", ev)
         contention = job_cpu_contention(cpu, deltas.get("step", 0.0))
         if contention is not None:
+            where = f"group {cpu_group!r}" if cpu_group else "the job's hosts"
             return Attribution(Cause.HOST_INPUT, Fault.UNKNOWN,
-                               "CPU contention on the job's hosts (waiting for a CPU)",
-                               {**ev, **contention})
+                               f"CPU contention on {where} (waiting for a CPU)",
+                               {**ev, **contention, "cpu_group": cpu_group})
         if top != "data":  # waits may hide in compute phases (DDP backward, pipeline forward)
             sus = localize(self.windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg)
             if sus is not None:

@@ -45,7 +45,7 @@ class DetectConfig:
     window_steps: int = 8  # n: the persistence window
     persist_steps: int = 5  # k: flagged in k of the last n steps opens a detection
     straggler_min_seconds: float = 2.0  # ... and its run of flags began this long before
-    straggler_min_excess: float = 0.03  # busy time >= 3 % above the group median
+    straggler_min_excess: float = 0.04  # busy time >= 4 % above the group median
     straggler_phase_floor_ratio: float = 0.67  # one phase above its median by this x min_excess
     straggler_step_z: float = 2.5  # a step is flagged this many robust sigmas above
     straggler_z: float = 5.0  # the window's median excess this many standard errors above
@@ -57,6 +57,9 @@ class DetectConfig:
     min_baseline_steps: int = 20  # no job_slowdown verdict before this many steps
     slowdown_min_excess: float = 0.05  # straggler-free step time >= 5 % above baseline
     slowdown_z: float = 5.0
+    # k for the job's own history: global transients (a congestion burst of a few steps
+    # next to a GC or evaluation pause) move it, while peer comparison cancels them
+    slowdown_persist_steps: int = 6
     # --- lifecycle ----------------------------------------------------------------
     resolve_steps: int = 10  # m: condition clear for m steps resolves a detection
     update_min_seconds: float = 30.0  # at most one update per detection per this
@@ -85,8 +88,9 @@ class DetectConfig:
     throughput_steps: int = 32  # steps over which samples/s, tokens/s, MFU are computed
 
     def __post_init__(self) -> None:
-        if not 0 < self.persist_steps <= self.window_steps:
-            raise ConfigError("persist_steps must be in 1..window_steps")
+        for name in ("persist_steps", "slowdown_persist_steps"):
+            if not 0 < getattr(self, name) <= self.window_steps:
+                raise ConfigError(f"{name} must be in 1..window_steps")
         if self.min_baseline_steps >= self.baseline_steps:
             raise ConfigError("min_baseline_steps must be < baseline_steps")
         for name in ("assembly_deadline_seconds", "hang_min_seconds", "hang_step_multiple"):

@@ -44,9 +44,10 @@ from stepwatch.streams.core.assembly import (
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import colmed, mad_sigma, med, nmin
+from stepwatch.streams.core.stats import colmed, mad_sigma, med, nanmed, nmin
 
 REBASE_STEPS = 4
+CpuUse = tuple[tuple[float, float], tuple[float, float]]
 COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other",
               "cpu_wait", "cpu_time")  # the last two: the ranks' medians, not parts of step
 _CPUW, _CPUT = COMPONENTS.index("cpu_wait"), COMPONENTS.index("cpu_time")
@@ -60,9 +61,10 @@ class Slowdown:
     baseline_s: float
     current_s: float
     deltas: dict[str, float]  # component -> seconds added per step vs baseline
-    # (cpu_wait, cpu_time) per step at the baseline and now (medians over the ranks),
-    # None when the SDK does not report them
+    # (cpu_wait, cpu_time) per step at the baseline and now (medians over the ranks of
+    # the peer group whose waiting share rose most), None when the SDK does not report them
     cpu: tuple[tuple[float, float], tuple[float, float]] | None = None
+    cpu_group: str = ""
 
 
 class SlowdownTracker:
@@ -74,6 +76,8 @@ class SlowdownTracker:
         self.flags = Ring(cfg.window_steps, 1, fill=0)
         self.group_history: Ring | None = None
         self.group_recent: Ring | None = None
+        self.cpu_history: Ring | None = None  # (cpu_wait, cpu_time) medians per group
+        self.cpu_recent: Ring | None = None
         self._groups_version = -1
         self.baseline: float | None = None
         self.threshold = cfg.slowdown_min_excess
@@ -88,10 +92,15 @@ class SlowdownTracker:
             self._groups_version = groups.version
             self.group_history = Ring(self.cfg.baseline_steps, len(groups.names))
             self.group_recent = Ring(self.cfg.window_steps, len(groups.names))
+            self.cpu_history = Ring(self.cfg.baseline_steps, (2, len(groups.names)))
+            self.cpu_recent = Ring(self.cfg.window_steps, (2, len(groups.names)))
             self.group_base = None
         assert self.group_history is not None and self.group_recent is not None
+        assert self.cpu_history is not None and self.cpu_recent is not None
+        cpu = _group_cpu(cs, groups, comps)
         self.recent.push(comps)
         self.group_recent.push(gmed)
+        self.cpu_recent.push(cpu)
         if self._stale >= REBASE_STEPS or (self.baseline is None and self._stale):
             self._rebase()
         base = self.baseline
@@ -107,6 +116,7 @@ class SlowdownTracker:
         if not flagged and not np.isnan(comps[0]):
             self.history.push(comps)
             self.group_history.push(gmed)
+            self.cpu_history.push(cpu)
             self._stale += 1
         if self.baseline is not None:
             self.cadence = self.baseline
@@ -131,7 +141,7 @@ class SlowdownTracker:
 
     def candidate(self, groups: GroupIndex) -> Slowdown | None:
         """A slowdown when k of the last n steps were flagged and their median ratio is high."""
-        if self.baseline is None or self.flags.filled().sum() < self.cfg.persist_steps:
+        if self.baseline is None or self.flags.filled().sum() < self.cfg.slowdown_persist_steps:
             return None
         return self._verdict(groups, self.threshold)
 
@@ -149,13 +159,27 @@ class SlowdownTracker:
         now = colmed(self.recent.filled())
         deltas = {name: round(float(now[i] - base[i]), 6)
                   for i, name in enumerate(COMPONENTS) if not np.isnan(now[i] - base[i])}
-        cpu = None
-        if not np.isnan(base[[_CPUW, _CPUT]]).any() and not np.isnan(now[[_CPUW, _CPUT]]).any():
-            cpu = ((float(base[_CPUW]), float(base[_CPUT])), (float(now[_CPUW]), float(now[_CPUT])))
+        cpu, cpu_group = self._cpu_use(groups)
         group, g_base, g_now = self._slow_group(groups)
         if group:  # report the group's own busy time
-            return Slowdown(score, self.threshold, group, g_base, g_now, deltas, cpu)
-        return Slowdown(score, self.threshold, "", self.baseline, float(now[0]), deltas, cpu)
+            return Slowdown(score, self.threshold, group, g_base, g_now, deltas, cpu, cpu_group)
+        return Slowdown(score, self.threshold, "", self.baseline, float(now[0]), deltas, cpu,
+                        cpu_group)
+
+    def _cpu_use(self, groups: GroupIndex) -> tuple[CpuUse | None, str]:
+        """(cpu_wait, cpu_time) at the baseline and now of the group whose waiting share
+        rose most (a contended host may be a whole pipeline stage)."""
+        if self.cpu_history is None or self.cpu_recent is None or not self.cpu_history.count:
+            return None, ""
+        base = nanmed(self.cpu_history.filled(), 0)  # (2, groups)
+        now = nanmed(self.cpu_recent.filled(), 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rise = now[0] / (now[0] + now[1]) - base[0] / (base[0] + base[1])
+        if np.isnan(rise).all():
+            return None, ""
+        g = int(np.nanargmax(rise))
+        use = ((float(base[0, g]), float(base[1, g])), (float(now[0, g]), float(now[1, g])))
+        return use, groups.names[g] if len(groups.names) > 1 else ""
 
     def _slow_group(self, groups: GroupIndex) -> tuple[str, float, float]:
         """The one group whose busy time grew while the others' did not."""
@@ -171,6 +195,15 @@ class SlowdownTracker:
             g = int(slow[0])
             return groups.names[g], float(base[g]), float(now[g])
         return "", 0.0, 0.0
+
+
+def _group_cpu(cs: ClosedStep, groups: GroupIndex, comps: np.ndarray) -> np.ndarray:
+    """Median (cpu_wait, cpu_time) of each peer group (the job's when there is one)."""
+    if len(groups.members) == 1:
+        return comps[[_CPUW, _CPUT]][:, None]
+    m = cs.m
+    return np.array([[med(m[CPUW][idx]) for idx in groups.members],
+                     [med(m[CPUT][idx]) for idx in groups.members]])
 
 
 def _components(cs: ClosedStep) -> np.ndarray:

@@ -137,3 +137,18 @@ def test_link_down_in_port_samples_and_events_opens_one_link_flap() -> None:
     assert flaps == [("link_flap", "open", "h001", "network"),
                      ("link_flap", "resolved", "h001", "network")]
     assert found[0].ts == pytest.approx(t)
+
+
+def test_job_cpu_contention_needs_a_larger_waiting_share_not_more_seconds() -> None:
+    from stepwatch.streams.core.causes import job_cpu_contention
+
+    # baseline: 0.02 s waiting for 0.98 s on a CPU (2 %); the job lost 0.3 s per step
+    contended = job_cpu_contention(((0.02, 0.98), (0.30, 0.98)), 0.3)
+    assert contended is not None and contended["host_reasons"] == "cpu_contention"
+    assert contended["cpu_wait_share_now"] == pytest.approx(0.234, abs=0.001)
+    # the ranks computed 30 % more and waited 30 % more: the same share, no contention
+    assert job_cpu_contention(((0.02, 0.98), (0.026, 1.274)), 0.3) is None
+    # a rise too small for the time lost, no growth, no numbers: nothing said
+    assert job_cpu_contention(((0.02, 0.98), (0.1, 0.98)), 0.3) is None
+    assert job_cpu_contention(((0.02, 0.98), (0.30, 0.98)), 0.0) is None
+    assert job_cpu_contention(None, 0.3) is None
