@@ -150,7 +150,7 @@ class CauseFinder:
 
     def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
                 span: float | None = None, cpu: CpuUse | None = None,
-                cpu_group: str = "") -> Attribution:
+                cpu_host: str = "", lost: float | None = None) -> Attribution:
         """Why the whole job (or a group) got slower: the component that grew, then its host."""
         hosts = sorted(set(hosts))
         grown = {k: v for k, v in deltas.items()
@@ -165,12 +165,11 @@ class CauseFinder:
                 ev["gpus_throttled"] = len(slow)
                 ev["gpus"] = len(all_gpus)
                 return Attribution(Cause.GPU, Fault.SYSTEM, "GPUs throttled job-wide", ev)
-        contention = job_cpu_contention(cpu, deltas.get("step", 0.0))
+        contention = job_cpu_contention(cpu, deltas.get("step", 0.0) if lost is None else lost)
         if contention is not None:
-            where = f"group {cpu_group!r}" if cpu_group else "the job's hosts"
-            return Attribution(Cause.HOST_INPUT, Fault.UNKNOWN,
-                               f"CPU contention on {where} (waiting for a CPU)",
-                               {**ev, **contention, "cpu_group": cpu_group})
+            return Attribution(Cause.HOST_INPUT, Fault.SYSTEM,
+                               f"CPU contention on {cpu_host} (waiting for a CPU)",
+                               {**ev, **contention, "suspect_host": cpu_host})
         if top != "data":  # waits may hide in compute phases (DDP backward, pipeline forward)
             sus = localize(self.windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg)
             if sus is not None:

@@ -126,7 +126,8 @@ class Job(Incidents, Stragglers):
             return out
         groups = self.ranks.groups()
         self.straggler.update(cs, groups)
-        self.slowdown.update(cs, groups, self.straggler.steps.last(1)[0][BUSY])
+        self.slowdown.update(cs, groups, self.straggler.steps.last(1)[0][BUSY],
+                             self.ranks.host_index())
         out.extend(self._stragglers(cs))
         out.extend(self._job_slowdown(cs))
         return out
@@ -153,7 +154,8 @@ class Job(Incidents, Stragglers):
         if not self.book.hold(key, cs.end_max):
             return []
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
-            self.hosts, cs.end_max, sd.deltas, self._onset_span(), sd.cpu, sd.cpu_group))
+            self.hosts, cs.end_max, sd.deltas, self._onset_span(), sd.cpu, sd.cpu_host,
+            sd.score * sd.baseline_s))
         where = f"group {sd.group!r}" if sd.group else "the job"
         what = "busy time" if sd.group else "straggler-free step time"
         part = f" (part of incident {related})" if related else ""

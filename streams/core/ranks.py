@@ -31,6 +31,7 @@ class RankTable:
         self.last_end = np.zeros(world_size)
         self._version = 0
         self._groups: GroupIndex | None = None
+        self._by_host: GroupIndex | None = None
         self._hosts: set[str] = set()
 
     def observe(self, records: list[StepRecord]) -> list[str]:
@@ -44,6 +45,7 @@ class RankTable:
             i = r.rank
             if host[i] != r.host:
                 host[i] = r.host
+                self._by_host = None
                 if r.host not in self._hosts:
                     self._hosts.add(r.host)
                     new.append(r.host)
@@ -68,6 +70,17 @@ class RankTable:
             members = tuple(np.flatnonzero(of_rank == i) for i in range(len(names)))
             self._groups = GroupIndex(names, members, of_rank, self._version)
         return self._groups
+
+    def host_index(self) -> GroupIndex:
+        """The ranks of each host, as a :class:`GroupIndex` (names are host names)."""
+        if self._by_host is None:
+            self._version += 1
+            names = tuple(sorted(set(self.host)))
+            number = {n: i for i, n in enumerate(names)}
+            of_rank = np.array([number[h] for h in self.host], dtype=np.intp)
+            members = tuple(np.flatnonzero(of_rank == i) for i in range(len(names)))
+            self._by_host = GroupIndex(names, members, of_rank, self._version)
+        return self._by_host
 
     def hosts(self) -> set[str]:
         return set(self._hosts)

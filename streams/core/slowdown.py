@@ -62,9 +62,9 @@ class Slowdown:
     current_s: float
     deltas: dict[str, float]  # component -> seconds added per step vs baseline
     # (cpu_wait, cpu_time) per step at the baseline and now (medians over the ranks of
-    # the peer group whose waiting share rose most), None when the SDK does not report them
+    # the host whose waiting share rose most), None when the SDK does not report them
     cpu: tuple[tuple[float, float], tuple[float, float]] | None = None
-    cpu_group: str = ""
+    cpu_host: str = ""
 
 
 class SlowdownTracker:
@@ -76,28 +76,36 @@ class SlowdownTracker:
         self.flags = Ring(cfg.window_steps, 1, fill=0)
         self.group_history: Ring | None = None
         self.group_recent: Ring | None = None
-        self.cpu_history: Ring | None = None  # (cpu_wait, cpu_time) medians per group
+        self.cpu_history: Ring | None = None  # (cpu_wait, cpu_time) medians per host
         self.cpu_recent: Ring | None = None
+        self._hosts_version = -1
         self._groups_version = -1
         self.baseline: float | None = None
         self.threshold = cfg.slowdown_min_excess
         self.cadence: float | None = None  # median step duration (for hang limits)
         self._stale = 0  # history rows added since the baseline was computed
+        self._host_names: tuple[str, ...] = ()
         self.group_base: np.ndarray | None = None  # baseline median busy time per group
 
-    def update(self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray) -> None:
+    def update(self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray,
+               hosts: GroupIndex | None = None) -> None:
+        """Add a closed step; ``hosts`` (the ranks of each host) localizes CPU contention."""
         comps = _components(cs)
         gmed = _group_medians(cs, busy, groups)
         if groups.version != self._groups_version:
             self._groups_version = groups.version
             self.group_history = Ring(self.cfg.baseline_steps, len(groups.names))
             self.group_recent = Ring(self.cfg.window_steps, len(groups.names))
-            self.cpu_history = Ring(self.cfg.baseline_steps, (2, len(groups.names)))
-            self.cpu_recent = Ring(self.cfg.window_steps, (2, len(groups.names)))
             self.group_base = None
+        hosts = groups if hosts is None else hosts
+        if hosts.version != self._hosts_version or self.cpu_history is None:
+            self._hosts_version = hosts.version
+            self._host_names = hosts.names
+            self.cpu_history = Ring(self.cfg.baseline_steps, (2, len(hosts.names)))
+            self.cpu_recent = Ring(self.cfg.window_steps, (2, len(hosts.names)))
         assert self.group_history is not None and self.group_recent is not None
-        assert self.cpu_history is not None and self.cpu_recent is not None
-        cpu = _group_cpu(cs, groups, comps)
+        assert self.cpu_recent is not None
+        cpu = _group_cpu(cs, hosts, comps)
         self.recent.push(comps)
         self.group_recent.push(gmed)
         self.cpu_recent.push(cpu)
@@ -159,16 +167,16 @@ class SlowdownTracker:
         now = colmed(self.recent.filled())
         deltas = {name: round(float(now[i] - base[i]), 6)
                   for i, name in enumerate(COMPONENTS) if not np.isnan(now[i] - base[i])}
-        cpu, cpu_group = self._cpu_use(groups)
+        cpu, cpu_host = self._cpu_use()
         group, g_base, g_now = self._slow_group(groups)
         if group:  # report the group's own busy time
-            return Slowdown(score, self.threshold, group, g_base, g_now, deltas, cpu, cpu_group)
+            return Slowdown(score, self.threshold, group, g_base, g_now, deltas, cpu, cpu_host)
         return Slowdown(score, self.threshold, "", self.baseline, float(now[0]), deltas, cpu,
-                        cpu_group)
+                        cpu_host)
 
-    def _cpu_use(self, groups: GroupIndex) -> tuple[CpuUse | None, str]:
-        """(cpu_wait, cpu_time) at the baseline and now of the group whose waiting share
-        rose most (a contended host may be a whole pipeline stage)."""
+    def _cpu_use(self) -> tuple[CpuUse | None, str]:
+        """(cpu_wait, cpu_time) at the baseline and now of the host whose waiting share
+        rose most (CPU contention is a host's: other processes on its cores)."""
         if self.cpu_history is None or self.cpu_recent is None or not self.cpu_history.count:
             return None, ""
         base = nanmed(self.cpu_history.filled(), 0)  # (2, groups)
@@ -179,7 +187,7 @@ class SlowdownTracker:
             return None, ""
         g = int(np.nanargmax(rise))
         use = ((float(base[0, g]), float(base[1, g])), (float(now[0, g]), float(now[1, g])))
-        return use, groups.names[g] if len(groups.names) > 1 else ""
+        return use, self._host_names[g]
 
     def _slow_group(self, groups: GroupIndex) -> tuple[str, float, float]:
         """The one group whose busy time grew while the others' did not."""
@@ -198,7 +206,7 @@ class SlowdownTracker:
 
 
 def _group_cpu(cs: ClosedStep, groups: GroupIndex, comps: np.ndarray) -> np.ndarray:
-    """Median (cpu_wait, cpu_time) of each peer group (the job's when there is one)."""
+    """Median (cpu_wait, cpu_time) of the ranks of each host (or group)."""
     if len(groups.members) == 1:
         return comps[[_CPUW, _CPUT]][:, None]
     m = cs.m
