@@ -32,15 +32,18 @@ def register(subparsers: Any) -> None:
     d.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     d.add_argument("--no-micro", action="store_true", help="skip the Engine.process timing")
     d.add_argument("--verbose", action="store_true", help="list every miss and false detection")
-    d.add_argument("--family", choices=("sim", "wild", "all"), default="all",
-                   help="which scenario family (default: all)")
+    d.add_argument("--family", choices=("sim", "wild", "all", "none"), default="all",
+                   help="which scenario family (default: all; none: only --recorded)")
+    d.add_argument("--recorded", metavar="DIR", action="append", default=[],
+                   help="also score labelled recordings of real jobs in DIR, e.g. "
+                        "tests/fixtures/torch (JSON Lines + labels.json; repeatable)")
     d.set_defaults(func=run_detect)
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
 def run_detect(args: argparse.Namespace) -> int:
-    from stepwatch.quality.run import run
+    from stepwatch.quality.run import families_of, run
 
     return int(run(quick=args.quick, seed=args.seed, json_path=args.json,
                    micro=not args.no_micro, verbose=args.verbose,
-                   families=("sim", "wild") if args.family == "all" else (args.family,)))
+                   families=families_of(args.family, args.recorded)))

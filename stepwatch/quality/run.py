@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepwatch.quality import wild_suite
+from stepwatch.quality import recorded, wild_suite
 from stepwatch.quality.score import CaseResult, _fmt, report_lines, score
 from stepwatch.quality.suite import BenchCase, suite
 from stepwatch.sim import simulate
@@ -93,13 +93,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--no-micro", action="store_true", help="skip the Engine.process timing")
     p.add_argument("--verbose", action="store_true", help="list every miss and false detection")
-    p.add_argument("--family", choices=(*FAMILIES, "all"), default="all",
+    p.add_argument("--family", choices=(*FAMILIES, "all", "none"), default="all",
                    help="scenario family: sim (stepwatch.sim), wild (stepwatch.quality.wild, "
-                        "written independently), or all (default)")
+                        "written independently), all (default) or none")
+    p.add_argument("--recorded", metavar="DIR", action="append", default=[],
+                   help="also score the labelled recordings of real jobs in DIR "
+                        "(see stepwatch.quality.recorded; repeatable)")
     args = p.parse_args(argv)
     return run(quick=args.quick, seed=args.seed, json_path=args.json, micro=not args.no_micro,
-               verbose=args.verbose,
-               families=FAMILIES if args.family == "all" else (args.family,))
+               verbose=args.verbose, families=families_of(args.family, args.recorded))
+
+
+def families_of(family: str, recorded: Sequence[str]) -> tuple[str, ...]:
+    """The families to run: generated ones, then ``recorded:<dir>`` ones."""
+    chosen = FAMILIES if family == "all" else () if family == "none" else (family,)
+    return (*chosen, *(f"recorded:{d}" for d in recorded))
 
 
 FAMILIES = ("sim", "wild")
@@ -108,6 +116,8 @@ FAMILIES = ("sim", "wild")
 def cases_of(family: str, *, quick: bool, seed: int) -> list[BenchCase]:
     if family == "sim":
         return list(suite(quick=quick, seed=seed))
+    if family.startswith("recorded:"):
+        return list(recorded.cases(family.removeprefix("recorded:")))
     return list(wild_suite.suite(quick=quick, seed=seed))
 
 
@@ -149,11 +159,12 @@ def family_table(out: dict[str, Any]) -> list[str]:
             "ttd_seconds_median", "ttd_seconds_p95", "attribution",
             "detections_per_healthy_job_hour")
     lines = ["per family (slowdowns >= 10 % and healthy runs; stops included in 'all faults'):",
-             f"{'family':<8}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols)]
+             f"{'family':<10}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols)]
     for family, f in out.items():
+        name = "recorded" if family.startswith("recorded:") else family
         for subset, key in (("all faults", "overall"), ("slow>=10%", "slowdowns_ge_10pct")):
             row = f[key]
-            lines.append(f"{family:<8}{subset:<12}{row['labels']:>7}"
+            lines.append(f"{name:<10}{subset:<12}{row['labels']:>7}"
                          + "".join(f"{_fmt(row[c]):>13}" for c in cols))
     return lines
 
