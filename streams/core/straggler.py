@@ -61,6 +61,7 @@ _EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait",
 _EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM,
                   *[r for r, p in zip(PHASE_ROWS, PHASE_NAMES, strict=True)
                     if p not in ("data", "transfer")]]
+_EVIDENCE_IX = np.array(_EVIDENCE_ROWS)[:, None]
 DIM_NAMES = ("busy", *PHASE_NAMES)  # dimension 0: the sum; then the phases one by one
 DIM_ROWS = [BUSY, *PHASE_ROWS]
 NDIM = len(DIM_ROWS)
@@ -101,14 +102,17 @@ class StragglerTracker:
         self._batch: tuple[np.ndarray, int, int] | None = None
         self._floor = np.full(NDIM, cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
         self._floor[0] = cfg.straggler_min_excess
+        self._score_cache: dict[int, np.ndarray] = {}  # rank -> _scores(rank) of this step
 
     def reset(self) -> None:
         for ring in (self.excess, self.flags, self.steps):
             ring.clear()
         self.count[:] = 0
+        self._score_cache.clear()
 
     def update(self, cs: ClosedStep, groups: GroupIndex) -> None:
         """Score one closed step."""
+        self._score_cache.clear()
         if groups.version != self._groups_version:
             self._noise.clear()
             self._sigma.clear()
@@ -256,8 +260,12 @@ class StragglerTracker:
         return sigma
 
     def _scores(self, rank: int) -> np.ndarray:
-        """Window median of each dimension's excess for ``rank`` (NaN: not measured)."""
-        return nanmed(self.excess.filled()[:, :, rank], 0)
+        """Window median of each dimension's excess for ``rank`` (NaN: not measured); the
+        same array until the next step (read-only for callers)."""
+        out = self._score_cache.get(rank)
+        if out is None:
+            out = self._score_cache[rank] = nanmed(self.excess.filled()[:, :, rank], 0)
+        return out
 
     def candidates(self) -> list[Candidate]:
         """Ranks whose flags persisted (k of n) and whose median excess is above threshold."""
@@ -276,7 +284,12 @@ class StragglerTracker:
         with np.errstate(invalid="ignore"):
             margin = np.where(np.isnan(scores), -np.inf, scores - thr)
         d = int(np.argmax(margin))
-        return float(np.nan_to_num(scores[d], nan=0.0)), float(thr[d])
+        score = float(scores[d])  # as np.nan_to_num(nan=0.0), without its cost per call
+        if score != score:
+            score = 0.0
+        elif score in (np.inf, -np.inf):
+            score = float(np.copysign(np.finfo(float).max, score))
+        return score, float(thr[d])
 
     def score(self, rank: int) -> float:
         return self._best(rank, 1.0)[0]
@@ -328,9 +341,9 @@ class StragglerTracker:
         # peers: the group without the ranks flagged in the window (half a group may be slow)
         calm = members[self.count[members] == 0]
         peers_idx = calm if len(calm) >= self.cfg.min_group_size else members
-        sel = window[:, _EVIDENCE_ROWS]  # (steps, rows, ranks)
-        own = nanmed(sel[:, :, rank], 0)
-        peers = nanmed(nanmed(sel[:, :, peers_idx], -1), 0)  # median over steps of step medians
+        own = nanmed(window[:, _EVIDENCE_ROWS, rank], 0)  # (steps, rows) -> rows
+        sel = window[:, _EVIDENCE_IX, peers_idx]  # (steps, rows, peers): one copy
+        peers = nanmed(nanmed(sel, -1), 0)  # median over steps of step medians
         for i, name in enumerate(_EVIDENCE_NAMES):
             out[f"{name}_s"] = opt(round(float(own[i]), 6))
             out[f"{name}_peer_median_s"] = opt(round(float(peers[i]), 6))
