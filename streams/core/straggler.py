@@ -61,7 +61,6 @@ _EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait",
 _EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM,
                   *[r for r, p in zip(PHASE_ROWS, PHASE_NAMES, strict=True)
                     if p not in ("data", "transfer")]]
-_EVIDENCE_IX = np.array(_EVIDENCE_ROWS)[:, None]
 DIM_NAMES = ("busy", *PHASE_NAMES)  # dimension 0: the sum; then the phases one by one
 DIM_ROWS = [BUSY, *PHASE_ROWS]
 NDIM = len(DIM_ROWS)
@@ -341,9 +340,9 @@ class StragglerTracker:
         # peers: the group without the ranks flagged in the window (half a group may be slow)
         calm = members[self.count[members] == 0]
         peers_idx = calm if len(calm) >= self.cfg.min_group_size else members
-        own = nanmed(window[:, _EVIDENCE_ROWS, rank], 0)  # (steps, rows) -> rows
-        sel = window[:, _EVIDENCE_IX, peers_idx]  # (steps, rows, peers): one copy
-        peers = nanmed(nanmed(sel, -1), 0)  # median over steps of step medians
+        sel = window[:, _EVIDENCE_ROWS]  # (steps, rows, ranks)
+        own = nanmed(sel[:, :, rank], 0)
+        peers = nanmed(nanmed(sel[:, :, peers_idx], -1), 0)  # median over steps of step medians
         for i, name in enumerate(_EVIDENCE_NAMES):
             out[f"{name}_s"] = opt(round(float(own[i]), 6))
             out[f"{name}_peer_median_s"] = opt(round(float(peers[i]), 6))
