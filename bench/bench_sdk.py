@@ -8,7 +8,8 @@ thread's encoding and sending) divided by N, flush included.
 
 Scenarios: agent socket absent vs a listening agent (a child process draining
 the socket), the default background sender vs sending inline on the training
-thread (``init(background=False)``), OTel spans built on the sender thread,
+thread (``init(background=False)``), the listening case without the CPU
+run-queue reads (``init(cpu_wait=False)``), OTel spans built on the sender thread,
 and for comparison OTel spans made on the hot path.
 
 Between steps every loop sleeps ``--pace-us`` (outside the timed region): a
@@ -218,6 +219,10 @@ def main() -> None:
     with agent(live := next(paths)) as got:
         a = sw(live)
         rows.append(run("sdk, agent listening, background", lambda k: sdk_loop(a, k), n, a))
+    received.append(got[0])
+    with agent(live := next(paths)) as got:
+        a = sw(live, cpu_wait=False)
+        rows.append(run("  same, without cpu_wait reads", lambda k: sdk_loop(a, k), n, a))
     received.append(got[0])
     with agent(live := next(paths)) as got:
         a = sw(live, background=False)

@@ -196,7 +196,8 @@ STEPS = table("step_events", [
     ("start_ts", _DT6), ("end_ts", _DT6), ("duration_s", "Float32"), *_nf32(_PHASES),
     ("phases_extra", "Map(LowCardinality(String), Float32)"), ("samples", "UInt64"),
     ("tokens", "UInt64"), ("loss", "Nullable(Float64)"), ("flops", "Nullable(Float64)"),
-    ("timing", _LC), *_TAIL,
+    ("timing", _LC), ("cpu_time_s", "Nullable(Float32)"), ("cpu_wait_s", "Nullable(Float32)"),
+    *_TAIL,
 ])
 
 _GPU_TYPES = {
@@ -277,7 +278,8 @@ def step_row(msg: StepMessage, rec: StepRecord) -> tuple[Any, ...]:
         rec.job_id or msg.job_id, rec.step, rec.rank, rec.world_size, rec.host or msg.host,
         rec.local_rank, rec.local_rank if rec.gpu is None else rec.gpu, rec.group,
         rec.start, rec.end, rec.end - rec.start, *phases, compute, extra, rec.samples,
-        rec.tokens, f64(rec.loss), f64(rec.flops), rec.timing, msg.inst, msg.seq,
+        rec.tokens, f64(rec.loss), f64(rec.flops), rec.timing, rec.cpu_time, rec.cpu_wait,
+        msg.inst, msg.seq,
     )
 
 

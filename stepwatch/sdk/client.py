@@ -23,6 +23,7 @@ from typing import Any
 
 from stepwatch.contract.records import EventType
 from stepwatch.logs import LogOnce
+from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventPool, TimingEvent
 from stepwatch.sdk.events import (
     checkpoint_event,
@@ -56,10 +57,12 @@ class StepWatch:
         pool: EventPool | None = None,
         timing: str = "wall",
         start_step: int = 0,
+        sched: SchedStat | None = None,
     ) -> None:
         self._identity = identity
         self._exporter = exporter
         self._pool = pool
+        self._sched = sched  # the thread's CPU time and run-queue wait (None: not measured)
         self.timing = timing
         self._next = start_step
         self._last: int | None = None

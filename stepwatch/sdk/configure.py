@@ -7,6 +7,8 @@ Every knob follows explicit argument > ``STEPWATCH_*`` env var > default:
 * ``STEPWATCH_TIMING``: ``auto`` (CUDA events when torch with CUDA is already
   imported, else wall time), ``wall`` or ``cuda``;
 * ``STEPWATCH_OTEL``: build OTel spans on the global TracerProvider;
+* ``STEPWATCH_CPU_WAIT`` (default on): report each step's CPU time and run-queue
+  wait (``cpu_time``, ``cpu_wait``, see :mod:`stepwatch.sdk.cpuwait`);
 * identity variables, see :mod:`stepwatch.sdk.identity`.
 
 ``init`` never raises: whatever fails, it logs and returns a StepWatch that
@@ -21,6 +23,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from stepwatch.sdk.client import StepWatch
+from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventFactory, EventPool, torch_event_factory
 from stepwatch.sdk.exporter import BackgroundExporter, Exporter, InlineExporter, _Processor
 from stepwatch.sdk.identity import Identity, detect_identity
@@ -56,6 +59,7 @@ def init(
     start_step: int = 0,
     job_events: bool = True,
     enabled: bool | None = None,
+    cpu_wait: bool | None = None,
     env: Mapping[str, str] | None = None,
 ) -> StepWatch:
     """Start the step SDK for this process (see docs/sdk.md)."""
@@ -84,9 +88,10 @@ def init(
             exporter = BackgroundExporter(processor, queue_size, flush_interval)
         else:
             exporter = InlineExporter(processor)
-        sw = StepWatch(
-            identity, exporter, pool=pool, timing="cuda" if pool else "wall", start_step=start_step
-        )
+        sched = SchedStat() if _flag(cpu_wait, environ, "STEPWATCH_CPU_WAIT", default=True) \
+            else None
+        sw = StepWatch(identity, exporter, pool=pool, timing="cuda" if pool else "wall",
+                       start_step=start_step, sched=sched)
         if job_events:
             sw.announce(_restarts(environ))
     except Exception as err:

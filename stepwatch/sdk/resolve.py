@@ -18,6 +18,7 @@ from typing import Any
 
 from stepwatch.contract.records import StepRecord
 from stepwatch.logs import LogOnce
+from stepwatch.sdk.cpuwait import seconds
 from stepwatch.sdk.cuda import elapsed_ns
 from stepwatch.sdk.identity import Identity
 from stepwatch.sdk.phases import to_phases
@@ -43,6 +44,8 @@ class Resolved:
     loss: float | None
     loss_nonfinite: bool
     flops: float | None
+    cpu_time: float | None = None  # the training thread's time on a CPU over the step (s)
+    cpu_wait: float | None = None  # ... and its run-queue wait (s)
 
 
 class Resolver:
@@ -90,6 +93,7 @@ class Resolver:
             spans = tuple((n, a - raw.start_ns, b - raw.start_ns) for n, a, b, _, _ in raw.spans)
             timing = "wall"
         loss, nonfinite = self._loss(raw.loss)
+        cpu_time, cpu_wait = seconds(raw.cpu)
         return Resolved(
             identity=raw.identity,
             number=raw.number,
@@ -102,6 +106,8 @@ class Resolver:
             loss=loss,
             loss_nonfinite=nonfinite,
             flops=self._number("flops", raw.flops),
+            cpu_time=cpu_time,
+            cpu_wait=cpu_wait,
         )
 
     def to_record(self, step: Resolved) -> StepRecord:
@@ -132,6 +138,8 @@ class Resolver:
             loss_nonfinite=step.loss_nonfinite,
             flops=step.flops,
             timing=step.timing,
+            cpu_time=step.cpu_time,
+            cpu_wait=step.cpu_wait,
         )
 
     def _loss(self, value: Any) -> tuple[float | None, bool]:

@@ -14,6 +14,7 @@ from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from stepwatch.sdk.cpuwait import Usage
 from stepwatch.sdk.cuda import EventPool, TimingEvent
 from stepwatch.sdk.identity import Identity
 
@@ -32,6 +33,7 @@ class RawStep:
     """A finished step as the training thread saw it: marks, events, counts."""
 
     __slots__ = (
+        "cpu",
         "end_event",
         "end_ns",
         "flops",
@@ -45,8 +47,10 @@ class RawStep:
         "tokens",
     )
 
-    def __init__(self, step: Step, end_ns: int, end_event: TimingEvent | None) -> None:
+    def __init__(self, step: Step, end_ns: int, end_event: TimingEvent | None,
+                 cpu: Usage | None = None) -> None:
         self.identity: Identity = step._identity
+        self.cpu = cpu  # the thread's (on-CPU ns, run-queue wait ns) over the step
         self.number: int = step._number
         self.start_ns: int = step._start_ns
         self.end_ns = end_ns
@@ -147,6 +151,7 @@ class Step:
         "_open",
         "_owner",
         "_pool",
+        "_sched0",
         "_spans",
         "_start_event",
         "_start_ns",
@@ -179,7 +184,9 @@ class Step:
         self.flops = flops
         self.loss = loss
         self._start_event = None if self._pool is None else record_event(self._pool, owner)
-        self._start_ns = perf_counter_ns()
+        self._start_ns = now = perf_counter_ns()
+        sched = owner._sched
+        self._sched0 = sched.start(now) if sched is not None else None
 
     @property
     def step(self) -> int:
@@ -240,7 +247,8 @@ class Step:
             except Exception as err:  # an integration must not break the step
                 self._owner._misuse("step_hook", "stepwatch: step hook %r failed err=%r", hook, err)
         self._done = True
-        return RawStep(self, end, event)
+        sched = self._owner._sched
+        return RawStep(self, end, event, None if sched is None else sched.since(self._sched0, end))
 
     def __enter__(self) -> Step:
         return self

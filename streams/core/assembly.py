@@ -25,7 +25,8 @@ NAN = float("nan")
 # Rows of ClosedStep.m, each indexed by rank (NaN where missing or unmeasured).
 START, END, DUR, DATA, COMPUTE, XFER, COMM, CKPT, PAUSE, BUSY, OTHER = range(11)
 FWD, BWD, OPT, EXTRA = range(11, 15)  # the compute phases one by one (EXTRA: other sections)
-ROWS = 15
+CPUW, CPUT = 15, 16  # the training thread's CPU run-queue wait and CPU time: not phases
+ROWS = 17
 # The phases compared with the peers one by one (a DDP straggler's forward is longer
 # while its backward, where the peers wait, is shorter: equal sums, unequal phases).
 PHASE_ROWS = (DATA, FWD, BWD, OPT, EXTRA, XFER)
@@ -41,7 +42,8 @@ class ClosedStep:
     ``xfer`` the rank's own transfer sections (extra ``comm*``, ``nccl*``,
     ``*transfer*``); ``comm`` the exposed wait in collectives; ``pause`` the
     checkpoint and evaluation sections (job-wide pauses, not work); ``busy``
-    data + compute + xfer; ``other`` what the phases leave unexplained.
+    data + compute + xfer; ``other`` what the phases leave unexplained; ``cpuw`` and
+    ``cput`` the CPU run-queue wait and CPU time (they overlap the phases).
     ``med`` holds the median of each row over the ranks.
     """
 
@@ -237,7 +239,7 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
             if p.extra:
                 has_extra = True
         raw.append((r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
-                    p.checkpoint))
+                    p.checkpoint, r.cpu_wait, r.cpu_time))
         rank_list.append(r.rank)
         samples += r.samples
         tokens += r.tokens
@@ -280,6 +282,7 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
     else:
         rows[DATA:] = NAN
         rows[PAUSE] = 0.0
+    rows[CPUW], rows[CPUT] = a[8], a[9]
     m = np.full((ROWS, world_size), NAN)
     m[:, ranks] = rows
     return ClosedStep(

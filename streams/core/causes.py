@@ -6,7 +6,11 @@ below max, heat, other non-user XIDs) > network (link down or errors on the
 host's NICs, ECN/CNP or ``xmit_wait`` rates well above the job's other NICs)
 > host_input (the data phase holds most of the excess) > gpu "compute" (the
 forward/backward/optimizer phases hold most of the excess while GPU, NIC and
-input look healthy: that GPU computes slower) > unknown (no phase evidence). GPU and NIC
+input look healthy: that GPU computes slower) > unknown (no phase evidence).
+CPU contention (the rank's training thread waited for a CPU for most of its
+excess, ``StepRecord.cpu_wait``) is a host-side cause like a slow input
+pipeline: ``host_input`` with ``host_reasons=cpu_contention``, checked with the
+data phase, before the GPU and NIC symptoms. GPU and NIC
 symptoms count only when the rank's GPU/NIC shows them and most of its peers
 do not: busy GPUs often sit at their power cap, and a fabric-wide congestion
 is not one host's fault.
@@ -37,6 +41,23 @@ MAX_PEER_HOSTS = 16
 MIN_SPAN_SECONDS = 5.0  # at least a few agent ticks of samples
 
 Evidence = dict[str, str | float | int | bool | None]
+# (cpu_wait, cpu_time) per step at the baseline and now (see slowdown.Slowdown.cpu)
+CpuUse = tuple[tuple[float, float], tuple[float, float]]
+
+
+@dataclass(frozen=True)
+class Shares:
+    """Where a straggler's excess over its peers sits: shares of it (0..1, None: unknown)
+    in the data phase, in the compute phases, and in CPU run-queue wait (the thread
+    was ready to run but had no CPU: contention, which lengthens whatever phase it hits)."""
+
+    data: float | None = None
+    compute: float | None = None
+    cpu: float | None = None
+    cpu_evidence: Evidence = field(default_factory=dict)
+
+
+NO_SHARES = Shares()
 
 
 @dataclass(frozen=True)
@@ -68,8 +89,7 @@ class CauseFinder:
         return win.port_signals(*self._range(t1, span)) if win else []
 
     def for_rank(self, host: str, gpu: int | None, peer_hosts: Iterable[str], t1: float,
-                 data_share: float | None, span: float | None = None,
-                 compute_share: float | None = None) -> Attribution:
+                 shares: Shares = NO_SHARES, span: float | None = None) -> Attribution:
         """Why rank (``host``, ``gpu``) is slow, from samples of the last ``span`` seconds
         (the time the slowdown was seen, so that its symptoms are not diluted)."""
         peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
@@ -78,8 +98,9 @@ class CauseFinder:
         hw = hardware_reasons(own)
         if hw:
             return Attribution(Cause.HARDWARE, Fault.SYSTEM, hw[0], {"hardware": ", ".join(hw)})
-        if data_share is not None and data_share >= self.cfg.data_share_for_input:
-            return by_phases(data_share, compute_share, self.cfg.data_share_for_input, "")
+        host_side = by_host_side(shares, self.cfg.data_share_for_input, "")
+        if host_side is not None:
+            return host_side
         peer_gpus = [s for i, s in gpus.items() if i != gpu]
         for h in peers:
             peer_gpus.extend(self._gpus(h, t1, span).values())
@@ -90,7 +111,7 @@ class CauseFinder:
         net = self._own_nic(host, peers, t1, span)
         if net is not None:
             return net
-        return by_phases(data_share, compute_share, self.cfg.data_share_for_input, "")
+        return by_phases(shares, self.cfg.data_share_for_input, "")
 
     def _own_nic(self, host: str, peers: list[str], t1: float,
                  span: float | None) -> Attribution | None:
@@ -103,8 +124,7 @@ class CauseFinder:
         return Attribution(Cause.NETWORK, Fault.SYSTEM, sus.reasons[0], sus.evidence)
 
     def for_host(self, host: str, gpus: list[int], peer_hosts: Iterable[str], t1: float,
-                 data_share: float | None, span: float | None = None,
-                 compute_share: float | None = None) -> Attribution:
+                 shares: Shares = NO_SHARES, span: float | None = None) -> Attribution:
         """Why several ranks of one host are slow: its GPUs, its NICs, its input, its compute."""
         peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
         signals = self._gpus(host, t1, span)
@@ -114,8 +134,9 @@ class CauseFinder:
             if hw:
                 return Attribution(Cause.HARDWARE, Fault.SYSTEM, f"{hw[0]} on gpu {g}",
                                    {"hardware": ", ".join(hw), "gpu": g})
-        if data_share is not None and data_share >= need:
-            return by_phases(data_share, compute_share, need, " of the host")
+        host_side = by_host_side(shares, need, " of the host")
+        if host_side is not None:
+            return host_side
         peer_gpus = [s for h in peers for s in self._gpus(h, t1, span).values()]
         found = [(g, f) for g in gpus if (f := gpu_reasons(signals.get(g), peer_gpus, self.cfg))]
         if found and len(found) * 2 >= len(gpus):
@@ -125,10 +146,10 @@ class CauseFinder:
         net = self._own_nic(host, peers, t1, span)
         if net is not None:
             return net
-        return by_phases(data_share, compute_share, need, " of the host")
+        return by_phases(shares, need, " of the host")
 
     def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
-                span: float | None = None) -> Attribution:
+                span: float | None = None, cpu: CpuUse | None = None) -> Attribution:
         """Why the whole job (or a group) got slower: the component that grew, then its host."""
         hosts = sorted(set(hosts))
         grown = {k: v for k, v in deltas.items()
@@ -143,6 +164,11 @@ class CauseFinder:
                 ev["gpus_throttled"] = len(slow)
                 ev["gpus"] = len(all_gpus)
                 return Attribution(Cause.GPU, Fault.SYSTEM, "GPUs throttled job-wide", ev)
+        contention = job_cpu_contention(cpu, deltas.get("step", 0.0))
+        if contention is not None:
+            return Attribution(Cause.HOST_INPUT, Fault.UNKNOWN,
+                               "CPU contention on the job's hosts (waiting for a CPU)",
+                               {**ev, **contention})
         if top != "data":  # waits may hide in compute phases (DDP backward, pipeline forward)
             sus = localize(self.windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg)
             if sus is not None:
@@ -194,18 +220,53 @@ class CauseFinder:
         return None
 
 
-def by_phases(data_share: float | None, compute_share: float | None, need: float,
-              where: str) -> Attribution:
-    """The phase evidence alone: input pipeline, compute on the GPU, or nowhere."""
-    if data_share is not None and data_share >= need:
+CPU_SHARE_FOR_CONTENTION = 0.5
+
+
+def by_host_side(shares: Shares, need: float, where: str) -> Attribution | None:
+    """The host that feeds the GPU: its input pipeline (the data phase holds most of the
+    excess) or its CPUs (run-queue wait holds most of it: other processes compete for
+    the rank's cores). None when neither does."""
+    if shares.data is not None and shares.data >= need:
         return Attribution(Cause.HOST_INPUT, Fault.SYSTEM, f"slow data phase{where}",
-                           {"data_share_of_excess": round(data_share, 3)})
-    if compute_share is not None and compute_share >= 0.5:
+                           {"data_share_of_excess": round(shares.data, 3)})
+    if shares.cpu is not None and shares.cpu >= CPU_SHARE_FOR_CONTENTION:
+        return Attribution(Cause.HOST_INPUT, Fault.SYSTEM,
+                           f"CPU contention{where} (waiting for a CPU)",
+                           {"cpu_wait_share_of_excess": round(shares.cpu, 3),
+                            "host_reasons": "cpu_contention", **shares.cpu_evidence})
+    return None
+
+
+def by_phases(shares: Shares, need: float, where: str) -> Attribution:
+    """The phase evidence alone: input pipeline, CPU, compute on the GPU, or nowhere."""
+    host_side = by_host_side(shares, need, where)
+    if host_side is not None:
+        return host_side
+    if shares.compute is not None and shares.compute >= 0.5:
         return Attribution(Cause.GPU, Fault.SYSTEM,
                            f"compute longer than peers{where} (GPU telemetry healthy)",
-                           {"compute_share_of_excess": round(compute_share, 3),
+                           {"compute_share_of_excess": round(shares.compute, 3),
                             "gpu_reasons": "compute"})
     return UNKNOWN
+
+
+def job_cpu_contention(cpu: CpuUse | None, grew: float) -> Evidence | None:
+    """The ranks' waiting share for a CPU rose enough to explain at least half of the
+    step time the job lost (the wait beyond what its CPU time cost at the baseline's
+    share): evidence, or None."""
+    if cpu is None or not grew > 0:
+        return None
+    (w0, c0), (w1, c1) = cpu
+    if not w0 + c0 > 0 or not w1 + c1 > 0:
+        return None
+    share0 = w0 / (w0 + c0)
+    extra = w1 - (c1 * share0 / (1 - share0) if share0 < 1 else w1)
+    if extra < CPU_SHARE_FOR_CONTENTION * grew:
+        return None
+    return {"host_reasons": "cpu_contention", "cpu_wait_excess_s": round(extra, 6),
+            "cpu_wait_share_baseline": round(share0, 3),
+            "cpu_wait_share_now": round(w1 / (w1 + c1), 3)}
 
 
 def severe_gpu(s: GpuSignals, cfg: DetectConfig) -> bool:

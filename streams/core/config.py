@@ -44,6 +44,7 @@ class DetectConfig:
     warmup_steps: int = 5  # first steps of a job (or after a restart) are not scored
     window_steps: int = 8  # n: the persistence window
     persist_steps: int = 5  # k: flagged in k of the last n steps opens a detection
+    straggler_min_seconds: float = 2.0  # ... and its run of flags began this long before
     straggler_min_excess: float = 0.03  # busy time >= 3 % above the group median
     straggler_phase_floor_ratio: float = 0.67  # one phase above its median by this x min_excess
     straggler_step_z: float = 2.5  # a step is flagged this many robust sigmas above

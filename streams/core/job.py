@@ -157,7 +157,7 @@ class Job(Incidents, Stragglers):
         if not self.book.hold(key, cs.end_max):
             return []
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
-            self.hosts, cs.end_max, sd.deltas, self._onset_span()))
+            self.hosts, cs.end_max, sd.deltas, self._onset_span(), sd.cpu))
         where = f"group {sd.group!r}" if sd.group else "the job"
         what = "busy time" if sd.group else "straggler-free step time"
         part = f" (part of incident {related})" if related else ""

@@ -29,6 +29,8 @@ from stepwatch.streams.core.assembly import (
     BUSY,
     BWD,
     COMPUTE,
+    CPUT,
+    CPUW,
     DATA,
     DUR,
     EXTRA,
@@ -45,7 +47,9 @@ from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.stats import colmed, mad_sigma, med, nmin
 
 REBASE_STEPS = 4
-COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other")
+COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other",
+              "cpu_wait", "cpu_time")  # the last two: the ranks' medians, not parts of step
+_CPUW, _CPUT = COMPONENTS.index("cpu_wait"), COMPONENTS.index("cpu_time")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +60,9 @@ class Slowdown:
     baseline_s: float
     current_s: float
     deltas: dict[str, float]  # component -> seconds added per step vs baseline
+    # (cpu_wait, cpu_time) per step at the baseline and now (medians over the ranks),
+    # None when the SDK does not report them
+    cpu: tuple[tuple[float, float], tuple[float, float]] | None = None
 
 
 class SlowdownTracker:
@@ -142,10 +149,13 @@ class SlowdownTracker:
         now = colmed(self.recent.filled())
         deltas = {name: round(float(now[i] - base[i]), 6)
                   for i, name in enumerate(COMPONENTS) if not np.isnan(now[i] - base[i])}
+        cpu = None
+        if not np.isnan(base[[_CPUW, _CPUT]]).any() and not np.isnan(now[[_CPUW, _CPUT]]).any():
+            cpu = ((float(base[_CPUW]), float(base[_CPUT])), (float(now[_CPUW]), float(now[_CPUT])))
         group, g_base, g_now = self._slow_group(groups)
         if group:  # report the group's own busy time
-            return Slowdown(score, self.threshold, group, g_base, g_now, deltas)
-        return Slowdown(score, self.threshold, "", self.baseline, float(now[0]), deltas)
+            return Slowdown(score, self.threshold, group, g_base, g_now, deltas, cpu)
+        return Slowdown(score, self.threshold, "", self.baseline, float(now[0]), deltas, cpu)
 
     def _slow_group(self, groups: GroupIndex) -> tuple[str, float, float]:
         """The one group whose busy time grew while the others' did not."""
@@ -166,14 +176,15 @@ class SlowdownTracker:
 def _components(cs: ClosedStep) -> np.ndarray:
     m = cs.med
     if not cs.has_phases or np.isnan(m[BUSY]):
-        return np.array([m[DUR] - m[PAUSE], *[np.nan] * (len(COMPONENTS) - 1)])
+        return np.array([m[DUR] - m[PAUSE], *[np.nan] * (len(COMPONENTS) - 3), m[CPUW], m[CPUT]])
     collective = nmin(cs.comm)
     if collective != collective and not np.isnan(m[BWD]):
         return _ddp_components(cs)
     collective = 0.0 if collective != collective else collective
     other = _least_other(cs)
     step = m[BUSY] + collective + other
-    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], m[XFER], collective, other])
+    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], m[XFER], collective, other, m[CPUW],
+                     m[CPUT]])
 
 
 def _least_other(cs: ClosedStep) -> float:
@@ -193,7 +204,7 @@ def _ddp_components(cs: ClosedStep) -> np.ndarray:
     xfer = 0.0 if np.isnan(m[XFER]) else m[XFER]
     busy = data + compute + xfer
     other = _least_other(cs)
-    return np.array([busy + other, busy, m[DATA], compute, m[XFER], 0.0, other])
+    return np.array([busy + other, busy, m[DATA], compute, m[XFER], 0.0, other, m[CPUW], m[CPUT]])
 
 
 def _wait_free_compute(m: np.ndarray, bwd: float) -> float:

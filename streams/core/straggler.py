@@ -13,7 +13,11 @@ waits no more than the group median. Its *score* is the median excess over the
 last ``n`` steps. It becomes a *candidate* when flagged in ``k`` of the last
 ``n`` steps and its score is above ``max(min_excess, z * 1.25 * sigma / sqrt(n))``
 (the noise of a median of ``n`` steps): single slow steps and whole-job pauses
-(which hit every rank) never qualify.
+(which hit every rank) never qualify. Persistence is also counted in event time
+(:meth:`StragglerTracker.lasted`): a new incident's run of flags must have begun
+at least ``straggler_min_seconds`` before (a 1 s burst of a neighbour's CPU
+load, 15 steps of a 60 ms job, is not an incident; with steps of half a second
+or more, ``k`` steps already span it).
 
 Phases are compared one by one as well (data, forward, backward, optimizer,
 other named sections, own transfers): ``excess_p = (x_p - median(x_p)) /
@@ -41,6 +45,8 @@ from stepwatch.streams.core.assembly import (
     BUSY,
     COMM,
     COMPUTE,
+    CPUT,
+    CPUW,
     DATA,
     PHASE_NAMES,
     PHASE_ROWS,
@@ -56,9 +62,9 @@ from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, ro
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
-_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait",
+_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait", "cpu_wait", "cpu_time",
                    *[p for p in PHASE_NAMES if p not in ("data", "transfer")])
-_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM,
+_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM, CPUW, CPUT,
                   *[r for r, p in zip(PHASE_ROWS, PHASE_NAMES, strict=True)
                     if p not in ("data", "transfer")]]
 DIM_NAMES = ("busy", *PHASE_NAMES)  # dimension 0: the sum; then the phases one by one
@@ -85,6 +91,9 @@ class StragglerTracker:
         self.excess = Ring(n, (NDIM, world_size))
         self.flags = Ring(n, world_size, fill=0, dtype=np.int8)
         self.count = np.zeros(world_size, dtype=np.int16)
+        # event time of the first flag of each rank's current run of flags (NaN: none)
+        self.since = np.full(world_size, np.nan)
+        self.now = 0.0
         self.steps = Ring(n, (ROWS, world_size))  # the window's ClosedStep rows
         self.threshold = np.full((NDIM, world_size), cfg.straggler_min_excess)
         self.basis = "phases"
@@ -107,6 +116,7 @@ class StragglerTracker:
         for ring in (self.excess, self.flags, self.steps):
             ring.clear()
         self.count[:] = 0
+        self.since[:] = np.nan
         self._score_cache.clear()
 
     def update(self, cs: ClosedStep, groups: GroupIndex) -> None:
@@ -130,8 +140,12 @@ class StragglerTracker:
                     continue
                 self._score_group(g, idx, x, cs.comm, excess, flagged)
         old = self.flags.swap(flagged)
+        started = (self.count == 0) & (flagged > 0)
         self.count += flagged
         self.count -= old
+        self.now = cs.end_max
+        self.since[started] = cs.end_max
+        self.since[self.count == 0] = np.nan
         self.excess.push(excess)
         self.steps.push(cs.m)
         if basis != "phases":
@@ -275,6 +289,12 @@ class StragglerTracker:
             if score > thr:
                 out.append(Candidate(rank, score, int(self.count[rank]), thr))
         return out
+
+    def lasted(self, ranks: list[int]) -> bool:
+        """Whether the earliest run of flags among ``ranks`` (one rank, or the slow ranks
+        of one host: one fault) began at least ``straggler_min_seconds`` ago."""
+        first = np.nanmin(self.since[ranks]) if ranks else np.nan
+        return bool(self.now - first >= self.cfg.straggler_min_seconds)
 
     def _best(self, rank: int, ratio: float) -> tuple[float, float]:
         """The dimension most over its threshold: (its score, its threshold x ratio)."""

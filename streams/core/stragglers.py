@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from stepwatch.contract import DetectionMessage
 from stepwatch.streams.core.assembly import ClosedStep
-from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
+from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence, Shares
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
@@ -52,6 +52,10 @@ class Stragglers:
             if key[1] is None:
                 out.extend(self._host_holds(key, candidates, cs))
         for host, ranks in by_host.items():
+            if not self._lasted(host, ranks):
+                ranks = [r for r in ranks if self.book.is_open(T.STRAGGLER, r)]
+                if not ranks:
+                    continue  # not for long enough yet (see StragglerTracker.lasted)
             out.extend(self._new_on_host(host, ranks, candidates, cs))
         for key in self.book.keys(T.STRAGGLER):
             r = key[1]
@@ -64,6 +68,15 @@ class Stragglers:
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
         return out
+
+    def _lasted(self, host: str, ranks: list[int]) -> bool:
+        """New incidents need their slowness to have lasted; a host's ranks count together."""
+        if host and (T.STRAGGLER, None, f"host:{host}") in self.book.open:
+            return True
+        if host and len(ranks) == 1:
+            ranks = [*ranks, *(r for r in self.ranks.ranks_on(host)
+                               if r != ranks[0] and self.straggler.rising(r))]
+        return self.straggler.lasted(ranks)
 
     def _new_on_host(self, host: str, ranks: list[int], candidates: dict[int, float],
                      cs: ClosedStep) -> list[DetectionMessage]:
@@ -124,11 +137,11 @@ class Stragglers:
         members = groups.members[int(groups.of_rank[rank])]
         ev = self.straggler.evidence(rank, members)
         host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
-        data_share, compute_share = shares(ev, self.straggler.longer_phases(rank))
+        found = shares(ev, self.straggler.longer_phases(rank))
         attr = self._attribution(
             (T.STRAGGLER, rank, ""), cs.end_max,
-            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, data_share,
-                                         self._onset_span(), compute_share),
+            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, found,
+                                         self._onset_span()),
         )
         what = _what(ev)
         summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more {what} than the "
@@ -141,11 +154,11 @@ class Stragglers:
         scores = {r: self.straggler.score(r) for r in slow}
         lead = max(slow, key=lambda r: scores[r])
         ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])])
-        data_share, compute_share = shares(ev, self.straggler.longer_phases(lead))
+        found = shares(ev, self.straggler.longer_phases(lead))
         gpus = [g for g in (self.ranks.gpu[r] for r in slow) if g is not None]
         key: Key = (T.STRAGGLER, None, f"host:{host}")
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_host(
-            host, gpus, self.hosts, cs.end_max, data_share, self._onset_span(), compute_share))
+            host, gpus, self.hosts, cs.end_max, found, self._onset_span()))
         score = sorted(scores.values())[len(scores) // 2]
         on_host = len(self.ranks.ranks_on(host))
         summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
@@ -169,15 +182,51 @@ def _what(ev: Evidence) -> str:
     return f"{longer} time" if isinstance(longer, str) and longer else "busy time"
 
 
-def shares(ev: Evidence, longer: dict[str, float]) -> tuple[float | None, float | None]:
-    """Shares of the rank's excess in the data phase and in the compute phases."""
+def shares(ev: Evidence, longer: dict[str, float]) -> Shares:
+    """Shares of the rank's excess in the data phase, the compute phases and CPU wait."""
     if longer:
         total = sum(longer.values())
         if total > 0:
             data = longer.get("data", 0.0) / total
             compute = sum(longer.get(p, 0.0) for p in COMPUTE_PHASES) / total
-            return data, compute
-    return _share(ev, "data", "busy"), _share(ev, "compute", "busy")
+            return Shares(data, compute, *_cpu_share(ev, total))
+    return Shares(_share(ev, "data", "busy"), _share(ev, "compute", "busy"),
+                  *_cpu_share(ev, 0.0))
+
+
+def _cpu_share(ev: Evidence, longer_total: float) -> tuple[float | None, Evidence]:
+    """How much of the rank's excess its extra CPU run-queue wait explains.
+
+    The extra wait is the rank's wait beyond what its own CPU time would have cost
+    at its peers' waiting share (``wait / (cpu_time + wait)``): a rank that only
+    computes more waits more in proportion on a busy machine, a contended one waits
+    for a larger share. Without ``cpu_time`` the plain difference of waits is used.
+    The excess in seconds is the larger of the busy-time excess and the longer
+    phases' excess (under DDP the busy sums are equal while a phase is longer;
+    ``longer_total`` is in units of the peers' median busy time). None when
+    ``cpu_wait`` is not measured.
+    """
+    own, peers = _num(ev, "cpu_wait_s"), _num(ev, "cpu_wait_peer_median_s")
+    busy, busy_peers = _num(ev, "busy_s"), _num(ev, "busy_peer_median_s")
+    if own is None or peers is None or busy is None or busy_peers is None:
+        return None, {}
+    excess = max(busy - busy_peers, longer_total * busy_peers)
+    if not excess > 0:
+        return None, {}
+    expected = peers
+    ran, ran_peers = _num(ev, "cpu_time_s"), _num(ev, "cpu_time_peer_median_s")
+    if ran is not None and ran_peers is not None and ran_peers + peers > 0:
+        share = peers / (ran_peers + peers)
+        expected = ran * share / (1 - share) if share < 1 else own
+    extra = own - expected
+    return max(0.0, min(1.0, extra / excess)), {"cpu_wait_excess_s": round(extra, 6)}
+
+
+def _num(ev: Evidence, key: str) -> float | None:
+    value = ev.get(key)
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return None
+    return float(value)
 
 
 def _share(ev: Evidence, part: str, whole: str) -> float | None:

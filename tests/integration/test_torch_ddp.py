@@ -44,8 +44,8 @@ from stepwatch.settings import Settings  # noqa: E402
 pytestmark = pytest.mark.integration
 log = logging.getLogger(__name__)
 
-STEPS = 130
-START = 50
+STEPS = 100
+START = 40
 FIXTURES = ROOT / "tests" / "fixtures" / "torch"
 
 
@@ -161,6 +161,8 @@ def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untype
     d = hit(found, fault)
     assert d["type"] == "straggler" and d["rank"] is None, d
     assert sorted(d["ranks"]) == list(RANKS_OF["host-1"]), d  # type: ignore[call-overload]
+    # the run-queue wait tells contention from a slower GPU
+    assert (d["cause"], d["evidence"]["host_reasons"]) == ("host_input", "cpu_contention"), d  # type: ignore[index]
 
 
 def compute_of(means: dict[int, dict[str, float]], ranks: tuple[int, ...]) -> float:
