@@ -107,7 +107,7 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
     from faust.worker import Worker
 
     from stepwatch.kafka import ensure_topics
-    from stepwatch.streams.worker.app import StreamOptions, create_app
+    from stepwatch.streams.worker.app import StreamOptions, create_app, tune_gc
     from stepwatch.streams.worker.metrics import serve
 
     for name in ("faust", "mode", "aiokafka"):
@@ -124,6 +124,7 @@ def _run_worker(args: argparse.Namespace, settings: Any) -> int:
     worker = Worker(service.app, loglevel=logging.getLevelName(logging.getLogger().level),
                     quiet=True, redirect_stdouts=False, override_logging=False)
     worker.spinner = None  # no terminal control codes in the logs
+    tune_gc()
     try:
         worker.execute_from_commandline()
     except SystemExit as done:

@@ -112,15 +112,19 @@ class Engine:
             return []
         self.counts["records"] += len(records)
         first = records[0].job_id
-        if any(r.job_id != first for r in records):
-            by_job: dict[str, list[StepRecord]] = {}
-            for r in records:
-                by_job.setdefault(r.job_id, []).append(r)
-            out: list[DetectionMessage] = []
-            for group in by_job.values():
-                out.extend(self._job_records(group, message.ts))
-            return out
+        for r in records:  # a plain loop: cheaper than any() over a generator, per message
+            if r.job_id != first:
+                return self._several_jobs(records, message.ts)
         return self._job_records(records, message.ts)
+
+    def _several_jobs(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
+        by_job: dict[str, list[StepRecord]] = {}
+        for r in records:
+            by_job.setdefault(r.job_id, []).append(r)
+        out: list[DetectionMessage] = []
+        for group in by_job.values():
+            out.extend(self._job_records(group, ts))
+        return out
 
     def _job_records(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
         job_id, world = records[0].job_id, records[0].world_size
@@ -135,10 +139,12 @@ class Engine:
             job = None
         if job is None:
             job = self.jobs[job_id] = Job(job_id, world, self.cfg, self.causes)
-        if any(r.world_size != world for r in records):
-            kept = [r for r in records if r.world_size == world]
-            self.counts["records_wrong_world_size"] += len(records) - len(kept)
-            records = kept
+        for r in records:  # a plain loop: cheaper than any() over a generator, per message
+            if r.world_size != world:
+                kept = [r for r in records if r.world_size == world]
+                self.counts["records_wrong_world_size"] += len(records) - len(kept)
+                records = kept
+                break
         out.extend(job.add_records(records, ts))
         return out
 

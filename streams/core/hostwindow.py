@@ -202,8 +202,12 @@ def _gpu_signals(readings: list[GpuReading], events: list[EventMessage]) -> GpuS
     n = len(readings)
     if not n:
         return GpuSignals(0, {}, None, None, None, None, None, dbe_events, 0, xids)
-    share = {bit: sum(1 for r in readings if (r.throttle_reasons or 0) & bit) / n
-             for bit in THROTTLE_NAMES}
+    reasons = [r.throttle_reasons or 0 for r in readings]
+    seen = 0
+    for x in reasons:
+        seen |= x
+    share = {bit: (sum(1 for x in reasons if x & bit) / n if seen & bit else 0.0)
+             for bit in THROTTLE_NAMES}  # a bit no sample has: 0 without a pass
     clocks = [r.sm_clock_mhz / r.sm_clock_max_mhz for r in readings
               if r.sm_clock_mhz is not None and r.sm_clock_max_mhz]
     power = [r.power_w / r.power_limit_w for r in readings

@@ -67,8 +67,12 @@ class Job(Incidents, Stragglers):
             self.hosts.update(new_hosts)
             self.throughput.peak_flops_total = None  # placement changed: recompute the peak
         out: list[DetectionMessage] = []
-        newest = max(r.end for r in records)
-        step = max(r.step for r in records)
+        newest, step = records[0].end, records[0].step
+        for r in records:  # both maxima in one plain loop (per message)
+            if r.end > newest:
+                newest = r.end
+            if r.step > step:
+                step = r.step
         if step > self.newest_step:
             self.newest_step = step
         closed = self.assembler.add(records)

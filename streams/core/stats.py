@@ -36,11 +36,22 @@ def nanmed(a: np.ndarray, axis: int = -1) -> np.ndarray:
     The same values as :func:`med` (up to the sign of a zero): the middle
     value, or the mean of the two middle values computed as ``(lo + hi) * 0.5``.
     """
-    s = np.sort(np.moveaxis(a, axis, -1), axis=-1)  # NaN sorts last
+    nd = a.ndim
+    ax = axis % nd
+    if ax != nd - 1:  # the lanes last: np.moveaxis without its argument checks
+        a = a.transpose(*[i for i in range(nd) if i != ax], ax)
+    s = np.sort(a, axis=-1)  # NaN sorts last
     shape, n = s.shape[:-1], s.shape[-1]
     if n == 0:
         return np.full(shape, NAN)
     s = s.reshape(-1, n)
+    last_nan = np.isnan(s[:, -1])  # NaN sorts last: a lane with a NaN ends with one
+    if not last_nan.any() or (np.isnan(s[:, 0]) == last_nan).all():
+        # every lane complete or all NaN (an unmeasured quantity): the middle value(s);
+        # an all-NaN lane gives NaN from its own values
+        h = n // 2
+        mid = s[:, h] if n % 2 else (s[:, h - 1] + s[:, h]) * 0.5
+        return mid.reshape(shape)
     count = n - np.isnan(s).sum(axis=1)
     lanes = np.arange(s.shape[0])
     lo = np.maximum((count - 1) // 2, 0)

@@ -110,15 +110,18 @@ class StragglerTracker:
         self._batch: tuple[np.ndarray, int, int] | None = None
         self._floor = np.full(NDIM, cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
         self._floor[0] = cfg.straggler_min_excess
+        self._score_cache: dict[int, np.ndarray] = {}  # rank -> _scores(rank) of this step
 
     def reset(self) -> None:
         for ring in (self.excess, self.flags, self.steps):
             ring.clear()
         self.count[:] = 0
         self.since[:] = np.nan
+        self._score_cache.clear()
 
     def update(self, cs: ClosedStep, groups: GroupIndex) -> None:
         """Score one closed step."""
+        self._score_cache.clear()
         if groups.version != self._groups_version:
             self._noise.clear()
             self._sigma.clear()
@@ -270,8 +273,12 @@ class StragglerTracker:
         return sigma
 
     def _scores(self, rank: int) -> np.ndarray:
-        """Window median of each dimension's excess for ``rank`` (NaN: not measured)."""
-        return nanmed(self.excess.filled()[:, :, rank], 0)
+        """Window median of each dimension's excess for ``rank`` (NaN: not measured); the
+        same array until the next step (read-only for callers)."""
+        out = self._score_cache.get(rank)
+        if out is None:
+            out = self._score_cache[rank] = nanmed(self.excess.filled()[:, :, rank], 0)
+        return out
 
     def candidates(self) -> list[Candidate]:
         """Ranks whose flags persisted (k of n) and whose median excess is above threshold."""
@@ -296,7 +303,12 @@ class StragglerTracker:
         with np.errstate(invalid="ignore"):
             margin = np.where(np.isnan(scores), -np.inf, scores - thr)
         d = int(np.argmax(margin))
-        return float(np.nan_to_num(scores[d], nan=0.0)), float(thr[d])
+        score = float(scores[d])  # as np.nan_to_num(nan=0.0), without its cost per call
+        if score != score:
+            score = 0.0
+        elif score in (np.inf, -np.inf):
+            score = float(np.copysign(np.finfo(float).max, score))
+        return score, float(thr[d])
 
     def score(self, rank: int) -> float:
         return self._best(rank, 1.0)[0]

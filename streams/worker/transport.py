@@ -43,6 +43,7 @@ import faust
 from faust.sensors.monitor import Monitor
 from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
+from faust.transport.producer import ProducerBuffer
 from faust.transport.utils import DefaultSchedulingStrategy
 
 #: aiokafka modules that bind ``lz4_decode`` at import (the C record reader first)
@@ -154,10 +155,40 @@ class LeanConsumer(faust_aiokafka.Consumer):
             self.diag.unset_flag(CONSUMER_FETCHING)
 
 
+class LeanProducerBuffer(ProducerBuffer):
+    """Faust's producer buffer whose ``size`` knows the producer mode without asking.
+
+    The conductor awaits ``wait_until_ebb`` (which reads ``size``) for every
+    consumed message; upstream's ``size`` reads the ``producer_threaded``
+    setting each time, several Python calls through Faust's settings registry.
+    The mode is fixed for the app's life: :class:`LeanProducer` sets it once.
+    """
+
+    threaded = False
+
+    @property
+    def size(self) -> int:
+        if self.threaded:
+            queue = self.queue
+            return len(queue._queue) if queue else 0  # type: ignore[attr-defined]
+        return len(self.pending._queue)  # type: ignore[attr-defined]
+
+
+class LeanProducer(faust_aiokafka.Producer):
+    """aiokafka-driver producer with :class:`LeanProducerBuffer`."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the buffer upstream built, answering ``size`` as upstream would
+        self.buffer.__class__ = LeanProducerBuffer
+        cast(LeanProducerBuffer, self.buffer).threaded = bool(self.app.conf.producer_threaded)
+
+
 class LeanTransport(faust_aiokafka.Transport):
-    """The aiokafka transport with :class:`LeanConsumer`."""
+    """The aiokafka transport with :class:`LeanConsumer` and :class:`LeanProducer`."""
 
     Consumer = LeanConsumer
+    Producer = LeanProducer
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -270,10 +301,12 @@ class RawSchema(faust.Schema):
     """
 
     def compile(self, app: Any, **_: Any) -> Any:
-        create_event = app.create_event
+        # what ``app.create_event`` builds, with the event class looked up once: each
+        # read of a Faust setting is several Python calls, and this runs per message
+        event_type = app.conf.Event
 
         async def decode(message: Any, *, propagate: bool = False) -> Any:
-            return create_event(message.key, message.value, message.headers, message)
+            return event_type(app, message.key, message.value, message.headers, message)
 
         return decode
 
