@@ -6,6 +6,8 @@ loader on one rank, CPU contention from busy processes pinned (``taskset``) to
 the core of host-1's two ranks, or nothing (healthy: no detection). One broker,
 stream worker and pair of agents serve the whole module.
 
+All six runs are part of the suite (about a minute each on 2 cores);
+``STEPWATCH_TORCH_QUICK=1`` keeps only the healthy and compute runs.
 ``STEPWATCH_TORCH_RECORD=1`` (any non-empty value) also writes each job's step messages, as the
 agents published them, to ``tests/fixtures/torch/`` with their labels (the
 replay tests in ``tests/unit/test_integrations_torch_replay.py`` read them).
@@ -127,8 +129,8 @@ def hit(found: list[dict[str, object]], fault: Fault) -> dict[str, object]:
     return mine[0]
 
 
-full = pytest.mark.skipif(not os.environ.get("STEPWATCH_TORCH_FULL"),
-                          reason="the full set of real torch runs: STEPWATCH_TORCH_FULL=1")
+full = pytest.mark.skipif(bool(os.environ.get("STEPWATCH_TORCH_QUICK")),
+                          reason="STEPWATCH_TORCH_QUICK=1: the healthy and compute runs only")
 
 
 def test_healthy_ddp_job_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
