@@ -293,8 +293,10 @@ class StragglerTracker:
     def lasted(self, ranks: list[int]) -> bool:
         """Whether the earliest run of flags among ``ranks`` (one rank, or the slow ranks
         of one host: one fault) began at least ``straggler_min_seconds`` ago."""
-        first = np.nanmin(self.since[ranks]) if ranks else np.nan
-        return bool(self.now - first >= self.cfg.straggler_min_seconds)
+        began = self.since[ranks]
+        began = began[~np.isnan(began)]
+        return bool(len(began)) and self.now - float(began.min()) >= \
+            self.cfg.straggler_min_seconds
 
     def _best(self, rank: int, ratio: float) -> tuple[float, float]:
         """The dimension most over its threshold: (its score, its threshold x ratio)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 import pytest
-from detect_synth import Job, drive, num, opened
+from detect_synth import T0, Job, drive, num, opened
 
 from stepwatch.streams.core import DetectConfig, Engine
 
@@ -70,3 +70,17 @@ def test_thresholds_are_configurable() -> None:
     job = Job(world=16, steps=60, slow={9: (20, 1.06)}, jitter=0.005)
     strict = DetectConfig(straggler_min_excess=0.10)
     assert opened(drive(Engine(strict), job.messages()), "straggler") == []
+
+
+def test_short_steps_need_the_slowness_to_last_in_time() -> None:
+    """60 ms steps: a 1 s burst (16 steps) on one rank is not an incident; the same
+    slowdown that lasts is, once its run of flags is straggler_min_seconds old."""
+    burst = {(5, s): 1.3 for s in range(20, 36)}
+    job = Job(step_s=0.06, steps=120, single=burst)
+    assert opened(drive(Engine(), job.messages()), "straggler") == []
+    lasting = Job(step_s=0.06, steps=120, slow={5: (20, 1.3)})
+    (d,) = opened(drive(Engine(), lasting.messages()), "straggler")
+    assert d.rank == 5
+    first_flag_ts = T0 + 20 * 0.06
+    assert d.ts - first_flag_ts >= DetectConfig().straggler_min_seconds - 0.1
+    assert (d.step or 0) - 20 <= 2.0 / 0.06 + 5
