@@ -63,24 +63,23 @@ class RankTable:
 
     def groups(self) -> GroupIndex:
         if self._groups is None:
-            self._version += 1
-            names = tuple(sorted(set(self.group)))
-            number = {n: i for i, n in enumerate(names)}
-            of_rank = np.array([number[g] for g in self.group], dtype=np.intp)
-            members = tuple(np.flatnonzero(of_rank == i) for i in range(len(names)))
-            self._groups = GroupIndex(names, members, of_rank, self._version)
+            self._groups = self._index(self.group)
         return self._groups
 
     def host_index(self) -> GroupIndex:
         """The ranks of each host, as a :class:`GroupIndex` (names are host names)."""
         if self._by_host is None:
-            self._version += 1
-            names = tuple(sorted(set(self.host)))
-            number = {n: i for i, n in enumerate(names)}
-            of_rank = np.array([number[h] for h in self.host], dtype=np.intp)
-            members = tuple(np.flatnonzero(of_rank == i) for i in range(len(names)))
-            self._by_host = GroupIndex(names, members, of_rank, self._version)
+            self._by_host = self._index(self.host)
         return self._by_host
+
+    def _index(self, key_of_rank: list[str]) -> GroupIndex:
+        """Ranks grouped by a per-rank key, with a fresh version number."""
+        self._version += 1
+        names = tuple(sorted(set(key_of_rank)))
+        number = {n: i for i, n in enumerate(names)}
+        of_rank = np.array([number[k] for k in key_of_rank], dtype=np.intp)
+        members = tuple(np.flatnonzero(of_rank == i) for i in range(len(names)))
+        return GroupIndex(names, members, of_rank, self._version)
 
     def hosts(self) -> set[str]:
         return set(self._hosts)
