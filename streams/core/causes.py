@@ -20,6 +20,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 from stepwatch.contract import EventType
 from stepwatch.streams.core.config import DetectConfig
@@ -252,22 +255,36 @@ def by_phases(shares: Shares, need: float, where: str) -> Attribution:
     return UNKNOWN
 
 
+def waiting_share(wait: Any, ran: Any) -> Any:
+    """``wait / (cpu_time + wait)``: the share of its runnable time a thread waited for a
+    CPU (floats or arrays; NaN where nothing was runnable)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.divide(wait, np.add(ran, wait))
+
+
+def extra_wait(wait: float, ran: float, ref_wait: float, ref_ran: float) -> float:
+    """Seconds waited beyond what ``ran`` seconds on a CPU cost at the reference's waiting
+    share (its peers', or its own baseline): a thread that only computes more waits more
+    in proportion, a contended one waits for a larger share. Without a reference CPU
+    time (NaN), the plain difference of the waits."""
+    share = float(waiting_share(ref_wait, ref_ran))
+    if share != share:
+        return wait - ref_wait
+    return wait - (ran * share / (1 - share) if share < 1 else wait)
+
+
 def job_cpu_contention(cpu: CpuUse | None, grew: float) -> Evidence | None:
     """The ranks' waiting share for a CPU rose enough to explain at least half of the
-    step time the job lost (the wait beyond what its CPU time cost at the baseline's
-    share): evidence, or None."""
+    step time the job lost: evidence, or None."""
     if cpu is None or not grew > 0:
         return None
     (w0, c0), (w1, c1) = cpu
-    if not w0 + c0 > 0 or not w1 + c1 > 0:
-        return None
-    share0 = w0 / (w0 + c0)
-    extra = w1 - (c1 * share0 / (1 - share0) if share0 < 1 else w1)
-    if extra < CPU_SHARE_FOR_CONTENTION * grew:
+    extra = extra_wait(w1, c1, w0, c0)
+    if not extra >= CPU_SHARE_FOR_CONTENTION * grew:  # NaN (nothing measured): no
         return None
     return {"host_reasons": "cpu_contention", "cpu_wait_excess_s": round(extra, 6),
-            "cpu_wait_share_baseline": round(share0, 3),
-            "cpu_wait_share_now": round(w1 / (w1 + c1), 3)}
+            "cpu_wait_share_baseline": round(float(waiting_share(w0, c0)), 3),
+            "cpu_wait_share_now": round(float(waiting_share(w1, c1)), 3)}
 
 
 def severe_gpu(s: GpuSignals, cfg: DetectConfig) -> bool:

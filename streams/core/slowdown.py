@@ -41,16 +41,14 @@ from stepwatch.streams.core.assembly import (
     XFER,
     ClosedStep,
 )
+from stepwatch.streams.core.causes import CpuUse, waiting_share
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.stats import colmed, mad_sigma, med, nanmed, nmin
 
 REBASE_STEPS = 4
-CpuUse = tuple[tuple[float, float], tuple[float, float]]
-COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other",
-              "cpu_wait", "cpu_time")  # the last two: the ranks' medians, not parts of step
-_CPUW, _CPUT = COMPONENTS.index("cpu_wait"), COMPONENTS.index("cpu_time")
+COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +61,7 @@ class Slowdown:
     deltas: dict[str, float]  # component -> seconds added per step vs baseline
     # (cpu_wait, cpu_time) per step at the baseline and now (medians over the ranks of
     # the host whose waiting share rose most), None when the SDK does not report them
-    cpu: tuple[tuple[float, float], tuple[float, float]] | None = None
+    cpu: CpuUse | None = None
     cpu_host: str = ""
 
 
@@ -105,7 +103,7 @@ class SlowdownTracker:
             self.cpu_recent = Ring(self.cfg.window_steps, (2, len(hosts.names)))
         assert self.group_history is not None and self.group_recent is not None
         assert self.cpu_recent is not None
-        cpu = _group_cpu(cs, hosts, comps)
+        cpu = _host_cpu(cs, hosts)
         self.recent.push(comps)
         self.group_recent.push(gmed)
         self.cpu_recent.push(cpu)
@@ -181,8 +179,7 @@ class SlowdownTracker:
             return None, ""
         base = nanmed(self.cpu_history.filled(), 0)  # (2, groups)
         now = nanmed(self.cpu_recent.filled(), 0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            rise = now[0] / (now[0] + now[1]) - base[0] / (base[0] + base[1])
+        rise = waiting_share(now[0], now[1]) - waiting_share(base[0], base[1])
         if np.isnan(rise).all():
             return None, ""
         g = int(np.nanargmax(rise))
@@ -205,27 +202,26 @@ class SlowdownTracker:
         return "", 0.0, 0.0
 
 
-def _group_cpu(cs: ClosedStep, groups: GroupIndex, comps: np.ndarray) -> np.ndarray:
-    """Median (cpu_wait, cpu_time) of the ranks of each host (or group)."""
-    if len(groups.members) == 1:
-        return comps[[_CPUW, _CPUT]][:, None]
+def _host_cpu(cs: ClosedStep, hosts: GroupIndex) -> np.ndarray:
+    """Median (cpu_wait, cpu_time) of the ranks of each host (the job's when one)."""
+    if len(hosts.members) == 1:
+        return cs.med[[CPUW, CPUT]][:, None]
     m = cs.m
-    return np.array([[med(m[CPUW][idx]) for idx in groups.members],
-                     [med(m[CPUT][idx]) for idx in groups.members]])
+    return np.array([[med(m[CPUW][idx]) for idx in hosts.members],
+                     [med(m[CPUT][idx]) for idx in hosts.members]])
 
 
 def _components(cs: ClosedStep) -> np.ndarray:
     m = cs.med
     if not cs.has_phases or np.isnan(m[BUSY]):
-        return np.array([m[DUR] - m[PAUSE], *[np.nan] * (len(COMPONENTS) - 3), m[CPUW], m[CPUT]])
+        return np.array([m[DUR] - m[PAUSE], *[np.nan] * (len(COMPONENTS) - 1)])
     collective = nmin(cs.comm)
     if collective != collective and not np.isnan(m[BWD]):
         return _ddp_components(cs)
     collective = 0.0 if collective != collective else collective
     other = _least_other(cs)
     step = m[BUSY] + collective + other
-    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], m[XFER], collective, other, m[CPUW],
-                     m[CPUT]])
+    return np.array([step, m[BUSY], m[DATA], m[COMPUTE], m[XFER], collective, other])
 
 
 def _least_other(cs: ClosedStep) -> float:
@@ -245,7 +241,7 @@ def _ddp_components(cs: ClosedStep) -> np.ndarray:
     xfer = 0.0 if np.isnan(m[XFER]) else m[XFER]
     busy = data + compute + xfer
     other = _least_other(cs)
-    return np.array([busy + other, busy, m[DATA], compute, m[XFER], 0.0, other, m[CPUW], m[CPUT]])
+    return np.array([busy + other, busy, m[DATA], compute, m[XFER], 0.0, other])
 
 
 def _wait_free_compute(m: np.ndarray, bwd: float) -> float:

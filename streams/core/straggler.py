@@ -305,12 +305,8 @@ class StragglerTracker:
         with np.errstate(invalid="ignore"):
             margin = np.where(np.isnan(scores), -np.inf, scores - thr)
         d = int(np.argmax(margin))
-        score = float(scores[d])  # as np.nan_to_num(nan=0.0), without its cost per call
-        if score != score:
-            score = 0.0
-        elif score in (np.inf, -np.inf):
-            score = float(np.copysign(np.finfo(float).max, score))
-        return score, float(thr[d])
+        score = float(scores[d])  # finite or NaN (not measured): NaN counts as 0
+        return (score if score == score else 0.0), float(thr[d])
 
     def score(self, rank: int) -> float:
         return self._best(rank, 1.0)[0]

@@ -18,7 +18,13 @@ from collections.abc import Callable
 
 from stepwatch.contract import DetectionMessage
 from stepwatch.streams.core.assembly import ClosedStep
-from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence, Shares
+from stepwatch.streams.core.causes import (
+    Attribution,
+    CauseFinder,
+    Evidence,
+    Shares,
+    extra_wait,
+)
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
@@ -213,12 +219,10 @@ def _cpu_share(ev: Evidence, longer_total: float) -> tuple[float | None, Evidenc
     excess = max(busy - busy_peers, longer_total * busy_peers)
     if not excess > 0:
         return None, {}
-    expected = peers
     ran, ran_peers = _num(ev, "cpu_time_s"), _num(ev, "cpu_time_peer_median_s")
-    if ran is not None and ran_peers is not None and ran_peers + peers > 0:
-        share = peers / (ran_peers + peers)
-        expected = ran * share / (1 - share) if share < 1 else own
-    extra = own - expected
+    if ran is None or ran_peers is None:
+        ran = ran_peers = math.nan
+    extra = extra_wait(own, ran, peers, ran_peers)
     return max(0.0, min(1.0, extra / excess)), {"cpu_wait_excess_s": round(extra, 6)}
 
 
