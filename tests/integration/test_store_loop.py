@@ -27,10 +27,10 @@ from stepwatch.alerts.receiver import AlertReceiver, KafkaPublisher
 from stepwatch.alerts.remediate.audit import KafkaWriter
 from stepwatch.alerts.remediate.model import ActionKind, Decision, Mode, Outcome
 from stepwatch.contract import DetectionMessage, Phases, StepMessage, StepRecord, Topics
+from stepwatch.exporters.clickhouse import queries
 from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 from stepwatch.exporters.clickhouse.kafka_source import KafkaSource
 from stepwatch.exporters.clickhouse.migrations import Migrator
-from stepwatch.exporters.clickhouse import queries
 from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
 from stepwatch.kafka import ensure_topics, producer_config
 from stepwatch.settings import Settings
