@@ -99,7 +99,7 @@ def step_time(data: ReportData, b: Breakdown | None = None) -> bytes:
         top.axhline(b.baseline_s, color="tab:green", lw=1, ls=":",
                     label=f"straggler-free baseline {b.baseline_s:.3f} s")
     top.set_ylabel("step time (s)")
-    top.legend(loc="upper left", fontsize=8)
+    top.legend(loc="upper left", fontsize=7)
     tput = [float(s["tokens"]) / float(s["step_s"]) if float(s["step_s"]) > 0 else 0.0
             for s in data.steps]
     bottom.plot(t, tput, color="tab:green", lw=1)
@@ -119,8 +119,8 @@ def _slowest_label(data: ReportData) -> str:
     who = f"rank {ranks.most_common(1)[0][0]} most often" if ranks else "rank unknown"
     gaps = [float(s["step_max_s"]) / float(s["step_s"]) - 1 for s in data.steps if float(s["step_s"]) > 0]
     if bool(gaps) and max(gaps) < COINCIDE:
-        return (f"slowest rank's wall time ({who}): the same as the median within {COINCIDE:.0%} "
-                "(synchronous steps end together; a straggler shows in compute, heat map)")
+        return (f"slowest rank's wall time ({who}): equal to the median within {COINCIDE:.0%}\n"
+                "(synchronous steps end together: a straggler shows in compute, see the heat map)")
     return f"slowest rank's wall time ({who})"
 
 
