@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 import store_testdata as D
+from alert_support import WebhookReceiver
 
+from stepwatch.alerts.config import Receivers, alertmanager_config
 from stepwatch.alerts.receiver import AlertReceiver, KafkaPublisher
 from stepwatch.alerts.remediate.audit import KafkaWriter
 from stepwatch.alerts.remediate.model import ActionKind, Decision, Mode, Outcome
@@ -169,45 +171,33 @@ def test_detection_alert_and_action_reach_the_store_timeline_and_report(loop, tm
     assert "none" not in alerts_section and "none" not in actions_section
 
 
-def am_config(url: str, token_file: str) -> str:
-    return f"""
-route:
-  receiver: store
-  group_by: [alertname, job_id, host]
-  group_wait: 0s
-  group_interval: 1s
-  repeat_interval: 1h
-receivers:
-  - name: store
-    webhook_configs:
-      - url: {url}
-        send_resolved: true
-        http_config:
-          authorization:
-            credentials_file: {token_file}
-"""
-
-
 def _am_alert(starts: float, ends: float) -> dict[str, Any]:
     return {"labels": {"alertname": "StragglerPersistent", "job_id": JOB, "host": "node02",
-                       "severity": "page"},
+                       "severity": "page", "class": "system", "remediation": "drain"},
             "annotations": {"summary": "straggler"}, "startsAt": _iso(starts), "endsAt": _iso(ends)}
 
 
 @pytest.mark.timeout(150)
 def test_real_alertmanager_firing_then_resolved_reaches_the_alerts_table(
         loop, tmp_path, alertmanager_factory):
+    """The shipped routing with the store's receiver added: it records every alert and the
+    tree below still delivers (the remediator hears of it too)."""
     settings, store, sink = loop
     am, publisher = receiver(settings)
     token = tmp_path / "token"
     token.write_text(TOKEN)
     try:
-        manager = alertmanager_factory(am_config(f"{am.url}/alerts", str(token)))
-        start = time.time() - 5
-        manager.post_alerts([_am_alert(start, time.time() + 600)])
-        wait_rows(sink, {"alerts": 1})
-        manager.post_alerts([_am_alert(start, time.time() - 1)])  # Prometheus resolves it
-        wait_rows(sink, {"alerts": 2})
+        with WebhookReceiver() as hooks:
+            config = alertmanager_config(Receivers(hooks.url("/remediator"), str(token),
+                                                   hooks.url("/pager"), hooks.url("/tickets"),
+                                                   store_url=f"{am.url}/alerts"), fast=True)
+            manager = alertmanager_factory(config)
+            start = time.time() - 5
+            manager.post_alerts([_am_alert(start, time.time() + 600)])
+            wait_rows(sink, {"alerts": 1})
+            manager.post_alerts([_am_alert(start, time.time() - 1)])  # Prometheus resolves it
+            wait_rows(sink, {"alerts": 2})
+            assert hooks.received("/remediator")  # the tree below the store route still runs
     finally:
         am.stop()
         publisher.close()
