@@ -75,6 +75,9 @@ LABELS: dict[str, str] = {
 # straggler-free baseline: below it is the ordinary wait for the slowest rank's jitter
 # (the detector's own job-slowdown floor, DetectConfig.slowdown_min_excess).
 STRAGGLER_TOLERANCE = 0.05
+# Steps of a job before its straggler-free baseline exists (the detector's warm-up, 5,
+# plus its min_baseline_steps, 20): a slow step then is warm-up, not a straggler.
+BASELINE_AFTER_STEPS = 25
 
 MFU_UNKNOWN = ("MFU needs flops_per_step and peak_flops: set the step's flops in the SDK "
                "(step.flops = model FLOPs of this rank's step, docs/sdk.md) and run on a GPU "

@@ -35,7 +35,9 @@ SELECT step, toFloat64(min(start_ts)) AS start, toFloat64(max(end_ts)) AS end,
        sum(ifNull(checkpoint_s, 0)) AS checkpoint_s, count() AS rows,
        uniqExact(rank) AS ranks, median(ifNull(e.data_s, 0)) AS data_med,
        median(ifNull(e.checkpoint_s, 0)) AS ckpt_med, argMax(rank, duration_s) AS slowest_rank,
-       if(count(flops) = count(), sum(flops), NULL) AS flops
+       if(count(flops) = count(), sum(flops), NULL) AS flops,
+       if(count(e.comm_wait_s) = count(), median(e.comm_wait_s) - min(e.comm_wait_s), NULL)
+           AS wait_excess
 FROM step_events AS e FINAL
 WHERE job_id = {job:String}
 GROUP BY step

@@ -6,9 +6,14 @@ step's median-rank time is split into productive, data loading, checkpoint and
 straggler time (above the straggler-free baseline), times the world size
 (rank-seconds). Over the job's wall time (first step start to last step end):
 
-* the **straggler-free baseline** is the median step time (checkpoint aside) of
-  the steps no straggler or job-slowdown detection covered (after the first
-  ``WARMUP`` steps); its data phase likewise;
+* the **straggler-free baseline** is the detector's: each step's time less the
+  wait a straggler adds (the median rank's collective wait over the least any
+  rank had: the slow rank waits least) and less its checkpoint, then the median
+  over the steps after the first ``WARMUP`` that no job-slowdown detection
+  covered (and, for steps without phase timings, no straggler detection); its
+  data phase likewise;
+* the first ``BASELINE_AFTER_STEPS`` steps count no straggler time (the worker
+  has no baseline yet either: a slow step then is warm-up);
 * steps run again (more rows than ranks) are **wasted progress**;
 * a gap between steps longer than ``GAP_FACTOR`` x the step time is a **restart**
   when the step numbers went back after it, else a **hang**;
@@ -23,7 +28,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepwatch.contract.goodput import LABELS, PRODUCTIVE, Badput, split_step, step_time
+from stepwatch.contract.goodput import (
+    BASELINE_AFTER_STEPS,
+    LABELS,
+    PRODUCTIVE,
+    Badput,
+    split_step,
+    step_time,
+)
 
 GAP_FACTOR = 3.0
 WARMUP = 5  # first steps: not part of the baseline (the worker's warmup_steps)
@@ -64,15 +76,21 @@ def slowed_steps(detections: Iterable[Mapping[str, Any]]) -> list[tuple[int, int
     return [(first[k], last[k]) for k in first]
 
 
-def baseline(steps: Sequence[Mapping[str, Any]], slowed: Sequence[tuple[int, int]]
+def baseline(steps: Sequence[Mapping[str, Any]], detections: Iterable[Mapping[str, Any]] = ()
              ) -> tuple[float | None, float]:
     """(straggler-free step time, its data phase) over the steps no slowdown covered."""
+    whole = slowed_steps(d for d in detections if d.get("type") == "job_slowdown")
+    any_slow = slowed_steps(detections)
     clean = [s for s in steps[WARMUP:]
-             if not any(a <= int(s["step"]) <= b for a, b in slowed)]
+             if not _covered(s, whole) and (s.get("wait_excess") is not None or not _covered(s, any_slow))]
     if not clean:
         return None, 0.0
-    base = statistics.median(float(s["step_s"]) - _f(s, "ckpt_med") for s in clean)
+    base = statistics.median(float(s["step_s"]) - _f(s, "wait_excess") - _f(s, "ckpt_med") for s in clean)
     return base, statistics.median(_f(s, "data_med") for s in clean)
+
+
+def _covered(step: Mapping[str, Any], spans: Sequence[tuple[int, int]]) -> bool:
+    return any(a <= int(step["step"]) <= b for a, b in spans)
 
 
 def breakdown(steps: Sequence[Mapping[str, Any]],
@@ -83,9 +101,11 @@ def breakdown(steps: Sequence[Mapping[str, Any]],
         return Breakdown(0.0, out)
     world = max(int(s["world"]) for s in steps)
     available = world * max(max(float(s["end"]) for s in steps) - min(float(s["start"]) for s in steps), 0.0)
-    base, base_data = baseline(steps, slowed_steps(detections))
-    for s in steps:
-        part = split_step(float(s["step_s"]), _f(s, "data_med"), _f(s, "ckpt_med"), 0.0, base, base_data)
+    detections = list(detections)
+    base, base_data = baseline(steps, detections)
+    for i, s in enumerate(steps):  # before the baseline exists (warm-up) no step is a straggler's
+        part = split_step(float(s["step_s"]), _f(s, "data_med"), _f(s, "ckpt_med"), 0.0,
+                          base if i >= BASELINE_AFTER_STEPS else None, base_data)
         out[PRODUCTIVE] += world * part.productive
         out[Badput.DATA_LOADING] += world * part.data_loading
         out[Badput.CHECKPOINT] += world * part.checkpoint

@@ -29,14 +29,24 @@ def test_steady_run_is_all_productive_but_its_data_and_checkpoint_phases() -> No
 
 
 def test_a_straggler_costs_its_excess_over_the_clean_steps_baseline() -> None:
-    steps = [step(i, 1.0 * i) for i in range(20)]
-    steps += [step(20 + i, 20 + 1.3 * i, dur=1.3) for i in range(20)]
-    detections = [{"id": "s1", "type": "straggler", "state": "open", "step": 25, "first_step": 20}]
+    steps = [step(i, 1.0 * i, dur=2.0 if i < 3 else 1.0) for i in range(30)]  # slow warm-up
+    steps += [step(30 + i, 30 + 1.3 * i, dur=1.3) for i in range(30)]
+    detections = [{"id": "s1", "type": "straggler", "state": "open", "step": 35, "first_step": 30}]
     b = breakdown(steps, detections)
     assert b.baseline_s == pytest.approx(1.0)
-    assert b.seconds[Badput.STRAGGLER] == pytest.approx(4 * 20 * 0.3)
-    assert b.seconds[PRODUCTIVE] == pytest.approx(4 * 40 * 1.0)
-    assert b.step_s == pytest.approx(1.15)  # the median of the steps, not the baseline
+    assert b.seconds[Badput.STRAGGLER] == pytest.approx(4 * 30 * 0.3)  # not the warm-up
+    assert b.seconds[PRODUCTIVE] == pytest.approx(4 * (27 + 3 * 2.0 + 30 * 1.0))
+    assert b.step_s == pytest.approx(1.3)  # the median of the steps (half were slow), not 1.0
+
+
+def test_the_baseline_removes_the_wait_for_a_straggler_it_can_see() -> None:
+    """The straggler starts right after warm-up: no clean step, but the peers' extra
+    collective wait (over the slow rank's own) says what the step would have taken."""
+    steps = [dict(step(i, 1.3 * i, dur=1.3), wait_excess=0.3) for i in range(40)]
+    detections = [{"id": "s1", "type": "straggler", "state": "open", "step": 10, "first_step": 6}]
+    b = breakdown(steps, detections)
+    assert b.baseline_s == pytest.approx(1.0)
+    assert b.seconds[Badput.STRAGGLER] == pytest.approx(4 * 15 * 0.3)
 
 
 def test_a_hang_a_restart_and_a_rerun_step() -> None:
