@@ -161,10 +161,11 @@ def timeline(data: ReportData) -> bytes:
         ("actions", data.actions, lambda a: f"{a['action']} {a['status']}", "tab:blue"),
     ]
     fig, ax = plt.subplots(figsize=(11, 3.2))
+    span = float(data.steps[-1]["end"]) - float(data.steps[0]["start"]) if data.steps else 0.0
     for y, (_name, rows, label, color) in enumerate(lanes):
-        for row in rows[:60]:
-            ax.plot(_when(float(row["ts"])), y, "o", color=color, ms=5)
-            ax.annotate(label(row), (_when(float(row["ts"])), y), xytext=(3, 5),
+        for ts, text in _merge(rows[:60], label, span / 100):
+            ax.plot(_when(ts), y, "o", color=color, ms=5)
+            ax.annotate(text, (_when(ts), y), xytext=(3, 5),
                         textcoords="offset points", fontsize=6, rotation=20)
         if not rows:
             ax.text(0.01, y, "none", transform=ax.get_yaxis_transform(), va="center", fontsize=8)
@@ -175,3 +176,17 @@ def timeline(data: ReportData) -> bytes:
     ax.set_title(f"{data.job}: events, detections, alerts and actions")
     fig.autofmt_xdate()
     return _png(fig)
+
+
+def _merge(rows: Rows, label: Callable[[dict[str, Any]], str], within: float
+           ) -> list[tuple[float, str]]:
+    """Marks closer than ``within`` seconds share one point and one label (no overprint)."""
+    out: list[tuple[float, list[str]]] = []
+    for row in sorted(rows, key=lambda r: float(r["ts"])):
+        ts, text = float(row["ts"]), label(row)
+        if out and ts - out[-1][0] <= within:
+            if text not in out[-1][1]:
+                out[-1][1].append(text)
+        else:
+            out.append((ts, [text]))
+    return [(ts, ", ".join(texts)) for ts, texts in out]
