@@ -106,6 +106,9 @@ class Settings:
     remediate_token_file: str = ""
     remediate_mode: str = ""  # observe | recommend | execute; empty: the policy's mode
     remediate_url: str = "http://127.0.0.1:9469"  # where the CLI finds the running service
+    # the alert receiver (`stepwatch alerts receive`): Alertmanager -> <prefix>.alerts -> the store;
+    # it binds remediate_bind and checks the remediator's bearer token
+    remediate_alerts_port: int = 9470
     # --- integrity: topics, message bounds, /metrics endpoints ---------------------
     min_insync_replicas: int = 2  # topic setting at creation; capped at replication_factor
     topic_retention_hours: float = 168.0  # retention.ms of created topics; <= 0: the broker's

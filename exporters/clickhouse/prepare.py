@@ -34,6 +34,7 @@ from stepwatch.contract import (
 from stepwatch.contract.codec import MAX_MESSAGE_BYTES
 from stepwatch.errors import ContractError, StoreError
 from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.ops_rows import Mapper
 from stepwatch.exporters.clickhouse.rates import (
     GPU_COUNTERS,
     MAX_GAP_SECONDS,
@@ -149,8 +150,10 @@ class Preparer:
         now: Callable[[], float] = time.time,
         recent_keys: int = 1_000_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        ops: dict[str, Mapper] | None = None,
     ) -> None:
         self.store = store
+        self.ops = ops or {}  # operations topics (alerts, remediations) -> their row mapper
         self.now = now
         self.gpus = CounterTracker(len(GPU_COUNTERS))
         self.ports = CounterTracker(len(PORT_COUNTERS))
@@ -164,6 +167,9 @@ class Preparer:
         now = self.now()
         decoded: list[tuple[Record, Message]] = []
         for record in records:
+            if record.topic in self.ops:
+                self._ops_record(record, out, now)
+                continue
             message = self._decode(record, out, now)
             if message is not None:
                 decoded.append((record, message))
@@ -186,6 +192,18 @@ class Preparer:
                 out.dead.append(dead_row(bucket.sources[i], row_reason(problem), detail, now))
             if bad:
                 bucket.remove(set(bad))
+
+    def _ops_record(self, record: Record, out: Prepared, now: float) -> None:
+        """An alert or remediation record: one row, or a dead letter with the reason."""
+        if not record.value:
+            out.dead.append(dead_row(record, "malformed_json", "empty record value", now))
+            return
+        try:
+            table, row = self.ops[record.topic](record.value)
+        except ContractError as err:
+            out.dead.append(dead_row(record, err.reason, err.detail, now))
+            return
+        out.add(table, row, record, table.name)
 
     def _decode(self, record: Record, out: Prepared, now: float) -> Message | None:
         if not record.value:

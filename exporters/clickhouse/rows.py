@@ -246,7 +246,21 @@ DEAD_LETTERS = table("dead_letters", [
     ("kind", _LC), ("host", _LC), ("inst", _LC), ("seq", "Nullable(UInt64)"),
 ])
 
-TABLES: dict[str, Table] = {t.name: t for t in (STEPS, GPUS, PORTS, EVENTS, DETECTIONS, DEAD_LETTERS)}
+ALERTS = table("alerts", [
+    ("received_at", _DT3), ("fingerprint", "String"), ("alertname", _LC), ("status", _LC),
+    ("severity", _LC), ("starts_at", _DT3), ("ends_at", f"Nullable({_DT3})"), ("job_id", _LC),
+    ("host", _LC), ("labels", "Map(String, String)"), ("annotations", "Map(String, String)"),
+])
+
+REMEDIATIONS = table("remediation_actions", [
+    ("ts", _DT3), ("id", "String"), ("action", _LC), ("status", _LC), ("dry_run", "Bool"),
+    ("job_id", _LC), ("host", _LC), ("detection_id", "String"), ("alert_fingerprint", "String"),
+    ("reason", "String"), ("detail", "String"), ("actor", _LC), ("mode", _LC), ("alertname", _LC),
+    ("cause", _LC), ("alert_class", _LC),
+])
+
+TABLES: dict[str, Table] = {t.name: t for t in (STEPS, GPUS, PORTS, EVENTS, DETECTIONS, DEAD_LETTERS,
+                                                ALERTS, REMEDIATIONS)}
 
 
 # --------------------------------------------------------------------------- values

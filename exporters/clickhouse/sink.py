@@ -25,6 +25,7 @@ from stepwatch.contract import Topics
 from stepwatch.errors import StepwatchError, TransportError
 from stepwatch.exporters.clickhouse import rows as R
 from stepwatch.exporters.clickhouse.kafka_source import TP, Source
+from stepwatch.exporters.clickhouse.ops_rows import ops_mappers
 from stepwatch.exporters.clickhouse.planner import Batch, Planner
 from stepwatch.exporters.clickhouse.prepare import Preparer, Record, dead_row
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
@@ -59,11 +60,11 @@ class SinkConfig:
 
 def sink_topics(prefix: str) -> tuple[str, ...]:
     t = Topics(prefix)
-    return (t.steps, t.gpu, t.ports, t.events, t.detections)
+    return (t.steps, t.gpu, t.ports, t.events, t.detections, *t.operations())
 
 
 class Sink:
-    """Consumes the telemetry and detection topics into the store."""
+    """Consumes the telemetry, detection, alert and remediation topics into the store."""
 
     def __init__(
         self,
@@ -84,7 +85,8 @@ class Sink:
         self.after_insert = after_insert
         self._stop = threading.Event()
         self.planner = Planner(config.batch_messages, config.batch_seconds, clock)
-        self.preparer = Preparer(store, max_message_bytes=config.max_message_bytes)
+        self.preparer = Preparer(store, max_message_bytes=config.max_message_bytes,
+                                 ops=ops_mappers(self.topics))
         self.writer = Writer(store, self.metrics, retry_initial=config.retry_initial,
                              retry_max=config.retry_max, should_stop=self._stop.is_set)
         self._committed: dict[TP, int] = {}

@@ -25,7 +25,8 @@ def add_store_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--clickhouse-user", help="server user (env STEPWATCH_CLICKHOUSE_USER); the "
                    "password comes from STEPWATCH_CLICKHOUSE_PASSWORD")
     g.add_argument("--database", dest="clickhouse_database", help="database name (default stepwatch)")
-    g.add_argument("--store-path", help="embedded store directory (default var/chdb)")
+    g.add_argument("--store-path", help="embedded store directory (default var/chdb; readers "
+                   "fall back to the demo's var/demo/chdb when var/chdb does not exist)")
 
 
 def store_settings(args: argparse.Namespace, **more: Any) -> Settings:
@@ -96,11 +97,11 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from stepwatch.exporters.clickhouse.access import live_endpoint, open_reader
+    from stepwatch.exporters.clickhouse.access import live_endpoint, open_reader, reader_settings
     from stepwatch.exporters.clickhouse.migrations import Migrator
     from stepwatch.exporters.clickhouse.output import render
 
-    settings = store_settings(args)
+    settings = reader_settings(store_settings(args))
     owner = live_endpoint(settings)
     store = open_reader(settings)
     try:
