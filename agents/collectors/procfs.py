@@ -156,9 +156,8 @@ class IdentityCache:
         now = self._clock()
         entry = self._entries.get(pid)
         start = self.proc.start_time(pid)
-        if entry is not None and now < entry[0]:
-            if start is None or start == entry[1].start_time:
-                return entry[1]  # the same process (or it just exited)
+        if entry is not None and now < entry[0] and start in (None, entry[1].start_time):
+            return entry[1]  # the same process (or it just exited)
         if start is None:
             return None
         found = self.proc.identity(pid)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import logging
 import socket
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -96,10 +97,11 @@ class SenderGate:
                  clock: Callable[[], float] | None = None,
                  hostname: Callable[[], str] = socket.gethostname) -> None:
         self.policy = policy or SenderPolicy()
-        extra = {"clock": clock} if clock else {}
-        self.identities = IdentityCache(proc or ProcFS(self.policy.proc_root), **extra)
-        self.per_sender = TokenBuckets(self.policy.sender_rate, self.policy.sender_burst, **extra)
-        self.per_user = TokenBuckets(self.policy.user_rate, self.policy.user_burst, **extra)
+        clock = clock or time.monotonic
+        self.identities = IdentityCache(proc or ProcFS(self.policy.proc_root), clock=clock)
+        self.per_sender = TokenBuckets(self.policy.sender_rate, self.policy.sender_burst,
+                                       clock=clock)
+        self.per_user = TokenBuckets(self.policy.user_rate, self.policy.user_burst, clock=clock)
         self._names = machine_names(hostname) | self.policy.host_aliases
         self._logged: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.rate_limited = 0  # only the reader thread writes it

@@ -186,6 +186,7 @@ class StepsCollector:
     def _admitted(self, item: RankStep | RankEvent, sender: Sender, host: str) -> bool:
         """Whether ``sender`` may say what ``item`` claims; a rejection is counted and
         logged once per sender, and the record is never forwarded."""
+        claim: tuple[str, str, int | None]
         if isinstance(item, RankStep):
             claim = (item.step.host, item.step.job_id, item.step.rank)
         else:
