@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
-from test_publisher import FakeCluster, FakeProducer, Err, messages, received, settings
+from test_publisher import Err, FakeCluster, FakeProducer, messages, received, settings
 
 from stepwatch.agents.publisher import KafkaPublisher
 from stepwatch.agents.sink import Sequencer
