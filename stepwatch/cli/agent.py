@@ -84,6 +84,9 @@ def register(subparsers: Any) -> None:
                    help="datagrams per second one process may send (default 500; 0: no limit)")
     g.add_argument("--sender-burst", dest="agent_sender_burst", type=int, metavar="N",
                    help="datagrams one process may send at once (default 1000)")
+    g.add_argument("--user-rate", dest="agent_user_rate", type=float, metavar="N",
+                   help="datagrams per second all processes of one user may send (default "
+                   "4000, burst STEPWATCH_AGENT_USER_BURST=8000; 0: no limit)")
     g.add_argument("--max-message-bytes", dest="agent_max_message_bytes", type=parse_size,
                    metavar="SIZE", help="largest step message the agent builds per job and "
                    "tick; more steps go in more messages (default 256K)")
@@ -106,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
     fields = ("host", "collectors", "agent_socket", "tick_seconds", "spool_dir", "spool_max_bytes",
               "sysfs_root", "dcgm_url", "metrics_port", "agent_socket_group", "agent_verify_job",
               "agent_host_aliases", "agent_sender_rate", "agent_sender_burst",
-              "agent_max_message_bytes")
+              "agent_user_rate", "agent_max_message_bytes")
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
     broker = None
     if args.dev_broker and not settings.bootstrap_servers:
