@@ -141,3 +141,34 @@ def test_a_big_tick_is_split_into_messages_under_the_limit(tmp_path: Path) -> No
     sizes = [len(encode(m)) for m in stamped]
     assert len(out) > 10 and max(sizes) <= 16 * 1024
     assert sorted(r.step for m in out for r in m.steps) == list(range(3000))
+
+
+def test_sdk_counts_a_socket_it_may_not_write_to(tmp_path: Path) -> None:
+    """The SDK never fails for it: the datagram is dropped and counted as no_permission."""
+    from stepwatch.sdk.transport import DatagramSender
+
+    path = tmp_path / "run" / "a.sock"
+    c = StepsCollector(str(path))
+    try:
+        if os.geteuid() != 0:
+            os.chmod(path, 0o400)
+            sender = DatagramSender(str(path))
+            assert not sender.send_bytes(step("j")) and sender.dropped == {"no_permission": 1}
+            return
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: another user (nobody), same socket
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                sender = DatagramSender(str(path))
+                ok = not sender.send_bytes(step("j")) and sender.dropped == {"no_permission": 1}
+                os.write(write, b"1" if ok else b"0")
+            finally:
+                os._exit(0)
+        os.close(write)
+        assert os.read(read, 1) == b"1"
+        os.waitpid(pid, 0)
+    finally:
+        c.close()
