@@ -111,13 +111,15 @@ class SenderGate:
         """The datagram's sender, or None when its rate limit drops it (counted)."""
         if creds is None:
             return LOCAL
-        if not self.per_sender.allow(creds.pid) or not self.per_user.allow(creds.uid):
+        # pid 0: a sender outside the agent's pid namespace (run the agent with the host's)
+        visible = creds.pid > 0
+        if (visible and not self.per_sender.allow(creds.pid)) or not self.per_user.allow(creds.uid):
             self.rate_limited += 1
             self.log_once("rate_limited", creds, "datagrams over the rate limit dropped "
                           "rate_per_process=%s burst=%s", self.policy.sender_rate,
                           self.policy.sender_burst)
             return None
-        if self.policy.verify_job is VerifyJob.OFF:
+        if self.policy.verify_job is VerifyJob.OFF or not visible:
             return Sender(creds)
         return Sender(creds, self.identities.get(creds.pid))
 

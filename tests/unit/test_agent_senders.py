@@ -203,3 +203,11 @@ def test_gate_limits_each_process_and_each_user(tmp_path: Path) -> None:
     other_user = [g.admit(Creds(9, 1001, 1001)) for _ in range(20)]
     assert sum(s is not None for s in other_user) == 10  # another user is not starved
     assert g.rate_limited == 10 + 15 + 10
+
+
+def test_sender_outside_the_pid_namespace_is_limited_per_user_and_unverified(
+        tmp_path: Path) -> None:
+    g = gate(tmp_path, verify_job=VerifyJob.STRICT, sender_burst=2, user_burst=5)
+    admitted = [g.admit(Creds(0, 1000, 1000)) for _ in range(8)]
+    assert sum(s is not None for s in admitted) == 5  # no shared pid-0 bucket, the user's
+    assert g.check(admitted[0], "h", "", "j", 0) == "job_unverified"  # type: ignore[arg-type]
