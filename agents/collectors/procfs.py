@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -61,6 +62,17 @@ class ProcFS:
     def __init__(self, root: str | os.PathLike[str] = "/proc") -> None:
         self.root = Path(root)
         self._prefix = str(self.root) + "/"  # string paths: pathlib costs more than the read
+        self._live = self.root == Path("/proc") and hasattr(os, "pidfd_open")
+
+    def pin(self, pid: int) -> int:
+        """A pidfd holding this process (its pid is not reused while it lives); -1 on a
+        fake tree, where pidfds are unavailable, or when the process is gone."""
+        if not self._live:
+            return -1
+        try:
+            return os.pidfd_open(pid)
+        except OSError:
+            return -1
 
     def _read(self, pid: int, name: str) -> bytes | None:
         try:
@@ -140,33 +152,68 @@ class IdentityCache:
     """pid -> :class:`ProcIdentity`, keyed on pid *and* start time (pids are reused).
 
     An entry lives ``ttl`` seconds; a process that has exited keeps its last
-    entry until then (its final datagrams still verify). At most
-    ``max_entries`` pids are held (the oldest go first).
+    entry until then (its final datagrams still verify). On the real /proc
+    each entry holds a pidfd: while it says the process lives, its pid cannot
+    have been reused and nothing is read; otherwise the start time is read
+    again. At most ``max_entries`` pids are held (the oldest go first).
     """
 
-    def __init__(self, proc: ProcFS, *, ttl: float = 30.0, max_entries: int = 4096,
+    def __init__(self, proc: ProcFS, *, ttl: float = 30.0, max_entries: int = 256,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.proc = proc
         self.ttl = ttl
         self.max_entries = max_entries
         self._clock = clock
-        self._entries: OrderedDict[int, tuple[float, ProcIdentity]] = OrderedDict()
+        self._entries: OrderedDict[int, tuple[float, ProcIdentity, int]] = OrderedDict()
         self.lookups = 0  # /proc reads of a whole identity (cache misses)
 
     def get(self, pid: int) -> ProcIdentity | None:
         now = self._clock()
         entry = self._entries.get(pid)
-        start = self.proc.start_time(pid)
-        if entry is not None and now < entry[0] and start in (None, entry[1].start_time):
-            return entry[1]  # the same process (or it just exited)
+        if entry is not None and now < entry[0]:
+            if entry[2] >= 0 and _alive(entry[2]):
+                return entry[1]
+            start = self.proc.start_time(pid)
+            if start in (None, entry[1].start_time):
+                return entry[1]  # the same process (or it just exited)
+        else:
+            start = self.proc.start_time(pid)
         if start is None:
             return None
         found = self.proc.identity(pid)
         self.lookups += 1
         if found is None:
             return None
-        self._entries[pid] = (now + self.ttl, found)
-        self._entries.move_to_end(pid)
-        while len(self._entries) > self.max_entries:
-            self._entries.popitem(last=False)
+        self._put(pid, now, found)
         return found
+
+    def _put(self, pid: int, now: float, found: ProcIdentity) -> None:
+        fd = self.proc.pin(pid)
+        if fd >= 0 and self.proc.start_time(pid) != found.start_time:  # gone meanwhile
+            os.close(fd)
+            fd = -1
+        old = self._entries.pop(pid, None)
+        if old is not None and old[2] >= 0:
+            os.close(old[2])
+        self._entries[pid] = (now + self.ttl, found, fd)
+        while len(self._entries) > self.max_entries:
+            _, (_, _, evicted) = self._entries.popitem(last=False)
+            if evicted >= 0:
+                os.close(evicted)
+
+    def close(self) -> None:
+        for _, _, fd in self._entries.values():
+            if fd >= 0:
+                os.close(fd)
+        self._entries.clear()
+
+
+def _alive(pidfd: int) -> bool:
+    """Whether the process a pidfd holds has not exited (a zombie still holds its pid)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, we may not signal it
+    return True

@@ -148,6 +148,10 @@ class SenderGate:
             return "job_unverified"  # a pod, but no job id to compare with
         return None
 
+    def close(self) -> None:
+        """Release the pidfds the identity cache holds."""
+        self.identities.close()
+
     # ------------------------------------------------------------------ logging
     def log_once(self, reason: str, creds: Creds | None, msg: str, *args: object) -> None:
         """Log ``msg`` the first time ``reason`` is seen from this sender (bounded memory)."""

@@ -236,6 +236,7 @@ class StepsCollector:
                 os.unlink(self.path)
             except OSError:
                 pass
+        self.gate.close()
 
     # ------------------------------------------------------------------ GPU ownership
     def job_of_gpu(self) -> dict[int, str]:

@@ -211,3 +211,22 @@ def test_sender_outside_the_pid_namespace_is_limited_per_user_and_unverified(
     admitted = [g.admit(Creds(0, 1000, 1000)) for _ in range(8)]
     assert sum(s is not None for s in admitted) == 5  # no shared pid-0 bucket, the user's
     assert g.check(admitted[0], "h", "", "j", 0) == "job_unverified"  # type: ignore[arg-type]
+
+
+def test_real_proc_pins_a_live_sender_and_notices_when_it_exits() -> None:
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
+                             env={"SLURM_JOB_ID": "41", "PATH": "/usr/bin:/bin"})
+    cache = IdentityCache(ProcFS("/proc"))
+    try:
+        assert cache.get(child.pid).env_jobs == {"41"}  # type: ignore[union-attr]
+        assert cache._entries[child.pid][2] >= 0  # a pidfd holds it: no /proc read per datagram
+        assert cache.get(child.pid) is not None and cache.lookups == 1
+    finally:
+        child.kill()
+        child.wait()
+    assert cache.get(child.pid).env_jobs == {"41"}  # type: ignore[union-attr]  # its last ones
+    cache.close()
+    assert not cache._entries
