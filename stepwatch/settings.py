@@ -209,7 +209,7 @@ class Settings:
             raise ConfigError(f"spool_max_bytes must be >= 1 MiB, got {self.spool_max_bytes}")
 
     def _validate_agent(self) -> None:
-        if self.agent_verify_job.strip().lower() not in AGENT_VERIFY_JOB:
+        if self.agent_verify_job.strip().lower().replace("-", "_") not in AGENT_VERIFY_JOB:
             raise ConfigError(f"setting agent_verify_job: {self.agent_verify_job!r} is not one "
                               f"of {', '.join(AGENT_VERIFY_JOB)}")
         if self.agent_max_message_bytes < 4096:
