@@ -36,6 +36,12 @@ _SECTIONS = ("kafka", "agent", "stream", "store", "sink", "hang", "remediate", "
 _SECRET_MARKERS = ("password", "secret", "sasl.password", "ssl.key.password", "token")
 
 
+# The SDK and the agent share this default: a directory of the agent's own
+# (created 0750), never a socket directly in a world-writable /tmp.
+DEFAULT_AGENT_SOCKET = "/tmp/stepwatch/agent.sock"
+AGENT_VERIFY_JOB = ("off", "when_known", "strict")
+
+
 def _default_host() -> str:
     return socket.gethostname()
 
@@ -53,7 +59,19 @@ class Settings:
     create_topics: bool = True
     # --- node agent ------------------------------------------------------------
     host: str = field(default_factory=_default_host)
-    agent_socket: str = "/tmp/stepwatch-agent.sock"
+    agent_socket: str = DEFAULT_AGENT_SOCKET
+    # group (name or gid) allowed to send to the socket: its directory is 0750 and the
+    # socket 0620, both of this group; empty: the agent's own group
+    agent_socket_group: str = ""
+    agent_verify_job: str = "when_known"  # off | when_known | strict (docs/agent.md)
+    agent_host_aliases: str = ""  # comma-separated names also accepted as this host
+    agent_sender_rate: float = 500.0  # datagrams/s per sending process; 0: no limit
+    agent_sender_burst: int = 1000
+    agent_user_rate: float = 4000.0  # datagrams/s per sending uid; 0: no limit
+    agent_user_burst: int = 8000
+    agent_max_message_bytes: int = 256 * 1024  # a step message the agent builds, at most
+    agent_dead_letter_max_bytes: int = 64 * 1024 * 1024  # <spool_dir>/dead, at most
+    proc_root: str = "/proc"
     tick_seconds: float = 1.0
     spool_dir: str = "var/spool"
     spool_max_bytes: int = 512 * 1024 * 1024
@@ -189,8 +207,20 @@ class Settings:
             raise ConfigError("metrics_tls_cert and metrics_tls_key go together")
         if bool(self.metrics_auth_user) != bool(self.metrics_auth_password):
             raise ConfigError("metrics_auth_user and metrics_auth_password go together")
+        self._validate_agent()
         if self.spool_max_bytes < 1024 * 1024:
             raise ConfigError(f"spool_max_bytes must be >= 1 MiB, got {self.spool_max_bytes}")
+
+    def _validate_agent(self) -> None:
+        if self.agent_verify_job.strip().lower().replace("-", "_") not in AGENT_VERIFY_JOB:
+            raise ConfigError(f"setting agent_verify_job: {self.agent_verify_job!r} is not one "
+                              f"of {', '.join(AGENT_VERIFY_JOB)}")
+        if self.agent_max_message_bytes < 4096:
+            raise ConfigError("setting agent_max_message_bytes: must be >= 4096, got "
+                              f"{self.agent_max_message_bytes}")
+        for name in ("agent_sender_burst", "agent_user_burst", "agent_dead_letter_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)
