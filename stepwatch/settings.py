@@ -91,6 +91,11 @@ class Settings:
     stream_rebalance_timeout: float = 0.0  # rebalance (rejoin) timeout s; 0: Faust's 60
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
+    # admission (docs/security.md "Boundary 2"): records refused go to <prefix>.dlq with the reason
+    stream_future_seconds: float = 120.0  # a timestamp further ahead of the worker's clock; <= 0: off
+    stream_max_age_seconds: float = 86400.0  # older messages skip detection; <= 0: off
+    stream_step_jump_min: int = 1000  # a step jump beyond max(this, factor x cadence x elapsed)
+    stream_step_jump_factor: float = 100.0
     # --- store endpoint limits (the embedded store's query endpoint) ------------
     store_endpoint_max_body_bytes: int = 64 * 1024 * 1024  # a request body as sent
     store_endpoint_max_decompressed_bytes: int = 256 * 1024 * 1024  # after Content-Encoding

@@ -23,52 +23,14 @@ entry per host.
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
 
 import msgspec
 
 from stepwatch.contract import EventMessage, GpuMessage, Message, PortMessage, StepMessage
+from stepwatch.contract.seen import DropReason, SeenWindow
 
-
-class DropReason(enum.StrEnum):
-    DUPLICATE = "duplicate"
-    OUT_OF_ORDER = "out_of_order"
-    STALE = "stale"
-
-
-class SeenWindow:
-    """Which of the last ``window`` sequence numbers were seen, per key."""
-
-    __slots__ = ("_mask_all", "_state", "window")
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self._mask_all = (1 << window) - 1
-        self._state: dict[object, list[int]] = {}
-
-    def admit(self, key: object, n: int) -> DropReason | None:
-        """Record ``n`` for ``key``; None if new, else why it is dropped."""
-        st = self._state.get(key)
-        if st is None:
-            self._state[key] = [n, 1]
-            return None
-        high, mask = st
-        if n > high:
-            st[0] = n
-            st[1] = ((mask << (n - high)) | 1) & self._mask_all
-            return None
-        back = high - n
-        if back >= self.window:
-            return DropReason.STALE
-        bit = 1 << back
-        if mask & bit:
-            return DropReason.DUPLICATE
-        st[1] = mask | bit
-        return None
-
-    def __len__(self) -> int:
-        return len(self._state)
+__all__ = ["Deduplicator", "DropReason", "SeenWindow"]
 
 
 class Deduplicator:
