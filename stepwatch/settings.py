@@ -74,6 +74,8 @@ class Settings:
     clickhouse_database: str = "stepwatch"
     store_path: str = "var/chdb"
     store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)
+    store_detection_producers: str = ""  # comma-separated stream worker names; empty: any producer
+    store_dedup_max_senders: int = 16384  # senders the sink's duplicate filter remembers (LRU)
     sink_metrics_port: int = 9467  # the ClickHouse sink's /metrics; 0 disables it
     sink_group: str = "stepwatch-store"  # the sink's consumer group
     sink_batch_messages: int = 5000  # records per partition batch

@@ -12,7 +12,7 @@ record cannot move a high-water mark that real data is then judged against:
   nothing to do with it (a new job 200 days old would read as a hang). The
   store keeps it (the sink has its own, longer, limit).
 * ``step_jump`` — a step number far beyond the job's peak (the highest step
-  admitted): more than ``max(step_jump_min, step_jump_factor × cadence ×
+  admitted): more than ``max(step_jump_min, step_jump_factor x cadence x
   elapsed event time)``. A job's first record may start anywhere (a job
   resumed from a checkpoint); a step going *back* is always admitted, and when
   it starts after the run's latest step ended it is a restart (:attr:`Admission.rewound` names the job so that the duplicate

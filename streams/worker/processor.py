@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-
-import msgspec
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import msgspec
 
 from stepwatch.contract import (
     KIND_OF,
