@@ -104,6 +104,9 @@ class Settings:
     store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
     store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
     store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
+    store_endpoint_max_concurrent_queries: int = 2  # more wait store_endpoint_queue_seconds, then 503
+    store_endpoint_max_total_memory_bytes: int = 4 * 1024 * 1024 * 1024  # all running statements
+    store_endpoint_queue_seconds: float = 5.0
     # --- remediator ---------------------------------------------------------------
     remediate_port: int = 9469  # the remediator's webhook, API, /metrics and /healthz
     remediate_bind: str = "127.0.0.1"
@@ -176,7 +179,7 @@ class Settings:
         for name in ("stream_batch", "sink_batch_messages", "replication_factor",
                      "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
                      "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
-                     "store_endpoint_max_memory_bytes"):
+                     "store_endpoint_max_memory_bytes", "store_endpoint_max_concurrent_queries"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:
