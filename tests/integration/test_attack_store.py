@@ -133,7 +133,7 @@ def test_a_message_200_days_old_is_a_dead_letter_not_a_silent_loss(stored):
 
 
 def test_a_forged_detection_is_not_stored_as_genuine(stored):
-    store, sink, _ = stored
+    store, _, _ = stored
     assert rows(store, "SELECT id, producer FROM detections") == [("d-real", "worker-a")]
     assert rows(store, "SELECT reason, inst FROM dead_letters WHERE kind = 'detection'") == [
         ("unknown_producer", "d-forged")]
@@ -156,7 +156,7 @@ def test_an_existing_loose_store_is_tightened_on_open(stored):
     store, _, settings = stored
     path = settings.store_path
     store.close()
-    for root, dirs, files in os.walk(path):  # modes as main left them: 0755 and 0644
+    for root, _dirs, files in os.walk(path):  # modes as main left them: 0755 and 0644
         os.chmod(root, 0o755)
         for f in files:
             if not os.path.islink(os.path.join(root, f)):
