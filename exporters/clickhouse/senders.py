@@ -11,7 +11,8 @@ content hash per slot (:class:`stepwatch.contract.seen.SenderWindow`):
   another sender's identity (or a sender restarted without a new ``inst``).
   Both are stored (the forger who sends first cannot suppress the real data)
   and the later one is also written to ``dead_letters`` with reason
-  ``seq_conflict`` so the conflict is visible;
+  ``seq_conflict`` so the conflict is visible; the slot then remembers the
+  later content (a repeat of it is a duplicate);
 * a number further behind the high-water mark than the window is stored (a
   late spool replay must not be lost; the tables' ReplacingMergeTree
   collapses a true repeat);

@@ -91,4 +91,7 @@ class SenderWindow:
             self.mask |= bit
             self.hashes[n % w] = digest
             return Verdict.NEW
-        return Verdict.DUPLICATE if self.hashes[n % w] == digest else Verdict.CONFLICT
+        if self.hashes[n % w] == digest:
+            return Verdict.DUPLICATE
+        self.hashes[n % w] = digest  # the slot remembers the later content: its repeat is a duplicate
+        return Verdict.CONFLICT
