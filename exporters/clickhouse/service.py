@@ -77,6 +77,7 @@ DEFAULT_MAX_RESULT_BYTES = 1 << 30  # a reply is held in memory before it is sen
 DEFAULT_MAX_MEMORY_USAGE = 8 << 30  # memory one statement may take in the owner's process
 DEFAULT_MAX_CONCURRENT = 2  # statements running at once; more wait, then get 503
 DEFAULT_QUEUE_SECONDS = 5.0  # how long an excess statement waits for a slot
+PURGE_AFTER_IDLE_SECONDS = 1.0  # idle this long: the engine's freed memory goes back to the system
 _CONTENT_TYPES = {"JSON": "application/json", "JSONCompact": "application/json"}
 
 
@@ -167,9 +168,14 @@ class QueryService:
             "max_memory_usage": per_query_memory(max_memory_usage, max_concurrent_queries,
                                                  max_total_memory),
         }
+        if max_total_memory > 0:  # the engine's own bound over all statements running at once
+            self.limits["max_memory_usage_for_user"] = max_total_memory
         self.max_concurrent = max(1, max_concurrent_queries)
         self.queue_seconds = queue_seconds
         self._slots = threading.BoundedSemaphore(self.max_concurrent)
+        self._running = 0
+        self._purging = False
+        self._running_lock = threading.Lock()
         self.requests = 0
         self.errors = 0
         self._guard_lock = threading.Lock()
@@ -222,10 +228,34 @@ class QueryService:
             raise Refused(f"Too many simultaneous queries. Maximum: {self.max_concurrent}; none "
                           f"finished within {self.queue_seconds:g} s, retry later. "
                           "(TOO_MANY_SIMULTANEOUS_QUERIES)", 202, HTTPStatus.SERVICE_UNAVAILABLE)
+        with self._running_lock:
+            self._running += 1
         try:
             return self._execute(request)
         finally:
+            with self._running_lock:
+                self._running -= 1
+                idle = self._running == 0 and not self._purging
+                self._purging = self._purging or idle
             self._slots.release()
+            if idle:  # the engine's allocator keeps freed memory: give it back, once idle
+                timer = threading.Timer(PURGE_AFTER_IDLE_SECONDS, self._purge)
+                timer.daemon = True
+                timer.start()
+
+    def _purge(self) -> None:
+        """Return the allocator's freed memory to the system (at most once a second)."""
+        try:
+            with self._running_lock:
+                if self._running:
+                    return  # busy again: the last statement to finish schedules the next purge
+            with self._session() as session:
+                session.query("SYSTEM JEMALLOC PURGE")
+        except Exception as err:  # an engine built without jemalloc: nothing to give back
+            log.debug("allocator purge failed error=%r", err)
+        finally:
+            with self._running_lock:
+                self._purging = False
 
     def _execute(self, request: Request) -> tuple[bytes, dict[str, int]]:
         """Run the one checked statement of ``request``; Refused or an engine error otherwise."""

@@ -210,6 +210,10 @@ def test_the_endpoint_runs_at_most_its_limit_of_queries_at_once(tmp_path):
                       max_memory_usage=1 << 30, max_total_memory=1 << 30) as service:
         status, out = call(service, "SELECT getSetting('max_memory_usage')")
         assert (status, out.strip()) == (200, str(512 << 20).encode())  # total / concurrency
+        status, out = call(service, "SELECT getSetting('max_memory_usage_for_user')")
+        assert (status, out.strip()) == (200, str(1 << 30).encode())  # the engine's bound on all
+        status, out = call(service, "SELECT 1", max_memory_usage_for_user=str(4 << 30))
+        assert status == 200  # a client may ask for more: it gets the cap
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             replies = list(pool.map(lambda _: call(service, slow), range(3)))
         statuses = sorted(s for s, _ in replies)
