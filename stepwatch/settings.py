@@ -179,7 +179,8 @@ class Settings:
         for name in ("stream_batch", "sink_batch_messages", "replication_factor",
                      "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
                      "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
-                     "store_endpoint_max_memory_bytes", "store_endpoint_max_concurrent_queries"):
+                     "store_endpoint_max_memory_bytes", "store_endpoint_max_concurrent_queries",
+                     "store_dedup_max_senders", "stream_step_jump_min"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:

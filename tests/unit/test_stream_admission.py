@@ -133,3 +133,12 @@ def test_a_restart_far_back_is_analysed_not_dropped_as_stale() -> None:
 def dropped(proc: StreamProcessor) -> float:
     return sum(s.value for m in proc.metrics.dropped.collect() for s in m.samples
                if s.name.endswith("_total"))
+
+
+def test_bounds_that_must_be_positive_are_checked() -> None:
+    from stepwatch.errors import ConfigError
+
+    for name in ("STEPWATCH_STREAM_STEP_JUMP_MIN", "STEPWATCH_STORE_DEDUP_MAX_SENDERS",
+                 "STEPWATCH_STORE_ENDPOINT_MAX_CONCURRENT_QUERIES"):
+        with pytest.raises(ConfigError, match="must be >= 1"):
+            Settings.load(env={name: "0"})
