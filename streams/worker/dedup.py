@@ -14,7 +14,10 @@ messages with new ones. What is dropped, and why:
   than the last one of that host is a ``duplicate`` (same ``ts``) or
   ``out_of_order`` (older). Rates come from consecutive cumulative counters;
   an old sample in between would read as a counter reset.
-* **events** — by ``(host, inst, seq)`` when the sender stamps ``inst``.
+* **events** — by ``(host, inst, seq)`` when the sender stamps ``inst``. An
+  event further behind the sender's highest number than the window is kept:
+  one forged event with a huge ``seq`` must not make the sender's real events
+  (an XID, a ``job_end``) look stale.
 
 Memory is bounded: at most ``max_jobs`` jobs (least recently seen evicted),
 at most ``world_size`` ranks a job (the contract rejects other ranks), one
@@ -53,7 +56,7 @@ class Deduplicator:
             return self._admit_sample(message)
         if isinstance(message, EventMessage) and message.inst:
             reason = self._events.admit((message.host, message.inst), message.seq)
-            if reason is not None:
+            if reason is not None and reason is not DropReason.STALE:
                 self._count("event", reason)
                 return None
         return message
