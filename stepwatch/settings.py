@@ -92,6 +92,8 @@ class Settings:
     clickhouse_database: str = "stepwatch"
     store_path: str = "var/chdb"
     store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)
+    store_detection_producers: str = ""  # comma-separated stream worker names; empty: any producer
+    store_dedup_max_senders: int = 16384  # senders the sink's duplicate filter remembers (LRU)
     sink_metrics_port: int = 9467  # the ClickHouse sink's /metrics; 0 disables it
     sink_group: str = "stepwatch-store"  # the sink's consumer group
     sink_batch_messages: int = 5000  # records per partition batch
@@ -109,12 +111,20 @@ class Settings:
     stream_rebalance_timeout: float = 0.0  # rebalance (rejoin) timeout s; 0: Faust's 60
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
+    # admission (docs/security.md "Boundary 2"): records refused go to <prefix>.dlq with the reason
+    stream_future_seconds: float = 120.0  # a timestamp further ahead of the worker's clock; <= 0: off
+    stream_max_age_seconds: float = 86400.0  # older messages skip detection; <= 0: off
+    stream_step_jump_min: int = 1000  # a step jump beyond max(this, factor x cadence x elapsed)
+    stream_step_jump_factor: float = 100.0
     # --- store endpoint limits (the embedded store's query endpoint) ------------
     store_endpoint_max_body_bytes: int = 64 * 1024 * 1024  # a request body as sent
     store_endpoint_max_decompressed_bytes: int = 256 * 1024 * 1024  # after Content-Encoding
     store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
     store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
     store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
+    store_endpoint_max_concurrent_queries: int = 2  # more wait store_endpoint_queue_seconds, then 503
+    store_endpoint_max_total_memory_bytes: int = 4 * 1024 * 1024 * 1024  # all running statements
+    store_endpoint_queue_seconds: float = 5.0
     # --- remediator ---------------------------------------------------------------
     remediate_port: int = 9469  # the remediator's webhook, API, /metrics and /healthz
     remediate_bind: str = "127.0.0.1"
@@ -190,7 +200,8 @@ class Settings:
         for name in ("stream_batch", "sink_batch_messages", "replication_factor",
                      "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
                      "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
-                     "store_endpoint_max_memory_bytes"):
+                     "store_endpoint_max_memory_bytes", "store_endpoint_max_concurrent_queries",
+                     "store_dedup_max_senders", "stream_step_jump_min"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:

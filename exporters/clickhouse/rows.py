@@ -237,7 +237,7 @@ DETECTIONS = table("detections", [
     ("first_step", "Nullable(UInt64)"), ("opened_at", f"Nullable({_DT3})"), ("summary", "String"),
     ("evidence", "Map(String, String)"), ("subject_host", _LC), ("host", _LC),
     ("device", _LC), ("port", "Nullable(UInt16)"), ("ranks", "Array(UInt32)"), ("related", "String"),
-    *_TAIL,
+    ("producer", _LC), *_TAIL,
 ])
 
 DEAD_LETTERS = table("dead_letters", [
@@ -323,6 +323,6 @@ def detection_row(msg: DetectionMessage) -> tuple[Any, ...]:
     return (
         msg.ts, msg.id, msg.job_id, msg.type, msg.state, msg.rank, msg.gpu, msg.group, msg.cause,
         msg.fault, f64(msg.score), msg.step, msg.first_step, msg.opened_at, msg.summary, evidence,
-        subject, msg.host, msg.device or "", msg.port, list(msg.ranks), msg.related,
+        subject, msg.host, msg.device or "", msg.port, list(msg.ranks), msg.related, msg.producer,
         msg.inst, msg.seq,
     )

@@ -67,7 +67,11 @@ def register(subparsers: Any) -> None:
                    help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, default 9467; 0 disables)")
     add_web_flags(p)
     p.add_argument("--no-serve", action="store_true", help="do not serve the query endpoint")
-    p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows")
+    p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows; older ones are dead "
+                   "letters (too_old)")
+    p.add_argument("--detection-producers", dest="store_detection_producers",
+                   help="comma-separated stream worker names whose detections are stored; others "
+                   "are dead letters (env STEPWATCH_STORE_DETECTION_PRODUCERS; default: any)")
     p.set_defaults(func=run_sink)
 
     p = sub.add_parser("serve", help="own the embedded store and serve its query endpoint")
