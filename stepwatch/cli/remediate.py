@@ -13,7 +13,11 @@ serve          receive Alertmanager webhooks and act per the policy (observe mod
                a dry run, unless the policy or --mode says recommend or execute)
 check-policy   validate a policy file and print what it says
 list           show recent actions (--status queued: those awaiting approval)
-approve ID     run a queued action now
+outcomes       show what became of executed remediations (recovered, not_recovered,
+               or pending until the alert resolves or the deadline passes)
+approve ID     run a queued action now, after every check again (refused when
+               the breaker is open, the rate limit is spent, the node was drained
+               by a person, the node no longer runs the job, ...)
 close-breaker  close the circuit breaker after a person has looked
 
 The operator commands talk to the running service at --url with the bearer
@@ -40,7 +44,8 @@ def register(subparsers: Any) -> None:
     check = sub.add_parser("check-policy", help="validate a policy file")
     check.add_argument("policy")
     check.set_defaults(func=run_check)
-    for name, helptext in (("list", "list recent actions"), ("approve", "approve a queued action"),
+    for name, helptext in (("list", "list recent actions"), ("outcomes", "list remediation outcomes"),
+                           ("approve", "approve a queued action"),
                            ("close-breaker", "close the circuit breaker")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--url", dest="remediate_url", help="the service (default http://127.0.0.1:9469)")
@@ -90,6 +95,8 @@ def run_client(args: argparse.Namespace) -> int:
     client = Client(settings.remediate_url, read_token(settings))
     if args.remediate_command == "list":
         result: Any = client.actions(args.status)
+    elif args.remediate_command == "outcomes":
+        result = client.outcomes()
     elif args.remediate_command == "approve":
         result = client.approve(args.action_id)
     else:
