@@ -97,7 +97,10 @@ elif args[0] == "update" and args[1].startswith("nodename="):
         fail("Invalid node name specified")
     reason = next((a.split("=", 1)[1] for a in args if a.startswith("reason=")), "")
     for n in names:
-        st["drained"][n] = reason
+        if "state=resume" in args:
+            st["drained"].pop(n, None)
+        else:
+            st["drained"][n] = reason
     save()
 elif args[0] == "update" and args[1].startswith("jobid="):
     for jid in args[1].split("=", 1)[1].split(","):

@@ -106,14 +106,17 @@ def test_hole2_approve_of_a_node_a_person_drained_since_is_refused(fake, service
 
 
 def test_hole2_the_breaker_counts_nodes_not_actions(fake, service):
+    import subprocess
+
     svc = service(cluster_nodes=10, guardrails={"breaker": {"max_share": 0.2, "window": "1h"},
                                                 "cooldown": {"node": 0, "job": 0}})
-    first = send(svc, [alert("gpu-001", "101"), alert("gpu-002", "102")])
-    assert {d["outcome"] for d in first} == {"acted"}
-    # the same two nodes again (other alerts): no new node, the breaker stays closed
-    again = send(svc, [alert("gpu-001", "101", cause="network")])
-    assert not get(svc, "/api/breaker")["open"], again
-    third = send(svc, [alert("gpu-003", "103")])
+    assert {d["outcome"] for d in send(svc, [xid(1)])} == {"acted"}
+    subprocess.run([str(fake.folder / "scontrol"), "update", "nodename=gpu-001", "state=resume"],
+                   check=True)  # a person puts it back; it fails again, another alert drains it
+    assert {d["outcome"] for d in send(svc, [alert("gpu-001", "", name="GpuXidFatal", xid="79")])} == {"acted"}
+    second = send(svc, [xid(2)])  # two drains so far, but of one node: the second node is in the cap
+    assert second[0]["outcome"] == "acted" and not get(svc, "/api/breaker")["open"]
+    third = send(svc, [xid(3)])
     assert third[0]["reason"] == "breaker_tripped" and sorted(fake.drained()) == ["gpu-001", "gpu-002"]
 
 
