@@ -15,7 +15,7 @@ class Lookups:
         self.actuator = actuator
         self._cluster = cluster_nodes or None
         self._nodes: dict[str, NodeState | ActuatorError] = {}
-        self._jobs: dict[str, frozenset[str] | None | ActuatorError] = {}
+        self._jobs: dict[str, frozenset[str] | ActuatorError | None] = {}
 
     def node_state(self, node: str) -> NodeState:
         if node not in self._nodes:

@@ -64,8 +64,9 @@ def alert(host: str, job: str = "43", name: str = "StragglerPersistent", status:
 
 def webhook(alerts: list[dict[str, Any]], status: str = "firing") -> bytes:
     first = alerts[0]["labels"] if alerts else {}
+    name = first.get("alertname", "")
     return json.dumps({
-        "version": "4", "groupKey": '{}/{class="system"}:{alertname="%s"}' % first.get("alertname", ""),
+        "version": "4", "groupKey": '{}/{class="system"}:{alertname="' + name + '"}',
         "truncatedAlerts": 0, "status": status, "receiver": "remediator",
         "groupLabels": {"alertname": first.get("alertname", "")},
         "commonLabels": {"alertname": first.get("alertname", "")}, "commonAnnotations": {},
