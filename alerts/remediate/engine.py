@@ -104,7 +104,7 @@ class Remediator:
         if problem:
             return decisions + self._refuse(alert, fresh, guards.Verdict("invalid_identity", detail=problem))
         if alert.alert_class is AlertClass.USER:
-            return decisions + [self._notify_owner(a) for a in fresh]
+            return decisions + [self._notify_owner(a, lookups) for a in fresh]
         jobless = [a for a in fresh if not alert.job_id and
                    (a.kind is ActionKind.REQUEUE or not self.policy.guardrails.jobless_drain)]
         if jobless:
@@ -240,8 +240,8 @@ class Remediator:
             return self.actuator.requeue(action.job_id, action.node)
         raise ActuatorError(f"{action.kind.value} is not a scheduler action", transient=False)
 
-    def _notify_owner(self, action: Action) -> Decision:
-        skip, owner = self.notices.check(action.alert)
+    def _notify_owner(self, action: Action, lookups: Lookups) -> Decision:
+        skip, owner = self.notices.check(action.alert, lookups)
         if skip:
             return self._decide(action, Outcome.SKIPPED, skip)
         if self.mode is Mode.OBSERVE:
@@ -301,6 +301,8 @@ class Remediator:
             alert = Alert(str(data.get("fingerprint", row.fingerprint)), "firing",
                           dict(data.get("labels", {})), dict(data.get("annotations", {})))
             action = replace(self._action(ActionKind(row.kind), alert), id=row.id)
+            if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued
+                return self._decide(action, Outcome.SKIPPED, "observe_mode")
             self.state.unreserve(row.id)
             verdict = self._recheck(alert, action)
             if verdict.skip:
@@ -314,7 +316,8 @@ class Remediator:
         problem = identity.problem(alert.host, alert.job_id, self.scheme)
         if problem:
             return guards.Verdict("invalid_identity", detail=problem)
-        if action.kind is ActionKind.REQUEUE and not alert.job_id:
+        jobless_ok = action.kind is ActionKind.DRAIN and self.policy.guardrails.jobless_drain
+        if not alert.job_id and not jobless_ok:
             return guards.Verdict("no_job")
         lookups = Lookups(self.actuator, self.policy.cluster_nodes)
         return self._judge(alert, [action], lookups, exclude_ref=alert_key(alert))

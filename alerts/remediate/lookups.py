@@ -16,6 +16,7 @@ class Lookups:
         self._cluster = cluster_nodes or None
         self._nodes: dict[str, NodeState | ActuatorError] = {}
         self._jobs: dict[str, frozenset[str] | ActuatorError | None] = {}
+        self._owners: dict[str, str | ActuatorError] = {}
 
     def node_state(self, node: str) -> NodeState:
         if node not in self._nodes:
@@ -35,6 +36,17 @@ class Lookups:
             except ActuatorError as err:
                 self._jobs[job_id] = err
         found = self._jobs[job_id]
+        if isinstance(found, ActuatorError):
+            raise found
+        return found
+
+    def job_owner(self, job_id: str) -> str:
+        if job_id not in self._owners:
+            try:
+                self._owners[job_id] = self.actuator.job_owner(job_id)
+            except ActuatorError as err:
+                self._owners[job_id] = err
+        found = self._owners[job_id]
         if isinstance(found, ActuatorError):
             raise found
         return found

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from stepwatch.alerts.remediate import identity
 from stepwatch.alerts.remediate.actuators.base import Actuator, Notifier
 from stepwatch.alerts.remediate.guards import NOTIFY
+from stepwatch.alerts.remediate.lookups import Lookups
 from stepwatch.alerts.remediate.model import Alert
 from stepwatch.alerts.remediate.policy import Guardrails
 from stepwatch.alerts.remediate.state import State
@@ -32,12 +33,12 @@ class Notices:
         self.actuator = actuator
         self.clock = clock
 
-    def check(self, alert: Alert) -> tuple[str | None, str]:
+    def check(self, alert: Alert, lookups: Lookups) -> tuple[str | None, str]:
         """(skip reason or None, the owner): the global limit first, then the owner's."""
         since = self.clock() - self.g.notify_window_s
         if self.state.count(NOTIFY, since) >= self.g.notify_total:
             return "notify_rate_limited", ""
-        owner = self.owner_of(alert)
+        owner = self.owner_of(alert, lookups)
         if self.state.count(NOTIFY, since, ref=owner) >= self.g.notify_per_owner:
             return "notify_owner_limited", owner
         return None, owner
@@ -47,14 +48,15 @@ class Notices:
         self.state.record(self.clock(), NOTIFY, alert.host, alert.job_id, owner)
         return f"owner {owner or '(unknown)'} notified"
 
-    def owner_of(self, alert: Alert) -> str:
+    def owner_of(self, alert: Alert, lookups: Lookups) -> str:
+        """The ``owner`` (or ``user``) label when plain, else the scheduler's job owner."""
         owner = alert.labels.get("owner") or alert.labels.get("user", "")
         if owner:
             return owner if identity.OWNER.fullmatch(owner) else ""
         if not alert.job_id or not identity.job_ok(alert.job_id, identity.scheme_of(self.actuator.name)):
             return ""
         try:
-            found = self.actuator.job_owner(alert.job_id)
+            found = lookups.job_owner(alert.job_id)
         except ActuatorError as err:
             log.warning("job owner unknown job_id=%s error=%s", alert.job_id, err)
             return ""

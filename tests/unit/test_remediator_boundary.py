@@ -238,3 +238,12 @@ def test_kube_actuator_job_nodes_and_label_injection():
     assert seen == ["stepwatch.io/job-id=train-7"]
     with pytest.raises(ActuatorError, match="refusing"):
         kube.job_nodes("x,stepwatch.io/job-id!=y")
+
+
+def test_approve_in_observe_mode_acts_for_no_one(tmp_path):
+    eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND)
+    queued = eng.handle([alert()])
+    observer, fake2, *_ = engine(tmp_path, Mode.OBSERVE)  # the same state, restarted in observe mode
+    done = observer.approve(queued[0].action_id)
+    assert done is not None and done.reason == "observe_mode" and fake.calls == fake2.calls == []
+    assert [r.id for r in observer.state.actions("queued")] != []
