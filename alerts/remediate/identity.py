@@ -17,7 +17,7 @@ from stepwatch.errors import ActuatorError
 NODE_MAX = 63  # a host name label (HOST_NAME_MAX 64 with the NUL)
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 SLURM_JOB = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?$")  # 123 or an array task 123_4
-KUBE_JOB = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")  # a label value
+LABEL_JOB = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")  # a Kubernetes label value
 OWNER = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 _RESERVED = {"all", "none", "(null)", "localhost"}  # names the scheduler reads specially
 _TEXT = re.compile(r"[^A-Za-z0-9 _.,:/@#%+()-]+")
@@ -29,13 +29,14 @@ def node_ok(node: str) -> bool:
 
 
 def job_ok(job_id: str, scheme: str = "slurm") -> bool:
-    pattern = KUBE_JOB if scheme == "kubernetes" else SLURM_JOB
+    """``scheme`` "slurm": a Slurm job id; "label": a plain label value (Kubernetes, command, log)."""
+    pattern = SLURM_JOB if scheme == "slurm" else LABEL_JOB
     return bool(pattern.fullmatch(job_id)) and job_id.lower() not in _RESERVED
 
 
 def scheme_of(actuator_name: str) -> str:
-    """The job-id scheme an actuator uses: Kubernetes label values, else Slurm ids."""
-    return "kubernetes" if actuator_name == "kubernetes" else "slurm"
+    """The job-id scheme an actuator takes: Slurm ids for Slurm, plain label values otherwise."""
+    return "slurm" if actuator_name == "slurm" else "label"
 
 
 def problem(node: str, job_id: str, scheme: str = "slurm") -> str:

@@ -51,7 +51,7 @@ class StepTimes:
         self.timeout = timeout
 
     def __call__(self, job_id: str) -> float | None:
-        if not self.url or not identity.job_ok(job_id, "kubernetes"):
+        if not self.url or not identity.job_ok(job_id, "label"):
             return None
         query = urllib.parse.urlencode({"query": f'max({STEP_METRIC}{{job_id="{job_id}"}})'})
         try:

@@ -140,7 +140,7 @@ def test_no_rule_is_recorded_and_nothing_done(make):
 def test_breaker_opens_at_the_share_and_stays_open(make):
     engine, fake, _owner, pager, clock, registry = make(guardrails={
         "breaker": {"max_share": 0.1, "window": "1h"}, "rate_limit": {"actions": 100}}, nodes=20)
-    results = [engine.handle([alert(host=f"node{i:02d}", job_id=f"{100 + i}")]) for i in range(1, 6)]
+    results = [engine.handle([alert(host=f"node{i:02d}", job_id=f"j{i}")]) for i in range(1, 6)]
     drained = [c[1] for c in fake.calls if c[0] == "drain"]
     assert drained == ["node01", "node02"]  # 10 % of 20 nodes
     assert results[2][0].reason == "breaker_tripped" and pager.events

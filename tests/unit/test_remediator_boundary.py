@@ -39,8 +39,8 @@ def test_node_names(node, ok):
 
 @pytest.mark.parametrize("job, scheme, ok", [
     ("43", "slurm", True), ("123_4", "slurm", True), ("43,44", "slurm", False), ("ALL", "slurm", False),
-    ("123_[1-5]", "slurm", False), ("j1", "slurm", False), ("train-7", "kubernetes", True),
-    ("j1,x!=y", "kubernetes", False), ("-j", "kubernetes", False), ("1" * 11, "slurm", False),
+    ("123_[1-5]", "slurm", False), ("j1", "slurm", False), ("train-7", "label", True),
+    ("j1,x!=y", "label", False), ("-j", "label", False), ("1" * 11, "slurm", False),
 ])
 def test_job_ids(job, scheme, ok):
     assert identity.job_ok(job, scheme) is ok

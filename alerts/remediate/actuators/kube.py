@@ -92,12 +92,12 @@ class KubeActuator:
     def job_nodes(self, job_id: str) -> frozenset[str] | None:
         """The nodes the job's pods are scheduled on (label ``job_label``)."""
         pods = self._call("list pods", self.core.list_pod_for_all_namespaces,
-                          label_selector=f"{self.job_label}={require_job(job_id, 'kubernetes')}").items
+                          label_selector=f"{self.job_label}={require_job(job_id, 'label')}").items
         return frozenset(p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name)
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
         pods = self._call("list pods", self.core.list_pod_for_all_namespaces,
-                          label_selector=f"{self.job_label}={require_job(job_id, 'kubernetes')}",
+                          label_selector=f"{self.job_label}={require_job(job_id, 'label')}",
                           field_selector=f"spec.nodeName={require_node(exclude_node)}").items
         for pod in pods:
             self._call("delete pod", self.core.delete_namespaced_pod, pod.metadata.name,
