@@ -43,7 +43,8 @@ log = logging.getLogger(__name__)
 _FINAL = {Status.DONE, Status.QUEUED, Status.DRY_RUN, Status.FAILED_PERMANENT, Status.REJECTED}
 _MAX_REASON = 200
 # skips reached through a scheduler call, or about the alert itself: remembered for a while so a
-# retried webhook is a duplicate, not the same scheduler calls again (escalations too: one page)
+# retried webhook is a duplicate, not the same scheduler calls again (escalations too: one page);
+# not when they may pass by themselves (a scheduler that did not answer, a pending job)
 _REMEMBER = {"invalid_identity", "no_host", "no_job", "node_state_unknown", "unknown_node",
              "drained_by_person", "job_unknown", "job_unverifiable", "node_not_in_job"}
 
@@ -105,17 +106,21 @@ class Remediator:
             return decisions + self._refuse(alert, fresh, guards.Verdict("invalid_identity", detail=problem))
         if alert.alert_class is AlertClass.USER:
             return decisions + [self._notify_owner(a, lookups) for a in fresh]
-        jobless = [a for a in fresh if not alert.job_id and
+        return decisions + self._remediate(alert, fresh, approval, lookups)
+
+    def _remediate(self, alert: Alert, actions: list[Action], approval: bool,
+                   lookups: Lookups) -> list[Decision]:
+        """A system alert's fresh actions: the job rule, the guardrails, then act or queue."""
+        jobless = [a for a in actions if not alert.job_id and
                    (a.kind is ActionKind.REQUEUE or not self.policy.guardrails.jobless_drain)]
-        if jobless:
-            decisions += self._refuse(alert, jobless, guards.Verdict("no_job"))
-            fresh = [a for a in fresh if a not in jobless]
-            if not fresh:
-                return decisions
-        verdict = self._judge(alert, fresh, lookups)
+        decisions = self._refuse(alert, jobless, guards.Verdict("no_job")) if jobless else []
+        actions = [a for a in actions if a not in jobless]
+        if not actions:
+            return decisions
+        verdict = self._judge(alert, actions, lookups)
         if verdict.skip:
-            return decisions + self._refuse(alert, fresh, verdict)
-        decisions += [self._carry_out(action, approval) for action in fresh]
+            return decisions + self._refuse(alert, actions, verdict)
+        decisions += [self._carry_out(action, approval) for action in actions]
         self._acted(alert, [d for d in decisions if d.outcome is Outcome.ACTED])
         return decisions
 
@@ -146,14 +151,14 @@ class Remediator:
         try:
             node = lookups.node_state(host)
         except ActuatorError as err:
-            return guards.Verdict("node_state_unknown", detail=str(err)[:300])
+            return guards.Verdict("node_state_unknown", detail=str(err)[:300], transient=err.transient)
         verdict = guards.node_checks(node)
         if verdict.skip or not alert.job_id:
             return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
         try:
             nodes = lookups.job_nodes(alert.job_id)
         except ActuatorError as err:
-            return guards.Verdict("job_unknown", detail=str(err)[:300])
+            return guards.Verdict("job_unknown", detail=str(err)[:300], transient=err.transient)
         verdict = guards.job_check(g, host, alert.job_id, nodes)
         return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
 
@@ -176,7 +181,8 @@ class Remediator:
         outcome = Outcome.ESCALATED if verdict.escalate else Outcome.SKIPPED
         reason = verdict.skip or ""
         for a in actions:
-            if status != Status.SKIPPED or verdict.escalate or reason in _REMEMBER:
+            if status != Status.SKIPPED or verdict.escalate or (
+                    reason in _REMEMBER and not verdict.transient):
                 self._store(a, status, 0, f"{reason}: {verdict.detail}" if verdict.detail else reason)
         return [self._decide(a, outcome, reason, verdict.detail) for a in actions]
 

@@ -26,12 +26,17 @@ DRAIN, REMEDIATION, ATTEMPT, NOTIFY = "drain", "remediation", "attempt", "notify
 
 @dataclass(frozen=True)
 class Verdict:
-    """``skip``: why not to act (None: go ahead). ``escalate``: page a person. ``trip``: open the breaker."""
+    """``skip``: why not to act (None: go ahead). ``escalate``: page a person. ``trip``: open the breaker.
+
+    ``transient``: the reason may pass by itself (the scheduler did not answer, the
+    job is pending): such a skip is not remembered, the next webhook asks again.
+    """
 
     skip: str | None = None
     escalate: bool = False
     trip: bool = False
     detail: str = ""
+    transient: bool = False
 
 
 GO = Verdict()
@@ -79,6 +84,8 @@ def job_check(g: Guardrails, host: str, job_id: str, nodes: frozenset[str] | Non
         if g.unverified_jobs == "skip":
             return Verdict("job_unverifiable", detail="the actuator cannot list a job's nodes")
         return GO
+    if not nodes:
+        return Verdict("job_not_running", detail=f"job {job_id} runs on no node now", transient=True)
     if host not in nodes:
         return Verdict("node_not_in_job", detail=f"job {job_id} runs on {len(nodes)} other node(s)")
     return GO

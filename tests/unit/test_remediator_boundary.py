@@ -281,3 +281,19 @@ def test_step_time_evidence_from_prometheus_http_api():
         server.shutdown()
         server.server_close()
     assert StepTimes("http://127.0.0.1:9")("42") is None  # unreachable: no evidence, no error
+
+
+def test_skips_that_may_pass_by_themselves_are_not_remembered(tmp_path):
+    eng, fake, *_ = engine(tmp_path, cooldown={"job": 0})
+    assert fake.jobs is not None
+    fake.jobs["42"] = frozenset()  # pending: on no node yet
+    assert {d.reason for d in eng.handle([alert()])} == {"job_not_running"}
+    fake.jobs["42"] = frozenset({"node02"})  # started: the next webhook acts
+    assert {d.outcome for d in eng.handle([alert()])} == {Outcome.ACTED}
+    busy = ActuatorError("Unable to contact slurm controller", transient=True)
+
+    def down(node: str) -> Any:
+        raise busy
+    fake.node_state = down  # type: ignore[method-assign]
+    assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
+    assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
