@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 
 Runner = Callable[[Sequence[str], float, "Mapping[str, str] | None"], "subprocess.CompletedProcess[str]"]
 _TRANSIENT = ("unable to contact slurm controller", "socket timed out", "temporarily unavailable",
-              "slurm_persist_conn", "connection refused", "resource busy", "try again")
+              "slurm_persist_conn", "connection refused", "resource busy", "try again",
+              "zero bytes were transmitted or received", "communication connection failure",
+              "transport endpoint is not connected", "connection reset")
 _FIELD = re.compile(r"(\w+)=")
 _HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontrol prints it
 
