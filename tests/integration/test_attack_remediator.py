@@ -9,6 +9,9 @@ the remediator before the fix (docs/security.md, "Boundary 3").
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import pytest
 from alert_support import WebhookReceiver
 from fake_slurm import FakeSlurm, install
@@ -26,7 +29,7 @@ JOBS = {"43": "gpu-[001-004]", "44": "gpu-[005-008]",
 @pytest.fixture()
 def fake(tmp_path, monkeypatch) -> FakeSlurm:
     slurm = install(tmp_path / "bin", NODES, JOBS)
-    monkeypatch.setenv("PATH", f"{slurm.folder}:{__import__('os').environ['PATH']}")
+    monkeypatch.setenv("PATH", f"{slurm.folder}:{os.environ['PATH']}")
     return slurm
 
 
@@ -94,8 +97,6 @@ def test_hole2_approve_with_the_breaker_open_is_refused(fake, service):
 
 
 def test_hole2_approve_of_a_node_a_person_drained_since_is_refused(fake, service):
-    import subprocess
-
     svc = service(mode="recommend")
     queued = send(svc, [xid(4)])
     subprocess.run([str(fake.folder / "scontrol"), "update", "nodename=gpu-004", "state=drain",
@@ -106,8 +107,6 @@ def test_hole2_approve_of_a_node_a_person_drained_since_is_refused(fake, service
 
 
 def test_hole2_the_breaker_counts_nodes_not_actions(fake, service):
-    import subprocess
-
     svc = service(cluster_nodes=10, guardrails={"breaker": {"max_share": 0.2, "window": "1h"},
                                                 "cooldown": {"node": 0, "job": 0}})
     assert {d["outcome"] for d in send(svc, [xid(1)])} == {"acted"}
