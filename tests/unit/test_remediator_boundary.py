@@ -297,3 +297,17 @@ def test_skips_that_may_pass_by_themselves_are_not_remembered(tmp_path):
     fake.node_state = down  # type: ignore[method-assign]
     assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
     assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
+
+
+def test_one_webhook_judges_an_alert_once_and_asks_the_scheduler_once_per_job(tmp_path):
+    eng, fake, *_ = engine(tmp_path, Mode.OBSERVE, cooldown={"node": 0, "job": 0},
+                           rate_limit={"actions": 100}, breaker={"max_share": 1.0})
+    asked: list[str] = []
+    real = fake.job_nodes
+
+    def counting(job_id: str) -> frozenset[str] | None:
+        asked.append(job_id)
+        return real(job_id)
+    fake.job_nodes = counting  # type: ignore[method-assign]
+    decisions = eng.handle([alert()] * 50 + [alert(host="node01", fp=f"g{i}") for i in range(10)])
+    assert len(decisions) == 2 * 11 and asked == ["42"]
