@@ -311,3 +311,23 @@ def test_one_webhook_judges_an_alert_once_and_asks_the_scheduler_once_per_job(tm
     fake.job_nodes = counting  # type: ignore[method-assign]
     decisions = eng.handle([alert()] * 50 + [alert(host="node01", fp=f"g{i}") for i in range(10)])
     assert len(decisions) == 2 * 11 and asked == ["42"]
+
+
+def test_approve_rechecks_the_rate_limit_spent_since_the_queueing(tmp_path):
+    rules = [{"match": {"alertname": "GpuXidFatal"}, "actions": ["drain"], "approval": True},
+             *RULES]
+    policy = from_mapping({"mode": "execute", "rules": rules, "cluster_nodes": 20, "guardrails": {
+        "rate_limit": {"actions": 2, "per": "1h"}, "cooldown": {"job": 0}}})
+    fake, clock = Fake(), Clock()
+    fake.jobs = {"42": frozenset({"node01", "node02", "node03"})}
+    eng = Remediator(policy, State(tmp_path / "s"), fake, Sent(), Sent(),
+                     Audit(Metrics(CollectorRegistry())), clock=clock)
+    xid = Alert("x1", "firing", {"alertname": "GpuXidFatal", "host": "node05"})
+    queued = eng.handle([xid])[0]
+    assert queued.outcome is Outcome.QUEUED
+    clock.now += 2 * 3600  # the queued drain's reservation has run out; two remediations since
+    assert {d.outcome for d in eng.handle([alert(host="node01"), alert(host="node03", fp="f3")])} == {
+        Outcome.ACTED}
+    refused = eng.approve(queued.action_id)
+    assert refused is not None and refused.reason == "rate_limited"
+    assert ("drain", "node05") not in fake.calls
