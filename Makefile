@@ -42,6 +42,9 @@ RUNBOOK_BASE_URL ?= https://github.com/stepwatch/stepwatch/blob/main/docs/runboo
 kube:  ## regenerate deploy/kubernetes/{prometheus-rules,monitors}.yaml (PrometheusRule, Pod/ServiceMonitor)
 	$(PY) -m stepwatch.alerts.kube kube --runbook-base-url $(RUNBOOK_BASE_URL)
 
+dashboards:  ## regenerate the Grafana dashboards (dashboards/json) from dashboards/generate.py
+	$(PY) dashboards/generate.py
+
 check: lint typecheck test  ## lint, typecheck and test (what CI runs)
 
 bench:  ## run the benchmarks (figures and ratios against same-run baselines)
