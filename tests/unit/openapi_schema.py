@@ -24,10 +24,9 @@ def errors(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:
     if "anyOf" in schema and not any(not errors(value, s, path) for s in schema["anyOf"]):
         return [f"{path}: {value!r} matches no anyOf branch"]
     kind = schema.get("type")
-    if kind:
-        if not isinstance(value, TYPES[kind]) or (kind in ("integer", "number")
-                                                  and isinstance(value, bool)):
-            return [f"{path}: {value!r} is not {kind}"]
+    wrong_number = kind in ("integer", "number") and isinstance(value, bool)
+    if kind and (not isinstance(value, TYPES[kind]) or wrong_number):
+        return [f"{path}: {value!r} is not {kind}"]
     out: list[str] = []
     if "enum" in schema and value not in schema["enum"]:
         out.append(f"{path}: {value!r} not in {schema['enum']}")
