@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration,
 def straggler(host: str, job: str = "") -> dict:
     labels = {"alertname": "StragglerPersistent", "host": host, "job_id": job, "rank": "3",
               "cause": "gpu", "fault": "system", "class": "system", "remediation": "drain",
-              "severity": "page", "scope": "rank"}
+              "severity": "critical", "scope": "rank"}
     return {"labels": {k: v for k, v in labels.items() if v},
             "annotations": {"summary": f"straggler on {host}"}}
 
@@ -67,7 +67,7 @@ def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
             # 2. a user error: the owner is told, nothing drained
             am.post_alerts([{"labels": {"alertname": "JobUserError", "job_id": job, "host": "node01",
                                         "cause": "nan_loss", "class": "user", "remediation": "notify",
-                                        "severity": "ticket", "owner": "ada"}}])
+                                        "severity": "warning", "owner": "ada"}}])
             note = wait_for(lambda: [d for d in hooks.received("/owner")], 30, what="owner notified")[0]
             assert note.body["to"] == "ada" and note.body["alertname"] == "JobUserError"
             assert not slurm.node_states()["node01"].startswith("drain")
