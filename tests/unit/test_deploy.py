@@ -134,12 +134,13 @@ def _k8s(name: str) -> dict:
     return yaml.safe_load((DEPLOY / "kubernetes" / name).read_text())
 
 
-def test_the_daemonset_needs_a_privileged_namespace_for_hostpath_only() -> None:
+def test_the_daemonset_needs_a_privileged_namespace_for_hostpath_and_hostpid_only() -> None:
     from pod_security import baseline
 
     spec = _k8s("agent-daemonset.yaml")["spec"]["template"]["spec"]
-    assert sorted(baseline(spec)) == ["hostPath volume socket", "hostPath volume spool",
-                                      "hostPath volume sys"]
+    # hostPID: the agent reads the senders' /proc entries to verify their job (security.md)
+    assert sorted(baseline(spec)) == ["host namespace hostPID", "hostPath volume socket",
+                                      "hostPath volume spool", "hostPath volume sys"]
     ns = _k8s("namespace.yaml")
     _same_after_the_models(ns, "V1Namespace")
     assert ns["metadata"]["name"] == _k8s("agent-daemonset.yaml")["metadata"]["namespace"]
