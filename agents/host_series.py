@@ -48,6 +48,7 @@ THROTTLE_REASONS: dict[int, str] = {
 }
 
 MHZ = 1e6
+MIB = 1048576.0
 # (metric suffix, help, reading attribute, scale); gauges
 GPU_GAUGES: list[tuple[str, str, str, float]] = [
     ("sm_clock_hertz", "SM clock (DCGM_FI_DEV_SM_CLOCK, in Hz).", "sm_clock_mhz", MHZ),
@@ -58,6 +59,10 @@ GPU_GAUGES: list[tuple[str, str, str, float]] = [
     ("power_watts", "Power draw (DCGM_FI_DEV_POWER_USAGE).", "power_w", 1.0),
     ("power_limit_watts", "Enforced power limit.", "power_limit_w", 1.0),
     ("utilization_ratio", "GPU utilisation 0..1 (DCGM_FI_DEV_GPU_UTIL / 100).", "util_gpu_pct", 0.01),
+    ("framebuffer_used_bytes", "Framebuffer memory used (DCGM_FI_DEV_FB_USED, in bytes).",
+     "fb_used_mib", MIB),
+    ("framebuffer_free_bytes", "Framebuffer memory free (DCGM_FI_DEV_FB_FREE, in bytes).",
+     "fb_free_mib", MIB),
     ("tensor_active_ratio", "Tensor pipe active 0..1 (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
      "tensor_active", 1.0),
     ("remapped_rows_pending", "1 while a row remap waits for a GPU reset "
