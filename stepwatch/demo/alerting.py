@@ -22,10 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from stepwatch.broker import free_port
+from stepwatch.demo.allocation import SlurmAllocation
+from stepwatch.demo.pager import Pager
 from stepwatch.demo.services import Child
 from stepwatch.errors import StepwatchError
 
 log = logging.getLogger(__name__)
+
+SPARE_NODES = 2  # idle nodes beside the job's: a requeued job runs again without the drained one
+REQUEUE_DELAY_S = 10  # Slurm holds a requeued job this long (its cred_expire; default 120 s)
 
 POLICY = """\
 mode: {mode}
@@ -52,6 +57,8 @@ class AlertView:
     firing: tuple[str, ...] = ()
     decisions: tuple[str, ...] = ()
     breaker_open: bool = False
+    actions: tuple[Mapping[str, Any], ...] = ()  # the remediator's action rows, oldest first
+    notifications: tuple[Any, ...] = ()  # what the pager and the ticket queue received
 
 
 @dataclass
@@ -68,12 +75,14 @@ class AlertingStack:
     alertmanager: Any = None
     prometheus: Any = None
     remediator_url: str = ""
+    spare: int = SPARE_NODES
+    pager: Pager | None = None
     _token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     _client: Any = None
 
     # ------------------------------------------------------------------ lifecycle
     def start_slurm(self) -> list[str] | None:
-        """Start the local Slurm cluster and a job on every node; its node names, or None."""
+        """Start the local Slurm cluster (spare nodes included) and the job; its nodes, or None."""
         if not self.want_slurm:
             return None
         from stepwatch.daemons.slurm import SlurmCluster, missing_binaries
@@ -84,31 +93,54 @@ class AlertingStack:
             log.info("demo: no local Slurm cluster (%s); the remediator runs in observe mode", why)
             return None
         try:
-            self.slurm = SlurmCluster(self.workdir / "slurm", nodes=self.nodes).start()
-            out = self.slurm.sbatch("-N", str(self.nodes), "--requeue", "--wrap", "sleep 3600")
-            self.slurm_job = out.strip().split()[-1]
-        except StepwatchError as err:
+            self.slurm = SlurmCluster(self.workdir / "slurm", nodes=self.nodes + self.spare,
+                                      cred_expire=REQUEUE_DELAY_S).start()
+            self.slurm_job = self.slurm.sbatch(
+                "-N", str(self.nodes), "--requeue", "--job-name", "demo-train",
+                "--chdir", str(self.workdir), "--output", str(self.workdir / "slurm-%j.out"),
+                "--wrap", "sleep 3600")
+            return list(self._wait_running())
+        except (StepwatchError, ValueError) as err:
             log.warning("demo: local Slurm cluster did not start (%s); observe mode", err)
-            self.slurm = None
+            if self.slurm is not None:
+                self.slurm.stop()
+            self.slurm, self.slurm_job = None, ""
             return None
-        return list(self.slurm.node_names)
+
+    def _wait_running(self, timeout: float = 60.0) -> tuple[str, ...]:
+        follow = self.allocation()
+        assert follow is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            now = follow()
+            if now.running:
+                return now.nodes
+            time.sleep(0.5)
+        raise StepwatchError(f"Slurm job {self.slurm_job} not running after {timeout:.0f} s")
+
+    def allocation(self) -> SlurmAllocation | None:
+        """Reads the job's allocation from Slurm (None without a Slurm cluster)."""
+        if self.slurm is None or not self.slurm_job:
+            return None
+        return SlurmAllocation(self.slurm_job, self.slurm.env())
 
     def start(self, env: Mapping[str, str]) -> AlertingStack:
         from stepwatch.alerts.config import Receivers, alertmanager_config, rule_files
         from stepwatch.daemons.alertmanager import Alertmanager
         from stepwatch.daemons.prometheus import Prometheus
 
-        token_file = self.workdir / "remediator.token"
+        token_file = (self.workdir / "remediator.token").resolve()  # daemons resolve paths oddly
         token_file.write_text(self._token)
         token_file.chmod(0o600)
         port = free_port()
         self.remediator_url = f"http://127.0.0.1:{port}"
         self._start_remediator(port, token_file, env)
-        sink = f"{self.remediator_url}/notify-sink"
+        self.pager = Pager(self._token).start()
         receivers = Receivers(remediator_url=f"{self.remediator_url}/webhook",
-                              token_file=str(token_file), pager_url=sink, tickets_url=sink)
-        self.alertmanager = Alertmanager(self.workdir / "alertmanager",
-                                         config=alertmanager_config(receivers, fast=True))
+                              token_file=str(token_file), pager_url=f"{self.pager.url}/page",
+                              tickets_url=f"{self.pager.url}/ticket")
+        config = with_bearer(alertmanager_config(receivers, fast=True), token_file)
+        self.alertmanager = Alertmanager(self.workdir / "alertmanager", config=config)
         self.alertmanager.start()
         jobs = {**self.scrape, "stepwatch-remediator": [f"127.0.0.1:{port}"]}
         self.prometheus = Prometheus(self.workdir / "prometheus", rule_files=rule_files(),
@@ -132,6 +164,8 @@ class AlertingStack:
         self.remediator.start(dict(env))
 
     def stop(self) -> None:
+        if self.pager is not None:
+            self.pager.stop()
         for part in (self.prometheus, self.alertmanager):
             if part is not None:
                 try:
@@ -147,17 +181,20 @@ class AlertingStack:
     def view(self) -> AlertView:
         firing: tuple[str, ...] = ()
         decisions: tuple[str, ...] = ()
+        actions: list[dict[str, Any]] = []
         breaker = False
         try:
             if self.prometheus is not None:
                 firing = tuple(_alert_line(a) for a in self.prometheus.firing())
-            actions = self._actions()
+            actions = sorted(self._actions(), key=lambda a: float(a.get("created") or 0))
             newest_first = sorted(actions, key=lambda a: float(a.get("updated") or 0), reverse=True)
             decisions = tuple(_decision_line(a) for a in reversed(newest_first[:8]))
             breaker = bool(self._call("breaker").get("open", False))
         except (StepwatchError, OSError, ValueError, AttributeError) as err:
             log.debug("demo: alerting view unavailable err=%s", err)
-        return AlertView(firing=firing, decisions=decisions, breaker_open=breaker)
+        notes = tuple(self.pager.notifications()) if self.pager is not None else ()
+        return AlertView(firing=firing, decisions=decisions, breaker_open=breaker,
+                         actions=tuple(actions), notifications=notes)
 
     def slurm_nodes(self) -> dict[str, str]:
         return self.slurm.node_states() if self.slurm is not None else {}
@@ -173,6 +210,18 @@ class AlertingStack:
 
             self._client = Client(self.remediator_url, self._token, timeout=2.0)
         return self._client.actions() if what == "actions" else self._client.breaker()
+
+
+def with_bearer(config: str, token_file: Path) -> str:
+    """``config`` with every webhook authenticated by the bearer token in ``token_file``."""
+    import yaml
+
+    cfg = yaml.safe_load(config)
+    for receiver in cfg.get("receivers", []):
+        for hook in receiver.get("webhook_configs", []):
+            hook.setdefault("http_config", {})["authorization"] = {
+                "type": "Bearer", "credentials_file": str(token_file)}
+    return str(yaml.safe_dump(cfg, sort_keys=False))
 
 
 def _alert_line(alert: Any) -> str:
@@ -192,4 +241,5 @@ def _decision_line(action: Mapping[str, Any]) -> str:
     target = action.get("node") or ""
     job = f" (job {action['job_id']})" if action.get("job_id") else ""
     reason = action.get("reason") or action.get("detail") or ""
-    return f"{stamp} {kind} {target}{job}: {action.get('status', '?')} - {reason}".strip()
+    outcome = f" -> {action['outcome']}" if action.get("outcome") else ""
+    return f"{stamp} {kind} {target}{job}: {action.get('status', '?')}{outcome} - {reason}".strip()
