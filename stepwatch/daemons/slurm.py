@@ -53,7 +53,7 @@ class SlurmCluster:
     cred_expire: int = 120  # seconds; Slurm's default (a requeued job waits this long)
     _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
     _munged: subprocess.Popen[bytes] | None = field(default=None, repr=False)
-    _munge_dir: Path | None = field(default=None, repr=False)
+    _run_dir: Path | None = field(default=None, repr=False)
 
     @property
     def node_names(self) -> list[str]:
@@ -80,34 +80,42 @@ class SlurmCluster:
 
     def _ensure_munge(self) -> None:
         """A private munged on its own socket: clusters started side by side never share one."""
-        self._munge_dir = Path(tempfile.mkdtemp(prefix="swmunge-"))  # short: a socket path is < 108 B
-        self._munge_dir.chmod(0o755)
+        # sockets live in a short private folder: a Unix socket path is < 108 bytes
+        self._run_dir = Path(tempfile.mkdtemp(prefix="swslurm-"))
+        self._run_dir.chmod(0o755)
         sock = self.munge_socket
         self._munged = subprocess.Popen(
             [_bin("munged"), "--foreground", "--force", f"--socket={sock}",
-             f"--pid-file={self._munge_dir / 'munged.pid'}", f"--seed-file={self._munge_dir / 'seed'}",
+             f"--pid-file={self._run_dir / 'munged.pid'}", f"--seed-file={self._run_dir / 'seed'}",
              f"--log-file={self.workdir / 'munged.log'}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         self._wait(sock.exists, 15, "munged")
 
     @property
+    def spool_dir(self) -> Path:
+        if self._run_dir is None:
+            raise DaemonError("the cluster is not started")
+        return self._run_dir / "spool"
+
+    @property
     def munge_socket(self) -> Path:
-        if self._munge_dir is None:
+        if self._run_dir is None:
             raise DaemonError("munged is not started")
-        return self._munge_dir / "sock"
+        return self._run_dir / "sock"
 
     def _write_config(self) -> None:
         host = socket.gethostname()
         self.ctld_port = self.ctld_port or free_port()
         d = self.workdir
-        for sub in ("state", "spool", *(f"spool/{n}" for n in self.node_names)):
-            (d / sub).mkdir(exist_ok=True)
+        (d / "state").mkdir(exist_ok=True)
+        for name in self.node_names:  # slurmd's and slurmstepd's sockets: the short folder
+            (self.spool_dir / name).mkdir(parents=True, exist_ok=True)
         lines = [
             "ClusterName=stepwatch", f"SlurmctldHost={host}", f"SlurmctldPort={self.ctld_port}",
             "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
             # cred_expire is also how long a requeued job waits before it may start again
             f"AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire}",
-            f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={d}/spool/%n",
+            f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={self.spool_dir}/%n",
             f"SlurmctldPidFile={d}/slurmctld.pid", f"SlurmdPidFile={d}/slurmd.%n.pid",
             f"SlurmctldLogFile={d}/slurmctld.log", f"SlurmdLogFile={d}/slurmd.%n.log",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
@@ -220,9 +228,9 @@ class SlurmCluster:
             self._munged.terminate()
             self._munged.wait(timeout=10)
         self._munged = None
-        if self._munge_dir is not None:
-            shutil.rmtree(self._munge_dir, ignore_errors=True)
-            self._munge_dir = None
+        if self._run_dir is not None:
+            shutil.rmtree(self._run_dir, ignore_errors=True)
+            self._run_dir = None
         log.info("slurm stopped conf=%s", self.conf_path)
 
     def __enter__(self) -> SlurmCluster:

@@ -121,7 +121,8 @@ def descendants(pid: int) -> list[int]:
             parents[int(stat.parent.name)] = int(fields[1])
     out, todo = [], [pid]
     while todo:
-        kids = [p for p, pp in parents.items() if pp == todo.pop()]
+        cur = todo.pop()
+        kids = [p for p, pp in parents.items() if pp == cur]
         out += kids
         todo += kids
     return out
