@@ -47,7 +47,7 @@ def test_nic_counters_go_on_across_a_restart_on_the_same_host() -> None:
     later = [m for m in simulate(again, carry=carry) if isinstance(m, PortMessage)]
     head = next(m for m in later if m.host == "node01").ports
     assert [p.link_downed_total for p in head] == [p.link_downed_total for p in last]
-    assert all((h.xmit_bytes_total or 0) >= (p.xmit_bytes_total or 1) for h, p in zip(head, last))
+    assert all((h.xmit_bytes_total or 0) >= (p.xmit_bytes_total or 1) for h, p in zip(head, last, strict=True))
 
 
 def test_first_step_must_be_inside_the_job() -> None:
