@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from stepwatch.agents.collectors.base import Collector, CollectorHealth, HealthState, HostContext
+from stepwatch.agents.collectors.senders import SenderGate, SenderPolicy, VerifyJob, parse_aliases
 from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.agents.host_series import HostSeries, SeriesView
 from stepwatch.agents.sink import MessageSink, Sequencer
@@ -232,12 +233,27 @@ def collector_names(spec: str) -> list[str]:
     return names
 
 
+def steps_collector(settings: Settings) -> StepsCollector:
+    """The agent's socket with the trust settings (docs/agent.md, "Who may send")."""
+    policy = SenderPolicy(
+        verify_job=VerifyJob.parse(settings.agent_verify_job),
+        host_aliases=parse_aliases(settings.agent_host_aliases),
+        sender_rate=settings.agent_sender_rate, sender_burst=settings.agent_sender_burst,
+        user_rate=settings.agent_user_rate, user_burst=settings.agent_user_burst,
+        proc_root=settings.proc_root,
+    )
+    return StepsCollector(settings.agent_socket, gate=SenderGate(policy),
+                          group=settings.agent_socket_group,
+                          max_message_bytes=min(settings.agent_max_message_bytes,
+                                                settings.max_message_bytes))
+
+
 def build_collectors(settings: Settings) -> list[Collector]:
     """The collectors named in ``settings.collectors``; ``steps`` is the agent's own."""
     names = collector_names(settings.collectors)
     out: list[Collector] = []
     if "steps" in names:
-        out.append(StepsCollector(settings.agent_socket))
+        out.append(steps_collector(settings))
     others = [n for n in names if n != "steps"]
     if not others:
         return out

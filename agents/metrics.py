@@ -90,6 +90,12 @@ def _publisher(p: Any) -> Iterator[Metric]:
     yield _labelled(CounterMetricFamily, "delivery_failures",
                     "Delivery reports with an error, by reason (records are retried).",
                     "reason", p.delivery_failures)
+    yield _labelled(CounterMetricFamily, "dead_letters",
+                    "Records Kafka refused for good (too_large, invalid...), kept in "
+                    "<spool_dir>/dead and never retried, by reason.", "reason",
+                    {"too_large": 0, **getattr(p, "dead_letters", {})})
+    yield _counter("batch_splits", "Times the produce batch size was halved after Kafka "
+                   "refused a batch as too large.", getattr(p, "batch_splits", 0))
     yield _counter("producer_resets", "Producers replaced after an outage.", p.producer_resets)
     yield _counter("spool_rewinds", "Rewinds to the first unacknowledged record.", p.rewinds)
     spool = p.spool

@@ -15,6 +15,15 @@ and then every ``DOWN_LOG_EVERY`` seconds; ``stats()`` carries the state and
 the time of the last confirmed delivery for the agent's ``/metrics``.
 Delivery is at-least-once: records in flight when the broker failed may be
 sent twice; sequence numbers make that measurable downstream.
+
+A record Kafka will never take is not retried: one larger than the limit
+(``max_message_bytes`` and librdkafka's ``message.max.bytes``, checked before
+producing, so a poison record left in an old spool is passed on restart), or
+one refused for good (too large, invalid), goes to the dead letters
+(:mod:`stepwatch.agents.deadletter`, counted) and the records behind it flow.
+A small record refused as too large was in a produce batch the broker finds
+too large: the batch size is halved (down to ``MIN_BATCH_BYTES``) and the
+records resent; only a record still refused at that size is dead-lettered.
 """
 
 from __future__ import annotations
@@ -30,6 +39,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from confluent_kafka import KafkaException
+
+from stepwatch.agents import limits
+from stepwatch.agents.deadletter import DeadLetters
+from stepwatch.agents.limits import LIBRDKAFKA_MAX_BYTES, PERMANENT, TOO_LARGE
 from stepwatch.agents.spool import End, Record, Spool, SpoolStats
 from stepwatch.contract import KIND_OF, Kind, Message, Topics, encode, message_key
 from stepwatch.errors import SpoolError, StepwatchError
@@ -45,10 +59,6 @@ JITTER = 0.5  # each wait is the backoff times a uniform factor in [1 - JITTER, 
 DOWN_LOG_EVERY = 60.0  # while Kafka stays unreachable: one warning this often
 GRACE_SECONDS = 5.0  # after an outage: time for in-flight records to land before a reset
 PERSIST_EVERY = 1.0  # seconds between writes of the acknowledged position
-# per-record errors no retry can fix: the record is dropped and counted ("rejected")
-PERMANENT = frozenset({"MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "INVALID_RECORD",
-                       "CORRUPT_MESSAGE", "RECORD_LIST_TOO_LARGE", "_INVALID_ARG"})
-
 ProducerFactory = Callable[[dict[str, Any]], Any]
 Probe = Callable[[], None]
 
@@ -76,15 +86,19 @@ class PublisherStats:
     spool: SpoolStats
     extra: dict[str, int] = field(default_factory=dict)
     last_success: float = 0.0  # wall clock of the last confirmed delivery (0: never)
+    dead_letters: dict[str, int] = field(default_factory=dict)  # by reason
+    batch_splits: int = 0  # times the produce batch size was halved
 
 
 class _Slot:
     """One produced record awaiting its delivery report; is its own delivery callback."""
 
-    __slots__ = ("end", "gen", "owner", "state", "topic")
+    __slots__ = ("end", "gen", "key", "owner", "state", "topic", "value")
 
-    def __init__(self, owner: KafkaPublisher, end: End, topic: str, gen: int) -> None:
+    def __init__(self, owner: KafkaPublisher, end: End, topic: str, gen: int,
+                 key: bytes = b"", value: bytes = b"") -> None:
         self.owner, self.end, self.topic, self.gen = owner, end, topic, gen
+        self.key, self.value = key, value
         self.state = 0  # 0 in flight, 1 delivered, 2 dropped (rejected), -1 failed
 
     def __call__(self, err: Any, _msg: Any) -> None:
@@ -113,6 +127,11 @@ class KafkaPublisher:
         self._topic_of = {cls: self.topics.for_kind(kind) for cls, kind in KIND_OF.items()}
         self._kind_of_topic = {self.topics.for_kind(k): k.value for k in Kind}
         self.spool = spool or Spool(settings.spool_dir, settings.spool_max_bytes)
+        self.dead = DeadLetters(self.spool.dir, settings.agent_dead_letter_max_bytes)
+        self._limit = limits.record_limit(settings)
+        self._batch_bytes = 0  # 0: the client's batch.size; else halved after a refusal
+        self._split_gen = -1
+        self._splits = 0
         self._factory = producer_factory or _default_producer
         self._probe = probe or partial(self._ensure_topics, probe_timeout)
         self._clock = clock
@@ -207,6 +226,8 @@ class KafkaPublisher:
             spool=self.spool.stats(),
             extra={"resends_skipped": self._skipped},
             last_success=self._last_success,
+            dead_letters=dict(self.dead.counts),
+            batch_splits=self._splits,
         )
 
     def _by_kind(self, per_topic: Counter[str]) -> dict[str, int]:
@@ -257,18 +278,26 @@ class KafkaPublisher:
         sent = 0
         gen, inflight, backlog, produce = self._gen, self._inflight, self._backlog, producer.produce
         skip = self._skip
+        limit = self._limit
         while backlog and sent < room:
             topic, key, value, end, ts = backlog[0]
-            slot = _Slot(self, end, topic, gen)
+            slot = _Slot(self, end, topic, gen, key, value)
             if skip and end[2] in skip:  # landed before the last reset: not again
                 skip.discard(end[2])
                 slot.state = 1
                 self._skipped += 1
+            elif len(key) + len(value) > limit:
+                self._dead_letter(slot, "too_large")
             else:
                 try:
                     produce(topic, value, key, on_delivery=slot, timestamp=ts)
                 except BufferError:
                     break  # librdkafka's queue is full: serve delivery reports first
+                except KafkaException as err:  # refused before sending (size, arguments)
+                    name = limits.error_name(err)
+                    if name not in PERMANENT:
+                        raise
+                    self._dead_letter(slot, "too_large" if name in TOO_LARGE else name.lower())
             backlog.popleft()
             inflight.append(slot)
             sent += 1
@@ -278,12 +307,10 @@ class KafkaPublisher:
         if slot.gen != self._gen:
             return  # a report from a producer already reset
         name = err.name()
+        if name in TOO_LARGE and self._split_batches(slot, name):
+            return
         if name in PERMANENT:
-            slot.state = 2
-            self._rejected += 1
-            self.spool.dropped["rejected"] += 1
-            self._log("reject:" + name, "record rejected by Kafka and dropped topic=%s err=%s",
-                      slot.topic, err, level=logging.ERROR)
+            self._dead_letter(slot, "too_large" if name in TOO_LARGE else name.lower())
             return
         slot.state = -1
         self._failures[name] += 1
@@ -291,6 +318,33 @@ class KafkaPublisher:
             self._failed = name
             self._log("fail:" + name, "delivery failed, will retry from the spool err=%s", err)
             self._suspect(f"delivery failed: {name}")
+
+    def _dead_letter(self, slot: _Slot, reason: str) -> None:
+        """Never retried, never blocking: counted, kept in <spool>/dead, acknowledged in order."""
+        slot.state = 2
+        self._rejected += 1
+        self.spool.dropped["rejected"] += 1
+        self.dead.put(slot.topic, slot.key, slot.value, reason)
+
+    def _split_batches(self, slot: _Slot, name: str) -> bool:
+        """A small record refused as too large: its produce batch was. Halve the batch
+        size and resend (the failure path rewinds); False when the record itself is too
+        large at the smallest batch size."""
+        current = self._batch_bytes or min(self._limit, LIBRDKAFKA_MAX_BYTES)
+        if (len(slot.key) + len(slot.value)) * 2 > current or current // 2 < limits.MIN_BATCH_BYTES:
+            return False
+        if self._split_gen != self._gen:  # once per producer, however many records failed
+            self._split_gen = self._gen
+            self._batch_bytes = current // 2
+            self._splits += 1
+            log.warning("kafka refused a batch as too large, halving the batch size and "
+                        "resending batch_bytes=%d err=%s", self._batch_bytes, name)
+        slot.state = -1
+        self._failures[name] += 1
+        if self._failed is None:
+            self._failed = name
+            self._suspect(f"batch too large: {name}")
+        return True
 
     def _on_error(self, err: Any) -> None:
         name = err.name()
@@ -403,7 +457,11 @@ class KafkaPublisher:
     def _producer_config(self) -> dict[str, Any]:
         from stepwatch.kafka import producer_config
 
-        return producer_config(self.settings, error_cb=self._on_error, logger=_RdLogger(self._rdlog))
+        config = producer_config(self.settings, error_cb=self._on_error,
+                                 logger=_RdLogger(self._rdlog))
+        if self._batch_bytes:
+            config["batch.size"] = self._batch_bytes
+        return config
 
     def _ensure_topics(self, timeout: float) -> None:
         from stepwatch.kafka import ensure_topics

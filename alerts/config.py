@@ -33,12 +33,18 @@ def rule_test_files() -> list[Path]:
 
 @dataclass(frozen=True)
 class Receivers:
-    """The three endpoints the routing sends to, and the remediator's token file."""
+    """The three endpoints the routing sends to, and the remediator's token file.
+
+    ``store_url`` (optional): the alert receiver (``stepwatch alerts receive``,
+    ``http://host:9470/alerts``) that records every alert, firing and resolved, in
+    the store; a first route sends it everything and continues down the tree.
+    """
 
     remediator_url: str
     token_file: str
     pager_url: str
     tickets_url: str
+    store_url: str = ""
 
 
 def alertmanager_config(receivers: Receivers, *, fast: bool = False) -> str:
@@ -60,9 +66,22 @@ def alertmanager_config(receivers: Receivers, *, fast: bool = False) -> str:
             auth = hook.get("http_config", {}).get("authorization")
             if auth is not None:
                 auth["credentials_file"] = receivers.token_file
+    if receivers.store_url:
+        _add_store(cfg, receivers)
     if fast:
         _speed_up(cfg["route"])
     return str(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def _add_store(cfg: dict[str, Any], receivers: Receivers) -> None:
+    """Every alert to the store's receiver first (firing and resolved), then the tree as is."""
+    cfg["receivers"].append({"name": "store", "webhook_configs": [{
+        "url": receivers.store_url, "send_resolved": True, "max_alerts": 0,
+        "http_config": {"authorization": {"type": "Bearer",
+                                          "credentials_file": receivers.token_file}}}]})
+    route = {"receiver": "store", "matchers": [], "group_by": ["alertname", "job_id", "host"],
+             "group_wait": "0s", "group_interval": "10s", "repeat_interval": "4h", "continue": True}
+    cfg["route"]["routes"] = [route, *cfg["route"].get("routes", [])]
 
 
 def _speed_up(route: dict[str, Any]) -> None:

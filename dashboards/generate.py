@@ -92,8 +92,12 @@ ORDER BY ts DESC LIMIT 200"""
     return (_base("stepwatch-job", "stepwatch / Job drill-down", "job")
         .with_variable(_var("job", "label_values(stepwatch_job_step_seconds, job_id)", "job",
                             multi=False))
-        .with_panel(single("Step time", "s", f"stepwatch_job_step_seconds{{{JOB}}}"))
-        .with_panel(single("MFU", "percentunit", f"stepwatch_job_mfu_ratio{{{JOB}}}"))
+        .with_panel(single("Step time", "s", f"stepwatch_job_step_seconds{{{JOB}}}",
+                           desc="Median wall time of the recent steps (waiting for a straggler "
+                           "included); the straggler-free baseline is its own series below."))
+        .with_panel(single("MFU", "percentunit", f"stepwatch_job_mfu_ratio{{{JOB}}}",
+                           desc="No value: MFU needs flops_per_step (the SDK's step.flops) and "
+                           "peak_flops (a GPU model the detection config knows)."))
         .with_panel(single("Goodput", "percentunit", f"stepwatch_job_goodput_ratio{{{JOB}}}"))
         .with_panel(single("Stragglers", "short", f"stepwatch_job_stragglers{{{JOB}}}"))
         .with_panel(ch_heatmap("Compute time per rank (ClickHouse)", "s", heat,
@@ -102,7 +106,14 @@ ORDER BY ts DESC LIMIT 200"""
                            (f"stepwatch_job_tokens_per_second{{{JOB}}}", "tokens/s"),
                            (f"stepwatch_job_samples_per_second{{{JOB}}}", "samples/s")))
         .with_panel(series("Badput by reason", "s",
-                           (f"stepwatch_job_badput_seconds{{{JOB}}}", "{{reason}}")))
+                           (f"stepwatch_job_badput_seconds{{{JOB}}}", "{{reason}}"),
+                           desc="Seconds lost since the job started: data_loading, checkpoint, "
+                           "straggler (above the straggler-free baseline), hang, restart, "
+                           "wasted_progress, other."))
+        .with_panel(series("Step time vs straggler-free baseline", "s",
+                           (f"stepwatch_job_step_seconds{{{JOB}}}", "step time (median)"),
+                           (f"stepwatch_job_step_baseline_seconds{{{JOB}}}",
+                            "straggler-free baseline")))
         .with_panel(ch_series("Step time percentiles (ClickHouse)", "s", pct))
         .with_panel(prom_table("Flagged ranks", "percentunit",
                                f"stepwatch_rank_flagged_score{{{JOB}}}"))

@@ -36,6 +36,12 @@ _SECTIONS = ("kafka", "agent", "stream", "store", "sink", "hang", "remediate", "
 _SECRET_MARKERS = ("password", "secret", "sasl.password", "ssl.key.password", "token")
 
 
+# The SDK and the agent share this default: a directory of the agent's own
+# (created 0750), never a socket directly in a world-writable /tmp.
+DEFAULT_AGENT_SOCKET = "/tmp/stepwatch/agent.sock"
+AGENT_VERIFY_JOB = ("off", "when_known", "strict")
+
+
 def _default_host() -> str:
     return socket.gethostname()
 
@@ -53,7 +59,19 @@ class Settings:
     create_topics: bool = True
     # --- node agent ------------------------------------------------------------
     host: str = field(default_factory=_default_host)
-    agent_socket: str = "/tmp/stepwatch-agent.sock"
+    agent_socket: str = DEFAULT_AGENT_SOCKET
+    # group (name or gid) allowed to send to the socket: its directory is 0750 and the
+    # socket 0620, both of this group; empty: the agent's own group
+    agent_socket_group: str = ""
+    agent_verify_job: str = "when_known"  # off | when_known | strict (docs/agent.md)
+    agent_host_aliases: str = ""  # comma-separated names also accepted as this host
+    agent_sender_rate: float = 500.0  # datagrams/s per sending process; 0: no limit
+    agent_sender_burst: int = 1000
+    agent_user_rate: float = 4000.0  # datagrams/s per sending uid; 0: no limit
+    agent_user_burst: int = 8000
+    agent_max_message_bytes: int = 256 * 1024  # a step message the agent builds, at most
+    agent_dead_letter_max_bytes: int = 64 * 1024 * 1024  # <spool_dir>/dead, at most
+    proc_root: str = "/proc"
     tick_seconds: float = 1.0
     spool_dir: str = "var/spool"
     spool_max_bytes: int = 512 * 1024 * 1024
@@ -74,6 +92,8 @@ class Settings:
     clickhouse_database: str = "stepwatch"
     store_path: str = "var/chdb"
     store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)
+    store_detection_producers: str = ""  # comma-separated stream worker names; empty: any producer
+    store_dedup_max_senders: int = 16384  # senders the sink's duplicate filter remembers (LRU)
     sink_metrics_port: int = 9467  # the ClickHouse sink's /metrics; 0 disables it
     sink_group: str = "stepwatch-store"  # the sink's consumer group
     sink_batch_messages: int = 5000  # records per partition batch
@@ -91,12 +111,20 @@ class Settings:
     stream_rebalance_timeout: float = 0.0  # rebalance (rejoin) timeout s; 0: Faust's 60
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
+    # admission (docs/security.md "Boundary 2"): records refused go to <prefix>.dlq with the reason
+    stream_future_seconds: float = 120.0  # a timestamp further ahead of the worker's clock; <= 0: off
+    stream_max_age_seconds: float = 86400.0  # older messages skip detection; <= 0: off
+    stream_step_jump_min: int = 1000  # a step jump beyond max(this, factor x cadence x elapsed)
+    stream_step_jump_factor: float = 100.0
     # --- store endpoint limits (the embedded store's query endpoint) ------------
     store_endpoint_max_body_bytes: int = 64 * 1024 * 1024  # a request body as sent
     store_endpoint_max_decompressed_bytes: int = 256 * 1024 * 1024  # after Content-Encoding
     store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
     store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
     store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
+    store_endpoint_max_concurrent_queries: int = 2  # more wait store_endpoint_queue_seconds, then 503
+    store_endpoint_max_total_memory_bytes: int = 4 * 1024 * 1024 * 1024  # all running statements
+    store_endpoint_queue_seconds: float = 5.0
     # --- remediator ---------------------------------------------------------------
     remediate_port: int = 9469  # the remediator's webhook, API, /metrics and /healthz
     remediate_bind: str = "127.0.0.1"
@@ -106,6 +134,9 @@ class Settings:
     remediate_token_file: str = ""
     remediate_mode: str = ""  # observe | recommend | execute; empty: the policy's mode
     remediate_url: str = "http://127.0.0.1:9469"  # where the CLI finds the running service
+    # the alert receiver (`stepwatch alerts receive`): Alertmanager -> <prefix>.alerts -> the store;
+    # it binds remediate_bind and checks the remediator's bearer token
+    remediate_alerts_port: int = 9470
     # --- integrity: topics, message bounds, /metrics endpoints ---------------------
     min_insync_replicas: int = 2  # topic setting at creation; capped at replication_factor
     topic_retention_hours: float = 168.0  # retention.ms of created topics; <= 0: the broker's
@@ -169,7 +200,8 @@ class Settings:
         for name in ("stream_batch", "sink_batch_messages", "replication_factor",
                      "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
                      "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
-                     "store_endpoint_max_memory_bytes"):
+                     "store_endpoint_max_memory_bytes", "store_endpoint_max_concurrent_queries",
+                     "store_dedup_max_senders", "stream_step_jump_min"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:
@@ -186,8 +218,20 @@ class Settings:
             raise ConfigError("metrics_tls_cert and metrics_tls_key go together")
         if bool(self.metrics_auth_user) != bool(self.metrics_auth_password):
             raise ConfigError("metrics_auth_user and metrics_auth_password go together")
+        self._validate_agent()
         if self.spool_max_bytes < 1024 * 1024:
             raise ConfigError(f"spool_max_bytes must be >= 1 MiB, got {self.spool_max_bytes}")
+
+    def _validate_agent(self) -> None:
+        if self.agent_verify_job.strip().lower().replace("-", "_") not in AGENT_VERIFY_JOB:
+            raise ConfigError(f"setting agent_verify_job: {self.agent_verify_job!r} is not one "
+                              f"of {', '.join(AGENT_VERIFY_JOB)}")
+        if self.agent_max_message_bytes < 4096:
+            raise ConfigError("setting agent_max_message_bytes: must be >= 4096, got "
+                              f"{self.agent_max_message_bytes}")
+        for name in ("agent_sender_burst", "agent_user_burst", "agent_dead_letter_max_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
 
     def replace(self, **changes: Any) -> Settings:
         return dataclasses.replace(self, **changes)

@@ -56,11 +56,16 @@ class ReplaySummary:
         for s in self.jobs:
             out.append(
                 f"  job {s.job_id}: {s.world_size} ranks, last step {s.last_step}, "
-                f"step {_f(s.step_seconds_median, 's')}, {_f(s.samples_per_second, 'samples/s')}, "
+                f"step time {_f(s.step_seconds_median, 's')} (straggler-free baseline "
+                f"{_f(s.step_seconds_baseline, 's')}), {_f(s.samples_per_second, 'samples/s')}, "
                 f"{_f(s.tokens_per_second, 'tokens/s')}, MFU {_pct(s.mfu)}, "
                 f"goodput {_pct(s.goodput_ratio)}, hung {s.hung}, open detections "
                 f"{s.open_detections}"
             )
+            lost = ", ".join(f"{k} {v:,.1f} s" for k, v in s.badput_seconds.items() if v > 0)
+            out.append(f"    badput: {lost or 'none'}")
+            if s.mfu is None and s.mfu_note:
+                out.append(f"    MFU -: {s.mfu_note}")
         return out
 
 

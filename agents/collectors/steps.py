@@ -11,10 +11,20 @@ logged once; nothing here can stop the agent.
 The collector also learns which job (and rank) owns each local GPU from the
 step records (``gpu``, or ``local_rank`` when ``gpu`` is absent), so the agent
 can attribute GPU and port samples to a job (``HostContext.job_of_gpu``).
+
+The socket is a trust boundary (docs/security.md, "Boundary 1"): it lives in a
+directory of its own (created 0750) and is itself 0620, both of the
+configured group, so only the agent's user and that group can send; the
+kernel tells the agent each datagram's sender (``SO_PASSCRED``) and
+:class:`~stepwatch.agents.collectors.senders.SenderGate` rate-limits senders
+and rejects records that claim another host, job or rank (counted by reason).
+The agent stamps its own host on everything. A job's steps of one tick are
+split into several messages of at most ``max_message_bytes`` each.
 """
 
 from __future__ import annotations
 
+import grp
 import logging
 import os
 import socket
@@ -28,6 +38,8 @@ from pathlib import Path
 import msgspec
 
 from stepwatch.agents.collectors.base import CollectorHealth, HealthState, HostContext
+from stepwatch.agents.collectors.creds import enable_passcred, recv_with_creds
+from stepwatch.agents.collectors.senders import LOCAL, Sender, SenderGate
 from stepwatch.contract import (
     EventMessage,
     EventType,
@@ -37,7 +49,7 @@ from stepwatch.contract import (
     check_step,
     check_values,
 )
-from stepwatch.errors import CollectorError, ContractError
+from stepwatch.errors import CollectorError, ConfigError, ContractError
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.wire import MAX_DATAGRAM_BYTES, RankEvent, RankStep, decode_datagram
 
@@ -47,6 +59,10 @@ MAX_BUFFERED = 100_000  # datagrams held between two ticks; beyond: dropped and 
 GPU_OWNER_TTL = 600.0  # seconds without a step before a GPU's job mapping is forgotten
 REBIND_SECONDS = 30.0
 RECV_BUFFER_BYTES = 4 * 1024 * 1024
+SOCKET_MODE = 0o620  # owner and group may send; nobody else
+DIR_MODE = 0o750
+MAX_MESSAGE_BYTES = 256 * 1024
+ENVELOPE_BYTES = 1024  # a step message's own fields, beyond its records
 
 
 class StepsCollector:
@@ -54,14 +70,20 @@ class StepsCollector:
 
     name = "steps"
 
-    def __init__(self, path: str, *, max_buffered: int = MAX_BUFFERED,
-                 clock: Callable[[], float] = time.time, mode: int = 0o666) -> None:
+    def __init__(self, path: str, *, gate: SenderGate | None = None, group: str = "",
+                 max_message_bytes: int = MAX_MESSAGE_BYTES, max_buffered: int = MAX_BUFFERED,
+                 clock: Callable[[], float] = time.time, mode: int = SOCKET_MODE) -> None:
         self.path = path
+        self.gate = gate or SenderGate()
+        self._gid = resolve_group(group)
+        self._budget = max(1024, max_message_bytes - ENVELOPE_BYTES)
         self._max = max_buffered
         self._clock = clock
         self._mode = mode
         self._log = LogOnce(log)
-        self._buf: deque[bytes] = deque()  # raw datagrams: appended by the reader, popped by collect
+        # raw datagrams and their senders: appended by the reader, popped by collect
+        self._buf: deque[tuple[bytes, Sender]] = deque()
+        self._rate_limited_seen = 0
         self._overflow = 0
         self._owners: dict[int, tuple[str, int, float]] = {}  # gpu -> (job, rank, last seen)
         self.steps_received = 0
@@ -80,7 +102,7 @@ class StepsCollector:
     def _bind(self) -> None:
         self._next_bind = time.monotonic() + REBIND_SECONDS
         try:
-            self._sock = _bind_socket(self.path, self._mode)
+            self._sock = _bind_socket(self.path, self._mode, self._gid)
         except (OSError, CollectorError) as err:
             self._fail("bind", f"cannot listen on {self.path}: {err}")
             return
@@ -90,27 +112,29 @@ class StepsCollector:
 
     def _read_loop(self) -> None:
         """Only receive here (the kernel queue is short): decoding happens in collect()."""
-        sock, buf, limit, stop = self._sock, self._buf, self._max, self._stop
+        sock, buf, limit, stop, admit = self._sock, self._buf, self._max, self._stop, self.gate.admit
         assert sock is not None
-        recv = sock.recv
         while not stop.is_set():
             try:
-                data = recv(MAX_DATAGRAM_BYTES + 1)
+                data, creds = recv_with_creds(sock, MAX_DATAGRAM_BYTES + 1)
             except TimeoutError:
                 continue
             except OSError as err:
                 if not stop.is_set():
                     self._fail("recv", f"receive failed on {self.path}: {err!r}")
                 return
+            sender = admit(creds)
+            if sender is None:
+                continue  # over its rate limit: counted by the gate
             if len(buf) < limit:
-                buf.append(data)
+                buf.append((data, sender))
             else:
                 self._overflow += 1
 
-    def feed(self, data: bytes) -> None:
+    def feed(self, data: bytes, sender: Sender = LOCAL) -> None:
         """Queue one datagram as if it came from the socket (tests, replays)."""
         if len(self._buf) < self._max:
-            self._buf.append(data)
+            self._buf.append((data, sender))
         else:
             self._overflow += 1
 
@@ -133,16 +157,19 @@ class StepsCollector:
         if self._sock is None and time.monotonic() >= self._next_bind:
             self._bind()
         self._take_overflow()
-        by_job: dict[str, list[StepRecord]] = {}
+        by_job: dict[str, list[tuple[StepRecord, int]]] = {}
         events: list[Message] = []
         buf = self._buf
         for _ in range(len(buf)):
-            item = self._decode(buf.popleft())
-            if item is None:
+            data, sender = buf.popleft()
+            item = self._decode(data)
+            if item is None or not self._admitted(item, sender, ctx.host):
                 continue
             if isinstance(item, RankStep):
-                record = item.step if item.step.host else msgspec.structs.replace(item.step, host=ctx.host)
-                by_job.setdefault(record.job_id, []).append(record)
+                record = item.step
+                if record.host != ctx.host:
+                    record = msgspec.structs.replace(record, host=ctx.host)
+                by_job.setdefault(record.job_id, []).append((record, len(data) + len(ctx.host)))
                 self._own(record, ctx.now)
             else:
                 events.append(_event(item, ctx.host))
@@ -150,12 +177,37 @@ class StepsCollector:
                     self._release(item.job_id)
         self.steps_received += sum(len(v) for v in by_job.values())
         self.events_received += len(events)
-        steps: list[Message] = [StepMessage(host=ctx.host, ts=ctx.now, job_id=job, steps=recs)
-                                for job, recs in by_job.items()]
+        steps: list[Message] = [StepMessage(host=ctx.host, ts=ctx.now, job_id=job, steps=part)
+                                for job, recs in by_job.items()
+                                for part in _chunks(recs, self._budget)]
         self._expire(ctx.now)
         return steps + events
 
+    def _admitted(self, item: RankStep | RankEvent, sender: Sender, host: str) -> bool:
+        """Whether ``sender`` may say what ``item`` claims; a rejection is counted and
+        logged once per sender, and the record is never forwarded."""
+        claim: tuple[str, str, int | None]
+        if isinstance(item, RankStep):
+            claim = (item.step.host, item.step.job_id, item.step.rank)
+        else:
+            claim = ("", item.job_id, item.rank)
+        reason = self.gate.check(sender, host, *claim)
+        if reason is None:
+            return True
+        self.rejected[reason] += 1
+        ident = sender.identity
+        self.gate.log_once(
+            reason, sender.creds, "datagram rejected: claims host=%r job=%r rank=%s; the sender "
+            "runs slurm_job=%r env_jobs=%s env_rank=%s pod=%r", claim[0], claim[1], claim[2],
+            ident.slurm_job if ident else "", sorted(ident.env_jobs) if ident else [],
+            ident.env_rank if ident else None, ident.pod_uid if ident else "")
+        return False
+
     def _take_overflow(self) -> None:
+        limited = self.gate.rate_limited  # written by the reader thread only
+        if limited > self._rate_limited_seen:
+            self.rejected["rate_limited"] += limited - self._rate_limited_seen
+            self._rate_limited_seen = limited
         overflow, self._overflow = self._overflow, 0  # a rare race only miscounts by one
         if overflow:
             self.rejected["buffer_full"] += overflow
@@ -184,6 +236,7 @@ class StepsCollector:
                 os.unlink(self.path)
             except OSError:
                 pass
+        self.gate.close()
 
     # ------------------------------------------------------------------ GPU ownership
     def job_of_gpu(self) -> dict[int, str]:
@@ -217,10 +270,61 @@ def _event(item: RankEvent, host: str) -> EventMessage:
                         attrs=dict(item.attrs))
 
 
-def _bind_socket(path: str, mode: int) -> socket.socket:
-    """Bind a datagram socket at ``path``: create its directory, clear a stale socket."""
+def _chunks(records: list[tuple[StepRecord, int]], budget: int) -> list[list[StepRecord]]:
+    """Split a job's records (with their sizes) into runs of at most ``budget`` bytes."""
+    out: list[list[StepRecord]] = [[]]
+    used = 0
+    for record, size in records:
+        if out[-1] and used + size > budget:
+            out.append([])
+            used = 0
+        out[-1].append(record)
+        used += size
+    return out
+
+
+def resolve_group(group: str | int | None) -> int | None:
+    """A group name or number -> gid; empty -> None (the agent's own group)."""
+    text = str(group).strip() if group is not None else ""
+    if not text:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        return grp.getgrnam(text).gr_gid
+    except KeyError as err:
+        raise ConfigError(f"setting agent_socket_group: no group named {text!r}") from err
+
+
+def _prepare_dir(directory: Path, gid: int | None) -> None:
+    """Create the socket's directory 0750 (of ``gid``); refuse one others could tamper with."""
+    if not directory.exists():
+        directory.mkdir(parents=True, mode=DIR_MODE)
+        os.chmod(directory, DIR_MODE)  # mkdir's mode is masked by the umask
+        if gid is not None:
+            os.chown(directory, -1, gid)
+        log.info("socket directory created path=%s mode=%o gid=%s", directory, DIR_MODE,
+                 gid if gid is not None else os.getegid())
+        return
+    st = directory.stat()
+    if st.st_uid not in (os.geteuid(), 0):
+        raise CollectorError(f"socket directory {directory} belongs to uid {st.st_uid}, not to "
+                             "the agent or root: refusing to listen there")
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise CollectorError(f"socket directory {directory} is world-writable: refusing to "
+                             "listen there")
+    if gid is not None and not (st.st_gid == gid and st.st_mode & stat.S_IXGRP) \
+            and not st.st_mode & stat.S_IXOTH:
+        log.warning("socket directory does not let group gid=%s reach the socket path=%s "
+                    "mode=%o (create it 0750 of that group)", gid, directory,
+                    stat.S_IMODE(st.st_mode))
+
+
+def _bind_socket(path: str, mode: int, gid: int | None = None) -> socket.socket:
+    """Bind a datagram socket at ``path``: prepare its directory, clear a stale socket,
+    set its mode and group, ask for senders' credentials."""
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    _prepare_dir(target.parent, gid)
     try:
         st = target.lstat()
     except FileNotFoundError:
@@ -237,6 +341,10 @@ def _bind_socket(path: str, mode: int) -> socket.socket:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECV_BUFFER_BYTES)
         sock.bind(path)
         os.chmod(path, mode)
+        if gid is not None:
+            os.chown(path, -1, gid)
+        if not enable_passcred(sock):
+            log.warning("no SO_PASSCRED on this platform: senders cannot be verified")
         sock.settimeout(1.0)
     except OSError:
         sock.close()

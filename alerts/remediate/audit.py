@@ -4,34 +4,32 @@ Writers run on one background thread behind a bounded queue: a slow or absent
 Kafka or store never blocks a decision (a full queue drops the record, counted
 in ``stepwatch_remediator_audit_dropped_total`` and logged once per writer).
 
-The store path (documented choice): rows go straight into
-``remediation_actions`` through ClickHouse's HTTP interface (``INSERT ...
-FORMAT JSONEachRow``): a ClickHouse server in production, the embedded store's
-endpoint (``stepwatch db serve --allow-writes``) on one machine. The Kafka
-topic ``<prefix>.remediations`` carries the same records for anyone else.
+The store path: every decision is published on the contract's topic
+``<prefix>.remediations`` (:class:`KafkaWriter`); the store's sink consumes it
+into ``remediation_actions`` (``stepwatch db sink``), so the sink stays the
+store's single writer and the same records reach anyone else who reads the
+topic. There is no second, hand-written insert path.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import queue
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from stepwatch.alerts.remediate.model import Decision, Outcome
+from stepwatch.alerts.remediate.model import Decision
+from stepwatch.contract.ops import RemediationRecord, encode_ops
+from stepwatch.contract.topics import Topics
 from stepwatch.errors import RemediationError
+from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
-ACTOR = "stepwatch-remediator"
 _QUEUE = 10000
 
 
@@ -133,7 +131,12 @@ class Audit:
 
 
 class KafkaWriter:
-    """Each decision as JSON on ``<prefix>.remediations``, keyed by action id."""
+    """Each decision as a :class:`~stepwatch.contract.ops.RemediationRecord` on
+    ``<prefix>.remediations`` (the contract's topic name), keyed by action id.
+
+    The store's sink consumes that topic into ``remediation_actions``: it stays
+    the store's only writer.
+    """
 
     name = "kafka"
 
@@ -143,11 +146,19 @@ class KafkaWriter:
         self.topic = topic
         self._producer: Any = Producer(config)
 
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KafkaWriter:
+        """The project's producer configuration and the contract's topic name."""
+        from stepwatch.kafka import producer_config
+
+        return cls(producer_config(settings, **{"linger.ms": 5}), Topics(settings.topic_prefix).remediations)
+
     def write(self, records: list[dict[str, Any]]) -> None:
         if self._producer is None:
             raise RemediationError("the Kafka audit writer is closed")
         for rec in records:
-            self._producer.produce(self.topic, json.dumps(rec).encode(), key=str(rec["id"]).encode())
+            value = encode_ops(msgspec.convert(rec, RemediationRecord, from_attributes=False))
+            self._producer.produce(self.topic, value, key=str(rec["id"]).encode())
         left = self._producer.flush(10)
         if left:
             raise RemediationError(f"{left} audit record(s) not delivered to {self.topic}")
@@ -156,48 +167,3 @@ class KafkaWriter:
         if self._producer is not None:
             self._producer.flush(5)
             self._producer = None  # librdkafka's threads end with the object
-
-
-def store_row(rec: dict[str, Any]) -> dict[str, Any]:
-    """A decision as a ``remediation_actions`` row (schema 0004 + 0006)."""
-    return {
-        "ts": round(float(rec["ts"]), 3), "id": rec["id"], "action": rec["action"],
-        "status": rec["outcome"], "dry_run": rec["outcome"] == Outcome.DRY_RUN.value,
-        "job_id": rec["job_id"], "host": rec["host"], "detection_id": "",
-        "alert_fingerprint": rec["fingerprint"], "reason": rec["reason"], "detail": rec["detail"],
-        "actor": ACTOR, "mode": rec["mode"], "alertname": rec["alertname"], "cause": rec["cause"],
-        "alert_class": rec["class"],
-    }
-
-
-class ClickHouseWriter:
-    """``INSERT INTO remediation_actions FORMAT JSONEachRow`` over ClickHouse's HTTP interface."""
-
-    name = "clickhouse"
-
-    def __init__(self, url: str, user: str = "default", password: str = "",
-                 database: str = "stepwatch", timeout: float = 10.0) -> None:
-        self.url = url.rstrip("/")
-        self.database = database
-        self.timeout = timeout
-        token = base64.b64encode(f"{user}:{password}".encode()).decode()
-        self._auth = f"Basic {token}"
-
-    def write(self, records: list[dict[str, Any]]) -> None:
-        body = "\n".join(json.dumps(store_row(r)) for r in records).encode()
-        query = urllib.parse.urlencode({
-            "query": "INSERT INTO remediation_actions SETTINGS date_time_input_format='best_effort' "
-                     "FORMAT JSONEachRow", "database": self.database})
-        req = urllib.request.Request(f"{self.url}/?{query}", data=body, method="POST",
-                                     headers={"Authorization": self._auth})
-        try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                resp.read()
-        except urllib.error.HTTPError as err:
-            text = err.read().decode(errors="replace")[:300]
-            raise RemediationError(f"store refused the audit rows: HTTP {err.code} {text}") from err
-        except (urllib.error.URLError, OSError) as err:
-            raise RemediationError(f"store unreachable at {self.url}: {err}") from err
-
-    def close(self) -> None:
-        pass

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 from stepwatch.alerts.remediate import actuators
 from stepwatch.alerts.remediate import policy as policy_mod
 from stepwatch.alerts.remediate.actuators.base import Actuator
-from stepwatch.alerts.remediate.audit import Audit, ClickHouseWriter, KafkaWriter, Metrics, Writer
+from stepwatch.alerts.remediate.audit import Audit, KafkaWriter, Metrics, Writer
 from stepwatch.alerts.remediate.engine import Remediator
 from stepwatch.alerts.remediate.model import Mode
 from stepwatch.alerts.remediate.server import RemediatorServer
@@ -38,19 +38,18 @@ def read_token(settings: Settings) -> str:
 
 
 def audit_writers(settings: Settings) -> list[Writer]:
+    """The audit topic when Kafka is configured; the sink stores it (remediation_actions)."""
     writers: list[Writer] = []
     if settings.bootstrap_servers:
-        from stepwatch.kafka import ensure_topics, producer_config
+        from stepwatch.contract.topics import Topics
+        from stepwatch.kafka import ensure_topics
 
-        topic = f"{settings.topic_prefix}.remediations"
+        topic = Topics(settings.topic_prefix).remediations
         try:
             ensure_topics(settings, [topic])
         except StepwatchError as err:  # Kafka down at start: decide anyway, count what is lost
             log.error("audit topic not verified topic=%s error=%s", topic, err)
-        writers.append(KafkaWriter(producer_config(settings, **{"linger.ms": 5}), topic))
-    if settings.clickhouse_url:
-        writers.append(ClickHouseWriter(settings.clickhouse_url, settings.clickhouse_user,
-                                        settings.clickhouse_password, settings.clickhouse_database))
+        writers.append(KafkaWriter.from_settings(settings))
     return writers
 
 

@@ -5,11 +5,15 @@
   writer (the sink, ``db serve``, ``db migrate``) opens the path itself and
   fails clearly when a live owner holds it. A reader uses the live owner's
   endpoint when there is one, and opens the path itself (read-only) when not.
+* A reader left on the default path (``var/chdb``) where no store is, while the
+  demo's store (``var/demo/chdb``) is there, reads the demo's store (and says so
+  in the log); with neither, the error names both places and how to choose.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from stepwatch.errors import StoreError
 from stepwatch.exporters.clickhouse.service import Endpoint, endpoint_path
@@ -17,6 +21,28 @@ from stepwatch.exporters.clickhouse.store import Store
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
+
+DEMO_STORE_PATH = "var/demo/chdb"  # `stepwatch demo`'s store (its default --workdir)
+
+
+def _present(path: str) -> bool:
+    return os.path.isdir(path) or Endpoint.read(endpoint_path(path)) is not None
+
+
+def reader_settings(settings: Settings) -> Settings:
+    """The settings a reader uses: the demo's store when the default path holds none."""
+    if settings.clickhouse_url or settings.sources.get("store_path", "default") != "default":
+        return settings
+    if _present(settings.store_path):
+        return settings
+    if _present(DEMO_STORE_PATH):
+        log.info("no store at the default path, reading the demo's store path=%s default=%s",
+                 DEMO_STORE_PATH, settings.store_path)
+        return settings.replace(store_path=DEMO_STORE_PATH)
+    raise StoreError(
+        f"no store at {settings.store_path} (the default) nor at {DEMO_STORE_PATH} (the demo's): "
+        "pass --store-path DIR (or set STEPWATCH_STORE_PATH), --clickhouse-url for a server, "
+        "or create one with `stepwatch db migrate` / `stepwatch db sink`")
 
 
 def live_endpoint(settings: Settings) -> Endpoint | None:
@@ -50,7 +76,9 @@ def open_writer(settings: Settings) -> Store:
 
 
 def open_reader(settings: Settings) -> Store:
-    """A store to query: the server, the live owner's endpoint, or the path read-only."""
+    """A store to query: the server, the live owner's endpoint, or the path read-only
+    (the default path falls back to the demo's store: :func:`reader_settings`)."""
+    settings = reader_settings(settings)
     if settings.clickhouse_url:
         return open_server(settings, create_database=False)
     owner = live_endpoint(settings)

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stepwatch.errors import StoreError, StoreLockedError
+from stepwatch.exporters.clickhouse.permissions import private_umask, secure_store_dir
 from stepwatch.exporters.clickhouse.store import (
     OUTPUT_SETTINGS,
     ClickHouseError,
@@ -54,6 +55,7 @@ def connection_string(path: str) -> str:
 
 
 def _open_session(path: str) -> Any:
+    private_umask()  # the engine writes parts from now on: owner-only
     try:
         from chdb import session
     except ImportError as err:  # pragma: no cover - depends on the environment
@@ -83,7 +85,7 @@ class ChdbStore:
         self.readonly = readonly
         self._lock = threading.Lock()  # a chdb connection runs one statement at a time
         if not readonly:
-            os.makedirs(self.path, exist_ok=True)
+            secure_store_dir(self.path, create=True)
         elif not os.path.isdir(self.path):
             raise StoreError(f"no store at {self.path}: run `stepwatch db migrate` first")
         self._session = _open_session(self.path)

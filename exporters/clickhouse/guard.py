@@ -56,7 +56,8 @@ DENIED_SETTINGS = frozenset({
     "disk", "storage_policy",  # table settings: disk(type = local, path = ...) reaches any directory
 })
 # per-query limits: from the URL only, and capped by the endpoint
-CAPPED_SETTINGS = frozenset({"max_execution_time", "max_result_bytes", "max_memory_usage"})
+CAPPED_SETTINGS = frozenset({"max_execution_time", "max_result_bytes", "max_memory_usage",
+                             "max_memory_usage_for_user"})
 READ_KINDS = frozenset({
     "SelectWithUnionQuery", "SelectIntersectExceptQuery", "SelectQuery", "DescribeQuery", "Explain",
 })

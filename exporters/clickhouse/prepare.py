@@ -4,8 +4,13 @@ For each record: decode and validate against the contract (a bad record
 becomes a dead letter with the contract's reason: ``malformed_json``,
 ``schema``, ``unknown_kind``, ``unsupported_version``, ``absurd_value``,
 ``overflow``, ``too_large``: the contract's bounds, the same as the stream worker's);
-drop a message already seen by its (host, inst, kind, seq); map it to rows;
-check each row against its column types (``overflow``, ``invalid_value``).
+drop a message already seen by its (host, inst, kind, seq) *and content*
+(:mod:`stepwatch.exporters.clickhouse.senders`: the same number with other
+content is stored and flagged ``seq_conflict``); dead-letter raw rows older
+than the store keeps them (``too_old``: the raw tables' TTL would drop them
+silently) and detections from a producer outside the allow-list
+(``unknown_producer``); map it to rows; check each row against its column
+types (``overflow``, ``invalid_value``).
 Counter rates are computed here (:mod:`stepwatch.exporters.clickhouse.rates`).
 """
 
@@ -14,7 +19,6 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,8 +36,10 @@ from stepwatch.contract import (
     decode,
 )
 from stepwatch.contract.codec import MAX_MESSAGE_BYTES
+from stepwatch.contract.seen import Verdict
 from stepwatch.errors import ContractError, StoreError
 from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.ops_rows import Mapper
 from stepwatch.exporters.clickhouse.rates import (
     GPU_COUNTERS,
     MAX_GAP_SECONDS,
@@ -44,6 +50,7 @@ from stepwatch.exporters.clickhouse.rates import (
     gpu_values,
     port_values,
 )
+from stepwatch.exporters.clickhouse.senders import SenderFilter
 from stepwatch.exporters.clickhouse.store import Store
 from stepwatch.logs import LogOnce
 
@@ -147,16 +154,21 @@ class Preparer:
         store: Store | None = None,
         *,
         now: Callable[[], float] = time.time,
-        recent_keys: int = 1_000_000,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        ops: dict[str, Mapper] | None = None,
+        max_age_seconds: float = 0.0,
+        producers: frozenset[str] = frozenset(),
+        senders: SenderFilter | None = None,
     ) -> None:
         self.store = store
+        self.ops = ops or {}  # operations topics (alerts, remediations) -> their row mapper
         self.now = now
         self.gpus = CounterTracker(len(GPU_COUNTERS))
         self.ports = CounterTracker(len(PORT_COUNTERS))
-        self._recent: OrderedDict[tuple[str, str, str, int], None] = OrderedDict()
-        self._recent_max = recent_keys
+        self.senders = senders or SenderFilter()
         self.max_message_bytes = max_message_bytes
+        self.max_age_seconds = max_age_seconds  # raw rows older than this: too_old; 0: no limit
+        self.producers = producers  # detections accepted only from these; empty: from any
         self._warn = LogOnce(log)
 
     def prepare(self, records: Sequence[Record]) -> Prepared:
@@ -164,6 +176,9 @@ class Preparer:
         now = self.now()
         decoded: list[tuple[Record, Message]] = []
         for record in records:
+            if record.topic in self.ops:
+                self._ops_record(record, out, now)
+                continue
             message = self._decode(record, out, now)
             if message is not None:
                 decoded.append((record, message))
@@ -187,6 +202,18 @@ class Preparer:
             if bad:
                 bucket.remove(set(bad))
 
+    def _ops_record(self, record: Record, out: Prepared, now: float) -> None:
+        """An alert or remediation record: one row, or a dead letter with the reason."""
+        if not record.value:
+            out.dead.append(dead_row(record, "malformed_json", "empty record value", now))
+            return
+        try:
+            table, row = self.ops[record.topic](record.value)
+        except ContractError as err:
+            out.dead.append(dead_row(record, err.reason, err.detail, now))
+            return
+        out.add(table, row, record, table.name)
+
     def _decode(self, record: Record, out: Prepared, now: float) -> Message | None:
         if not record.value:
             out.dead.append(dead_row(record, "malformed_json", "empty record value", now))
@@ -196,14 +223,36 @@ class Preparer:
         except ContractError as err:
             out.dead.append(dead_row(record, err.reason, err.detail, now))
             return None
-        key = (message.host, message.inst, KIND_OF[type(message)].value, message.seq)
-        if key in self._recent:
+        refused = self._refusal(message, now)
+        if refused is not None:
+            out.dead.append(dead_row(record, refused[0], refused[1], now))
+            return None
+        verdict = self.senders.admit(message, record.value)
+        if verdict is Verdict.DUPLICATE:
             out.duplicates += 1
             return None
-        self._recent[key] = None
-        if len(self._recent) > self._recent_max:
-            self._recent.popitem(last=False)
+        if verdict is Verdict.CONFLICT:
+            out.dead.append(dead_row(record, "seq_conflict", (
+                f"{KIND_OF[type(message)].value} seq {message.seq} of host {message.host!r} inst "
+                f"{message.inst!r} was seen before with other content: both are stored"), now))
         return message
+
+    def _refusal(self, message: Message, now: float) -> tuple[str, str] | None:
+        """(reason, detail) when the message must not be stored as it is."""
+        if isinstance(message, DetectionMessage):
+            if self.producers and message.producer not in self.producers:
+                return "unknown_producer", (f"detection from producer {message.producer!r}, not "
+                                            f"one of the {len(self.producers)} allowed")
+            return None
+        if self.max_age_seconds <= 0 or isinstance(message, EventMessage):
+            return None
+        oldest = message.ts
+        if isinstance(message, StepMessage) and message.steps:
+            oldest = min(oldest, min(r.start for r in message.steps))
+        if oldest < now - self.max_age_seconds:
+            return "too_old", (f"timestamp {oldest:.3f} is {(now - oldest) / 86400:.0f} days old: "
+                               f"the raw tables keep {self.max_age_seconds / 86400:.0f} days")
+        return None
 
     def _map(self, record: Record, message: Message, out: Prepared) -> None:
         """Add the message's rows; all of them or, if mapping fails, none."""

@@ -237,7 +237,7 @@ DETECTIONS = table("detections", [
     ("first_step", "Nullable(UInt64)"), ("opened_at", f"Nullable({_DT3})"), ("summary", "String"),
     ("evidence", "Map(String, String)"), ("subject_host", _LC), ("host", _LC),
     ("device", _LC), ("port", "Nullable(UInt16)"), ("ranks", "Array(UInt32)"), ("related", "String"),
-    *_TAIL,
+    ("producer", _LC), *_TAIL,
 ])
 
 DEAD_LETTERS = table("dead_letters", [
@@ -246,7 +246,21 @@ DEAD_LETTERS = table("dead_letters", [
     ("kind", _LC), ("host", _LC), ("inst", _LC), ("seq", "Nullable(UInt64)"),
 ])
 
-TABLES: dict[str, Table] = {t.name: t for t in (STEPS, GPUS, PORTS, EVENTS, DETECTIONS, DEAD_LETTERS)}
+ALERTS = table("alerts", [
+    ("received_at", _DT3), ("fingerprint", "String"), ("alertname", _LC), ("status", _LC),
+    ("severity", _LC), ("starts_at", _DT3), ("ends_at", f"Nullable({_DT3})"), ("job_id", _LC),
+    ("host", _LC), ("labels", "Map(String, String)"), ("annotations", "Map(String, String)"),
+])
+
+REMEDIATIONS = table("remediation_actions", [
+    ("ts", _DT3), ("id", "String"), ("action", _LC), ("status", _LC), ("dry_run", "Bool"),
+    ("job_id", _LC), ("host", _LC), ("detection_id", "String"), ("alert_fingerprint", "String"),
+    ("reason", "String"), ("detail", "String"), ("actor", _LC), ("mode", _LC), ("alertname", _LC),
+    ("cause", _LC), ("alert_class", _LC),
+])
+
+TABLES: dict[str, Table] = {t.name: t for t in (STEPS, GPUS, PORTS, EVENTS, DETECTIONS, DEAD_LETTERS,
+                                                ALERTS, REMEDIATIONS)}
 
 
 # --------------------------------------------------------------------------- values
@@ -309,6 +323,6 @@ def detection_row(msg: DetectionMessage) -> tuple[Any, ...]:
     return (
         msg.ts, msg.id, msg.job_id, msg.type, msg.state, msg.rank, msg.gpu, msg.group, msg.cause,
         msg.fault, f64(msg.score), msg.step, msg.first_step, msg.opened_at, msg.summary, evidence,
-        subject, msg.host, msg.device or "", msg.port, list(msg.ranks), msg.related,
+        subject, msg.host, msg.device or "", msg.port, list(msg.ranks), msg.related, msg.producer,
         msg.inst, msg.seq,
     )

@@ -93,7 +93,10 @@ def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -
                         max_decompressed_bytes=settings.store_endpoint_max_decompressed_bytes,
                         max_execution_time=settings.store_endpoint_max_query_seconds,
                         max_result_bytes=settings.store_endpoint_max_result_bytes,
-                        max_memory_usage=settings.store_endpoint_max_memory_bytes).start()
+                        max_memory_usage=settings.store_endpoint_max_memory_bytes,
+                        max_concurrent_queries=settings.store_endpoint_max_concurrent_queries,
+                        max_total_memory=settings.store_endpoint_max_total_memory_bytes,
+                        queue_seconds=settings.store_endpoint_queue_seconds).start()
 
 
 def on_signals(stop: Callable[[], Any]) -> None:

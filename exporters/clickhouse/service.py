@@ -62,6 +62,7 @@ from stepwatch.exporters.clickhouse.http_body import (
     content_length,
     decompress,
 )
+from stepwatch.exporters.clickhouse.permissions import secure_store_dir
 from stepwatch.exporters.clickhouse.sqltext import (
     insert_data_offset,
     skip_data_separator,
@@ -74,7 +75,17 @@ USER = "stepwatch"
 DEFAULT_MAX_EXECUTION_TIME = 300.0  # seconds a statement may run
 DEFAULT_MAX_RESULT_BYTES = 1 << 30  # a reply is held in memory before it is sent
 DEFAULT_MAX_MEMORY_USAGE = 8 << 30  # memory one statement may take in the owner's process
+DEFAULT_MAX_CONCURRENT = 2  # statements running at once; more wait, then get 503
+DEFAULT_QUEUE_SECONDS = 5.0  # how long an excess statement waits for a slot
+PURGE_AFTER_IDLE_SECONDS = 1.0  # idle this long: the engine's freed memory goes back to the system
 _CONTENT_TYPES = {"JSON": "application/json", "JSONCompact": "application/json"}
+
+
+def per_query_memory(per_query: int, concurrent: int, total: int) -> int:
+    """``max_memory_usage`` of one statement so that ``concurrent`` of them fit in ``total``."""
+    if total <= 0:
+        return per_query
+    return max(1, min(per_query, total // max(1, concurrent)))
 
 
 def endpoint_path(store_path: str) -> Path:
@@ -139,8 +150,12 @@ class QueryService:
         max_execution_time: float = DEFAULT_MAX_EXECUTION_TIME,
         max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES,
         max_memory_usage: int = DEFAULT_MAX_MEMORY_USAGE,
+        max_concurrent_queries: int = DEFAULT_MAX_CONCURRENT,
+        max_total_memory: int = 0,
+        queue_seconds: float = DEFAULT_QUEUE_SECONDS,
     ) -> None:
         self.path = os.path.abspath(path)
+        secure_store_dir(self.path, create=False)
         self.database = database
         self.allow_writes = allow_writes
         self.password = password or secrets.token_urlsafe(24)
@@ -150,8 +165,17 @@ class QueryService:
         self.limits: dict[str, float] = {
             "max_execution_time": max_execution_time,
             "max_result_bytes": max_result_bytes,
-            "max_memory_usage": max_memory_usage,
+            "max_memory_usage": per_query_memory(max_memory_usage, max_concurrent_queries,
+                                                 max_total_memory),
         }
+        if max_total_memory > 0:  # the engine's own bound over all statements running at once
+            self.limits["max_memory_usage_for_user"] = max_total_memory
+        self.max_concurrent = max(1, max_concurrent_queries)
+        self.queue_seconds = queue_seconds
+        self._slots = threading.BoundedSemaphore(self.max_concurrent)
+        self._running = 0
+        self._purging = False
+        self._running_lock = threading.Lock()
         self.requests = 0
         self.errors = 0
         self._guard_lock = threading.Lock()
@@ -199,6 +223,41 @@ class QueryService:
 
     # ------------------------------------------------------------------ execution
     def execute(self, request: Request) -> tuple[bytes, dict[str, int]]:
+        """Run ``request`` in one of the ``max_concurrent`` slots; 503 when none frees in time."""
+        if not self._slots.acquire(timeout=self.queue_seconds):
+            raise Refused(f"Too many simultaneous queries. Maximum: {self.max_concurrent}; none "
+                          f"finished within {self.queue_seconds:g} s, retry later. "
+                          "(TOO_MANY_SIMULTANEOUS_QUERIES)", 202, HTTPStatus.SERVICE_UNAVAILABLE)
+        with self._running_lock:
+            self._running += 1
+        try:
+            return self._execute(request)
+        finally:
+            with self._running_lock:
+                self._running -= 1
+                idle = self._running == 0 and not self._purging
+                self._purging = self._purging or idle
+            self._slots.release()
+            if idle:  # the engine's allocator keeps freed memory: give it back, once idle
+                timer = threading.Timer(PURGE_AFTER_IDLE_SECONDS, self._purge)
+                timer.daemon = True
+                timer.start()
+
+    def _purge(self) -> None:
+        """Return the allocator's freed memory to the system (at most once a second)."""
+        try:
+            with self._running_lock:
+                if self._running:
+                    return  # busy again: the last statement to finish schedules the next purge
+            with self._session() as session:
+                session.query("SYSTEM JEMALLOC PURGE")
+        except Exception as err:  # an engine built without jemalloc: nothing to give back
+            log.debug("allocator purge failed error=%r", err)
+        finally:
+            with self._running_lock:
+                self._purging = False
+
+    def _execute(self, request: Request) -> tuple[bytes, dict[str, int]]:
         """Run the one checked statement of ``request``; Refused or an engine error otherwise."""
         guard = self._guard()
         with self._session() as session:

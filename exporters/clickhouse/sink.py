@@ -7,7 +7,8 @@ letters -> commit the offsets. Offsets are committed only after the inserts
 succeeded. After a crash the restarted sink replays from the committed offset,
 cuts its first batches at the recorded offsets again, and ClickHouse drops the
 inserts it already has (tables *and* rollups); a duplicate message from
-upstream is dropped by its (host, inst, kind, seq) and, failing that, collapsed
+upstream is dropped by its (host, inst, kind, seq) and content
+(:mod:`stepwatch.exporters.clickhouse.senders`) and, failing that, collapsed
 by ReplacingMergeTree. See docs/store.md.
 """
 
@@ -25,8 +26,10 @@ from stepwatch.contract import Topics
 from stepwatch.errors import StepwatchError, TransportError
 from stepwatch.exporters.clickhouse import rows as R
 from stepwatch.exporters.clickhouse.kafka_source import TP, Source
+from stepwatch.exporters.clickhouse.ops_rows import Mapper, ops_mappers
 from stepwatch.exporters.clickhouse.planner import Batch, Planner
 from stepwatch.exporters.clickhouse.prepare import Preparer, Record, dead_row
+from stepwatch.exporters.clickhouse.senders import DEFAULT_MAX_SENDERS, DEFAULT_WINDOW, SenderFilter
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
 from stepwatch.exporters.clickhouse.store import ClickHouseError, Store
 from stepwatch.exporters.clickhouse.writer import StopRequested, Writer
@@ -49,21 +52,36 @@ class SinkConfig:
     retry_max: float = 30.0
     lag_interval: float = 5.0
     max_message_bytes: int = 1 << 20  # the contract's size limit (Settings.max_message_bytes)
+    raw_ttl_days: int = 0  # raw rows older than the tables keep them are dead letters; 0: no check
+    detection_producers: frozenset[str] = frozenset()  # empty: detections from any producer
+    dedup_window: int = DEFAULT_WINDOW  # sequence numbers remembered per sender
+    dedup_max_senders: int = DEFAULT_MAX_SENDERS  # senders remembered (least recent evicted)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
         """The sink's knobs as the one settings model gives them."""
+        producers = frozenset(p.strip() for p in settings.store_detection_producers.split(",")
+                              if p.strip())
         return cls(group_id=settings.sink_group, batch_messages=settings.sink_batch_messages,
-                   batch_seconds=settings.sink_batch_seconds)
+                   batch_seconds=settings.sink_batch_seconds,
+                   max_message_bytes=settings.max_message_bytes,
+                   raw_ttl_days=settings.store_raw_ttl_days, detection_producers=producers,
+                   dedup_max_senders=settings.store_dedup_max_senders)
+
+    def preparer(self, store: Store | None, ops: dict[str, Mapper] | None = None) -> Preparer:
+        return Preparer(store, max_message_bytes=self.max_message_bytes, ops=ops,
+                        max_age_seconds=self.raw_ttl_days * 86400.0,
+                        producers=self.detection_producers,
+                        senders=SenderFilter(self.dedup_window, self.dedup_max_senders))
 
 
 def sink_topics(prefix: str) -> tuple[str, ...]:
     t = Topics(prefix)
-    return (t.steps, t.gpu, t.ports, t.events, t.detections)
+    return (t.steps, t.gpu, t.ports, t.events, t.detections, *t.operations())
 
 
 class Sink:
-    """Consumes the telemetry and detection topics into the store."""
+    """Consumes the telemetry, detection, alert and remediation topics into the store."""
 
     def __init__(
         self,
@@ -84,7 +102,7 @@ class Sink:
         self.after_insert = after_insert
         self._stop = threading.Event()
         self.planner = Planner(config.batch_messages, config.batch_seconds, clock)
-        self.preparer = Preparer(store, max_message_bytes=config.max_message_bytes)
+        self.preparer = config.preparer(store, ops=ops_mappers(self.topics))
         self.writer = Writer(store, self.metrics, retry_initial=config.retry_initial,
                              retry_max=config.retry_max, should_stop=self._stop.is_set)
         self._committed: dict[TP, int] = {}

@@ -30,6 +30,7 @@ SUBCOMMANDS = (
     "report",
     "bench",
     "remediate",
+    "alerts",
 )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
 from stepwatch.errors import ConfigError
+from stepwatch.settings import AGENT_VERIFY_JOB, DEFAULT_AGENT_SOCKET
 
 DESCRIPTION = """\
 Run the node agent: every tick it reads the host's GPUs (NVML or dcgm-exporter),
@@ -19,6 +20,13 @@ Every message goes through an on-disk spool first: while Kafka is unreachable
 the agent keeps collecting and spools (bounded by --spool-max-bytes; when full,
 the oldest unsent data is dropped and counted), then catches up in order.
 Stop with SIGTERM or Ctrl-C: a final tick, a flush, the spool position saved.
+
+The socket is a trust boundary: only the agent's user and --socket-group may
+send; the agent stamps its own host on every record, rejects records that
+claim another host, or a job or rank the sending process does not run
+(--verify-job), rate-limits each sending process, and counts every rejection
+(stepwatch_agent_datagrams_rejected_total{reason}). Records Kafka refuses for
+good are kept in <spool-dir>/dead, never retried.
 """
 
 EPILOG = """\
@@ -60,8 +68,28 @@ def register(subparsers: Any) -> None:
                    help="comma-separated: steps, nvml, nvml-replay, dcgm, rdma; 'none' for none "
                    "(default nvml,rdma,steps)")
     g.add_argument("--socket", dest="agent_socket", metavar="PATH",
-                   help="Unix datagram socket the training ranks send to "
-                   "(default /tmp/stepwatch-agent.sock)")
+                   help="Unix datagram socket the training ranks send to, in a directory of "
+                   f"its own (default {DEFAULT_AGENT_SOCKET}); created 0750, the socket 0620")
+    g.add_argument("--socket-group", dest="agent_socket_group", metavar="GROUP",
+                   help="group (name or gid) whose members may send to the socket (default: "
+                   "the agent's own group; put the training users in it)")
+    g.add_argument("--verify-job", dest="agent_verify_job", choices=AGENT_VERIFY_JOB,
+                   help="check each record's job and rank against the sender's Slurm cgroup "
+                   "and environment: when_known (default) rejects contradictions, strict also "
+                   "rejects senders tied to no job, off checks nothing (the host is always "
+                   "checked)")
+    g.add_argument("--host-alias", dest="agent_host_aliases", metavar="NAMES",
+                   help="comma-separated host names ranks may also claim for this host")
+    g.add_argument("--sender-rate", dest="agent_sender_rate", type=float, metavar="N",
+                   help="datagrams per second one process may send (default 500; 0: no limit)")
+    g.add_argument("--sender-burst", dest="agent_sender_burst", type=int, metavar="N",
+                   help="datagrams one process may send at once (default 1000)")
+    g.add_argument("--user-rate", dest="agent_user_rate", type=float, metavar="N",
+                   help="datagrams per second all processes of one user may send (default "
+                   "4000, burst STEPWATCH_AGENT_USER_BURST=8000; 0: no limit)")
+    g.add_argument("--max-message-bytes", dest="agent_max_message_bytes", type=parse_size,
+                   metavar="SIZE", help="largest step message the agent builds per job and "
+                   "tick; more steps go in more messages (default 256K)")
     g.add_argument("--tick", dest="tick_seconds", type=float, metavar="SECONDS",
                    help="seconds between polls, aligned to the wall clock (default 1.0)")
     g.add_argument("--spool-dir", metavar="DIR", help="directory of the on-disk spool (default var/spool)")
@@ -79,7 +107,9 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fields = ("host", "collectors", "agent_socket", "tick_seconds", "spool_dir", "spool_max_bytes",
-              "sysfs_root", "dcgm_url", "metrics_port")
+              "sysfs_root", "dcgm_url", "metrics_port", "agent_socket_group", "agent_verify_job",
+              "agent_host_aliases", "agent_sender_rate", "agent_sender_burst",
+              "agent_user_rate", "agent_max_message_bytes")
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
     broker = None
     if args.dev_broker and not settings.bootstrap_servers:

@@ -25,7 +25,8 @@ def add_store_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--clickhouse-user", help="server user (env STEPWATCH_CLICKHOUSE_USER); the "
                    "password comes from STEPWATCH_CLICKHOUSE_PASSWORD")
     g.add_argument("--database", dest="clickhouse_database", help="database name (default stepwatch)")
-    g.add_argument("--store-path", help="embedded store directory (default var/chdb)")
+    g.add_argument("--store-path", help="embedded store directory (default var/chdb; readers "
+                   "fall back to the demo's var/demo/chdb when var/chdb does not exist)")
 
 
 def store_settings(args: argparse.Namespace, **more: Any) -> Settings:
@@ -66,7 +67,11 @@ def register(subparsers: Any) -> None:
                    help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, default 9467; 0 disables)")
     add_web_flags(p)
     p.add_argument("--no-serve", action="store_true", help="do not serve the query endpoint")
-    p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows")
+    p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows; older ones are dead "
+                   "letters (too_old)")
+    p.add_argument("--detection-producers", dest="store_detection_producers",
+                   help="comma-separated stream worker names whose detections are stored; others "
+                   "are dead letters (env STEPWATCH_STORE_DETECTION_PRODUCERS; default: any)")
     p.set_defaults(func=run_sink)
 
     p = sub.add_parser("serve", help="own the embedded store and serve its query endpoint")
@@ -96,11 +101,11 @@ def run_migrate(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from stepwatch.exporters.clickhouse.access import live_endpoint, open_reader
+    from stepwatch.exporters.clickhouse.access import live_endpoint, open_reader, reader_settings
     from stepwatch.exporters.clickhouse.migrations import Migrator
     from stepwatch.exporters.clickhouse.output import render
 
-    settings = store_settings(args)
+    settings = reader_settings(store_settings(args))
     owner = live_endpoint(settings)
     store = open_reader(settings)
     try:

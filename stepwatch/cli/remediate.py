@@ -33,9 +33,9 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--bind", dest="remediate_bind", help="listen address (default 127.0.0.1)")
     serve.add_argument("--state-dir", dest="remediate_state_dir", help="where the state file lives")
     serve.add_argument("--token-file", dest="remediate_token_file", help="file holding the bearer token")
-    serve.add_argument("--bootstrap-servers", help="Kafka for the audit topic (empty: no Kafka audit)")
+    serve.add_argument("--bootstrap-servers", help="Kafka for the audit topic, which the store's sink records "
+                       "(empty: no audit beyond the metric)")
     serve.add_argument("--topic-prefix", help="topic prefix (audit topic <prefix>.remediations)")
-    serve.add_argument("--clickhouse-url", help="ClickHouse HTTP URL for the audit table (empty: none)")
     serve.set_defaults(func=run_serve)
     check = sub.add_parser("check-policy", help="validate a policy file")
     check.add_argument("policy")

@@ -79,6 +79,17 @@ def register(sub: Any) -> None:
                    help="log level of Faust, mode and aiokafka (default WARNING)")
     g.add_argument("--stock-consumer", dest="stream_stock_consumer", action="store_const",
                    const=True, help="use Faust's stock consumer loop instead of the leaner one")
+    a = p.add_argument_group("admission: records refused go to <prefix>.dlq with the reason "
+                             "(docs/security.md, Boundary 2)")
+    a.add_argument("--future-seconds", dest="stream_future_seconds", type=float,
+                   help="refuse timestamps this far ahead of the worker's clock (default 120; 0: off)")
+    a.add_argument("--max-age-seconds", dest="stream_max_age_seconds", type=float,
+                   help="refuse older messages for live detection (default 86400; 0: off)")
+    a.add_argument("--step-jump-min", dest="stream_step_jump_min", type=int,
+                   help="refuse a step beyond the job's highest by more than max(this, factor x "
+                   "cadence x elapsed) (default 1000)")
+    a.add_argument("--step-jump-factor", dest="stream_step_jump_factor", type=float,
+                   help="the factor of --step-jump-min (default 100)")
     p.set_defaults(func=run)
 
 

@@ -268,6 +268,7 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     port: Index16 | None = None  # NIC port number
     ranks: list[Index32] = []  # affected ranks of a host-level detection
     related: str = ""  # id of the incident this detection belongs to ("" = its own)
+    producer: str = ""  # the stream worker that produced it (its name, default host:pid)
 
 
 Message = StepMessage | GpuMessage | PortMessage | EventMessage | DetectionMessage

@@ -43,6 +43,20 @@ class Topics:
     def dlq(self) -> str:
         return f"{self.prefix}.dlq"
 
+    @property
+    def remediations(self) -> str:
+        """The remediator's decisions (JSON, keyed by action id): the sink stores them."""
+        return f"{self.prefix}.remediations"
+
+    @property
+    def alerts(self) -> str:
+        """Alertmanager state changes (JSON, keyed by fingerprint): the sink stores them."""
+        return f"{self.prefix}.alerts"
+
+    def operations(self) -> tuple[str, ...]:
+        """Topics of operations records (not contract messages): alerts and remediations."""
+        return (self.alerts, self.remediations)
+
     def for_kind(self, kind: Kind | str) -> str:
         return {
             Kind.STEP: self.steps,
@@ -57,7 +71,7 @@ class Topics:
         return (self.steps, self.gpu, self.ports, self.events)
 
     def all(self) -> tuple[str, ...]:
-        return (*self.telemetry(), self.detections, self.dlq)
+        return (*self.telemetry(), self.detections, self.dlq, *self.operations())
 
 
 def message_key(message: Message) -> bytes:

@@ -10,8 +10,9 @@ from pathlib import Path
 from stepwatch.errors import StepwatchError
 from stepwatch.exporters.clickhouse.store import Store
 from stepwatch.report import figures as F
+from stepwatch.report import signals as S
 from stepwatch.report.data import ReportData, load
-from stepwatch.report.goodput import breakdown
+from stepwatch.report.goodput import Breakdown, breakdown
 from stepwatch.report.html import page
 
 log = logging.getLogger(__name__)
@@ -27,20 +28,20 @@ class Written:
     pngs: tuple[Path, ...]
 
 
-def render(data: ReportData) -> dict[str, bytes]:
-    """Figure title -> PNG bytes, in report order."""
-    b = breakdown(data.steps)
+def render(data: ReportData, b: Breakdown | None = None) -> dict[str, bytes]:
+    """Figure title -> PNG bytes, in report order (every time axis in UTC)."""
+    b = b or breakdown(data.steps, data.detections)
     out = {
-        "Compute time heat map (rank x step)": F.heat_map(data),
-        "Step time and throughput": F.step_time(data),
+        "Compute time heat map (rank x time)": F.heat_map(data),
+        "Step time and throughput": F.step_time(data, b),
         "Goodput breakdown": F.goodput_bar(b, data.job),
         "Timeline": F.timeline(data),
     }
     for host in data.flagged_hosts:
         if any(r["host"] == host for r in data.gpu):
-            out[f"GPU signals: {host}"] = F.gpu_signals(data, host)
+            out[f"GPU signals: {host}"] = S.gpu_signals(data, host)
         if any(r["host"] == host for r in data.ports):
-            out[f"NIC signals: {host}"] = F.nic_signals(data, host)
+            out[f"NIC signals: {host}"] = S.nic_signals(data, host)
     return out
 
 
@@ -52,7 +53,8 @@ def build_report(store: Store, job: str, out_dir: Path) -> Written:
     data = load(store, job)
     if not data.steps:
         raise NoSuchJob(f"the store holds no steps of job {job!r}")
-    figs = render(data)
+    b = breakdown(data.steps, data.detections)
+    figs = render(data, b)
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = []
     for i, (title, png) in enumerate(figs.items(), 1):
@@ -60,6 +62,6 @@ def build_report(store: Store, job: str, out_dir: Path) -> Written:
         path.write_bytes(png)
         pngs.append(path)
     html_path = out_dir / f"report-{_slug(job)}.html"
-    html_path.write_text(page(data, breakdown(data.steps), figs), encoding="utf-8")
+    html_path.write_text(page(data, b, figs), encoding="utf-8")
     log.info("report written job=%s html=%s figures=%d", job, html_path, len(pngs))
     return Written(html_path, tuple(pngs))

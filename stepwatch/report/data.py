@@ -8,17 +8,19 @@ embedded store owner's endpoint, or the directory itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from stepwatch.exporters.clickhouse.store import Store
 
 MAX_STEP_COLUMNS = 400  # heat-map columns at most: longer runs are bucketed by step
+MAX_PEER_POINTS = 600  # points of a NIC peer-baseline line at most
 
 HEAT = """
 WITH (SELECT greatest(1, intDiv(max(step) - min(step), {cols:UInt32}) + 1)
       FROM step_events WHERE job_id = {job:String}) AS width
-SELECT rank, intDiv(step, width) * width AS step_bucket, avg(compute_s) AS compute_s
+SELECT rank, intDiv(step, width) * width AS step_bucket, avg(compute_s) AS compute_s,
+       toFloat64(min(start_ts)) AS start, toFloat64(max(end_ts)) AS end
 FROM step_events FINAL
 WHERE job_id = {job:String}
 GROUP BY rank, step_bucket
@@ -31,8 +33,12 @@ SELECT step, toFloat64(min(start_ts)) AS start, toFloat64(max(end_ts)) AS end,
        sum(tokens) AS tokens, sum(samples) AS samples, max(world_size) AS world,
        sum(duration_s) AS rank_s, sum(ifNull(data_s, 0)) AS data_s,
        sum(ifNull(checkpoint_s, 0)) AS checkpoint_s, count() AS rows,
-       uniqExact(rank) AS ranks
-FROM step_events FINAL
+       uniqExact(rank) AS ranks, median(ifNull(e.data_s, 0)) AS data_med,
+       median(ifNull(e.checkpoint_s, 0)) AS ckpt_med, argMax(rank, duration_s) AS slowest_rank,
+       if(count(flops) = count(), sum(flops), NULL) AS flops,
+       if(count(e.comm_wait_s) = count(), median(e.comm_wait_s) - min(e.comm_wait_s), NULL)
+           AS wait_excess
+FROM step_events AS e FINAL
 WHERE job_id = {job:String}
 GROUP BY step
 ORDER BY step
@@ -40,7 +46,7 @@ ORDER BY step
 
 DETECTIONS = """
 SELECT toFloat64(ts) AS ts, id, type, state, rank, gpu, cause, fault, score, step,
-       summary, evidence,
+       first_step, summary, evidence,
        if(subject_host != '', subject_host,
           ifNull((SELECT any(host) FROM rank_placement p
                   WHERE p.job_id = {job:String} AND p.rank = d.rank), '')) AS host
@@ -50,7 +56,8 @@ ORDER BY ts, id
 """
 
 ALERTS = """
-SELECT toFloat64(starts_at) AS ts, alertname, status, severity, host,
+SELECT toFloat64(if(status = 'resolved', ifNull(ends_at, received_at), starts_at)) AS ts,
+       alertname, status, severity, host, fingerprint, toFloat64(starts_at) AS starts,
        toFloat64(ends_at) AS ends
 FROM alerts FINAL
 WHERE job_id = {job:String}
@@ -88,6 +95,23 @@ WHERE job_id = {job:String} AND host IN {hosts:Array(String)}
 ORDER BY host, device, port, ts
 """
 
+# The NIC peer baseline: per time bucket, the median over every port of the job's
+# other hosts (the flagged host excluded), for the columns the NIC figure draws.
+PEER_PORTS = """
+SELECT toFloat64(toStartOfInterval(ts, toIntervalSecond({bucket:UInt32}))) AS ts,
+       median(xmit_bytes_per_s) AS xmit_bytes_per_s, median(xmit_wait_per_s) AS xmit_wait_per_s,
+       median(np_ecn_marked_roce_packets_per_s) AS np_ecn_marked_roce_packets_per_s,
+       median(symbol_error_per_s) AS symbol_error_per_s, uniqExact(host) AS hosts
+FROM port_samples FINAL
+WHERE job_id = {job:String} AND host != {host:String}
+GROUP BY ts
+ORDER BY ts
+"""
+
+GPU_MODEL = """
+SELECT any(name) FROM gpu_samples WHERE job_id = {job:String} AND name != ''
+"""
+
 Rows = list[dict[str, Any]]
 
 
@@ -102,6 +126,8 @@ class ReportData:
     events: Rows
     gpu: Rows
     ports: Rows
+    peers: dict[str, Rows] = field(default_factory=dict)  # flagged host -> NIC peer baseline
+    gpu_model: str = ""  # the job's GPU model name (MFU's peak FLOP/s), '' when unknown
 
     @property
     def flagged_hosts(self) -> list[str]:
@@ -127,16 +153,21 @@ def load(store: Store, job: str) -> ReportData:
     detections = _rows(store, DETECTIONS, p)
     hosts = sorted({d["host"] for d in detections if d.get("host")})
     host_params = {"job": job, "hosts": "[" + ",".join(_quote(h) for h in hosts) + "]"}
+    steps = _rows(store, STEPS, p)
+    span = float(steps[-1]["end"]) - float(steps[0]["start"]) if steps else 0.0
+    bucket = max(1, int(span // MAX_PEER_POINTS) + 1)
     return ReportData(
         job=job,
         heat=_rows(store, HEAT, {"job": job, "cols": MAX_STEP_COLUMNS}),
-        steps=_rows(store, STEPS, p),
+        steps=steps,
         detections=detections,
         alerts=_optional(store, ALERTS, p),
         actions=_optional(store, ACTIONS, p),
         events=_rows(store, EVENTS, p),
         gpu=_rows(store, GPU, host_params) if hosts else [],
         ports=_rows(store, PORTS, host_params) if hosts else [],
+        peers={h: _rows(store, PEER_PORTS, {"job": job, "host": h, "bucket": bucket}) for h in hosts},
+        gpu_model=str(store.query(GPU_MODEL, p).scalar() or ""),
     )
 
 

@@ -8,8 +8,9 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from stepwatch.contract.goodput import MFU_UNKNOWN
 from stepwatch.report.data import ReportData, Rows
-from stepwatch.report.goodput import LABELS, Badput, Breakdown
+from stepwatch.report.goodput import CATEGORIES, LABELS, Breakdown
 
 STYLE = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
@@ -60,8 +61,25 @@ def evidence(detections: Rows) -> str:
 
 def goodput_table(b: Breakdown) -> str:
     rows = [{"category": LABELS[k], "rank-seconds": f"{b.seconds[k]:,.1f}",
-             "share": f"{100 * b.fraction(k):.1f} %"} for k in Badput]
+             "share": f"{100 * b.fraction(k):.1f} %"} for k in CATEGORIES]
     return table(rows, ("category", "rank-seconds", "share"))
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _mfu(data: ReportData) -> str:
+    """MFU of the median step when the steps carry FLOPs and the GPU model is known;
+    otherwise what it needs (the worker's definition: stepwatch.contract.goodput)."""
+    from stepwatch.streams.core.config import DetectConfig
+
+    peak = DetectConfig().peak_flops(data.gpu_model) if data.gpu_model else None
+    known = [float(s["flops"]) / (float(s["step_s"]) * int(s["world"]) * peak)
+             for s in data.steps if peak and s.get("flops") is not None and float(s["step_s"]) > 0]
+    if not known:
+        return f"MFU - ({_e(MFU_UNKNOWN)})"
+    return f"MFU {100 * sorted(known)[len(known) // 2]:.1f} % (median step, {_e(data.gpu_model)})"
 
 
 def page(data: ReportData, b: Breakdown, figures: Mapping[str, bytes]) -> str:
@@ -73,7 +91,8 @@ def page(data: ReportData, b: Breakdown, figures: Mapping[str, bytes]) -> str:
         f"{_e(data.job)}</title><style>{STYLE}</style></head><body>",
         f"<h1>Post-mortem: job {_e(data.job)}</h1>",
         f"<p>{first} to {last} UTC, {len(data.steps)} steps, world size {world}; "
-        f"goodput {100 * b.goodput:.1f} %; flagged hosts: "
+        f"step time {_num(b.step_s)} s (median of the steps; straggler-free baseline "
+        f"{_num(b.baseline_s)} s); goodput {100 * b.goodput:.1f} %; {_mfu(data)}; flagged hosts: "
         f"{_e(', '.join(data.flagged_hosts) or 'none')}.</p>",
         "<h2>Goodput and badput</h2>", goodput_table(b),
     ]

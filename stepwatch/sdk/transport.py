@@ -3,9 +3,10 @@
 ``sendto`` on an unconnected ``AF_UNIX``/``SOCK_DGRAM`` socket with
 ``MSG_DONTWAIT``: a datagram either lands in the agent's receive queue in a
 few microseconds or is dropped and counted: no agent listening (``no_agent``),
-its queue full (``buffer_full``), too large (``oversized``) or any other
-socket error (``error``). Each send resolves the path again, so an agent that
-restarts is picked up without reconnecting. Never raises.
+its queue full (``buffer_full``), too large (``oversized``), not writable by
+this user (``no_permission``: the agent lets only its own user and its socket
+group send) or any other socket error (``error``). Each send resolves the path
+again, so an agent that restarts is picked up without reconnecting. Never raises.
 
 A full queue is often momentary (Linux queues only ``net.unix.max_dgram_qlen``
 datagrams per socket, 10 by default on many kernels), so a sender given a
@@ -76,6 +77,13 @@ class DatagramSender:
         except BlockingIOError:
             return self._drop(
                 "buffer_full", "stepwatch sdk: agent socket queue full path=%s; dropping", self.path
+            )
+        except PermissionError:
+            return self._drop(
+                "no_permission",
+                "stepwatch sdk: not allowed to send to the agent socket path=%s (the agent "
+                "lets its own user and its --socket-group send); dropping and counting events",
+                self.path,
             )
         except (FileNotFoundError, ConnectionRefusedError):
             return self._drop(

@@ -21,7 +21,7 @@ class JobStats:
     job_id: str
     last_step: int
     world_size: int
-    step_seconds_median: float | None
+    step_seconds_median: float | None  # median wall time of the recent steps (contract.goodput)
     samples_per_second: float | None
     tokens_per_second: float | None
     mfu: float | None
@@ -29,8 +29,10 @@ class JobStats:
     hung: bool
     open_detections: int
     flagged_ranks: dict[int, float] = field(default_factory=dict)  # rank -> straggler score
-    # badput category (data_stall, checkpoint, hang, restart, lost_progress, other) -> seconds
+    # badput category (stepwatch.contract.goodput.Badput) -> seconds
     badput_seconds: dict[str, float] = field(default_factory=dict)
+    step_seconds_baseline: float | None = None  # the straggler-free baseline, None until known
+    mfu_note: str = ""  # why mfu is None (contract.goodput.MFU_UNKNOWN); empty when it is known
 
 
 class Analyzer(Protocol):

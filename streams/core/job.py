@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepRecord
+from stepwatch.contract.goodput import MFU_UNKNOWN
 from stepwatch.streams.core.api import JobStats
 from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, StepAssembler
 from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
@@ -117,7 +118,8 @@ class Job(Incidents, Stragglers):
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
         self.last_step = cs.step
-        self.throughput.on_step(cs)
+        sd = self.slowdown
+        self.throughput.on_step(cs, None if sd.baseline is None else (sd.baseline, sd.baseline_data))
         cadence = self.slowdown.cadence
         if cadence is not None and cs.med[DUR] > 2 * cadence:  # a pause, not noise
             self.longest_pause = max(self.longest_pause, float(cs.med[DUR] - cadence))
@@ -317,16 +319,19 @@ class Job(Incidents, Stragglers):
         self._peak_flops()
         hang = now - self.hung_since if self.hung_since is not None else 0.0
         ratio, badput = self.throughput.goodput(now, hang)
+        mfu = self.throughput.mfu()
         flagged = {k[1]: round(o.finding.score or 0.0, 4) for k, o in self.book.open.items()
                    if k[0] == T.STRAGGLER and k[1] is not None}
         return JobStats(
             job_id=self.job_id,
             last_step=self.last_step,
             world_size=self.world_size,
-            step_seconds_median=self.slowdown.cadence,
+            step_seconds_median=self.throughput.step_median(),
+            step_seconds_baseline=self.slowdown.baseline,
             samples_per_second=self.throughput.samples_per_second(),
             tokens_per_second=self.throughput.tokens_per_second(),
-            mfu=self.throughput.mfu(),
+            mfu=mfu,
+            mfu_note="" if mfu is not None else MFU_UNKNOWN,
             goodput_ratio=ratio,
             hung=self.hung_since is not None,
             open_detections=len(self.book.open),

@@ -78,7 +78,8 @@ class SlowdownTracker:
         self.cpu_recent: Ring | None = None
         self._hosts_version = -1
         self._groups_version = -1
-        self.baseline: float | None = None
+        self.baseline: float | None = None  # straggler-free step time (unflagged steps' median)
+        self.baseline_data = 0.0  # the data phase of those steps (median)
         self.threshold = cfg.slowdown_min_excess
         self.cadence: float | None = None  # median step duration (for hang limits)
         self._stale = 0  # history rows added since the baseline was computed
@@ -140,6 +141,8 @@ class SlowdownTracker:
         if not base > 0:
             return
         self.baseline = base
+        data = hist[:, 2]
+        self.baseline_data = med(data) if not np.isnan(data).all() else 0.0
         if self.group_history is not None and self.group_history.count:
             self.group_base = colmed(self.group_history.filled())
         spread = mad_sigma(steps, base) / base

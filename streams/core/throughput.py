@@ -5,28 +5,33 @@ closed steps divided by the time those steps took (latest end to latest end).
 MFU is the FLOPs the ranks report divided by (step period x the sum of the
 ranks' peak dense BF16 FLOP/s), the peak looked up from the GPU's model name.
 
-Goodput follows Google's ml-goodput-measurement: of the job's wall time since
-it started, *productive* time is the step time spent computing (the median
-rank's step minus its data and checkpoint phases); *badput* is split into data
-stalls, checkpointing, hang time, restart time (from the last progress before a
-restart to the first step after it), progress lost since the last checkpoint
+Step time, goodput and badput are defined once, in :mod:`stepwatch.contract.goodput`
+(the report uses the same functions): the step time is the median wall time of
+the recent steps (each step: the median over its ranks); of the job's wall time
+since it started, *productive* time is the step time spent working at the
+straggler-free baseline pace; *badput* is data loading, checkpointing, time
+above the straggler-free baseline (``straggler``), hang time, restart time (from
+the last progress before a restart to the first step after it), wasted progress
 (steps recomputed after a restart, at the job's step time) and ``other``
-(everything else: start-up, evaluation pauses, gaps between steps).
+(start-up, evaluation pauses, gaps between steps).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from stepwatch.contract.goodput import Badput, split_step
 from stepwatch.streams.core.assembly import CKPT, DATA, DUR, PAUSE, ClosedStep, Rewind
 from stepwatch.streams.core.ring import Ring
 
-BADPUT = ("data_stall", "checkpoint", "hang", "restart", "lost_progress", "other")
+BADPUT = tuple(b.value for b in Badput)
+Baseline = tuple[float, float]  # straggler-free step time and its data phase (seconds)
 
 
 class Throughput:
     def __init__(self, steps: int) -> None:
         self.window = Ring(steps, 4)  # end_max, samples, tokens, flops
+        self.durations = Ring(steps, 1)  # the median rank's step wall time
         self.first_start: float | None = None
         self.last_end = 0.0
         self.productive = 0.0
@@ -38,7 +43,8 @@ class Throughput:
         if self.first_start is None or ts < self.first_start:
             self.first_start = ts
 
-    def on_step(self, cs: ClosedStep) -> None:
+    def on_step(self, cs: ClosedStep, baseline: Baseline | None = None) -> None:
+        """Account one closed step; ``baseline``: the straggler-free step time, if known."""
         self.on_start(cs.start_min)
         self.last_end = max(self.last_end, cs.end_max)
         flops = np.nan if cs.flops is None else cs.flops
@@ -47,23 +53,29 @@ class Throughput:
         dur = float(m[DUR])
         if dur != dur:
             return
-        data = 0.0 if np.isnan(m[DATA]) else min(float(m[DATA]), dur)
-        ckpt = 0.0 if np.isnan(m[CKPT]) else min(float(m[CKPT]), dur - data)
-        pause = max(ckpt, min(float(m[PAUSE]), dur - data))  # checkpoint + evaluation
-        self.productive += dur - data - pause
-        self.badput["data_stall"] += data
-        self.badput["checkpoint"] += ckpt
+        split = split_step(dur, _num(m[DATA]), _num(m[CKPT]), _num(m[PAUSE]),
+                           *(baseline or (None, 0.0)))
+        self.productive += split.productive
+        self.badput[Badput.DATA_LOADING] += split.data_loading
+        self.badput[Badput.CHECKPOINT] += split.checkpoint
+        self.badput[Badput.STRAGGLER] += split.straggler
         self.step_seconds = dur
+        self.durations.push(dur)
+
+    def step_median(self) -> float | None:
+        """The job's step time: median wall time of the recent steps (median rank each)."""
+        rows = self.durations.filled()
+        return float(np.median(rows[:, 0])) if len(rows) else None
 
     def on_rewind(self, rw: Rewind, step_seconds: float | None) -> None:
-        self.badput["restart"] += max(0.0, rw.gap_seconds)
+        self.badput[Badput.RESTART] += max(0.0, rw.gap_seconds)
         lost = max(0, rw.from_step - rw.to_step + 1) * (step_seconds or 0.0)
         lost = min(lost, self.productive)
-        self.badput["lost_progress"] += lost
+        self.badput[Badput.WASTED_PROGRESS] += lost
         self.productive -= lost
 
     def on_hang_end(self, seconds: float) -> None:
-        self.badput["hang"] += max(0.0, seconds)
+        self.badput[Badput.HANG] += max(0.0, seconds)
 
     def _span(self) -> tuple[np.ndarray, float] | None:
         rows = self.window.filled()
@@ -99,8 +111,12 @@ class Throughput:
         if wall <= 0:
             return None, dict(self.badput)
         bad = dict(self.badput)
-        bad["hang"] += hang_seconds
+        bad[Badput.HANG] += hang_seconds
         known = self.productive + sum(bad.values())
-        bad["other"] = max(0.0, wall - known)
+        bad[Badput.OTHER] = max(0.0, wall - known)
         ratio = min(1.0, max(0.0, self.productive / wall))
         return ratio, {k: round(v, 3) for k, v in bad.items()}
+
+
+def _num(value: float) -> float:
+    return 0.0 if np.isnan(value) else float(value)

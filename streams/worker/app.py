@@ -34,6 +34,7 @@ from stepwatch.contract import Topics
 from stepwatch.errors import ConfigError
 from stepwatch.logs import LogOnce
 from stepwatch.settings import Settings
+from stepwatch.streams.worker.admission import AdmissionConfig
 from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
@@ -222,9 +223,18 @@ def create_app(
     processor = StreamProcessor(Topics(settings.topic_prefix),
                                 engine_factory or default_engine_factory(settings),
                                 metrics, ledger, worker, silence_seconds=options.silence_seconds,
-                                max_message_bytes=settings.max_message_bytes)
+                                max_message_bytes=settings.max_message_bytes,
+                                admission=admission_config(settings))
     _wire(app, settings, options, processor, metrics, store, worker)
     return StreamService(app, processor, metrics, table, store, worker)
+
+
+def admission_config(settings: Settings) -> AdmissionConfig:
+    """The admission bounds (stepwatch.streams.worker.admission) as the settings give them."""
+    return AdmissionConfig(future_seconds=settings.stream_future_seconds,
+                           max_age_seconds=settings.stream_max_age_seconds,
+                           step_jump_min=settings.stream_step_jump_min,
+                           step_jump_factor=settings.stream_step_jump_factor)
 
 
 def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App

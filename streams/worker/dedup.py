@@ -14,7 +14,10 @@ messages with new ones. What is dropped, and why:
   than the last one of that host is a ``duplicate`` (same ``ts``) or
   ``out_of_order`` (older). Rates come from consecutive cumulative counters;
   an old sample in between would read as a counter reset.
-* **events** — by ``(host, inst, seq)`` when the sender stamps ``inst``.
+* **events** — by ``(host, inst, seq)`` when the sender stamps ``inst``. An
+  event further behind the sender's highest number than the window is kept:
+  one forged event with a huge ``seq`` must not make the sender's real events
+  (an XID, a ``job_end``) look stale.
 
 Memory is bounded: at most ``max_jobs`` jobs (least recently seen evicted),
 at most ``world_size`` ranks a job (the contract rejects other ranks), one
@@ -23,52 +26,14 @@ entry per host.
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
 
 import msgspec
 
 from stepwatch.contract import EventMessage, GpuMessage, Message, PortMessage, StepMessage
+from stepwatch.contract.seen import DropReason, SeenWindow
 
-
-class DropReason(enum.StrEnum):
-    DUPLICATE = "duplicate"
-    OUT_OF_ORDER = "out_of_order"
-    STALE = "stale"
-
-
-class SeenWindow:
-    """Which of the last ``window`` sequence numbers were seen, per key."""
-
-    __slots__ = ("_mask_all", "_state", "window")
-
-    def __init__(self, window: int) -> None:
-        self.window = window
-        self._mask_all = (1 << window) - 1
-        self._state: dict[object, list[int]] = {}
-
-    def admit(self, key: object, n: int) -> DropReason | None:
-        """Record ``n`` for ``key``; None if new, else why it is dropped."""
-        st = self._state.get(key)
-        if st is None:
-            self._state[key] = [n, 1]
-            return None
-        high, mask = st
-        if n > high:
-            st[0] = n
-            st[1] = ((mask << (n - high)) | 1) & self._mask_all
-            return None
-        back = high - n
-        if back >= self.window:
-            return DropReason.STALE
-        bit = 1 << back
-        if mask & bit:
-            return DropReason.DUPLICATE
-        st[1] = mask | bit
-        return None
-
-    def __len__(self) -> int:
-        return len(self._state)
+__all__ = ["Deduplicator", "DropReason", "SeenWindow"]
 
 
 class Deduplicator:
@@ -91,7 +56,7 @@ class Deduplicator:
             return self._admit_sample(message)
         if isinstance(message, EventMessage) and message.inst:
             reason = self._events.admit((message.host, message.inst), message.seq)
-            if reason is not None:
+            if reason is not None and reason is not DropReason.STALE:
                 self._count("event", reason)
                 return None
         return message

@@ -9,8 +9,10 @@ payloads above ``MAX_PAYLOAD_BYTES`` are truncated (``payload_truncated``).
 Reasons are the contract's (``malformed_json``, ``schema``, ``unknown_kind``,
 ``unsupported_version``, ``absurd_value``, ``overflow``, ``too_large``) plus the worker's own:
 ``wrong_topic`` (a valid message of another kind, e.g. a GPU sample on the
-steps topic, or a detection on an input topic) and ``processing_error`` (the
-detection core raised on a valid message; the worker carries on).
+steps topic, or a detection on an input topic), ``processing_error`` (the
+detection core raised on a valid message; the worker carries on) and the
+admission reasons ``future_timestamp``, ``too_old``, ``step_jump`` and
+``foreign_lifecycle`` (:mod:`stepwatch.streams.worker.admission`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class DlqReason(enum.StrEnum):
     TOO_LARGE = "too_large"
     WRONG_TOPIC = "wrong_topic"
     PROCESSING_ERROR = "processing_error"
+    # admission (stepwatch.streams.worker.admission): valid alone, refused against the job's progress
+    FUTURE_TIMESTAMP = "future_timestamp"
+    TOO_OLD = "too_old"
+    STEP_JUMP = "step_jump"
+    FOREIGN_LIFECYCLE = "foreign_lifecycle"
 
     @classmethod
     def of(cls, err: ContractError) -> DlqReason:

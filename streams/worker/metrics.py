@@ -3,9 +3,9 @@
 Each worker owns a :class:`CollectorRegistry` (no global state) served on
 ``Settings.stream_metrics_port``. Cardinality is bounded by design:
 
-* per job (``job_id``): step time, throughput, MFU, goodput, badput by
-  ``reason``, hang, open detections by ``type`` — only jobs of the partitions
-  this worker owns now;
+* per job (``job_id``): step time and its straggler-free baseline, throughput,
+  MFU, goodput, badput by ``reason`` (definitions: :mod:`stepwatch.contract.goodput`),
+  hang, open detections by ``type`` — only jobs of the partitions this worker owns now;
 * per flagged rank (``job_id, rank, host, gpu, type, cause``): the score, only
   while the detection is open — the series disappears when it resolves;
 * per open detection (``stepwatch_detection_score``): type, cause, fault class
@@ -31,6 +31,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from stepwatch.contract import DetectionMessage
+from stepwatch.contract.goodput import MFU_UNKNOWN, Badput
 from stepwatch.metrics_http import Endpoint, serve_metrics
 from stepwatch.streams.core.api import JobStats
 
@@ -72,13 +73,17 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 
 def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
     spec: list[tuple[str, str, str]] = [
-        ("job_step_seconds", "Median step wall time of the job over its recent steps.",
-         "step_seconds_median"),
+        ("job_step_seconds", "Step time: median wall time of the job's recent steps (each step: "
+         "the median over its ranks; waiting for a straggler included).", "step_seconds_median"),
+        ("job_step_baseline_seconds", "Straggler-free baseline step time: the job's own step time "
+         "over the steps no slowdown was flagged in (the detector's baseline).",
+         "step_seconds_baseline"),
         ("job_samples_per_second", "Training samples per second (all ranks).", "samples_per_second"),
         ("job_tokens_per_second", "Tokens per second (all ranks).", "tokens_per_second"),
-        ("job_mfu_ratio", "Model FLOPs utilisation (0..1).", "mfu"),
-        ("job_goodput_ratio", "Share of wall time spent in productive steps (0..1).",
-         "goodput_ratio"),
+        ("job_mfu_ratio", "Model FLOPs utilisation (0..1); absent unless the steps carry flops "
+         "and the GPUs' peak FLOP/s is known (" + MFU_UNKNOWN + ").", "mfu"),
+        ("job_goodput_ratio", "Share of the job's wall time spent in productive step time at the "
+         "straggler-free pace (0..1); the rest is job_badput_seconds.", "goodput_ratio"),
         ("job_last_step", "Last closed step of the job.", "last_step"),
         ("job_world_size", "Ranks in the job.", "world_size"),
     ]
@@ -89,8 +94,8 @@ def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
             if value is not None and math.isfinite(value):
                 fam.add_metric([job.job_id], float(value))
         yield fam
-    badput = _gauge("job_badput_seconds", "Wall time lost by the job, by reason (data_stall, "
-                    "checkpoint, hang, restart, lost_progress, other), over the core's window.",
+    badput = _gauge("job_badput_seconds", "Wall time lost by the job since it started, by reason ("
+                    + ", ".join(b.value for b in Badput) + "; stepwatch.contract.goodput).",
                     ["job_id", "reason"])
     for job in jobs:
         for reason, seconds in sorted(getattr(job, "badput_seconds", {}).items()):

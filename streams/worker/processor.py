@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
+
 from stepwatch.contract import (
     KIND_OF,
     DetectionMessage,
@@ -41,6 +43,7 @@ from stepwatch.contract.codec import MAX_MESSAGE_BYTES
 from stepwatch.errors import ContractError
 from stepwatch.logs import LogOnce
 from stepwatch.streams.core.api import Analyzer, JobStats
+from stepwatch.streams.worker.admission import Admission, AdmissionConfig, Gate
 from stepwatch.streams.worker.dedup import Deduplicator
 from stepwatch.streams.worker.dlq import DlqReason, dead_letter, encode_dead_letter
 from stepwatch.streams.worker.ledger import Ledger, PartitionLedger
@@ -94,10 +97,12 @@ class Record:
 class PartitionState:
     """Everything the worker holds for one partition number."""
 
-    def __init__(self, partition: int, engine: Analyzer, ledger: PartitionLedger) -> None:
+    def __init__(self, partition: int, engine: Analyzer, ledger: PartitionLedger,
+                 admission: AdmissionConfig | None = None) -> None:
         self.partition = partition
         self.engine = engine
         self.ledger = ledger
+        self.gate = Gate(admission)
         self.dedup = Deduplicator()
         self.last_event_ts = 0.0
 
@@ -124,8 +129,10 @@ class StreamProcessor:
         clock: Callable[[], float] = time.time,
         silence_seconds: float = 3600.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
+        admission: AdmissionConfig | None = None,
     ) -> None:
         self.topics = topics
+        self.admission = admission or AdmissionConfig()
         self.engine_factory = engine_factory
         self.metrics = metrics or StreamMetrics()
         self.ledger = ledger or Ledger()
@@ -159,7 +166,7 @@ class StreamProcessor:
         st = self.states.get(partition)
         if st is None:
             st = PartitionState(partition, self.engine_factory(),
-                                self.ledger.for_partition(partition))
+                                self.ledger.for_partition(partition), self.admission)
             self.states[partition] = st
             if st.ledger.inherited:
                 log.info("detections inherited partition=%d open=%d worker=%s",
@@ -180,6 +187,7 @@ class StreamProcessor:
         states = self.states
         clock = self.clock
         max_bytes = self.max_message_bytes
+        now = clock()
         for rec in records:
             topic, partition = rec.topic, rec.partition
             positions[(topic, partition)] = rec.offset
@@ -195,7 +203,12 @@ class StreamProcessor:
                 out.append(self._dead(rec, DlqReason.WRONG_TOPIC, detail, tally))
                 continue
             st = states.get(partition) or self.state(partition)
-            admitted = st.dedup.admit(message)
+            gated = st.gate.admit(message, now)
+            if gated.refusals or gated.rewound:
+                out.extend(self._gated(st, rec, gated, tally))
+            if gated.message is None:
+                continue
+            admitted = st.dedup.admit(gated.message)
             if admitted is None:
                 continue
             events[kind] = events.get(kind, 0) + _records_in(admitted)
@@ -229,6 +242,21 @@ class StreamProcessor:
             st.dedup.forget_job(message.job_id)
         return [self._publish(st, det) for det in found] if found else []
 
+    def _gated(self, st: PartitionState, rec: RawRecord, gated: Admission,
+               tally: dict[tuple[str, str], int]) -> list[Output]:
+        """Restarted jobs' duplicate windows are forgotten; refusals become one dead letter."""
+        for job_id in gated.rewound:
+            st.dedup.forget_job(job_id)
+            log.info("job restarted from an earlier step job_id=%s partition=%d", job_id,
+                     rec.partition)
+        if not gated.refusals:
+            return []
+        first = gated.refusals[0]
+        detail = "; ".join(r.detail for r in gated.refusals[:20])
+        if len(gated.refusals) > 20:
+            detail += f"; and {len(gated.refusals) - 20} more"
+        return [self._dead(rec, DlqReason(first.reason.value), detail, tally)]
+
     def _dead(self, rec: RawRecord, reason: DlqReason, detail: str,
               tally: dict[tuple[str, str], int]) -> Output:
         tally[("dlq", reason.value)] = tally.get(("dlq", reason.value), 0) + 1
@@ -239,6 +267,8 @@ class StreamProcessor:
 
     def _publish(self, st: PartitionState, det: DetectionMessage) -> Output:
         det = st.ledger.record(det)
+        if self.worker and det.producer != self.worker:
+            det = msgspec.structs.replace(det, producer=self.worker)
         self.metrics.detections.labels(det.type, det.state).inc()
         if det.state == "open":
             log.info("detection opened id=%s job_id=%s type=%s rank=%s cause=%s score=%s",

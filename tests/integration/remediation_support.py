@@ -27,7 +27,9 @@ def audit_records(settings, n: int) -> list[dict]:
 
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "t",
                          "enable.auto.commit": False})
-    topic = f"{settings.topic_prefix}.remediations"
+    from stepwatch.contract import Topics
+
+    topic = Topics(settings.topic_prefix).remediations
     parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
     out: list[dict] = []

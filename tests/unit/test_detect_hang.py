@@ -120,4 +120,4 @@ def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
         ("hang", "resolved", "restarted")]
     s = engine.stats()[0]
     assert not s.hung and s.badput_seconds["restart"] > 100
-    assert s.badput_seconds["lost_progress"] > 5
+    assert s.badput_seconds["wasted_progress"] > 5

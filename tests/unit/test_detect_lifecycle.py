@@ -72,7 +72,7 @@ def test_stats_throughput_mfu_and_goodput() -> None:
     assert s.tokens_per_second == pytest.approx(16 * 4096 / step, rel=0.05)
     assert s.mfu == pytest.approx(2e14 / step / 989e12, rel=0.05)
     assert s.badput_seconds["checkpoint"] == pytest.approx(5.0, rel=0.01)
-    assert s.badput_seconds["data_stall"] == pytest.approx(0.6, rel=0.1)
+    assert s.badput_seconds["data_loading"] == pytest.approx(0.6, rel=0.1)
     assert 0.8 < (s.goodput_ratio or 0) < 0.95
 
 
@@ -92,7 +92,7 @@ def test_restart_from_a_checkpoint_counts_lost_progress() -> None:
     (s,) = engine.stats()
     assert s.last_step == 29
     assert s.badput_seconds["restart"] == pytest.approx(30.0, abs=0.5)
-    assert s.badput_seconds["lost_progress"] == pytest.approx(20 * 0.99, rel=0.1)
+    assert s.badput_seconds["wasted_progress"] == pytest.approx(20 * 0.99, rel=0.1)
 
 
 def test_memory_stays_bounded_and_silent_jobs_are_forgotten() -> None:

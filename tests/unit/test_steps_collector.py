@@ -51,13 +51,15 @@ def collect(c: StepsCollector, now: float = NOW, expect: int = 0) -> list:
 
 
 def test_steps_grouped_per_job_with_host_stamped(collector: StepsCollector, path: str) -> None:
-    send(path, step("a", 0), step("a", 1), step("b", 8, host="elsewhere"))
-    out = collect(collector, expect=3)
+    send(path, step("a", 0), step("a", 1), step("b", 8, host="node07"),
+         step("c", 9, host="elsewhere"))
+    out = collect(collector, expect=4)
     by_job = {m.job_id: m for m in out if isinstance(m, StepMessage)}
-    assert set(by_job) == {"a", "b"}
+    assert set(by_job) == {"a", "b"}  # c claims another host: rejected, never forwarded
     assert [r.rank for r in by_job["a"].steps] == [0, 1]
     assert {r.host for r in by_job["a"].steps} == {"node07"}  # missing host stamped
-    assert by_job["b"].steps[0].host == "elsewhere"  # given host kept
+    assert by_job["b"].steps[0].host == "node07"
+    assert collector.rejected["host_mismatch"] == 1
     assert all(m.host == "node07" and m.ts == NOW for m in out)
     assert collector.steps_received == 3
     assert collect(collector) == []  # drained

@@ -75,3 +75,11 @@ def test_events_deduplicated_by_sender_sequence() -> None:
     assert d.admit(ev) is None
     unstamped = EventMessage(host="h1", ts=T0, type=EventType.XID, code=79)
     assert d.admit(unstamped) is unstamped and d.admit(unstamped) is unstamped
+
+
+def test_a_forged_huge_event_seq_does_not_hide_the_senders_real_events() -> None:
+    d = Deduplicator()
+    forged = EventMessage(host="h1", ts=T0, inst="abc", seq=10**9, type=EventType.XID, code=79)
+    assert d.admit(forged) is forged
+    real = EventMessage(host="h1", ts=T0, inst="abc", seq=5, type=EventType.XID, code=48)
+    assert d.admit(real) is real

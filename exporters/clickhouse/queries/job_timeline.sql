@@ -1,9 +1,12 @@
--- job_timeline: a job's failures and detections, in time order
+-- job_timeline: a job's events, detections, alerts and actions, in time order
 --
 -- The job's own events (start, checkpoints, restarts, exceptions, end), the
 -- host-level events (XID, ECC, link changes) of the hosts the job ran on while
--- it ran, and every detection state change (open, update, resolved) with its
--- cause and fault class.
+-- it ran, every detection state change (open, update, resolved) with its
+-- cause and fault class, every alert state change Alertmanager sent (firing
+-- at its start, resolved at its end; host-level alerts of the job's hosts
+-- while it ran) and every remediation decision (source 'action': what, the
+-- outcome, why). One time axis: source says which kind a row is.
 -- @param job String  the job
 -- @param limit UInt32 = 10000  rows at most
 WITH
@@ -31,6 +34,27 @@ FROM
         SELECT rank, any(host) AS host FROM rank_placement WHERE job_id = {job:String} GROUP BY rank
     ) AS p ON d.rank = p.rank
     WHERE d.job_id = {job:String}
+    UNION ALL
+    SELECT if(status = 'resolved', ifNull(ends_at, received_at), starts_at) AS ts, 'alert' AS source,
+           concat(alertname, ':', status) AS what, toString(host) AS host,
+           CAST(NULL, 'Nullable(UInt32)') AS rank, CAST(NULL, 'Nullable(UInt16)') AS gpu,
+           labels['device'] AS device, CAST(NULL, 'Nullable(UInt16)') AS port,
+           CAST(NULL, 'Nullable(Int64)') AS code, labels['cause'] AS cause,
+           concat(if(annotations['summary'] != '', annotations['summary'], alertname),
+                  ' [', severity, ', fingerprint ', fingerprint, ']') AS detail
+    FROM alerts FINAL
+    WHERE job_id = {job:String}
+       OR (job_id = '' AND starts_at BETWEEN t0 AND t1
+           AND host IN (SELECT host FROM rank_placement WHERE job_id = {job:String}))
+    UNION ALL
+    SELECT ts, 'action' AS source, concat(action, ':', status) AS what, toString(host) AS host,
+           CAST(NULL, 'Nullable(UInt32)') AS rank, CAST(NULL, 'Nullable(UInt16)') AS gpu,
+           '' AS device, CAST(NULL, 'Nullable(UInt16)') AS port, CAST(NULL, 'Nullable(Int64)') AS code,
+           toString(cause) AS cause,
+           concat(reason, if(detail != '', concat(': ', detail), ''), ' [', mode, ', alert ',
+                  alertname, ']') AS detail
+    FROM remediation_actions FINAL
+    WHERE job_id = {job:String}
 )
 ORDER BY ts, source, what
 LIMIT {limit:UInt32}

@@ -1,0 +1,219 @@
+"""Who a local process is, read from ``/proc``: its start time, Slurm job, pod, launcher env.
+
+The steps collector learns each datagram's sender pid from the kernel
+(``SCM_CREDENTIALS``, :mod:`stepwatch.agents.collectors.creds`) and asks this
+module which job the process runs. Two sources, of different weight:
+
+* ``/proc/<pid>/cgroup`` is written by the kernel and the job's launcher
+  (slurmd's cgroup plugin puts every task of job 42 under a ``job_42``
+  directory; the kubelet puts a pod's containers under ``pod<uid>``); a
+  process cannot move itself into another user's job. This is **strong**
+  evidence.
+* ``/proc/<pid>/environ`` is the environment the process was started with
+  (``SLURM_JOB_ID``, ``STEPWATCH_JOB_ID``, ``TORCHELASTIC_RUN_ID``, ``RANK``,
+  ``POD_NAME``...). Whoever starts a process chooses it, so it catches a
+  misconfigured or naive sender, not a determined one: **weak** evidence.
+
+``/proc`` is injectable (``root``), so unit tests use fake trees. Nothing
+here raises: an unreadable file (the process exited, another user's
+``environ`` without privileges) is simply no evidence.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+_SLURM_JOB = re.compile(r"/job_(\d+)(?:/|$)")
+# cgroupfs: .../pod0d2b9c1e-...; systemd: ...-pod0d2b9c1e_..._....slice
+_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_PYTORCHJOB_POD = re.compile(r"^(?P<job>.+)-(?:master|worker)-\d+$")
+MAX_READ = 256 * 1024  # environ and cgroup files are small; never read more
+
+
+@dataclass(frozen=True)
+class ProcIdentity:
+    """What /proc says about one process (empty fields: not known)."""
+
+    pid: int
+    start_time: int = 0  # clock ticks after boot (field 22 of /proc/<pid>/stat)
+    slurm_job: str = ""  # from the cgroup path (strong)
+    pod_uid: str = ""  # from the cgroup path (strong)
+    env_jobs: frozenset[str] = frozenset()  # job ids the environment names (weak)
+    env_rank: int | None = None  # STEPWATCH_RANK, else RANK
+    env_pod_uid: str = ""  # POD_UID from the downward API, when set
+    environ_readable: bool = False
+
+    @property
+    def known(self) -> bool:
+        """Whether anything ties this process to a job."""
+        return bool(self.slurm_job or self.pod_uid or self.env_jobs)
+
+
+class ProcFS:
+    """Reads ``<root>/<pid>/{stat,cgroup,environ}``; never raises."""
+
+    def __init__(self, root: str | os.PathLike[str] = "/proc") -> None:
+        self.root = Path(root)
+        self._prefix = str(self.root) + "/"  # string paths: pathlib costs more than the read
+        self._live = self.root == Path("/proc") and hasattr(os, "pidfd_open")
+
+    def pin(self, pid: int) -> int:
+        """A pidfd holding this process (its pid is not reused while it lives); -1 on a
+        fake tree, where pidfds are unavailable, or when the process is gone."""
+        if not self._live:
+            return -1
+        try:
+            return os.pidfd_open(pid)
+        except OSError:
+            return -1
+
+    def _read(self, pid: int, name: str) -> bytes | None:
+        try:
+            fd = os.open(f"{self._prefix}{pid}/{name}", os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            return os.read(fd, MAX_READ)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+
+    def start_time(self, pid: int) -> int | None:
+        """The process's start time in clock ticks, or None when it is gone."""
+        raw = self._read(pid, "stat")
+        if not raw:
+            return None
+        # the command name (field 2) may hold spaces and ')': split after the last ')'
+        fields = raw[raw.rfind(b")") + 2:].split()
+        try:
+            return int(fields[19])  # field 22 overall
+        except (IndexError, ValueError):
+            return None
+
+    def identity(self, pid: int) -> ProcIdentity | None:
+        start = self.start_time(pid)
+        if start is None:
+            return None
+        slurm, pod = _from_cgroup(self._read(pid, "cgroup") or b"")
+        raw_env = self._read(pid, "environ")
+        env = _parse_environ(raw_env or b"")
+        return ProcIdentity(pid=pid, start_time=start, slurm_job=slurm, pod_uid=pod,
+                            env_jobs=env_jobs(env), env_rank=env_rank(env),
+                            env_pod_uid=env.get("POD_UID", "").strip().lower(),
+                            environ_readable=raw_env is not None)
+
+
+def _from_cgroup(raw: bytes) -> tuple[str, str]:
+    text = raw.decode("utf-8", "replace")
+    slurm = _SLURM_JOB.search(text)
+    pod = _POD_UID.search(text)
+    return (slurm.group(1) if slurm else "",
+            pod.group(1).replace("_", "-") if pod else "")
+
+
+def _parse_environ(raw: bytes) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
+def env_jobs(env: Mapping[str, str]) -> frozenset[str]:
+    """Every job id the SDK could take from this environment (see sdk/identity.py)."""
+    jobs = {env.get(v, "").strip() for v in ("STEPWATCH_JOB_ID", "SLURM_JOB_ID",
+                                             "TORCHELASTIC_RUN_ID")}
+    match = _PYTORCHJOB_POD.match(env.get("POD_NAME", ""))
+    if match:
+        namespace = env.get("POD_NAMESPACE", "")
+        jobs.add(f"{namespace}/{match.group('job')}" if namespace else match.group("job"))
+    return frozenset(j for j in jobs if j and j != "none")  # torchrun's default run id
+
+
+def env_rank(env: Mapping[str, str]) -> int | None:
+    """The rank the environment gives (STEPWATCH_RANK, else RANK), if any."""
+    for var in ("STEPWATCH_RANK", "RANK"):
+        raw = env.get(var, "").strip()
+        if raw.isdigit():
+            return int(raw)
+    return None
+
+
+class IdentityCache:
+    """pid -> :class:`ProcIdentity`, keyed on pid *and* start time (pids are reused).
+
+    An entry lives ``ttl`` seconds; a process that has exited keeps its last
+    entry until then (its final datagrams still verify). On the real /proc
+    each entry holds a pidfd: while it says the process lives, its pid cannot
+    have been reused and nothing is read; otherwise the start time is read
+    again. At most ``max_entries`` pids are held (the oldest go first).
+    """
+
+    def __init__(self, proc: ProcFS, *, ttl: float = 30.0, max_entries: int = 256,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.proc = proc
+        self.ttl = ttl
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: OrderedDict[int, tuple[float, ProcIdentity, int]] = OrderedDict()
+        self.lookups = 0  # /proc reads of a whole identity (cache misses)
+
+    def get(self, pid: int) -> ProcIdentity | None:
+        now = self._clock()
+        entry = self._entries.get(pid)
+        if entry is not None and now < entry[0]:
+            if entry[2] >= 0 and _alive(entry[2]):
+                return entry[1]
+            start = self.proc.start_time(pid)
+            if start in (None, entry[1].start_time):
+                return entry[1]  # the same process (or it just exited)
+        else:
+            start = self.proc.start_time(pid)
+        if start is None:
+            return None
+        found = self.proc.identity(pid)
+        self.lookups += 1
+        if found is None:
+            return None
+        self._put(pid, now, found)
+        return found
+
+    def _put(self, pid: int, now: float, found: ProcIdentity) -> None:
+        fd = self.proc.pin(pid)
+        if fd >= 0 and self.proc.start_time(pid) != found.start_time:  # gone meanwhile
+            os.close(fd)
+            fd = -1
+        old = self._entries.pop(pid, None)
+        if old is not None and old[2] >= 0:
+            os.close(old[2])
+        self._entries[pid] = (now + self.ttl, found, fd)
+        while len(self._entries) > self.max_entries:
+            _, (_, _, evicted) = self._entries.popitem(last=False)
+            if evicted >= 0:
+                os.close(evicted)
+
+    def close(self) -> None:
+        for _, _, fd in self._entries.values():
+            if fd >= 0:
+                os.close(fd)
+        self._entries.clear()
+
+
+def _alive(pidfd: int) -> bool:
+    """Whether the process a pidfd holds has not exited (a zombie still holds its pid)."""
+    try:
+        signal.pidfd_send_signal(pidfd, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists, we may not signal it
+    return True

@@ -1,0 +1,177 @@
+"""What a record may claim, judged against its job's own progress and the worker's clock.
+
+The contract bounds each value on its own (``absurd_value``); this module
+bounds what one record may do to the worker's state, before the duplicate
+filter and the detection core see it, so that a single forged or broken
+record cannot move a high-water mark that real data is then judged against:
+
+* ``future_timestamp`` — a message (or a step record in it) stamped more than
+  ``future_seconds`` ahead of the worker's clock. The host's sample watermark
+  and the job's step clock never move for it.
+* ``too_old`` — a message older than ``max_age_seconds``: live detection has
+  nothing to do with it (a new job 200 days old would read as a hang). The
+  store keeps it (the sink has its own, longer, limit).
+* ``step_jump`` — a step number far beyond the job's peak (the highest step
+  admitted): more than ``max(step_jump_min, step_jump_factor x cadence x
+  elapsed event time)``. A job's first record may start anywhere (a job
+  resumed from a checkpoint); a step going *back* is always admitted, and when
+  it starts after the run's latest step ended it is a restart (:attr:`Admission.rewound` names the job so that the duplicate
+  filter forgets its window).
+* ``foreign_lifecycle`` — a ``job_end`` from a host that sent no step record
+  of that job. A job this worker has no step from yet is not judged.
+
+Memory: one small entry per job, at most ``max_jobs`` (least recently seen
+evicted).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import msgspec
+
+from stepwatch.contract import EventMessage, EventType, Message, StepMessage, StepRecord
+
+LIFECYCLE = frozenset({EventType.JOB_END})
+
+
+class Reason(enum.StrEnum):
+    FUTURE = "future_timestamp"
+    TOO_OLD = "too_old"
+    STEP_JUMP = "step_jump"
+    FOREIGN_LIFECYCLE = "foreign_lifecycle"
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    future_seconds: float = 120.0  # ahead of the worker's clock; <= 0: no check
+    max_age_seconds: float = 86400.0  # behind the worker's clock; <= 0: no check
+    step_jump_min: int = 1000
+    step_jump_factor: float = 100.0
+    max_jobs: int = 4096
+
+
+@dataclass(frozen=True)
+class Refusal:
+    reason: Reason
+    detail: str
+
+
+@dataclass
+class Admission:
+    """The message to go on with (None: nothing), what was refused, the jobs that restarted."""
+
+    message: Message | None
+    refusals: list[Refusal] = field(default_factory=list)
+    rewound: list[str] = field(default_factory=list)
+
+
+class _Job:
+    """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``: this run's."""
+
+    __slots__ = ("ceiling", "ceiling_end", "first_end", "first_step", "hosts", "peak", "peak_end")
+
+    def __init__(self, rec: StepRecord) -> None:
+        self.first_step = self.ceiling = self.peak = rec.step
+        self.first_end = self.ceiling_end = self.peak_end = rec.end
+        self.hosts: set[str] = set()
+
+    def allowance(self, end: float, cfg: AdmissionConfig) -> float:
+        span = self.peak_end - self.first_end
+        rate = (self.peak - self.first_step) / span if span > 0 else 0.0
+        elapsed = max(end - self.peak_end, 1.0)
+        return max(float(cfg.step_jump_min), cfg.step_jump_factor * rate * elapsed)
+
+
+class Gate:
+    """Per-partition admission state: each job's step ceiling, cadence and hosts."""
+
+    def __init__(self, config: AdmissionConfig | None = None) -> None:
+        self.cfg = config or AdmissionConfig()
+        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+
+    def admit(self, message: Message, now: float) -> Admission:
+        refusal = self._clock(message, now)
+        if refusal is not None:
+            return Admission(None, [refusal])
+        if isinstance(message, StepMessage):
+            return self._steps(message)
+        if isinstance(message, EventMessage) and message.type in LIFECYCLE:
+            return self._lifecycle(message)
+        return Admission(message)
+
+    def _clock(self, message: Message, now: float) -> Refusal | None:
+        cfg = self.cfg
+        newest = oldest = message.ts
+        if isinstance(message, StepMessage):
+            for r in message.steps:
+                newest = max(newest, r.end)
+                oldest = min(oldest, r.start)
+        if cfg.future_seconds > 0 and newest > now + cfg.future_seconds:
+            return Refusal(Reason.FUTURE, f"timestamp {newest:.3f} is {newest - now:.0f} s ahead "
+                           f"of the worker's clock (tolerance {cfg.future_seconds:.0f} s)")
+        if cfg.max_age_seconds > 0 and oldest < now - cfg.max_age_seconds:
+            return Refusal(Reason.TOO_OLD, f"timestamp {oldest:.3f} is {now - oldest:.0f} s old "
+                           f"(limit {cfg.max_age_seconds:.0f} s)")
+        return None
+
+    def _steps(self, message: StepMessage) -> Admission:
+        out = Admission(message)
+        kept: list[StepRecord] | None = None
+        for i, rec in enumerate(message.steps):
+            refusal = self._step(rec, message.host, out)
+            if refusal is None:
+                if kept is not None:
+                    kept.append(rec)
+                continue
+            out.refusals.append(refusal)
+            if kept is None:
+                kept = list(message.steps[:i])
+        if kept is not None:
+            out.message = msgspec.structs.replace(message, steps=kept) if kept else None
+        return out
+
+    def _step(self, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
+        job = self._job(rec)
+        if rec.step > job.peak:
+            limit = job.allowance(rec.end, self.cfg)
+            if rec.step - job.peak > limit:
+                return Refusal(Reason.STEP_JUMP, f"job {rec.job_id} rank {rec.rank} step {rec.step}: "
+                               f"{rec.step - job.peak} beyond the job's step {job.peak} "
+                               f"(allowed {limit:.0f})")
+            job.peak, job.peak_end = rec.step, max(rec.end, job.peak_end)
+        if rec.step > job.ceiling:
+            job.ceiling, job.ceiling_end = rec.step, max(rec.end, job.ceiling_end)
+        elif rec.step < job.ceiling and rec.start >= job.ceiling_end:
+            job.ceiling, job.ceiling_end = rec.step, rec.end  # a restart from a checkpoint
+            if rec.job_id not in out.rewound:
+                out.rewound.append(rec.job_id)
+        if host:
+            job.hosts.add(host)
+        return None
+
+    def _job(self, rec: StepRecord) -> _Job:
+        jobs = self._jobs
+        job = jobs.get(rec.job_id)
+        if job is None:
+            job = jobs[rec.job_id] = _Job(rec)
+            if len(jobs) > self.cfg.max_jobs:
+                jobs.popitem(last=False)
+        else:
+            jobs.move_to_end(rec.job_id)
+        return job
+
+    def _lifecycle(self, ev: EventMessage) -> Admission:
+        job = self._jobs.get(ev.job_id or "")
+        if job is None or not job.hosts or ev.host in job.hosts:
+            if job is not None and ev.type == EventType.JOB_END:
+                del self._jobs[ev.job_id or ""]
+            return Admission(ev)
+        return Admission(None, [Refusal(Reason.FOREIGN_LIFECYCLE, (
+            f"{ev.type} for job {ev.job_id} from host {ev.host!r}, which sent none of its steps "
+            f"(hosts: {', '.join(sorted(job.hosts)[:8])})"))])
+
+    def __len__(self) -> int:
+        return len(self._jobs)

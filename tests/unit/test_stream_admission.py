@@ -1,0 +1,144 @@
+"""Admission of records against their job's own progress and the worker's clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwatch.contract import (
+    EventMessage,
+    EventType,
+    GpuMessage,
+    StepMessage,
+    StepRecord,
+    Topics,
+    encode,
+)
+from stepwatch.settings import Settings
+from stepwatch.streams.worker.admission import AdmissionConfig, Gate, Reason
+from stepwatch.streams.worker.app import admission_config, default_engine_factory
+from stepwatch.streams.worker.dlq import decode_dead_letter
+from stepwatch.streams.worker.processor import Record, StreamProcessor
+
+pytestmark = pytest.mark.unit
+
+T0 = 1_700_000_000.0
+NOW = T0 + 1000
+
+
+def msg(step: int, rank: int = 0, start: float | None = None, host: str = "h1",
+        job: str = "j", world: int = 2) -> StepMessage:
+    s = T0 + step if start is None else start
+    return StepMessage(host=host, ts=s + 1, job_id=job, steps=[StepRecord(
+        job_id=job, rank=rank, world_size=world, step=step, start=s, end=s + 0.9)])
+
+
+def reasons(gate: Gate, m, now: float = NOW) -> list[Reason]:
+    return [r.reason for r in gate.admit(m, now).refusals]
+
+
+def test_a_huge_step_jump_is_refused_and_moves_nothing() -> None:
+    gate = Gate()
+    for s in range(50):
+        assert reasons(gate, msg(s)) == []
+    assert reasons(gate, msg(10**9, start=T0 + 50)) == [Reason.STEP_JUMP]
+    assert reasons(gate, msg(50)) == []  # the peak did not move: the next real step is fine
+
+
+def test_the_allowance_follows_the_cadence_and_the_elapsed_time() -> None:
+    cfg = AdmissionConfig(step_jump_min=10, step_jump_factor=2.0)
+    gate = Gate(cfg)
+    for s in range(0, 100, 10):  # 10 steps a second of event time
+        assert reasons(gate, msg(s, start=T0 + s / 10)) == []
+    # 100 s later, 2 x 10 steps/s x 100 s = 2000 steps are allowed, not 3000
+    assert reasons(gate, msg(90 + 1900, start=T0 + 109)) == []
+    assert reasons(gate, msg(1990 + 3000, start=T0 + 110)) == [Reason.STEP_JUMP]
+
+
+def test_a_first_record_may_start_anywhere_and_a_restart_goes_back() -> None:
+    gate = Gate()
+    now = NOW + 60_000
+    assert reasons(gate, msg(50_000), now) == []  # resumed from a checkpoint
+    assert reasons(gate, msg(50_001), now) == []
+    back = gate.admit(msg(40_000, start=T0 + 50_002), now)
+    assert back.refusals == [] and back.rewound == ["j"]
+    late = gate.admit(msg(49_990, start=T0 + 49_990.5), now)  # late, not a restart
+    assert late.refusals == [] and late.rewound == []
+
+
+def test_timestamps_beyond_the_tolerances_are_refused() -> None:
+    gate = Gate(AdmissionConfig(future_seconds=120, max_age_seconds=3600))
+    assert reasons(gate, GpuMessage(host="h", ts=NOW + 290)) == [Reason.FUTURE]
+    assert reasons(gate, GpuMessage(host="h", ts=NOW + 100)) == []
+    assert reasons(gate, msg(1, start=NOW + 200)) == [Reason.FUTURE]
+    assert reasons(gate, GpuMessage(host="h", ts=NOW - 200 * 86400)) == [Reason.TOO_OLD]
+    off = Gate(AdmissionConfig(future_seconds=0, max_age_seconds=0))
+    assert reasons(off, GpuMessage(host="h", ts=NOW - 200 * 86400)) == []
+
+
+def test_job_end_only_from_a_host_that_runs_the_job() -> None:
+    gate = Gate()
+    gate.admit(msg(1, host="h1"), NOW)
+    gate.admit(msg(1, rank=1, host="h2"), NOW)
+    end = EventMessage(host="evil", ts=NOW, job_id="j", type=EventType.JOB_END)
+    assert reasons(gate, end) == [Reason.FOREIGN_LIFECYCLE]
+    unknown = EventMessage(host="evil", ts=NOW, job_id="other", type=EventType.JOB_END)
+    assert reasons(gate, unknown) == []  # no step of it yet: nothing to judge against
+    real = EventMessage(host="h2", ts=NOW, job_id="j", type=EventType.JOB_END)
+    assert reasons(gate, real) == []
+
+
+def test_jobs_are_bounded() -> None:
+    gate = Gate(AdmissionConfig(max_jobs=3))
+    for i in range(10):
+        gate.admit(msg(1, job=f"j{i}"), NOW)
+    assert len(gate) == 3
+
+
+def test_the_processor_dead_letters_the_jump_and_keeps_the_ranks_real_steps() -> None:
+    topics = Topics("t")
+    proc = StreamProcessor(topics, default_engine_factory(Settings.load(env={})), worker="w",
+                           clock=lambda: NOW)
+    batch = [msg(s, rank=r) for s in range(10) for r in range(2)]
+    batch.insert(5, msg(10**9, start=T0 + 3))
+    records = [Record(topics.steps, 0, i, b"j", encode(m)) for i, m in enumerate(batch)]
+    out = proc.process_batch(records)
+    letters = [decode_dead_letter(o.value) for o in out if o.topic == topics.dlq]
+    assert [x.reason for x in letters] == ["step_jump"] and letters[0].offset == 5
+    assert proc.metrics.dlq.labels("step_jump")._value.get() == 1
+    assert dropped(proc) == 0  # no real step of rank 0 dropped as stale
+    (stats,) = proc.stats()
+    assert stats.last_step >= 8  # the real steps were assembled past the forged one
+
+
+def test_settings_reach_the_admission_config() -> None:
+    cfg = admission_config(Settings.load(env={"STEPWATCH_STREAM_FUTURE_SECONDS": "30",
+                                              "STEPWATCH_STREAM_STEP_JUMP_MIN": "50"}))
+    assert cfg.future_seconds == 30 and cfg.step_jump_min == 50
+    assert cfg.max_age_seconds == Settings.load(env={}).stream_max_age_seconds
+
+
+def test_a_restart_far_back_is_analysed_not_dropped_as_stale() -> None:
+    topics = Topics("t")
+    proc = StreamProcessor(topics, default_engine_factory(Settings.load(env={})), worker="w",
+                           clock=lambda: T0 + 2000)
+    run = [msg(s, rank=r) for s in range(600) for r in range(2)]
+    resumed = [msg(s, rank=r, start=T0 + 700 + s) for s in range(100, 200) for r in range(2)]
+    records = [Record(topics.steps, 0, i, b"j", encode(m)) for i, m in enumerate(run + resumed)]
+    assert proc.process_batch(records) == []
+    assert dropped(proc) == 0  # not "stale"
+    (stats,) = proc.stats()
+    assert 190 <= stats.last_step < 300  # the restarted run is being analysed
+
+
+def dropped(proc: StreamProcessor) -> float:
+    return sum(s.value for m in proc.metrics.dropped.collect() for s in m.samples
+               if s.name.endswith("_total"))
+
+
+def test_bounds_that_must_be_positive_are_checked() -> None:
+    from stepwatch.errors import ConfigError
+
+    for name in ("STEPWATCH_STREAM_STEP_JUMP_MIN", "STEPWATCH_STORE_DEDUP_MAX_SENDERS",
+                 "STEPWATCH_STORE_ENDPOINT_MAX_CONCURRENT_QUERIES"):
+        with pytest.raises(ConfigError, match="must be >= 1"):
+            Settings.load(env={name: "0"})
