@@ -26,8 +26,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 STAGES = ("HEALTHY", "FOUND", "PAGED", "DRAINED", "REQUEUED", "RUNNING AGAIN", "RECOVERED")
 # What no daemon log of a healthy demo may hold.
-BAD = re.compile(r"\b401\b|no such file|Notify for alerts failed|Traceback|level=error|"
-                 r"\berror:", re.IGNORECASE)
+BAD = re.compile(r"(?:code[= ]|status code )401\b|401 Unauthorized|no such file|"
+                 r"Notify for alerts failed|Traceback|level=error|\berror:", re.IGNORECASE)
 # Known and harmless: slurmctld's first start has no saved state yet (it says so as an
 # error), and a job cancelled when the demo stops (or requeued) is logged as one by slurmd.
 KNOWN = re.compile(r"Could not open \w+ state file|Trying backup state save file|"
