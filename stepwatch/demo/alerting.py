@@ -11,6 +11,7 @@ one log line, never the demo.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -77,6 +78,7 @@ class AlertingStack:
     remediator_url: str = ""
     spare: int = SPARE_NODES
     pager: Pager | None = None
+    alert_receiver: Child | None = None
     _token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     _client: Any = None
 
@@ -136,9 +138,10 @@ class AlertingStack:
         self.remediator_url = f"http://127.0.0.1:{port}"
         self._start_remediator(port, token_file, env)
         self.pager = Pager(self._token).start()
+        store = self._start_alert_receiver(token_file, env)
         receivers = Receivers(remediator_url=f"{self.remediator_url}/webhook",
                               token_file=str(token_file), pager_url=f"{self.pager.url}/page",
-                              tickets_url=f"{self.pager.url}/ticket")
+                              tickets_url=f"{self.pager.url}/ticket", **store)
         config = with_bearer(alertmanager_config(receivers, fast=True), token_file)
         self.alertmanager = Alertmanager(self.workdir / "alertmanager", config=config)
         self.alertmanager.start()
@@ -163,9 +166,27 @@ class AlertingStack:
         ], self.workdir / "remediator.log")
         self.remediator.start(dict(env))
 
+    def _start_alert_receiver(self, token_file: Path, env: Mapping[str, str]) -> dict[str, str]:
+        """The store's Alertmanager receiver, where this build has one: Receivers' store_url."""
+        from stepwatch.alerts.config import Receivers
+        from stepwatch.demo.services import available
+
+        if not available("stepwatch.alerts.receiver") or "store_url" not in {
+                f.name for f in dataclasses.fields(Receivers)}:
+            return {}
+        port = free_port()
+        self.alert_receiver = Child("alerts-receiver", [
+            sys.executable, "-m", "stepwatch.cli", "alerts", "receive", "--bootstrap-servers",
+            self.bootstrap, "--port", str(port), "--token-file", str(token_file),
+        ], self.workdir / "alerts-receiver.log")
+        self.alert_receiver.start(dict(env))
+        return {"store_url": f"http://127.0.0.1:{port}/alerts"}
+
     def stop(self) -> None:
         if self.pager is not None:
             self.pager.stop()
+        if self.alert_receiver is not None:
+            self.alert_receiver.stop()
         for part in (self.prometheus, self.alertmanager):
             if part is not None:
                 try:

@@ -252,8 +252,9 @@ class Demo:
         self._live.update(panel, refresh=True)
 
     def _all_children(self) -> list[Child]:
-        extra = [self.alerting.remediator] if self.alerting and self.alerting.remediator else []
-        return [*self.children, *extra]
+        stack = self.alerting
+        extra = [stack.remediator, stack.alert_receiver] if stack is not None else []
+        return [*self.children, *(c for c in extra if c is not None)]
 
     def _on_signal(self, *_: object) -> None:
         self._stop = True
