@@ -49,6 +49,10 @@ actuator: {actuator}
 notify: {{kind: log}}
 page: {{kind: log}}
 """
+# where the remediator tracks outcomes: did the alert resolve after the action?
+OUTCOME = """\
+outcome: {{deadline: 5m, check_every: 5s, prometheus_url: "{prometheus}"}}
+"""
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class AlertView:
     breaker_open: bool = False
     actions: tuple[Mapping[str, Any], ...] = ()  # the remediator's action rows, oldest first
     notifications: tuple[Any, ...] = ()  # what the pager and the ticket queue received
+    outcomes: tuple[Mapping[str, Any], ...] = ()  # did an executed action help (remediator)
 
 
 @dataclass
@@ -134,9 +139,9 @@ class AlertingStack:
         token_file = (self.workdir / "remediator.token").resolve()  # daemons resolve paths oddly
         token_file.write_text(self._token)
         token_file.chmod(0o600)
-        port = free_port()
+        port, prometheus_port = free_port(), free_port()
         self.remediator_url = f"http://127.0.0.1:{port}"
-        self._start_remediator(port, token_file, env)
+        self._start_remediator(port, token_file, env, f"http://127.0.0.1:{prometheus_port}")
         self.pager = Pager(self._token).start()
         store = self._start_alert_receiver(token_file, env)
         receivers = Receivers(remediator_url=f"{self.remediator_url}/webhook",
@@ -148,16 +153,20 @@ class AlertingStack:
         jobs = {**self.scrape, "stepwatch-remediator": [f"127.0.0.1:{port}"]}
         self.prometheus = Prometheus(self.workdir / "prometheus", rule_files=rule_files(),
                                      alertmanagers=[self.alertmanager.address],
-                                     scrape_jobs=jobs).start()
+                                     scrape_jobs=jobs, port=prometheus_port).start()
         return self
 
-    def _start_remediator(self, port: int, token_file: Path, env: Mapping[str, str]) -> None:
+    def _start_remediator(self, port: int, token_file: Path, env: Mapping[str, str],
+                          prometheus: str) -> None:
         if self.slurm is not None:
             mode, actuator = "execute", f'{{kind: slurm, slurm_conf: "{self.slurm.conf_path}"}}'
         else:
             mode, actuator = "observe", f"{{kind: log, nodes: {self.nodes}}}"
         policy = self.workdir / "remediator-policy.yaml"
-        policy.write_text(POLICY.format(mode=mode, actuator=actuator))
+        text = POLICY.format(mode=mode, actuator=actuator)
+        if outcomes_supported():
+            text += OUTCOME.format(prometheus=prometheus)
+        policy.write_text(text)
         self.remediator = Child("remediator", [
             sys.executable, "-m", "stepwatch.cli", "remediate", "serve", "--policy", str(policy),
             "--port", str(port), "--state-dir", str(self.workdir / "remediator"),
@@ -203,6 +212,7 @@ class AlertingStack:
         firing: tuple[str, ...] = ()
         decisions: tuple[str, ...] = ()
         actions: list[dict[str, Any]] = []
+        outcomes: list[dict[str, Any]] = []
         breaker = False
         try:
             if self.prometheus is not None:
@@ -211,11 +221,12 @@ class AlertingStack:
             newest_first = sorted(actions, key=lambda a: float(a.get("updated") or 0), reverse=True)
             decisions = tuple(_decision_line(a) for a in reversed(newest_first[:8]))
             breaker = bool(self._call("breaker").get("open", False))
+            outcomes = self._outcomes()
         except (StepwatchError, OSError, ValueError, AttributeError) as err:
             log.debug("demo: alerting view unavailable err=%s", err)
         notes = tuple(self.pager.notifications()) if self.pager is not None else ()
         return AlertView(firing=firing, decisions=decisions, breaker_open=breaker,
-                         actions=tuple(actions), notifications=notes)
+                         actions=tuple(actions), notifications=notes, outcomes=tuple(outcomes))
 
     def slurm_nodes(self) -> dict[str, str]:
         return self.slurm.node_states() if self.slurm is not None else {}
@@ -225,12 +236,26 @@ class AlertingStack:
         items = result.get("actions", result) if isinstance(result, dict) else result
         return [a for a in items if isinstance(a, dict)]
 
+    def _outcomes(self) -> list[dict[str, Any]]:
+        if not outcomes_supported():
+            return []
+        result = self._call("outcomes")
+        items = result.get("outcomes", []) if isinstance(result, dict) else []
+        return [o for o in items if isinstance(o, dict)]
+
     def _call(self, what: str) -> Any:
         if self._client is None:
             from stepwatch.alerts.remediate.client import Client
 
             self._client = Client(self.remediator_url, self._token, timeout=2.0)
-        return self._client.actions() if what == "actions" else self._client.breaker()
+        return getattr(self._client, what)()
+
+
+def outcomes_supported() -> bool:
+    """Whether this build's remediator tracks outcomes (recovered / not_recovered)."""
+    from stepwatch.alerts.remediate.client import Client
+
+    return hasattr(Client, "outcomes")
 
 
 def with_bearer(config: str, token_file: Path) -> str:

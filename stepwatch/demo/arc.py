@@ -51,7 +51,8 @@ class Arc:
 
     def observe(self, at: float, *, steps: int, detections: Sequence[DetectionMessage],
                 notifications: Sequence[Any] = (), actions: Sequence[Mapping[str, Any]] = (),
-                incarnations: Sequence[Any] = ()) -> list[Stage]:
+                incarnations: Sequence[Any] = (),
+                outcomes: Sequence[Mapping[str, Any]] = ()) -> list[Stage]:
         """Feed one refresh; the stages reached by it, in order."""
         new: list[Stage | None] = []
         if steps:
@@ -67,7 +68,7 @@ class Arc:
             new.append(self.reach("running again", self._since(inc.started, at), f"from step {inc.first_step} on "
                                   f"{_nodes(inc.nodes)}"))
         new.append(self._recovered(at, detections))
-        new.append(self._outcome(at, actions))
+        new.append(self._outcome(at, outcomes))
         return [s for s in new if s is not None]
 
     def _found(self, at: float, detections: Sequence[DetectionMessage]) -> Stage | None:
@@ -99,13 +100,21 @@ class Arc:
                 return self.reach("recovered", at, f"{d.type} resolved: {d.summary}")
         return None
 
-    def _outcome(self, at: float, actions: Sequence[Mapping[str, Any]]) -> Stage | None:
+    def _outcome(self, at: float, outcomes: Sequence[Mapping[str, Any]]) -> Stage | None:
         """The remediator's own verdict on its action (from Alertmanager's resolved notice)."""
-        for a in actions:
-            if a.get("outcome"):
-                return self.reach("outcome", self._since(a.get("updated"), at), f"remediator: {a.get('kind')} {a.get('node')} "
-                                  f"-> {a['outcome']}")
+        for o in outcomes:
+            if o.get("outcome"):
+                return self.reach("outcome", self._since(o.get("decided"), at),
+                                  f"remediator: {o.get('action')} {o.get('node')} "
+                                  f"-> {o['outcome']}{_step_times(o)}")
         return None
+
+
+def _step_times(o: Mapping[str, Any]) -> str:
+    before, after = o.get("before"), o.get("after")
+    if isinstance(before, int | float) and isinstance(after, int | float):
+        return f" (job step time {before:.2f} s before, {after:.2f} s after)"
+    return ""
 
 
 def _nodes(nodes: Sequence[str]) -> str:

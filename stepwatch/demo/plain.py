@@ -54,7 +54,10 @@ def snapshot(*, stages: Sequence[Stage], detections: Sequence[DetectionMessage],
         out.update({f"alert {line}": "firing" for line in alerting.firing})
         for a in alerting.actions:
             name = f"remediator {a.get('kind')} {a.get('node') or ''} (job {a.get('job_id')})"
-            out[name] = str(a.get("status")) + (f" -> {a['outcome']}" if a.get("outcome") else "")
+            out[name] = str(a.get("status"))
+        for o in alerting.outcomes:
+            out[f"remediator outcome {o.get('action')} {o.get('node')}"] = (
+                str(o.get("outcome") or "waiting for the alert to resolve"))
     if slurm:
         by_state: dict[str, list[str]] = {}
         for node, state in sorted(slurm.items()):

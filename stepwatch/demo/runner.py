@@ -189,7 +189,8 @@ class Demo:
         for stage in self.arc.observe(
                 at, steps=self.tap.audit.report().by_kind.get("step", 0),
                 detections=self.tap.detections, notifications=view.notifications,
-                actions=view.actions, incarnations=getattr(self.fleet, "incarnations", ())):
+                actions=view.actions, incarnations=getattr(self.fleet, "incarnations", ()),
+                outcomes=view.outcomes):
             log.info("demo stage=%s seconds_from_start=%.1f detail=%s", stage.name.replace(" ", "_"),
                      stage.at, stage.detail)
 

@@ -11,7 +11,6 @@ that no daemon logged an error.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shutil
@@ -44,9 +43,9 @@ def _copy_repo(dst: Path) -> Path:
 
 
 def _outcome_supported() -> bool:
-    from stepwatch.alerts.remediate.state import ActionRow
+    from stepwatch.demo.alerting import outcomes_supported
 
-    return "outcome" in {f.name for f in dataclasses.fields(ActionRow)}
+    return outcomes_supported()
 
 
 def _demo_processes(root: Path) -> set[int]:
