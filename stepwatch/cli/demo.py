@@ -5,7 +5,11 @@ given), the stream workers and the ClickHouse sink as real subprocesses, and a
 simulated fleet with an injected fault publishing through the agent path
 (sequence numbers, on-disk spool, idempotent producer); then shows live what
 arrives: messages by kind and host, the sequence audit, spool state and
-detections.
+detections. With Prometheus, Alertmanager, the remediator and a local Slurm
+cluster (8 job nodes and 2 spare), it shows the whole loop with the time of
+each stage: healthy, found, paged, drained, requeued, running again (the
+simulated job follows its Slurm allocation and restarts from its last
+checkpoint on the new nodes), recovered.
 """
 
 from __future__ import annotations
@@ -39,7 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="stream workers to start (0: none)")
     p.add_argument("--no-store", action="store_true", help="do not start the ClickHouse sink")
     p.add_argument("--workdir", default="var/demo", help="spool, logs and store of this run")
-    p.add_argument("--plain", action="store_true", help="print a status block each interval instead of redrawing")
+    p.add_argument("--plain", action="store_true", help="print one line per change and a status line every 10 s "
+                   "instead of redrawing (the default without a terminal)")
     p.add_argument("--no-report", action="store_true",
                    help="do not write the post-mortem report at the end")
     p.add_argument("--no-alerting", action="store_true",
