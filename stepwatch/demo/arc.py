@@ -56,7 +56,8 @@ class Arc:
         """Feed one refresh; the stages reached by it, in order."""
         new: list[Stage | None] = []
         if steps:
-            new.append(self.reach("healthy", at, f"{steps} step messages arrived"))
+            new.append(self.reach("healthy", at, f"the job reports its steps ({steps} step "
+                                  "messages so far)"))
         new.append(self._found(at, detections))
         firing = [n for n in notifications if n.status == "firing"]
         if firing and "found" in self.reached:
@@ -97,7 +98,10 @@ class Arc:
             return None
         for d in detections:
             if d.id == self.detection_id and d.state == "resolved":
-                return self.reach("recovered", at, f"{d.type} resolved: {d.summary}")
+                why = d.summary.rpartition("resolved: ")[2] if "resolved: " in d.summary else ""
+                where = f" (rank {d.rank}, now on {d.host})" if d.rank is not None else ""
+                return self.reach("recovered", at, f"{d.type} resolved{where}"
+                                  + (f": {why}" if why else ""))
         return None
 
     def _outcome(self, at: float, outcomes: Sequence[Mapping[str, Any]]) -> Stage | None:

@@ -117,3 +117,30 @@ def test_the_evidence_line_shows_the_deciding_numbers() -> None:
 def test_allocation_refuses_a_job_id_that_is_not_one() -> None:
     with pytest.raises(ValueError):
         SlurmAllocation("1; scancel -u root", {})
+
+
+def test_the_pager_wants_the_bearer_token() -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from stepwatch.demo.pager import Pager
+
+    pager = Pager("s3cret").start()
+    body = json.dumps({"status": "firing", "alerts": [{"labels": {"alertname": "X"}}]}).encode()
+    try:
+        def post(token: str) -> int:
+            req = urllib.request.Request(f"{pager.url}/ticket", data=body, method="POST",
+                                         headers={"Authorization": f"Bearer {token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return int(resp.status)
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        assert post("wrong") == 401 and pager.refused == 1 and pager.notifications() == []
+        assert post("s3cret") == 200
+        [note] = pager.notifications()
+        assert (note.route, note.status, note.alerts) == ("ticket", "firing", ("X",))
+    finally:
+        pager.stop()
