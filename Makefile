@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: help setup lock demo test test-unit test-integration lint typecheck alerts check bench clean
+.PHONY: help setup lock demo test test-unit test-integration lint typecheck alerts kube dashboards check bench clean
 
 help:  ## list the commands
 	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-18s %s\n", $$1, $$2}'
@@ -39,6 +39,13 @@ alerts:  ## check and unit-test the alert rules (promtool) and the Alertmanager 
 	promtool check rules alerts/rules/*.yml
 	promtool test rules alerts/tests/*_test.yml
 	amtool check-config alerts/alertmanager/alertmanager.yml
+
+RUNBOOK_BASE_URL ?= https://github.com/stepwatch/stepwatch/blob/main/docs/runbooks.md
+kube:  ## regenerate deploy/kubernetes/{prometheus-rules,monitors}.yaml (PrometheusRule, Pod/ServiceMonitor)
+	$(PY) -m stepwatch.alerts.kube kube --runbook-base-url $(RUNBOOK_BASE_URL)
+
+dashboards:  ## regenerate the Grafana dashboards (dashboards/json) from dashboards/generate.py
+	$(PY) dashboards/generate.py
 
 check: lint typecheck test  ## lint, typecheck and test (what CI runs)
 

@@ -19,6 +19,10 @@ HERE = Path(__file__).resolve().parent
 RULES_DIR = HERE / "rules"
 RULE_TESTS_DIR = HERE / "tests"
 ALERTMANAGER_CONFIG = HERE / "alertmanager" / "alertmanager.yml"
+# Where the shipped rules' runbook_url annotations point (absolute, as monitoring-mixins
+# require): the project's published docs/runbooks.md. Rebase them on your own copy with
+# `make kube RUNBOOK_BASE_URL=...` (stepwatch.alerts.kube).
+DEFAULT_RUNBOOK_BASE_URL = "https://github.com/stepwatch/stepwatch/blob/main/docs/runbooks.md"
 
 
 def rule_files() -> list[Path]:

@@ -4,9 +4,10 @@
     python dashboards/generate.py --check  # fail when a committed file is stale
 
 Dashboards as code with grafana-foundation-sdk (pinned in pyproject's
-``dashboards`` extra). Prometheus data source uid ``stepwatch-prometheus``,
-ClickHouse (grafana-clickhouse-datasource) uid ``stepwatch-clickhouse``, as
-provisioned by dashboards/provisioning/datasources/stepwatch.yml.
+``dashboards`` extra); ``make dashboards`` runs this. Panels use the ``$datasource``
+(Prometheus) and ``$clickhouse`` variables with ``__inputs`` for the import dialog
+(portable.py): no data source uid is fixed. Every Prometheus selector carries
+``cluster=~"$cluster"`` (empty where Prometheus adds no cluster label: All matches).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable, Row
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models.dashboard import VariableRefresh, VariableSort
 from panels import (
     PROM,
     ch_heatmap,
@@ -29,43 +31,88 @@ from panels import (
     series,
     single,
 )
+from portable import (
+    annotation_queries,
+    annotation_sql,
+    dashboard_links,
+    datasource_variables,
+    finish,
+)
 
 OUT = Path(__file__).resolve().parent / "json"
 RATE = "$__rate_interval"
-JOB = 'job_id=~"$job"'
-GPU_HOST = 'Hostname=~"$host"'
-HOST = 'host=~"$host"'
+C = 'cluster=~"$cluster"'
+JOB = f'job_id=~"$job_id", {C}'
+GPU_HOST = f'host=~"$host", gpu=~"$gpu", {C}'
+HOST = f'host=~"$host", {C}'
+GPU = "{{host}} gpu{{gpu}}"
+JOB_LINK = "/d/stepwatch-job/?var-job_id=${__data.fields.job_id}&${__url_time_range}"
+NODE_LINK = "/d/stepwatch-node/?var-host=${__data.fields.host}&${__url_time_range}"
+CLUSTER_QUERY = 'label_values(up{job=~"stepwatch-.*"}, cluster)'
+
+# Annotations (detections, alerts, remediation actions) filtered to what each dashboard shows,
+# by dashboard uid.
+JOBS_RE, HOSTS_RE = "match({col}, '^(${job_id:regex})$')", "match({col}, '^(${host:regex})$')"
+ANNOTATIONS: dict[str, dict[str, str]] = {
+    "stepwatch-fleet": annotation_sql(job_filter=JOBS_RE),
+    "stepwatch-job": annotation_sql(job_filter="{col} = '${job_id}'"),
+    "stepwatch-node": annotation_sql(host_filter=HOSTS_RE),
+    "stepwatch-network": annotation_sql(host_filter=HOSTS_RE),
+    "stepwatch-pipeline": annotation_sql(),
+}
 
 
 def _var(name: str, query: str, label: str, *, multi: bool = True) -> QueryVariable:
     """A variable from Prometheus labels; multi-value ones have All = ``.*`` (regex matchers)."""
-    v = QueryVariable(name).label(label).datasource(PROM).query(query).multi(multi)
+    v = (QueryVariable(name).label(label).datasource(PROM).query(query).multi(multi)
+         .refresh(VariableRefresh.ON_TIME_RANGE_CHANGED).sort(VariableSort.NUMERICAL_ASC))
     return v.include_all(True).all_value(".*") if multi else v
 
 
 def _base(uid: str, title: str, *tags: str) -> Dashboard:
-    return (Dashboard(title).uid(uid).tags(["stepwatch", *tags]).refresh("10s")
-            .time("now-1h", "now").timezone("utc"))
+    dash = (Dashboard(title).uid(uid).tags(["stepwatch", *tags]).refresh("10s")
+            .time("now-1h", "now").timezone("utc").links(dashboard_links())
+            .annotations(annotation_queries(ANNOTATIONS[uid])))
+    for var in datasource_variables():
+        dash = dash.with_variable(var)
+    return dash.with_variable(_var("cluster", CLUSTER_QUERY, "cluster"))
 
 
 def fleet() -> Dashboard:
+    agents = f'up{{job="stepwatch-agent", {C}}}'
     return (_base("stepwatch-fleet", "stepwatch / Fleet overview", "fleet")
+        .with_variable(_var("job_id", f"label_values(stepwatch_job_step_seconds{{{C}}}, job_id)",
+                            "job"))
         .with_row(Row("Jobs"))
-        .with_panel(single("Jobs analysed", "short", "sum(stepwatch_stream_jobs)"))
-        .with_panel(single("Agents up", "short", "sum(stepwatch_agent_up)"))
-        .with_panel(single("Open detections", "short", "sum(stepwatch_job_open_detections)"))
-        .with_panel(single("Firing alerts", "short", 'count(ALERTS{alertstate="firing"}) or vector(0)',
+        .with_panel(single("Jobs analysed", "short", f"sum(stepwatch_stream_jobs{{{C}}})", w=4))
+        .with_panel(single("Agents up", "short", f"count({agents} == 1) or vector(0)", w=4,
+                           desc="Agents Prometheus scraped at the last scrape (up == 1)."))
+        .with_panel(single("Agents down", "short", f"count({agents} == 0) or vector(0)", w=4,
+                           desc="Agent targets Prometheus could not scrape (up == 0)."))
+        .with_panel(single("Open detections", "short",
+                           f"sum(stepwatch_job_open_detections{{{JOB}}}) or vector(0)", w=4))
+        .with_panel(single("Firing alerts", "short",
+                           f'count(ALERTS{{alertstate="firing", {C}}}) or vector(0)', w=4,
                            desc="Alert rules (alerts/rules) currently firing."))
-        .with_panel(series("Step time by job", "s", ("stepwatch_job_step_seconds", "{{job_id}}")))
+        .with_panel(single("Fleet GPU power", "watt", f"sum(stepwatch_gpu_power_watts{{{C}}})", w=4,
+                           desc="Total power draw of every GPU the agents report."))
+        .with_panel(series("Step time by job", "s",
+                           (f"stepwatch_job_step_seconds{{{JOB}}}", "{{job_id}}")))
         .with_panel(series("Throughput by job", "suffix: tokens/s",
-                           ("stepwatch_job_tokens_per_second", "{{job_id}}")))
-        .with_panel(series("MFU by job", "percentunit", ("stepwatch_job_mfu_ratio", "{{job_id}}")))
+                           (f"stepwatch_job_tokens_per_second{{{JOB}}}", "{{job_id}}")))
+        .with_panel(series("MFU by job", "percentunit",
+                           (f"stepwatch_job_mfu_ratio{{{JOB}}}", "{{job_id}}")))
         .with_panel(series("Goodput by job", "percentunit",
-                           ("stepwatch_job_goodput_ratio", "{{job_id}}")))
+                           (f"stepwatch_job_goodput_ratio{{{JOB}}}", "{{job_id}}")))
+        .with_panel(series("GPU power by host", "watt",
+                           (f"sum by (host) (stepwatch_gpu_power_watts{{{C}}})", "{{host}}"),
+                           (f"sum(stepwatch_gpu_power_watts{{{C}}})", "fleet total"), w=24))
         .with_row(Row("Flagged"))
         .with_panel(prom_table("Flagged ranks (score = relative slowdown)", "percentunit",
-                               "stepwatch_rank_flagged_score"))
-        .with_panel(prom_table("Firing alerts", "short", 'ALERTS{alertstate="firing"}',
+                               f"stepwatch_rank_flagged_score{{{JOB}}}",
+                               links={"Job drill-down": JOB_LINK, "Node health": NODE_LINK},
+                               desc="Click a row for the job drill-down or the node's health."))
+        .with_panel(prom_table("Firing alerts", "short", f'ALERTS{{alertstate="firing", {C}}}',
                                fault_only=True, desc="Empty while nothing fires.")))
 
 
@@ -74,7 +121,7 @@ def job() -> Dashboard:
 SELECT toStartOfInterval(start_ts, INTERVAL 10 second) AS time, toString(rank) AS rank,
        avg(compute_s) AS compute_s
 FROM step_events
-WHERE job_id = '${job}' AND $__timeFilter(start_ts)
+WHERE job_id = '${job_id}' AND $__timeFilter(start_ts)
 GROUP BY time, rank
 ORDER BY time, rank"""
     pct = """
@@ -82,16 +129,16 @@ SELECT toStartOfInterval(start_ts, INTERVAL 30 second) AS time,
        quantile(0.5)(duration_s) AS p50, quantile(0.99)(duration_s) AS p99,
        max(compute_s) AS slowest_compute
 FROM step_events
-WHERE job_id = '${job}' AND $__timeFilter(start_ts)
+WHERE job_id = '${job_id}' AND $__timeFilter(start_ts)
 GROUP BY time ORDER BY time"""
     dets = """
 SELECT ts, type, state, subject_host AS host, rank, cause, score, step, summary
 FROM detections
-WHERE job_id = '${job}' AND $__timeFilter(ts)
+WHERE job_id = '${job_id}' AND $__timeFilter(ts)
 ORDER BY ts DESC LIMIT 200"""
     return (_base("stepwatch-job", "stepwatch / Job drill-down", "job")
-        .with_variable(_var("job", "label_values(stepwatch_job_step_seconds, job_id)", "job",
-                            multi=False))
+        .with_variable(_var("job_id", f"label_values(stepwatch_job_step_seconds{{{C}}}, job_id)",
+                            "job", multi=False))
         .with_panel(single("Step time", "s", f"stepwatch_job_step_seconds{{{JOB}}}",
                            desc="Median wall time of the recent steps (waiting for a straggler "
                            "included); the straggler-free baseline is its own series below."))
@@ -116,53 +163,65 @@ ORDER BY ts DESC LIMIT 200"""
                             "straggler-free baseline")))
         .with_panel(ch_series("Step time percentiles (ClickHouse)", "s", pct))
         .with_panel(prom_table("Flagged ranks", "percentunit",
-                               f"stepwatch_rank_flagged_score{{{JOB}}}"))
+                               f"stepwatch_rank_flagged_score{{{JOB}}}",
+                               links={"Node health": NODE_LINK},
+                               desc="Click a row for the flagged host's GPU health."))
         .with_panel(ch_table("Detections (ClickHouse)", "none", dets)))
 
 
 def node() -> Dashboard:
-    nvlink = """
-SELECT ts AS time, concat(host, ' gpu', toString(gpu)) AS gpu,
+    where = "match(host, '^(${host:regex})$') AND match(toString(gpu), '^(${gpu:regex})$')"
+    nvlink = f"""
+SELECT ts AS time, concat(host, ' gpu', toString(gpu)) AS series,
        nvlink_tx_bytes_per_s + nvlink_rx_bytes_per_s AS nvlink_bytes_per_s
 FROM gpu_samples
-WHERE match(host, '^(${host:regex})$') AND $__timeFilter(ts)
+WHERE {where} AND $__timeFilter(ts)
 ORDER BY time"""
+    framebuffer = f"""
+SELECT ts AS time, concat(host, ' gpu', toString(gpu)) AS series, fb_used_mib AS fb_used
+FROM gpu_samples
+WHERE {where} AND fb_used_mib IS NOT NULL AND $__timeFilter(ts)
+ORDER BY time"""
+    gpu_series = "stepwatch_gpu_sm_clock_hertz"
     return (_base("stepwatch-node", "stepwatch / Node and GPU health", "gpu")
-        .with_variable(_var("host", "label_values(stepwatch_gpu_sm_clock_hertz, Hostname)", "host"))
+        .with_variable(_var("host", f"label_values({gpu_series}{{{C}}}, host)", "host"))
+        .with_variable(_var("gpu", f'label_values({gpu_series}{{host=~"$host", {C}}}, gpu)', "gpu"))
         .with_row(Row("Errors"))
         .with_panel(series("XID events", "short",
-                           (f"increase(stepwatch_gpu_xid_events_total{{{GPU_HOST}}}[$__range])",
-                            "{{Hostname}} gpu{{gpu}} xid {{xid}}"),
-                           desc="Counted XID events (not dcgm's last-XID gauge)."))
+                           (f"sum by (host, gpu, xid) (increase(stepwatch_gpu_xid_events_total{{{GPU_HOST}}}[{RATE}]))",
+                            GPU + " xid {{xid}}"),
+                           desc="Counted XID events per interval (not dcgm's last-XID gauge)."))
         .with_panel(series("ECC errors", "short",
                            (f"increase(stepwatch_gpu_ecc_double_bit_errors_total{{{GPU_HOST}}}[{RATE}])",
-                            "DBE {{Hostname}} gpu{{gpu}}"),
+                            "DBE " + GPU),
                            (f"increase(stepwatch_gpu_ecc_single_bit_errors_total{{{GPU_HOST}}}[{RATE}])",
-                            "SBE {{Hostname}} gpu{{gpu}}")))
+                            "SBE " + GPU)))
         .with_panel(series("Remapped rows", "short",
                            (f"stepwatch_gpu_remapped_rows_uncorrectable_total{{{GPU_HOST}}}",
-                            "uncorrectable {{Hostname}} gpu{{gpu}}"),
-                           (f"stepwatch_gpu_remapped_rows_pending{{{GPU_HOST}}}",
-                            "pending {{Hostname}} gpu{{gpu}}")))
+                            "uncorrectable " + GPU),
+                           (f"stepwatch_gpu_remapped_rows_pending{{{GPU_HOST}}}", "pending " + GPU)))
         .with_panel(series("PCIe replays", "cps",
-                           (f"rate(stepwatch_gpu_pcie_replay_total{{{GPU_HOST}}}[{RATE}])",
-                            "{{Hostname}} gpu{{gpu}}")))
-        .with_panel(ch_series("NVLink traffic (ClickHouse)", "Bps", nvlink, w=24))
+                           (f"rate(stepwatch_gpu_pcie_replay_total{{{GPU_HOST}}}[{RATE}])", GPU)))
+        .with_panel(ch_series("NVLink traffic (ClickHouse)", "Bps", nvlink))
+        .with_panel(ch_series("Framebuffer used (ClickHouse)", "mbytes", framebuffer,
+                              desc="GPU memory used (MiB, dcgm's DCGM_FI_DEV_FB_USED) from the store."))
         .with_row(Row("Clocks, heat, power"))
         .with_panel(series("SM clock", "hertz",
-                           (f"stepwatch_gpu_sm_clock_hertz{{{GPU_HOST}}}", "{{Hostname}} gpu{{gpu}}"),
+                           (f"stepwatch_gpu_sm_clock_hertz{{{GPU_HOST}}}", GPU),
                            (f"max(stepwatch_gpu_sm_clock_max_hertz{{{GPU_HOST}}})", "max")))
         .with_panel(series("Clock event reasons (throttling)", "short",
-                           (f"sum by (Hostname, reason) (stepwatch_gpu_clocks_event_active{{{GPU_HOST}}})",
-                            "{{Hostname}} {{reason}}")))
+                           (f"sum by (host, reason) (stepwatch_gpu_clocks_event_active{{{GPU_HOST}}})",
+                            "{{host}} {{reason}}")))
         .with_panel(series("GPU temperature", "celsius",
-                           (f"stepwatch_gpu_temperature_celsius{{{GPU_HOST}}}", "{{Hostname}} gpu{{gpu}}")))
+                           (f"stepwatch_gpu_temperature_celsius{{{GPU_HOST}}}", GPU)))
         .with_panel(series("Power", "watt",
-                           (f"stepwatch_gpu_power_watts{{{GPU_HOST}}}", "{{Hostname}} gpu{{gpu}}"),
-                           (f"stepwatch_gpu_power_limit_watts{{{GPU_HOST}}}", "limit gpu{{gpu}}")))
+                           (f"stepwatch_gpu_power_watts{{{GPU_HOST}}}", GPU),
+                           (f"stepwatch_gpu_power_limit_watts{{{GPU_HOST}}}", "limit " + GPU)))
+        .with_panel(single("Power of the selected GPUs", "watt",
+                           f"sum(stepwatch_gpu_power_watts{{{GPU_HOST}}})", w=12))
         .with_panel(series("Utilisation and tensor activity", "percentunit",
-                           (f"stepwatch_gpu_utilization_ratio{{{GPU_HOST}}}", "util gpu{{gpu}}"),
-                           (f"stepwatch_gpu_tensor_active_ratio{{{GPU_HOST}}}", "tensor gpu{{gpu}}"))))
+                           (f"stepwatch_gpu_utilization_ratio{{{GPU_HOST}}}", "util " + GPU),
+                           (f"stepwatch_gpu_tensor_active_ratio{{{GPU_HOST}}}", "tensor " + GPU))))
 
 
 def network() -> Dashboard:
@@ -176,7 +235,7 @@ WHERE match(host, '^(${host:regex})$') AND $__timeFilter(ts)
 GROUP BY host, device, port
 ORDER BY xmit_wait_ticks DESC LIMIT 20"""
     return (_base("stepwatch-network", "stepwatch / Network fabric", "network")
-        .with_variable(_var("host", "label_values(stepwatch_infiniband_port_up, host)", "host"))
+        .with_variable(_var("host", f"label_values(stepwatch_infiniband_port_up{{{C}}}, host)", "host"))
         .with_row(Row("Traffic"))
         .with_panel(series("Transmit", "Bps",
                            (f"rate(stepwatch_infiniband_port_data_transmitted_bytes_total{{{HOST}}}[{RATE}])", port)))
@@ -212,41 +271,41 @@ ORDER BY xmit_wait_ticks DESC LIMIT 20"""
 def pipeline() -> Dashboard:
     return (_base("stepwatch-pipeline", "stepwatch / Pipeline health", "pipeline")
         .with_row(Row("Agents"))
-        .with_panel(series("Agent spool", "bytes", ("stepwatch_agent_spool_bytes", "{{instance}}"),
-                           ("stepwatch_agent_spool_max_bytes", "bound {{instance}}")))
-        .with_panel(series("Agent broker up", "bool", ("stepwatch_agent_broker_up", "{{instance}}")))
+        .with_panel(series("Agent spool", "bytes", (f"stepwatch_agent_spool_bytes{{{C}}}", "{{instance}}"),
+                           (f"stepwatch_agent_spool_max_bytes{{{C}}}", "bound {{instance}}")))
+        .with_panel(series("Agent broker up", "bool", (f"stepwatch_agent_broker_up{{{C}}}", "{{instance}}")))
         .with_row(Row("Stream workers"))
         .with_panel(series("Stream consumer lag", "short",
-                           ("sum by (kind) (stepwatch_stream_consumer_lag_messages)", "{{kind}}")))
+                           (f"sum by (kind) (stepwatch_stream_consumer_lag_messages{{{C}}})", "{{kind}}")))
         .with_panel(series("Stream events", "cps",
-                           (f"sum by (kind) (rate(stepwatch_stream_events_total[{RATE}]))", "{{kind}}")))
+                           (f"sum by (kind) (rate(stepwatch_stream_events_total{{{C}}}[{RATE}]))", "{{kind}}")))
         .with_panel(series("Dead letters", "cps",
-                           (f"sum by (reason) (rate(stepwatch_stream_dlq_messages_total[{RATE}]))",
+                           (f"sum by (reason) (rate(stepwatch_stream_dlq_messages_total{{{C}}}[{RATE}]))",
                             "stream {{reason}}"),
-                           (f"sum by (reason) (rate(stepwatch_sink_dead_letter_rows_total[{RATE}]))",
+                           (f"sum by (reason) (rate(stepwatch_sink_dead_letter_rows_total{{{C}}}[{RATE}]))",
                             "sink {{reason}}")))
-        .with_panel(series("Workers ready", "bool", ("stepwatch_stream_ready", "{{instance}}")))
+        .with_panel(series("Workers ready", "bool", (f"stepwatch_stream_ready{{{C}}}", "{{instance}}")))
         .with_row(Row("ClickHouse sink"))
         .with_panel(series("Rows inserted", "rowsps",
-                           (f"sum by (table) (rate(stepwatch_sink_rows_inserted_total[{RATE}]))", "{{table}}")))
+                           (f"sum by (table) (rate(stepwatch_sink_rows_inserted_total{{{C}}}[{RATE}]))", "{{table}}")))
         .with_panel(series("Sink lag", "short",
-                           ("sum(stepwatch_sink_consumer_lag_messages)", "lag"),
-                           ("stepwatch_sink_buffered_messages", "buffered")))
+                           (f"sum(stepwatch_sink_consumer_lag_messages{{{C}}})", "lag"),
+                           (f"stepwatch_sink_buffered_messages{{{C}}}", "buffered")))
         .with_panel(series("Seconds since the sink's last commit", "s",
-                           ("time() - stepwatch_sink_last_commit_timestamp_seconds", "{{instance}}")))
+                           (f"time() - stepwatch_sink_last_commit_timestamp_seconds{{{C}}}", "{{instance}}")))
         .with_panel(series("Insert time p99", "s",
-                           (f"histogram_quantile(0.99, sum by (le, table) (rate(stepwatch_sink_insert_seconds_bucket[{RATE}])))",
+                           (f"histogram_quantile(0.99, sum by (le, table) (rate(stepwatch_sink_insert_seconds_bucket{{{C}}}[{RATE}])))",
                             "{{table}}")))
         .with_row(Row("Remediator"))
         .with_panel(series("Remediator decisions", "short",
-                           ("sum by (action, outcome) (increase(stepwatch_remediator_decisions_total[1h]))",
+                           (f"sum by (action, outcome) (increase(stepwatch_remediator_decisions_total{{{C}}}[1h]))",
                             "{{action}} {{outcome}}"), fault_only=True,
                            desc="Only once the remediator has decided something."))
         .with_panel(series("Circuit breaker open", "bool",
-                           ("stepwatch_remediator_circuit_breaker_open", "open"), fault_only=True,
+                           (f"stepwatch_remediator_circuit_breaker_open{{{C}}}", "open"), fault_only=True,
                            desc="1 while open; a person must close it."))
         .with_panel(series("Actuator errors", "short",
-                           ("sum by (actuator, kind) (increase(stepwatch_remediator_actuator_errors_total[1h]))",
+                           (f"sum by (actuator, kind) (increase(stepwatch_remediator_actuator_errors_total{{{C}}}[1h]))",
                             "{{actuator}} {{kind}}"), fault_only=True)))
 
 
@@ -257,7 +316,8 @@ DASHBOARDS: dict[str, Callable[[], Dashboard]] = {
 
 
 def render(name: str) -> str:
-    return json.dumps(DASHBOARDS[name]().build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
+    built = json.loads(json.dumps(DASHBOARDS[name]().build(), cls=JSONEncoder))
+    return json.dumps(finish(built), indent=2, sort_keys=True) + "\n"
 
 
 def main(argv: list[str]) -> int:

@@ -11,12 +11,16 @@ from typing import Any
 
 from grafana_foundation_sdk.builders import heatmap as heatmap_b
 from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders.dashboard import DashboardLink
 from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.models.dashboard import DataSourceRef
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-PROM = DataSourceRef(type_val="prometheus", uid="stepwatch-prometheus")
-CLICKHOUSE = DataSourceRef(type_val="grafana-clickhouse-datasource", uid="stepwatch-clickhouse")
+PROM_TYPE, CLICKHOUSE_TYPE = "prometheus", "grafana-clickhouse-datasource"
+#: Panels name their data source through the dashboard's datasource variables
+#: ($datasource, $clickhouse: portable.py), never a fixed uid, so the JSON imports anywhere.
+PROM = DataSourceRef(type_val=PROM_TYPE, uid="${datasource}")
+CLICKHOUSE = DataSourceRef(type_val=CLICKHOUSE_TYPE, uid="${clickhouse}")
 #: Panels whose series exist only while a fault fires (or in another service's build):
 #: the dashboard test checks them for a valid query instead of data. Marked in the JSON.
 FAULT_ONLY_TAG = "stepwatch:fault-only"
@@ -64,10 +68,14 @@ def single(title: str, unit: str, expr: str, legend: str = "", w: int = 6, h: in
 
 
 def prom_table(title: str, unit: str, expr: str, w: int = 12, h: int = 8, desc: str = "",
-               fault_only: bool = False) -> table.Panel:
+               fault_only: bool = False, links: dict[str, str] | None = None) -> table.Panel:
+    """An instant table; ``links``: title -> URL of a data link on every cell (``${__data.fields.X}``)."""
     q = prom(expr).instant().format(PromQueryFormat.TABLE)
-    return (table.Panel().title(title).unit(unit).datasource(PROM).span(w).height(h)
-            .description(_desc(desc, fault_only)).with_target(q))
+    p = (table.Panel().title(title).unit(unit).datasource(PROM).span(w).height(h)
+         .description(_desc(desc, fault_only)).with_target(q))
+    if links:
+        p = p.data_links([DashboardLink(name).url(url) for name, url in links.items()])
+    return p
 
 
 def ch_series(title: str, unit: str, sql: str, w: int = 12, h: int = 8, desc: str = "") -> timeseries.Panel:

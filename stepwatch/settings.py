@@ -18,6 +18,8 @@ setting. :attr:`Settings.sources` says where each value came from. Kafka client 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 import socket
 import tomllib
@@ -34,6 +36,17 @@ CONFIG_ENV = "STEPWATCH_CONFIG"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _SECTIONS = ("kafka", "agent", "stream", "store", "sink", "hang", "remediate", "demo")
 _SECRET_MARKERS = ("password", "secret", "sasl.password", "ssl.key.password", "token")
+# STEPWATCH_* variables that are not settings: the step SDK's identity and switches
+# (docs/sdk.md) and the Slurm and setup scripts' (deploy/slurm, scripts/).
+OTHER_ENV = frozenset({
+    "STEPWATCH_JOB_ID", "STEPWATCH_RANK", "STEPWATCH_LOCAL_RANK", "STEPWATCH_WORLD_SIZE",
+    "STEPWATCH_LOCAL_WORLD_SIZE", "STEPWATCH_NODE_RANK", "STEPWATCH_GROUP", "STEPWATCH_GPU",
+    "STEPWATCH_ENABLED", "STEPWATCH_OTEL", "STEPWATCH_TIMING", "STEPWATCH_CPU_WAIT",
+    "STEPWATCH_TORCH_RECORD", "STEPWATCH_JOB_MAP_DIR", "STEPWATCH_PROLOG_NO_SYSTEMD",
+    "STEPWATCH_SKIP_APT",
+})
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
 
 
 # The SDK and the agent share this default: a directory of the agent's own
@@ -160,6 +173,7 @@ class Settings:
         unknown = set(explicit) - set(known)
         if unknown:
             raise ConfigError(f"unknown setting(s): {', '.join(sorted(unknown))}")
+        _warn_unknown_env(environ, set(known))
         path = config_file or environ.get(CONFIG_ENV, "")
         file_values, file_kafka = read_config_file(path, set(known)) if path else ({}, {})
         values: dict[str, Any] = {}
@@ -260,6 +274,31 @@ def mask(key: str, value: Any) -> Any:
     if value and any(marker in key.lower() for marker in _SECRET_MARKERS):
         return "***"
     return value
+
+
+def unknown_env(environ: Mapping[str, str], known: set[str]) -> list[tuple[str, str | None]]:
+    """``STEPWATCH_*`` variables that name no setting, each with the closest variable that does."""
+    out: list[tuple[str, str | None]] = []
+    for key in sorted(environ):
+        if (not key.startswith(ENV_PREFIX) or key.startswith(KAFKA_ENV_PREFIX)
+                or key == CONFIG_ENV or key in OTHER_ENV):
+            continue
+        name = key[len(ENV_PREFIX):].lower()
+        if name in known:
+            continue
+        if name.startswith("kafka_"):  # a librdkafka key with one underscore too few
+            out.append((key, KAFKA_ENV_PREFIX + key[len(ENV_PREFIX) + len("kafka_"):]))
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
+        out.append((key, ENV_PREFIX + close[0].upper() if close else None))
+    return out
+
+
+def _warn_unknown_env(environ: Mapping[str, str], known: set[str]) -> None:
+    for key, close in unknown_env(environ, known):
+        if key not in _warned:  # once per process
+            _warned.add(key)
+            log.warning("unknown setting ignored env=%s did_you_mean=%s", key, close or "-")
 
 
 def _kafka_from_env(environ: Mapping[str, str]) -> dict[str, str]:

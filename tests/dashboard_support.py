@@ -12,7 +12,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 JSON_DIR = ROOT / "dashboards" / "json"
 FAULT_ONLY = "stepwatch:fault-only"
-PROM_UID, CH_UID = "stepwatch-prometheus", "stepwatch-clickhouse"
+PROM_TYPE, CH_TYPE = "prometheus", "grafana-clickhouse-datasource"
+# panels name their data source through these datasource variables, never a fixed uid
+PROM_UID, CH_UID = "${datasource}", "${clickhouse}"
 
 
 @dataclass(frozen=True)
@@ -38,10 +40,19 @@ def queries() -> Iterator[Query]:
     for name, dash in dashboards().items():
         for panel in panels(dash):
             for target in panel.get("targets") or []:
-                uid = (target.get("datasource") or panel["datasource"])["uid"]
-                text = target.get("expr") if uid == PROM_UID else target.get("rawSql")
-                yield Query(name, panel["title"], "prometheus" if uid == PROM_UID else "clickhouse",
+                kind = (target.get("datasource") or panel["datasource"])["type"]
+                text = target.get("expr") if kind == PROM_TYPE else target.get("rawSql")
+                yield Query(name, panel["title"], "prometheus" if kind == PROM_TYPE else "clickhouse",
                             text, FAULT_ONLY in (panel.get("description") or ""))
+
+
+def annotations() -> Iterator[Query]:
+    """The ClickHouse annotation queries of every dashboard."""
+    for name, dash in dashboards().items():
+        for anno in dash.get("annotations", {}).get("list", []):
+            if anno.get("builtIn"):
+                continue
+            yield Query(name, anno["name"], "clickhouse", anno["target"]["rawSql"], False)
 
 
 def substitute_promql(expr: str, values: Mapping[str, str]) -> str:

@@ -33,6 +33,9 @@ class Client:
     def actions(self, status: str | None = None) -> Any:
         return self._call("GET", "/api/actions" + (f"?status={status}" if status else ""))
 
+    def outcomes(self) -> Any:
+        return self._call("GET", "/api/outcomes")
+
     def approve(self, action_id: str) -> Any:
         return self._call("POST", f"/api/approve/{action_id}")
 

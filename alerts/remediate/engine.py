@@ -1,4 +1,12 @@
-"""Decide and act: one alert in, one audited decision per planned action out."""
+"""Decide and act: one alert in, one audited decision per planned action out.
+
+Order for each alert of a webhook (cheap before costly; docs/remediation.md):
+collapse repeats within the webhook; resolved alerts only settle outcomes;
+policy rule; duplicate (done, queued or recently skipped); the per-webhook
+cap; identity (one plain node name, one plain job id); user alerts go to the
+owner under their own limits; guardrails needing no scheduler call; then the
+scheduler: the node's state, the job's nodes, the breaker's node count.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,10 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from stepwatch.alerts.remediate import guards
+from stepwatch.alerts.remediate import guards, identity
 from stepwatch.alerts.remediate.actuators.base import Actuator, NodeState, Notifier
 from stepwatch.alerts.remediate.audit import AuditSink
+from stepwatch.alerts.remediate.lookups import Lookups
 from stepwatch.alerts.remediate.model import (
     Action,
     ActionKind,
@@ -21,21 +30,30 @@ from stepwatch.alerts.remediate.model import (
     Mode,
     Outcome,
     action_id,
+    alert_key,
 )
+from stepwatch.alerts.remediate.notices import Notices
+from stepwatch.alerts.remediate.outcome import OutcomeTracker
 from stepwatch.alerts.remediate.policy import Policy
-from stepwatch.alerts.remediate.state import ActionRow, State, Status
+from stepwatch.alerts.remediate.state import RESERVE, RESERVE_DRAIN, ActionRow, State, Status
 from stepwatch.errors import ActuatorError
 
 log = logging.getLogger(__name__)
 
 _FINAL = {Status.DONE, Status.QUEUED, Status.DRY_RUN, Status.FAILED_PERMANENT, Status.REJECTED}
 _MAX_REASON = 200
+# skips reached through a scheduler call, or about the alert itself: remembered for a while so a
+# retried webhook is a duplicate, not the same scheduler calls again (escalations too: one page);
+# not when they may pass by themselves (a scheduler that did not answer, a pending job)
+_REMEMBER = {"invalid_identity", "no_host", "no_job", "node_state_unknown", "unknown_node",
+             "drained_by_person", "job_unknown", "job_unverifiable", "node_not_in_job"}
 
 
 class Remediator:
     def __init__(self, policy: Policy, state: State, actuator: Actuator, owner: Notifier,
                  pager: Notifier, audit: AuditSink, *, mode: Mode | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 outcomes: OutcomeTracker | None = None) -> None:
         self.policy = policy
         self.mode = mode or policy.mode
         self.state = state
@@ -44,67 +62,116 @@ class Remediator:
         self.pager = pager
         self.audit = audit
         self.clock = clock
+        self.outcomes = outcomes
+        self.scheme = identity.scheme_of(actuator.name)
+        self.notices = Notices(state, policy.guardrails, owner, actuator, clock)
         self._lock = threading.Lock()  # one decision at a time: guardrail counts stay true
 
     def handle(self, alerts: list[Alert]) -> list[Decision]:
         out: list[Decision] = []
+        seen: set[tuple[str, str, str]] = set()
+        lookups = Lookups(self.actuator, self.policy.cluster_nodes)
+        budget = [self.policy.guardrails.max_alerts_per_webhook]
         for alert in alerts:
+            key = (alert.fingerprint, alert.name, alert.status)
+            if key in seen:
+                continue  # the same alert twice in one webhook: once is enough
+            seen.add(key)
             if alert.status != "firing":
-                continue  # a resolved alert asks for nothing
+                if self.outcomes is not None:
+                    out.extend(self.outcomes.resolved(alert))
+                continue  # a resolved alert asks for nothing more
             with self._lock:
-                out.extend(self._alert(alert))
+                out.extend(self._alert(alert, lookups, budget))
+        if len(seen) < len(alerts):
+            log.info("webhook repeats collapsed alerts=%d distinct=%d", len(alerts), len(seen))
         return out
 
-    def _alert(self, alert: Alert) -> list[Decision]:
+    def _alert(self, alert: Alert, lookups: Lookups, budget: list[int]) -> list[Decision]:
         kinds, approval = self.policy.actions_for(alert)
         if not kinds:
             return [self._decide(self._action(ActionKind.NONE, alert), Outcome.SKIPPED, "no_rule")]
         if alert.alert_class is AlertClass.USER:
-            return [self._notify_owner(self._action(ActionKind.NOTIFY, alert))]
+            kinds = (ActionKind.NOTIFY,)
         actions = [self._action(k, alert) for k in kinds]
         fresh = [a for a in actions if not self._seen(a)]
         decisions = [self._decide(a, Outcome.DUPLICATE, "already_handled") for a in actions if a not in fresh]
         if not fresh:
             return decisions
-        verdict = self._judge(alert, fresh)
+        if budget[0] <= 0:
+            return decisions + [self._decide(a, Outcome.SKIPPED, "webhook_cap") for a in fresh]
+        budget[0] -= 1
+        problem = identity.problem(alert.host, alert.job_id, self.scheme)
+        if problem:
+            return decisions + self._refuse(alert, fresh, guards.Verdict("invalid_identity", detail=problem))
+        if alert.alert_class is AlertClass.USER:
+            return decisions + [self._notify_owner(a, lookups) for a in fresh]
+        return decisions + self._remediate(alert, fresh, approval, lookups)
+
+    def _remediate(self, alert: Alert, actions: list[Action], approval: bool,
+                   lookups: Lookups) -> list[Decision]:
+        """A system alert's fresh actions: the job rule, the guardrails, then act or queue."""
+        jobless = [a for a in actions if not alert.job_id and
+                   (a.kind is ActionKind.REQUEUE or not self.policy.guardrails.jobless_drain)]
+        decisions = self._refuse(alert, jobless, guards.Verdict("no_job")) if jobless else []
+        actions = [a for a in actions if a not in jobless]
+        if not actions:
+            return decisions
+        verdict = self._judge(alert, actions, lookups)
         if verdict.skip:
-            return decisions + self._refuse(alert, fresh, verdict)
-        for action in fresh:
-            decisions.append(self._carry_out(action, approval))
-        if self.mode is Mode.EXECUTE and any(d.outcome is Outcome.ACTED for d in decisions):
-            self.state.record(self.clock(), guards.REMEDIATION, alert.host, alert.job_id)
+            return decisions + self._refuse(alert, actions, verdict)
+        decisions += [self._carry_out(action, approval) for action in actions]
+        self._acted(alert, [d for d in decisions if d.outcome is Outcome.ACTED])
         return decisions
 
     def _action(self, kind: ActionKind, alert: Alert) -> Action:
-        target = alert.host if kind is ActionKind.DRAIN else f"{alert.job_id}@{alert.host}"
-        reason = f"stepwatch: {alert.name} cause {alert.cause or 'unknown'} job {alert.job_id or '-'}"
-        return Action(action_id(kind, alert, target), kind, alert.host, alert.job_id,
-                      reason.replace("=", " ")[:_MAX_REASON], alert)
+        host = alert.host if identity.node_ok(alert.host) else identity.word(alert.host)
+        job = alert.job_id if identity.job_ok(alert.job_id, self.scheme) else identity.word(alert.job_id)
+        target = host if kind is ActionKind.DRAIN else f"{job}@{host}"
+        reason = (f"stepwatch: {identity.word(alert.name)} cause {identity.word(alert.cause) or 'unknown'} "
+                  f"job {job or '-'}")
+        return Action(action_id(kind, alert, target), kind, host, job, reason[:_MAX_REASON], alert)
 
     def _seen(self, action: Action) -> bool:
         row = self.state.action(action.id)
-        return row is not None and row.status in _FINAL
+        if row is None:
+            return False
+        if row.status == Status.SKIPPED:
+            return self.clock() - row.updated < self.policy.guardrails.skip_memory_s
+        return row.status in _FINAL
 
-    def _judge(self, alert: Alert, actions: list[Action]) -> guards.Verdict:
-        if not alert.host:
+    def _judge(self, alert: Alert, actions: list[Action], lookups: Lookups,
+               exclude_ref: str | None = None) -> guards.Verdict:
+        g, now, host = self.policy.guardrails, self.clock(), alert.host
+        if not host:
             return guards.Verdict("no_host")
+        verdict = guards.precheck(self.state, g, alert, now=now, exclude_ref=exclude_ref)
+        if verdict.skip:
+            return verdict
         try:
-            node = self.actuator.node_state(alert.host)
+            node = lookups.node_state(host)
         except ActuatorError as err:
-            return guards.Verdict("node_state_unknown", detail=str(err))
-        drains = any(a.kind is ActionKind.DRAIN for a in actions)
-        return guards.judge(self.state, self.policy.guardrails, alert, node, drains=drains,
-                            cluster_nodes=self._cluster_nodes(), now=self.clock())
-
-    def _cluster_nodes(self) -> int:
-        if self.policy.cluster_nodes:
-            return self.policy.cluster_nodes
+            return guards.Verdict("node_state_unknown", detail=str(err)[:300], transient=err.transient)
+        verdict = guards.node_checks(node)
+        if verdict.skip or not alert.job_id:
+            return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
         try:
-            return self.actuator.node_count()
-        except ActuatorError:
-            return 0  # unknown size: the cap is one node
+            nodes = lookups.job_nodes(alert.job_id)
+        except ActuatorError as err:
+            return guards.Verdict("job_unknown", detail=str(err)[:300], transient=err.transient)
+        verdict = guards.job_check(g, host, alert.job_id, nodes)
+        return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
 
-    def _refuse(self, alert: Alert, actions: list[Action], verdict: guards.Verdict) -> list[Decision]:
+    def _breaker(self, actions: list[Action], host: str, node: NodeState, lookups: Lookups,
+                 exclude_ref: str | None) -> guards.Verdict:
+        if not any(a.kind is ActionKind.DRAIN for a in actions):
+            return guards.GO
+        return guards.breaker_check(self.state, self.policy.guardrails, host, node,
+                                    cluster_nodes=lookups.cluster_nodes(), now=self.clock(),
+                                    exclude_ref=exclude_ref)
+
+    def _refuse(self, alert: Alert, actions: list[Action], verdict: guards.Verdict,
+                status: str = Status.SKIPPED) -> list[Decision]:
         if verdict.trip:
             self.state.set_breaker(True, self.clock(), verdict.detail)
             self.audit.breaker(True)
@@ -112,7 +179,12 @@ class Remediator:
         if verdict.escalate:
             self._page(alert, verdict.skip or "", verdict.detail)
         outcome = Outcome.ESCALATED if verdict.escalate else Outcome.SKIPPED
-        return [self._decide(a, outcome, verdict.skip or "", verdict.detail) for a in actions]
+        reason = verdict.skip or ""
+        for a in actions:
+            if status != Status.SKIPPED or verdict.escalate or (
+                    reason in _REMEMBER and not verdict.transient):
+                self._store(a, status, 0, f"{reason}: {verdict.detail}" if verdict.detail else reason)
+        return [self._decide(a, outcome, reason, verdict.detail) for a in actions]
 
     def _carry_out(self, action: Action, approval: bool) -> Decision:
         if self.mode is Mode.OBSERVE:
@@ -121,8 +193,26 @@ class Remediator:
         needs = approval or action.kind in self.policy.guardrails.approval_actions
         if self.mode is Mode.RECOMMEND or needs:
             self._store(action, Status.QUEUED, 0, "awaiting_approval")
+            self._reserve(action)
             return self._decide(action, Outcome.QUEUED, "recommend_mode" if not needs else "needs_approval")
         return self.execute(action)
+
+    def _reserve(self, action: Action) -> None:
+        """A queued action holds its place in the rate limit, cooldowns and breaker count."""
+        now, ref = self.clock(), alert_key(action.alert)
+        self.state.record(now, RESERVE, action.node, action.job_id, ref, action.id)
+        if action.kind is ActionKind.DRAIN:
+            self.state.record(now, RESERVE_DRAIN, action.node, action.job_id, ref, action.id)
+
+    def _acted(self, alert: Alert, acted: list[Decision]) -> None:
+        if not acted:
+            return
+        ref = alert_key(alert)
+        if not self.state.count(guards.REMEDIATION, 0.0, ref=ref):
+            self.state.record(self.clock(), guards.REMEDIATION, alert.host, alert.job_id, ref)
+        if self.outcomes is not None:
+            for d in acted:
+                self.outcomes.acted(alert, d.action)
 
     def execute(self, action: Action) -> Decision:
         """Run the action through the actuator now (execute mode or a person's approval)."""
@@ -140,7 +230,8 @@ class Remediator:
             log.warning("action failed id=%s transient=%s error=%s", action.id, err.transient, err)
             return self._decide(action, Outcome.FAILED, status, str(err))
         if action.kind is ActionKind.DRAIN:
-            self.state.record(self.clock(), guards.DRAIN, action.node, action.job_id)
+            self.state.record(self.clock(), guards.DRAIN, action.node, action.job_id,
+                              alert_key(action.alert), action.id)
         self._store(action, Status.DONE, attempts, detail)
         took = time.monotonic() - start
         log.info("action done id=%s seconds=%.3f detail=%s", action.id, took, detail)
@@ -153,78 +244,94 @@ class Remediator:
             if not action.job_id:
                 raise ActuatorError("the alert names no job_id to requeue", transient=False)
             return self.actuator.requeue(action.job_id, action.node)
-        self.owner.send(self._event("notify", action.alert, action.reason))
-        return "owner notified"
+        raise ActuatorError(f"{action.kind.value} is not a scheduler action", transient=False)
 
-    def _notify_owner(self, action: Action) -> Decision:
-        if self._seen(action):
-            return self._decide(action, Outcome.DUPLICATE, "already_handled")
+    def _notify_owner(self, action: Action, lookups: Lookups) -> Decision:
+        skip, owner = self.notices.check(action.alert, lookups)
+        if skip:
+            return self._decide(action, Outcome.SKIPPED, skip)
         if self.mode is Mode.OBSERVE:
             self._store(action, Status.DRY_RUN, 0, "dry_run")
             return self._decide(action, Outcome.DRY_RUN, "observe_mode")
-        return self.execute(action)  # telling a user of their error needs no approval
+        try:  # telling a user of their error needs no approval
+            detail = self.notices.send(action.alert, action.reason, owner)
+        except ActuatorError as err:
+            self.audit.actuator_error("notify", err.transient)
+            self._store(action, Status.FAILED_TRANSIENT if err.transient else Status.FAILED_PERMANENT,
+                        1, str(err))
+            return self._decide(action, Outcome.FAILED, "notify_failed", str(err))
+        self._store(action, Status.DONE, 1, detail)
+        return self._decide(action, Outcome.ACTED, "executed", detail)
 
     def _page(self, alert: Alert, reason: str, detail: str) -> None:
         try:
-            self.pager.send(self._event("page", alert, f"{reason}: {detail}"))
+            self.pager.send(self.notices.event("page", alert, f"{reason}: {detail}", "on-call"))
         except ActuatorError as err:
             self.audit.actuator_error("pager", err.transient)
             log.error("page failed reason=%s error=%s", reason, err)
-
-    def _owner(self, alert: Alert) -> str:
-        owner = alert.labels.get("owner") or alert.labels.get("user", "")
-        if owner or not alert.job_id:
-            return owner
-        try:
-            return self.actuator.job_owner(alert.job_id)
-        except ActuatorError as err:
-            log.warning("job owner unknown job_id=%s error=%s", alert.job_id, err)
-            return ""
-
-    def _event(self, kind: str, alert: Alert, text: str) -> dict[str, object]:
-        return {"kind": kind, "to": "on-call" if kind == "page" else self._owner(alert),
-                "alertname": alert.name, "job_id": alert.job_id, "host": alert.host,
-                "cause": alert.cause, "summary": alert.summary(), "text": text,
-                "description": alert.annotations.get("description", "")}
 
     def _store(self, action: Action, status: str, attempts: int, detail: str) -> None:
         now = self.clock()
         prior = self.state.action(action.id)
         a = action.alert
         self.state.put_action(ActionRow(
-            action.id, action.kind.value, action.node, action.job_id, a.name, a.fingerprint, status,
-            attempts, prior.created if prior else now, now, action.reason, detail,
-            json.dumps({"fingerprint": a.fingerprint, "labels": a.labels, "annotations": a.annotations})))
+            action.id, action.kind.value, action.node, action.job_id, identity.word(a.name),
+            identity.word(a.fingerprint), status, attempts, prior.created if prior else now, now,
+            action.reason, detail[:500],
+            json.dumps({"fingerprint": a.fingerprint, "labels": a.labels, "annotations": a.annotations})
+            if status == Status.QUEUED else ""))
 
     def _decide(self, action: Action, outcome: Outcome, reason: str, detail: str = "") -> Decision:
         a = action.alert
         decision = Decision(self.clock(), action.id, action.kind, outcome, self.mode, reason,
-                            action.node, action.job_id, a.name, a.fingerprint, a.cause,
-                            a.alert_class.value, detail)
+                            action.node, action.job_id, identity.word(a.name),
+                            identity.word(a.fingerprint), identity.word(a.cause),
+                            a.alert_class.value, detail[:500])
         log.info("decision id=%s action=%s outcome=%s reason=%s node=%s job_id=%s", action.id,
                  action.kind.value, outcome.value, reason, action.node, action.job_id)
         self.audit.record(decision)
         return decision
 
     def approve(self, action_id_: str) -> Decision | None:
-        """Run a queued action (a person approved it). None when no such queued action."""
+        """Run a queued action (a person approved it), after every check again.
+
+        None when no such queued action. The queued row's labels came from the
+        webhook: identity, guardrails (without this alert's own reservation),
+        the node's state and the job's nodes are all checked again now.
+        """
         with self._lock:
             row = self.state.action(action_id_)
             if row is None or row.status != Status.QUEUED:
                 return None
             data = json.loads(row.alert or "{}")
-            alert = Alert(data.get("fingerprint", row.fingerprint), "firing", data.get("labels", {}),
-                          data.get("annotations", {}))
+            alert = Alert(str(data.get("fingerprint", row.fingerprint)), "firing",
+                          dict(data.get("labels", {})), dict(data.get("annotations", {})))
             action = replace(self._action(ActionKind(row.kind), alert), id=row.id)
+            if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued
+                return self._decide(action, Outcome.SKIPPED, "observe_mode")
+            self.state.unreserve(row.id)
+            verdict = self._recheck(alert, action)
+            if verdict.skip:
+                log.warning("approval refused id=%s reason=%s", row.id, verdict.skip)
+                return self._refuse(alert, [action], verdict, Status.REJECTED)[0]
             decision = self.execute(action)
-            if decision.outcome is Outcome.ACTED and action.kind is not ActionKind.NOTIFY:
-                self.state.record(self.clock(), guards.REMEDIATION, action.node, action.job_id)
+            self._acted(alert, [decision] if decision.outcome is Outcome.ACTED else [])
             return decision
+
+    def _recheck(self, alert: Alert, action: Action) -> guards.Verdict:
+        problem = identity.problem(alert.host, alert.job_id, self.scheme)
+        if problem:
+            return guards.Verdict("invalid_identity", detail=problem)
+        jobless_ok = action.kind is ActionKind.DRAIN and self.policy.guardrails.jobless_drain
+        if not alert.job_id and not jobless_ok:
+            return guards.Verdict("no_job")
+        lookups = Lookups(self.actuator, self.policy.cluster_nodes)
+        return self._judge(alert, [action], lookups, exclude_ref=alert_key(alert))
 
     def close_breaker(self, who: str) -> bool:
         with self._lock:
             was = self.state.breaker().open
-            self.state.set_breaker(False, self.clock(), f"closed by {who}")
+            self.state.set_breaker(False, self.clock(), f"closed by {identity.word(who)}")
             self.audit.breaker(False)
             return was
 

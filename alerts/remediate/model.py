@@ -34,6 +34,8 @@ class Outcome(StrEnum):
     DUPLICATE = "duplicate"  # this action was already done for this alert
     FAILED = "failed"
     ESCALATED = "escalated"
+    RECOVERED = "recovered"  # the alert resolved within the deadline after the action
+    NOT_RECOVERED = "not_recovered"  # still firing at the deadline: a person is paged
 
 
 class AlertClass(StrEnum):
@@ -78,10 +80,15 @@ class Alert:
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
 
 
+def alert_key(alert: Alert) -> str:
+    """One alert (name + fingerprint) as a short stable key: one remediation per key."""
+    return hashlib.sha256(f"{alert.name}|{alert.fingerprint}".encode()).hexdigest()[:12]
+
+
 def action_id(kind: ActionKind, alert: Alert, target: str) -> str:
     """A stable id from action + target + alert: a retried webhook finds the earlier action."""
-    digest = hashlib.sha256(f"{alert.name}|{alert.fingerprint}".encode()).hexdigest()[:12]
-    return f"{kind.value}-{_SAFE.sub('_', target) or 'none'}-{_SAFE.sub('_', alert.name)}-{digest}"
+    target = _SAFE.sub("_", target)[:80] or "none"
+    return f"{kind.value}-{target}-{_SAFE.sub('_', alert.name)[:64]}-{alert_key(alert)}"
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,22 @@ class Guardrails:
     opt_out_nodes: frozenset[str] = frozenset()
     opt_out_label: str = "stepwatch_opt_out"  # an alert label with value "true" opts its node out
     approval_actions: frozenset[ActionKind] = frozenset()
+    max_alerts_per_webhook: int = 100  # the rest of a larger webhook is skipped (webhook_cap)
+    skip_memory_s: float = 600.0  # a skip is remembered this long: a retry is a duplicate
+    jobless_drain: bool = True  # node-scoped alerts (XID 79, link down) name no job
+    unverified_jobs: str = "allow"  # backends that cannot list a job's nodes: allow | skip
+    notify_per_owner: int = 3  # notifications to one owner per notify window
+    notify_total: int = 30  # notifications to all owners per notify window
+    notify_window_s: float = 3600.0
+
+
+@dataclass(frozen=True)
+class OutcomeSettings:
+    """How long an executed remediation has to make its alert resolve, and the evidence."""
+
+    deadline_s: float = 600.0
+    check_every_s: float = 15.0
+    prometheus_url: str = ""  # set: the job's step time before and after is recorded
 
 
 @dataclass(frozen=True)
@@ -64,6 +80,7 @@ class Policy:
     notify: Mapping[str, Any] = field(default_factory=lambda: {"kind": "log"})
     page: Mapping[str, Any] = field(default_factory=lambda: {"kind": "log"})
     audit: Mapping[str, Any] = field(default_factory=dict)
+    outcome: OutcomeSettings = field(default_factory=OutcomeSettings)
 
     def actions_for(self, alert: Alert) -> tuple[tuple[ActionKind, ...], bool]:
         """The first matching rule's actions (user-class alerts: notify only) and its approval flag."""
@@ -97,7 +114,7 @@ def load(path: str | Path) -> Policy:
 def from_mapping(raw: Any) -> Policy:
     data = _mapping("policy", raw)
     _known("policy", data, {"mode", "cluster_nodes", "rules", "guardrails", "actuator", "notify",
-                            "page", "audit"})
+                            "page", "audit", "outcome"})
     return Policy(
         mode=_enum("mode", Mode, data.get("mode", "observe")),
         cluster_nodes=_int("cluster_nodes", data.get("cluster_nodes", 0), 0),
@@ -108,7 +125,19 @@ def from_mapping(raw: Any) -> Policy:
         notify=_plugin("notify", data.get("notify", {"kind": "log"}), ("webhook", "command", "log")),
         page=_plugin("page", data.get("page", {"kind": "log"}), ("webhook", "command", "log")),
         audit=_mapping("audit", data.get("audit", {})),
+        outcome=_outcome(data.get("outcome", {})),
     )
+
+
+def _outcome(raw: Any) -> OutcomeSettings:
+    data = _mapping("outcome", raw)
+    _known("outcome", data, {"deadline", "check_every", "prometheus_url"})
+    d = OutcomeSettings()
+    every = _duration("outcome.check_every", data.get("check_every", d.check_every_s))
+    if every <= 0:
+        raise PolicyError("outcome.check_every: must be more than 0")
+    return OutcomeSettings(_duration("outcome.deadline", data.get("deadline", d.deadline_s)), every,
+                           str(data.get("prometheus_url", "") or ""))
 
 
 def _rule(where: str, raw: Any) -> Rule:
@@ -125,14 +154,24 @@ def _rule(where: str, raw: Any) -> Rule:
 
 def _guardrails(raw: Any) -> Guardrails:
     data = _mapping("guardrails", raw)
-    _known("guardrails", data, {"breaker", "cooldown", "rate_limit", "attempts", "repeat_offender", "opt_out", "approval"})
+    _known("guardrails", data, {"breaker", "cooldown", "rate_limit", "attempts", "repeat_offender",
+                                "opt_out", "approval", "webhook", "job_check", "notify"})
     breaker = _mapping("guardrails.breaker", data.get("breaker", {}))
     cooldown = _mapping("guardrails.cooldown", data.get("cooldown", {}))
     rate = _mapping("guardrails.rate_limit", data.get("rate_limit", {}))
     attempts = _mapping("guardrails.attempts", data.get("attempts", {}))
     repeat = _mapping("guardrails.repeat_offender", data.get("repeat_offender", {}))
     opt_out = _mapping("guardrails.opt_out", data.get("opt_out", {}))
+    webhook = _mapping("guardrails.webhook", data.get("webhook", {}))
+    _known("guardrails.webhook", webhook, {"max_alerts", "skip_memory"})
+    job = _mapping("guardrails.job_check", data.get("job_check", {}))
+    _known("guardrails.job_check", job, {"jobless_drain", "unverifiable"})
+    notify = _mapping("guardrails.notify", data.get("notify", {}))
+    _known("guardrails.notify", notify, {"per_owner", "total", "per"})
     d = Guardrails()
+    unverifiable = str(job.get("unverifiable", d.unverified_jobs))
+    if unverifiable not in ("allow", "skip"):
+        raise PolicyError(f"guardrails.job_check.unverifiable: {unverifiable!r} is not one of allow, skip")
     share = _number("guardrails.breaker.max_share", breaker.get("max_share", d.breaker_max_share))
     if not 0 < share <= 1:
         raise PolicyError(f"guardrails.breaker.max_share: must be in (0, 1], got {share}")
@@ -151,6 +190,16 @@ def _guardrails(raw: Any) -> Guardrails:
         opt_out_label=str(opt_out.get("label", d.opt_out_label)),
         approval_actions=frozenset(_action(f"guardrails.approval[{i}]", a) for i, a in
                                    enumerate(_list("guardrails.approval", data.get("approval", [])))),
+        max_alerts_per_webhook=_int("guardrails.webhook.max_alerts",
+                                    webhook.get("max_alerts", d.max_alerts_per_webhook), 1),
+        skip_memory_s=_duration("guardrails.webhook.skip_memory",
+                                webhook.get("skip_memory", d.skip_memory_s)),
+        jobless_drain=_bool("guardrails.job_check.jobless_drain",
+                            job.get("jobless_drain", d.jobless_drain)),
+        unverified_jobs=unverifiable,
+        notify_per_owner=_int("guardrails.notify.per_owner", notify.get("per_owner", d.notify_per_owner), 0),
+        notify_total=_int("guardrails.notify.total", notify.get("total", d.notify_total), 0),
+        notify_window_s=_duration("guardrails.notify.per", notify.get("per", d.notify_window_s)),
     )
 
 
@@ -199,6 +248,12 @@ def _enum(where: str, enum: Any, raw: Any) -> Any:
     except ValueError as err:
         names = ", ".join(m.value for m in enum)
         raise PolicyError(f"{where}: {raw!r} is not one of {names}") from err
+
+
+def _bool(where: str, raw: Any) -> bool:
+    if not isinstance(raw, bool):
+        raise PolicyError(f"{where}: expected true or false, got {raw!r}")
+    return raw
 
 
 def _number(where: str, raw: Any) -> float:

@@ -1,7 +1,7 @@
 """The remediator's HTTP face (stdlib ``http.server``, one thread per request).
 
 - ``POST /webhook`` (or ``/``): Alertmanager webhook, payload version 4.
-- ``GET /api/actions[?status=queued]``, ``POST /api/approve/<id>``,
+- ``GET /api/actions[?status=queued]``, ``GET /api/outcomes``, ``POST /api/approve/<id>``,
   ``POST /api/close-breaker``, ``GET /api/breaker``: the CLI's API.
 - ``GET /metrics`` (Prometheus text), ``GET /healthz``.
 
@@ -101,6 +101,9 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
                 rows = server.remediator.state.actions(status)
                 return self._send(200, {"actions": [
                     {k: v for k, v in asdict(r).items() if k != "alert"} for r in rows]})
+            if parts.path == "/api/outcomes":
+                return self._send(200, {"outcomes": [
+                    asdict(r) for r in server.remediator.state.outcomes()]})
             if parts.path == "/api/breaker":
                 return self._send(200, asdict(server.remediator.state.breaker()))
             return self._send(404, {"error": "not found"})

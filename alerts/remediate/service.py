@@ -14,6 +14,7 @@ from stepwatch.alerts.remediate.actuators.base import Actuator
 from stepwatch.alerts.remediate.audit import Audit, KafkaWriter, Metrics, Writer
 from stepwatch.alerts.remediate.engine import Remediator
 from stepwatch.alerts.remediate.model import Mode
+from stepwatch.alerts.remediate.outcome import OutcomeTimer, OutcomeTracker
 from stepwatch.alerts.remediate.server import RemediatorServer
 from stepwatch.alerts.remediate.state import State
 from stepwatch.errors import ConfigError, StepwatchError
@@ -58,6 +59,7 @@ class Service:
     server: RemediatorServer
     audit: Audit
     state: State
+    timer: OutcomeTimer
 
     @property
     def url(self) -> str:
@@ -65,6 +67,7 @@ class Service:
 
     def stop(self) -> None:
         self.server.stop()
+        self.timer.stop()
         self.audit.close()
         self.state.close()
 
@@ -79,11 +82,14 @@ def build(settings: Settings, *, port: int | None = None, actuator: Actuator | N
     audit = Audit(metrics, audit_writers(settings) if writers is None else writers)
     state = State(settings.remediate_state_dir)
     audit.breaker(state.breaker().open)
+    pager = actuators.build_notifier(policy.page)
+    tracker = OutcomeTracker(state, policy.outcome, pager, audit, mode=mode, registry=registry)
     engine = Remediator(policy, state, actuator or actuators.build(policy.actuator),
-                        actuators.build_notifier(policy.notify), actuators.build_notifier(policy.page),
-                        audit, mode=mode)
+                        actuators.build_notifier(policy.notify), pager, audit, mode=mode,
+                        outcomes=tracker)
     server = RemediatorServer(engine, token, registry, metrics, settings.remediate_bind,
                               settings.remediate_port if port is None else port)
     log.info("remediator configured mode=%s rules=%d actuator=%s state=%s", mode.value,
              len(policy.rules), engine.actuator.name, settings.remediate_state_dir)
-    return Service(server.start(), audit, state)
+    timer = OutcomeTimer(tracker, policy.outcome.check_every_s).start()
+    return Service(server.start(), audit, state, timer)

@@ -4,8 +4,15 @@
   and attempt count: a retried webhook finds the earlier action.
 - ``history``: timestamped facts the guardrails count over windows
   (``drain`` for the breaker, ``remediation`` for cooldowns, the rate limit
-  and repeat offenders, ``attempt`` for the per-node attempt budget).
+  and repeat offenders, ``attempt`` for the per-node attempt budget,
+  ``notify`` for the owners' notification limits). ``ref`` is the alert's key
+  (one remediation per alert, however many actions; for ``notify`` the owner),
+  ``action`` the action id. A queued action *reserves* its place
+  (``reserve``, and ``reserve_drain`` for a drain) until it is approved or
+  refused: queued work counts against the limits.
 - ``breaker``: open or closed; only a person closes it.
+- ``outcomes``: executed remediations waiting for their alert to resolve
+  (see :mod:`.outcome`).
 """
 
 from __future__ import annotations
@@ -26,13 +33,21 @@ CREATE TABLE IF NOT EXISTS history (ts REAL, what TEXT, node TEXT, job_id TEXT);
 CREATE INDEX IF NOT EXISTS history_what_ts ON history (what, ts);
 CREATE TABLE IF NOT EXISTS breaker (id INTEGER PRIMARY KEY CHECK (id = 1), open INTEGER,
     changed REAL, reason TEXT);
+CREATE TABLE IF NOT EXISTS outcomes (key TEXT PRIMARY KEY, fingerprint TEXT, alertname TEXT,
+    action TEXT, node TEXT, job_id TEXT, acted REAL, deadline REAL, outcome TEXT, decided REAL,
+    before REAL, after REAL);
 """
+_HISTORY_COLUMNS = (("ref", "TEXT NOT NULL DEFAULT ''"), ("action", "TEXT NOT NULL DEFAULT ''"))
+RESERVE, RESERVE_DRAIN = "reserve", "reserve_drain"
+# one remediation per alert key: rows without a key (older state files) count one each
+_DISTINCT_REF = "count(DISTINCT CASE WHEN ref = '' THEN 'row' || rowid ELSE ref END)"
 
 
 class Status:
     """Action statuses (strings in the state file)."""
 
     DONE = "done"
+    SKIPPED = "skipped"  # decided not to act; remembered for a while (a retry is a duplicate)
     DRY_RUN = "dry_run"
     QUEUED = "queued"
     FAILED_TRANSIENT = "failed_transient"
@@ -58,6 +73,24 @@ class ActionRow:
 
 
 @dataclass(frozen=True)
+class OutcomeRow:
+    """One executed remediation and what became of it (``outcome`` '' while pending)."""
+
+    key: str  # the alert key: one outcome per remediated alert
+    fingerprint: str
+    alertname: str
+    action: str  # the actions taken, e.g. "drain+requeue"
+    node: str
+    job_id: str
+    acted: float
+    deadline: float
+    outcome: str = ""
+    decided: float = 0.0
+    before: float | None = None  # the job's step time before the action (s), when known
+    after: float | None = None
+
+
+@dataclass(frozen=True)
 class BreakerState:
     open: bool
     changed: float
@@ -74,6 +107,10 @@ class State:
             self._db = sqlite3.connect(path / "remediator.sqlite3", check_same_thread=False,
                                        isolation_level=None)
             self._db.executescript(_SCHEMA)
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(history)")}
+            for name, decl in _HISTORY_COLUMNS:  # state files from before the column
+                if name not in have:
+                    self._db.execute(f"ALTER TABLE history ADD COLUMN {name} {decl}")
         except (OSError, sqlite3.Error) as err:
             raise RemediationError(f"cannot open the remediator state in {path}: {err}") from err
         self._lock = threading.Lock()
@@ -101,18 +138,66 @@ class State:
                               row.fingerprint, row.status, row.attempts, row.created,
                               row.updated, row.reason, row.detail, row.alert))
 
-    def record(self, ts: float, what: str, node: str = "", job_id: str = "") -> None:
+    def record(self, ts: float, what: str, node: str = "", job_id: str = "", ref: str = "",
+               action: str = "") -> None:
         with self._lock:
-            self._db.execute("INSERT INTO history VALUES (?,?,?,?)", (ts, what, node, job_id))
+            self._db.execute("INSERT INTO history (ts, what, node, job_id, ref, action) "
+                             "VALUES (?,?,?,?,?,?)", (ts, what, node, job_id, ref, action))
 
     def count(self, what: str, since: float, *, node: str | None = None,
-              job_id: str | None = None) -> int:
-        sql = "SELECT count(*) FROM history WHERE what = ? AND ts >= ?"
-        args: list[object] = [what, since]
-        if node is not None:
-            sql, args = sql + " AND node = ?", [*args, node]
-        if job_id is not None:
-            sql, args = sql + " AND job_id = ?", [*args, job_id]
+              job_id: str | None = None, ref: str | None = None) -> int:
+        sql, args = _where((what,), since, node, job_id, None)
+        if ref is not None:
+            sql, args = sql + " AND ref = ?", [*args, ref]
+        return self._scalar("SELECT count(*) FROM history WHERE " + sql, args)
+
+    def remediations(self, since: float, *, node: str | None = None, job_id: str | None = None,
+                     exclude_ref: str | None = None) -> int:
+        """Alerts remediated or queued (reserved) since ``since``: one per alert key."""
+        sql, args = _where(("remediation", RESERVE), since, node, job_id, exclude_ref)
+        return self._scalar(f"SELECT {_DISTINCT_REF} FROM history WHERE " + sql, args)
+
+    def drained_nodes(self, since: float, exclude_ref: str | None = None) -> set[str]:
+        """Distinct nodes drained or queued for a drain since ``since`` (the breaker's count)."""
+        sql, args = _where(("drain", RESERVE_DRAIN), since, None, None, exclude_ref)
+        with self._lock:
+            rows = self._db.execute("SELECT DISTINCT node FROM history WHERE " + sql, args).fetchall()
+        return {r[0] for r in rows}
+
+    def unreserve(self, action_id: str) -> None:
+        """Drop the reservations of one queued action (approved, refused or gone)."""
+        with self._lock:
+            self._db.execute("DELETE FROM history WHERE action = ? AND what IN (?, ?)",
+                             (action_id, RESERVE, RESERVE_DRAIN))
+
+    def put_outcome(self, row: OutcomeRow) -> None:
+        with self._lock:
+            self._db.execute("INSERT OR REPLACE INTO outcomes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                             (row.key, row.fingerprint, row.alertname, row.action, row.node,
+                              row.job_id, row.acted, row.deadline, row.outcome, row.decided,
+                              row.before, row.after))
+
+    def outcome(self, key: str) -> OutcomeRow | None:
+        with self._lock:
+            row = self._db.execute("SELECT * FROM outcomes WHERE key = ?", (key,)).fetchone()
+        return OutcomeRow(*row) if row else None
+
+    def pending_for(self, fingerprint: str) -> list[OutcomeRow]:
+        """Pending outcomes of one alert fingerprint (a resolved webhook names only that)."""
+        return self._outcome_rows("outcome = '' AND fingerprint = ?", (fingerprint,))
+
+    def overdue(self, now: float) -> list[OutcomeRow]:
+        return self._outcome_rows("outcome = '' AND deadline <= ?", (now,))
+
+    def outcomes(self, limit: int = 200) -> list[OutcomeRow]:
+        return self._outcome_rows("1 = 1 ORDER BY acted DESC LIMIT ?", (limit,))
+
+    def _outcome_rows(self, where: str, args: tuple[object, ...]) -> list[OutcomeRow]:
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM outcomes WHERE " + where, args).fetchall()
+        return [OutcomeRow(*r) for r in rows]
+
+    def _scalar(self, sql: str, args: list[object]) -> int:
         with self._lock:
             return int(self._db.execute(sql, args).fetchone()[0])
 
@@ -125,3 +210,15 @@ class State:
         with self._lock:
             self._db.execute("INSERT OR REPLACE INTO breaker VALUES (1, ?, ?, ?)",
                              (int(is_open), ts, reason))
+
+
+def _where(whats: tuple[str, ...], since: float, node: str | None, job_id: str | None,
+           exclude_ref: str | None) -> tuple[str, list[object]]:
+    sql = f"what IN ({','.join('?' * len(whats))}) AND ts >= ?"
+    args: list[object] = [*whats, since]
+    for column, value in (("node", node), ("job_id", job_id)):
+        if value is not None:
+            sql, args = sql + f" AND {column} = ?", [*args, value]
+    if exclude_ref:
+        sql, args = sql + " AND ref != ?", [*args, exclude_ref]
+    return sql, args

@@ -7,6 +7,21 @@ import json
 from typing import Any
 
 from stepwatch.cli.common import add_kafka_flags, settings_from_args
+from stepwatch.settings import ENV_PREFIX, Settings, unknown_env
+
+# (service, the settings it reads): by name prefix, then the explicit ones; the rest is shared
+GROUPS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
+    ("kafka (every service)", (), frozenset({
+        "bootstrap_servers", "kafka_config", "topic_prefix", "partitions", "replication_factor",
+        "create_topics", "min_insync_replicas", "topic_retention_hours", "max_message_bytes"})),
+    ("agent", (), frozenset({"host", "agent_socket", "tick_seconds", "spool_dir",
+                             "spool_max_bytes", "sysfs_root", "dcgm_url", "nvml_replay",
+                             "collectors", "metrics_port"})),
+    ("stream workers", ("stream_", "hang_"), frozenset()),
+    ("store and sink", ("clickhouse_", "store_", "sink_"), frozenset()),
+    ("remediator", ("remediate_",), frozenset()),
+)
+SHARED = "every service"
 
 
 def register(sub: Any) -> None:
@@ -27,7 +42,33 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"settings": values, "sources": dict(settings.sources)},
                          indent=2, sort_keys=True, default=str))
         return 0
-    width = max(len(name) for name in values)
-    for name, value in values.items():
-        print(f"{name:<{width}}  {value!s:<40}  {settings.sources.get(name, 'default')}")
+    import os
+
+    for key, close in unknown_env(os.environ, set(values)):
+        hint = f" (did you mean {close}?)" if close else ""
+        print(f"warning: {key} is not a setting and is ignored{hint}")
+    print(table(settings, values))
     return 0
+
+
+def group_of(name: str) -> str:
+    for group, prefixes, names in GROUPS:
+        if name in names or name.startswith(prefixes or ("\0",)):
+            return group
+    return SHARED
+
+
+def table(settings: Settings, values: dict[str, Any]) -> str:
+    """The settings grouped by the service that reads them: name, value, source, variable."""
+    width = max(len(name) for name in values)
+    lines: list[str] = []
+    for group in [g for g, _, _ in GROUPS] + [SHARED]:
+        names = [n for n in values if group_of(n) == group]
+        if not names:
+            continue
+        lines.append(f"[{group}]")
+        for name in names:
+            source = settings.sources.get(name, "default")
+            env = f"{ENV_PREFIX}{name.upper()}" if name != "kafka_config" else f"{ENV_PREFIX}KAFKA__*"
+            lines.append(f"  {name:<{width}}  {values[name]!s:<40}  {source:<7}  {env}")
+    return "\n".join(lines)

@@ -13,7 +13,11 @@ serve          receive Alertmanager webhooks and act per the policy (observe mod
                a dry run, unless the policy or --mode says recommend or execute)
 check-policy   validate a policy file and print what it says
 list           show recent actions (--status queued: those awaiting approval)
-approve ID     run a queued action now
+outcomes       show what became of executed remediations (recovered, not_recovered,
+               or pending until the alert resolves or the deadline passes)
+approve ID     run a queued action now, after every check again (refused when
+               the breaker is open, the rate limit is spent, the node was drained
+               by a person, the node no longer runs the job, ...)
 close-breaker  close the circuit breaker after a person has looked
 
 The operator commands talk to the running service at --url with the bearer
@@ -40,7 +44,8 @@ def register(subparsers: Any) -> None:
     check = sub.add_parser("check-policy", help="validate a policy file")
     check.add_argument("policy")
     check.set_defaults(func=run_check)
-    for name, helptext in (("list", "list recent actions"), ("approve", "approve a queued action"),
+    for name, helptext in (("list", "list recent actions"), ("outcomes", "list remediation outcomes"),
+                           ("approve", "approve a queued action"),
                            ("close-breaker", "close the circuit breaker")):
         c = sub.add_parser(name, help=helptext)
         c.add_argument("--url", dest="remediate_url", help="the service (default http://127.0.0.1:9469)")
@@ -77,7 +82,9 @@ def run_check(args: argparse.Namespace) -> int:
     g = policy.guardrails
     print(f"policy ok: mode={policy.mode.value} rules={len(policy.rules)} "
           f"actuator={policy.actuator.get('kind')} breaker={g.breaker_max_share:.0%}/{g.breaker_window_s:.0f}s "
-          f"rate={g.rate_limit}/{g.rate_window_s:.0f}s")
+          f"rate={g.rate_limit}/{g.rate_window_s:.0f}s webhook_cap={g.max_alerts_per_webhook} "
+          f"notify={g.notify_total}/{g.notify_window_s:.0f}s (per owner {g.notify_per_owner}) "
+          f"outcome_deadline={policy.outcome.deadline_s:.0f}s")
     return 0
 
 
@@ -90,6 +97,8 @@ def run_client(args: argparse.Namespace) -> int:
     client = Client(settings.remediate_url, read_token(settings))
     if args.remediate_command == "list":
         result: Any = client.actions(args.status)
+    elif args.remediate_command == "outcomes":
+        result = client.outcomes()
     elif args.remediate_command == "approve":
         result = client.approve(args.action_id)
     else:

@@ -52,6 +52,14 @@ class Alert:
     value: float
 
 
+# The agent's GPU series carry dcgm-exporter's ``Hostname``; every other series ``host``.
+# Every scrape config stepwatch ships copies Hostname into host where host is empty, so
+# rules and dashboards match on ``host`` alone (docs/alerts.md).
+HOST_FROM_HOSTNAME: dict[str, Any] = {
+    "source_labels": ["host", "Hostname"], "separator": ";", "regex": ";(.+)",
+    "target_label": "host", "replacement": "$1", "action": "replace"}
+
+
 @dataclass
 class Prometheus(Daemon):
     """A Prometheus process. Use as a context manager; ``url`` once started."""
@@ -80,7 +88,8 @@ class Prometheus(Daemon):
                        "scrape_timeout": self.scrape_interval},
             "rule_files": [str(Path(p).resolve()) for p in self.rule_files],
             "scrape_configs": [
-                {"job_name": name, "static_configs": [{"targets": list(targets)}]}
+                {"job_name": name, "static_configs": [{"targets": list(targets)}],
+                 "metric_relabel_configs": [HOST_FROM_HOSTNAME]}
                 for name, targets in {self.job_name: self.targets, **self.scrape_jobs}.items()
             ],
         }

@@ -129,9 +129,9 @@ def test_inhibition_one_fault_one_notification(tmp_path, alertmanager_factory):
     with WebhookReceiver() as hooks:
         am = alertmanager_factory(alertmanager_config(
             Receivers(hooks.url("/r"), str(token), hooks.url("/p"), hooks.url("/t")), fast=True))
-        sys = {"class": "system", "severity": "ticket"}
+        sys = {"class": "system", "severity": "warning"}
         am.post_alerts([
-            posted("AgentDown", host="node02", scope="node", **{**sys, "severity": "page"}),
+            posted("AgentDown", host="node02", scope="node", **{**sys, "severity": "critical"}),
             posted("GpuThermalThrottling", host="node02", gpu="1", scope="gpu", **sys),
             posted("GpuThermalThrottling", host="node03", gpu="1", scope="gpu", **sys),
             posted("JobHang", job_id="j1", scope="job", **sys),

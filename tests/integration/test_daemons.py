@@ -17,7 +17,7 @@ RULES = textwrap.dedent("""\
         rules:
           - alert: ValueHigh
             expr: t_value > 5
-            labels: {severity: page}
+            labels: {severity: critical}
             annotations: {summary: "value is {{ $value }}"}
 """)
 

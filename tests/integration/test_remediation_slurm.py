@@ -23,10 +23,11 @@ from stepwatch.daemons.slurm import missing_binaries
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(bool(missing_binaries()),
                                  reason=f"Slurm/munge binaries absent: {missing_binaries()}")]
-def straggler(host: str, job: str) -> dict:
-    return {"labels": {"alertname": "StragglerPersistent", "host": host, "job_id": job, "rank": "3",
-                       "cause": "gpu", "fault": "system", "class": "system", "remediation": "drain",
-                       "severity": "page", "scope": "rank"},
+def straggler(host: str, job: str = "") -> dict:
+    labels = {"alertname": "StragglerPersistent", "host": host, "job_id": job, "rank": "3",
+              "cause": "gpu", "fault": "system", "class": "system", "remediation": "drain",
+              "severity": "critical", "scope": "rank"}
+    return {"labels": {k: v for k, v in labels.items() if v},
             "annotations": {"summary": f"straggler on {host}"}}
 
 
@@ -66,12 +67,13 @@ def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
             # 2. a user error: the owner is told, nothing drained
             am.post_alerts([{"labels": {"alertname": "JobUserError", "job_id": job, "host": "node01",
                                         "cause": "nan_loss", "class": "user", "remediation": "notify",
-                                        "severity": "ticket", "owner": "ada"}}])
+                                        "severity": "warning", "owner": "ada"}}])
             note = wait_for(lambda: [d for d in hooks.received("/owner")], 30, what="owner notified")[0]
             assert note.body["to"] == "ada" and note.body["alertname"] == "JobUserError"
             assert not slurm.node_states()["node01"].startswith("drain")
             # 3. faults on three more nodes at once: the cap is 2 of 4 nodes, node02 is one
-            am.post_alerts([straggler(n, f"other-{n}") for n in ("node01", "node03", "node04")])
+            # (no job named: a drain only, the requeues are skipped as no_job)
+            am.post_alerts([straggler(n) for n in ("node01", "node03", "node04")])
             api = Client(svc.url, TOKEN)
             wait_for(lambda: api.breaker()["open"], 30, what="breaker open")
             wait_for(lambda: hooks.received("/page"), 30, what="the page")

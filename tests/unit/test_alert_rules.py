@@ -11,11 +11,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from stepwatch.alerts.config import rule_files, rule_test_files
+from stepwatch.alerts.config import DEFAULT_RUNBOOK_BASE_URL, rule_files, rule_test_files
 
 ROOT = Path(__file__).resolve().parents[2]
 RUNBOOKS = ROOT / "docs" / "runbooks.md"
-SEVERITIES = {"page", "ticket", "info"}
+# monitoring-mixins / kube-prometheus severities
+SEVERITIES = {"critical", "warning", "info"}
 CLASSES = {"system", "user"}
 REMEDIATIONS = {"drain", "requeue", "notify", "none"}
 SCOPES = {"node", "gpu", "port", "rank", "job", "pipeline"}
@@ -91,7 +92,7 @@ def _support_series(test: dict) -> int:
 @pytest.mark.parametrize("rule", alerting_rules(), ids=lambda r: r["alert"])
 def test_rule_labels_and_annotations(rule: dict) -> None:
     labels, notes = rule["labels"], rule["annotations"]
-    assert labels["severity"] in SEVERITIES
+    assert templated_values(labels["severity"]) <= SEVERITIES
     assert templated_values(labels["class"]) <= CLASSES
     assert templated_values(labels["remediation"]) <= REMEDIATIONS
     assert labels["scope"] in SCOPES
@@ -101,9 +102,22 @@ def test_rule_labels_and_annotations(rule: dict) -> None:
 
 
 @pytest.mark.parametrize("rule", alerting_rules(), ids=lambda r: r["alert"])
+def test_an_alert_that_may_act_is_critical(rule: dict) -> None:
+    """A person hears at once of anything the remediator may do (drain, requeue): the
+    severity follows the remediation label, branch by branch where both are templated."""
+    labels = rule["labels"]
+    severity, remediation = labels["severity"], labels["remediation"]
+    if "{{" in severity:
+        assert severity.replace("critical", "drain").replace("warning", "notify") == remediation
+    elif templated_values(remediation) & {"drain", "requeue"}:
+        assert severity == "critical"
+
+
+@pytest.mark.parametrize("rule", alerting_rules(), ids=lambda r: r["alert"])
 def test_runbook_url_is_a_section_of_the_runbooks(rule: dict) -> None:
     url = rule["annotations"]["runbook_url"]
-    assert url == f"docs/runbooks.md#{rule['alert'].lower()}"
+    assert url.startswith("https://"), "monitoring-mixins: runbook_url is absolute"
+    assert url == f"{DEFAULT_RUNBOOK_BASE_URL}#{rule['alert'].lower()}"
     headings = {_anchor(line) for line in RUNBOOKS.read_text().splitlines()
                 if line.startswith("### ")}
     assert url.split("#", 1)[1] in headings

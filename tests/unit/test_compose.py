@@ -23,7 +23,8 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 DEFAULTS = Settings.load(env={})
-STEPWATCH = [n for n, s in SERVICES.items() if s.get("image") == "stepwatch:dev"]
+STEPWATCH = [n for n, s in SERVICES.items()
+             if str(s.get("image", "")).startswith("stepwatch") and "command" in s]
 # subcommands of services another branch brings; checked once they are registered
 PENDING = {"remediate"}
 
@@ -124,8 +125,10 @@ def test_alertmanager_config_is_the_shipped_tree_with_compose_receivers() -> Non
     assert u.hostname == "remediator" and u.port in published("remediator")
     token = next(c["http_config"]["authorization"]["credentials_file"] for r in am["receivers"]
                  for c in r.get("webhook_configs", []) if c["url"] == remediator)
-    mounted = [s["target"] for s in SERVICES["alertmanager"]["secrets"] if isinstance(s, dict)]
-    assert token in mounted
+    mounted = {v.split(":")[1]: v.split(":")[0] for v in SERVICES["alertmanager"]["volumes"]}
+    assert mounted[str(Path(token).parent)] == "secrets", "the token comes from the secrets volume"
+    argv = SERVICES["remediator"]["command"]
+    assert argv[argv.index("--token-file") + 1] == token
     pager, tickets = (next(u for u in hooks if u.endswith(s)) for s in ("/page", "/ticket"))
     assert body == alertmanager_config(Receivers(remediator, token, pager, tickets))
 
@@ -159,3 +162,61 @@ def test_stepwatch_commands_parse() -> None:
         for spec in getattr(args, "fault", None) or []:
             parse_fault(spec)
     assert "remediate" in {str(SERVICES[n]["command"][0]) for n in STEPWATCH}
+
+
+def test_no_token_is_committed_and_one_is_generated_once(tmp_path: Path) -> None:
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout
+    assert not [f for f in files.splitlines() if f.endswith(".token")], "a committed token"
+    assert "secrets" not in COMPOSE, "tokens are generated at first start, not compose file secrets"
+    init = SERVICES["secrets-init"]
+    script, path = init["entrypoint"][2], init["entrypoint"][3]
+    assert any(v.split(":")[1] == str(Path(path).parent) for v in init["volumes"])
+    token = tmp_path / "remediator.token"
+    for _ in range(2):  # a restart keeps the first token
+        done = subprocess.run(["python3", "-c", script, str(token)], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        if _ == 0:
+            first = token.read_text()
+    assert token.read_text() == first and len(first.strip()) >= 40
+    assert token.stat().st_mode & 0o777 == 0o440
+    for name in ("remediator", "alertmanager"):
+        assert SERVICES[name]["depends_on"]["secrets-init"] == {
+            "condition": "service_completed_successfully"}
+
+
+def test_every_service_has_a_healthcheck_and_waits_for_healthy_dependencies() -> None:
+    for name, svc in SERVICES.items():
+        if name in ("secrets-init", "simulator"):  # a one-shot job; a publisher with no port
+            continue
+        assert svc.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        for dep, cond in svc.get("depends_on", {}).items():
+            assert cond["condition"] in ("service_healthy", "service_completed_successfully"), name
+            if cond["condition"] == "service_healthy":
+                assert SERVICES[dep].get("healthcheck"), f"{name} waits for {dep}, which has none"
+    assert SERVICES["sink"]["depends_on"]["clickhouse"] == {"condition": "service_healthy"}
+
+
+def test_stepwatch_healthchecks_name_their_port_and_readiness_gauge() -> None:
+    for name in ("stream", "sink", "agent"):
+        argv = SERVICES[name]["healthcheck"]["test"]
+        assert argv[:2] == ["CMD", "stepwatch-healthcheck"], name
+        assert int(argv[2]) in published(name) and argv[3].endswith("_ready"), name
+    assert "COPY deploy/healthcheck.py /usr/local/bin/stepwatch-healthcheck" in (
+        ROOT / "Dockerfile").read_text()
+
+
+def test_the_remediator_image_and_policy_fit_a_host_without_a_scheduler() -> None:
+    from stepwatch.alerts.remediate.policy import load
+
+    svc = SERVICES["remediator"]
+    assert svc["build"]["target"] == "remediator"
+    docker = (ROOT / "Dockerfile").read_text()
+    assert "FROM base AS remediator" in docker and "slurm-client" in docker
+    assert "remediate" in re.search(r"'\.\[([a-z,]+)\]'", docker).group(1).split(",")
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in svc["volumes"]}
+    argv = svc["command"]
+    policy = load(ROOT / mounts[argv[argv.index("--policy") + 1]])
+    assert policy.mode.value == "observe" and policy.actuator["kind"] == "log"
+    assert argv[argv.index("--mode") + 1] == "observe"

@@ -4,6 +4,7 @@ Slurm scripts run against a temporary mapping directory."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -40,6 +41,29 @@ def test_systemd_unit_verifies_and_a_broken_one_does_not(tmp_path: Path) -> None
     assert bad.returncode != 0 and "restart" in bad.stderr.lower()
 
 
+def _unit_settings() -> dict[str, str]:
+    out = {}
+    for line in UNIT.read_text().splitlines():
+        if "=" in line and not line.startswith(("#", "[")):
+            key, value = line.split("=", 1)
+            out[key.strip()] = value.strip()
+    return out
+
+
+def test_systemd_agent_runs_as_its_own_user_without_capabilities() -> None:
+    unit = _unit_settings()
+    assert unit["User"] == "stepwatch" and unit["Group"] == "stepwatch"
+    assert unit["DynamicUser"] == "yes"
+    assert unit["CapabilityBoundingSet"] == "" and unit["AmbientCapabilities"] == ""
+    assert unit["NoNewPrivileges"] == "yes"
+    # other users' ranks reach the socket: the directory is traversable by all
+    assert int(unit["RuntimeDirectoryMode"], 8) & 0o005 == 0o005
+    assert "AF_UNIX" in unit["RestrictAddressFamilies"]
+    sysusers = (DEPLOY / "systemd" / "stepwatch.sysusers.conf").read_text().splitlines()
+    entries = [line.split() for line in sysusers if line and not line.startswith("#")]
+    assert entries and entries[0][:2] == ["u", "stepwatch"]
+
+
 def test_agent_env_example_names_real_settings() -> None:
     import dataclasses
 
@@ -60,6 +84,7 @@ def test_daemonset_matches_the_kubernetes_models() -> None:
 
     raw = yaml.safe_load((DEPLOY / "kubernetes" / "agent-daemonset.yaml").read_text())
     client = ApiClient()
+    _same_after_the_models(raw, "V1DaemonSet")
     ds = client._ApiClient__deserialize(copy.deepcopy(raw), "V1DaemonSet")
     # every key is a field of the models (unknown ones would be dropped on the way back)
     assert client.sanitize_for_serialization(ds) == raw
@@ -76,11 +101,83 @@ def test_daemonset_matches_the_kubernetes_models() -> None:
     from stepwatch.settings import Settings
 
     assert agent.ports[0].container_port == Settings.load(env={}).metrics_port
+    # probes: alive while /metrics answers, ready once the loop runs
+    assert agent.liveness_probe.http_get.path == "/metrics"
+    assert agent.liveness_probe.http_get.port == agent.ports[0].name
+    ready = agent.readiness_probe._exec.command
+    assert ready == ["stepwatch-healthcheck", str(agent.ports[0].container_port),
+                     "stepwatch_agent_ready"]
+    # every env var is read by someone: a stepwatch setting, or the NVIDIA runtime
+    fields = {f.name for f in dataclasses.fields(Settings)}
+    for name in env:
+        assert name == "NVIDIA_VISIBLE_DEVICES" or name[10:].lower() in fields, f"unused {name}"
     # a misspelled field is caught
     broken = copy.deepcopy(raw)
     broken["spec"]["template"]["spec"]["nodeSelektor"] = {"a": "b"}
     again = client.sanitize_for_serialization(client._ApiClient__deserialize(broken, "V1DaemonSet"))
     assert again != broken
+
+
+def _same_after_the_models(raw: dict, model: str) -> object:
+    """Deserialize ``raw`` into the official client model; every key must survive."""
+    pytest.importorskip("kubernetes")
+    from kubernetes.client import ApiClient
+
+    client = ApiClient()
+    obj = client._ApiClient__deserialize(copy.deepcopy(raw), model)
+    assert client.sanitize_for_serialization(obj) == raw, f"a field {model} does not have"
+    return obj
+
+
+def _k8s(name: str) -> dict:
+    yaml = pytest.importorskip("yaml")
+    return yaml.safe_load((DEPLOY / "kubernetes" / name).read_text())
+
+
+def test_the_daemonset_needs_a_privileged_namespace_for_hostpath_only() -> None:
+    from pod_security import baseline
+
+    spec = _k8s("agent-daemonset.yaml")["spec"]["template"]["spec"]
+    assert sorted(baseline(spec)) == ["hostPath volume socket", "hostPath volume spool",
+                                      "hostPath volume sys"]
+    ns = _k8s("namespace.yaml")
+    _same_after_the_models(ns, "V1Namespace")
+    assert ns["metadata"]["name"] == _k8s("agent-daemonset.yaml")["metadata"]["namespace"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_the_sidecar_job_passes_pod_security_restricted() -> None:
+    from pod_security import restricted
+
+    raw = _k8s("training-job-sidecar.yaml")
+    job = _same_after_the_models(raw, "V1Job")
+    spec = raw["spec"]["template"]["spec"]
+    assert restricted(spec) == []
+    sidecar = job.spec.template.spec.init_containers[0]  # type: ignore[attr-defined]
+    trainer = job.spec.template.spec.containers[0]  # type: ignore[attr-defined]
+    assert sidecar.restart_policy == "Always", "a native sidecar outlives nothing it serves"
+    socket = next(v for v in job.spec.template.spec.volumes if v.name == "stepwatch-socket")  # type: ignore[attr-defined]
+    assert socket.empty_dir is not None
+    path = next(e.value for e in trainer.env if e.name == "STEPWATCH_AGENT_SOCKET")
+    assert sidecar.args[sidecar.args.index("--socket") + 1] == path
+    for c in (sidecar, trainer):
+        mount = next(m for m in c.volume_mounts if m.name == "stepwatch-socket")
+        assert path.startswith(mount.mount_path + "/")
+    assert sidecar.args[sidecar.args.index("--collectors") + 1] == "steps"
+
+
+def test_the_pod_security_check_catches_what_restricted_forbids() -> None:
+    from pod_security import restricted
+
+    spec = _k8s("training-job-sidecar.yaml")["spec"]["template"]["spec"]
+    broken = copy.deepcopy(spec)
+    broken["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    broken["volumes"].append({"name": "run", "hostPath": {"path": "/run/stepwatch"}})
+    broken["securityContext"].pop("seccompProfile")
+    problems = restricted(broken)
+    assert "trainer: allowPrivilegeEscalation must be false" in problems
+    assert "hostPath volume run" in problems
+    assert any("seccompProfile" in p for p in problems)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)

@@ -39,7 +39,8 @@ def build(spec: Mapping[str, Any]) -> Actuator:
                                timeout=float(spec.get("timeout", 30.0)),
                                nodes=int(spec.get("nodes", 0)))
     if kind == "log":
-        return LogActuator(nodes=int(spec.get("nodes", 0)))
+        jobs = spec.get("jobs")
+        return LogActuator(nodes=int(spec.get("nodes", 0)), jobs=jobs if isinstance(jobs, Mapping) else None)
     raise ConfigError(f"unknown actuator kind {kind!r}")
 
 

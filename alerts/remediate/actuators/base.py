@@ -42,6 +42,10 @@ class Actuator(Protocol):
 
     def requeue(self, job_id: str, exclude_node: str) -> str: ...
 
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        """The nodes the job runs on now (empty: none, e.g. pending); None: cannot tell."""
+        ...
+
     def job_owner(self, job_id: str) -> str:
         """The user who owns the job ('' when the backend cannot tell)."""
         ...
@@ -54,13 +58,18 @@ class Notifier(Protocol):
 
 
 class LogActuator:
-    """Records what it would do in the log; the cluster is ``nodes`` nodes, none drained."""
+    """Records what it would do in the log; the cluster is ``nodes`` nodes, none drained.
+
+    ``jobs`` (job id -> node names), when given, is where jobs run; without it the
+    log backend cannot tell (``job_nodes`` is None).
+    """
 
     name = "log"
 
-    def __init__(self, nodes: int = 0) -> None:
+    def __init__(self, nodes: int = 0, jobs: Mapping[str, Any] | None = None) -> None:
         self.nodes = nodes
         self.drained: dict[str, str] = {}
+        self.jobs = None if jobs is None else {str(k): frozenset(map(str, v)) for k, v in jobs.items()}
 
     def node_state(self, node: str) -> NodeState:
         return NodeState(True, node in self.drained, self.drained.get(node, ""))
@@ -76,6 +85,9 @@ class LogActuator:
     def requeue(self, job_id: str, exclude_node: str) -> str:
         log.info("log actuator requeue job_id=%s exclude=%s", job_id, exclude_node)
         return f"requeue {job_id} logged"
+
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        return None if self.jobs is None else self.jobs.get(job_id, frozenset())
 
     def job_owner(self, job_id: str) -> str:
         return ""

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from stepwatch.alerts.remediate.actuators.base import NodeState
+from stepwatch.alerts.remediate.identity import require_job, require_node
 from stepwatch.errors import ActuatorError, ConfigError
 
 EX_TEMPFAIL = 75
@@ -57,12 +58,15 @@ class CommandActuator:
         return self.nodes
 
     def drain(self, node: str, reason: str) -> str:
-        return run_template(self.argv, {"action": "drain", "node": node, "job_id": "",
+        return run_template(self.argv, {"action": "drain", "node": require_node(node), "job_id": "",
                                         "reason": reason}, self.timeout)
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
-        return run_template(self.argv, {"action": "requeue", "node": exclude_node,
-                                        "job_id": job_id, "reason": ""}, self.timeout)
+        return run_template(self.argv, {"action": "requeue", "node": require_node(exclude_node),
+                                        "job_id": require_job(job_id), "reason": ""}, self.timeout)
+
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        return None  # a command backend cannot see the scheduler
 
     def job_owner(self, job_id: str) -> str:
         return ""

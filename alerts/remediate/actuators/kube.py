@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from stepwatch.alerts.remediate.actuators.base import NodeState
+from stepwatch.alerts.remediate.identity import require_job, require_node
 from stepwatch.errors import ActuatorError
 
 TAINT_KEY = "stepwatch.io/remediation"
@@ -59,6 +60,7 @@ class KubeActuator:
     def node_state(self, node: str) -> NodeState:
         from kubernetes.client.exceptions import ApiException
 
+        require_node(node)
         try:
             obj = self.core.read_node(node)
         except ApiException as err:
@@ -75,7 +77,7 @@ class KubeActuator:
     def drain(self, node: str, reason: str) -> str:
         from kubernetes import client
 
-        obj = self._call("read node", self.core.read_node, node)
+        obj = self._call("read node", self.core.read_node, require_node(node))
         taints = [t for t in (obj.spec.taints or []) if t.key != TAINT_KEY]
         taints.append(client.V1Taint(key=TAINT_KEY, value="stepwatch", effect="NoSchedule"))
         body = {"spec": {"unschedulable": True, "taints": [self.core.api_client.sanitize_for_serialization(t)
@@ -87,10 +89,16 @@ class KubeActuator:
     def job_owner(self, job_id: str) -> str:
         return ""  # Kubernetes has no job owner: give the alert an `owner` label
 
+    def job_nodes(self, job_id: str) -> frozenset[str] | None:
+        """The nodes the job's pods are scheduled on (label ``job_label``)."""
+        pods = self._call("list pods", self.core.list_pod_for_all_namespaces,
+                          label_selector=f"{self.job_label}={require_job(job_id, 'label')}").items
+        return frozenset(p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name)
+
     def requeue(self, job_id: str, exclude_node: str) -> str:
         pods = self._call("list pods", self.core.list_pod_for_all_namespaces,
-                          label_selector=f"{self.job_label}={job_id}",
-                          field_selector=f"spec.nodeName={exclude_node}").items
+                          label_selector=f"{self.job_label}={require_job(job_id, 'label')}",
+                          field_selector=f"spec.nodeName={require_node(exclude_node)}").items
         for pod in pods:
             self._call("delete pod", self.core.delete_namespaced_pod, pod.metadata.name,
                        pod.metadata.namespace)

@@ -1,11 +1,18 @@
 """Slurm through ``scontrol``: drain a node, requeue a job excluding a node.
 
+- node state: ``scontrol show node N -o``, which must describe exactly node N
+  (a name Slurm would expand, ALL or a NodeSet, is refused).
+- the job's nodes: ``scontrol show job J -o`` (NodeList), expanded by
+  ``scontrol show hostnames <NodeList>``.
 - drain: ``scontrol update nodename=N state=drain reason="stepwatch: ..."``
 - requeue: ``scontrol requeuehold J`` (back to pending, held), ``scontrol update
   jobid=J ExcNodeList=...`` (the job's exclusions plus the node), ``scontrol
   release J``. Holding first means the job cannot start again before the
   exclusion is in place. The job resumes from its last checkpoint the way it
   always does on a restart (``SLURM_RESTART_COUNT`` is set by Slurm).
+
+Every node name and job id is checked against :mod:`..identity` right before
+its argv is built (the engine checked it already: defence in depth).
 
 Failures are told apart: a controller that does not answer or is busy is
 transient; an unknown node or job, or a refusal, is permanent.
@@ -20,14 +27,18 @@ import subprocess
 from collections.abc import Callable, Mapping, Sequence
 
 from stepwatch.alerts.remediate.actuators.base import NodeState
+from stepwatch.alerts.remediate.identity import require_job, require_node
 from stepwatch.errors import ActuatorError
 
 log = logging.getLogger(__name__)
 
 Runner = Callable[[Sequence[str], float, "Mapping[str, str] | None"], "subprocess.CompletedProcess[str]"]
 _TRANSIENT = ("unable to contact slurm controller", "socket timed out", "temporarily unavailable",
-              "slurm_persist_conn", "connection refused", "resource busy", "try again")
+              "slurm_persist_conn", "connection refused", "resource busy", "try again",
+              "zero bytes were transmitted or received", "communication connection failure",
+              "transport endpoint is not connected", "connection reset")
 _FIELD = re.compile(r"(\w+)=")
+_HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontrol prints it
 
 
 def run_command(argv: Sequence[str], timeout: float,
@@ -64,13 +75,17 @@ class SlurmActuator:
 
     def node_state(self, node: str) -> NodeState:
         try:
-            out = self._run([self.scontrol, "show", "node", node, "-o"])
+            out = self._run([self.scontrol, "show", "node", require_node(node), "-o"])
         except ActuatorError as err:
             text = str(err).lower()
             if not err.transient and ("invalid node name" in text or "not found" in text):
                 return NodeState(False, False)
             raise
-        fields = parse_fields(out)
+        records = [line for line in out.splitlines() if line.strip()]
+        fields = parse_fields(records[0]) if records else {}
+        if len(records) != 1 or fields.get("NodeName") != node:
+            raise ActuatorError(f"scontrol show node {node}: not exactly that one node "
+                                f"({len(records)} record(s))", transient=False)
         states = set(fields.get("State", "").upper().replace("*", "").split("+"))
         drained = bool(states & {"DRAIN", "DRAINED", "DRAINING"})
         reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", fields.get("Reason", "")).strip()
@@ -81,14 +96,32 @@ class SlurmActuator:
         return len({line.strip() for line in out.splitlines() if line.strip()})
 
     def drain(self, node: str, reason: str) -> str:
-        self._run([self.scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"])
+        self._run([self.scontrol, "update", f"nodename={require_node(node)}", "state=drain",
+                   f"reason={reason}"])
         return f"scontrol drained {node}"
 
     def job_owner(self, job_id: str) -> str:
-        return _user(parse_fields(self._run([self.scontrol, "show", "job", job_id, "-o"])).get("UserId", ""))
+        return _user(parse_fields(self._show_job(job_id)).get("UserId", ""))
+
+    def job_nodes(self, job_id: str) -> frozenset[str]:
+        """Every node the job (every task of an array job) runs on: NodeList, expanded by Slurm."""
+        nodes: set[str] = set()
+        for line in self._show_job(job_id).splitlines():
+            listed = parse_fields(line).get("NodeList", "")
+            if not listed or listed == "(null)":
+                continue  # pending: on no node
+            if not _HOSTLIST.fullmatch(listed):
+                raise ActuatorError(f"scontrol show job {job_id}: unexpected NodeList", transient=False)
+            out = self._run([self.scontrol, "show", "hostnames", listed])
+            nodes.update(n.strip() for n in out.splitlines() if n.strip())
+        return frozenset(nodes)
+
+    def _show_job(self, job_id: str) -> str:
+        return self._run([self.scontrol, "show", "job", require_job(job_id), "-o"])
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
-        fields = parse_fields(self._run([self.scontrol, "show", "job", job_id, "-o"]))
+        require_node(exclude_node)
+        fields = parse_fields(self._show_job(job_id))
         excluded = {n for n in fields.get("ExcNodeList", "").split(",") if n and n != "(null)"}
         excluded.add(exclude_node)
         state = fields.get("JobState", "")

@@ -1,0 +1,172 @@
+"""Did the remediation help? An executed drain/requeue waits for its alert to resolve.
+
+When the alert that led to an executed action resolves (Alertmanager sends
+``status: resolved`` with ``send_resolved: true``) before the deadline, the
+outcome is ``recovered``; at the deadline without that, ``not_recovered``
+and the on-call is paged: a remediation that did not help is itself a
+finding. Each outcome is one audit decision and counts in
+``stepwatch_remediation_outcomes_total{outcome}``. With a Prometheus URL the
+job's step time (``stepwatch_job_step_seconds``) before the action and at the
+outcome is recorded as evidence. :class:`OutcomeTimer` runs the deadline
+check on a background thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter
+
+from stepwatch.alerts.remediate import identity
+from stepwatch.alerts.remediate.actuators.base import Notifier
+from stepwatch.alerts.remediate.audit import AuditSink
+from stepwatch.alerts.remediate.model import (
+    ActionKind,
+    Alert,
+    Decision,
+    Mode,
+    Outcome,
+    alert_key,
+)
+from stepwatch.alerts.remediate.policy import OutcomeSettings
+from stepwatch.alerts.remediate.state import OutcomeRow, State
+from stepwatch.errors import ActuatorError
+
+log = logging.getLogger(__name__)
+STEP_METRIC = "stepwatch_job_step_seconds"
+
+
+class StepTimes:
+    """The job's current step time from Prometheus (None when unknown or unreachable)."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    def __call__(self, job_id: str) -> float | None:
+        if not self.url or not identity.job_ok(job_id, "label"):
+            return None
+        query = urllib.parse.urlencode({"query": f'max({STEP_METRIC}{{job_id="{job_id}"}})'})
+        try:
+            with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=self.timeout) as resp:
+                result = json.loads(resp.read())["data"]["result"]
+            return float(result[0]["value"][1]) if result else None
+        except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as err:
+            log.warning("step time unavailable job_id=%s error=%s", job_id, err)
+            return None
+
+
+class OutcomeTracker:
+    def __init__(self, state: State, settings: OutcomeSettings, pager: Notifier, audit: AuditSink,
+                 *, mode: Mode, clock: Callable[[], float] = time.time,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.state = state
+        self.settings = settings
+        self.pager = pager
+        self.audit = audit
+        self.mode = mode
+        self.clock = clock
+        self.step_time = StepTimes(settings.prometheus_url)
+        self._lock = threading.Lock()
+        self.counter = Counter("stepwatch_remediation_outcomes_total",
+                               "Executed remediations by what became of their alert",
+                               ["outcome"], registry=registry) if registry is not None else None
+
+    def acted(self, alert: Alert, kind: ActionKind) -> None:
+        """An action of this alert was executed: start (or extend) its outcome watch."""
+        if kind not in (ActionKind.DRAIN, ActionKind.REQUEUE):
+            return
+        key, now = alert_key(alert), self.clock()
+        with self._lock:
+            row = self.state.outcome(key)
+            if row is not None and not row.outcome:
+                actions = "+".join(sorted(set(row.action.split("+")) | {kind.value}))
+                self.state.put_outcome(OutcomeRow(**{**row.__dict__, "action": actions}))
+                return
+            self.state.put_outcome(OutcomeRow(
+                key, alert.fingerprint, identity.word(alert.name), kind.value, alert.host,
+                alert.job_id, now, now + self.settings.deadline_s,
+                before=self.step_time(alert.job_id) if alert.job_id else None))
+
+    def resolved(self, alert: Alert) -> list[Decision]:
+        """A resolved alert: its pending remediation (if any) recovered."""
+        now = self.clock()
+        with self._lock:
+            rows = [r for r in self.state.pending_for(alert.fingerprint) if r.key == alert_key(alert)]
+            return [self._decide(r, Outcome.RECOVERED, now) for r in rows if now <= r.deadline]
+
+    def check(self) -> list[Decision]:
+        """Every pending remediation past its deadline: not recovered, page a person."""
+        now = self.clock()
+        with self._lock:
+            decisions = [self._decide(r, Outcome.NOT_RECOVERED, now) for r in self.state.overdue(now)]
+        for d in decisions:
+            self._page(d)
+        return decisions
+
+    def _decide(self, row: OutcomeRow, outcome: Outcome, now: float) -> Decision:
+        after = self.step_time(row.job_id) if row.job_id else None
+        self.state.put_outcome(OutcomeRow(**{**row.__dict__, "outcome": outcome.value,
+                                             "decided": now, "after": after}))
+        reason = "resolved_in_time" if outcome is Outcome.RECOVERED else "still_firing_at_deadline"
+        detail = f"{row.action} at {row.acted:.0f}, {now - row.acted:.0f} s later{_steps(row.before, after)}"
+        first = row.action.split("+")[0]
+        decision = Decision(now, f"outcome-{row.key}", ActionKind(first), outcome, self.mode, reason,
+                            row.node, row.job_id, row.alertname, row.fingerprint, "", "system", detail)
+        log.info("remediation outcome key=%s outcome=%s node=%s job_id=%s detail=%s", row.key,
+                 outcome.value, row.node, row.job_id, detail)
+        self.audit.record(decision)
+        if self.counter is not None:
+            self.counter.labels(outcome.value).inc()
+        return decision
+
+    def _page(self, d: Decision) -> None:
+        event = {"kind": "page", "to": "on-call", "alertname": d.alertname, "job_id": d.job_id,
+                 "host": d.node, "cause": "", "summary": f"remediation did not help: {d.alertname}",
+                 "text": f"{d.action.value} of {d.node} (job {d.job_id or '-'}) did not resolve "
+                         f"{d.alertname}: {d.detail}"}
+        try:
+            self.pager.send(event)
+        except ActuatorError as err:
+            self.audit.actuator_error("pager", err.transient)
+            log.error("page failed reason=not_recovered error=%s", err)
+
+
+class OutcomeTimer:
+    """Runs ``tracker.check`` every ``every_s`` seconds on a daemon thread until stopped."""
+
+    def __init__(self, tracker: OutcomeTracker, every_s: float) -> None:
+        self.tracker = tracker
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="remediator-outcomes", daemon=True)
+
+    def start(self) -> OutcomeTimer:
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.tracker.check()
+            except Exception:  # the timer never dies: log, try again next tick
+                log.exception("outcome check failed")
+
+
+def _steps(before: float | None, after: float | None) -> str:
+    if before is None and after is None:
+        return ""
+    fmt = lambda v: "?" if v is None else f"{v:.3f} s"  # noqa: E731
+    return f"; step time {fmt(before)} -> {fmt(after)}"

@@ -1,0 +1,333 @@
+"""The remediator boundary's pure pieces (issue 15/16): identities, reservations, approve's
+re-checks, the job check, the actuators' last checks and the outcome tracker."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from stepwatch.alerts.remediate import identity
+from stepwatch.alerts.remediate.actuators.base import LogActuator
+from stepwatch.alerts.remediate.actuators.kube import KubeActuator
+from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
+from stepwatch.alerts.remediate.audit import Audit, Metrics
+from stepwatch.alerts.remediate.engine import Remediator
+from stepwatch.alerts.remediate.model import Alert, Mode, Outcome
+from stepwatch.alerts.remediate.outcome import OutcomeTracker
+from stepwatch.alerts.remediate.policy import PolicyError, from_mapping
+from stepwatch.alerts.remediate.state import RESERVE, State
+from stepwatch.errors import ActuatorError
+
+pytestmark = pytest.mark.unit
+RULES = [{"match": {"alertname": "StragglerPersistent"}, "actions": ["drain", "requeue"]}]
+
+
+@pytest.mark.parametrize("node, ok", [
+    ("gpu-001", True), ("node02.cluster", True), ("n_1", True), ("gpu-[001-100]", False),
+    ("a,b", False), ("ALL", False), ("all", False), ("-h", False), ("", False), ("a b", False),
+    ("a" * 63, True), ("a" * 64, False), ("gpu-01\n", False), ("{gpu}", False),
+])
+def test_node_names(node, ok):
+    assert identity.node_ok(node) is ok
+
+
+@pytest.mark.parametrize("job, scheme, ok", [
+    ("43", "slurm", True), ("123_4", "slurm", True), ("43,44", "slurm", False), ("ALL", "slurm", False),
+    ("123_[1-5]", "slurm", False), ("j1", "slurm", False), ("train-7", "label", True),
+    ("j1,x!=y", "label", False), ("-j", "label", False), ("1" * 11, "slurm", False),
+])
+def test_job_ids(job, scheme, ok):
+    assert identity.job_ok(job, scheme) is ok
+
+
+def test_free_text_is_plain_and_bounded():
+    assert identity.text("a\x1b[31m\nb" + "x" * 500, 20) == "a 31m b" + "x" * 13
+    assert identity.word("Straggler Persistent;rm") == "Straggler_Persistent_rm"
+    assert identity.problem("gpu-[1-2]", "43").startswith("host label")
+
+
+def test_policy_keys_and_errors():
+    g = from_mapping({"guardrails": {"webhook": {"max_alerts": 7, "skip_memory": "1m"},
+                                     "job_check": {"jobless_drain": False, "unverifiable": "skip"},
+                                     "notify": {"per_owner": 1, "total": 2, "per": "10m"}},
+                      "outcome": {"deadline": "2m"}})
+    assert (g.guardrails.max_alerts_per_webhook, g.guardrails.skip_memory_s) == (7, 60.0)
+    assert not g.guardrails.jobless_drain and g.guardrails.unverified_jobs == "skip"
+    assert g.guardrails.notify_total == 2 and g.outcome.deadline_s == 120.0
+    with pytest.raises(PolicyError, match="unverifiable"):
+        from_mapping({"guardrails": {"job_check": {"unverifiable": "maybe"}}})
+    with pytest.raises(PolicyError, match="max_alerts"):
+        from_mapping({"guardrails": {"webhook": {"max_alerts": 0}}})
+
+
+def test_old_state_files_get_the_new_columns(tmp_path):
+    db = sqlite3.connect(tmp_path / "remediator.sqlite3")
+    db.execute("CREATE TABLE history (ts REAL, what TEXT, node TEXT, job_id TEXT)")
+    db.executemany("INSERT INTO history VALUES (?,?,?,?)", [(10, "remediation", "n1", "1"),
+                                                           (11, "remediation", "n2", "2")])
+    db.commit()
+    db.close()
+    state = State(tmp_path)
+    assert state.remediations(0) == 2  # old rows have no key: each is one remediation
+    state.record(12, RESERVE, "n3", "3", ref="k", action="a1")
+    state.record(12, "remediation", "n3", "3", ref="k")
+    assert state.remediations(0) == 3 and state.remediations(0, exclude_ref="k") == 2
+    state.unreserve("a1")
+    assert state.count(RESERVE, 0) == 0
+
+
+class Fake(LogActuator):
+    def __init__(self) -> None:
+        super().__init__(20, jobs={"42": ["node01", "node02"]})
+        self.calls: list[tuple[str, ...]] = []
+
+    def drain(self, node: str, reason: str) -> str:
+        self.calls.append(("drain", node))
+        return super().drain(node, reason)
+
+    def requeue(self, job_id: str, exclude_node: str) -> str:
+        self.calls.append(("requeue", job_id))
+        return "ok"
+
+
+class Sent:
+    def __init__(self) -> None:
+        self.events: list[Any] = []
+
+    def send(self, event: Any) -> None:
+        self.events.append(event)
+
+
+class Clock:
+    now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def engine(tmp_path, mode: Mode = Mode.EXECUTE, tracker: bool = False, **guardrails: Any):
+    policy = from_mapping({"mode": mode.value, "rules": RULES, "cluster_nodes": 20,
+                           "guardrails": guardrails, "outcome": {"deadline": "10m"}})
+    state, fake, pager, clock = State(tmp_path / "s"), Fake(), Sent(), Clock()
+    registry = CollectorRegistry()
+    audit = Audit(Metrics(registry))
+    outcomes = OutcomeTracker(state, policy.outcome, pager, audit, mode=mode, clock=clock,
+                              registry=registry) if tracker else None
+    return Remediator(policy, state, fake, Sent(), pager, audit, clock=clock, outcomes=outcomes), \
+        fake, pager, clock, registry
+
+
+def alert(host: str = "node02", job: str = "42", fp: str = "f1", status: str = "firing") -> Alert:
+    labels = {"alertname": "StragglerPersistent", "host": host, "job_id": job, "cause": "gpu"}
+    return Alert(fp, status, {k: v for k, v in labels.items() if v})
+
+
+def test_node_outside_its_job_and_requeue_without_a_job(tmp_path):
+    eng, fake, *_ = engine(tmp_path)
+    assert {d.reason for d in eng.handle([alert(host="node07")])} == {"node_not_in_job"}
+    jobless = eng.handle([alert(host="node01", job="", fp="f2")])
+    assert [(d.action.value, d.reason) for d in jobless] == [("requeue", "no_job"), ("drain", "executed")]
+    assert fake.calls == [("drain", "node01")]
+
+
+def test_jobless_drain_can_be_refused(tmp_path):
+    eng, fake, *_ = engine(tmp_path, job_check={"jobless_drain": False})
+    assert {d.reason for d in eng.handle([alert(job="")])} == {"no_job"} and fake.calls == []
+
+
+def test_approving_both_actions_of_one_alert_is_one_remediation(tmp_path):
+    eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND, rate_limit={"actions": 1}, cooldown={"job": 0})
+    queued = eng.handle([alert()])
+    assert {d.outcome for d in queued} == {Outcome.QUEUED}
+    assert eng.handle([alert(host="node01", fp="f2")])[0].reason == "rate_limited"  # reserved
+    done = [eng.approve(d.action_id) for d in queued]
+    assert [d.outcome for d in done if d] == [Outcome.ACTED, Outcome.ACTED]
+    assert fake.calls == [("drain", "node02"), ("requeue", "42")]
+
+
+def test_approve_checks_the_stored_labels_again(tmp_path):
+    eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND)
+    queued = eng.handle([alert()])
+    row = eng.state.action(queued[0].action_id)
+    assert row is not None
+    tampered = json.loads(row.alert)
+    tampered["labels"]["host"] = "node[01-20]"  # the state file is an input too
+    eng.state.put_action(row.__class__(**{**row.__dict__, "alert": json.dumps(tampered)}))
+    refused = eng.approve(queued[0].action_id)
+    assert refused is not None and refused.reason == "invalid_identity" and fake.calls == []
+    assert eng.approve(queued[0].action_id) is None  # refused for good
+
+
+def test_skips_after_a_scheduler_call_are_remembered(tmp_path):
+    eng, _fake, _pager, clock, _ = engine(tmp_path, webhook={"skip_memory": "10m"})
+    eng.handle([alert(host="node07")])
+    assert {d.outcome for d in eng.handle([alert(host="node07")])} == {Outcome.DUPLICATE}
+    clock.now += 601
+    assert {d.reason for d in eng.handle([alert(host="node07")])} == {"node_not_in_job"}
+
+
+def test_outcome_recovered_when_the_alert_resolves_in_time(tmp_path):
+    eng, _fake, pager, clock, registry = engine(tmp_path, tracker=True)
+    eng.handle([alert()])
+    clock.now += 120
+    decisions = eng.handle([alert(status="resolved")])
+    assert [(d.outcome, d.reason) for d in decisions] == [(Outcome.RECOVERED, "resolved_in_time")]
+    row = eng.state.outcomes()[0]
+    assert row.outcome == "recovered" and row.action == "drain+requeue"
+    assert registry.get_sample_value("stepwatch_remediation_outcomes_total",
+                                     {"outcome": "recovered"}) == 1
+    assert eng.outcomes is not None and eng.outcomes.check() == [] and pager.events == []
+
+
+def test_outcome_not_recovered_at_the_deadline_pages(tmp_path):
+    eng, _fake, pager, clock, registry = engine(tmp_path, tracker=True)
+    eng.handle([alert()])
+    assert eng.outcomes is not None
+    clock.now += 599
+    assert eng.outcomes.check() == []
+    clock.now += 2
+    late = eng.outcomes.check()
+    assert [d.outcome for d in late] == [Outcome.NOT_RECOVERED]
+    assert pager.events[-1]["kind"] == "page" and "did not resolve" in pager.events[-1]["text"]
+    assert eng.handle([alert(status="resolved")]) == []  # too late: stays not_recovered
+    assert registry.get_sample_value("stepwatch_remediation_outcomes_total",
+                                     {"outcome": "not_recovered"}) == 1
+
+
+def runner(answers: dict[str, str], calls: list[list[str]]):
+    def run(argv, timeout, env):
+        calls.append(list(argv))
+        text = answers.get(" ".join(argv[1:3]), "")
+        return subprocess.CompletedProcess(argv, 0, text, "")
+    return run
+
+
+def test_slurm_actuator_last_checks_and_job_nodes():
+    calls: list[list[str]] = []
+    slurm = SlurmActuator(runner=runner({
+        "show node": "NodeName=n1 State=IDLE\nNodeName=n2 State=IDLE\n",
+        "show job": "JobId=7 UserId=ada(1000) JobState=RUNNING NodeList=n[1-2] BatchHost=n1",
+        "show hostnames": "n1\nn2\n"}, calls))
+    with pytest.raises(ActuatorError, match="not exactly that one node"):
+        slurm.node_state("n1")  # two records back: the name was expanded somewhere
+    assert slurm.job_nodes("7") == frozenset({"n1", "n2"})
+    assert calls[-1][1:] == ["show", "hostnames", "n[1-2]"]
+    before = len(calls)
+    for bad in (lambda: slurm.drain("n[1-2]", "r"), lambda: slurm.requeue("7,8", "n1"),
+                lambda: slurm.requeue("7", "ALL"), lambda: slurm.job_nodes("ALL")):
+        with pytest.raises(ActuatorError, match="refusing"):
+            bad()
+    assert len(calls) == before  # refused before any argv was built
+
+
+def test_kube_actuator_job_nodes_and_label_injection():
+    pods = [SimpleNamespace(spec=SimpleNamespace(node_name=n)) for n in ("k1", "k2", None)]
+    seen: list[str] = []
+
+    def list_pods(label_selector: str, **_: Any) -> Any:
+        seen.append(label_selector)
+        return SimpleNamespace(items=pods)
+    kube = KubeActuator(SimpleNamespace(list_pod_for_all_namespaces=list_pods))
+    assert kube.job_nodes("train-7") == frozenset({"k1", "k2"})
+    assert seen == ["stepwatch.io/job-id=train-7"]
+    with pytest.raises(ActuatorError, match="refusing"):
+        kube.job_nodes("x,stepwatch.io/job-id!=y")
+
+
+def test_approve_in_observe_mode_acts_for_no_one(tmp_path):
+    eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND)
+    queued = eng.handle([alert()])
+    observer, fake2, *_ = engine(tmp_path, Mode.OBSERVE)  # the same state, restarted in observe mode
+    done = observer.approve(queued[0].action_id)
+    assert done is not None and done.reason == "observe_mode" and fake.calls == fake2.calls == []
+    assert [r.id for r in observer.state.actions("queued")] != []
+
+
+def test_step_time_evidence_from_prometheus_http_api():
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from stepwatch.alerts.remediate.outcome import StepTimes
+
+    asked: list[str] = []
+
+    class Prom(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+                {"metric": {}, "value": [1764086400.0, "1.25"]}]}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Prom)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        steps = StepTimes(f"http://127.0.0.1:{server.server_address[1]}")
+        assert steps("42") == 1.25
+        assert "stepwatch_job_step_seconds%7Bjob_id%3D%2242%22%7D" in asked[0]
+        assert steps('42"} or vector(1) #') is None and len(asked) == 1  # never built into a query
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert StepTimes("http://127.0.0.1:9")("42") is None  # unreachable: no evidence, no error
+
+
+def test_skips_that_may_pass_by_themselves_are_not_remembered(tmp_path):
+    eng, fake, *_ = engine(tmp_path, cooldown={"job": 0})
+    assert fake.jobs is not None
+    fake.jobs["42"] = frozenset()  # pending: on no node yet
+    assert {d.reason for d in eng.handle([alert()])} == {"job_not_running"}
+    fake.jobs["42"] = frozenset({"node02"})  # started: the next webhook acts
+    assert {d.outcome for d in eng.handle([alert()])} == {Outcome.ACTED}
+    busy = ActuatorError("Unable to contact slurm controller", transient=True)
+
+    def down(node: str) -> Any:
+        raise busy
+    fake.node_state = down  # type: ignore[method-assign]
+    assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
+    assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
+
+
+def test_one_webhook_judges_an_alert_once_and_asks_the_scheduler_once_per_job(tmp_path):
+    eng, fake, *_ = engine(tmp_path, Mode.OBSERVE, cooldown={"node": 0, "job": 0},
+                           rate_limit={"actions": 100}, breaker={"max_share": 1.0})
+    asked: list[str] = []
+    real = fake.job_nodes
+
+    def counting(job_id: str) -> frozenset[str] | None:
+        asked.append(job_id)
+        return real(job_id)
+    fake.job_nodes = counting  # type: ignore[method-assign]
+    decisions = eng.handle([alert()] * 50 + [alert(host="node01", fp=f"g{i}") for i in range(10)])
+    assert len(decisions) == 2 * 11 and asked == ["42"]
+
+
+def test_approve_rechecks_the_rate_limit_spent_since_the_queueing(tmp_path):
+    rules = [{"match": {"alertname": "GpuXidFatal"}, "actions": ["drain"], "approval": True},
+             *RULES]
+    policy = from_mapping({"mode": "execute", "rules": rules, "cluster_nodes": 20, "guardrails": {
+        "rate_limit": {"actions": 2, "per": "1h"}, "cooldown": {"job": 0}}})
+    fake, clock = Fake(), Clock()
+    fake.jobs = {"42": frozenset({"node01", "node02", "node03"})}
+    eng = Remediator(policy, State(tmp_path / "s"), fake, Sent(), Sent(),
+                     Audit(Metrics(CollectorRegistry())), clock=clock)
+    xid = Alert("x1", "firing", {"alertname": "GpuXidFatal", "host": "node05"})
+    queued = eng.handle([xid])[0]
+    assert queued.outcome is Outcome.QUEUED
+    clock.now += 2 * 3600  # the queued drain's reservation has run out; two remediations since
+    assert {d.outcome for d in eng.handle([alert(host="node01"), alert(host="node03", fp="f3")])} == {
+        Outcome.ACTED}
+    refused = eng.approve(queued.action_id)
+    assert refused is not None and refused.reason == "rate_limited"
+    assert ("drain", "node05") not in fake.calls
