@@ -14,8 +14,10 @@ setup:  ## install Debian packages and the Python virtual environment (.venv)
 lock:  ## regenerate requirements/lock.txt (hashed pins of every extra) after a dependency change
 	bash scripts/lock.sh
 
-demo:  ## run the main job on embedded defaults: broker, simulated fleet, agents, live view
-	$(VENV)/bin/stepwatch demo
+ARGS ?=
+
+demo:  ## the whole loop on embedded defaults (Ctrl-C stops it; ARGS="--duration 150" to bound it)
+	$(VENV)/bin/stepwatch demo $(ARGS)
 
 test:  ## run the whole test suite (unit + integration; GPU tests skip without a GPU)
 	bash scripts/test.sh $(PYTEST_ARGS)

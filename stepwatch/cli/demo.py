@@ -5,12 +5,17 @@ given), the stream workers and the ClickHouse sink as real subprocesses, and a
 simulated fleet with an injected fault publishing through the agent path
 (sequence numbers, on-disk spool, idempotent producer); then shows live what
 arrives: messages by kind and host, the sequence audit, spool state and
-detections.
+detections. With Prometheus, Alertmanager, the remediator and a local Slurm
+cluster (8 job nodes and 2 spare), it shows the whole loop with the time of
+each stage: healthy, found, paged, drained, requeued, running again (the
+simulated job follows its Slurm allocation and restarts from its last
+checkpoint on the new nodes), recovered.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -32,12 +37,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--step-seconds", type=float, default=1.0, help="nominal step time")
     p.add_argument("--fault", action="append", default=None,
                    help=f"fault to inject, KIND[:key=value]... (default {DEFAULT_FAULT}); 'none' for a healthy run")
-    p.add_argument("--duration", type=float, default=0.0,
-                   help="stop after this many seconds (default: run until the job ends or Ctrl-C)")
+    p.add_argument("--duration", type=float, default=None,
+                   help="stop after this many seconds (env STEPWATCH_DEMO_DURATION; default: run "
+                   "until the job ends or Ctrl-C)")
     p.add_argument("--workers", type=int, default=1, help="stream workers to start (0: none)")
     p.add_argument("--no-store", action="store_true", help="do not start the ClickHouse sink")
     p.add_argument("--workdir", default="var/demo", help="spool, logs and store of this run")
-    p.add_argument("--plain", action="store_true", help="print a status block each interval instead of redrawing")
+    p.add_argument("--plain", action="store_true", help="print one line per change and a status line every 10 s "
+                   "instead of redrawing (the default without a terminal)")
     p.add_argument("--no-report", action="store_true",
                    help="do not write the post-mortem report at the end")
     p.add_argument("--no-alerting", action="store_true",
@@ -61,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
         steps=args.steps,
         step_seconds=args.step_seconds,
         faults=tuple(f for f in faults if f != "none"),
-        duration=args.duration,
+        duration=_duration(args.duration),
         workers=args.workers,
         store=not args.no_store,
         workdir=Path(args.workdir),
@@ -81,8 +88,19 @@ def run(args: argparse.Namespace) -> int:
         summary = demo.shutdown()
     print(summary)
     print(_closing(demo, options.report))
-    print(f"demo ran {time.monotonic() - started:.0f} s; logs in {options.workdir}")
+    print(f"demo ran {time.monotonic() - started:.0f} s; logs in {demo.options.workdir}")
     return 0 if demo.ok else 1
+
+
+def _duration(given: float | None) -> float:
+    """--duration > STEPWATCH_DEMO_DURATION > 0 (until the job ends)."""
+    if given is not None:
+        return given
+    text = os.environ.get("STEPWATCH_DEMO_DURATION", "").strip()
+    try:
+        return float(text) if text else 0.0
+    except ValueError as err:
+        raise SystemExit(f"STEPWATCH_DEMO_DURATION={text!r} is not a number of seconds") from err
 
 
 def _closing(demo: Any, report: bool) -> str:

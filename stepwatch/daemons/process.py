@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -170,3 +172,49 @@ class Daemon:
 
     def reload(self) -> None:
         http_post(f"{self.url}/-/reload")
+
+
+def sweep(marker: str, timeout: float = 5.0) -> list[int]:
+    """Stop every process whose environment holds the entry ``marker`` (``NAME=value``).
+
+    What a daemon leaves behind when it dies first (Slurm's ``slurmstepd`` and the
+    job under it are in their own sessions, out of reach of a process group):
+    SIGTERM, then SIGKILL after ``timeout``. Returns the pids it found.
+    """
+    entry = marker.encode()
+    found = [pid for pid in _pids() if pid != os.getpid() and entry in _environ(pid)]
+    for pid, sig in ((p, signal.SIGTERM) for p in found):
+        _kill(pid, sig)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(_alive(p) for p in found):
+        time.sleep(0.1)
+    for pid in found:
+        if _alive(pid):
+            _kill(pid, signal.SIGKILL)
+    return found
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _kill(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass

@@ -47,12 +47,12 @@ def closing_note(store: Path | None, job: str, report: Path | None) -> str:
         lines.append("history (ClickHouse engine, embedded) - saved queries to try:")
         for name, flags in TRY_QUERIES:
             more = (" " + flags.format(job=shlex.quote(job))) if flags else ""
-            lines.append(f"  {cmd} query {name}{more} --store-path {shlex.quote(str(store))}")
-        lines.append(f"  {cmd} sql --store-path {shlex.quote(str(store))} "
+            lines.append(f"  {cmd} query {name}{more} --store-path {shlex.quote(_short(store))}")
+        lines.append(f"  {cmd} sql --store-path {shlex.quote(_short(store))} "
                      "\"SELECT type, host, rank, cause FROM detections LIMIT 10\"")
     if report is not None:
         lines.append(f"post-mortem report: {report}")
     elif store is not None:
         lines.append(f"post-mortem report: {stepwatch_command()} report --job {shlex.quote(job)} "
-                     f"--store-path {shlex.quote(str(store))}")
+                     f"--store-path {shlex.quote(_short(store))}")
     return "\n".join(lines)

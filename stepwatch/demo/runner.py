@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import shutil
 import signal
@@ -13,8 +14,10 @@ from typing import Any
 
 from stepwatch.broker import DevBroker
 from stepwatch.demo.alerting import AlertingStack, AlertView
+from stepwatch.demo.arc import Arc
+from stepwatch.demo.plain import Changes, snapshot
 from stepwatch.demo.scrape import scrape_jobs
-from stepwatch.demo.services import Child, child_env, children
+from stepwatch.demo.services import Child, become_subreaper, child_env, children, stop_descendants
 from stepwatch.demo.tap import Tap
 from stepwatch.demo.torchjob import TorchJob
 from stepwatch.demo.view import render
@@ -23,6 +26,7 @@ from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
+CHECKPOINT_EVERY = 25  # steps: a restart loses at most this many
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,9 @@ class DemoOptions:
 
 class Demo:
     def __init__(self, options: DemoOptions) -> None:
-        self.options = options
+        # every path handed to a daemon is absolute: Alertmanager and Prometheus resolve a
+        # relative one against their config file's folder, not this process's directory
+        self.options = dataclasses.replace(options, workdir=options.workdir.resolve())
         self.broker: DevBroker | None = None
         self.children: list[Child] = []
         self.tap: Tap | None = None
@@ -63,6 +69,8 @@ class Demo:
         self._alert_view = AlertView()
         self._live: Any = None
         self.torch_job: TorchJob | None = None
+        self.arc = Arc(wall0=time.time())
+        self._changes = Changes()
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -74,6 +82,7 @@ class Demo:
             shutil.rmtree(opts.workdir)
         opts.workdir.mkdir(parents=True)
         signal.signal(signal.SIGTERM, self._on_signal)
+        become_subreaper()  # what a daemon leaves behind comes back to us, to be stopped
         bootstrap = opts.bootstrap or self._start_broker()
         settings = Settings.load(bootstrap_servers=bootstrap, spool_dir=str(opts.workdir / "spool"),
                                  store_path=str(opts.workdir / "chdb"))
@@ -95,7 +104,8 @@ class Demo:
             self.job_id = self.torch_job.job_id
             self.fleet = self.torch_job
         else:
-            self.fleet = FleetDriver(self._scenarios(hosts), self.publisher).start()
+            follow = self.alerting.allocation() if self.alerting is not None else None
+            self.fleet = FleetDriver(self._scenarios(hosts), self.publisher, follow=follow).start()
         self._loop()
 
     def _start_alerting(self, settings: Settings, env: dict[str, str]) -> tuple[str, ...] | None:
@@ -138,7 +148,8 @@ class Demo:
         return [Scenario(
             seed=7, job_id=self.job_id, nodes=self.options.nodes, steps=self.options.steps,
             step_seconds=self.options.step_seconds, faults=faults, realtime=True,
-            checkpoint_every=100, eval_every=0, hosts=hosts,
+            checkpoint_every=CHECKPOINT_EVERY, checkpoint_seconds=2 * self.options.step_seconds,
+            eval_every=0, hosts=hosts,
         )]
 
     def _loop(self) -> None:
@@ -152,6 +163,7 @@ class Demo:
                 log.info("first detection seconds_from_start=%.1f", self.first_detection_s)
             if now >= next_draw:
                 self._refresh_alerting(now)
+                self._observe(now - self._started)
                 self._draw()
                 next_draw = now + self.options.refresh_seconds
             elapsed = now - self._started
@@ -171,31 +183,59 @@ class Demo:
             self.first_action_s = now - self._started
             log.info("first remediator decision seconds_from_start=%.1f", self.first_action_s)
 
+    def _observe(self, at: float) -> None:
+        assert self.tap is not None and self.fleet is not None
+        view = self._alert_view
+        for stage in self.arc.observe(
+                at, steps=self.tap.audit.report().by_kind.get("step", 0),
+                detections=self.tap.detections, notifications=view.notifications,
+                actions=view.actions, incarnations=getattr(self.fleet, "incarnations", ()),
+                outcomes=view.outcomes):
+            log.info("demo stage=%s seconds_from_start=%.1f detail=%s", stage.name.replace(" ", "_"),
+                     stage.at, stage.detail)
+
+    def _job_line(self) -> str:
+        follow = self.alerting.allocation() if self.alerting is not None else None
+        if follow is None:
+            return ""
+        now = follow()
+        where = f" on {','.join(now.nodes)}" if now.nodes else ""
+        incarnations = getattr(self.fleet, "incarnations", [])
+        run = f" (run {len(incarnations)}, from step {incarnations[-1].first_step})" if incarnations else ""
+        return f"{self.alerting.slurm_job if self.alerting else ''} {now.state}{where}{run}".strip()
+
     def _caught_up(self) -> bool:
         assert self.tap is not None and self.fleet is not None
         return self.tap.audit.report().messages >= self.fleet.sent
 
     def _draw(self) -> None:
         assert self.tap is not None and self.publisher is not None
+        elapsed = time.monotonic() - self._started
+        report = self.tap.audit.report()
+        alerting = self._alert_view if self.alerting is not None else None
+        slurm = self.alerting.slurm_nodes() if self.alerting is not None else {}
+        services = {c.name: c.alive for c in self._all_children()}
+        job = self._job_line()
+        if not self.options.redraw:
+            snap = snapshot(stages=self.arc.stages(), detections=self.tap.detections,
+                            alerting=alerting, slurm=slurm, job=job, services=services)
+            status = (f"steps={report.by_kind.get('step', 0)} arrived={report.messages} "
+                      f"missing={report.missing} duplicates={report.duplicates} "
+                      f"firing={len(alerting.firing) if alerting else 0} job={job or '-'}")
+            for line in self._changes.lines(elapsed, snap, status):
+                sys.stdout.write(line + "\n")
+            sys.stdout.flush()
+            return
         stats = self.publisher.stats()
         screen = render(
-            elapsed=time.monotonic() - self._started,
-            report=self.tap.audit.report(),
-            accepted=sum(stats.accepted.values()),
+            elapsed=elapsed, report=report, accepted=sum(stats.accepted.values()),
             spool={"state": stats.state.value, "records": stats.spool.records,
                    "bytes": stats.spool.bytes, "dropped": sum(stats.spool.dropped.values())},
-            detections=self.tap.detections,
-            dlq=self.tap.dlq,
-            services={c.name: c.alive for c in self._all_children()},
+            detections=self.tap.detections, dlq=self.tap.dlq, services=services,
             jobs=scrape_jobs(c.metrics for c in self.children if c.name.startswith("stream")),
-            alerting=self._alert_view if self.alerting is not None else None,
-            slurm=self.alerting.slurm_nodes() if self.alerting is not None else None,
+            alerting=alerting, slurm=slurm, stages=self.arc.stages(), job=job,
         )
-        if self.options.redraw:
-            self._show_live(screen)
-        else:
-            sys.stdout.write(screen + "\n" + "-" * 72 + "\n")
-        sys.stdout.flush()
+        self._show_live(screen)
 
     def _show_live(self, screen: str) -> None:
         """Redraw in place with rich when it is installed, with ANSI codes otherwise."""
@@ -213,8 +253,9 @@ class Demo:
         self._live.update(panel, refresh=True)
 
     def _all_children(self) -> list[Child]:
-        extra = [self.alerting.remediator] if self.alerting and self.alerting.remediator else []
-        return [*self.children, *extra]
+        stack = self.alerting
+        extra = [stack.remediator, stack.alert_receiver] if stack is not None else []
+        return [*self.children, *(c for c in extra if c is not None)]
 
     def _on_signal(self, *_: object) -> None:
         self._stop = True
@@ -248,6 +289,9 @@ class Demo:
             self.tap.close()
         if self.broker is not None:
             self.broker.stop()
+        left = stop_descendants()
+        if left:
+            log.warning("demo: stopped processes left behind pids=%s", left)
         return summary
 
     @property
@@ -278,6 +322,9 @@ class Demo:
                          "started")
         for decision in self._alert_view.decisions:
             lines.append(f"  remediator: {decision}")
+        if self.arc.stages():
+            lines.append("the loop (seconds after the demo started):")
+            lines += [f"  {s.name:<14} {s.at:6.1f} s  {s.detail}" for s in self.arc.stages()]
         if self.alerting is not None and self.alerting.prometheus is not None:
             lines.append(f"Prometheus {self.alerting.prometheus.url} and Alertmanager "
                          f"{self.alerting.alertmanager.url} ran for this demo (stopped now)")

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,3 +90,72 @@ def child_env(prefix: str, partitions: int) -> dict[str, str]:
     env["STEPWATCH_TOPIC_PREFIX"] = prefix
     env["STEPWATCH_PARTITIONS"] = str(partitions)
     return env
+
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> bool:
+    """Orphans of our descendants (a daemon's double-forked helper) come back to this process.
+
+    Linux only; elsewhere a no-op. :func:`stop_descendants` then finds them at shutdown.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), parents before children."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[0] not in ("Z", "X"):
+            parents[int(stat.parent.name)] = int(fields[1])
+    out, todo = [], [pid]
+    while todo:
+        cur = todo.pop()
+        kids = [p for p, pp in parents.items() if pp == cur]
+        out += kids
+        todo += kids
+    return out
+
+
+def stop_descendants(timeout: float = 5.0) -> list[int]:
+    """SIGTERM, then SIGKILL, whatever still runs under this process; reap the zombies."""
+    left = descendants(os.getpid())
+    for pid in left:
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and descendants(os.getpid()):
+        _reap()
+        time.sleep(0.1)
+    for pid in descendants(os.getpid()):
+        _signal(pid, signal.SIGKILL)
+    time.sleep(0.1)
+    _reap()
+    return left
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return

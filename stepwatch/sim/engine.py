@@ -22,7 +22,7 @@ import numpy as np
 from stepwatch.contract import KIND_OF, EventMessage, Message, StepMessage, StepRecord
 from stepwatch.sim.activity import activity
 from stepwatch.sim.gpu import GpuModel
-from stepwatch.sim.ports import PortModel
+from stepwatch.sim.ports import Carry, PortModel
 from stepwatch.sim.records import RecordBuilder
 from stepwatch.sim.scenario import Scenario, Target, resolve_all
 from stepwatch.sim.timing import Outcome, StepBlock, StepModel
@@ -37,13 +37,13 @@ def rngs(sc: Scenario) -> list[np.random.Generator]:
 class JobRun:
     """The message stream of one scenario."""
 
-    def __init__(self, sc: Scenario) -> None:
+    def __init__(self, sc: Scenario, carry: Carry | None = None) -> None:
         self.sc = sc
         r_steps, r_gpu, r_ports, r_phase = rngs(sc)
         self.model = StepModel(sc, r_steps)
         self.records = RecordBuilder(sc, self.model.has_loss)
         self.gpu = GpuModel(sc, r_gpu) if sc.with_gpu else None
-        self.ports = PortModel(sc, r_ports) if sc.with_ports else None
+        self.ports = PortModel(sc, r_ports, carry) if sc.with_ports else None
         self.phase = r_phase.random(sc.nodes) * sc.tick_seconds
         self.rank_phase = np.repeat(self.phase, sc.gpus_per_node)
         self.blocks: deque[StepBlock] = deque()
@@ -131,15 +131,16 @@ class JobRun:
         return out
 
 
-def simulate(*scenarios: Scenario) -> Iterator[Message]:
+def simulate(*scenarios: Scenario, carry: Carry | None = None) -> Iterator[Message]:
     """Contract messages of every scenario, merged in time order, deterministic.
 
     Realtime scenarios start now; pass the output of
     :func:`~stepwatch.sim.scenario.resolve_all` to get the same start in
-    :func:`ground_truth`.
+    :func:`ground_truth`. ``carry`` keeps the hosts' NIC counters across calls (a job
+    restarted on some of the same hosts: their counters go on, they do not reboot).
     """
     resolved = resolve_all(scenarios)
-    streams = [iter(JobRun(sc)) for sc in resolved]
+    streams = [iter(JobRun(sc, carry)) for sc in resolved]
     seeds = ",".join(f"{sc.seed}:{sc.job_id}" for sc in resolved)
     inst = f"sim{zlib.crc32(seeds.encode()):08x}"
     seq: dict[tuple[str, str], int] = {}

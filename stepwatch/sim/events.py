@@ -26,6 +26,15 @@ def job_start(sc: Scenario) -> EventMessage:
     )
 
 
+def restart(sc: Scenario) -> EventMessage:
+    """A restart from the checkpoint before ``sc.first_step``, on the hosts it now has."""
+    return EventMessage(
+        host=sc.host_of(0), ts=sc.start_ts + 0.001, type=EventType.RESTART, job_id=sc.job_id,
+        rank=0, detail=f"restarted from the checkpoint at step {sc.first_step}",
+        attrs={"step": sc.first_step, "incarnation": sc.incarnation, "nodes": ",".join(sc.host_names)},
+    )
+
+
 def job_end(sc: Scenario, ts: float, code: int, detail: str) -> EventMessage:
     return EventMessage(
         host=sc.host_of(0), ts=ts, type=EventType.JOB_END, job_id=sc.job_id, rank=0,

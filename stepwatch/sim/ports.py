@@ -30,10 +30,19 @@ COUNTERS = (
 _RENAMED = {"np_ecn_marked": "np_ecn_marked_roce_packets_total"}
 
 
-class PortModel:
-    """Per-port counters (index = host x nics_per_node + nic) carried across ticks."""
+#: A host's counters by name (one value per NIC), kept across runs of a job: a NIC's
+#: counters do not start again when the job on its host restarts.
+Carry = dict[str, dict[str, np.ndarray]]
 
-    def __init__(self, sc: Scenario, rng: np.random.Generator) -> None:
+
+class PortModel:
+    """Per-port counters (index = host x nics_per_node + nic) carried across ticks.
+
+    With ``carry`` the counters of a host seen before continue from where they were,
+    and every sample updates ``carry``.
+    """
+
+    def __init__(self, sc: Scenario, rng: np.random.Generator, carry: Carry | None = None) -> None:
         self.sc, self.rng = sc, rng
         self.m = m = sc.nodes * sc.nics_per_node
         gpn, npn = sc.gpus_per_node, sc.nics_per_node
@@ -54,6 +63,17 @@ class PortModel:
         self.netdevs = [hw.nic_netdev(i % npn) for i in range(m)]
         self.down: set[int] = set()
         self._flapped: set[tuple[int, int]] = set()
+        self.carry = carry
+        for h, host in enumerate(sc.host_names):
+            for name, values in (carry or {}).get(host, {}).items():
+                self.c[name][h * npn:(h + 1) * npn] = values
+
+    def _keep(self) -> None:
+        if self.carry is None:
+            return
+        npn = self.sc.nics_per_node
+        for h, host in enumerate(self.sc.host_names):
+            self.carry[host] = {name: v[h * npn:(h + 1) * npn].copy() for name, v in self.c.items()}
 
     def sample(
         self, ts: np.ndarray, act: Activity, active: list[Target],
@@ -81,6 +101,7 @@ class PortModel:
         c["np_cnp_sent"] += ecn
         c["rp_cnp_handled"] += rng.poisson(0.4 * busy * dt)
         self._congestion(active, dt)
+        self._keep()
         return self._messages(port_ts)
 
     def _congestion(self, active: list[Target], dt: np.ndarray) -> None:

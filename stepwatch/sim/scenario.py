@@ -141,6 +141,8 @@ class Scenario:
     end_tail_seconds: float = 5.0  # samples after the job ends
     bytes_per_step: float = 4e9  # bytes each NIC moves per step (both directions each)
     realtime: bool = False  # start_ts = now when simulated (see resolved())
+    first_step: int = 0  # a restart from a checkpoint resumes here (warm-up again)
+    incarnation: int = 0  # 0: the first run; n: the n-th restart (a restart event says so)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "faults", tuple(self.faults))
@@ -162,6 +164,8 @@ class Scenario:
             )
         if self.hosts is not None and len(self.hosts) != self.nodes:
             raise ConfigError(f"scenario {self.job_id}: {len(self.hosts)} hosts for {self.nodes} nodes")
+        if not 0 <= self.first_step < self.steps:
+            raise ConfigError(f"scenario {self.job_id}: first_step must be in [0, steps)")
         if not 0 <= self.jitter < 1 or self.start_ts <= 0:
             raise ConfigError(f"scenario {self.job_id}: jitter must be in [0, 1), start_ts > 0")
         for fault in self.faults:

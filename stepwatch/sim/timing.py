@@ -93,6 +93,8 @@ class StepModel:
         self.static = rng.normal(0.0, 0.003, n)  # silicon lottery, fixed per rank
         self.has_loss = stage == sc.pipeline_stages - 1
         self.events: list[EventMessage] = [ev.job_start(sc)]
+        if sc.incarnation:
+            self.events.append(ev.restart(sc))
         self.marks: dict[int, tuple[float, float | None]] = {}
         self.stop: Stop | None = None
         self.flap_windows: list[tuple[str, int, float, float]] = []  # host, nic, down, up
@@ -108,7 +110,7 @@ class StepModel:
     def __iter__(self) -> Iterator[StepBlock]:
         sc = self.scenario
         t = sc.start_ts + sc.init_pause
-        for s in range(sc.steps):
+        for s in range(sc.first_step, sc.steps):
             stopper = self._stopper
             if stopper and stopper.fault.kind is FaultKind.JOB_HANG and s == stopper.fault.start_step:
                 self.marks[stopper.index] = (t, None)
@@ -136,7 +138,8 @@ class StepModel:
         u = rng.random((4, n))  # tail?, gc?, tail size, checkpoint share
         common = rng.standard_normal(4)
         base = sc.step_seconds
-        warm = 1.0 + 2.0 * (1.0 - s / sc.warmup_steps) ** 2 if s < sc.warmup_steps else 1.0
+        since = s - sc.first_step  # a restart warms up again
+        warm = 1.0 + 2.0 * (1.0 - since / sc.warmup_steps) ** 2 if since < sc.warmup_steps else 1.0
         mult = warm * self.stage_weight * np.exp(sc.jitter * z[0] + self.static + 0.004 * common[0])
         tail = (1.0 - u[2]) ** (-1.0 / 1.5) - 1.0  # Pareto(1.5) excess
         mult *= np.where(u[0] < sc.tail_prob, 1.0 + np.minimum(0.015 + 0.03 * tail, 0.4), 1.0)

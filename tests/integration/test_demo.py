@@ -1,8 +1,19 @@
-"""The README's main job, end to end on embedded defaults (short run)."""
+"""The README's main job, end to end: ``make demo`` on its embedded defaults.
+
+``test_make_demo_closes_the_loop`` runs exactly what the README says, ``make
+demo`` (bounded with ``ARGS="--duration ..."``), in a copy of the repository,
+so the default relative workdir (``var/demo``) is the one the daemons get. It
+waits for the whole arc (found, paged, drained, requeued, running again,
+recovered), presses Ctrl-C the way a terminal does (SIGINT to the foreground
+process group), then checks that every process the demo started is gone and
+that no daemon logged an error.
+"""
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -10,6 +21,114 @@ import time
 from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = ("HEALTHY", "FOUND", "PAGED", "DRAINED", "REQUEUED", "RUNNING AGAIN", "RECOVERED")
+# What no daemon log of a healthy demo may hold.
+BAD = re.compile(r"(?:code[= ]|status code )401\b|401 Unauthorized|no such file|"
+                 r"Notify for alerts failed|Traceback|level=error|\berror:", re.IGNORECASE)
+# Known and harmless: slurmctld's first start has no saved state yet (it says so as an
+# error), and a job cancelled when the demo stops (or requeued) is logged as one by slurmd.
+KNOWN = re.compile(r"Could not open \w+ state file|Trying backup state save file|"
+                   r"\*\*\* JOB \d+ ON \w+ CANCELLED")
+DEMO_PROCESSES = ("slurmctld", "slurmd", "slurmstepd", "sleep", "tansu", "prometheus",
+                  "alertmanager", "munged", "stepwatch")
+
+
+def _copy_repo(dst: Path) -> Path:
+    ignore = shutil.ignore_patterns(".git", ".venv", "var", "*_cache", "__pycache__", "*.egg-info")
+    shutil.copytree(REPO, dst, ignore=ignore)
+    (dst / ".venv").symlink_to(Path(sys.prefix))
+    return dst
+
+
+def _outcome_supported() -> bool:
+    from stepwatch.demo.alerting import outcomes_supported
+
+    return outcomes_supported()
+
+
+def _demo_processes(root: Path) -> set[int]:
+    """Live processes whose command line or environment names this copy of the repository."""
+    mark = str(root).encode()
+    out = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            if (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                continue
+            seen = (proc / "cmdline").read_bytes() + (proc / "environ").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if mark in seen:
+            out.add(int(proc.name))
+    return out
+
+
+def _stage_lines(out: str) -> dict[str, str]:
+    found = {}
+    for line in out.splitlines():
+        m = re.match(r"\[t=\s*([\d.]+)s\] == ([A-Z ]+) ==: (.*)", line)
+        if m:
+            found.setdefault(m.group(2), f"{m.group(1)} s {m.group(3)}")
+    return found
+
+
+@pytest.mark.timeout(420)
+def test_make_demo_closes_the_loop(tmp_path) -> None:
+    from stepwatch.daemons.slurm import missing_binaries
+
+    if missing_binaries() or os.geteuid() != 0 or not shutil.which("make"):
+        pytest.skip("needs root, make, Slurm and munge (bash scripts/setup.sh) for the whole loop")
+    root = _copy_repo(tmp_path / "repo")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWATCH_")}
+    env["PYTHONPATH"] = str(root)
+    want = [*STAGES, "OUTCOME"] if _outcome_supported() else list(STAGES)
+    started = time.monotonic()
+    proc = subprocess.Popen(["make", "demo", "ARGS=--duration 300"], cwd=root, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    out, running = "", set()
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        out += line
+        if "== HEALTHY ==" in line:
+            running = _demo_processes(root)
+        if all(f"== {s} ==" in out for s in want) or time.monotonic() - started > 280:
+            break
+    loop_s = time.monotonic() - started
+    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    rest, _ = proc.communicate(timeout=120)
+    out += rest
+    stages = _stage_lines(out)
+    assert all(s in stages for s in want), f"after {loop_s:.0f} s: {stages}\n{out[-4000:]}"
+    print(f"\nmake demo: the loop closed in {loop_s:.0f} s; " + "; ".join(
+        f"{k.lower()} {v}" for k, v in stages.items()))
+    assert "cause=gpu" in stages["FOUND"] and "host=node02" in stages["FOUND"], stages
+    assert "drain node02" in stages["DRAINED"], stages
+    again = stages["RUNNING AGAIN"]
+    assert "node02" not in again and "from step" in again, stages
+    assert "straggler resolved" in stages["RECOVERED"], stages
+    if "OUTCOME" in want:
+        assert "recovered" in stages["OUTCOME"], stages
+    assert "interrupted: stopping every process" in out and "missing 0; duplicates 0" in out
+    assert len(running) >= 10, running  # broker, workers, sink, Slurm, Prometheus, ...
+    time.sleep(1)
+    left = _demo_processes(root)
+    assert not left, "left running: " + ", ".join(
+        Path(f"/proc/{p}/cmdline").read_text().replace("\0", " ")[:80] for p in left
+        if Path(f"/proc/{p}").exists())
+    workdir = root / "var" / "demo"
+    assert (workdir / "alerting" / "alertmanager" / "alertmanager.yml").exists()
+    bad = [f"{log.relative_to(workdir)}: {line.strip()[:200]}"
+           for log in sorted(workdir.rglob("*")) if log.suffix in (".log", ".out") and log.is_file()
+           for line in log.read_text(errors="replace").splitlines()
+           if BAD.search(line) and not KNOWN.search(line)]
+    assert not bad, "\n".join(bad[:30])
+    if not _outcome_supported():
+        pytest.skip("the loop closed; the remediator in this build records no outcome "
+                    "(recovered/not_recovered) yet, so that stage was not checked")
 
 
 @pytest.mark.timeout(240)
@@ -28,75 +147,7 @@ def test_demo_runs_finds_the_straggler_and_loses_nothing(tmp_path) -> None:
     arrived = int(summary.split("arrived ")[1].split(";")[0])
     assert published > 50 and arrived == published
     assert "missing 0; duplicates 0; undelivered 0" in summary
-    assert "sequence audit:" in out and "agent spool:" in out
+    assert "status: steps=" in out  # plain mode: a short status line, changes only
     # the stream worker found the injected straggler and said why
     assert "straggler job=demo-job rank=5 host=node0000 cause=gpu" in summary
     assert "stepwatch query job_timeline" in summary
-
-
-@pytest.mark.timeout(300)
-def test_demo_fault_is_found_alerted_and_acted_on(tmp_path) -> None:
-    """The whole path: detection -> Prometheus rule -> Alertmanager -> remediator -> Slurm."""
-    from stepwatch.daemons.slurm import missing_binaries
-
-    slurm = not missing_binaries() and os.geteuid() == 0
-    cmd = [
-        sys.executable, "-m", "stepwatch.cli", "demo", "--plain", "--duration", "120",
-        "--nodes", "4", "--step-seconds", "0.5", "--no-report",
-        "--fault", "slow_gpu:rank=13:start=10:severity=0.3", "--workdir", str(tmp_path / "demo"),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=280)
-    out = done.stdout
-    assert done.returncode == 0, out[-3000:] + done.stderr[-3000:]
-    summary = out[out.rindex("published "):]
-    assert "missing 0; duplicates 0; undelivered 0" in summary
-    assert "firing alerts (" in out and "StragglerPersistent" in out
-    assert "first alert firing" in summary and "first remediator decision" in summary
-    if slurm:  # execute mode on the local Slurm cluster: the slow node, and only it, drained
-        assert "drain node02" in summary and ": done" in summary, summary
-        states = out[out.rindex("slurm nodes:"):].splitlines()[0]
-        assert "node02=drain" in states and states.count("=drain") == 1, states
-    else:  # no Slurm here: observe mode, a dry run
-        assert ": dry_run" in summary, summary
-
-
-def _children(pid: int) -> set[int]:
-    """Every live descendant of ``pid`` (from /proc)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    out, todo = set(), [pid]
-    while todo:
-        cur = todo.pop()
-        kids = {p for p, pp in parents.items() if pp == cur}
-        out |= kids
-        todo.extend(kids)
-    return out
-
-
-@pytest.mark.timeout(240)
-def test_ctrl_c_stops_every_process_the_demo_started(tmp_path) -> None:
-    # a terminal's Ctrl-C: SIGINT to the whole foreground process group
-    cmd = [sys.executable, "-m", "stepwatch.cli", "demo", "--plain", "--nodes", "2",
-           "--step-seconds", "0.5", "--no-report", "--workdir", str(tmp_path / "demo")]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    seen = ""
-    assert proc.stdout is not None
-    for line in proc.stdout:  # wait until the first status block: everything has started
-        seen += line
-        if "sequence audit:" in line:
-            break
-    started = _children(proc.pid)
-    assert len(started) >= 3, seen  # broker, stream worker, sink
-    os.killpg(proc.pid, signal.SIGINT)
-    rest, _ = proc.communicate(timeout=120)
-    assert proc.returncode == 0, (seen + rest)[-3000:]
-    assert "interrupted: stopping every process" in rest and "published " in rest
-    time.sleep(0.5)
-    assert not {p for p in started if Path(f"/proc/{p}").exists()
-                and "(Z)" not in Path(f"/proc/{p}/stat").read_text()}, "left running"

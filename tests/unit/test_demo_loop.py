@@ -1,0 +1,146 @@
+"""The demo's loop pieces: a job restarted on a new allocation, the arc, plain output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from stepwatch.contract import DetectionMessage, EventMessage, EventType, PortMessage, StepMessage
+from stepwatch.demo.allocation import SlurmAllocation
+from stepwatch.demo.arc import Arc
+from stepwatch.demo.fleet import Incarnation, restart
+from stepwatch.demo.plain import Changes
+from stepwatch.demo.view import deciding
+from stepwatch.sim import Fault, FaultKind, Scenario, simulate
+from stepwatch.sim.ports import Carry
+
+HOSTS = ("node01", "node02", "node03")
+SLOW = Fault(FaultKind.SLOW_GPU, rank=13, start_step=5, severity=0.3)
+
+
+def scenario(**kw: object) -> Scenario:
+    base: dict[str, object] = {"nodes": 3, "steps": 40, "hosts": HOSTS, "faults": (SLOW,),
+                               "checkpoint_every": 10, "checkpoint_seconds": 1.0, "eval_every": 0}
+    return Scenario(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_a_restart_leaves_the_fault_with_its_node_and_rewinds_the_steps() -> None:
+    sc = scenario()
+    moved = restart(sc, ("node01", "node03", "node04"), 21)
+    assert moved.faults == () and moved.first_step == 21 and moved.incarnation == 1
+    kept = restart(sc, ("node04", "node02", "node05"), 21)
+    assert [(f.host, f.gpu, f.start_step) for f in kept.faults] == [("node02", 5, 21)]
+    messages = list(simulate(moved))
+    steps = sorted({r.step for m in messages if isinstance(m, StepMessage) for r in m.steps})
+    assert steps[0] == 21 and steps[-1] == 39
+    events = [m for m in messages if isinstance(m, EventMessage)]
+    assert [e.type for e in events[:2]] == [EventType.JOB_START, EventType.RESTART]
+    assert events[1].attrs["step"] == 21
+
+
+def test_nic_counters_go_on_across_a_restart_on_the_same_host() -> None:
+    carry: Carry = {}
+    first = [m for m in simulate(scenario(steps=12), carry=carry) if isinstance(m, PortMessage)]
+    last = {m.host: m for m in first}["node01"].ports
+    again = restart(scenario(steps=12), ("node01", "node03", "node04"), 0)
+    later = [m for m in simulate(again, carry=carry) if isinstance(m, PortMessage)]
+    head = next(m for m in later if m.host == "node01").ports
+    assert [p.link_downed_total for p in head] == [p.link_downed_total for p in last]
+    assert all((h.xmit_bytes_total or 0) >= (p.xmit_bytes_total or 1) for h, p in zip(head, last, strict=True))
+
+
+def test_first_step_must_be_inside_the_job() -> None:
+    from stepwatch.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        scenario(first_step=40)
+
+
+@dataclass(frozen=True)
+class Note:
+    at: float
+    route: str
+    status: str
+    alerts: tuple[str, ...]
+
+
+def detection(state: str, **kw: object) -> DetectionMessage:
+    base: dict[str, object] = {"host": "node02", "ts": 1.0, "id": "d1", "job_id": "1",
+                               "type": "straggler", "state": state, "rank": 13, "cause": "gpu",
+                               "fault": "system", "summary": "rank 13 is slow: SM clock below max"}
+    return DetectionMessage(**{**base, **kw})  # type: ignore[arg-type]
+
+
+def test_the_arc_goes_forward_once_with_event_times() -> None:
+    arc = Arc(wall0=1000.0)
+    assert [s.name for s in arc.observe(5.0, steps=8, detections=[])] == ["healthy"]
+    assert [s.name for s in arc.observe(40.0, steps=90, detections=[detection("open")])] == ["found"]
+    actions = [{"kind": "drain", "node": "node02", "job_id": "1", "status": "done", "updated": 1061.5},
+               {"kind": "requeue", "node": "node02", "job_id": "1", "status": "done",
+                "updated": 1061.7}]
+    new = arc.observe(64.0, steps=99, detections=[detection("open")],
+                      notifications=[Note(1060.2, "ticket", "firing", ("StragglerPersistent",))],
+                      actions=actions)
+    assert [(s.name, s.at) for s in new] == [("paged", pytest.approx(60.2)),
+                                              ("drained", pytest.approx(61.5)),
+                                              ("requeued", pytest.approx(61.7))]
+    runs = [Incarnation(0, 1000.0, HOSTS, 0), Incarnation(1, 1075.0, ("node01", "node03"), 50)]
+    resolved = [detection("open"), detection("resolved")]
+    new = arc.observe(90.0, steps=150, detections=resolved, actions=actions, incarnations=runs)
+    assert [s.name for s in new] == ["running again", "recovered"]
+    assert arc.reached["running again"].at == pytest.approx(75.0)
+    assert "node02" not in arc.reached["running again"].detail
+    assert arc.observe(95.0, steps=160, detections=resolved, incarnations=runs) == []
+
+
+def test_plain_output_prints_changes_only_and_a_status_now_and_then() -> None:
+    changes = Changes(status_every=10.0)
+    first = changes.lines(0.0, {"slurm job": "1 RUNNING"}, "steps=0")
+    assert first == ["[t=   0.0s] slurm job: 1 RUNNING", "[t=   0.0s] status: steps=0"]
+    assert changes.lines(2.0, {"slurm job": "1 RUNNING"}, "steps=5") == []
+    assert changes.lines(4.0, {"slurm job": "1 PENDING", "alert X": "firing"}, "steps=9") == [
+        "[t=   4.0s] slurm job: 1 PENDING", "[t=   4.0s] alert X: firing"]
+    assert changes.lines(10.5, {"slurm job": "1 PENDING"}, "steps=20") == [
+        "[t=  10.5s] alert X: ended", "[t=  10.5s] status: steps=20"]
+
+
+def test_the_evidence_line_shows_the_deciding_numbers() -> None:
+    evidence = {"basis": "busy", "flagged_steps": 12, "window_steps": 20, "threshold": 0.08,
+                "group_size": 64, "phases_longer": "forward", "forward_excess": 0.09,
+                "forward_s": 0.31, "sm_clock_ratio": 0.773, "peer_sm_clock_ratio": 1.0}
+    line = deciding(evidence)
+    assert line.startswith("sm_clock_ratio=0.773, peer_sm_clock_ratio=1.0")
+    assert "basis" not in line and "flagged_steps" not in line and "forward_excess=0.09" in line
+
+
+def test_allocation_refuses_a_job_id_that_is_not_one() -> None:
+    with pytest.raises(ValueError):
+        SlurmAllocation("1; scancel -u root", {})
+
+
+def test_the_pager_wants_the_bearer_token() -> None:
+    import json
+    import urllib.error
+    import urllib.request
+
+    from stepwatch.demo.pager import Pager
+
+    pager = Pager("s3cret").start()
+    body = json.dumps({"status": "firing", "alerts": [{"labels": {"alertname": "X"}}]}).encode()
+    try:
+        def post(token: str) -> int:
+            req = urllib.request.Request(f"{pager.url}/ticket", data=body, method="POST",
+                                         headers={"Authorization": f"Bearer {token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return int(resp.status)
+            except urllib.error.HTTPError as err:
+                return err.code
+
+        assert post("wrong") == 401 and pager.refused == 1 and pager.notifications() == []
+        assert post("s3cret") == 200
+        [note] = pager.notifications()
+        assert (note.route, note.status, note.alerts) == ("ticket", "firing", ("X",))
+    finally:
+        pager.stop()
