@@ -28,8 +28,8 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-MAX_CONNECTIONS = 64
-IDLE_SECONDS = 30.0
+MAX_CONNECTIONS = 256  # threads and descriptors: well under the usual 1024 files
+IDLE_SECONDS = 10.0
 REQUEST_SECONDS = 10.0
 
 
@@ -87,38 +87,53 @@ class DeadlineHandler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """``ThreadingHTTPServer`` with at most ``max_connections`` connections served at once."""
+class ConnectionCap:
+    """A ``socketserver`` threading-server mixin: at most ``max_connections`` served at once;
+    one more is closed at once (counted in ``refused``, logged once per burst)."""
 
-    daemon_threads = True
+    max_connections = MAX_CONNECTIONS
     request_queue_size = 128  # listen backlog: refusals are quick, let them queue
+    refused = 0
+    _slots: threading.BoundedSemaphore | None = None
+    _refusing = False
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        super().__init__(address, handler)
-        self.max_connections = max(1, max_connections)
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-        self.refused = 0
-        self._refusing = False
+    def _slot(self) -> threading.BoundedSemaphore:
+        if self._slots is None:
+            self.max_connections = max(1, self.max_connections)
+            self._slots = threading.BoundedSemaphore(self.max_connections)
+        return self._slots
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        slots = self._slot()
+        if not slots.acquire(blocking=False):
             self.refused += 1
             if not self._refusing:
                 log.warning("http connections at their cap, new ones closed max=%d address=%s",
-                            self.max_connections, self.server_address)
+                            self.max_connections, getattr(self, "server_address", "?"))
             self._refusing = True
-            self.shutdown_request(request)
+            self.shutdown_request(request)  # type: ignore[attr-defined]
             return
         self._refusing = False
         try:
-            super().process_request(request, client_address)
+            super().process_request(request, client_address)  # type: ignore[misc]
         except BaseException:
-            self._slots.release()
+            slots.release()
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
-            super().process_request_thread(request, client_address)
+            super().process_request_thread(request, client_address)  # type: ignore[misc]
         finally:
-            self._slots.release()
+            self._slot().release()
+
+
+class BoundedHTTPServer(ConnectionCap, ThreadingHTTPServer):
+    """``ThreadingHTTPServer`` with at most ``max_connections`` connections served at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self.max_connections = max_connections
+        super().__init__(address, handler)
+        self._slot()

@@ -22,7 +22,7 @@ from stepwatch.alerts.remediate.service import Service
 from stepwatch.contract.ops import AlertRecord
 
 pytestmark = pytest.mark.integration
-CAP = 64  # stepwatch.httpd.MAX_CONNECTIONS: connections a server serves at once
+CAP = 256  # stepwatch.httpd.MAX_CONNECTIONS: connections a server serves at once
 
 
 @pytest.fixture()
@@ -86,7 +86,7 @@ def test_slowloris_connections_are_capped_before_any_token_is_checked(remediator
     before = threading.active_count()
     socks = []
     try:
-        for _ in range(200):
+        for _ in range(400):
             s = socket.create_connection((host, port), timeout=5)
             s.sendall(b"POST /webhook HTTP/1.1\r\nHost: x\r\n")  # never finished
             socks.append(s)
