@@ -16,7 +16,11 @@ a decoded record claims with what is known:
   job id its environment names (``SLURM_JOB_ID``, ``STEPWATCH_JOB_ID``,
   ``TORCHELASTIC_RUN_ID``, a PyTorchJob pod name);
 * the rank must be the one its environment gives (``STEPWATCH_RANK``, else
-  ``RANK``), when it gives one (``rank_mismatch``).
+  ``RANK``), when it gives one (``rank_mismatch``);
+* the GPU (a step's ``gpu``, else its ``local_rank``; an event's ``gpu``) must
+  be one its ``CUDA_VISIBLE_DEVICES`` names, when that is numeric
+  (``gpu_mismatch``): the agent labels that GPU's samples and XID events with
+  the job that claims it.
 
 ``verify_job`` decides what happens when nothing ties the sender to a job:
 ``off`` checks no job or rank at all, ``when_known`` (default) lets it
@@ -125,13 +129,18 @@ class SenderGate:
 
     # ------------------------------------------------------------------ tick
     def check(self, sender: Sender, own_host: str, host: str, job: str,
-              rank: int | None) -> str | None:
-        """The reason to reject a record from ``sender`` claiming ``host/job/rank``, or None."""
+              rank: int | None, gpu: int | None = None) -> str | None:
+        """The reason to reject a record from ``sender`` claiming ``host/job/rank/gpu``, or None."""
         if host and host != own_host and host not in self._names:
             return "host_mismatch"
         if self.policy.verify_job is VerifyJob.OFF:
             return None
-        return self._check_job(sender.identity, job, rank)
+        reason = self._check_job(sender.identity, job, rank)
+        ident = sender.identity
+        if reason is None and gpu is not None and ident is not None \
+                and ident.env_gpus is not None and gpu not in ident.env_gpus:
+            return "gpu_mismatch"
+        return reason
 
     def _check_job(self, ident: ProcIdentity | None, job: str, rank: int | None) -> str | None:
         strict = self.policy.verify_job is VerifyJob.STRICT
