@@ -22,6 +22,13 @@ a decoded record claims with what is known:
   (``gpu_mismatch``): the agent labels that GPU's samples and XID events with
   the job that claims it.
 
+A sender that had already exited when its datagram was read, and that the
+agent never saw alive, is rejected (``sender_gone``) unless ``verify_job`` is
+``off``: sending and exiting at once was a way around every check above. (A
+rank seen alive keeps its identity for a while after it exits, so its final
+``job_end`` verifies.) Where the agent cannot see every process (not root,
+``hidepid``), a missing sender is not judged.
+
 ``verify_job`` decides what happens when nothing ties the sender to a job:
 ``off`` checks no job or rank at all, ``when_known`` (default) lets it
 through, ``strict`` rejects it (``job_unverified``).
@@ -80,6 +87,7 @@ class Sender:
 
     creds: Creds | None = None
     identity: ProcIdentity | None = None
+    gone: bool = False  # a visible pid /proc no longer shows, never seen alive
 
 
 LOCAL = Sender()  # datagrams fed in-process (tests, replays): no credentials
@@ -107,6 +115,9 @@ class SenderGate:
                                        clock=clock)
         self.per_user = TokenBuckets(self.policy.user_rate, self.policy.user_burst, clock=clock)
         self._names = machine_names(hostname) | self.policy.host_aliases
+        # Whether this agent sees every process in /proc (root, no hidepid): then a sender
+        # /proc does not show has exited, not hidden. Pid 1 is the probe.
+        self._sees_all = self.identities.proc.start_time(1) is not None
         self._logged: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.rate_limited = 0  # only the reader thread writes it
 
@@ -125,7 +136,8 @@ class SenderGate:
             return None
         if self.policy.verify_job is VerifyJob.OFF or not visible:
             return Sender(creds)
-        return Sender(creds, self.identities.get(creds.pid))
+        ident = self.identities.get(creds.pid)
+        return Sender(creds, ident, gone=ident is None and self._sees_all)
 
     # ------------------------------------------------------------------ tick
     def check(self, sender: Sender, own_host: str, host: str, job: str,
@@ -135,6 +147,8 @@ class SenderGate:
             return "host_mismatch"
         if self.policy.verify_job is VerifyJob.OFF:
             return None
+        if sender.gone:  # sent and exited before the agent could look: nothing to verify
+            return "sender_gone"
         reason = self._check_job(sender.identity, job, rank)
         ident = sender.identity
         if reason is None and gpu is not None and ident is not None \
