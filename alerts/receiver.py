@@ -25,12 +25,13 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from stepwatch.contract.ops import AlertRecord, encode_ops
 from stepwatch.contract.topics import Topics
 from stepwatch.errors import ConfigError, RemediationError, StepwatchError
+from stepwatch.httpd import BoundedHTTPServer, DeadlineHandler
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -77,7 +78,7 @@ def records(body: bytes, received_at: float) -> list[AlertRecord]:
     """The alerts of one webhook body, as records (PayloadError when it is not v4)."""
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting
         raise PayloadError(f"not JSON: {err}") from err
     if not isinstance(data, dict) or str(data.get("version")) != "4":
         raise PayloadError("not an Alertmanager webhook payload of version 4")
@@ -139,8 +140,7 @@ class AlertReceiver:
         self._token = token.encode()
         self.max_body = max_body
         self.received = 0
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((host, port), _handler(self))
         self._thread: threading.Thread | None = None
 
     @property
@@ -183,9 +183,8 @@ class AlertReceiver:
 
 
 def _handler(receiver: AlertReceiver) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(DeadlineHandler):
         protocol_version = "HTTP/1.1"
-        timeout = 30
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("alert receiver " + format, *args)

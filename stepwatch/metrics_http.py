@@ -28,10 +28,12 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from prometheus_client import CollectorRegistry, make_wsgi_app
 
 from stepwatch.errors import ConfigError
+from stepwatch.httpd import ConnectionCap, DeadlineHandler
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
+HANDSHAKE_SECONDS = 10.0
 Wsgi = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -91,9 +93,42 @@ def basic_auth(app: Wsgi, user: str, password: str, realm: str = "stepwatch") ->
     return guarded
 
 
-class _Quiet(WSGIRequestHandler):
+class _Quiet(WSGIRequestHandler, DeadlineHandler):
+    """One scrape per connection, which must arrive in time (:mod:`stepwatch.httpd`)."""
+
+    def handle(self) -> None:
+        try:
+            super().handle()
+        except (TimeoutError, ConnectionError, ssl.SSLError) as err:
+            log.debug("metrics request dropped client=%s error=%r", self.client_address[0], err)
+
     def log_message(self, format: str, *args: Any) -> None:
         return None
+
+
+class _Server(ConnectionCap, ThreadingMixIn, WSGIServer):
+    """At most ``max_connections`` scrapes at once; with ``tls`` set, each connection's TLS
+    handshake runs in its own thread under a timeout, never in the accept loop (where one
+    client that never sent a ClientHello stopped every scrape)."""
+
+    daemon_threads = True
+    tls: ssl.SSLContext | None = None
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        if self.tls is not None:
+            sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if isinstance(request, ssl.SSLSocket):
+            try:
+                request.settimeout(HANDSHAKE_SECONDS)
+                request.do_handshake()
+            except (OSError, ssl.SSLError) as err:  # TimeoutError is an OSError
+                log.debug("metrics TLS handshake failed client=%s error=%r", client_address, err)
+                return
+        super().finish_request(request, client_address)
 
 
 class MetricsServer:
@@ -127,8 +162,7 @@ def serve_metrics(registry: CollectorRegistry, endpoint: Endpoint, name: str = "
         app = basic_auth(app, endpoint.user, endpoint.password)
     family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
 
-    class Server(ThreadingMixIn, WSGIServer):
-        daemon_threads = True
+    class Server(_Server):
         address_family = family
 
     try:
@@ -142,7 +176,7 @@ def serve_metrics(registry: CollectorRegistry, endpoint: Endpoint, name: str = "
         except (OSError, ssl.SSLError) as err:
             httpd.server_close()
             raise ConfigError(f"cannot load the metrics TLS certificate/key: {err}") from err
-        httpd.socket = context.wrap_socket(httpd.socket, server_side=True)
+        httpd.tls = context  # wrapped per connection, in its thread (see _Server)
     server = MetricsServer(httpd, endpoint)
     log.info("metrics endpoint listening service=%s url=%s tls=%s auth=%s", name or "-",
              server.url, bool(endpoint.certfile), bool(endpoint.user))

@@ -48,6 +48,7 @@ class ProcIdentity:
     env_jobs: frozenset[str] = frozenset()  # job ids the environment names (weak)
     env_rank: int | None = None  # STEPWATCH_RANK, else RANK
     env_pod_uid: str = ""  # POD_UID from the downward API, when set
+    env_gpus: frozenset[int] | None = None  # CUDA_VISIBLE_DEVICES when all numeric
     environ_readable: bool = False
 
     @property
@@ -108,6 +109,7 @@ class ProcFS:
         return ProcIdentity(pid=pid, start_time=start, slurm_job=slurm, pod_uid=pod,
                             env_jobs=env_jobs(env), env_rank=env_rank(env),
                             env_pod_uid=env.get("POD_UID", "").strip().lower(),
+                            env_gpus=env_gpus(env),
                             environ_readable=raw_env is not None)
 
 
@@ -137,6 +139,15 @@ def env_jobs(env: Mapping[str, str]) -> frozenset[str]:
         namespace = env.get("POD_NAMESPACE", "")
         jobs.add(f"{namespace}/{match.group('job')}" if namespace else match.group("job"))
     return frozenset(j for j in jobs if j and j != "none")  # torchrun's default run id
+
+
+def env_gpus(env: Mapping[str, str]) -> frozenset[int] | None:
+    """The physical GPUs ``CUDA_VISIBLE_DEVICES`` gives, when it is set and all numeric
+    (UUIDs and MIG names: None, no evidence)."""
+    items = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not items or not all(v.isdigit() for v in items):
+        return None
+    return frozenset(int(v) for v in items)
 
 
 def env_rank(env: Mapping[str, str]) -> int | None:

@@ -16,7 +16,18 @@ a decoded record claims with what is known:
   job id its environment names (``SLURM_JOB_ID``, ``STEPWATCH_JOB_ID``,
   ``TORCHELASTIC_RUN_ID``, a PyTorchJob pod name);
 * the rank must be the one its environment gives (``STEPWATCH_RANK``, else
-  ``RANK``), when it gives one (``rank_mismatch``).
+  ``RANK``), when it gives one (``rank_mismatch``);
+* the GPU (a step's ``gpu``, else its ``local_rank``; an event's ``gpu``) must
+  be one its ``CUDA_VISIBLE_DEVICES`` names, when that is numeric
+  (``gpu_mismatch``): the agent labels that GPU's samples and XID events with
+  the job that claims it.
+
+A sender that had already exited when its datagram was read, and that the
+agent never saw alive, is rejected (``sender_gone``) unless ``verify_job`` is
+``off``: sending and exiting at once was a way around every check above. (A
+rank seen alive keeps its identity for a while after it exits, so its final
+``job_end`` verifies.) Where the agent cannot see every process (not root,
+``hidepid``), a missing sender is not judged.
 
 ``verify_job`` decides what happens when nothing ties the sender to a job:
 ``off`` checks no job or rank at all, ``when_known`` (default) lets it
@@ -76,6 +87,7 @@ class Sender:
 
     creds: Creds | None = None
     identity: ProcIdentity | None = None
+    gone: bool = False  # a visible pid /proc no longer shows, never seen alive
 
 
 LOCAL = Sender()  # datagrams fed in-process (tests, replays): no credentials
@@ -103,6 +115,9 @@ class SenderGate:
                                        clock=clock)
         self.per_user = TokenBuckets(self.policy.user_rate, self.policy.user_burst, clock=clock)
         self._names = machine_names(hostname) | self.policy.host_aliases
+        # Whether this agent sees every process in /proc (root, no hidepid): then a sender
+        # /proc does not show has exited, not hidden. Pid 1 is the probe.
+        self._sees_all = self.identities.proc.start_time(1) is not None
         self._logged: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.rate_limited = 0  # only the reader thread writes it
 
@@ -121,17 +136,25 @@ class SenderGate:
             return None
         if self.policy.verify_job is VerifyJob.OFF or not visible:
             return Sender(creds)
-        return Sender(creds, self.identities.get(creds.pid))
+        ident = self.identities.get(creds.pid)
+        return Sender(creds, ident, gone=ident is None and self._sees_all)
 
     # ------------------------------------------------------------------ tick
     def check(self, sender: Sender, own_host: str, host: str, job: str,
-              rank: int | None) -> str | None:
-        """The reason to reject a record from ``sender`` claiming ``host/job/rank``, or None."""
+              rank: int | None, gpu: int | None = None) -> str | None:
+        """The reason to reject a record from ``sender`` claiming ``host/job/rank/gpu``, or None."""
         if host and host != own_host and host not in self._names:
             return "host_mismatch"
         if self.policy.verify_job is VerifyJob.OFF:
             return None
-        return self._check_job(sender.identity, job, rank)
+        if sender.gone:  # sent and exited before the agent could look: nothing to verify
+            return "sender_gone"
+        reason = self._check_job(sender.identity, job, rank)
+        ident = sender.identity
+        if reason is None and gpu is not None and ident is not None \
+                and ident.env_gpus is not None and gpu not in ident.env_gpus:
+            return "gpu_mismatch"
+        return reason
 
     def _check_job(self, ident: ProcIdentity | None, job: str, rank: int | None) -> str | None:
         strict = self.policy.verify_job is VerifyJob.STRICT

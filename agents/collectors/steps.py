@@ -186,21 +186,24 @@ class StepsCollector:
     def _admitted(self, item: RankStep | RankEvent, sender: Sender, host: str) -> bool:
         """Whether ``sender`` may say what ``item`` claims; a rejection is counted and
         logged once per sender, and the record is never forwarded."""
-        claim: tuple[str, str, int | None]
+        claim: tuple[str, str, int | None, int | None]
         if isinstance(item, RankStep):
-            claim = (item.step.host, item.step.job_id, item.step.rank)
+            rec = item.step
+            claim = (rec.host, rec.job_id, rec.rank, rec.gpu if rec.gpu is not None else rec.local_rank)
         else:
-            claim = ("", item.job_id, item.rank)
+            claim = ("", item.job_id, item.rank, item.gpu)
         reason = self.gate.check(sender, host, *claim)
         if reason is None:
             return True
         self.rejected[reason] += 1
         ident = sender.identity
         self.gate.log_once(
-            reason, sender.creds, "datagram rejected: claims host=%r job=%r rank=%s; the sender "
-            "runs slurm_job=%r env_jobs=%s env_rank=%s pod=%r", claim[0], claim[1], claim[2],
+            reason, sender.creds, "datagram rejected: claims host=%r job=%r rank=%s gpu=%s; the "
+            "sender runs slurm_job=%r env_jobs=%s env_rank=%s env_gpus=%s pod=%r", *claim,
             ident.slurm_job if ident else "", sorted(ident.env_jobs) if ident else [],
-            ident.env_rank if ident else None, ident.pod_uid if ident else "")
+            ident.env_rank if ident else None,
+            sorted(ident.env_gpus) if ident and ident.env_gpus is not None else None,
+            ident.pod_uid if ident else "")
         return False
 
     def _take_overflow(self) -> None:

@@ -18,7 +18,7 @@ class PayloadError(RemediationError):
 def parse(body: bytes) -> list[Alert]:
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting
         raise PayloadError(f"not JSON: {err}") from err
     if not isinstance(data, dict):
         raise PayloadError("payload is not a JSON object")

@@ -8,6 +8,7 @@
 Everything but ``/metrics`` and ``/healthz`` needs ``Authorization: Bearer
 <token>``; the token is compared in constant time and never logged. A body
 over ``max_body`` bytes is refused with 413 before it is read; bad JSON is 400;
+connections are capped and a request must arrive whole in time (:mod:`stepwatch.httpd`);
 any other failure is 500 and logged — the server keeps serving.
 """
 
@@ -18,7 +19,7 @@ import json
 import logging
 import threading
 from dataclasses import asdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -27,6 +28,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from stepwatch.alerts.remediate.audit import Metrics
 from stepwatch.alerts.remediate.engine import Remediator
 from stepwatch.alerts.remediate.payload import PayloadError, parse
+from stepwatch.httpd import BoundedHTTPServer, DeadlineHandler
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +46,7 @@ class RemediatorServer:
         self.registry = registry
         self.metrics = metrics
         self.max_body = max_body
-        self.httpd = ThreadingHTTPServer((host, port), _handler(self))
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((host, port), _handler(self))
         self._thread: threading.Thread | None = None
 
     @property
@@ -70,9 +71,8 @@ class RemediatorServer:
 
 
 def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(DeadlineHandler):  # a request must arrive whole within its deadline
         protocol_version = "HTTP/1.1"
-        timeout = 30  # a client that stops sending mid-request frees its thread
 
         def do_GET(self) -> None:
             self._guarded(self._get)
@@ -83,6 +83,9 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
         def _guarded(self, fn: Any) -> None:
             try:
                 fn()
+            except (ConnectionError, TimeoutError) as err:  # the client went or was too slow
+                log.debug("request dropped path=%s error=%r", urlsplit(self.path).path, err)
+                self.close_connection = True
             except Exception:  # nothing a client sends takes the service down
                 log.exception("request failed path=%s", urlsplit(self.path).path)
                 self._send(500, {"error": "internal error"})

@@ -39,7 +39,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -68,6 +67,7 @@ from stepwatch.exporters.clickhouse.sqltext import (
     skip_data_separator,
 )
 from stepwatch.exporters.clickhouse.store import error_from
+from stepwatch.httpd import BoundedHTTPServer, DeadlineHandler
 
 log = logging.getLogger(__name__)
 
@@ -181,8 +181,7 @@ class QueryService:
         self._guard_lock = threading.Lock()
         self._guard_cached: Guard | None = None
         handler = type("Handler", (_Handler,), {"service": self})
-        self._server = ThreadingHTTPServer((host, port), handler)
-        self._server.daemon_threads = True
+        self._server = BoundedHTTPServer((host, port), handler)
         self._thread: threading.Thread | None = None
 
     @property
@@ -319,11 +318,12 @@ def _apply(session: Any, settings: dict[str, str]) -> None:
         session.query(f"SET {name} = {literal(value)}")
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(DeadlineHandler):
     service: QueryService
     protocol_version = "HTTP/1.1"
     server_version = "stepwatch-store"
-    timeout = 60  # seconds a connection may sit idle or trickle its request
+    idle_seconds = 60.0  # seconds a connection may sit idle (and a reply's writes may take)
+    request_seconds = 120.0  # to send a whole request, however slowly (bodies up to 64 MiB)
     disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
 
     def log_message(self, format: str, *args: Any) -> None:

@@ -90,6 +90,8 @@ def register(sub: Any) -> None:
                    "cadence x elapsed) (default 1000)")
     a.add_argument("--step-jump-factor", dest="stream_step_jump_factor", type=float,
                    help="the factor of --step-jump-min (default 100)")
+    a.add_argument("--max-world-size", dest="stream_max_world_size", type=int,
+                   help="refuse step records claiming a larger world_size (default 65536; 0: off)")
     p.set_defaults(func=run)
 
 

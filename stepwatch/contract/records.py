@@ -35,6 +35,13 @@ NonNeg = Annotated[float, msgspec.Meta(ge=0, le=FLOAT32_MAX)]  # gauges, duratio
 NonNeg64 = Annotated[float, msgspec.Meta(ge=0)]  # FLOP counts (Float64)
 Epoch = Annotated[float, msgspec.Meta(gt=0)]  # the future is checked against the clock
 Code = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
+# Names a sender chooses (host, job, group, agent instance, detection id) reach
+# logs, Prometheus labels, the store and alert labels: bounded, and without
+# control characters (C0, DEL, C1, line separators, bidi overrides), so a job id
+# cannot forge a log line or repaint a terminal.
+NAME_MAX = 256
+NAME_PATTERN = "^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*(?![\\s\\S])"  # not "$": it also matches before a final newline
+Name = Annotated[str, msgspec.Meta(max_length=NAME_MAX, pattern=NAME_PATTERN)]
 
 
 class Kind(enum.StrEnum):
@@ -87,16 +94,16 @@ class Phases(_Base, frozen=True):
 class StepRecord(_Base, frozen=True):
     """Timing of one training step on one rank."""
 
-    job_id: str
+    job_id: Name
     rank: Index32
     world_size: Annotated[int, msgspec.Meta(ge=1, le=UINT32_MAX)]
     step: Count
     start: Epoch
     end: Epoch
-    host: str = ""
+    host: Name = ""
     local_rank: Index32 = 0
     gpu: Index16 | None = None  # GPU index on the host; defaults to local_rank when absent
-    group: str = "all"  # peer-group key: ranks are compared only with the same group
+    group: Name = "all"  # peer-group key: ranks are compared only with the same group
     phases: Phases | None = None
     samples: Count = 0
     tokens: Count = 0
@@ -197,31 +204,31 @@ class _Message(_Base, frozen=True, tag_field="kind", omit_defaults=False):
     the sending agent restarts.
     """
 
-    host: str
+    host: Name
     ts: Epoch
     v: int = CONTRACT_VERSION
-    inst: str = ""
+    inst: Name = ""
     seq: Count = 0
 
 
 class StepMessage(_Message, frozen=True, tag="step"):
     """Step records of one job gathered by one host's agent in one tick."""
 
-    job_id: str = ""
+    job_id: Name = ""
     steps: list[StepRecord] = []
 
 
 class GpuMessage(_Message, frozen=True, tag="gpu"):
     """Every GPU of one host at one tick. ``job_id`` is set when the agent knows it."""
 
-    job_id: str | None = None
+    job_id: Name | None = None
     gpus: list[GpuReading] = []
 
 
 class PortMessage(_Message, frozen=True, tag="port"):
     """Every RDMA port of one host at one tick."""
 
-    job_id: str | None = None
+    job_id: Name | None = None
     ports: list[PortReading] = []
 
 
@@ -229,7 +236,7 @@ class EventMessage(_Message, frozen=True, tag="event"):
     """A discrete event (XID, ECC, link change, job start/end, checkpoint, restart)."""
 
     type: EventType = EventType.XID
-    job_id: str | None = None
+    job_id: Name | None = None
     rank: Index32 | None = None
     gpu: Index16 | None = None
     device: str | None = None
@@ -246,13 +253,13 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     ``evidence`` holds the numbers that decided it.
     """
 
-    id: str = ""
-    job_id: str = ""
+    id: Name = ""
+    job_id: Name = ""
     type: str = ""  # straggler | job_slowdown | hang | rank_missing | link_flap | throughput | user_error
     state: str = "open"  # open | update | resolved
     rank: Index32 | None = None
     gpu: Index16 | None = None
-    group: str = ""
+    group: Name = ""
     cause: str = "unknown"  # gpu | network | host_input | hardware | user | unknown
     fault: str = "unknown"  # system | user | unknown
     score: float | None = None
@@ -268,7 +275,7 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     port: Index16 | None = None  # NIC port number
     ranks: list[Index32] = []  # affected ranks of a host-level detection
     related: str = ""  # id of the incident this detection belongs to ("" = its own)
-    producer: str = ""  # the stream worker that produced it (its name, default host:pid)
+    producer: Name = ""  # the stream worker that produced it (its name, default host:pid)
 
 
 Message = StepMessage | GpuMessage | PortMessage | EventMessage | DetectionMessage

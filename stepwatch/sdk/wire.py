@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
-from stepwatch.contract.records import EventType, StepRecord
+from stepwatch.contract.records import EventType, Name, StepRecord
 from stepwatch.errors import ContractError
 
 WIRE_VERSION = 1
@@ -33,7 +33,7 @@ class RankEvent(
 ):
     type: EventType
     ts: float
-    job_id: str
+    job_id: Name  # bounded, no control characters (as in the contract's messages)
     rank: int | None = None
     gpu: int | None = None
     detail: str = ""

@@ -18,7 +18,13 @@ record cannot move a high-water mark that real data is then judged against:
   it starts after the run's latest step ended it is a restart (:attr:`Admission.rewound` names the job so that the duplicate
   filter forgets its window).
 * ``foreign_lifecycle`` — a ``job_end`` from a host that sent no step record
-  of that job. A job this worker has no step from yet is not judged.
+  of that job; likewise a step record with another ``world_size`` than the
+  job's from such a host (the detection core takes a new size for a restart
+  and closes the job's open detections). A job this worker has no step from
+  yet is not judged.
+* ``world_size`` — a ``world_size`` above ``max_world_size``: the detection
+  core's memory per job grows with the size a record claims, not with the
+  ranks that report (one record of 2^20 ranks cost the worker ~2 GiB).
 
 Memory: one small entry per job, at most ``max_jobs`` (least recently seen
 evicted).
@@ -42,6 +48,7 @@ class Reason(enum.StrEnum):
     TOO_OLD = "too_old"
     STEP_JUMP = "step_jump"
     FOREIGN_LIFECYCLE = "foreign_lifecycle"
+    WORLD_SIZE = "world_size"
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class AdmissionConfig:
     step_jump_min: int = 1000
     step_jump_factor: float = 100.0
     max_jobs: int = 4096
+    max_world_size: int = 65536  # 4x a 16,384-GPU job; <= 0: no check
 
 
 @dataclass(frozen=True)
@@ -71,12 +79,14 @@ class Admission:
 class _Job:
     """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``: this run's."""
 
-    __slots__ = ("ceiling", "ceiling_end", "first_end", "first_step", "hosts", "peak", "peak_end")
+    __slots__ = ("ceiling", "ceiling_end", "first_end", "first_step", "hosts", "peak", "peak_end",
+                 "world")
 
     def __init__(self, rec: StepRecord) -> None:
         self.first_step = self.ceiling = self.peak = rec.step
         self.first_end = self.ceiling_end = self.peak_end = rec.end
         self.hosts: set[str] = set()
+        self.world = rec.world_size
 
     def allowance(self, end: float, cfg: AdmissionConfig) -> float:
         span = self.peak_end - self.first_end
@@ -134,7 +144,16 @@ class Gate:
         return out
 
     def _step(self, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
+        if 0 < self.cfg.max_world_size < rec.world_size:
+            return Refusal(Reason.WORLD_SIZE, f"job {rec.job_id} rank {rec.rank}: world_size "
+                           f"{rec.world_size} is over {self.cfg.max_world_size}")
         job = self._job(rec)
+        if rec.world_size != job.world:
+            if job.hosts and host not in job.hosts:
+                return Refusal(Reason.FOREIGN_LIFECYCLE, (
+                    f"job {rec.job_id} rank {rec.rank}: world_size {rec.world_size} (the job has "
+                    f"{job.world}) from host {host!r}, which sent none of its steps"))
+            job.world = rec.world_size
         if rec.step > job.peak:
             limit = job.allowance(rec.end, self.cfg)
             if rec.step - job.peak > limit:

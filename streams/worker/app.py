@@ -234,7 +234,8 @@ def admission_config(settings: Settings) -> AdmissionConfig:
     return AdmissionConfig(future_seconds=settings.stream_future_seconds,
                            max_age_seconds=settings.stream_max_age_seconds,
                            step_jump_min=settings.stream_step_jump_min,
-                           step_jump_factor=settings.stream_step_jump_factor)
+                           step_jump_factor=settings.stream_step_jump_factor,
+                           max_world_size=settings.stream_max_world_size)
 
 
 def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App

@@ -44,6 +44,7 @@ class DlqReason(enum.StrEnum):
     TOO_OLD = "too_old"
     STEP_JUMP = "step_jump"
     FOREIGN_LIFECYCLE = "foreign_lifecycle"
+    WORLD_SIZE = "world_size"
 
     @classmethod
     def of(cls, err: ContractError) -> DlqReason:
