@@ -217,8 +217,10 @@ def test_real_proc_pins_a_live_sender_and_notices_when_it_exits() -> None:
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"],
-                             env={"SLURM_JOB_ID": "41", "PATH": "/usr/bin:/bin"})
+    child = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); "
+                              "time.sleep(30)"], env={"SLURM_JOB_ID": "41", "PATH": "/usr/bin:/bin"},
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "ready\n"  # fully started
     cache = IdentityCache(ProcFS("/proc"))
     try:
         assert cache.get(child.pid).env_jobs == {"41"}  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ scrape/webhook/data-source addresses, services referenced exist, commands parse.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shlex
 from pathlib import Path
@@ -175,7 +176,8 @@ def test_no_token_is_committed_and_one_is_generated_once(tmp_path: Path) -> None
     assert any(v.split(":")[1] == str(Path(path).parent) for v in init["volumes"])
     token = tmp_path / "remediator.token"
     for _ in range(2):  # a restart keeps the first token
-        done = subprocess.run(["python3", "-c", script, str(token)], capture_output=True, text=True)
+        done = subprocess.run(["python3", "-c", script, str(token)], capture_output=True,
+                              text=True, preexec_fn=lambda: os.umask(0o022))  # a container's
         assert done.returncode == 0, done.stderr
         if _ == 0:
             first = token.read_text()
