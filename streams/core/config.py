@@ -41,7 +41,10 @@ class DetectConfig:
     assembly_deadline_seconds: float = 5.0  # close a step this long after its latest record
     max_pending_steps: int = 64  # more open steps than this: the oldest is closed at once
     # --- straggler (rank vs its peer group) --------------------------------------
-    warmup_steps: int = 5  # first steps of a job (or after a restart) are not scored
+    warmup_steps: int = 5  # first steps of a job are not scored
+    # steps after a restart from a checkpoint that are not scored: caches, compilation and
+    # data loaders warm up again, on a job whose baseline already exists
+    restart_warmup_steps: int = 10
     window_steps: int = 8  # n: the persistence window
     persist_steps: int = 5  # k: flagged in k of the last n steps opens a detection
     straggler_min_seconds: float = 2.0  # ... and its run of flags began this long before

@@ -10,7 +10,7 @@ import numpy as np
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, StepRecord
 from stepwatch.contract.goodput import MFU_UNKNOWN
 from stepwatch.streams.core.api import JobStats
-from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, StepAssembler
+from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, Rewind, StepAssembler
 from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hang import check_hang
@@ -47,6 +47,7 @@ class Job(Incidents, Stragglers):
         self.last_step = -1  # the last step closed (analysed)
         self.newest_step = -1  # the furthest step any rank reported
         self.warm = 0
+        self._warmup = cfg.warmup_steps  # steps not scored from the start (or a restart)
         self.hung_since: float | None = None
         self.longest_pause = 0.0  # seconds a step took beyond the cadence, at most (hang limit)
         self.ended_at: float | None = None
@@ -128,7 +129,7 @@ class Job(Incidents, Stragglers):
         if self.book.open:
             out.extend(self._links_clear(cs))
         self.warm += 1
-        if self.warm <= self.cfg.warmup_steps or self.finalised:
+        if self.warm <= self._warmup or self.finalised:
             return out
         groups = self.ranks.groups()
         self.straggler.update(cs, groups)
@@ -260,11 +261,25 @@ class Job(Incidents, Stragglers):
                 for type_ in (T.HANG, T.RANK_MISSING):
                     for key in self.book.keys(type_):
                         out.extend(self.book.resolve(key, restarted_at, rw.to_step, "restarted"))
+            out.extend(self._restarted(rw))
         self.assembler.rewinds.clear()
         self.warm = 0
+        self._warmup = self.cfg.restart_warmup_steps
         self.straggler.reset()
+        self.slowdown.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
         self.newest_step = self.assembler.last_closed + 1
+        return out
+
+    def _restarted(self, rw: Rewind) -> list[DetectionMessage]:
+        """A restart from a checkpoint is a new run: its ranks may sit on other hosts, so the
+        run's stragglers and slowdowns are resolved; a fault that persists opens again once
+        the new run has warmed up."""
+        out: list[DetectionMessage] = []
+        at = self.last_progress + max(rw.gap_seconds, 0.0)
+        for type_ in (T.STRAGGLER, T.JOB_SLOWDOWN):
+            for key in self.book.keys(type_):
+                out.extend(self.book.resolve(key, at, rw.to_step, "job restarted from a checkpoint"))
         return out
 
     def _finalise(self, now: float) -> list[DetectionMessage]:

@@ -86,6 +86,13 @@ class SlowdownTracker:
         self._host_names: tuple[str, ...] = ()
         self.group_base: np.ndarray | None = None  # baseline median busy time per group
 
+    def on_restart(self) -> None:
+        """A restart from a checkpoint: the recent window and its flags belong to the old run
+        (the baseline, the job's own history, is kept)."""
+        for ring in (self.recent, self.ratios, self.flags, self.group_recent, self.cpu_recent):
+            if ring is not None:
+                ring.clear()
+
     def update(self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray,
                hosts: GroupIndex | None = None) -> None:
         """Add a closed step; ``hosts`` (the ranks of each host) localizes CPU contention."""

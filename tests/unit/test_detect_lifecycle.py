@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from detect_synth import T0, Job, drive, event, gpu_message, interleave
+from detect_synth import T0, Job, drive, event, gpu_message, interleave, opened
 
 from stepwatch.contract import EventType
 from stepwatch.streams.core import DetectConfig, Engine
@@ -123,3 +123,30 @@ def test_a_job_restarted_with_another_world_size_starts_afresh() -> None:
     drive(engine, [*first, *second])
     (s,) = engine.stats()
     assert s.world_size == 8 and s.last_step == 29
+
+
+def test_a_restart_resolves_the_runs_straggler_and_its_warm_up_opens_nothing() -> None:
+    """A drain + requeue: the straggler's run ends, the job restarts from its checkpoint on
+    healthy hosts and warms up (first steps up to 1.8x slower, as caches, compilation and
+    data loaders fill again). The run's straggler resolves as restarted; neither the warm-up
+    nor the old run's slow window opens a job_slowdown."""
+    import msgspec
+
+    engine = Engine()
+    first = Job(world=16, steps=90, slow={13: (40, 1.3)}).messages()
+    found = drive(engine, first)
+    assert [(d.type, d.rank) for d in opened(found)] == [("straggler", 13)]
+
+    def warm(s: int) -> float:  # decays to 1 over ten steps after the restart at step 75
+        since = s - 75
+        return 1.0 + 0.8 * (1.0 - since / 10) ** 2 if 0 <= since < 10 else 1.0
+
+    shift = max(r.end for m in first for r in m.steps) - T0 + 20.0  # back 20 s later
+    again = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
+        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift) for r in m.steps])
+        for m in Job(world=16, steps=160, job_factor=warm).messages() if m.steps[0].step >= 75]
+    found = drive(engine, again)
+    resolved = [d for d in found if d.state == "resolved"]
+    assert [(d.type, d.rank, d.evidence["resolved_because"]) for d in resolved] == [
+        ("straggler", 13, "job restarted from a checkpoint")]
+    assert opened(found) == []
