@@ -81,6 +81,8 @@ class Remediator:
                 if self.outcomes is not None:
                     out.extend(self.outcomes.resolved(alert))
                 continue  # a resolved alert asks for nothing more
+            if self.outcomes is not None:
+                self.outcomes.refired(alert)
             with self._lock:
                 out.extend(self._alert(alert, lookups, budget))
         if len(seen) < len(alerts):

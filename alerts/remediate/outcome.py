@@ -1,9 +1,12 @@
 """Did the remediation help? An executed drain/requeue waits for its alert to resolve.
 
 When the alert that led to an executed action resolves (Alertmanager sends
-``status: resolved`` with ``send_resolved: true``) before the deadline, the
-outcome is ``recovered``; at the deadline without that, ``not_recovered``
-and the on-call is paged: a remediation that did not help is itself a
+``status: resolved`` with ``send_resolved: true``) before the deadline and
+stays resolved for ``settle`` (it may fire again once the restarted job has
+warmed up), the outcome is ``recovered`` - unless both step times are known
+and the job is not at least ``min_gain`` faster than before the action
+(``not_recovered``, ``step_time_not_back``); still firing at the deadline:
+``not_recovered``. Each not recovered pages the on-call: a remediation that did not help is itself a
 finding. Each outcome is one audit decision and counts in
 ``stepwatch_remediation_outcomes_total{outcome}``. With a Prometheus URL the
 job's step time (``stepwatch_job_step_seconds``) before the action and at the
@@ -96,26 +99,51 @@ class OutcomeTracker:
                 before=self.step_time(alert.job_id) if alert.job_id else None))
 
     def resolved(self, alert: Alert) -> list[Decision]:
-        """A resolved alert: its pending remediation (if any) recovered."""
+        """A resolved alert: its pending remediation settles (or is judged now, settle 0)."""
         now = self.clock()
         with self._lock:
-            rows = [r for r in self.state.pending_for(alert.fingerprint) if r.key == alert_key(alert)]
-            return [self._decide(r, Outcome.RECOVERED, now) for r in rows if now <= r.deadline]
+            rows = [r for r in self.state.pending_for(alert.fingerprint)
+                    if r.key == alert_key(alert) and now <= r.deadline and not r.resolved_at]
+            for r in rows:
+                self.state.put_outcome(OutcomeRow(**{**r.__dict__, "resolved_at": now}))
+        return self.check() if rows and self.settings.settle_s <= 0 else []
+
+    def refired(self, alert: Alert) -> None:
+        """The alert fires again while its remediation settles: the settling starts over."""
+        with self._lock:
+            row = self.state.outcome(alert_key(alert))
+            if row is not None and not row.outcome and row.resolved_at:
+                self.state.put_outcome(OutcomeRow(**{**row.__dict__, "resolved_at": 0.0}))
+                log.info("remediated alert fired again key=%s node=%s", row.key, row.node)
 
     def check(self) -> list[Decision]:
-        """Every pending remediation past its deadline: not recovered, page a person."""
+        """Settled remediations are judged; those past the deadline still firing did not
+        help: each not recovered pages a person."""
         now = self.clock()
         with self._lock:
-            decisions = [self._decide(r, Outcome.NOT_RECOVERED, now) for r in self.state.overdue(now)]
+            decisions = [self._judge(r, now) for r in self.state.settled(now, self.settings.settle_s)]
+            decisions += [self._decide(r, Outcome.NOT_RECOVERED, now, "still_firing_at_deadline")
+                          for r in self.state.overdue(now)]
         for d in decisions:
-            self._page(d)
+            if d.outcome is Outcome.NOT_RECOVERED:
+                self._page(d)
         return decisions
 
-    def _decide(self, row: OutcomeRow, outcome: Outcome, now: float) -> Decision:
+    def _judge(self, row: OutcomeRow, now: float) -> Decision:
+        """The alert stayed resolved; with both step times known, the job must also be at
+        least ``min_gain`` faster than before the action."""
         after = self.step_time(row.job_id) if row.job_id else None
+        if row.before is not None and after is not None and \
+                after > row.before * (1.0 - self.settings.min_gain):
+            return self._decide(row, Outcome.NOT_RECOVERED, now, "step_time_not_back", after)
+        return self._decide(row, Outcome.RECOVERED, now, "resolved_and_stayed_resolved", after)
+
+    def _decide(self, row: OutcomeRow, outcome: Outcome, now: float, reason: str,
+                after: float | None = None) -> Decision:
+        if after is None:
+            after = self.step_time(row.job_id) if row.job_id else None
         self.state.put_outcome(OutcomeRow(**{**row.__dict__, "outcome": outcome.value,
                                              "decided": now, "after": after}))
-        reason = "resolved_in_time" if outcome is Outcome.RECOVERED else "still_firing_at_deadline"
         detail = f"{row.action} at {row.acted:.0f}, {now - row.acted:.0f} s later{_steps(row.before, after)}"
         first = row.action.split("+")[0]
         decision = Decision(now, f"outcome-{row.key}", ActionKind(first), outcome, self.mode, reason,

@@ -67,7 +67,9 @@ class OutcomeSettings:
 
     deadline_s: float = 600.0
     check_every_s: float = 15.0
-    prometheus_url: str = ""  # set: the job's step time before and after is recorded
+    prometheus_url: str = ""  # set: the job's step time before and after is recorded and judged
+    settle_s: float = 120.0  # the alert must stay resolved this long to count as recovered
+    min_gain: float = 0.03  # with both step times known: after <= before * (1 - min_gain)
 
 
 @dataclass(frozen=True)
@@ -131,13 +133,17 @@ def from_mapping(raw: Any) -> Policy:
 
 def _outcome(raw: Any) -> OutcomeSettings:
     data = _mapping("outcome", raw)
-    _known("outcome", data, {"deadline", "check_every", "prometheus_url"})
+    _known("outcome", data, {"deadline", "check_every", "prometheus_url", "settle", "min_gain"})
     d = OutcomeSettings()
     every = _duration("outcome.check_every", data.get("check_every", d.check_every_s))
     if every <= 0:
         raise PolicyError("outcome.check_every: must be more than 0")
+    gain = float(data.get("min_gain", d.min_gain))
+    if not 0 <= gain < 1:
+        raise PolicyError("outcome.min_gain: must be in [0, 1)")
     return OutcomeSettings(_duration("outcome.deadline", data.get("deadline", d.deadline_s)), every,
-                           str(data.get("prometheus_url", "") or ""))
+                           str(data.get("prometheus_url", "") or ""),
+                           _duration("outcome.settle", data.get("settle", d.settle_s)), gain)
 
 
 def _rule(where: str, raw: Any) -> Rule:

@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS breaker (id INTEGER PRIMARY KEY CHECK (id = 1), open 
     changed REAL, reason TEXT);
 CREATE TABLE IF NOT EXISTS outcomes (key TEXT PRIMARY KEY, fingerprint TEXT, alertname TEXT,
     action TEXT, node TEXT, job_id TEXT, acted REAL, deadline REAL, outcome TEXT, decided REAL,
-    before REAL, after REAL);
+    before REAL, after REAL, resolved_at REAL NOT NULL DEFAULT 0);
 """
 _HISTORY_COLUMNS = (("ref", "TEXT NOT NULL DEFAULT ''"), ("action", "TEXT NOT NULL DEFAULT ''"))
 RESERVE, RESERVE_DRAIN = "reserve", "reserve_drain"
@@ -88,6 +88,7 @@ class OutcomeRow:
     decided: float = 0.0
     before: float | None = None  # the job's step time before the action (s), when known
     after: float | None = None
+    resolved_at: float = 0.0  # when its alert resolved (0: firing); decided after settling
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,9 @@ class State:
             for name, decl in _HISTORY_COLUMNS:  # state files from before the column
                 if name not in have:
                     self._db.execute(f"ALTER TABLE history ADD COLUMN {name} {decl}")
+            have = {r[1] for r in self._db.execute("PRAGMA table_info(outcomes)")}
+            if "resolved_at" not in have:  # state files from before the settle period
+                self._db.execute("ALTER TABLE outcomes ADD COLUMN resolved_at REAL NOT NULL DEFAULT 0")
         except (OSError, sqlite3.Error) as err:
             raise RemediationError(f"cannot open the remediator state in {path}: {err}") from err
         self._lock = threading.Lock()
@@ -172,10 +176,10 @@ class State:
 
     def put_outcome(self, row: OutcomeRow) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO outcomes VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            self._db.execute("INSERT OR REPLACE INTO outcomes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                              (row.key, row.fingerprint, row.alertname, row.action, row.node,
                               row.job_id, row.acted, row.deadline, row.outcome, row.decided,
-                              row.before, row.after))
+                              row.before, row.after, row.resolved_at))
 
     def outcome(self, key: str) -> OutcomeRow | None:
         with self._lock:
@@ -187,7 +191,13 @@ class State:
         return self._outcome_rows("outcome = '' AND fingerprint = ?", (fingerprint,))
 
     def overdue(self, now: float) -> list[OutcomeRow]:
-        return self._outcome_rows("outcome = '' AND deadline <= ?", (now,))
+        """Pending past the deadline with the alert still firing."""
+        return self._outcome_rows("outcome = '' AND resolved_at = 0 AND deadline <= ?", (now,))
+
+    def settled(self, now: float, settle_s: float) -> list[OutcomeRow]:
+        """Pending whose alert has stayed resolved for ``settle_s``."""
+        return self._outcome_rows("outcome = '' AND resolved_at > 0 AND resolved_at <= ?",
+                                  (now - settle_s,))
 
     def outcomes(self, limit: int = 200) -> list[OutcomeRow]:
         return self._outcome_rows("1 = 1 ORDER BY acted DESC LIMIT ?", (limit,))

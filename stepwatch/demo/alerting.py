@@ -51,7 +51,7 @@ page: {{kind: log}}
 """
 # where the remediator tracks outcomes: did the alert resolve after the action?
 OUTCOME = """\
-outcome: {{deadline: 5m, check_every: 5s, prometheus_url: "{prometheus}"}}
+outcome: {{deadline: 5m, check_every: 5s, settle: 20s, prometheus_url: "{prometheus}"}}
 """
 
 

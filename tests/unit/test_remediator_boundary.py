@@ -172,12 +172,18 @@ def test_skips_after_a_scheduler_call_are_remembered(tmp_path):
     assert {d.reason for d in eng.handle([alert(host="node07")])} == {"node_not_in_job"}
 
 
-def test_outcome_recovered_when_the_alert_resolves_in_time(tmp_path):
+def test_outcome_recovered_when_the_alert_resolves_in_time_and_stays_resolved(tmp_path):
     eng, _fake, pager, clock, registry = engine(tmp_path, tracker=True)
     eng.handle([alert()])
     clock.now += 120
-    decisions = eng.handle([alert(status="resolved")])
-    assert [(d.outcome, d.reason) for d in decisions] == [(Outcome.RECOVERED, "resolved_in_time")]
+    assert eng.handle([alert(status="resolved")]) == []  # settling: it may fire again
+    assert eng.outcomes is not None
+    clock.now += 119
+    assert eng.outcomes.check() == []
+    clock.now += 2  # resolved for the settle period (120 s)
+    decisions = eng.outcomes.check()
+    assert [(d.outcome, d.reason) for d in decisions] == [
+        (Outcome.RECOVERED, "resolved_and_stayed_resolved")]
     row = eng.state.outcomes()[0]
     assert row.outcome == "recovered" and row.action == "drain+requeue"
     assert registry.get_sample_value("stepwatch_remediation_outcomes_total",
@@ -198,6 +204,42 @@ def test_outcome_not_recovered_at_the_deadline_pages(tmp_path):
     assert eng.handle([alert(status="resolved")]) == []  # too late: stays not_recovered
     assert registry.get_sample_value("stepwatch_remediation_outcomes_total",
                                      {"outcome": "not_recovered"}) == 1
+
+
+def test_outcome_an_alert_that_fires_again_while_settling_did_not_recover(tmp_path):
+    """The restart resolves the straggler; once the new run has warmed up on the same bad
+    node it fires again: the remediation did not help, at the deadline a person is paged."""
+    eng, _fake, pager, clock, _registry = engine(tmp_path, tracker=True)
+    eng.handle([alert()])
+    assert eng.outcomes is not None
+    clock.now += 60
+    eng.handle([alert(status="resolved")])
+    clock.now += 60
+    eng.handle([alert()])  # fired again before settling (duplicate actions: nothing redone)
+    clock.now += 100
+    assert eng.outcomes.check() == []  # not resolved any more: no recovery to settle
+    clock.now += 400
+    late = eng.outcomes.check()
+    assert [(d.outcome, d.reason) for d in late] == [
+        (Outcome.NOT_RECOVERED, "still_firing_at_deadline")]
+    assert pager.events[-1]["kind"] == "page"
+
+
+def test_outcome_resolved_but_the_step_time_did_not_come_back(tmp_path):
+    from stepwatch.alerts.remediate.policy import OutcomeSettings
+
+    eng, _fake, pager, clock, _registry = engine(tmp_path, tracker=True)
+    assert eng.outcomes is not None
+    times = iter([1.27, 1.26])  # before the action, after settling: not 3 % faster
+    eng.outcomes.step_time = lambda job_id: next(times)  # what Prometheus would answer
+    eng.outcomes.settings = OutcomeSettings(settle_s=30.0)
+    eng.handle([alert()])
+    clock.now += 10
+    eng.handle([alert(status="resolved")])
+    clock.now += 31
+    (d,) = eng.outcomes.check()
+    assert (d.outcome, d.reason) == (Outcome.NOT_RECOVERED, "step_time_not_back")
+    assert "1.27" in d.detail and pager.events[-1]["kind"] == "page"
 
 
 def runner(answers: dict[str, str], calls: list[list[str]]):
