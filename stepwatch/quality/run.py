@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepwatch.quality import recorded, wild_suite
+from stepwatch.quality import drift_suite, recorded, wild_suite
 from stepwatch.quality.score import CaseResult, _fmt, report_lines, score
 from stepwatch.quality.suite import BenchCase, suite
 from stepwatch.sim import simulate
@@ -95,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="list every miss and false detection")
     p.add_argument("--family", choices=(*FAMILIES, "all", "none"), default="all",
                    help="scenario family: sim (stepwatch.sim), wild (stepwatch.quality.wild, "
-                        "written independently), all (default) or none")
+                        "written independently), drift (stepwatch.quality.drift: autocorrelated "
+                        "drift, heavy tails, ragged batches), all (default) or none")
     p.add_argument("--recorded", metavar="DIR", action="append", default=[],
                    help="also score the labelled recordings of real jobs in DIR "
                         "(see stepwatch.quality.recorded; repeatable)")
@@ -110,7 +111,7 @@ def families_of(family: str, recorded: Sequence[str]) -> tuple[str, ...]:
     return (*chosen, *(f"recorded:{d}" for d in recorded))
 
 
-FAMILIES = ("sim", "wild")
+FAMILIES = ("sim", "wild", "drift")
 
 
 def cases_of(family: str, *, quick: bool, seed: int) -> list[BenchCase]:
@@ -118,6 +119,8 @@ def cases_of(family: str, *, quick: bool, seed: int) -> list[BenchCase]:
         return list(suite(quick=quick, seed=seed))
     if family.startswith("recorded:"):
         return list(recorded.cases(family.removeprefix("recorded:")))
+    if family == "drift":
+        return list(drift_suite.suite(quick=quick, seed=seed))
     return list(wild_suite.suite(quick=quick, seed=seed))
 
 

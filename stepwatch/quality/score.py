@@ -30,6 +30,7 @@ from stepwatch.quality.suite import BenchCase as Case
 from stepwatch.sim import Label
 
 JOB_LEVEL = frozenset({"job_slowdown", "hang", "user_error"})
+NETWORK_TYPES = frozenset({"network_congestion", "link_errors"})
 SLOWDOWN_KINDS = frozenset(k.value for k in SLOWDOWNS)
 START_TOLERANCE_S = 1.0
 END_GRACE_S = 60.0
@@ -61,7 +62,7 @@ def hits(label: Label, d: DetectionMessage) -> bool:
         return False
     if label.end_ts is not None and d.ts > label.end_ts + END_GRACE_S:
         return False
-    if d.type == "link_flap":
+    if d.type == "link_flap" or d.type in NETWORK_TYPES:
         return d.host == label.host
     if d.type == "job_slowdown" and label.cause == "network" and label.host:
         return d.host == label.host
