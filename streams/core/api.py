@@ -31,6 +31,11 @@ class JobStats:
     flagged_ranks: dict[int, float] = field(default_factory=dict)  # rank -> straggler score
     # badput category (data_stall, checkpoint, hang, restart, lost_progress, other) -> seconds
     badput_seconds: dict[str, float] = field(default_factory=dict)
+    # straggler *suspects*: slower than their peers, but not (yet) material or lasting enough
+    # to be an incident (see docs/detection.md, "Two tiers"): rank -> score now, and how many
+    # ranks became suspects since the job started
+    suspect_ranks: dict[int, float] = field(default_factory=dict)
+    suspects_total: int = 0
 
 
 class Analyzer(Protocol):

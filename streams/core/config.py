@@ -49,6 +49,9 @@ class DetectConfig:
     straggler_phase_floor_ratio: float = 0.67  # one phase above its median by this x min_excess
     straggler_step_z: float = 2.5  # a step is flagged this many robust sigmas above
     straggler_z: float = 5.0  # the window's median excess this many standard errors above
+    # an incident's excess must cost the step this share of its time (median step time,
+    # pauses left out); a smaller one is a *suspect*: counted and shown, never paged
+    straggler_material_share: float = 0.03
     straggler_clear_ratio: float = 0.5  # still flagged while score >= this x threshold
     min_group_size: int = 3  # groups smaller than this cannot be compared
     require_comm_corroboration: bool = True  # straggler must wait least in collectives

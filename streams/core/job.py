@@ -55,6 +55,8 @@ class Job(Incidents, Stragglers):
         self._attr_cache: dict[Key, tuple[float, Attribution]] = {}
         self._host_defer: dict[str, int] = {}  # host -> steps a rank-level opening waited
         self._slowdown_defer = 0  # steps a job_slowdown waited for its straggler incident
+        self.suspects: dict[int, float] = {}
+        self.suspects_total = 0
 
     # ------------------------------------------------------------------ input
     def add_records(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
@@ -332,6 +334,8 @@ class Job(Incidents, Stragglers):
             open_detections=len(self.book.open),
             flagged_ranks=flagged,
             badput_seconds=badput,
+            suspect_ranks={r: round(v, 4) for r, v in self.suspects.items()},
+            suspects_total=self.suspects_total,
         )
 
 

@@ -44,13 +44,18 @@ class Stragglers:
     causes: CauseFinder
     hosts: set[str]
     _host_defer: dict[str, int]
+    suspects: dict[int, float]  # rank -> score of the current suspects
+    suspects_total: int  # suspects seen (a rank entering the set counts once)
 
     _attribution: Callable[[Key, float, Callable[[], Attribution]], Attribution]
     _onset_span: Callable[[], float | None]
 
     def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
         out: list[DetectionMessage] = []
-        candidates = {c.rank: c.score for c in self.straggler.candidates()}
+        found = self.straggler.candidates()
+        candidates = {c.rank: c.score for c in found if self.straggler.material(c)
+                      or self.book.is_open(T.STRAGGLER, c.rank)}
+        suspects = {c.rank: c.score for c in found if c.rank not in candidates}
         by_host: dict[str, list[int]] = defaultdict(list)
         for rank in candidates:
             by_host[self.ranks.host[rank]].append(rank)
@@ -59,7 +64,9 @@ class Stragglers:
                 out.extend(self._host_holds(key, candidates, cs))
         for host, ranks in by_host.items():
             if not self._lasted(host, ranks):
-                ranks = [r for r in ranks if self.book.is_open(T.STRAGGLER, r)]
+                short = [r for r in ranks if not self.book.is_open(T.STRAGGLER, r)]
+                suspects.update({r: candidates[r] for r in short})
+                ranks = [r for r in ranks if r not in short]
                 if not ranks:
                     continue  # not for long enough yet (see StragglerTracker.lasted)
             out.extend(self._new_on_host(host, ranks, candidates, cs))
@@ -73,7 +80,14 @@ class Stragglers:
                     out.extend(self._observe(self._straggler_finding(r, score, cs)))
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
+        self._note_suspects(suspects)
         return out
+
+    def _note_suspects(self, now: dict[int, float]) -> None:
+        """Suspects: statistically slower than their peers but not (yet) material or
+        lasting. Shown in the job's stats and counted, never an incident."""
+        self.suspects_total += len(now.keys() - self.suspects.keys())
+        self.suspects = now
 
     def _lasted(self, host: str, ranks: list[int]) -> bool:
         """New incidents need their slowness to have lasted; a host's ranks count together."""
