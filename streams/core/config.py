@@ -52,6 +52,10 @@ class DetectConfig:
     # an incident's excess must cost the step this share of its time (median step time,
     # pauses left out); a smaller one is a *suspect*: counted and shown, never paged
     straggler_material_share: float = 0.03
+    # ... and its robust CUSUM (clipped, standardised excess minus that share, see
+    # streams/core/cusum.py) must reach h: a bounded false-alarm rate under heavy tails
+    straggler_cusum_h: float = 6.0
+    straggler_cusum_clip: float = 2.0
     straggler_clear_ratio: float = 0.5  # still flagged while score >= this x threshold
     min_group_size: int = 3  # groups smaller than this cannot be compared
     require_comm_corroboration: bool = True  # straggler must wait least in collectives

@@ -57,6 +57,7 @@ from stepwatch.streams.core.assembly import (
     ClosedStep,
 )
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.cusum import RobustCusum
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, rowmed
@@ -82,6 +83,7 @@ class Candidate:
     flagged: int  # steps flagged in the window
     threshold: float
     cost: float  # what the excess costs the step: its share of the median step time
+    cusum: float  # the rank's robust CUSUM (largest over dimensions): see cusum.py
 
 
 class StragglerTracker:
@@ -117,10 +119,14 @@ class StragglerTracker:
         # median busy time over median step time (pauses left out), per step: converts an
         # excess in units of busy time into its cost as a share of the step
         self._busy_share = Ring(n, 1)
+        self.spread = np.full((NDIM, world_size), np.nan)  # group's typical spread per rank
+        self.cusum = RobustCusum((NDIM, world_size), cfg.straggler_cusum_h,
+                                 cfg.straggler_cusum_clip)
 
     def reset(self) -> None:
         for ring in (self.excess, self.flags, self.steps, self._busy_share):
             ring.clear()
+        self.cusum.reset()
         self.count[:] = 0
         self.since[:] = np.nan
         self._score_cache.clear()
@@ -157,6 +163,9 @@ class StragglerTracker:
         step_s = cs.med[DUR] - (cs.med[PAUSE] if cs.med[PAUSE] == cs.med[PAUSE] else 0.0)
         center = cs.med[BUSY] if basis == "phases" else med(busy)
         self._busy_share.push(center / step_s if step_s > 0 else np.nan)
+        ratio = med(self._busy_share.filled()[:, 0])
+        kappa = self.cfg.straggler_material_share / (ratio if ratio > 0 else 1.0)
+        self.cusum.update(excess, self.spread, kappa, flagged, np.isinf(self.threshold))
         if basis != "phases":
             self.steps.rows[self.steps.pos - 1, BUSY] = busy
 
@@ -204,6 +213,7 @@ class StragglerTracker:
             hit &= ~(c > med(c))  # NaN comm does not veto
         excess[:, idx] = e
         flagged[idx] = hit
+        self.spread[:, idx] = sigma[:, None]
         # the score is a median of n steps: its noise is ~1.25 sigma / sqrt(n)
         thr = np.fmax(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
         if not comm_measured:
@@ -253,10 +263,12 @@ class StragglerTracker:
             excess[:] = e.reshape(NDIM, -1)
             flagged[:] = hit.reshape(-1)
             self.threshold[:] = thr
+            self.spread[:] = sigma
         else:
             excess[:, order] = e.reshape(NDIM, -1)
             flagged[order] = hit.reshape(-1)
             self.threshold[:, order] = np.repeat(thr, n, axis=1)
+            self.spread[:, order] = np.repeat(sigma, n, axis=1)
         return True
 
     def _batch_sigma(self, spread: np.ndarray, n_groups: int) -> np.ndarray:
@@ -297,7 +309,8 @@ class StragglerTracker:
         for rank in np.flatnonzero(self.count >= k).tolist():
             score, thr = self._best(rank, 1.0)
             if score > thr:
-                out.append(Candidate(rank, score, int(self.count[rank]), thr, self.cost(score)))
+                out.append(Candidate(rank, score, int(self.count[rank]), thr, self.cost(score),
+                                     self.cusum.level(rank)))
         return out
 
     def cost(self, score: float) -> float:
@@ -308,8 +321,9 @@ class StragglerTracker:
         return score * float(np.median(ratio)) if len(ratio) else score
 
     def material(self, c: Candidate) -> bool:
-        """Whether a candidate's excess costs the step enough to be an incident."""
-        return c.cost >= self.cfg.straggler_material_share
+        """Whether a candidate is incident grade: its excess costs the step enough and its
+        robust CUSUM crossed its alarm level (evidence accumulated, not one noisy window)."""
+        return c.cost >= self.cfg.straggler_material_share and c.cusum >= self.cusum.h
 
     def lasted(self, ranks: list[int]) -> bool:
         """Whether the earliest run of flags among ``ranks`` (one rank, or the slow ranks

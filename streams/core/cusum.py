@@ -1,0 +1,76 @@
+"""A robust one-sided CUSUM per rank and dimension: the straggler's incident gate.
+
+Per step, for every rank and dimension (busy time, each phase), the excess over
+the group's median ``e`` (in units of the median busy time) is standardised and
+clipped::
+
+    z = clip((e - kappa) / scale, -clip, clip)
+    S = max(0, S + z)
+
+``kappa`` is the smallest excess worth an incident (the material share
+converted into busy-time units): the statistic drifts down while the rank's
+excess stays below it, and climbs only while the rank costs the step more. ``scale`` is the larger of the group's typical spread
+and the rank's *own* spread (1.25 x an exponentially weighted mean absolute
+excess, updated only on unflagged steps): a rank whose speed wanders (slow
+per-rank drift, ragged batches) needs proportionally more evidence. Clipping
+bounds what one heavy-tailed step can add (at most ``clip``), so at least
+``ceil(h / clip)`` steps far above the reference are needed, and a run of
+ordinary steps pulls ``S`` back to 0. The alarm is ``S >= h``.
+
+False alarms: for independent increments with a negative mean, the chance that
+one excursion of ``S`` from 0 reaches ``h`` is at most ``exp(-theta h)``, where
+``theta > 0`` solves ``E[exp(theta z)] = 1`` (Wald). The rate under
+heavy-tailed, autocorrelated noise is measured by
+``tests/unit/test_detect_cusum.py`` and given in docs/detection.md.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+OWN_ALPHA = 1.0 / 32  # weight of a new step in the rank's own mean absolute excess
+ABS_TO_SIGMA = 1.2533  # mean absolute deviation x this estimates sigma (normal data)
+
+
+def cusum_step(s: np.ndarray, e: np.ndarray, kappa: float | np.ndarray, scale: np.ndarray,
+               clip: float) -> np.ndarray:
+    """One update of the clipped CUSUM; NaN excess (not measured, absent) adds nothing."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        z = np.clip((e - kappa) / scale, -clip, clip)
+    z = np.where(np.isnan(z), 0.0, z)
+    return np.maximum(0.0, s + z)
+
+
+class RobustCusum:
+    """The CUSUM of every (dimension, rank) of one job, with each rank's own spread."""
+
+    def __init__(self, shape: tuple[int, int], h: float, clip: float) -> None:
+        self.h = h
+        self.clip = clip
+        self.s = np.zeros(shape)
+        self.own = np.full(shape, np.nan)  # mean absolute excess on unflagged steps
+
+    def reset(self) -> None:
+        self.s[:] = 0.0
+        self.own[:] = np.nan
+
+    def update(self, e: np.ndarray, spread: np.ndarray, kappa: float, flagged: np.ndarray,
+               excluded: np.ndarray) -> None:
+        """``e`` and ``spread`` (dims, ranks); ``flagged`` (ranks,) leaves the own spread
+        alone; ``excluded`` (dims, ranks) dimensions that are no evidence (DDP backward)."""
+        own_scale = ABS_TO_SIGMA * self.own
+        scale = np.fmax(spread, own_scale)  # NaN own spread: the group's
+        self.s = cusum_step(self.s, np.where(excluded, np.nan, e), kappa, scale, self.clip)
+        self.s[excluded] = 0.0
+        a = np.abs(e)
+        calm = (flagged == 0)[None, :] & ~np.isnan(a)
+        first = calm & np.isnan(self.own)
+        self.own = np.where(first, a, self.own)
+        self.own = np.where(calm & ~first, (1 - OWN_ALPHA) * self.own + OWN_ALPHA * a,
+                            self.own)
+
+    def alarm(self, rank: int) -> bool:
+        return bool(self.s[:, rank].max() >= self.h)
+
+    def level(self, rank: int) -> float:
+        return float(self.s[:, rank].max())
