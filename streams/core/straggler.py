@@ -320,6 +320,24 @@ class StragglerTracker:
         ratio = ratio[~np.isnan(ratio)]
         return score * float(np.median(ratio)) if len(ratio) else score
 
+    def host_cost(self, ranks: list[int], members: np.ndarray) -> float:
+        """The cost of several ranks of one host measured against the peers *off* it.
+
+        When a large share of a group is slow (half the job on one of two hosts), the
+        group median sits between the slow and the healthy ranks and each slow rank's
+        excess over it is about half the real one; the calm peers' median excess in the
+        lead rank's dimension (negative there) is added back."""
+        lead = max(ranks, key=self.score)
+        score = self.score(lead)
+        scores = self._scores(lead)
+        d = int(np.nanargmax(np.where(np.isnan(scores), -np.inf, scores -
+                                      self.threshold[:, lead])))
+        calm = np.setdiff1d(members[self.count[members] == 0], ranks)
+        if not len(calm):
+            return self.cost(score)
+        base = float(np.nanmedian(self.excess.filled()[:, d][:, calm]))
+        return self.cost(score - min(base, 0.0)) if base == base else self.cost(score)
+
     def material(self, c: Candidate) -> bool:
         """Whether a candidate is incident grade: its excess costs the step enough and its
         robust CUSUM crossed its alarm level (evidence accumulated, not one noisy window)."""

@@ -28,7 +28,8 @@ from stepwatch.streams.core.causes import (
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
-from stepwatch.streams.core.straggler import StragglerTracker
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.straggler import Candidate, StragglerTracker
 
 T = DetectionType
 HOST_DEFER_STEPS = 3
@@ -44,6 +45,7 @@ class Stragglers:
     causes: CauseFinder
     hosts: set[str]
     _host_defer: dict[str, int]
+    cfg: DetectConfig
     suspects: dict[int, float]  # rank -> score of the current suspects
     suspects_total: int  # suspects seen (a rank entering the set counts once)
 
@@ -55,6 +57,7 @@ class Stragglers:
         found = self.straggler.candidates()
         candidates = {c.rank: c.score for c in found if self.straggler.material(c)
                       or self.book.is_open(T.STRAGGLER, c.rank)}
+        candidates.update(self._material_hosts([c for c in found if c.rank not in candidates]))
         suspects = {c.rank: c.score for c in found if c.rank not in candidates}
         by_host: dict[str, list[int]] = defaultdict(list)
         for rank in candidates:
@@ -81,6 +84,24 @@ class Stragglers:
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
         self._note_suspects(suspects)
+        return out
+
+    def _material_hosts(self, rest: list[Candidate]) -> dict[int, float]:
+        """Candidates that are not material alone but are several ranks of one host whose
+        excess, against the peers off that host, is: one host-level fault (a host that is
+        half of its group moves the group median half way to itself)."""
+        by_host: dict[str, list[Candidate]] = defaultdict(list)
+        for c in rest:
+            by_host[self.ranks.host[c.rank]].append(c)
+        out: dict[int, float] = {}
+        groups = self.ranks.groups()
+        for host, cands in by_host.items():
+            if not host or len(cands) < 2:
+                continue
+            ranks = [c.rank for c in cands]
+            members = groups.members[int(groups.of_rank[ranks[0]])]
+            if self.straggler.host_cost(ranks, members) >= self.cfg.straggler_material_share:
+                out.update((c.rank, c.score) for c in cands)
         return out
 
     def _note_suspects(self, now: dict[int, float]) -> None:
