@@ -56,7 +56,10 @@ class CaseResult:
 
 
 def hits(label: Label, d: DetectionMessage) -> bool:
-    if d.job_id != label.job_id or d.type not in (label.detection, *label.accepted):
+    types = (label.detection, *label.accepted)
+    if label.cause == "network":  # a port found from its counters: by its host
+        types = (*types, *NETWORK_TYPES)
+    if d.job_id != label.job_id or d.type not in types:
         return False
     if d.ts < label.start_ts - START_TOLERANCE_S:
         return False

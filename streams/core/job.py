@@ -16,6 +16,7 @@ from stepwatch.streams.core.hang import check_hang
 from stepwatch.streams.core.incidents import Incidents
 from stepwatch.streams.core.kinds import Cause, DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
+from stepwatch.streams.core.netwatch import NetworkWatch
 from stepwatch.streams.core.ranks import RankTable
 from stepwatch.streams.core.slowdown import Slowdown, SlowdownTracker
 from stepwatch.streams.core.straggler import StragglerTracker
@@ -27,7 +28,7 @@ T = DetectionType
 STOP_MARGIN_SECONDS = 10.0  # look this far before the last progress for why a rank stopped
 
 
-class Job(Incidents, Stragglers):
+class Job(Incidents, Stragglers, NetworkWatch):
     def __init__(self, job_id: str, world_size: int, cfg: DetectConfig, causes: CauseFinder) -> None:
         self.job_id = job_id
         self.world_size = world_size
@@ -56,6 +57,8 @@ class Job(Incidents, Stragglers):
         self._host_defer: dict[str, int] = {}  # host -> steps a rank-level opening waited
         self._slowdown_defer = 0  # steps a job_slowdown waited for its straggler incident
         self.suspects: dict[int, float] = {}
+        self._net_next = 0.0  # event time of the next check of the job's ports
+        self._net_since: dict[str, float] = {}  # host/device/port -> suspect since
         self.suspects_total = 0
 
     # ------------------------------------------------------------------ input
@@ -135,6 +138,7 @@ class Job(Incidents, Stragglers):
         self.slowdown.update(cs, groups, self.straggler.steps.last(1)[0][BUSY],
                              self.ranks.host_index())
         out.extend(self._stragglers(cs))
+        out.extend(self._network(self.causes.windows, cs.end_max, cs.step))
         out.extend(self._job_slowdown(cs))
         return out
 
@@ -162,6 +166,9 @@ class Job(Incidents, Stragglers):
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
             self.hosts, cs.end_max, sd.deltas, self._onset_span(), sd.cpu, sd.cpu_host,
             sd.score * sd.baseline_s))
+        if not is_open and not related and attr.cause == Cause.NETWORK:
+            suspect = attr.evidence.get("suspect_host")
+            related = self.network_incident(suspect if isinstance(suspect, str) else "")
         where = f"group {sd.group!r}" if sd.group else "the job"
         what = "busy time" if sd.group else "straggler-free step time"
         part = f" (part of incident {related})" if related else ""

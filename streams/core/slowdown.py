@@ -157,6 +157,18 @@ class SlowdownTracker:
             return None
         return self._verdict(groups, self.threshold * self.cfg.straggler_clear_ratio)
 
+    def impact(self) -> dict[str, float | None]:
+        """The job's change against its baseline now, however small: ``ratio`` (median over
+        the window of the straggler-free step time's ratio - 1) and ``collective`` (seconds
+        per step the collective added); None where unknown."""
+        if self.baseline is None:
+            return {"ratio": None, "collective": None}
+        score = med(self.ratios.filled()[:, 0])
+        i = COMPONENTS.index("collective")
+        grew = med(self.recent.filled()[:, i]) - med(self.history.filled()[:, i])
+        return {"ratio": round(score, 4) if score == score else None,
+                "collective": round(grew, 6) if grew == grew else None}
+
     def _verdict(self, groups: GroupIndex, threshold: float) -> Slowdown | None:
         score = med(self.ratios.filled()[:, 0])
         if not score > threshold or self.baseline is None:
