@@ -160,7 +160,7 @@ def family_table(out: dict[str, Any]) -> list[str]:
     """One row per family: the issue's figures on slowdowns >= 10 % and healthy runs."""
     cols = ("precision", "recall", "f1", "duplicates", "ttd_steps_median", "ttd_steps_p95",
             "ttd_seconds_median", "ttd_seconds_p95", "attribution",
-            "detections_per_healthy_job_hour")
+            "detections_per_healthy_job_hour", "onset_within_3", "network_localized")
     lines = ["per family (slowdowns >= 10 % and healthy runs; stops included in 'all faults'):",
              f"{'family':<10}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols)]
     for family, f in out.items():

@@ -69,7 +69,9 @@ class DetectConfig:
     slowdown_persist_steps: int = 6
     # --- lifecycle ----------------------------------------------------------------
     resolve_steps: int = 10  # m: condition clear for m steps resolves a detection
-    update_min_seconds: float = 30.0  # at most one update per detection per this
+    update_min_seconds: float = 30.0  # at most one score update per detection per this
+    cause_refresh_seconds: float = 5.0  # an open detection's cause is re-decided this often;
+    # a changed cause is published at once (not rate-limited)
     update_score_change: float = 0.25  # relative score change that warrants an update
     update_score_abs: float = 0.03  # ... and at least this much in absolute terms
     # --- hang / missing ranks ------------------------------------------------------

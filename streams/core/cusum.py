@@ -49,19 +49,28 @@ class RobustCusum:
         self.clip = clip
         self.s = np.zeros(shape)
         self.own = np.full(shape, np.nan)  # mean absolute excess on unflagged steps
+        # the last step (and its end time) at which S was 0: the change began after it
+        # (the CUSUM's own change-point estimate)
+        self.zero_step = np.full(shape, -1, dtype=np.int64)
+        self.zero_ts = np.full(shape, np.nan)
 
     def reset(self) -> None:
         self.s[:] = 0.0
         self.own[:] = np.nan
+        self.zero_step[:] = -1
+        self.zero_ts[:] = np.nan
 
     def update(self, e: np.ndarray, spread: np.ndarray, kappa: float, flagged: np.ndarray,
-               excluded: np.ndarray) -> None:
+               excluded: np.ndarray, step: int = 0, ts: float = 0.0) -> None:
         """``e`` and ``spread`` (dims, ranks); ``flagged`` (ranks,) leaves the own spread
         alone; ``excluded`` (dims, ranks) dimensions that are no evidence (DDP backward)."""
         own_scale = ABS_TO_SIGMA * self.own
         scale = np.fmax(spread, own_scale)  # NaN own spread: the group's
         self.s = cusum_step(self.s, np.where(excluded, np.nan, e), kappa, scale, self.clip)
         self.s[excluded] = 0.0
+        zero = self.s == 0.0
+        self.zero_step[zero] = step
+        self.zero_ts[zero] = ts
         a = np.abs(e)
         calm = (flagged == 0)[None, :] & ~np.isnan(a)
         first = calm & np.isnan(self.own)
@@ -74,3 +83,17 @@ class RobustCusum:
 
     def level(self, rank: int) -> float:
         return float(self.s[:, rank].max())
+
+    def onset(self, ranks: list[int]) -> tuple[int, float] | None:
+        """The estimated first step of the change on ``ranks`` (the earliest among them,
+        in each rank's dimension of largest S) and the event time it began; None when
+        no rank's S is above 0."""
+        best: tuple[int, float] | None = None
+        for r in ranks:
+            d = int(np.argmax(self.s[:, r]))
+            if self.s[d, r] <= 0 or self.zero_step[d, r] < 0:
+                continue
+            cand = (int(self.zero_step[d, r]) + 1, float(self.zero_ts[d, r]))
+            if best is None or cand[0] < best[0]:
+                best = cand
+        return best

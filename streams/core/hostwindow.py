@@ -165,6 +165,24 @@ class HostWindow:
             ])
         return out
 
+    def rise_start(self, device: str, port: int, t0: float, t1: float, level: float) -> float:
+        """Start of the trailing run of sample intervals in [t0, t1] in which the port's
+        congestion rate (ECN/CNP + xmit_wait, whichever ``level`` is in) stayed at or above
+        ``level`` per second: when its rise began (``t1`` when the last one is below)."""
+        pts: list[tuple[float, int]] = []
+        for m in self.port:
+            if t0 <= m.ts <= t1:
+                for p in m.ports:
+                    if p.device == device and p.port == port:
+                        pts.append((m.ts, (p.xmit_wait_total or 0) + sum(
+                            getattr(p, c) or 0 for c in CONGESTION_COUNTERS)))
+        start = t1
+        for (ta, a), (tb, b) in reversed(list(zip(pts, pts[1:], strict=False))):
+            if tb <= ta or (b - a) / (tb - ta) < level:
+                break
+            start = ta
+        return start
+
     def port_signals(self, t0: float, t1: float) -> list[PortSignals]:
         """Rates and error increases of every port of the host over [t0, t1]."""
         series: dict[tuple[str, int], list[tuple[float, PortReading]]] = {}

@@ -18,6 +18,7 @@ from stepwatch.streams.core.kinds import Cause, DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.netwatch import NetworkWatch
 from stepwatch.streams.core.ranks import RankTable
+from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.slowdown import Slowdown, SlowdownTracker
 from stepwatch.streams.core.straggler import StragglerTracker
 from stepwatch.streams.core.stragglers import Stragglers
@@ -58,7 +59,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._slowdown_defer = 0  # steps a job_slowdown waited for its straggler incident
         self.suspects: dict[int, float] = {}
         self._net_next = 0.0  # event time of the next check of the job's ports
-        self._net_since: dict[str, float] = {}  # host/device/port -> suspect since
+        self._net_since: dict[str, float] = {}  # net:<host> -> suspect since
+        self.step_ends = Ring(2 * cfg.baseline_steps, 2)  # (step, end time) of recent steps
         self.suspects_total = 0
 
     # ------------------------------------------------------------------ input
@@ -122,6 +124,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
         self.last_step = cs.step
+        self.step_ends.push((cs.step, cs.end_max))
         self.throughput.on_step(cs)
         cadence = self.slowdown.cadence
         if cadence is not None and cs.med[DUR] > 2 * cadence:  # a pause, not noise
@@ -187,7 +190,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         f = Finding(T.JOB_SLOWDOWN, sd.score, cs.step, cs.end_max, summary, attr,
                     group=sd.group, host=host if isinstance(host, str) else "", evidence=ev,
                     device=device if isinstance(device, str) else None,
-                    port=port if isinstance(port, int) else None, related=related)
+                    port=port if isinstance(port, int) else None, related=related,
+                    onset_step=None if is_open else cs.step - self.slowdown.onset_back())
         return self.book.observe(f)
 
     def _missing(self, cs: ClosedStep) -> list[DetectionMessage]:
@@ -291,9 +295,15 @@ class Job(Incidents, Stragglers, NetworkWatch):
         cadence = self.slowdown.cadence
         return None if cadence is None else self.cfg.window_steps * cadence
 
+    def step_at(self, ts: float) -> int | None:
+        """The first recent step that ended at or after event time ``ts``."""
+        rows = self.step_ends.filled()
+        later = rows[rows[:, 1] >= ts]
+        return int(later[:, 0].min()) if len(later) else None
+
     def _attribution(self, key: Key, ts: float, compute: Callable[[], Attribution]) -> Attribution:
         cached = self._attr_cache.get(key)
-        if cached is not None and ts - cached[0] < self.cfg.update_min_seconds:
+        if cached is not None and ts - cached[0] < self.cfg.cause_refresh_seconds:
             return cached[1]
         attr = compute()
         if cached is not None and key in self.book.open and (

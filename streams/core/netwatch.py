@@ -28,7 +28,8 @@ open belongs to it (``related``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Callable, Mapping
 
 from stepwatch.contract import DetectionMessage
 from stepwatch.streams.core.causes import Attribution, Evidence
@@ -53,6 +54,7 @@ class NetworkWatch:
     slowdown: SlowdownTracker
     _net_next: float
     _net_since: dict[str, float]  # where -> event time it first was a suspect port
+    step_at: Callable[[float], int | None]
 
     def _network(self, windows: Mapping[str, HostWindow], now: float,
                  step: int) -> list[DetectionMessage]:
@@ -67,8 +69,10 @@ class NetworkWatch:
             key = self._net_key(sus, where)
             if key in self.book.open or now - first >= self.cfg.net_persist_seconds:
                 if self.book.hold(key, now):
-                    out.extend(self.book.observe(self._net_finding(sus, where, step, now,
-                                                                   first)))
+                    f = self._net_finding(sus, where, step, now, first)
+                    if key not in self.book.open:
+                        f.onset_step = self._net_onset(windows, sus, now)
+                    out.extend(self.book.observe(f))
         for where in list(self._net_since):
             if where not in seen:
                 del self._net_since[where]
@@ -127,6 +131,21 @@ class NetworkWatch:
                        host=sus.host, evidence=ev, where=where, device=sus.device,
                        port=sus.port, related=related)
 
+    def _net_onset(self, windows: Mapping[str, HostWindow], sus: Suspect,
+                   now: float) -> int | None:
+        """The step at which the port's rise began: the start of its trailing run of
+        sample intervals above the geometric mean of its reference and its rate now."""
+        win = windows.get(sus.host)
+        ev = sus.evidence
+        rate = _num(ev, "xmit_wait_per_s") + _num(ev, "cnp_per_s")
+        ref = max(_num(ev, "own_before_xmit_wait_per_s") + _num(ev, "own_before_cnp_per_s"),
+                  _num(ev, "peer_xmit_wait_per_s") + _num(ev, "peer_cnp_per_s"), 1.0)
+        if win is None or not rate > ref:
+            return None
+        start = win.rise_start(sus.device, sus.port, now - self.cfg.host_window_seconds, now,
+                               math.sqrt(rate * ref))
+        return self.step_at(start)
+
     def _same_fault(self, host: str) -> str:
         """The id of an open incident that already blames this host's network (a job
         slowdown that named it, a straggler on it with cause network), "" when none."""
@@ -154,3 +173,8 @@ class NetworkWatch:
         return ""
 
 
+
+
+def _num(ev: Evidence, key: str) -> float:
+    v = ev.get(key)
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else 0.0

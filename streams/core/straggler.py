@@ -53,6 +53,7 @@ from stepwatch.streams.core.assembly import (
     PHASE_NAMES,
     PHASE_ROWS,
     ROWS,
+    START,
     XFER,
     ClosedStep,
 )
@@ -60,7 +61,7 @@ from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.cusum import RobustCusum
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, rowmed
+from stepwatch.streams.core.stats import MAD_SIGMA, change_point, colmed, med, nanmed, opt, rowmed
 
 Evidence = dict[str, str | float | int | bool | None]
 
@@ -98,7 +99,9 @@ class StragglerTracker:
         self.count = np.zeros(world_size, dtype=np.int16)
         # event time of the first flag of each rank's current run of flags (NaN: none)
         self.since = np.full(world_size, np.nan)
+        self.since_step = np.zeros(world_size, dtype=np.int64)  # ... and its step
         self.now = 0.0
+        self.step = -1  # the last step scored
         self.steps = Ring(n, (ROWS, world_size))  # the window's ClosedStep rows
         self.threshold = np.full((NDIM, world_size), cfg.straggler_min_excess)
         self.basis = "phases"
@@ -158,6 +161,7 @@ class StragglerTracker:
         self.now = cs.end_max
         self.since[started] = cs.end_max
         self.since[self.count == 0] = np.nan
+        self.since_step[started] = cs.step
         self.excess.push(excess)
         self.steps.push(cs.m)
         step_s = cs.med[DUR] - (cs.med[PAUSE] if cs.med[PAUSE] == cs.med[PAUSE] else 0.0)
@@ -165,7 +169,9 @@ class StragglerTracker:
         self._busy_share.push(center / step_s if step_s > 0 else np.nan)
         ratio = med(self._busy_share.filled()[:, 0])
         kappa = self.cfg.straggler_material_share / (ratio if ratio > 0 else 1.0)
-        self.cusum.update(excess, self.spread, kappa, flagged, np.isinf(self.threshold))
+        self.cusum.update(excess, self.spread, kappa, flagged, np.isinf(self.threshold),
+                          cs.step, cs.end_max)
+        self.step = cs.step
         if basis != "phases":
             self.steps.rows[self.steps.pos - 1, BUSY] = busy
 
@@ -338,6 +344,30 @@ class StragglerTracker:
         base = float(np.nanmedian(self.excess.filled()[:, d][:, calm]))
         return self.cost(score - min(base, 0.0)) if base == base else self.cost(score)
 
+    def onset(self, ranks: list[int]) -> tuple[int, float] | None:
+        """(first step, its start time) of the change on ``ranks``: a change point in the
+        lead rank's excess over the window when the window holds the jump (the excess
+        before it under half the excess after it), else the CUSUM's (the last step its S
+        was 0), which also reaches back before the window."""
+        lead = max(ranks, key=self.score)
+        scores = self._scores(lead)
+        d = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
+        rows = self.excess.last(self.excess.count)
+        series = rows[:, d, lead]
+        k = change_point(series) if not np.isnan(series).any() else 0
+        # the window holds the jump only when the excess before it is small beside after it
+        if k > 0 and np.nanmean(series[:k]) < 0.5 * np.nanmean(series[k:]):
+            starts = self.steps.last(self.steps.count)[:, START, lead]
+            return self.step - len(rows) + 1 + k, float(starts[k])
+        est = self.cusum.onset(ranks)
+        if est is not None:
+            return est
+        began = [r for r in ranks if self.since[r] == self.since[r]]  # their runs of flags
+        if not began:
+            return None
+        first = min(began, key=lambda r: int(self.since_step[r]))
+        return int(self.since_step[first]), float(self.since[first])
+
     def material(self, c: Candidate) -> bool:
         """Whether a candidate is incident grade: its excess costs the step enough and its
         robust CUSUM crossed its alarm level (evidence accumulated, not one noisy window)."""
@@ -395,8 +425,9 @@ class StragglerTracker:
                 out[DIM_NAMES[d]] = round(float(s), 4)
         return out
 
-    def evidence(self, rank: int, members: np.ndarray) -> Evidence:
-        """The numbers behind a rank's score: its medians against its group's, in seconds."""
+    def evidence(self, rank: int, members: np.ndarray, since: int | None = None) -> Evidence:
+        """The numbers behind a rank's score: its medians against its group's, in seconds,
+        over the window's steps from ``since`` on (the estimated onset; at least 3 steps)."""
         longer = self.longer_phases(rank)
         out: Evidence = {
             "basis": self.basis,
@@ -408,6 +439,8 @@ class StragglerTracker:
             **{f"{p}_excess": v for p, v in longer.items()},
         }
         window = self.steps.filled()
+        if since is not None:
+            window = self.steps.last(max(3, self.step - since + 1))
         # peers: the group without the ranks flagged in the window (half a group may be slow)
         calm = members[self.count[members] == 0]
         peers_idx = calm if len(calm) >= self.cfg.min_group_size else members

@@ -33,6 +33,7 @@ from stepwatch.streams.core.straggler import Candidate, StragglerTracker
 
 T = DetectionType
 HOST_DEFER_STEPS = 3
+MIN_CAUSE_SPAN_S = 5.0  # read a new incident's signals over at least this many seconds
 COMPUTE_PHASES = ("forward", "backward", "optimizer", "other")
 
 
@@ -173,33 +174,45 @@ class Stragglers:
         return self.book.observe(f)
 
     # ------------------------------------------------------------------ findings
+    def _onset(self, key: Key, ranks: list[int], cs: ClosedStep) -> tuple[int | None,
+                                                                         float | None]:
+        """(estimated first step, seconds since it began) of a new incident on ``ranks``:
+        the CUSUM's change point, so that its cause is read from the fault's own steps and
+        samples, not from the steps before it. (None, the window's span) otherwise."""
+        est = None if key in self.book.open else self.straggler.onset(ranks)
+        if est is None or not est[1] == est[1]:
+            return None, self._onset_span()
+        return est[0], max(cs.end_max - est[1], MIN_CAUSE_SPAN_S)
+
     def _straggler_finding(self, rank: int, score: float, cs: ClosedStep) -> Finding:
         groups = self.ranks.groups()
         members = groups.members[int(groups.of_rank[rank])]
-        ev = self.straggler.evidence(rank, members)
+        key: Key = (T.STRAGGLER, rank, "")
+        onset, span = self._onset(key, [rank], cs)
+        ev = self.straggler.evidence(rank, members, onset)
         host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
         found = shares(ev, self.straggler.longer_phases(rank))
         attr = self._attribution(
-            (T.STRAGGLER, rank, ""), cs.end_max,
-            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, found,
-                                         self._onset_span()),
+            key, cs.end_max,
+            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, found, span),
         )
         what = _what(ev)
         summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more {what} than the "
                    f"median of its {len(members)} peers in group {group!r}: {attr.reason}")
         return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, rank, gpu, group,
-                       host, ev)
+                       host, ev, onset_step=onset)
 
     def _host_finding(self, host: str, slow: list[int], cs: ClosedStep) -> Finding:
         groups = self.ranks.groups()
         scores = {r: self.straggler.score(r) for r in slow}
         lead = max(slow, key=lambda r: scores[r])
-        ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])])
+        key: Key = (T.STRAGGLER, None, f"host:{host}")
+        onset, span = self._onset(key, slow, cs)
+        ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])], onset)
         found = shares(ev, self.straggler.longer_phases(lead))
         gpus = [g for g in (self.ranks.gpu[r] for r in slow) if g is not None]
-        key: Key = (T.STRAGGLER, None, f"host:{host}")
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_host(
-            host, gpus, self.hosts, cs.end_max, found, self._onset_span()))
+            host, gpus, self.hosts, cs.end_max, found, span))
         score = sorted(scores.values())[len(scores) // 2]
         on_host = len(self.ranks.ranks_on(host))
         summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
@@ -210,7 +223,7 @@ class Stragglers:
                          "affected_ranks": ",".join(map(str, slow))}
         return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, None, None,
                        groups_of.pop() if len(groups_of) == 1 else "", host, hev,
-                       where=f"host:{host}", ranks=tuple(slow))
+                       where=f"host:{host}", ranks=tuple(slow), onset_step=onset)
 
     def straggler_incident(self) -> str:
         """The id of an open straggler incident (host-level first), "" when none."""
