@@ -89,8 +89,8 @@ class DetectConfig:
     min_cnp_per_second: float = 50.0
     min_xmit_wait_per_second: float = 1e5
     # network detections from the counters alone (streams/core/netwatch.py)
-    net_check_seconds: float = 5.0  # judge the job's ports this often (event time)
-    net_window_seconds: float = 15.0  # over this window
+    net_check_seconds: float = 10.0  # judge the job's ports this often (event time)
+    net_window_seconds: float = 20.0  # over this window
     net_persist_seconds: float = 10.0  # a port stands out in every check this long: detection
     data_share_for_input: float = 0.5  # data phase holds this share of the excess
     gpu_peak_flops: tuple[tuple[str, float], ...] = DEFAULT_GPU_PEAK_FLOPS

@@ -55,17 +55,13 @@ def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: f
     job's other ports are the only reference; ``need_history``: a port without
     ``MIN_HISTORY_SAMPLES`` samples of its own before ``t0`` is not judged."""
     now: dict[str, list[PortSignals]] = {}
-    before: dict[str, dict[tuple[str, int], PortSignals]] = {}
     names = sorted(hosts)[:MAX_HOSTS]
     if only is not None and only not in names:
         names.append(only)
     for h in names:
         win = windows.get(h)
-        if win is None:
-            continue
-        now[h] = win.port_signals(t0, t1)
-        before[h] = {(p.device, p.port): p for p in win.port_signals(t0 - history_s, t0)} \
-            if history_s > 0 else {}
+        if win is not None:
+            now[h] = win.port_signals(t0, t1)
     if len(now) < 2:
         peers_cnp = peers_wait = 0.0
     else:
@@ -76,8 +72,14 @@ def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: f
     for h, ports in now.items():
         if only is not None and h != only:
             continue
+        before: dict[tuple[str, int], PortSignals] | None = None
         for p in ports:
-            old = before[h].get((p.device, p.port))
+            if _judge(h, p, None, peers_cnp, peers_wait, cfg) is None:
+                continue  # not even above the job's other ports: its history cannot matter
+            if before is None:  # the host's own history, read only for a host that stands out
+                before = {(q.device, q.port): q for q in
+                          windows[h].port_signals(t0 - history_s, t0)} if history_s > 0 else {}
+            old = before.get((p.device, p.port))
             if need_history and (old is None or old.samples < MIN_HISTORY_SAMPLES):
                 continue  # no history of its own yet: a port that is always busy is not news
             s = _judge(h, p, old, peers_cnp, peers_wait, cfg)
