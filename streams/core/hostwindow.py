@@ -198,29 +198,35 @@ class HostWindow:
 
     def port_signals(self, t0: float, t1: float) -> list[PortSignals]:
         """Rates and error increases of every port of the host over [t0, t1]."""
-        series: dict[tuple[str, int], list[tuple[float, PortReading]]] = {}
-        for m in self._ports_in(t0, t1):
+        msgs = self._ports_in(t0, t1)
+        if not msgs:
+            return []
+        series: dict[tuple[str, int], list[PortReading]] = {}
+        for m in msgs:
             for p in m.ports:
-                series.setdefault((p.device, p.port), []).append((m.ts, p))
+                key = (p.device, p.port)
+                got = series.get(key)
+                if got is None:
+                    series[key] = [p]
+                else:
+                    got.append(p)
+        span = msgs[-1].ts - msgs[0].ts
         downs = {(e.device, e.port) for e in self.events_in(t0, t1, EventType.LINK_STATE)
                  if "down" in (e.detail or "").lower()}
         out = []
-        for (device, port), samples in sorted(series.items()):
-            span = samples[-1][0] - samples[0][0]
-            readings = [p for _, p in samples]
+        for (device, port), readings in sorted(series.items()):
             cnp = sum(_rise(readings, c) for c in CONGESTION_COUNTERS)
-            wait = _rise(readings, "xmit_wait_total")
-            errors = {c.removesuffix("_total"): _rise(readings, c) for c in ERROR_COUNTERS}
-            down = any(getattr(p, "state", "ACTIVE") not in ("", "ACTIVE") for p in readings)
-            down = down or (device, port) in downs or (device, None) in downs
+            errors = {c.removesuffix("_total"): v for c in ERROR_COUNTERS
+                      if (v := _rise(readings, c))}
+            down = any(p.state not in ("", "ACTIVE") for p in readings if p.state)
             out.append(PortSignals(
                 device=device,
                 port=port,
                 samples=len(readings),
                 cnp_per_s=cnp / span if span > 0 else 0.0,
-                xmit_wait_per_s=wait / span if span > 0 else 0.0,
-                errors={k: v for k, v in errors.items() if v},
-                down=down,
+                xmit_wait_per_s=_rise(readings, "xmit_wait_total") / span if span > 0 else 0.0,
+                errors=errors,
+                down=down or (device, port) in downs or (device, None) in downs,
             ))
         return out
 
