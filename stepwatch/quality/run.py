@@ -49,7 +49,8 @@ def run_case(case: BenchCase, cfg: DetectConfig) -> CaseResult:
             detections.extend(engine.tick(message.ts))
     detections.extend(engine.tick(engine.now))
     elapsed = time.perf_counter() - t0
-    return CaseResult(case, case.labels(), detections, messages, records, elapsed)
+    suspects = sum(s.suspects_total for s in engine.stats())
+    return CaseResult(case, case.labels(), detections, messages, records, elapsed, suspects)
 
 
 def micro_benchmark(repeat: int = 3) -> list[dict[str, Any]]:
@@ -160,7 +161,8 @@ def family_table(out: dict[str, Any]) -> list[str]:
     """One row per family: the issue's figures on slowdowns >= 10 % and healthy runs."""
     cols = ("precision", "recall", "f1", "duplicates", "ttd_steps_median", "ttd_steps_p95",
             "ttd_seconds_median", "ttd_seconds_p95", "attribution",
-            "detections_per_healthy_job_hour", "onset_within_3", "network_localized")
+            "detections_per_healthy_job_hour", "suspects_per_healthy_job_hour", "onset_within_3",
+            "network_localized")
     lines = ["per family (slowdowns >= 10 % and healthy runs; stops included in 'all faults'):",
              f"{'family':<10}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols)]
     for family, f in out.items():

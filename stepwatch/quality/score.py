@@ -46,6 +46,7 @@ class CaseResult:
     messages: int
     records: int
     seconds: float
+    suspects: int = 0  # straggler suspects seen (JobStats.suspects_total): not incidents
 
     @property
     def opened(self) -> list[DetectionMessage]:
@@ -149,6 +150,7 @@ def summarise(results: list[CaseResult]) -> dict[str, Any]:
     healthy = [r for r in results if r.case.healthy]
     hours = sum(r.job_hours for r in healthy)
     healthy_false = sum(len(r.opened) for r in healthy)
+    healthy_suspects = sum(r.suspects for r in healthy)
     onsets = [abs(o.first.first_step - o.label.start_step) for o in detected
               if o.first is not None and o.first.first_step is not None
               and o.label.kind not in INSTANT_KINDS]
@@ -164,6 +166,7 @@ def summarise(results: list[CaseResult]) -> dict[str, Any]:
         "healthy_job_hours": round(hours, 2), "healthy_detections": healthy_false,
         "false_per_1000_healthy_job_hours": round(1000 * healthy_false / hours, 1) if hours else None,
         "detections_per_healthy_job_hour": round(healthy_false / hours, 3) if hours else None,
+        "suspects_per_healthy_job_hour": round(healthy_suspects / hours, 3) if hours else None,
         # |first_step - the fault's first step| <= 3 (instant kinds left out)
         "onset_within_3": round(sum(1 for x in onsets if x <= 3) / len(onsets), 4)
         if onsets else None,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from stepwatch.contract import (
     EventMessage,
@@ -190,7 +191,7 @@ class HostWindow:
                         pts.append((m.ts, (p.xmit_wait_total or 0) + sum(
                             getattr(p, c) or 0 for c in CONGESTION_COUNTERS)))
         start = t1
-        for (ta, a), (tb, b) in reversed(list(zip(pts, pts[1:], strict=False))):
+        for (ta, a), (tb, b) in reversed(list(pairwise(pts))):
             if tb <= ta or (b - a) / (tb - ta) < level:
                 break
             start = ta

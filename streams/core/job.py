@@ -124,7 +124,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
         self.last_step = cs.step
-        self.step_ends.push((cs.step, cs.end_max))
+        self.step_ends.push(np.array((cs.step, cs.end_max)))
         self.throughput.on_step(cs)
         cadence = self.slowdown.cadence
         if cadence is not None and cs.med[DUR] > 2 * cadence:  # a pause, not noise

@@ -67,12 +67,12 @@ class NetworkWatch:
         for where, sus in seen.items():
             first = self._net_since.setdefault(where, now)
             key = self._net_key(sus, where)
-            if key in self.book.open or now - first >= self.cfg.net_persist_seconds:
-                if self.book.hold(key, now):
-                    f = self._net_finding(sus, where, step, now, first)
-                    if key not in self.book.open:
-                        f.onset_step = self._net_onset(windows, sus, now)
-                    out.extend(self.book.observe(f))
+            due = key in self.book.open or now - first >= self.cfg.net_persist_seconds
+            if due and self.book.hold(key, now):
+                f = self._net_finding(sus, where, step, now, first)
+                if key not in self.book.open:
+                    f.onset_step = self._net_onset(windows, sus, now)
+                out.extend(self.book.observe(f))
         for where in list(self._net_since):
             if where not in seen:
                 del self._net_since[where]

@@ -25,10 +25,10 @@ from stepwatch.streams.core.causes import (
     Shares,
     extra_wait,
 )
+from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
-from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.straggler import Candidate, StragglerTracker
 
 T = DetectionType
@@ -180,7 +180,7 @@ class Stragglers:
         the CUSUM's change point, so that its cause is read from the fault's own steps and
         samples, not from the steps before it. (None, the window's span) otherwise."""
         est = None if key in self.book.open else self.straggler.onset(ranks)
-        if est is None or not est[1] == est[1]:
+        if est is None or math.isnan(est[1]):
             return None, self._onset_span()
         return est[0], max(cs.end_max - est[1], MIN_CAUSE_SPAN_S)
 

@@ -6,9 +6,8 @@ import pytest
 from detect_synth import Job, drive, gpu_message, interleave, opened, port_message
 
 from stepwatch.contract import DetectionMessage, Message
-from stepwatch.quality.wild import Fault, Kind
+from stepwatch.quality.wild import Fault, Kind, generate
 from stepwatch.quality.wild import Job as WildJob
-from stepwatch.quality.wild import generate
 from stepwatch.streams.core import Engine
 
 pytestmark = pytest.mark.unit

@@ -7,12 +7,12 @@ import pytest
 from detect_synth import Job, drive, opened
 from test_detect_phases import ddp_job
 
-from stepwatch.quality.wild import Fault, Kind
+from stepwatch.quality.wild import Fault, Kind, generate
 from stepwatch.quality.wild import Job as WildJob
-from stepwatch.quality.wild import generate
 from stepwatch.streams.core import DetectConfig, Engine
 from stepwatch.streams.core.causes import Attribution
-from stepwatch.streams.core.kinds import Cause, DetectionType, Fault as FaultClass
+from stepwatch.streams.core.kinds import Cause, DetectionType
+from stepwatch.streams.core.kinds import Fault as FaultClass
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding
 
 pytestmark = pytest.mark.unit
