@@ -197,11 +197,19 @@ class HostWindow:
             start = ta
         return start
 
-    def port_signals(self, t0: float, t1: float) -> list[PortSignals]:
-        """Rates and error increases of every port of the host over [t0, t1]."""
+    def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]:
+        """Rates and error increases of every port of the host over [t0, t1].
+
+        ``ends_only`` (the periodic network checks): from the window's first and last
+        samples alone, a link counted down from their states, link-down events and
+        ``link_downed``; a counter reset inside the window then costs the window.
+        """
         msgs = self._ports_in(t0, t1)
         if not msgs:
             return []
+        n = len(msgs)
+        if ends_only and n > 2:
+            msgs = [msgs[0], msgs[-1]]
         series: dict[tuple[str, int], list[PortReading]] = {}
         for m in msgs:
             for p in m.ports:
@@ -223,7 +231,7 @@ class HostWindow:
             out.append(PortSignals(
                 device=device,
                 port=port,
-                samples=len(readings),
+                samples=len(readings) if not ends_only else n,
                 cnp_per_s=cnp / span if span > 0 else 0.0,
                 xmit_wait_per_s=_rise(readings, "xmit_wait_total") / span if span > 0 else 0.0,
                 errors=errors,

@@ -50,10 +50,12 @@ def localize(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float,
 
 def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float,
                   t1: float, history_s: float, cfg: DetectConfig,
-                  only: str | None = None, need_history: bool = False) -> list[Suspect]:
+                  only: str | None = None, need_history: bool = False,
+                  ends_only: bool = False) -> list[Suspect]:
     """Every port in [t0, t1] that stands out (see :func:`localize`); ``history_s`` 0: the
     job's other ports are the only reference; ``need_history``: a port without
-    ``MIN_HISTORY_SAMPLES`` samples of its own before ``t0`` is not judged."""
+    ``MIN_HISTORY_SAMPLES`` samples of its own before ``t0`` is not judged; ``ends_only``:
+    rates from each window's first and last samples (see HostWindow.port_signals)."""
     now: dict[str, list[PortSignals]] = {}
     names = sorted(hosts)[:MAX_HOSTS]
     if only is not None and only not in names:
@@ -61,7 +63,7 @@ def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: f
     for h in names:
         win = windows.get(h)
         if win is not None:
-            now[h] = win.port_signals(t0, t1)
+            now[h] = win.port_signals(t0, t1, ends_only)
     if len(now) < 2:
         peers_cnp = peers_wait = 0.0
     else:
@@ -78,7 +80,8 @@ def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: f
                 continue  # not even above the job's other ports: its history cannot matter
             if before is None:  # the host's own history, read only for a host that stands out
                 before = {(q.device, q.port): q for q in
-                          windows[h].port_signals(t0 - history_s, t0)} if history_s > 0 else {}
+                          windows[h].port_signals(t0 - history_s, t0, ends_only)} \
+                    if history_s > 0 else {}
             old = before.get((p.device, p.port))
             if need_history and (old is None or old.samples < MIN_HISTORY_SAMPLES):
                 continue  # no history of its own yet: a port that is always busy is not news

@@ -92,11 +92,12 @@ class NetworkWatch:
         holds the fault by now)."""
         hosts = sorted(self.hosts)
         found = port_suspects(windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg,
-                              need_history=True)
+                              need_history=True, ends_only=True)
         for t in NET_TYPES:
             for key in self.book.keys(t):
                 host = key[2].removeprefix("net:")
-                found += port_suspects(windows, hosts, t0, t1, 0.0, self.cfg, only=host)
+                found += port_suspects(windows, hosts, t0, t1, 0.0, self.cfg, only=host,
+                                       ends_only=True)
         congested = [s for s in found if s.congested]
         top = max(congested, key=lambda s: s.rise).host if congested else ""
         out: dict[str, Suspect] = {}
