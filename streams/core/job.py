@@ -303,7 +303,10 @@ class Job(Incidents, Stragglers, NetworkWatch):
 
     def _attribution(self, key: Key, ts: float, compute: Callable[[], Attribution]) -> Attribution:
         cached = self._attr_cache.get(key)
-        if cached is not None and ts - cached[0] < self.cfg.cause_refresh_seconds:
+        opened = self.book.opened_at(key)
+        young = opened is None or ts - opened < self.cfg.update_min_seconds
+        ttl = self.cfg.cause_refresh_seconds if young else self.cfg.update_min_seconds
+        if cached is not None and ts - cached[0] < ttl:
             return cached[1]
         attr = compute()
         if cached is not None and key in self.book.open and (

@@ -121,14 +121,19 @@ class DetectionBook:
         """The condition of an open detection still holds (its clearing restarts).
 
         True when an update may be due: the score's rate limit passed, or the cause is
-        due for a fresh look (every ``cause_refresh_seconds``): only then is it worth
+        due for a fresh look (every ``cause_refresh_seconds`` during the detection's first
+        ``update_min_seconds``, every ``update_min_seconds`` after): only then is it worth
         building a new :class:`Finding` for :meth:`observe`.
         """
         cur = self.open.get(key)
         if cur is None:
             return True
         cur.clear_steps = 0
-        if ts - cur.last_check >= self.cfg.cause_refresh_seconds:
+        # young detections are re-decided often (their first cause may have been read
+        # early), older ones at the score's pace
+        young = ts - cur.opened_at < self.cfg.update_min_seconds
+        every = self.cfg.cause_refresh_seconds if young else self.cfg.update_min_seconds
+        if ts - cur.last_check >= every:
             cur.last_check = ts
             return True
         return ts - cur.last_emit >= self.cfg.update_min_seconds
