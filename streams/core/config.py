@@ -72,7 +72,7 @@ class DetectConfig:
     update_min_seconds: float = 30.0  # at most one score update per detection per this
     # an open detection's cause is re-decided this often during its first update_min_seconds
     # (then every update_min_seconds); a changed cause is published at once
-    cause_refresh_seconds: float = 5.0
+    cause_refresh_seconds: float = 10.0
     update_score_change: float = 0.25  # relative score change that warrants an update
     update_score_abs: float = 0.03  # ... and at least this much in absolute terms
     # --- hang / missing ranks ------------------------------------------------------

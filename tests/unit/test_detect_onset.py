@@ -56,6 +56,7 @@ def test_a_new_cause_is_published_at_once_a_new_score_is_rate_limited() -> None:
     assert (m.state, m.cause) == ("update", "host_input")
     # a finding is built again every cause_refresh_seconds while it holds
     key = (DetectionType.STRAGGLER, 1, "")
-    assert book.hold(key, 107.0) is True  # 5 s after the open
-    assert book.hold(key, 108.0) is False
-    assert book.hold(key, 112.5) is True
+    refresh = DetectConfig().cause_refresh_seconds
+    assert book.hold(key, 100.0 + refresh) is True  # young: re-decided every refresh
+    assert book.hold(key, 101.0 + refresh) is False
+    assert book.hold(key, 100.5 + 2 * refresh) is True
