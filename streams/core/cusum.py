@@ -32,15 +32,6 @@ OWN_ALPHA = 1.0 / 32  # weight of a new step in the rank's own mean absolute exc
 ABS_TO_SIGMA = 1.2533  # mean absolute deviation x this estimates sigma (normal data)
 
 
-def cusum_step(s: np.ndarray, e: np.ndarray, kappa: float | np.ndarray, scale: np.ndarray,
-               clip: float) -> np.ndarray:
-    """One update of the clipped CUSUM; NaN excess (not measured, absent) adds nothing."""
-    with np.errstate(invalid="ignore", divide="ignore"):
-        z = np.clip((e - kappa) / scale, -clip, clip)
-    z = np.where(np.isnan(z), 0.0, z)
-    return np.maximum(0.0, s + z)
-
-
 class RobustCusum:
     """The CUSUM of every (dimension, rank) of one job, with each rank's own spread."""
 
@@ -63,20 +54,22 @@ class RobustCusum:
     def update(self, e: np.ndarray, spread: np.ndarray, kappa: float, flagged: np.ndarray,
                excluded: np.ndarray, step: int = 0, ts: float = 0.0) -> None:
         """``e`` and ``spread`` (dims, ranks); ``flagged`` (ranks,) leaves the own spread
-        alone; ``excluded`` (dims, ranks) dimensions that are no evidence (DDP backward)."""
-        own_scale = ABS_TO_SIGMA * self.own
-        scale = np.fmax(spread, own_scale)  # NaN own spread: the group's
-        self.s = cusum_step(self.s, np.where(excluded, np.nan, e), kappa, scale, self.clip)
-        self.s[excluded] = 0.0
+        alone; ``excluded`` (dims, ranks) dimensions that are no evidence (DDP backward).
+        A NaN excess (absent rank, unmeasured phase) sets S back to 0."""
+        scale = np.fmax(spread, ABS_TO_SIGMA * self.own)  # NaN own spread: the group's
+        scale[excluded] = np.inf  # z = 0: S stays 0
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = (e - kappa) / scale
+        np.clip(z, -self.clip, self.clip, out=z)
+        self.s = np.fmax(self.s + z, 0.0)  # fmax: NaN -> 0
         zero = self.s == 0.0
-        self.zero_step[zero] = step
-        self.zero_ts[zero] = ts
+        np.copyto(self.zero_step, step, where=zero)
+        np.copyto(self.zero_ts, ts, where=zero)
         a = np.abs(e)
         calm = (flagged == 0)[None, :] & ~np.isnan(a)
-        first = calm & np.isnan(self.own)
-        self.own = np.where(first, a, self.own)
-        self.own = np.where(calm & ~first, (1 - OWN_ALPHA) * self.own + OWN_ALPHA * a,
-                            self.own)
+        new = self.own + OWN_ALPHA * (a - self.own)
+        np.copyto(new, a, where=np.isnan(self.own))
+        np.copyto(self.own, new, where=calm)
 
     def alarm(self, rank: int) -> bool:
         return bool(self.s[:, rank].max() >= self.h)

@@ -122,6 +122,7 @@ class StragglerTracker:
         # median busy time over median step time (pauses left out), per step: converts an
         # excess in units of busy time into its cost as a share of the step
         self._busy_share = Ring(n, 1)
+        self._ratio = float("nan")  # the window's median of _busy_share (this step)
         self.spread = np.full((NDIM, world_size), np.nan)  # group's typical spread per rank
         self.cusum = RobustCusum((NDIM, world_size), cfg.straggler_cusum_h,
                                  cfg.straggler_cusum_clip)
@@ -167,7 +168,7 @@ class StragglerTracker:
         step_s = cs.med[DUR] - (cs.med[PAUSE] if cs.med[PAUSE] == cs.med[PAUSE] else 0.0)
         center = cs.med[BUSY] if basis == "phases" else med(busy)
         self._busy_share.push(center / step_s if step_s > 0 else np.nan)
-        ratio = med(self._busy_share.filled()[:, 0])
+        ratio = self._ratio = med(self._busy_share.filled()[:, 0])
         kappa = self.cfg.straggler_material_share / (ratio if ratio > 0 else 1.0)
         self.cusum.update(excess, self.spread, kappa, flagged, np.isinf(self.threshold),
                           cs.step, cs.end_max)
@@ -322,9 +323,7 @@ class StragglerTracker:
     def cost(self, score: float) -> float:
         """An excess in units of the median busy time as a share of the median step time
         (pauses left out): 2x a 3 ms optimizer step costs 1 % of a 0.3 s step."""
-        ratio = self._busy_share.filled()
-        ratio = ratio[~np.isnan(ratio)]
-        return score * float(np.median(ratio)) if len(ratio) else score
+        return score * self._ratio if self._ratio > 0 else score
 
     def host_cost(self, ranks: list[int], members: np.ndarray) -> float:
         """The cost of several ranks of one host measured against the peers *off* it.
