@@ -10,6 +10,11 @@ cluster (8 job nodes and 2 spare), it shows the whole loop with the time of
 each stage: healthy, found, paged, drained, requeued, running again (the
 simulated job follows its Slurm allocation and restarts from its last
 checkpoint on the new nodes), recovered.
+
+With ``--torch`` the job is a real PyTorch DDP job (examples/ddp_train.py, 4
+ranks, gloo on CPU) on the Slurm job's 2 nodes (2 spare): it checkpoints every
+25 steps and, after the drain and requeue, is stopped and resumed from its last
+checkpoint on the new nodes (its step numbers rewind to it).
 """
 
 from __future__ import annotations
