@@ -183,15 +183,18 @@ class TorchJob:
             return 0
 
     def _kill(self, timeout: float = 10.0) -> None:
+        """Stop the run's whole process group (the spawner and its ranks) and reap it."""
         job = self.job
         if job is None or job.poll() is not None:
             return
+        group = group_pids(job.pid)
         os.killpg(job.pid, 15)
         try:
             job.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(job.pid, 9)
             job.wait(5)
+        reap(group - {job.pid}, timeout)
 
     # ------------------------------------------------------------------ the demo's view
     @property
@@ -220,3 +223,33 @@ class TorchJob:
         self.sent  # noqa: B018 - read the agents' count while they still answer
         for agent in self.agents:  # SIGTERM: each agent flushes its spool to Kafka first
             agent.stop()
+
+
+def group_pids(pgid: int) -> set[int]:
+    """The live processes of process group ``pgid`` (from /proc)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and fields[2] == str(pgid):
+            out.add(int(stat.parent.name))
+    return out
+
+
+def reap(pids: set[int], timeout: float) -> None:
+    """Wait for ``pids`` to end; the ranks whose spawner died first are the demo's to reap
+    (it is their subreaper), or they stay zombies until it exits."""
+    deadline = time.monotonic() + timeout
+    left = set(pids)
+    while left and time.monotonic() < deadline:
+        for pid in list(left):
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # not ours: gone when /proc says so
+                done = 0 if Path(f"/proc/{pid}").exists() else pid
+            if done:
+                left.discard(pid)
+        if left:
+            time.sleep(0.1)

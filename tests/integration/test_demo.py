@@ -82,6 +82,10 @@ def _needs_the_loop(*tools: str) -> None:
         pytest.skip("needs root, Slurm and munge (bash scripts/setup.sh) for the whole loop")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _run_to_the_end(argv: list[str], root: Path, want: list[str], limit: float
                     ) -> tuple[str, set[int], float]:
     """Run ``argv`` in ``root`` until every stage of ``want`` printed (or ``limit`` s), then
@@ -89,8 +93,11 @@ def _run_to_the_end(argv: list[str], root: Path, want: list[str], limit: float
     env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWATCH_")}
     env["PYTHONPATH"] = str(root)
     started = time.monotonic()
+    # Ctrl-C acts as in a terminal even when this test runs where SIGINT is ignored (a
+    # non-interactive shell's background job): the demo starts with SIGINT's default action
     proc = subprocess.Popen(argv, cwd=root, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=_default_sigint)
     out, running = "", set()
     assert proc.stdout is not None
     for line in proc.stdout:
