@@ -224,6 +224,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
         sw.checkpoint("load", duration=loaded_s, path=path, step=start)
         sw.event("restart", f"restarted from the checkpoint at step {start}", step=start,
                  nodes=args.host_names)
+        print(f"resumed from {path} at step {start}", flush=True)
     if args.plain:
         pass
     elif args.parallel == "ddp":

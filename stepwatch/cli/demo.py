@@ -13,7 +13,7 @@ checkpoint on the new nodes), recovered.
 
 With ``--torch`` the job is a real PyTorch DDP job (examples/ddp_train.py, 4
 ranks, gloo on CPU) on the Slurm job's 2 nodes (2 spare): it checkpoints every
-25 steps and, after the drain and requeue, is stopped and resumed from its last
+100 steps and, after the drain and requeue, is stopped and resumed from its last
 checkpoint on the new nodes (its step numbers rewind to it).
 """
 
@@ -63,7 +63,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--torch", action="store_true",
                    help="a real PyTorch DDP job (examples/ddp_train.py: 4 ranks, gloo on CPU, as "
                    "2 nodes of the Slurm job; the second rank on the second node slowed from "
-                   "step 60; a checkpoint every 25 steps) instead of the simulator; it follows "
+                   "step 60; a checkpoint every 100 steps) instead of the simulator; it follows "
                    "its Slurm job: stopped when the allocation goes, resumed from its last "
                    "checkpoint on the new nodes")
     p.set_defaults(func=run)

@@ -4,7 +4,7 @@ A node agent (``stepwatch agent``, steps collector) per node receives the
 ranks' step datagrams and publishes them; the example runs 4 ranks with gloo
 on CPU, pinned two to a core, as two emulated hosts, and one rank on the
 job's second node does 2.5x the forward work from step 60 on. Rank 0 saves a
-checkpoint every 25 steps.
+checkpoint every 100 steps.
 
 With ``follow`` (the demo's Slurm job, :mod:`stepwatch.demo.allocation`) the
 hosts are the allocation's nodes and the job follows its scheduler job as the
@@ -46,7 +46,7 @@ SLOW_NODE = 1  # the fault is on the job's second node (as of its first run) ...
 SLOW_LOCAL_RANK = 1  # ... on its second rank
 SLOW_FROM = 60
 SLOW_FACTOR = 2.5
-CHECKPOINT_EVERY = 25
+CHECKPOINT_EVERY = 100  # steps (~10 s on 2 cores): a restart goes back up to this many
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 
 
