@@ -214,7 +214,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
     start = int(ckpt["step"]) if ckpt is not None else 0
     if ckpt is not None:
         opt.load_state_dict(ckpt["optimizer"])
-    data = Batches(args.batch, args.width, seed=rank * 1_000_003 + start)
+    data = Batches(args.batch, args.width, seed=rank + 1_000_003 * start)  # a resumed run: new data
     local_copy = make_model(args.width, args.layers).to(device)  # for --slow-kind compute
 
     # identity from torchrun / Slurm / env; after a restart the steps go on from the checkpoint's
