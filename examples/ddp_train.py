@@ -17,6 +17,13 @@ Slow one rank down from a given step, to watch stepwatch find it::
 * ``cpu``: ``max(1, round(F - 1))`` busy processes compete for its CPU cores
   (pinned to them with ``taskset`` where it exists).
 
+Checkpoint every 25 steps and restart from the last one, as a requeued job does
+(the step numbers the SDK reports go back to the checkpoint's, and rank 0 sends
+a ``checkpoint_load`` and a ``restart`` event)::
+
+    python examples/ddp_train.py --checkpoint-dir ckpt --steps 200
+    python examples/ddp_train.py --resume ckpt --steps 200
+
 The stepwatch part is five lines: ``stepwatch.init()``, ``instrument_ddp``, the
 step and its phases. Everything else is an ordinary DDP loop.
 """
@@ -24,6 +31,7 @@ step and its phases. Everything else is an ordinary DDP loop.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import socket
@@ -31,6 +39,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,6 +52,8 @@ import stepwatch
 from stepwatch.integrations.torch import instrument_ddp, instrument_fsdp
 
 BUSY_LOOP = "import time\nwhile True:\n    sum(range(10000))\n"
+CHECKPOINT = "checkpoint.pt"  # model, optimizer and the next step; renamed into place
+LATEST = "checkpoint.json"  # {"step": N}: what the last complete checkpoint holds
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -67,7 +79,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--emulate-hosts", type=int, default=0,
                    help="report the ranks as N hosts (host-0 ...), each with its own agent "
                         "socket when STEPWATCH_AGENT_SOCKET contains {host}")
-    return p.parse_args(argv)
+    p.add_argument("--host-names", default="",
+                   help="names of the emulated hosts, comma-separated (e.g. a Slurm job's "
+                        "nodes; sets --emulate-hosts to their number)")
+    p.add_argument("--checkpoint-dir", default="",
+                   help="rank 0 saves model, optimizer and step here every --checkpoint-every "
+                        "steps (default: the --resume folder, if any)")
+    p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--resume", default="",
+                   help="continue from the last checkpoint in this folder (from step 0 when "
+                        "there is none yet)")
+    args = p.parse_args(argv)
+    if args.host_names:
+        args.emulate_hosts = len(args.host_names.split(","))
+    args.checkpoint_dir = args.checkpoint_dir or args.resume
+    if args.checkpoint_dir and args.parallel != "ddp":
+        p.error("--checkpoint-dir and --resume need --parallel ddp")
+    return args
 
 
 class Batches:
@@ -140,7 +168,8 @@ def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
             os.sched_setaffinity(0, {cores[rank * len(cores) // world]})
     if args.emulate_hosts > 0:
         per_host = -(-world // args.emulate_hosts)
-        host = f"host-{rank // per_host}"
+        names = args.host_names.split(",") if args.host_names else []
+        host = names[rank // per_host] if names else f"host-{rank // per_host}"
         os.environ.update(STEPWATCH_HOST=host, LOCAL_RANK=str(rank % per_host),
                           LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host))
         sock = os.environ.get("STEPWATCH_AGENT_SOCKET", "")
@@ -150,15 +179,52 @@ def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
     return device
 
 
+def save_checkpoint(folder: str, model: nn.Module, opt: torch.optim.Optimizer, step: int) -> Path:
+    """Model, optimizer and the next step to run, written whole or not at all (rename)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    net = model.module if isinstance(model, DDP) else model
+    tmp = out / f".{CHECKPOINT}.tmp"
+    torch.save({"model": net.state_dict(), "optimizer": opt.state_dict(), "step": step}, tmp)
+    os.replace(tmp, out / CHECKPOINT)
+    (out / f".{LATEST}.tmp").write_text(json.dumps({"step": step}) + "\n")
+    os.replace(out / f".{LATEST}.tmp", out / LATEST)
+    return out / CHECKPOINT
+
+
+def load_checkpoint(folder: str, device: torch.device) -> dict[str, Any] | None:
+    """The last checkpoint in ``folder``, or None when there is none yet."""
+    path = Path(folder) / CHECKPOINT
+    if not folder or not path.is_file():
+        return None
+    return dict(torch.load(path, map_location=device, weights_only=True))
+
+
 def train(args: argparse.Namespace, rank: int, world: int) -> None:
     device = setup_rank(args, rank, world)
     torch.manual_seed(0)
-    model = wrap(make_model(args.width, args.layers).to(device), args.parallel)
+    t0 = time.perf_counter()
+    ckpt = load_checkpoint(args.resume, device)
+    loaded_s = time.perf_counter() - t0
+    net = make_model(args.width, args.layers).to(device)
+    if ckpt is not None:
+        net.load_state_dict(ckpt["model"])
+    model = wrap(net, args.parallel)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    data = Batches(args.batch, args.width, seed=rank)
+    start = int(ckpt["step"]) if ckpt is not None else 0
+    if ckpt is not None:
+        opt.load_state_dict(ckpt["optimizer"])
+    data = Batches(args.batch, args.width, seed=rank + 1_000_003 * start)  # a resumed run: new data
     local_copy = make_model(args.width, args.layers).to(device)  # for --slow-kind compute
 
-    sw = stepwatch.init(job_id=args.job_id)          # identity from torchrun / Slurm / env
+    # identity from torchrun / Slurm / env; after a restart the steps go on from the checkpoint's
+    sw = stepwatch.init(job_id=args.job_id, start_step=start)
+    if ckpt is not None and rank == 0:
+        path = str(Path(args.resume) / CHECKPOINT)
+        sw.checkpoint("load", duration=loaded_s, path=path, step=start)
+        sw.event("restart", f"restarted from the checkpoint at step {start}", step=start,
+                 nodes=args.host_names)
+        print(f"resumed from {path} at step {start}", flush=True)
     if args.plain:
         pass
     elif args.parallel == "ddp":
@@ -171,8 +237,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
     competitors: list[subprocess.Popen[bytes]] = []
     batches = iter(data)
     try:
-        for step in range(args.steps):
-            if slow and step == args.slow_from:
+        for step in range(start, args.steps):
+            if slow and step == max(args.slow_from, start):
                 competitors = start_fault(args, data, forward_times)
             with sw.step(samples=args.batch) as s:
                 with s.phase("data"):
@@ -189,6 +255,11 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
                     opt.step()
                     opt.zero_grad(set_to_none=True)
                 s.loss = loss.detach()                  # read off the training thread
+            done = step + 1
+            if (rank == 0 and args.checkpoint_dir and done % args.checkpoint_every == 0
+                    and done < args.steps):
+                with sw.checkpoint("save", path=args.checkpoint_dir, step=done):
+                    save_checkpoint(args.checkpoint_dir, model, opt, done)
     finally:
         for proc in competitors:
             proc.kill()

@@ -10,6 +10,11 @@ cluster (8 job nodes and 2 spare), it shows the whole loop with the time of
 each stage: healthy, found, paged, drained, requeued, running again (the
 simulated job follows its Slurm allocation and restarts from its last
 checkpoint on the new nodes), recovered.
+
+With ``--torch`` the job is a real PyTorch DDP job (examples/ddp_train.py, 4
+ranks, gloo on CPU) on the Slurm job's 2 nodes (2 spare): it checkpoints every
+100 steps and, after the drain and requeue, is stopped and resumed from its last
+checkpoint on the new nodes (its step numbers rewind to it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 # 1 s steps the first detection arrives within about a minute of the start.
 JOB = "demo-job"
 DEFAULT_FAULT = "slow_gpu:rank=13:start=20:severity=0.3"
+STEPS, TORCH_STEPS = 600, 3000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")
     p.add_argument("--nodes", type=int, default=8, help="simulated nodes (x 8 GPUs x 8 NICs)")
-    p.add_argument("--steps", type=int, default=600, help="training steps to simulate")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"training steps to run (default {STEPS}; with --torch {TORCH_STEPS}, "
+                   "about 5 minutes on 2 cores)")
     p.add_argument("--step-seconds", type=float, default=1.0, help="nominal step time")
     p.add_argument("--fault", action="append", default=None,
                    help=f"fault to inject, KIND[:key=value]... (default {DEFAULT_FAULT}); 'none' for a healthy run")
@@ -53,8 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="do not start a local Slurm cluster: the remediator runs in observe "
                    "(dry-run) mode")
     p.add_argument("--torch", action="store_true",
-                   help="a real PyTorch DDP job (examples/ddp_train.py: 4 ranks, gloo on CPU, "
-                   "rank 1 slowed from step 60) through two node agents, instead of the simulator")
+                   help="a real PyTorch DDP job (examples/ddp_train.py: 4 ranks, gloo on CPU, as "
+                   "2 nodes of the Slurm job; the second rank on the second node slowed from "
+                   "step 60; a checkpoint every 100 steps) instead of the simulator; it follows "
+                   "its Slurm job: stopped when the allocation goes, resumed from its last "
+                   "checkpoint on the new nodes")
     p.set_defaults(func=run)
 
 
@@ -65,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     options = DemoOptions(
         bootstrap=args.bootstrap_servers or "",
         nodes=args.nodes,
-        steps=args.steps,
+        steps=args.steps or (TORCH_STEPS if args.torch else STEPS),
         step_seconds=args.step_seconds,
         faults=tuple(f for f in faults if f != "none"),
         duration=_duration(args.duration),

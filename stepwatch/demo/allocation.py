@@ -12,7 +12,8 @@ from __future__ import annotations
 import logging
 import re
 import subprocess
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,34 @@ class Allocation:
     @property
     def running(self) -> bool:
         return self.state == "RUNNING" and bool(self.nodes)
+
+
+Follow = Callable[[], Allocation]
+
+
+@dataclass(frozen=True)
+class Incarnation:
+    """One run of the job on one allocation."""
+
+    number: int
+    started: float  # wall clock
+    nodes: tuple[str, ...]
+    first_step: int
+
+
+def lost(now: Allocation, hosts: tuple[str, ...]) -> bool:
+    """Whether a job running on ``hosts`` must stop: its allocation went away or changed
+    (a reading that says nothing, ``UNKNOWN``, changes nothing)."""
+    return now.state != UNKNOWN and not (now.running and now.nodes == hosts)
+
+
+def next_running(follow: Follow, stop: threading.Event, poll_seconds: float) -> Iterator[Allocation]:
+    """Wait (until ``stop``) for the scheduler to run the job again: yields that allocation once."""
+    while not stop.wait(poll_seconds):
+        now = follow()
+        if now.running:
+            yield now
+            return
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ class Arc:
             inc = incarnations[-1]
             new.append(self.reach("running again", self._since(inc.started, at), f"from step {inc.first_step} on "
                                   f"{_nodes(inc.nodes)}"))
-        new.append(self._recovered(at, detections))
+        new.append(self._recovered(at, detections, incarnations[-1].nodes if incarnations else ()))
         new.append(self._outcome(at, outcomes))
         return [s for s in new if s is not None]
 
@@ -93,13 +93,16 @@ class Arc:
                                       f"{kind} {what} by the remediator"))
         return out
 
-    def _recovered(self, at: float, detections: Sequence[DetectionMessage]) -> Stage | None:
+    def _recovered(self, at: float, detections: Sequence[DetectionMessage],
+                   nodes: Sequence[str] = ()) -> Stage | None:
         if "running again" not in self.reached or not self.detection_id:
             return None
         for d in detections:
             if d.id == self.detection_id and d.state == "resolved":
                 why = d.summary.rpartition("resolved: ")[2] if "resolved: " in d.summary else ""
-                where = f" (rank {d.rank}, now on {d.host})" if d.rank is not None else ""
+                # the detection's host is where the rank ran when it was last seen slow
+                on = "now on" if not nodes or d.host in nodes else "was on"
+                where = f" (rank {d.rank}, {on} {d.host})" if d.rank is not None else ""
                 return self.reach("recovered", at, f"{d.type} resolved{where}"
                                   + (f": {why}" if why else ""))
         return None

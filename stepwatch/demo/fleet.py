@@ -22,29 +22,17 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 from stepwatch.agents.sink import MessageSink, Sequencer
 from stepwatch.contract import EventMessage, EventType, Message
-from stepwatch.demo.allocation import UNKNOWN, Allocation
+from stepwatch.demo.allocation import Follow, Incarnation, lost, next_running
 from stepwatch.sim import Scenario, resolve_all, simulate
 from stepwatch.sim.pacing import batches, paced
 from stepwatch.sim.ports import Carry
 from stepwatch.sim.targets import resolve_targets
 
 log = logging.getLogger(__name__)
-Follow = Callable[[], Allocation]
-
-
-@dataclass(frozen=True)
-class Incarnation:
-    """One run of the job on one allocation."""
-
-    number: int
-    started: float  # wall clock
-    nodes: tuple[str, ...]
-    first_step: int
+__all__ = ["FleetDriver", "Follow", "Incarnation", "restart"]
 
 
 class FleetDriver:
@@ -117,7 +105,7 @@ class FleetDriver:
     def _lost(self, hosts: tuple[str, ...]) -> bool:
         assert self.follow is not None
         now = self.follow()
-        if now.state == UNKNOWN or (now.running and now.nodes == hosts):
+        if not lost(now, hosts):
             return False
         self.stopped_at = time.time()
         log.info("fleet: allocation lost state=%s nodes=%s: the job stops", now.state,
@@ -126,7 +114,8 @@ class FleetDriver:
 
     def _restarted(self, sc: Scenario) -> list[Scenario]:
         """Wait for the scheduler to run the job again; the restarted scenario ([] on stop)."""
-        alloc = next(self._allocations(), None)
+        assert self.follow is not None
+        alloc = next(next_running(self.follow, self._stop, self.poll_seconds), None)
         if alloc is None:
             return []
         if len(alloc.nodes) != sc.nodes:
@@ -137,14 +126,6 @@ class FleetDriver:
         log.info("fleet: restarted incarnation=%d first_step=%d nodes=%s", restarted.incarnation,
                  restarted.first_step, ",".join(alloc.nodes))
         return [restarted]
-
-    def _allocations(self) -> Iterator[Allocation]:
-        assert self.follow is not None
-        while not self._stop.wait(self.poll_seconds):
-            now = self.follow()
-            if now.running:
-                yield now
-                return
 
 
 def restart(sc: Scenario, nodes: tuple[str, ...], first_step: int) -> Scenario:

@@ -19,6 +19,7 @@ from stepwatch.demo.plain import Changes, snapshot
 from stepwatch.demo.scrape import scrape_jobs
 from stepwatch.demo.services import Child, become_subreaper, child_env, children, stop_descendants
 from stepwatch.demo.tap import Tap
+from stepwatch.demo.torchjob import HOSTS as TORCH_HOSTS
 from stepwatch.demo.torchjob import TorchJob
 from stepwatch.demo.view import render
 from stepwatch.errors import StepwatchError
@@ -100,13 +101,20 @@ class Demo:
         self.tap.start()
         self.publisher = KafkaPublisher(settings)
         if opts.torch:
-            self.torch_job = TorchJob(settings, opts.workdir, self.job_id, opts).start(env)
-            self.job_id = self.torch_job.job_id
+            self.torch_job = self._torch_job(settings, hosts).start(env)
             self.fleet = self.torch_job
         else:
             follow = self.alerting.allocation() if self.alerting is not None else None
             self.fleet = FleetDriver(self._scenarios(hosts), self.publisher, follow=follow).start()
         self._loop()
+
+    def _torch_job(self, settings: Settings, hosts: tuple[str, ...] | None) -> TorchJob:
+        """The DDP job: on the Slurm job's nodes (an agent on every node) when Slurm runs."""
+        follow = self.alerting.allocation() if self.alerting is not None else None
+        if follow is None or not hosts or self.alerting is None:
+            return TorchJob(settings, self.options.workdir, self.job_id, self.options)
+        return TorchJob(settings, self.options.workdir, self.job_id, self.options, follow=follow,
+                        hosts=hosts, agent_hosts=tuple(self.alerting.slurm.node_names))
 
     def _start_alerting(self, settings: Settings, env: dict[str, str]) -> tuple[str, ...] | None:
         """Slurm (when possible), remediator, Alertmanager, Prometheus; the job's hosts."""
@@ -119,8 +127,9 @@ class Demo:
                                      if c.name == "sink" and c.metrics]}
         stack = AlertingStack(opts.workdir / "alerting", scrape={k: v for k, v in scrape.items() if v},
                               bootstrap=settings.bootstrap_servers,
-                              topic_prefix=settings.topic_prefix, nodes=opts.nodes,
-                              want_slurm=opts.slurm and not opts.torch)
+                              topic_prefix=settings.topic_prefix,
+                              nodes=len(TORCH_HOSTS) if opts.torch else opts.nodes,
+                              want_slurm=opts.slurm)
         stack.workdir.mkdir(parents=True, exist_ok=True)
         self.alerting = stack
         try:

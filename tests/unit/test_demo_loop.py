@@ -144,3 +144,39 @@ def test_the_pager_wants_the_bearer_token() -> None:
         assert (note.route, note.status, note.alerts) == ("ticket", "firing", ("X",))
     finally:
         pager.stop()
+
+
+def test_a_job_stops_when_its_allocation_changes_not_when_slurm_is_silent() -> None:
+    from stepwatch.demo.allocation import UNKNOWN, Allocation, lost
+
+    hosts = ("node01", "node02")
+    assert not lost(Allocation("RUNNING", hosts), hosts)
+    assert not lost(Allocation(UNKNOWN), hosts)  # no answer: nothing is known
+    assert lost(Allocation("PENDING"), hosts) and lost(Allocation("GONE"), hosts)
+    assert lost(Allocation("RUNNING", ("node01", "node03")), hosts)
+
+
+def test_the_torch_job_keeps_its_fault_on_its_node_and_resumes_after_the_first_run(
+        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from stepwatch.demo.torchjob import TorchJob
+    from stepwatch.settings import Settings
+
+    job = TorchJob(Settings.load(env={}), tmp_path, "7", SimpleNamespace(steps=300),
+                   hosts=("node01", "node02"))
+
+    def arg(argv: list[str], name: str) -> str | None:
+        return argv[argv.index(name) + 1] if name in argv else None
+
+    first = job.argv(("node01", "node02"))
+    assert arg(first, "--slow-rank") == "3" and arg(first, "--host-names") == "node01,node02"
+    assert "--resume" not in first and arg(first, "--job-id") == "7"
+    job.incarnations.append(Incarnation(0, 0.0, ("node01", "node02"), 0))
+    moved = job.argv(("node02", "node03"))  # the slow node is now the job's first
+    assert arg(moved, "--slow-rank") == "1" and arg(moved, "--resume") == str(job.checkpoints)
+    assert "--slow-rank" not in job.argv(("node01", "node03"))  # a new node is a healthy one
+    assert job.checkpoint_step() == 0
+    job.checkpoints.mkdir()
+    (job.checkpoints / "checkpoint.json").write_text('{"step": 75}\n')
+    assert job.checkpoint_step() == 75
