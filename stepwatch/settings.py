@@ -42,7 +42,7 @@ OTHER_ENV = frozenset({
     "STEPWATCH_JOB_ID", "STEPWATCH_RANK", "STEPWATCH_LOCAL_RANK", "STEPWATCH_WORLD_SIZE",
     "STEPWATCH_LOCAL_WORLD_SIZE", "STEPWATCH_NODE_RANK", "STEPWATCH_GROUP", "STEPWATCH_GPU",
     "STEPWATCH_ENABLED", "STEPWATCH_OTEL", "STEPWATCH_TIMING", "STEPWATCH_CPU_WAIT",
-    "STEPWATCH_TORCH_RECORD", "STEPWATCH_JOB_MAP_DIR", "STEPWATCH_PROLOG_NO_SYSTEMD",
+    "STEPWATCH_TORCH_RECORD", "STEPWATCH_PROLOG_NO_SYSTEMD",
     "STEPWATCH_SKIP_APT", "STEPWATCH_DEMO_DURATION",
 })
 log = logging.getLogger(__name__)
@@ -92,6 +92,8 @@ class Settings:
     dcgm_url: str = ""  # e.g. http://localhost:9400/metrics; empty: use NVML
     nvml_replay: str = ""  # the nvml-replay collector's recording; empty: the shipped H100 one
     collectors: str = "nvml,rdma,steps"  # comma-separated collector names
+    # the Slurm prolog's hpc-job mapping (deploy/slurm): GPU index -> job id; empty: none
+    job_map_dir: str = "/run/stepwatch/jobs"
     metrics_port: int = 9465  # 0 disables the agent's /metrics endpoint
     # --- stream processors -----------------------------------------------------
     stream_metrics_port: int = 9466

@@ -31,18 +31,22 @@ AGENT_OWNED = frozenset({"steps"})
 
 
 def _nvml(settings: Settings) -> Collector:
+    from stepwatch.agents.collectors.jobmap import JobMap
     from stepwatch.agents.collectors.nvml import NvmlCollector
     from stepwatch.agents.collectors.nvml_api import RealNvml
 
-    return NvmlCollector(RealNvml(), name="nvml")
+    job_map = JobMap(settings.job_map_dir) if settings.job_map_dir else None
+    return NvmlCollector(RealNvml(), name="nvml", job_map=job_map)
 
 
 def _nvml_replay(settings: Settings) -> Collector:
+    from stepwatch.agents.collectors.jobmap import JobMap
     from stepwatch.agents.collectors.nvml import NvmlCollector
     from stepwatch.agents.collectors.nvml_replay import DEFAULT_RECORDING, ReplayNvml
 
     path = settings.nvml_replay or DEFAULT_RECORDING
-    return NvmlCollector(ReplayNvml.from_file(path), name="nvml-replay")
+    job_map = JobMap(settings.job_map_dir) if settings.job_map_dir else None
+    return NvmlCollector(ReplayNvml.from_file(path), name="nvml-replay", job_map=job_map)
 
 
 def _dcgm(settings: Settings) -> Collector:

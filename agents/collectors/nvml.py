@@ -11,16 +11,22 @@ counters (since the last driver load), like dcgm-exporter's ``*_VOL_TOTAL``.
 
 XID events come from an NVML event set registered for
 ``nvmlEventTypeXidCriticalError``, polled without blocking once per tick.
+
+The job of each GPU is the one the agent learned from step events
+(``HostContext.job_of_gpu``); for a GPU it has not seen in a step, the hpc-job
+mapping directory the Slurm prolog writes (:mod:`~stepwatch.agents.collectors.jobmap`),
+when one is given.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stepwatch.agents.collectors.base import CollectorHealth, HostContext
 from stepwatch.agents.collectors.common import HealthTracker, job_for
+from stepwatch.agents.collectors.jobmap import JobMap
 from stepwatch.agents.collectors.nvml_api import (
     STATIC_FIELDS,
     UNAVAILABLE,
@@ -59,6 +65,7 @@ class NvmlCollector:
         name: str = "nvml",
         retry_ticks: int = 60,
         max_events_per_tick: int = 64,
+        job_map: JobMap | None = None,
     ) -> None:
         self.name = name
         self._api = api
@@ -69,6 +76,7 @@ class NvmlCollector:
         self._event_set: Any = None
         self._started = False
         self._ticks_down = 0
+        self._job_map = job_map
 
     # ------------------------------------------------------------ Collector
     def collect(self, ctx: HostContext) -> list[Message]:
@@ -76,6 +84,7 @@ class NvmlCollector:
         try:
             if not self._started and not self._start():
                 return []
+            ctx = self._with_mapped_jobs(ctx)
             events = self._poll_events(ctx)  # first, so xid_last is current in the readings
             readings = [self._read(gpu) for gpu in self._gpus]
             indices = [r.index for r in readings]
@@ -87,6 +96,15 @@ class NvmlCollector:
 
     def health(self) -> CollectorHealth:
         return self._health.health()
+
+    def _with_mapped_jobs(self, ctx: HostContext) -> HostContext:
+        """The context with the mapping directory's jobs for GPUs no step event claimed."""
+        if self._job_map is None:
+            return ctx
+        mapped = self._job_map.read()
+        if not mapped:
+            return ctx
+        return replace(ctx, job_of_gpu={**mapped, **ctx.job_of_gpu})
 
     def error_counts(self) -> dict[str, int]:
         return self._health.error_counts()

@@ -97,6 +97,10 @@ def register(subparsers: Any) -> None:
                    help="spool bound, e.g. 512M (default); when full the oldest unsent data "
                    "is dropped and counted")
     g.add_argument("--sysfs-root", metavar="DIR", help="root of the sysfs tree for RDMA counters (default /sys)")
+    g.add_argument("--job-map-dir", metavar="DIR",
+                   help="the Slurm prolog's hpc-job mapping directory (a file per GPU index "
+                   "holding its job id); the NVML collector labels GPUs with it until steps "
+                   "name their job (default /run/stepwatch/jobs; empty: none)")
     g.add_argument("--dcgm-url", metavar="URL", help="dcgm-exporter URL for the dcgm collector, "
                    "e.g. http://localhost:9400/metrics")
     g.add_argument("--metrics-port", type=int, metavar="PORT",
@@ -107,7 +111,7 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     fields = ("host", "collectors", "agent_socket", "tick_seconds", "spool_dir", "spool_max_bytes",
-              "sysfs_root", "dcgm_url", "metrics_port", "agent_socket_group", "agent_verify_job",
+              "sysfs_root", "job_map_dir", "dcgm_url", "metrics_port", "agent_socket_group", "agent_verify_job",
               "agent_host_aliases", "agent_sender_rate", "agent_sender_burst",
               "agent_user_rate", "agent_max_message_bytes")
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})

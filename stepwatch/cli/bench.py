@@ -42,8 +42,10 @@ def register(subparsers: Any) -> None:
 
 
 def run_detect(args: argparse.Namespace) -> int:
+    from stepwatch.cli.progress import status
     from stepwatch.quality.run import families_of, run
 
-    return int(run(quick=args.quick, seed=args.seed, json_path=args.json,
-                   micro=not args.no_micro, verbose=args.verbose,
-                   families=families_of(args.family, args.recorded)))
+    with status("bench detect: running the suites"):
+        return int(run(quick=args.quick, seed=args.seed, json_path=args.json,
+                       micro=not args.no_micro, verbose=args.verbose,
+                       families=families_of(args.family, args.recorded)))

@@ -15,7 +15,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
         "bootstrap_servers", "kafka_config", "topic_prefix", "partitions", "replication_factor",
         "create_topics", "min_insync_replicas", "topic_retention_hours", "max_message_bytes"})),
     ("agent", (), frozenset({"host", "agent_socket", "tick_seconds", "spool_dir",
-                             "spool_max_bytes", "sysfs_root", "dcgm_url", "nvml_replay",
+                             "spool_max_bytes", "sysfs_root", "dcgm_url", "nvml_replay", "job_map_dir",
                              "collectors", "metrics_port"})),
     ("stream workers", ("stream_", "hang_"), frozenset()),
     ("store and sink", ("clickhouse_", "store_", "sink_"), frozenset()),

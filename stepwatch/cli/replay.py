@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import gzip
 import json
+import os
 import sys
 from collections.abc import Iterator
 from typing import IO, Any
@@ -59,6 +60,7 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from stepwatch.cli.progress import counting, status
     from stepwatch.contract import encode
     from stepwatch.settings import Settings
     from stepwatch.streams.core import DetectConfig, Engine
@@ -83,8 +85,11 @@ def run(args: argparse.Namespace) -> int:
                           "payload": raw.decode("utf-8", "replace").rstrip("\n")}
                 dlq.write(json.dumps(record).encode() + b"\n")
 
+        name = "stdin" if args.events == "-" else os.path.basename(args.events)
+        update = stack.enter_context(status(f"replaying {name}"))
+        lines = counting(source, update, f"replaying {name}")
         try:
-            summary = replay(source, engine, on_detection, on_error,
+            summary = replay(lines, engine, on_detection, on_error,
                              tick_seconds=args.tick_seconds, end_seconds=args.end_seconds)
         except OSError as err:  # a truncated .gz, a vanished file, a full disk
             raise StepwatchError(f"replay of {args.events} failed: {err}") from err

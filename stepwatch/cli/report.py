@@ -35,12 +35,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 def write(settings: Any, job: str, out: Path) -> Path:
-    """Open the store as a reader, build the report, return the HTML path."""
+    """Open the store as a reader, build the report, return the HTML path.
+
+    A spinner on stderr names the stage while it runs, when stderr is a terminal."""
+    from stepwatch.cli.progress import status
     from stepwatch.exporters.clickhouse.access import open_reader
     from stepwatch.report.build import build_report
 
-    store = open_reader(settings)
-    try:
-        return build_report(store, job, out).html
-    finally:
-        store.close()
+    with status(f"report {job}: opening the store") as update:
+        store = open_reader(settings)
+        try:
+            return build_report(store, job, out, progress=lambda s: update(f"report {job}: {s}")).html
+        finally:
+            store.close()

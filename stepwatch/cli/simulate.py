@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -144,7 +145,29 @@ def run(args: argparse.Namespace) -> int:
             write_jsonl(path, counter)
     if args.stats:
         counter.report(time.perf_counter() - started, sys.stderr)
+    if args.out and args.out != "-":
+        print(summary(args.out, counter, scenarios))
     return 0
+
+
+def summary(path: str, tally: Tally, scenarios: Iterable[Scenario]) -> str:
+    """One line on what a file now holds (stdout carries no data when --out names a file)."""
+    jobs = list(scenarios)
+    size = os.path.getsize(path)
+    return (f"wrote {path}: {tally.messages} messages, {len(jobs)} job(s), "
+            f"{sum(sc.world_size for sc in jobs)} ranks, {tally.span_seconds:.0f} s of event "
+            f"time, {_size(size)}")
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
 
 
 class Tally:
@@ -154,15 +177,27 @@ class Tally:
         self._messages = messages
         self.messages = 0
         self.records = 0
+        self.first_ts: float | None = None
+        self.last_ts: float | None = None
 
     def __iter__(self) -> Iterator[Message]:
         from stepwatch.contract import StepMessage
 
         for message in self._messages:
             self.messages += 1
+            ts = message.ts
+            self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
+            self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
             if isinstance(message, StepMessage):
                 self.records += len(message.steps)
             yield message
+
+    @property
+    def span_seconds(self) -> float:
+        """Event time from the first message's timestamp to the last's."""
+        if self.first_ts is None or self.last_ts is None:
+            return 0.0
+        return self.last_ts - self.first_ts
 
     def report(self, seconds: float, stream: IO[str]) -> None:
         rate = self.records / seconds if seconds > 0 else 0.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,12 +50,19 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower()
 
 
-def build_report(store: Store, job: str, out_dir: Path) -> Written:
+def build_report(store: Store, job: str, out_dir: Path,
+                 progress: Callable[[str], None] | None = None) -> Written:
+    """Build and write the report; ``progress`` is told each stage as it starts."""
+    stage = progress or (lambda _text: None)
+    stage("reading the job from the store")
     data = load(store, job)
     if not data.steps:
         raise NoSuchJob(f"the store holds no steps of job {job!r}")
+    stage("computing goodput")
     b = breakdown(data.steps, data.detections)
+    stage("rendering figures")
     figs = render(data, b)
+    stage("writing files")
     out_dir.mkdir(parents=True, exist_ok=True)
     pngs = []
     for i, (title, png) in enumerate(figs.items(), 1):

@@ -28,7 +28,9 @@ def test_report_html_is_self_contained_with_every_section(store_path, tmp_path, 
     assert main(["report", "--job", sim_store.JOB, "--store-path", str(store_path),
                  "--out", str(out)]) == 0
     html_path = out / f"report-{sim_store.JOB}.html"
-    assert capsys.readouterr().out.strip() == str(html_path)
+    captured = capsys.readouterr()
+    assert captured.out.strip() == str(html_path)
+    assert "opening the store" not in captured.err  # no status line off a terminal
     html = html_path.read_text()
     images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', html)
     pngs = sorted(out.glob("*.png"))

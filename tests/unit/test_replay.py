@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import sys
 from pathlib import Path
 
 import msgspec
@@ -103,3 +105,30 @@ def test_replay_exits_non_zero_when_every_line_is_malformed(tmp_path: Path, caps
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert main(["replay", str(empty), "--quiet"]) == 0
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_replay_progress_only_on_a_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    events, out = tmp_path / "e.jsonl", tmp_path / "d.jsonl"
+    _write(events, {})
+    # not a terminal: stderr is exactly what it was, no spinner and no escape codes
+    assert main(["replay", str(events), "--quiet", "--out", "-"]) == 0
+    plain = capsys.readouterr()
+    assert plain.err.startswith("replayed ") and "\x1b" not in plain.err
+    assert "replaying" not in plain.err
+    # a terminal: the spinner draws there, stdout (to a file here) stays clean
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main(["replay", str(events), "--quiet", "--out", str(out)]) == 0
+    monkeypatch.undo()
+    captured = capsys.readouterr()
+    assert "replaying e.jsonl: 245 lines" in terminal.getvalue()
+    assert captured.out.startswith("replayed ") and "\x1b" not in captured.out
+    detections = out.read_text().splitlines()
+    assert len(detections) == 2 and plain.out.splitlines() == detections

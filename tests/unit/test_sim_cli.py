@@ -153,3 +153,26 @@ def test_kafka_path_sends_everything_in_batches_through_a_message_sink(
 def test_kafka_without_a_broker_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("STEPWATCH_BOOTSTRAP_SERVERS", raising=False)
     assert main(["simulate", "--nodes", "1", "--steps", "3", "--kafka"]) == 1
+
+
+def test_out_file_prints_one_summary_line(tmp_path: pathlib.Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "events.jsonl"
+    assert main(["simulate", "--nodes", "2", "--steps", "20", "--jobs", "2", "--step-seconds",
+                 "1", "--out", str(path)]) == 0
+    out = capsys.readouterr().out
+    messages = [m for m in read_jsonl(path.read_bytes().splitlines()) if not isinstance(m, Exception)]
+    assert messages
+    span = max(m.ts for m in messages) - min(m.ts for m in messages)
+    assert out.count("\n") == 1
+    assert out.startswith(f"wrote {path}: {len(messages)} messages, 2 job(s), 32 ranks, ")
+    assert f" {span:.0f} s of event time, " in out
+    size = path.stat().st_size
+    assert out.rstrip().endswith(f"{size / 1024:.1f} KiB" if size < 1024 ** 2
+                                 else f"{size / 1024 ** 2:.1f} MiB")
+
+
+def test_out_stdout_has_no_summary(capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+    assert main(["simulate", "--nodes", "1", "--steps", "3", "--out", "-"]) == 0
+    lines = capsysbinary.readouterr().out.splitlines()
+    assert lines and all(line.startswith(b"{") for line in lines)
