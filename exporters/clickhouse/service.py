@@ -175,6 +175,9 @@ class QueryService:
         self._slots = threading.BoundedSemaphore(self.max_concurrent)
         self._running = 0
         self._purging = False
+        self._stopped = False
+        self.purges = 0  # times the store was opened to give freed memory back
+        self._purge_timer: threading.Timer | None = None
         self._running_lock = threading.Lock()
         self.requests = 0
         self.errors = 0
@@ -212,6 +215,13 @@ class QueryService:
         self._server.server_close()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        with self._running_lock:  # no purge may open the store after the endpoint stopped
+            self._stopped = True
+            timer, self._purge_timer = self._purge_timer, None
+        if timer is not None:
+            timer.cancel()
+            if timer.is_alive():
+                timer.join(timeout=5)
         log.info("store endpoint stopped url=%s requests=%d errors=%d", self.url, self.requests, self.errors)
 
     def __enter__(self) -> QueryService:
@@ -240,15 +250,22 @@ class QueryService:
             if idle:  # the engine's allocator keeps freed memory: give it back, once idle
                 timer = threading.Timer(PURGE_AFTER_IDLE_SECONDS, self._purge)
                 timer.daemon = True
-                timer.start()
+                with self._running_lock:
+                    start = not self._stopped
+                    if start:
+                        self._purge_timer = timer
+                if start:
+                    timer.start()
 
     def _purge(self) -> None:
         """Return the allocator's freed memory to the system (at most once a second)."""
         try:
             with self._running_lock:
-                if self._running:
-                    return  # busy again: the last statement to finish schedules the next purge
+                if self._running or self._stopped:
+                    return  # busy again (the last statement to finish schedules the next purge)
+                # or stopped: the store may be closed, and must not be opened again
             with self._session() as session:
+                self.purges += 1
                 session.query("SYSTEM JEMALLOC PURGE")
         except Exception as err:  # an engine built without jemalloc: nothing to give back
             log.debug("allocator purge failed error=%r", err)

@@ -169,3 +169,32 @@ def test_the_endpoint_answers_like_clickhouse_http_to_curl_style_requests(owner)
         call("SELECT nope_function()")
     assert err.value.headers["X-ClickHouse-Exception-Code"] == "46"
     assert err.value.read().startswith(b"Code: 46. DB::Exception:")
+
+
+def test_no_purge_opens_the_store_after_the_endpoint_stopped(tmp_path):
+    """The endpoint gives freed memory back a second after it goes idle; once stopped (and
+    its store closed) it must not open that path again: chdb allows one path per process,
+    so a late purge would stop this process from opening any other store."""
+    import time
+
+    first = str(tmp_path / "a")
+    store = ChdbStore(first)
+    service = QueryService(first, allow_writes=True).start()
+    client = connect(service)
+    assert client.query("SELECT 1 AS one").rows == [(1,)]  # idle after this: a purge is due
+    client.close()
+    service.stop()
+    store.close()
+    time.sleep(1.5)  # past the purge's delay
+    assert service.purges == 0  # a late purge reopens the closed path (and may hold it while
+    other = ChdbStore(str(tmp_path / "b"))  # this process opens another: chdb then refuses)
+    other.close()
+    served = QueryService(str(tmp_path / "b"), allow_writes=True).start()
+    try:
+        reader = connect(served)
+        assert reader.query("SELECT 1 AS one").rows == [(1,)]
+        reader.close()
+        time.sleep(1.5)
+        assert served.purges == 1  # while it runs, an idle endpoint does give memory back
+    finally:
+        served.stop()
