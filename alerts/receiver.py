@@ -18,7 +18,6 @@ the same (fingerprint, starts_at, status) and the table collapses repeats.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
@@ -31,7 +30,7 @@ from typing import Any
 from stepwatch.contract.ops import AlertRecord, encode_ops
 from stepwatch.contract.topics import Topics
 from stepwatch.errors import ConfigError, RemediationError, StepwatchError
-from stepwatch.httpd import BoundedHTTPServer, DeadlineHandler
+from stepwatch.httpd import DeadlineHandler, TokenHTTPService
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -129,42 +128,26 @@ class KafkaPublisher:
         self._producer.flush(5)
 
 
-class AlertReceiver:
+class AlertReceiver(TokenHTTPService):
     """The HTTP server; ``publish`` gets each webhook's records (raise: answer 503)."""
+
+    name = "alert receiver"
 
     def __init__(self, publish: Publish, token: str, host: str = "127.0.0.1", port: int = 0,
                  max_body: int = MAX_BODY) -> None:
-        if not token:
-            raise ValueError("the alert receiver needs a bearer token")
         self.publish = publish
-        self._token = token.encode()
         self.max_body = max_body
         self.received = 0
-        self.httpd = BoundedHTTPServer((host, port), _handler(self))
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        super().__init__(token, _handler(self), host, port)
 
     def start(self) -> AlertReceiver:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="alert-receiver",
-                                        daemon=True)
-        self._thread.start()
+        super().start()
         log.info("alert receiver ready url=%s/alerts", self.url)
         return self
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        if self._thread is not None:
-            self._thread.join(5)
+        super().stop()
         log.info("alert receiver stopped alerts=%d", self.received)
-
-    def authorized(self, header: str) -> bool:
-        scheme, _, token = header.partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self._token)
 
     def handle(self, body: bytes) -> tuple[int, str]:
         try:

@@ -18,6 +18,7 @@ notifications. Two bounds, both before authentication:
 
 from __future__ import annotations
 
+import hmac
 import io
 import logging
 import socket
@@ -137,3 +138,40 @@ class BoundedHTTPServer(ConnectionCap, ThreadingHTTPServer):
         self.max_connections = max_connections
         super().__init__(address, handler)
         self._slot()
+
+
+class TokenHTTPService:
+    """A bearer-token HTTP service on a :class:`BoundedHTTPServer` in a thread of its own:
+    the lifecycle and the token check the alert receiver and the remediator share."""
+
+    name = "http"
+
+    def __init__(self, token: str, handler: type[BaseHTTPRequestHandler], host: str = "127.0.0.1",
+                 port: int = 0) -> None:
+        if not token:
+            raise ValueError(f"the {self.name} needs a bearer token")
+        self._token = token.encode()
+        self.httpd = BoundedHTTPServer((host, port), handler)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> Any:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name=self.name,
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def authorized(self, header: str | None) -> bool:
+        """``Authorization: Bearer <token>``, compared in constant time."""
+        scheme, _, given = (header or "").partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)

@@ -14,10 +14,8 @@ any other failure is 500 and logged — the server keeps serving.
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
-import threading
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -28,46 +26,29 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from stepwatch.alerts.remediate.audit import Metrics
 from stepwatch.alerts.remediate.engine import Remediator
 from stepwatch.alerts.remediate.payload import PayloadError, parse
-from stepwatch.httpd import BoundedHTTPServer, DeadlineHandler
+from stepwatch.httpd import DeadlineHandler, TokenHTTPService
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024
 
 
-class RemediatorServer:
+class RemediatorServer(TokenHTTPService):
+    name = "remediator"
+
     def __init__(self, remediator: Remediator, token: str, registry: CollectorRegistry,
                  metrics: Metrics, host: str = "127.0.0.1", port: int = 0,
                  max_body: int = MAX_BODY) -> None:
-        if not token:
-            raise ValueError("the remediator needs a bearer token")
         self.remediator = remediator
-        self._token = token.encode()
         self.registry = registry
         self.metrics = metrics
         self.max_body = max_body
-        self.httpd = BoundedHTTPServer((host, port), _handler(self))
-        self._thread: threading.Thread | None = None
-
-    @property
-    def url(self) -> str:
-        host, port = self.httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        super().__init__(token, _handler(self), host, port)
 
     def start(self) -> RemediatorServer:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="remediator-http",
-                                        daemon=True)
-        self._thread.start()
+        super().start()
         log.info("remediator ready url=%s mode=%s", self.url, self.remediator.mode.value)
         return self
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
-    def authorized(self, header: str | None) -> bool:
-        scheme, _, given = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)
 
 
 def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
