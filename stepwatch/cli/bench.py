@@ -32,7 +32,7 @@ def register(subparsers: Any) -> None:
     d.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     d.add_argument("--no-micro", action="store_true", help="skip the Engine.process timing")
     d.add_argument("--verbose", action="store_true", help="list every miss and false detection")
-    d.add_argument("--family", choices=("sim", "wild", "all", "none"), default="all",
+    d.add_argument("--family", choices=("sim", "wild", "drift", "all", "none"), default="all",
                    help="which scenario family (default: all; none: only --recorded)")
     d.add_argument("--recorded", metavar="DIR", action="append", default=[],
                    help="also score labelled recordings of real jobs in DIR, e.g. "

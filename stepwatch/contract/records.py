@@ -255,7 +255,9 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
 
     id: Name = ""
     job_id: Name = ""
-    type: str = ""  # straggler | job_slowdown | hang | rank_missing | link_flap | throughput | user_error
+    # straggler | job_slowdown | hang | rank_missing | link_flap | network_congestion |
+    # link_errors | throughput | user_error
+    type: str = ""
     state: str = "open"  # open | update | resolved
     rank: Index32 | None = None
     gpu: Index16 | None = None

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from stepwatch.quality import recorded, wild_suite
+from stepwatch.quality import drift_suite, recorded, wild_suite
 from stepwatch.quality.score import CaseResult, _fmt, report_lines, score
 from stepwatch.quality.suite import BenchCase, suite
 from stepwatch.sim import simulate
@@ -49,7 +49,8 @@ def run_case(case: BenchCase, cfg: DetectConfig) -> CaseResult:
             detections.extend(engine.tick(message.ts))
     detections.extend(engine.tick(engine.now))
     elapsed = time.perf_counter() - t0
-    return CaseResult(case, case.labels(), detections, messages, records, elapsed)
+    suspects = sum(s.suspects_total for s in engine.stats())
+    return CaseResult(case, case.labels(), detections, messages, records, elapsed, suspects)
 
 
 def micro_benchmark(repeat: int = 3) -> list[dict[str, Any]]:
@@ -95,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="list every miss and false detection")
     p.add_argument("--family", choices=(*FAMILIES, "all", "none"), default="all",
                    help="scenario family: sim (stepwatch.sim), wild (stepwatch.quality.wild, "
-                        "written independently), all (default) or none")
+                        "written independently), drift (stepwatch.quality.drift: autocorrelated "
+                        "drift, heavy tails, ragged batches), all (default) or none")
     p.add_argument("--recorded", metavar="DIR", action="append", default=[],
                    help="also score the labelled recordings of real jobs in DIR "
                         "(see stepwatch.quality.recorded; repeatable)")
@@ -110,7 +112,7 @@ def families_of(family: str, recorded: Sequence[str]) -> tuple[str, ...]:
     return (*chosen, *(f"recorded:{d}" for d in recorded))
 
 
-FAMILIES = ("sim", "wild")
+FAMILIES = ("sim", "wild", "drift")
 
 
 def cases_of(family: str, *, quick: bool, seed: int) -> list[BenchCase]:
@@ -118,6 +120,8 @@ def cases_of(family: str, *, quick: bool, seed: int) -> list[BenchCase]:
         return list(suite(quick=quick, seed=seed))
     if family.startswith("recorded:"):
         return list(recorded.cases(family.removeprefix("recorded:")))
+    if family == "drift":
+        return list(drift_suite.suite(quick=quick, seed=seed))
     return list(wild_suite.suite(quick=quick, seed=seed))
 
 
@@ -157,7 +161,8 @@ def family_table(out: dict[str, Any]) -> list[str]:
     """One row per family: the issue's figures on slowdowns >= 10 % and healthy runs."""
     cols = ("precision", "recall", "f1", "duplicates", "ttd_steps_median", "ttd_steps_p95",
             "ttd_seconds_median", "ttd_seconds_p95", "attribution",
-            "detections_per_healthy_job_hour")
+            "detections_per_healthy_job_hour", "suspects_per_healthy_job_hour", "onset_within_3",
+            "network_localized")
     lines = ["per family (slowdowns >= 10 % and healthy runs; stops included in 'all faults'):",
              f"{'family':<10}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols)]
     for family, f in out.items():

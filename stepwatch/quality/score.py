@@ -30,6 +30,9 @@ from stepwatch.quality.suite import BenchCase as Case
 from stepwatch.sim import Label
 
 JOB_LEVEL = frozenset({"job_slowdown", "hang", "user_error"})
+NETWORK_TYPES = frozenset({"network_congestion", "link_errors"})
+# faults reported the moment they happen (no onset to estimate)
+INSTANT_KINDS = frozenset({"link_flap", "xid79", "xid48", "rank_crash", "job_hang", "nan_loss"})
 SLOWDOWN_KINDS = frozenset(k.value for k in SLOWDOWNS)
 START_TOLERANCE_S = 1.0
 END_GRACE_S = 60.0
@@ -43,6 +46,7 @@ class CaseResult:
     messages: int
     records: int
     seconds: float
+    suspects: int = 0  # straggler suspects seen (JobStats.suspects_total): not incidents
 
     @property
     def opened(self) -> list[DetectionMessage]:
@@ -55,13 +59,16 @@ class CaseResult:
 
 
 def hits(label: Label, d: DetectionMessage) -> bool:
-    if d.job_id != label.job_id or d.type not in (label.detection, *label.accepted):
+    types = (label.detection, *label.accepted)
+    if label.cause == "network":  # a port found from its counters: by its host
+        types = (*types, *NETWORK_TYPES)
+    if d.job_id != label.job_id or d.type not in types:
         return False
     if d.ts < label.start_ts - START_TOLERANCE_S:
         return False
     if label.end_ts is not None and d.ts > label.end_ts + END_GRACE_S:
         return False
-    if d.type == "link_flap":
+    if d.type == "link_flap" or d.type in NETWORK_TYPES:
         return d.host == label.host
     if d.type == "job_slowdown" and label.cause == "network" and label.host:
         return d.host == label.host
@@ -143,6 +150,12 @@ def summarise(results: list[CaseResult]) -> dict[str, Any]:
     healthy = [r for r in results if r.case.healthy]
     hours = sum(r.job_hours for r in healthy)
     healthy_false = sum(len(r.opened) for r in healthy)
+    healthy_suspects = sum(r.suspects for r in healthy)
+    onsets = [abs(o.first.first_step - o.label.start_step) for o in detected
+              if o.first is not None and o.first.first_step is not None
+              and o.label.kind not in INSTANT_KINDS]
+    net = [o for o in outcomes if o.label.cause == "network" and o.label.kind not in
+           INSTANT_KINDS]
     return {
         "labels": len(outcomes), "detected": len(detected), "detections": total,
         "false_detections": len(false), "duplicates": dups,
@@ -153,6 +166,13 @@ def summarise(results: list[CaseResult]) -> dict[str, Any]:
         "healthy_job_hours": round(hours, 2), "healthy_detections": healthy_false,
         "false_per_1000_healthy_job_hours": round(1000 * healthy_false / hours, 1) if hours else None,
         "detections_per_healthy_job_hour": round(healthy_false / hours, 3) if hours else None,
+        "suspects_per_healthy_job_hour": round(healthy_suspects / hours, 3) if hours else None,
+        # |first_step - the fault's first step| <= 3 (instant kinds left out)
+        "onset_within_3": round(sum(1 for x in onsets if x <= 3) / len(onsets), 4)
+        if onsets else None,
+        # network faults (not link flaps) found and pinned to their host, any slowdown
+        "network_localized": round(sum(1 for o in net if o.first is not None) / len(net), 4)
+        if net else None,
     }
 
 

@@ -33,6 +33,11 @@ class JobStats:
     badput_seconds: dict[str, float] = field(default_factory=dict)
     step_seconds_baseline: float | None = None  # the straggler-free baseline, None until known
     mfu_note: str = ""  # why mfu is None (contract.goodput.MFU_UNKNOWN); empty when it is known
+    # straggler *suspects*: slower than their peers, but not (yet) material or lasting enough
+    # to be an incident (see docs/detection.md, "Two tiers"): rank -> score now, and how many
+    # ranks became suspects since the job started
+    suspect_ranks: dict[int, float] = field(default_factory=dict)
+    suspects_total: int = 0
 
 
 class Analyzer(Protocol):

@@ -52,6 +52,13 @@ class DetectConfig:
     straggler_phase_floor_ratio: float = 0.67  # one phase above its median by this x min_excess
     straggler_step_z: float = 2.5  # a step is flagged this many robust sigmas above
     straggler_z: float = 5.0  # the window's median excess this many standard errors above
+    # an incident's excess must cost the step this share of its time (median step time,
+    # pauses left out); a smaller one is a *suspect*: counted and shown, never paged
+    straggler_material_share: float = 0.03
+    # ... and its robust CUSUM (clipped, standardised excess minus that share, see
+    # streams/core/cusum.py) must reach h: a bounded false-alarm rate under heavy tails
+    straggler_cusum_h: float = 6.0
+    straggler_cusum_clip: float = 2.0
     straggler_clear_ratio: float = 0.5  # still flagged while score >= this x threshold
     min_group_size: int = 3  # groups smaller than this cannot be compared
     require_comm_corroboration: bool = True  # straggler must wait least in collectives
@@ -65,7 +72,10 @@ class DetectConfig:
     slowdown_persist_steps: int = 6
     # --- lifecycle ----------------------------------------------------------------
     resolve_steps: int = 10  # m: condition clear for m steps resolves a detection
-    update_min_seconds: float = 30.0  # at most one update per detection per this
+    update_min_seconds: float = 30.0  # at most one score update per detection per this
+    # an open detection's cause is re-decided this often during its first update_min_seconds
+    # (then every update_min_seconds); a changed cause is published at once
+    cause_refresh_seconds: float = 10.0
     update_score_change: float = 0.25  # relative score change that warrants an update
     update_score_abs: float = 0.03  # ... and at least this much in absolute terms
     # --- hang / missing ranks ------------------------------------------------------
@@ -82,6 +92,10 @@ class DetectConfig:
     congestion_ratio: float = 4.0  # ECN/CNP/xmit_wait rate this x the job's median host
     min_cnp_per_second: float = 50.0
     min_xmit_wait_per_second: float = 1e5
+    # network detections from the counters alone (streams/core/netwatch.py)
+    net_check_seconds: float = 10.0  # judge the job's ports this often (event time)
+    net_window_seconds: float = 20.0  # over this window
+    net_persist_seconds: float = 10.0  # a port stands out in every check this long: detection
     data_share_for_input: float = 0.5  # data phase holds this share of the excess
     gpu_peak_flops: tuple[tuple[str, float], ...] = DEFAULT_GPU_PEAK_FLOPS
     # --- memory ---------------------------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import pairwise
 
 from stepwatch.contract import (
     EventMessage,
@@ -39,6 +40,7 @@ THROTTLE_NAMES = {  # most severe first: the first one found leads the summary
 }
 CONGESTION_COUNTERS = ("np_cnp_sent_total", "rp_cnp_handled_total",
                        "np_ecn_marked_roce_packets_total")
+ORDER_SLACK_S = 30.0  # port samples arrive at most this much out of event-time order
 ERROR_COUNTERS = ("symbol_error_total", "link_downed_total", "link_error_recovery_total",
                   "rcv_errors_total", "local_link_integrity_errors_total")
 
@@ -165,33 +167,75 @@ class HostWindow:
             ])
         return out
 
-    def port_signals(self, t0: float, t1: float) -> list[PortSignals]:
-        """Rates and error increases of every port of the host over [t0, t1]."""
-        series: dict[tuple[str, int], list[tuple[float, PortReading]]] = {}
+    def _ports_in(self, t0: float, t1: float) -> list[PortMessage]:
+        """The port samples in [t0, t1] in time order, read from the newest back (samples
+        arrive nearly in order: the scan stops ``ORDER_SLACK_S`` before ``t0``)."""
+        out = []
+        for m in reversed(self.port):
+            if m.ts < t0 - ORDER_SLACK_S:
+                break
+            if t0 <= m.ts <= t1:
+                out.append(m)
+        out.sort(key=lambda m: m.ts)
+        return out
+
+    def rise_start(self, device: str, port: int, t0: float, t1: float, level: float) -> float:
+        """Start of the trailing run of sample intervals in [t0, t1] in which the port's
+        congestion rate (ECN/CNP + xmit_wait, whichever ``level`` is in) stayed at or above
+        ``level`` per second: when its rise began (``t1`` when the last one is below)."""
+        pts: list[tuple[float, int]] = []
         for m in self.port:
             if t0 <= m.ts <= t1:
                 for p in m.ports:
-                    series.setdefault((p.device, p.port), []).append((m.ts, p))
+                    if p.device == device and p.port == port:
+                        pts.append((m.ts, (p.xmit_wait_total or 0) + sum(
+                            getattr(p, c) or 0 for c in CONGESTION_COUNTERS)))
+        start = t1
+        for (ta, a), (tb, b) in reversed(list(pairwise(pts))):
+            if tb <= ta or (b - a) / (tb - ta) < level:
+                break
+            start = ta
+        return start
+
+    def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]:
+        """Rates and error increases of every port of the host over [t0, t1].
+
+        ``ends_only`` (the periodic network checks): from the window's first and last
+        samples alone, a link counted down from their states, link-down events and
+        ``link_downed``; a counter reset inside the window then costs the window.
+        """
+        msgs = self._ports_in(t0, t1)
+        if not msgs:
+            return []
+        n = len(msgs)
+        if ends_only and n > 2:
+            msgs = [msgs[0], msgs[-1]]
+        series: dict[tuple[str, int], list[PortReading]] = {}
+        for m in msgs:
+            for p in m.ports:
+                key = (p.device, p.port)
+                got = series.get(key)
+                if got is None:
+                    series[key] = [p]
+                else:
+                    got.append(p)
+        span = msgs[-1].ts - msgs[0].ts
         downs = {(e.device, e.port) for e in self.events_in(t0, t1, EventType.LINK_STATE)
                  if "down" in (e.detail or "").lower()}
         out = []
-        for (device, port), samples in sorted(series.items()):
-            span = samples[-1][0] - samples[0][0]
-            readings = [p for _, p in samples]
-            cnp = sum(_increase([getattr(p, c) for p in readings]) for c in CONGESTION_COUNTERS)
-            wait = _increase([p.xmit_wait_total for p in readings])
-            errors = {c.removesuffix("_total"): _increase([getattr(p, c) for p in readings])
-                      for c in ERROR_COUNTERS}
-            down = any(getattr(p, "state", "ACTIVE") not in ("", "ACTIVE") for p in readings)
-            down = down or (device, port) in downs or (device, None) in downs
+        for (device, port), readings in sorted(series.items()):
+            cnp = sum(_rise(readings, c) for c in CONGESTION_COUNTERS)
+            errors = {c.removesuffix("_total"): v for c in ERROR_COUNTERS
+                      if (v := _rise(readings, c))}
+            down = any(p.state not in ("", "ACTIVE") for p in readings if p.state)
             out.append(PortSignals(
                 device=device,
                 port=port,
-                samples=len(readings),
+                samples=len(readings) if not ends_only else n,
                 cnp_per_s=cnp / span if span > 0 else 0.0,
-                xmit_wait_per_s=wait / span if span > 0 else 0.0,
-                errors={k: v for k, v in errors.items() if v},
-                down=down,
+                xmit_wait_per_s=_rise(readings, "xmit_wait_total") / span if span > 0 else 0.0,
+                errors=errors,
+                down=down or (device, port) in downs or (device, None) in downs,
             ))
         return out
 
@@ -229,6 +273,17 @@ def _gpu_signals(readings: list[GpuReading], events: list[EventMessage]) -> GpuS
 def is_dbe(e: EventMessage) -> bool:
     text = (e.detail or "").lower()
     return "dbe" in text or "double" in text
+
+
+def _rise(readings: list[PortReading], counter: str) -> int:
+    """The increase of one cumulative counter over a port's readings: last - first when
+    that is not negative (no reset or wrap between the ends; a reset followed by growth
+    past the first value within one window would be undercounted, never negative), the
+    sample-to-sample sum otherwise."""
+    first, last = getattr(readings[0], counter), getattr(readings[-1], counter)
+    if first is not None and last is not None and last >= first:
+        return int(last - first)
+    return _increase([getattr(p, counter) for p in readings])
 
 
 def _increase(values: list[int | None]) -> int:

@@ -17,7 +17,9 @@ from stepwatch.streams.core.hang import check_hang
 from stepwatch.streams.core.incidents import Incidents
 from stepwatch.streams.core.kinds import Cause, DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
+from stepwatch.streams.core.netwatch import NetworkWatch
 from stepwatch.streams.core.ranks import RankTable
+from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.slowdown import Slowdown, SlowdownTracker
 from stepwatch.streams.core.straggler import StragglerTracker
 from stepwatch.streams.core.stragglers import Stragglers
@@ -28,7 +30,7 @@ T = DetectionType
 STOP_MARGIN_SECONDS = 10.0  # look this far before the last progress for why a rank stopped
 
 
-class Job(Incidents, Stragglers):
+class Job(Incidents, Stragglers, NetworkWatch):
     def __init__(self, job_id: str, world_size: int, cfg: DetectConfig, causes: CauseFinder) -> None:
         self.job_id = job_id
         self.world_size = world_size
@@ -57,6 +59,11 @@ class Job(Incidents, Stragglers):
         self._attr_cache: dict[Key, tuple[float, Attribution]] = {}
         self._host_defer: dict[str, int] = {}  # host -> steps a rank-level opening waited
         self._slowdown_defer = 0  # steps a job_slowdown waited for its straggler incident
+        self.suspects: dict[int, float] = {}
+        self._net_next = 0.0  # event time of the next check of the job's ports
+        self._net_since: dict[str, float] = {}  # net:<host> -> suspect since
+        self.step_ends = Ring(2 * cfg.baseline_steps, 2)  # (step, end time) of recent steps
+        self.suspects_total = 0
 
     # ------------------------------------------------------------------ input
     def add_records(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
@@ -119,6 +126,7 @@ class Job(Incidents, Stragglers):
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
         self.last_step = cs.step
+        self.step_ends.push(np.array((cs.step, cs.end_max)))
         sd = self.slowdown
         self.throughput.on_step(cs, None if sd.baseline is None else (sd.baseline, sd.baseline_data))
         cadence = self.slowdown.cadence
@@ -136,6 +144,7 @@ class Job(Incidents, Stragglers):
         self.slowdown.update(cs, groups, self.straggler.steps.last(1)[0][BUSY],
                              self.ranks.host_index())
         out.extend(self._stragglers(cs))
+        out.extend(self._network(self.causes.windows, cs.end_max, cs.step))
         out.extend(self._job_slowdown(cs))
         return out
 
@@ -163,6 +172,9 @@ class Job(Incidents, Stragglers):
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
             self.hosts, cs.end_max, sd.deltas, self._onset_span(), sd.cpu, sd.cpu_host,
             sd.score * sd.baseline_s))
+        if not is_open and not related and attr.cause == Cause.NETWORK:
+            suspect = attr.evidence.get("suspect_host")
+            related = self.network_incident(suspect if isinstance(suspect, str) else "")
         where = f"group {sd.group!r}" if sd.group else "the job"
         what = "busy time" if sd.group else "straggler-free step time"
         part = f" (part of incident {related})" if related else ""
@@ -181,7 +193,8 @@ class Job(Incidents, Stragglers):
         f = Finding(T.JOB_SLOWDOWN, sd.score, cs.step, cs.end_max, summary, attr,
                     group=sd.group, host=host if isinstance(host, str) else "", evidence=ev,
                     device=device if isinstance(device, str) else None,
-                    port=port if isinstance(port, int) else None, related=related)
+                    port=port if isinstance(port, int) else None, related=related,
+                    onset_step=None if is_open else cs.step - self.slowdown.onset_back())
         return self.book.observe(f)
 
     def _missing(self, cs: ClosedStep) -> list[DetectionMessage]:
@@ -299,9 +312,18 @@ class Job(Incidents, Stragglers):
         cadence = self.slowdown.cadence
         return None if cadence is None else self.cfg.window_steps * cadence
 
+    def step_at(self, ts: float) -> int | None:
+        """The first recent step that ended at or after event time ``ts``."""
+        rows = self.step_ends.filled()
+        later = rows[rows[:, 1] >= ts]
+        return int(later[:, 0].min()) if len(later) else None
+
     def _attribution(self, key: Key, ts: float, compute: Callable[[], Attribution]) -> Attribution:
         cached = self._attr_cache.get(key)
-        if cached is not None and ts - cached[0] < self.cfg.update_min_seconds:
+        opened = self.book.opened_at(key)
+        young = opened is None or ts - opened < self.cfg.update_min_seconds
+        ttl = self.cfg.cause_refresh_seconds if young else self.cfg.update_min_seconds
+        if cached is not None and ts - cached[0] < ttl:
             return cached[1]
         attr = compute()
         if cached is not None and key in self.book.open and (
@@ -352,6 +374,8 @@ class Job(Incidents, Stragglers):
             open_detections=len(self.book.open),
             flagged_ranks=flagged,
             badput_seconds=badput,
+            suspect_ranks={r: round(v, 4) for r, v in self.suspects.items()},
+            suspects_total=self.suspects_total,
         )
 
 

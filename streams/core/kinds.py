@@ -13,6 +13,8 @@ class DetectionType(enum.StrEnum):
     THROUGHPUT = "throughput"  # reserved: throughput loss is reported as job_slowdown
     USER_ERROR = "user_error"  # NaN/inf loss, an exception in user code, a failed job
     LINK_FLAP = "link_flap"  # a NIC link of the job's hosts went down
+    NETWORK_CONGESTION = "network_congestion"  # a port's ECN/CNP/xmit_wait far above its peers'
+    LINK_ERRORS = "link_errors"  # a port's error counters rise (symbol, recovery, receive)
 
 
 class State(enum.StrEnum):

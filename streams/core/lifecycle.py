@@ -45,6 +45,7 @@ class Finding:
     port: int | None = None
     ranks: tuple[int, ...] = ()
     related: str = ""
+    onset_step: int | None = None  # estimated first step of the fault (None: the open step)
 
     @property
     def key(self) -> Key:
@@ -62,6 +63,8 @@ class _Open:
     emitted_cause: Cause
     clear_steps: int = 0
     changes: int = 0  # state changes emitted so far: the next message's ``seq``
+    open_step: int | None = None  # the step it opened at (first_step is the onset)
+    last_check: float = 0.0  # event time a finding was last built for it (cause refresh)
 
 
 class DetectionBook:
@@ -94,15 +97,20 @@ class DetectionBook:
             digest = hashlib.sha1(
                 f"{self.job_id}|{f.type}|{f.rank}|{f.where}|{f.step}".encode()
             ).hexdigest()[:16]
-            self.open[f.key] = _Open(digest, f, f.step, f.ts, f.ts, f.score,
-                                     f.attribution.cause)
+            first = f.step
+            if f.onset_step is not None and (f.step is None or f.onset_step <= f.step):
+                first = f.onset_step
+            self.open[f.key] = _Open(digest, f, first, f.ts, f.ts, f.score,
+                                     f.attribution.cause, open_step=f.step, last_check=f.ts)
             return [self._message(self.open[f.key], State.OPEN, f)]
         cur.clear_steps = 0
         changed_cause = f.attribution.cause != cur.emitted_cause
         changed_score = _changed(cur.emitted_score, f.score, self.cfg.update_score_change,
                                  self.cfg.update_score_abs)
         cur.finding = f
-        if (changed_cause or changed_score) and f.ts - cur.last_emit >= self.cfg.update_min_seconds:
+        # a new cause is published at once; a new score at most every update_min_seconds
+        if changed_cause or (changed_score and
+                             f.ts - cur.last_emit >= self.cfg.update_min_seconds):
             cur.last_emit = f.ts
             cur.emitted_score = f.score
             cur.emitted_cause = f.attribution.cause
@@ -112,13 +120,22 @@ class DetectionBook:
     def hold(self, key: Key, ts: float) -> bool:
         """The condition of an open detection still holds (its clearing restarts).
 
-        True when an update may be due (the rate limit passed): only then is it
-        worth building a new :class:`Finding` for :meth:`observe`.
+        True when an update may be due: the score's rate limit passed, or the cause is
+        due for a fresh look (every ``cause_refresh_seconds`` during the detection's first
+        ``update_min_seconds``, every ``update_min_seconds`` after): only then is it worth
+        building a new :class:`Finding` for :meth:`observe`.
         """
         cur = self.open.get(key)
         if cur is None:
             return True
         cur.clear_steps = 0
+        # young detections are re-decided often (their first cause may have been read
+        # early), older ones at the score's pace
+        young = ts - cur.opened_at < self.cfg.update_min_seconds
+        every = self.cfg.cause_refresh_seconds if young else self.cfg.update_min_seconds
+        if ts - cur.last_check >= every:
+            cur.last_check = ts
+            return True
         return ts - cur.last_emit >= self.cfg.update_min_seconds
 
     def clear(self, key: Key, ts: float, step: int | None) -> list[DetectionMessage]:
@@ -139,7 +156,7 @@ class DetectionBook:
         done = Finding(f.type, f.score, step if step is not None else f.step, ts,
                        f"{f.summary} - resolved: {why}", f.attribution, f.rank, f.gpu,
                        f.group, f.host, {**f.evidence, "resolved_because": why}, f.where,
-                       f.device, f.port, f.ranks, f.related)
+                       f.device, f.port, f.ranks, f.related, f.onset_step)
         return [self._message(cur, State.RESOLVED, done)]
 
     def resolve_all(self, ts: float, step: int | None, why: str) -> list[DetectionMessage]:
@@ -151,7 +168,8 @@ class DetectionBook:
     def _message(self, cur: _Open, state: State, f: Finding) -> DetectionMessage:
         self.emitted += 1
         a = f.attribution
-        evidence: Evidence = {**f.evidence, **a.evidence, "cause_reason": a.reason}
+        evidence: Evidence = {**f.evidence, **a.evidence, "cause_reason": a.reason,
+                              "open_step": cur.open_step}
         seq = cur.changes
         cur.changes += 1
         return DetectionMessage(

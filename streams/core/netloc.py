@@ -21,6 +21,7 @@ from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hostwindow import HostWindow, PortSignals, median_of
 
 Evidence = dict[str, str | float | int | bool | None]
+MIN_HISTORY_SAMPLES = 3
 MAX_HOSTS = 512  # bound the work on huge jobs (the hosts are sorted: deterministic)
 
 
@@ -32,44 +33,69 @@ class Suspect:
     rise: float  # the largest rate / reference ratio (inf for errors or link down)
     reasons: tuple[str, ...]
     evidence: Evidence
+    congested: bool = False  # ECN/CNP or xmit_wait stand out (not only errors or link down)
+    errors: tuple[str, ...] = ()  # error counters that rose
 
 
 def localize(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float, t1: float,
              history_s: float, cfg: DetectConfig, only: str | None = None) -> Suspect | None:
     """The port most likely behind a job-wide communication slowdown in [t0, t1], or None
     (``only``: judge that host's ports alone, the others being the reference)."""
+    best: Suspect | None = None
+    for s in port_suspects(windows, hosts, t0, t1, history_s, cfg, only):
+        if best is None or s.rise > best.rise:
+            best = s
+    return best
+
+
+def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float,
+                  t1: float, history_s: float, cfg: DetectConfig,
+                  only: str | None = None, need_history: bool = False,
+                  ends_only: bool = False) -> list[Suspect]:
+    """Every port in [t0, t1] that stands out (see :func:`localize`); ``history_s`` 0: the
+    job's other ports are the only reference; ``need_history``: a port without
+    ``MIN_HISTORY_SAMPLES`` samples of its own before ``t0`` is not judged; ``ends_only``:
+    rates from each window's first and last samples (see HostWindow.port_signals)."""
     now: dict[str, list[PortSignals]] = {}
-    before: dict[str, dict[tuple[str, int], PortSignals]] = {}
     names = sorted(hosts)[:MAX_HOSTS]
     if only is not None and only not in names:
         names.append(only)
     for h in names:
         win = windows.get(h)
-        if win is None:
-            continue
-        now[h] = win.port_signals(t0, t1)
-        before[h] = {(p.device, p.port): p for p in win.port_signals(t0 - history_s, t0)}
+        if win is not None:
+            now[h] = win.port_signals(t0, t1, ends_only)
     if len(now) < 2:
         peers_cnp = peers_wait = 0.0
     else:
         every = [p for ps in now.values() for p in ps]
         peers_cnp = median_of([p.cnp_per_s for p in every]) or 0.0
         peers_wait = median_of([p.xmit_wait_per_s for p in every]) or 0.0
-    best: Suspect | None = None
+    out: list[Suspect] = []
     for h, ports in now.items():
         if only is not None and h != only:
             continue
+        before: dict[tuple[str, int], PortSignals] | None = None
         for p in ports:
-            s = _judge(h, p, before[h].get((p.device, p.port)), peers_cnp, peers_wait, cfg)
-            if s is not None and (best is None or s.rise > best.rise):
-                best = s
-    return best
+            if _judge(h, p, None, peers_cnp, peers_wait, cfg) is None:
+                continue  # not even above the job's other ports: its history cannot matter
+            if before is None:  # the host's own history, read only for a host that stands out
+                before = {(q.device, q.port): q for q in
+                          windows[h].port_signals(t0 - history_s, t0, ends_only)} \
+                    if history_s > 0 else {}
+            old = before.get((p.device, p.port))
+            if need_history and (old is None or old.samples < MIN_HISTORY_SAMPLES):
+                continue  # no history of its own yet: a port that is always busy is not news
+            s = _judge(h, p, old, peers_cnp, peers_wait, cfg)
+            if s is not None:
+                out.append(s)
+    return out
 
 
 def _judge(host: str, p: PortSignals, old: PortSignals | None, peer_cnp: float,
            peer_wait: float, cfg: DetectConfig) -> Suspect | None:
     reasons: list[str] = []
     rise = 0.0
+    congested = False
     if p.down:
         reasons.append(f"link down on {p.device}")
         rise = float("inf")
@@ -86,6 +112,7 @@ def _judge(host: str, p: PortSignals, old: PortSignals | None, peer_cnp: float,
         if rate >= floor and rate >= cfg.congestion_ratio * ref:
             reasons.append(f"{name} on {p.device}")
             rise = max(rise, rate / ref)
+            congested = True
     if not reasons:
         return None
     ev: Evidence = {
@@ -102,4 +129,5 @@ def _judge(host: str, p: PortSignals, old: PortSignals | None, peer_cnp: float,
         **{f"{k}_delta": v for k, v in p.errors.items()},
         "network_reasons": ", ".join(reasons),
     }
-    return Suspect(host, p.device, p.port, rise, tuple(reasons), ev)
+    return Suspect(host, p.device, p.port, rise, tuple(reasons), ev, congested,
+                   tuple(sorted(p.errors)))

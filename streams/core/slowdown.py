@@ -45,7 +45,7 @@ from stepwatch.streams.core.causes import CpuUse, waiting_share
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import colmed, mad_sigma, med, nanmed, nmin
+from stepwatch.streams.core.stats import change_point, colmed, mad_sigma, med, nanmed, nmin
 
 REBASE_STEPS = 4
 COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other")
@@ -166,6 +166,24 @@ class SlowdownTracker:
         if self.baseline is None:
             return None
         return self._verdict(groups, self.threshold * self.cfg.straggler_clear_ratio)
+
+    def onset_back(self) -> int:
+        """How many steps before the last one the slowdown began (a change point over the
+        window's ratios to the baseline)."""
+        ratios = self.ratios.last(self.ratios.count)[:, 0]
+        return len(ratios) - 1 - change_point(ratios) if len(ratios) else 0
+
+    def impact(self) -> dict[str, float | None]:
+        """The job's change against its baseline now, however small: ``ratio`` (median over
+        the window of the straggler-free step time's ratio - 1) and ``collective`` (seconds
+        per step the collective added); None where unknown."""
+        if self.baseline is None:
+            return {"ratio": None, "collective": None}
+        score = med(self.ratios.filled()[:, 0])
+        i = COMPONENTS.index("collective")
+        grew = med(self.recent.filled()[:, i]) - med(self.history.filled()[:, i])
+        return {"ratio": round(score, 4) if score == score else None,
+                "collective": round(grew, 6) if grew == grew else None}
 
     def _verdict(self, groups: GroupIndex, threshold: float) -> Slowdown | None:
         score = med(self.ratios.filled()[:, 0])

@@ -85,3 +85,21 @@ def rowmed(a: np.ndarray) -> np.ndarray:
         return np.partition(a, h, axis=1)[:, h]
     p = np.partition(a, (h - 1, h), axis=1)
     return (p[:, h - 1] + p[:, h]) * 0.5
+
+
+def change_point(x: np.ndarray) -> int:
+    """Index of the first value after a single upward change in ``x`` (0: the whole
+    series is after it): the split that maximises ``k (n - k) / n x (mean after - mean
+    before)^2``, the least-squares change-point estimate; NaN values are skipped."""
+    v = x[~np.isnan(x)]
+    n = len(v)
+    if n < 2:
+        return 0
+    csum = np.cumsum(v)
+    k = np.arange(1, n)
+    before = csum[:-1] / k
+    after = (csum[-1] - csum[:-1]) / (n - k)
+    gain = k * (n - k) / n * (after - before) ** 2
+    gain[after <= before] = 0.0
+    best = int(np.argmax(gain))
+    return best + 1 if gain[best] > 0 else 0

@@ -48,16 +48,20 @@ from stepwatch.streams.core.assembly import (
     CPUT,
     CPUW,
     DATA,
+    DUR,
+    PAUSE,
     PHASE_NAMES,
     PHASE_ROWS,
     ROWS,
+    START,
     XFER,
     ClosedStep,
 )
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.cusum import RobustCusum
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import MAD_SIGMA, colmed, med, nanmed, opt, rowmed
+from stepwatch.streams.core.stats import MAD_SIGMA, change_point, colmed, med, nanmed, opt, rowmed
 
 Evidence = dict[str, str | float | int | bool | None]
 
@@ -79,6 +83,8 @@ class Candidate:
     score: float  # median relative excess over the window (0.10 = 10 % more busy time)
     flagged: int  # steps flagged in the window
     threshold: float
+    cost: float  # what the excess costs the step: its share of the median step time
+    cusum: float  # the rank's robust CUSUM (largest over dimensions): see cusum.py
 
 
 class StragglerTracker:
@@ -93,7 +99,9 @@ class StragglerTracker:
         self.count = np.zeros(world_size, dtype=np.int16)
         # event time of the first flag of each rank's current run of flags (NaN: none)
         self.since = np.full(world_size, np.nan)
+        self.since_step = np.zeros(world_size, dtype=np.int64)  # ... and its step
         self.now = 0.0
+        self.step = -1  # the last step scored
         self.steps = Ring(n, (ROWS, world_size))  # the window's ClosedStep rows
         self.threshold = np.full((NDIM, world_size), cfg.straggler_min_excess)
         self.basis = "phases"
@@ -111,10 +119,18 @@ class StragglerTracker:
         self._floor = np.full(NDIM, cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
         self._floor[0] = cfg.straggler_min_excess
         self._score_cache: dict[int, np.ndarray] = {}  # rank -> _scores(rank) of this step
+        # median busy time over median step time (pauses left out), per step: converts an
+        # excess in units of busy time into its cost as a share of the step
+        self._busy_share = Ring(n, 1)
+        self._ratio = float("nan")  # the window's median of _busy_share (this step)
+        self.spread = np.full((NDIM, world_size), np.nan)  # group's typical spread per rank
+        self.cusum = RobustCusum((NDIM, world_size), cfg.straggler_cusum_h,
+                                 cfg.straggler_cusum_clip)
 
     def reset(self) -> None:
-        for ring in (self.excess, self.flags, self.steps):
+        for ring in (self.excess, self.flags, self.steps, self._busy_share):
             ring.clear()
+        self.cusum.reset()
         self.count[:] = 0
         self.since[:] = np.nan
         self._score_cache.clear()
@@ -146,8 +162,17 @@ class StragglerTracker:
         self.now = cs.end_max
         self.since[started] = cs.end_max
         self.since[self.count == 0] = np.nan
+        self.since_step[started] = cs.step
         self.excess.push(excess)
         self.steps.push(cs.m)
+        step_s = cs.med[DUR] - (cs.med[PAUSE] if cs.med[PAUSE] == cs.med[PAUSE] else 0.0)
+        center = cs.med[BUSY] if basis == "phases" else med(busy)
+        self._busy_share.push(center / step_s if step_s > 0 else np.nan)
+        ratio = self._ratio = med(self._busy_share.filled()[:, 0])
+        kappa = self.cfg.straggler_material_share / (ratio if ratio > 0 else 1.0)
+        self.cusum.update(excess, self.spread, kappa, flagged, np.isinf(self.threshold),
+                          cs.step, cs.end_max)
+        self.step = cs.step
         if basis != "phases":
             self.steps.rows[self.steps.pos - 1, BUSY] = busy
 
@@ -195,6 +220,7 @@ class StragglerTracker:
             hit &= ~(c > med(c))  # NaN comm does not veto
         excess[:, idx] = e
         flagged[idx] = hit
+        self.spread[:, idx] = sigma[:, None]
         # the score is a median of n steps: its noise is ~1.25 sigma / sqrt(n)
         thr = np.fmax(floor, self.cfg.straggler_z * 1.25 * sigma / self._sqrt_n)
         if not comm_measured:
@@ -244,10 +270,12 @@ class StragglerTracker:
             excess[:] = e.reshape(NDIM, -1)
             flagged[:] = hit.reshape(-1)
             self.threshold[:] = thr
+            self.spread[:] = sigma
         else:
             excess[:, order] = e.reshape(NDIM, -1)
             flagged[order] = hit.reshape(-1)
             self.threshold[:, order] = np.repeat(thr, n, axis=1)
+            self.spread[:, order] = np.repeat(sigma, n, axis=1)
         return True
 
     def _batch_sigma(self, spread: np.ndarray, n_groups: int) -> np.ndarray:
@@ -281,14 +309,68 @@ class StragglerTracker:
         return out
 
     def candidates(self) -> list[Candidate]:
-        """Ranks whose flags persisted (k of n) and whose median excess is above threshold."""
+        """Ranks whose flags persisted (k of n) and whose median excess is above threshold
+        (material or not: see :attr:`Candidate.cost` and :meth:`material`)."""
         k = self.cfg.persist_steps
         out = []
         for rank in np.flatnonzero(self.count >= k).tolist():
             score, thr = self._best(rank, 1.0)
             if score > thr:
-                out.append(Candidate(rank, score, int(self.count[rank]), thr))
+                out.append(Candidate(rank, score, int(self.count[rank]), thr, self.cost(score),
+                                     self.cusum.level(rank)))
         return out
+
+    def cost(self, score: float) -> float:
+        """An excess in units of the median busy time as a share of the median step time
+        (pauses left out): 2x a 3 ms optimizer step costs 1 % of a 0.3 s step."""
+        return score * self._ratio if self._ratio > 0 else score
+
+    def host_cost(self, ranks: list[int], members: np.ndarray) -> float:
+        """The cost of several ranks of one host measured against the peers *off* it.
+
+        When a large share of a group is slow (half the job on one of two hosts), the
+        group median sits between the slow and the healthy ranks and each slow rank's
+        excess over it is about half the real one; the calm peers' median excess in the
+        lead rank's dimension (negative there) is added back."""
+        lead = max(ranks, key=self.score)
+        score = self.score(lead)
+        scores = self._scores(lead)
+        d = int(np.nanargmax(np.where(np.isnan(scores), -np.inf, scores -
+                                      self.threshold[:, lead])))
+        calm = np.setdiff1d(members[self.count[members] == 0], ranks)
+        if not len(calm):
+            return self.cost(score)
+        base = float(np.nanmedian(self.excess.filled()[:, d][:, calm]))
+        return self.cost(score - min(base, 0.0)) if base == base else self.cost(score)
+
+    def onset(self, ranks: list[int]) -> tuple[int, float] | None:
+        """(first step, its start time) of the change on ``ranks``: a change point in the
+        lead rank's excess over the window when the window holds the jump (the excess
+        before it under half the excess after it), else the CUSUM's (the last step its S
+        was 0), which also reaches back before the window."""
+        lead = max(ranks, key=self.score)
+        scores = self._scores(lead)
+        d = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
+        rows = self.excess.last(self.excess.count)
+        series = rows[:, d, lead]
+        k = change_point(series) if not np.isnan(series).any() else 0
+        # the window holds the jump only when the excess before it is small beside after it
+        if k > 0 and np.nanmean(series[:k]) < 0.5 * np.nanmean(series[k:]):
+            starts = self.steps.last(self.steps.count)[:, START, lead]
+            return self.step - len(rows) + 1 + k, float(starts[k])
+        est = self.cusum.onset(ranks)
+        if est is not None:
+            return est
+        began = [r for r in ranks if self.since[r] == self.since[r]]  # their runs of flags
+        if not began:
+            return None
+        first = min(began, key=lambda r: int(self.since_step[r]))
+        return int(self.since_step[first]), float(self.since[first])
+
+    def material(self, c: Candidate) -> bool:
+        """Whether a candidate is incident grade: its excess costs the step enough and its
+        robust CUSUM crossed its alarm level (evidence accumulated, not one noisy window)."""
+        return c.cost >= self.cfg.straggler_material_share and c.cusum >= self.cusum.h
 
     def lasted(self, ranks: list[int]) -> bool:
         """Whether the earliest run of flags among ``ranks`` (one rank, or the slow ranks
@@ -342,8 +424,9 @@ class StragglerTracker:
                 out[DIM_NAMES[d]] = round(float(s), 4)
         return out
 
-    def evidence(self, rank: int, members: np.ndarray) -> Evidence:
-        """The numbers behind a rank's score: its medians against its group's, in seconds."""
+    def evidence(self, rank: int, members: np.ndarray, since: int | None = None) -> Evidence:
+        """The numbers behind a rank's score: its medians against its group's, in seconds,
+        over the window's steps from ``since`` on (the estimated onset; at least 3 steps)."""
         longer = self.longer_phases(rank)
         out: Evidence = {
             "basis": self.basis,
@@ -355,6 +438,8 @@ class StragglerTracker:
             **{f"{p}_excess": v for p, v in longer.items()},
         }
         window = self.steps.filled()
+        if since is not None:
+            window = self.steps.last(max(3, self.step - since + 1))
         # peers: the group without the ranks flagged in the window (half a group may be slow)
         calm = members[self.count[members] == 0]
         peers_idx = calm if len(calm) >= self.cfg.min_group_size else members

@@ -25,13 +25,15 @@ from stepwatch.streams.core.causes import (
     Shares,
     extra_wait,
 )
+from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
-from stepwatch.streams.core.straggler import StragglerTracker
+from stepwatch.streams.core.straggler import Candidate, StragglerTracker
 
 T = DetectionType
 HOST_DEFER_STEPS = 3
+MIN_CAUSE_SPAN_S = 5.0  # read a new incident's signals over at least this many seconds
 COMPUTE_PHASES = ("forward", "backward", "optimizer", "other")
 
 
@@ -44,13 +46,20 @@ class Stragglers:
     causes: CauseFinder
     hosts: set[str]
     _host_defer: dict[str, int]
+    cfg: DetectConfig
+    suspects: dict[int, float]  # rank -> score of the current suspects
+    suspects_total: int  # suspects seen (a rank entering the set counts once)
 
     _attribution: Callable[[Key, float, Callable[[], Attribution]], Attribution]
     _onset_span: Callable[[], float | None]
 
     def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
         out: list[DetectionMessage] = []
-        candidates = {c.rank: c.score for c in self.straggler.candidates()}
+        found = self.straggler.candidates()
+        candidates = {c.rank: c.score for c in found if self.straggler.material(c)
+                      or self.book.is_open(T.STRAGGLER, c.rank)}
+        candidates.update(self._material_hosts([c for c in found if c.rank not in candidates]))
+        suspects = {c.rank: c.score for c in found if c.rank not in candidates}
         by_host: dict[str, list[int]] = defaultdict(list)
         for rank in candidates:
             by_host[self.ranks.host[rank]].append(rank)
@@ -59,7 +68,9 @@ class Stragglers:
                 out.extend(self._host_holds(key, candidates, cs))
         for host, ranks in by_host.items():
             if not self._lasted(host, ranks):
-                ranks = [r for r in ranks if self.book.is_open(T.STRAGGLER, r)]
+                short = [r for r in ranks if not self.book.is_open(T.STRAGGLER, r)]
+                suspects.update({r: candidates[r] for r in short})
+                ranks = [r for r in ranks if r not in short]
                 if not ranks:
                     continue  # not for long enough yet (see StragglerTracker.lasted)
             out.extend(self._new_on_host(host, ranks, candidates, cs))
@@ -73,7 +84,32 @@ class Stragglers:
                     out.extend(self._observe(self._straggler_finding(r, score, cs)))
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
+        self._note_suspects(suspects)
         return out
+
+    def _material_hosts(self, rest: list[Candidate]) -> dict[int, float]:
+        """Candidates that are not material alone but are several ranks of one host whose
+        excess, against the peers off that host, is: one host-level fault (a host that is
+        half of its group moves the group median half way to itself)."""
+        by_host: dict[str, list[Candidate]] = defaultdict(list)
+        for c in rest:
+            by_host[self.ranks.host[c.rank]].append(c)
+        out: dict[int, float] = {}
+        groups = self.ranks.groups()
+        for host, cands in by_host.items():
+            if not host or len(cands) < 2:
+                continue
+            ranks = [c.rank for c in cands]
+            members = groups.members[int(groups.of_rank[ranks[0]])]
+            if self.straggler.host_cost(ranks, members) >= self.cfg.straggler_material_share:
+                out.update((c.rank, c.score) for c in cands)
+        return out
+
+    def _note_suspects(self, now: dict[int, float]) -> None:
+        """Suspects: statistically slower than their peers but not (yet) material or
+        lasting. Shown in the job's stats and counted, never an incident."""
+        self.suspects_total += len(now.keys() - self.suspects.keys())
+        self.suspects = now
 
     def _lasted(self, host: str, ranks: list[int]) -> bool:
         """New incidents need their slowness to have lasted; a host's ranks count together."""
@@ -138,33 +174,45 @@ class Stragglers:
         return self.book.observe(f)
 
     # ------------------------------------------------------------------ findings
+    def _onset(self, key: Key, ranks: list[int], cs: ClosedStep) -> tuple[int | None,
+                                                                         float | None]:
+        """(estimated first step, seconds since it began) of a new incident on ``ranks``:
+        the CUSUM's change point, so that its cause is read from the fault's own steps and
+        samples, not from the steps before it. (None, the window's span) otherwise."""
+        est = None if key in self.book.open else self.straggler.onset(ranks)
+        if est is None or math.isnan(est[1]):
+            return None, self._onset_span()
+        return est[0], max(cs.end_max - est[1], MIN_CAUSE_SPAN_S)
+
     def _straggler_finding(self, rank: int, score: float, cs: ClosedStep) -> Finding:
         groups = self.ranks.groups()
         members = groups.members[int(groups.of_rank[rank])]
-        ev = self.straggler.evidence(rank, members)
+        key: Key = (T.STRAGGLER, rank, "")
+        onset, span = self._onset(key, [rank], cs)
+        ev = self.straggler.evidence(rank, members, onset)
         host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
         found = shares(ev, self.straggler.longer_phases(rank))
         attr = self._attribution(
-            (T.STRAGGLER, rank, ""), cs.end_max,
-            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, found,
-                                         self._onset_span()),
+            key, cs.end_max,
+            lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, found, span),
         )
         what = _what(ev)
         summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more {what} than the "
                    f"median of its {len(members)} peers in group {group!r}: {attr.reason}")
         return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, rank, gpu, group,
-                       host, ev)
+                       host, ev, onset_step=onset)
 
     def _host_finding(self, host: str, slow: list[int], cs: ClosedStep) -> Finding:
         groups = self.ranks.groups()
         scores = {r: self.straggler.score(r) for r in slow}
         lead = max(slow, key=lambda r: scores[r])
-        ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])])
+        key: Key = (T.STRAGGLER, None, f"host:{host}")
+        onset, span = self._onset(key, slow, cs)
+        ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])], onset)
         found = shares(ev, self.straggler.longer_phases(lead))
         gpus = [g for g in (self.ranks.gpu[r] for r in slow) if g is not None]
-        key: Key = (T.STRAGGLER, None, f"host:{host}")
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_host(
-            host, gpus, self.hosts, cs.end_max, found, self._onset_span()))
+            host, gpus, self.hosts, cs.end_max, found, span))
         score = sorted(scores.values())[len(scores) // 2]
         on_host = len(self.ranks.ranks_on(host))
         summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
@@ -175,7 +223,7 @@ class Stragglers:
                          "affected_ranks": ",".join(map(str, slow))}
         return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, None, None,
                        groups_of.pop() if len(groups_of) == 1 else "", host, hev,
-                       where=f"host:{host}", ranks=tuple(slow))
+                       where=f"host:{host}", ranks=tuple(slow), onset_step=onset)
 
     def straggler_incident(self) -> str:
         """The id of an open straggler incident (host-level first), "" when none."""

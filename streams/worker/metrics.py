@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from stepwatch.contract import DetectionMessage
 from stepwatch.contract.goodput import MFU_UNKNOWN, Badput
@@ -103,11 +103,20 @@ def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
     yield badput
     hung = _gauge("job_hung", "1 while the job makes no progress (hang detected).", ["job_id"])
     stragglers = _gauge("job_stragglers", "Ranks currently flagged as stragglers.", ["job_id"])
+    suspects = _gauge("job_straggler_suspects", "Ranks slower than their peers now, but not (yet) "
+                      "material or lasting enough to be an incident: never paged "
+                      "(docs/detection.md, two tiers).", ["job_id"])
+    became = CounterMetricFamily("stepwatch_job_straggler_suspects", "Ranks that became "
+                                 "straggler suspects since the job started.", labels=["job_id"])
     for job in jobs:
         hung.add_metric([job.job_id], 1.0 if job.hung else 0.0)
         stragglers.add_metric([job.job_id], float(len(job.flagged_ranks)))
+        suspects.add_metric([job.job_id], float(len(job.suspect_ranks)))
+        became.add_metric([job.job_id], float(job.suspects_total))
     yield hung
     yield stragglers
+    yield suspects
+    yield became
 
 
 def _detection_families(snap: Snapshot) -> Iterator[Metric]:

@@ -36,7 +36,7 @@ def test_labels_carry_the_recorded_effect_and_start() -> None:
 
 def test_families_of_appends_recordings() -> None:
     assert families_of("none", ["a"]) == ("recorded:a",)
-    assert families_of("all", []) == ("sim", "wild")
+    assert families_of("all", []) == ("sim", "wild", "drift")
 
 
 def test_bad_recordings_are_clear_errors(tmp_path: Path) -> None:

@@ -54,7 +54,8 @@ class FakeEngine:
         return [JobStats(job_id=j, last_step=20, world_size=8, step_seconds_median=1.0,
                          samples_per_second=64.0, tokens_per_second=1e5, mfu=0.4,
                          goodput_ratio=0.9, hung=False, open_detections=0,
-                         flagged_ranks={5: 0.12}, badput_seconds={"checkpoint": 4.0})
+                         flagged_ranks={5: 0.12}, badput_seconds={"checkpoint": 4.0},
+                         suspect_ranks={2: 0.03, 6: 0.02}, suspects_total=3)
                 for j in sorted(jobs)]
 
 
@@ -161,6 +162,8 @@ def test_tick_reaches_every_partition_and_refreshes_job_series(proc: StreamProce
     text = metrics_text(proc)
     assert 'stepwatch_job_step_seconds{job_id="j"} 1.0' in text
     assert 'stepwatch_job_badput_seconds{job_id="j",reason="checkpoint"} 4.0' in text
+    assert 'stepwatch_job_straggler_suspects{job_id="j"} 2.0' in text  # suspects: seen, not paged
+    assert 'stepwatch_job_straggler_suspects_total{job_id="j"} 3.0' in text
     assert ('stepwatch_rank_flagged_score{cause="gpu",gpu="5",host="h1",job_id="j",rank="5",'
             'type="straggler"} 0.12') in text
     proc.process_batch([rec(TOPICS.steps, step_msg(20), partition=1)])  # resolves rank 5
