@@ -1,8 +1,10 @@
 """A short window of each host's GPU and port samples and discrete events.
 
-Ingest is an append to a bounded deque; the work happens only when a
-detection asks for the signals of one GPU or one host over a time range
-(:meth:`HostWindow.gpu_signals`, :meth:`HostWindow.port_signals`). Counters are
+Ingest writes the fields the causes read into fixed-size NumPy rings
+(:mod:`stepwatch.streams.core.hostsamples`; events, rare, stay messages in a
+bounded deque); the work happens only when a detection asks for the signals of
+one GPU or one host over a time range (:meth:`HostWindow.gpu_signals`,
+:meth:`HostWindow.port_signals`). Counters are
 cumulative: increases are summed sample to sample with
 :func:`stepwatch.contract.counters.delta`, so a reset in the window costs at
 most one interval, never a negative or a huge rate.
@@ -14,15 +16,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from itertools import pairwise
 
-from stepwatch.contract import (
-    EventMessage,
-    EventType,
-    GpuMessage,
-    GpuReading,
-    PortMessage,
-    PortReading,
-)
+from stepwatch.contract import EventMessage, EventType, GpuMessage, PortMessage
 from stepwatch.contract.counters import WRAP_32, delta
+from stepwatch.streams.core.hostsamples import (
+    ABSENT,
+    GPU_FLOATS,
+    GPU_INTS,
+    PORT_INTS,
+    SampleRing,
+    gpu_row,
+    port_row,
+)
 
 # Throttle (clocks-event) reasons that mean the GPU is slowed by something wrong.
 HW_SLOWDOWN = 0x8
@@ -86,17 +90,19 @@ class LinkIncident:
 class HostWindow:
     host: str
     size: int
-    gpu: deque[GpuMessage] = field(init=False)
-    port: deque[PortMessage] = field(init=False)
+    gpu: SampleRing = field(init=False)  # GPU_FLOATS, GPU_INTS per reading
+    port: SampleRing = field(init=False)  # PORT_INTS per reading
     events: deque[EventMessage] = field(init=False)
     gpu_names: dict[int, str] = field(default_factory=dict)
     last_seen: float = 0.0
     links: dict[tuple[str, int], tuple[str, int | None]] = field(default_factory=dict)
     _port_sig: list[tuple[str, int, str, int | None]] | None = None  # last port states seen
+    _port_keys: dict[tuple[str, int], int] = field(default_factory=dict)  # (device, port) -> id
+    _key_names: list[tuple[str, int]] = field(default_factory=list)  # id -> (device, port)
 
     def __post_init__(self) -> None:
-        self.gpu = deque(maxlen=self.size)
-        self.port = deque(maxlen=self.size)
+        self.gpu = SampleRing(self.size, len(GPU_FLOATS), len(GPU_INTS))
+        self.port = SampleRing(self.size, 0, len(PORT_INTS))
         self.events = deque(maxlen=self.size)
 
     def add(self, message: GpuMessage | PortMessage | EventMessage) -> list[LinkIncident]:
@@ -104,14 +110,15 @@ class HostWindow:
         if message.ts > self.last_seen:
             self.last_seen = message.ts
         if isinstance(message, GpuMessage):
-            self.gpu.append(message)
+            floats, ints = gpu_row(message.gpus)
+            self.gpu.push(message.ts, floats, ints)
             if len(self.gpu_names) < len(message.gpus):
                 for g in message.gpus:
                     if g.name:
                         self.gpu_names[g.index] = g.name
             return []
         if isinstance(message, PortMessage):
-            self.port.append(message)
+            self.port.push(message.ts, None, port_row(message.ports, self._port_keys))
             return self._link_changes(message)
         self.events.append(message)
         if message.type == EventType.LINK_STATE and message.device:
@@ -154,42 +161,54 @@ class HostWindow:
 
     def gpu_signals(self, t0: float, t1: float) -> dict[int, GpuSignals]:
         """Signals of every GPU of the host from samples and events in [t0, t1]."""
-        readings: dict[int, list[GpuReading]] = {}
-        for m in self.gpu:
-            if t0 <= m.ts <= t1:
-                for g in m.gpus:
-                    readings.setdefault(g.index, []).append(g)
+        ring = self.gpu
+        rows = [r for r in ring.order().tolist() if t0 <= ring.ts[r] <= t1]
+        readings: dict[int, _GpuSeries] = {}
+        if rows:
+            for frow, irow in zip(ring.floats[rows].tolist(), ring.ints[rows].tolist(),
+                                  strict=True):
+                for f, i in zip(frow, irow, strict=True):
+                    if i[0] != ABSENT:
+                        series = readings.get(i[0])
+                        if series is None:
+                            series = readings[i[0]] = _GpuSeries()
+                        series.add(f, i)
         events = self.events_in(t0, t1, EventType.XID, EventType.ECC)
         out = {}
         for index in set(readings) | {e.gpu for e in events if e.gpu is not None}:
-            out[index] = _gpu_signals(readings.get(index, []), [
+            out[index] = _gpu_signals(readings.get(index, _GpuSeries()), [
                 e for e in events if e.gpu is None or e.gpu == index
             ])
         return out
 
-    def _ports_in(self, t0: float, t1: float) -> list[PortMessage]:
-        """The port samples in [t0, t1] in time order, read from the newest back (samples
-        arrive nearly in order: the scan stops ``ORDER_SLACK_S`` before ``t0``)."""
+    def _ports_in(self, t0: float, t1: float) -> list[int]:
+        """The rows of the port samples in [t0, t1] in time order, read from the newest back
+        (samples arrive nearly in order: the scan stops ``ORDER_SLACK_S`` before ``t0``)."""
+        ring = self.port
+        ts = ring.ts
         out = []
-        for m in reversed(self.port):
-            if m.ts < t0 - ORDER_SLACK_S:
+        for r in reversed(ring.order().tolist()):
+            t = ts[r]
+            if t < t0 - ORDER_SLACK_S:
                 break
-            if t0 <= m.ts <= t1:
-                out.append(m)
-        out.sort(key=lambda m: m.ts)
+            if t0 <= t <= t1:
+                out.append(r)
+        out.sort(key=lambda r: ts[r])
         return out
 
     def rise_start(self, device: str, port: int, t0: float, t1: float, level: float) -> float:
         """Start of the trailing run of sample intervals in [t0, t1] in which the port's
         congestion rate (ECN/CNP + xmit_wait, whichever ``level`` is in) stayed at or above
         ``level`` per second: when its rise began (``t1`` when the last one is below)."""
+        kid = self._port_keys.get((device, port))
+        ring = self.port
+        rows = [r for r in ring.order().tolist() if t0 <= ring.ts[r] <= t1]
         pts: list[tuple[float, int]] = []
-        for m in self.port:
-            if t0 <= m.ts <= t1:
-                for p in m.ports:
-                    if p.device == device and p.port == port:
-                        pts.append((m.ts, (p.xmit_wait_total or 0) + sum(
-                            getattr(p, c) or 0 for c in CONGESTION_COUNTERS)))
+        if kid is not None and rows:
+            for r, irow in zip(rows, ring.ints[rows].tolist(), strict=True):
+                for i in irow:
+                    if i[0] == kid:
+                        pts.append((float(ring.ts[r]), sum(max(i[j], 0) for j in _RISE)))
         start = t1
         for (ta, a), (tb, b) in reversed(list(pairwise(pts))):
             if tb <= ta or (b - a) / (tb - ta) < level:
@@ -204,68 +223,104 @@ class HostWindow:
         samples alone, a link counted down from their states, link-down events and
         ``link_downed``; a counter reset inside the window then costs the window.
         """
-        msgs = self._ports_in(t0, t1)
-        if not msgs:
+        rows = self._ports_in(t0, t1)
+        if not rows:
             return []
-        n = len(msgs)
+        n = len(rows)
         if ends_only and n > 2:
-            msgs = [msgs[0], msgs[-1]]
-        series: dict[tuple[str, int], list[PortReading]] = {}
-        for m in msgs:
-            for p in m.ports:
-                key = (p.device, p.port)
-                got = series.get(key)
-                if got is None:
-                    series[key] = [p]
-                else:
-                    got.append(p)
-        span = msgs[-1].ts - msgs[0].ts
+            rows = [rows[0], rows[-1]]
+        series: dict[int, list[list[int]]] = {}
+        for irow in self.port.ints[rows].tolist():
+            for i in irow:
+                if i[0] != ABSENT:
+                    got = series.get(i[0])
+                    if got is None:
+                        series[i[0]] = [i]
+                    else:
+                        got.append(i)
+        span = float(self.port.ts[rows[-1]] - self.port.ts[rows[0]])
         downs = {(e.device, e.port) for e in self.events_in(t0, t1, EventType.LINK_STATE)
                  if "down" in (e.detail or "").lower()}
         out = []
-        for (device, port), readings in sorted(series.items()):
-            cnp = sum(_rise(readings, c) for c in CONGESTION_COUNTERS)
-            errors = {c.removesuffix("_total"): v for c in ERROR_COUNTERS
-                      if (v := _rise(readings, c))}
-            down = any(p.state not in ("", "ACTIVE") for p in readings if p.state)
+        for (device, port), readings in sorted((self._key_names_of(k), v)
+                                               for k, v in series.items()):
+            cnp = sum(_rise(readings, c) for c in _CONG)
+            errors = {c.removesuffix("_total"): v for c, j in _ERRORS
+                      if (v := _rise(readings, j))}
+            down = any(i[1] for i in readings)
             out.append(PortSignals(
                 device=device,
                 port=port,
                 samples=len(readings) if not ends_only else n,
                 cnp_per_s=cnp / span if span > 0 else 0.0,
-                xmit_wait_per_s=_rise(readings, "xmit_wait_total") / span if span > 0 else 0.0,
+                xmit_wait_per_s=_rise(readings, _WAIT) / span if span > 0 else 0.0,
                 errors=errors,
                 down=down or (device, port) in downs or (device, None) in downs,
             ))
         return out
 
+    def _key_names_of(self, kid: int) -> tuple[str, int]:
+        if len(self._key_names) < len(self._port_keys):
+            self._key_names = sorted(self._port_keys, key=self._port_keys.__getitem__)
+        return self._key_names[kid]
 
-def _gpu_signals(readings: list[GpuReading], events: list[EventMessage]) -> GpuSignals:
+
+_COL = {name: j for j, name in enumerate(PORT_INTS)}
+_CONG = [_COL[c] for c in CONGESTION_COUNTERS]
+_WAIT = _COL["xmit_wait_total"]
+_RISE = [_WAIT, *_CONG]  # xmit_wait + ECN/CNP: the congestion level of rise_start
+_ERRORS = [(c, _COL[c]) for c in ERROR_COUNTERS]
+_CLOCK, _POWER, _TEMP, _UTIL = range(len(GPU_FLOATS))
+_THROTTLE, _DBE, _REMAP = 1, 2, 3  # GPU_INTS after the index
+
+
+class _GpuSeries:
+    """One GPU's readings in a range, field by field, in arrival order (None: absent)."""
+
+    __slots__ = ("clocks", "dbe", "power", "reasons", "remap", "temps", "utils")
+
+    def __init__(self) -> None:
+        self.reasons: list[int] = []
+        self.clocks: list[float] = []
+        self.power: list[float] = []
+        self.temps: list[float] = []
+        self.utils: list[float] = []
+        self.dbe: list[int | None] = []
+        self.remap: list[int | None] = []
+
+    def add(self, f: list[float], i: list[int]) -> None:
+        self.reasons.append(i[_THROTTLE])
+        for value, out in ((f[_CLOCK], self.clocks), (f[_POWER], self.power),
+                           (f[_TEMP], self.temps), (f[_UTIL], self.utils)):
+            if value == value:  # not NaN: the reading had it
+                out.append(value)
+        self.dbe.append(None if i[_DBE] == ABSENT else i[_DBE])
+        self.remap.append(None if i[_REMAP] == ABSENT else i[_REMAP])
+
+
+def _gpu_signals(s: _GpuSeries, events: list[EventMessage]) -> GpuSignals:
     xids = tuple(int(e.code) for e in events if e.type == EventType.XID and e.code is not None)
     dbe_events = sum(1 for e in events if e.type == EventType.ECC and is_dbe(e))
-    n = len(readings)
+    n = len(s.reasons)
     if not n:
         return GpuSignals(0, {}, None, None, None, None, None, dbe_events, 0, xids)
-    reasons = [r.throttle_reasons or 0 for r in readings]
+    reasons = s.reasons
     seen = 0
     for x in reasons:
         seen |= x
     share = {bit: (sum(1 for x in reasons if x & bit) / n if seen & bit else 0.0)
              for bit in THROTTLE_NAMES}  # a bit no sample has: 0 without a pass
-    clocks = [r.sm_clock_mhz / r.sm_clock_max_mhz for r in readings
-              if r.sm_clock_mhz is not None and r.sm_clock_max_mhz]
-    power = [r.power_w / r.power_limit_w for r in readings
-             if r.power_w is not None and r.power_limit_w]
+    clocks = s.clocks
     return GpuSignals(
         samples=n,
         throttle_share=share,
         sm_clock_ratio=median_of(clocks),
         sm_clock_ratio_low=sorted(clocks)[len(clocks) // 4] if clocks else None,
-        temp_c=median_of([r.temp_gpu_c for r in readings if r.temp_gpu_c is not None]),
-        power_ratio=median_of(power),
-        util_pct=median_of([r.util_gpu_pct for r in readings if r.util_gpu_pct is not None]),
-        ecc_dbe=_increase([r.ecc_dbe_total for r in readings]) + dbe_events,
-        remapped_uncorrectable=_increase([r.remapped_rows_uncorrectable for r in readings]),
+        temp_c=median_of(s.temps),
+        power_ratio=median_of(s.power),
+        util_pct=median_of(s.utils),
+        ecc_dbe=_increase(s.dbe) + dbe_events,
+        remapped_uncorrectable=_increase(s.remap),
         xids=xids,
     )
 
@@ -275,15 +330,15 @@ def is_dbe(e: EventMessage) -> bool:
     return "dbe" in text or "double" in text
 
 
-def _rise(readings: list[PortReading], counter: str) -> int:
-    """The increase of one cumulative counter over a port's readings: last - first when
-    that is not negative (no reset or wrap between the ends; a reset followed by growth
-    past the first value within one window would be undercounted, never negative), the
-    sample-to-sample sum otherwise."""
-    first, last = getattr(readings[0], counter), getattr(readings[-1], counter)
-    if first is not None and last is not None and last >= first:
+def _rise(readings: list[list[int]], j: int) -> int:
+    """The increase of one cumulative counter (column ``j``) over a port's readings: last -
+    first when that is not negative (no reset or wrap between the ends; a reset followed
+    by growth past the first value within one window would be undercounted, never
+    negative), the sample-to-sample sum otherwise."""
+    first, last = readings[0][j], readings[-1][j]
+    if first != ABSENT and last != ABSENT and last >= first:
         return int(last - first)
-    return _increase([getattr(p, counter) for p in readings])
+    return _increase([None if p[j] == ABSENT else p[j] for p in readings])
 
 
 def _increase(values: list[int | None]) -> int:
