@@ -15,6 +15,9 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import pairwise
+from typing import Any
+
+import numpy as np
 
 from stepwatch.contract import EventMessage, EventType, GpuMessage, PortMessage
 from stepwatch.contract.counters import WRAP_32, delta
@@ -23,9 +26,13 @@ from stepwatch.streams.core.hostsamples import (
     GPU_FLOATS,
     GPU_INTS,
     PORT_INTS,
+    PORT_SIG,
     SampleRing,
-    gpu_row,
-    port_row,
+    gpu_convert,
+    gpu_raw,
+    port_convert,
+    port_raw,
+    port_slots,
 )
 
 # Throttle (clocks-event) reasons that mean the GPU is slowed by something wrong.
@@ -99,10 +106,12 @@ class HostWindow:
     _port_sig: list[tuple[str, int, str, int | None]] | None = None  # last port states seen
     _port_keys: dict[tuple[str, int], int] = field(default_factory=dict)  # (device, port) -> id
     _key_names: list[tuple[str, int]] = field(default_factory=list)  # id -> (device, port)
+    _slots_sig: list[tuple[Any, ...]] | None = None  # PORT_SIG of the last port sample ...
+    _slots: list[tuple[int, ...]] = field(default_factory=list)  # ... and its port_slots
 
     def __post_init__(self) -> None:
-        self.gpu = SampleRing(self.size, len(GPU_FLOATS), len(GPU_INTS))
-        self.port = SampleRing(self.size, 0, len(PORT_INTS))
+        self.gpu = SampleRing(self.size, len(GPU_FLOATS), len(GPU_INTS), gpu_convert)
+        self.port = SampleRing(self.size, 0, len(PORT_INTS), port_convert)
         self.events = deque(maxlen=self.size)
 
     def add(self, message: GpuMessage | PortMessage | EventMessage) -> list[LinkIncident]:
@@ -110,16 +119,19 @@ class HostWindow:
         if message.ts > self.last_seen:
             self.last_seen = message.ts
         if isinstance(message, GpuMessage):
-            floats, ints = gpu_row(message.gpus)
-            self.gpu.push(message.ts, floats, ints)
+            self.gpu.add(message.ts, gpu_raw(message.gpus))
             if len(self.gpu_names) < len(message.gpus):
                 for g in message.gpus:
                     if g.name:
                         self.gpu_names[g.index] = g.name
             return []
         if isinstance(message, PortMessage):
-            self.port.push(message.ts, None, port_row(message.ports, self._port_keys))
-            return self._link_changes(message)
+            sig = list(map(PORT_SIG, message.ports))
+            if sig != self._slots_sig:  # ports or their states changed: look them up again
+                self._slots = port_slots(sig, self._port_keys)
+                self._slots_sig = sig
+            self.port.add(message.ts, port_raw(message.ports), self._slots)
+            return self._link_changes(message, sig)
         self.events.append(message)
         if message.type == EventType.LINK_STATE and message.device:
             state = str(message.attrs.get("state") or message.detail.rsplit("->", 1)[-1])
@@ -128,8 +140,8 @@ class HostWindow:
                                  f"event {message.detail or state}")]
         return []
 
-    def _link_changes(self, message: PortMessage) -> list[LinkIncident]:
-        sig = [(p.device, p.port, p.state, p.link_downed_total) for p in message.ports]
+    def _link_changes(self, message: PortMessage, sig: list[tuple[Any, ...]]) -> list[LinkIncident]:
+        """``sig``: the PORT_SIG tuple of each port of the message."""
         if sig == self._port_sig:
             return []  # every port as in the last sample: no change to find, links as they are
         # the shortcut holds only when each port appears once (then ``links`` holds ``sig``)
@@ -162,7 +174,7 @@ class HostWindow:
     def gpu_signals(self, t0: float, t1: float) -> dict[int, GpuSignals]:
         """Signals of every GPU of the host from samples and events in [t0, t1]."""
         ring = self.gpu
-        rows = [r for r in ring.order().tolist() if t0 <= ring.ts[r] <= t1]
+        rows = _in_range(ring, t0, t1)
         readings: dict[int, _GpuSeries] = {}
         if rows:
             for frow, irow in zip(ring.floats[rows].tolist(), ring.ints[rows].tolist(),
@@ -183,18 +195,16 @@ class HostWindow:
 
     def _ports_in(self, t0: float, t1: float) -> list[int]:
         """The rows of the port samples in [t0, t1] in time order, read from the newest back
-        (samples arrive nearly in order: the scan stops ``ORDER_SLACK_S`` before ``t0``)."""
-        ring = self.port
-        ts = ring.ts
-        out = []
-        for r in reversed(ring.order().tolist()):
-            t = ts[r]
-            if t < t0 - ORDER_SLACK_S:
-                break
-            if t0 <= t <= t1:
-                out.append(r)
-        out.sort(key=lambda r: ts[r])
-        return out
+        (samples arrive nearly in order: the scan stops ``ORDER_SLACK_S`` before ``t0``;
+        samples of equal time stay newest first)."""
+        ts = self.port.ts
+        newest_first = self.port.order()[::-1]
+        t = ts[newest_first]
+        old = np.flatnonzero(t < t0 - ORDER_SLACK_S)
+        if len(old):
+            newest_first, t = newest_first[:old[0]], t[:old[0]]
+        rows = newest_first[(t0 <= t) & (t <= t1)]
+        return rows[np.argsort(ts[rows], kind="stable")].tolist()
 
     def rise_start(self, device: str, port: int, t0: float, t1: float, level: float) -> float:
         """Start of the trailing run of sample intervals in [t0, t1] in which the port's
@@ -202,7 +212,7 @@ class HostWindow:
         ``level`` per second: when its rise began (``t1`` when the last one is below)."""
         kid = self._port_keys.get((device, port))
         ring = self.port
-        rows = [r for r in ring.order().tolist() if t0 <= ring.ts[r] <= t1]
+        rows = _in_range(ring, t0, t1)
         pts: list[tuple[float, int]] = []
         if kid is not None and rows:
             for r, irow in zip(rows, ring.ints[rows].tolist(), strict=True):
@@ -263,6 +273,13 @@ class HostWindow:
         if len(self._key_names) < len(self._port_keys):
             self._key_names = sorted(self._port_keys, key=self._port_keys.__getitem__)
         return self._key_names[kid]
+
+
+def _in_range(ring: SampleRing, t0: float, t1: float) -> list[int]:
+    """The rows of the samples in [t0, t1], in arrival order."""
+    order = ring.order()
+    t = ring.ts[order]
+    return order[(t0 <= t) & (t <= t1)].tolist()
 
 
 _COL = {name: j for j, name in enumerate(PORT_INTS)}
