@@ -27,6 +27,7 @@ from stepwatch.logs import LogOnce
 from stepwatch.streams.core.api import JobStats
 from stepwatch.streams.core.causes import CauseFinder
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostsamples import HostStores
 from stepwatch.streams.core.hostwindow import HostWindow, LinkIncident, is_dbe
 from stepwatch.streams.core.job import Job
 
@@ -40,6 +41,7 @@ class Engine:
         self.cfg = config or DetectConfig()
         self.jobs: dict[str, Job] = {}
         self.windows: dict[str, HostWindow] = {}
+        self.stores = HostStores(self.cfg.host_samples)  # every host's GPU and port samples
         self.causes = CauseFinder(self.cfg, self.windows)
         self.now = 0.0  # event time: the largest timestamp seen or ticked
         self.counts: Counter[str] = Counter()
@@ -90,7 +92,7 @@ class Engine:
                                job_id, err, level=logging.ERROR)
         for host in [h for h, w in self.windows.items()
                      if now - w.last_seen > self.cfg.host_silence_seconds]:
-            del self.windows[host]
+            self.windows.pop(host).close()
         return out
 
     def stats(self) -> list[JobStats]:
@@ -187,7 +189,7 @@ class Engine:
     def _window(self, host: str) -> HostWindow:
         win = self.windows.get(host)
         if win is None:
-            win = self.windows[host] = HostWindow(host, self.cfg.host_samples)
+            win = self.windows[host] = HostWindow(host, self.cfg.host_samples, self.stores)
         return win
 
     def _expired(self, job: Job, now: float) -> str:

@@ -41,89 +41,181 @@ Convert = Callable[[np.ndarray, Raw, np.ndarray | None], tuple[np.ndarray, np.nd
 EXACT = 2.0**53  # integers below this convert to float64 and back exactly
 
 
-class SampleRing:
-    """The last ``size`` samples: a timestamp per row, ``width`` reading slots per row.
+class SampleStore:
+    """The last ``size`` samples of every host of an engine, one slot per host.
 
-    ``floats`` is (size, width, n_floats), ``ints`` (size, width, n_ints); a slot with
-    ``ints[..., 0] == ABSENT`` holds no reading. ``width`` grows to the widest message.
-    Samples are staged as the readings' raw tuples and written ``STAGE`` at a time (one
-    NumPy conversion for all of them): a reader calls :meth:`order` first.
+    ``ts`` is (slots, size); ``floats`` (slots, size, width, n_floats) and ``ints``
+    (slots, size, width, n_ints) hold one reading per column slot (``ints[..., 0] ==
+    ABSENT``: none). ``width`` grows to the widest message. Samples are staged as their
+    readings' raw tuples, every host's together, and written ``STAGE_READINGS`` at a
+    time: one NumPy conversion and one scatter for hundreds of messages. A reader
+    goes through :meth:`view`, whose :meth:`SampleView.order` flushes first.
     """
 
-    STAGE = 8
+    STAGE_READINGS = 4096
 
     def __init__(self, size: int, n_floats: int, n_ints: int, convert: Convert) -> None:
         self.size = size
         self.convert = convert
-        self.ts = np.full(size, np.nan)
-        self.floats = np.full((size, 0, n_floats), np.nan)
-        self.ints = np.full((size, 0, n_ints), ABSENT, dtype=np.int64)
-        self.pos = 0  # next row to write
-        self.count = 0  # rows written, capped at size
-        self._staged: list[tuple[float, Raw, list[tuple[int, ...]] | None]] = []
+        self.ts = np.full((0, size), np.nan)
+        self.floats = np.full((0, size, 0, n_floats), np.nan)
+        self.ints = np.full((0, size, 0, n_ints), ABSENT, dtype=np.int64)
+        self.pos = np.zeros(0, np.int64)  # each slot's next row to write
+        self.count = np.zeros(0, np.int64)  # rows written, capped at size
+        self._free: list[int] = []
+        self._used = 0
+        self._slot: list[int] = []  # the staged samples: slot, time, readings ...
+        self._ts: list[float] = []
+        self._n: list[int] = []
+        self._raw: Raw = []
+        self._extra: list[tuple[int, ...]] = []  # ... small ints per reading, when given
 
-    def __len__(self) -> int:
-        return self.count + len(self._staged)
+    def open(self) -> int:
+        """A slot for a new host."""
+        if self._free:
+            return self._free.pop()
+        if self._used == len(self.ts):
+            self._grow(max(8, 2 * len(self.ts)))
+        self._used += 1
+        return self._used - 1
 
-    def add(self, ts: float, raw: Raw, slots: list[tuple[int, ...]] | None = None) -> None:
-        """Stage one sample: its readings' numeric tuples and (optionally) small ints of
-        each reading worked out by the caller (``convert`` takes both)."""
-        self._staged.append((ts, raw, slots))
-        if len(self._staged) >= self.STAGE:
+    def close(self, slot: int) -> None:
+        """Forget a host's samples; its slot is reused."""
+        self.flush()
+        self.pos[slot] = self.count[slot] = 0
+        self._free.append(slot)
+
+    def add(self, slot: int, ts: float, raw: Raw,
+            extra: list[tuple[int, ...]] | None = None) -> None:
+        """Stage one sample: its readings' numeric tuples (and small ints per reading
+        worked out by the caller; ``convert`` takes both)."""
+        self._slot.append(slot)
+        self._ts.append(ts)
+        self._n.append(len(raw))
+        self._raw.extend(raw)
+        if extra is not None:
+            self._extra.extend(extra)
+        if len(self._raw) >= self.STAGE_READINGS:
             self.flush()
+
+    def view(self, slot: int) -> SampleView:
+        return SampleView(self, slot)
 
     def flush(self) -> None:
         """Write the staged samples into the arrays."""
-        staged = self._staged
-        if not staged:
+        if not self._slot:
             return
-        self._staged = []
-        m = len(staged)
-        counts = [len(raw) for _, raw, _ in staged]
-        raw = [x for _, r, _ in staged for x in r]
-        slots = None if staged[0][2] is None else np.array(
-            [x for _, _, sl in staged for x in sl or ()], dtype=np.int64)
-        floats, ints = self.convert(np.array(raw, dtype=float), raw, slots)  # None: NaN
-        width = max(counts)
-        if width > self.ints.shape[1]:
-            self._widen(width)
-        if min(counts) == width == self.ints.shape[1] and self.pos + m <= self.size:
-            lo, hi = self.pos, self.pos + m  # the common case: one slice of whole rows
-            self.ts[lo:hi] = [ts for ts, _, _ in staged]
-            self.ints[lo:hi] = ints.reshape(m, width, self.ints.shape[2])
-            self.floats[lo:hi] = floats.reshape(m, width, self.floats.shape[2])
-            self._advance(m)
-            return
-        lo = 0
-        for (ts, _, _), n in zip(staged, counts, strict=True):
-            self._push(ts, floats[lo:lo + n], ints[lo:lo + n])
-            lo += n
+        slots, ts, counts = (np.array(self._slot), np.array(self._ts, dtype=float),
+                             np.array(self._n, dtype=np.int64))
+        raw, extra = self._raw, self._extra
+        self._slot, self._ts, self._n, self._raw, self._extra = [], [], [], [], []
+        floats, ints = self.convert(np.array(raw, dtype=float), raw,
+                                    np.array(extra, dtype=np.int64) if extra else None)
+        if counts.max() > self.ints.shape[2]:
+            self._widen(int(counts.max()))
+        occ, total = _occurrences(slots)
+        keep = occ >= total - self.size  # a host's last `size` samples of this batch
+        rows = (self.pos[slots] + occ) % self.size
+        block_f, block_i = self._blocks(counts, floats, ints)
+        s, r = slots[keep], rows[keep]
+        self.ts[s, r] = ts[keep]
+        self.floats[s, r] = block_f[keep]
+        self.ints[s, r] = block_i[keep]
+        seen, n = np.unique(slots, return_counts=True)
+        self.pos[seen] = (self.pos[seen] + n) % self.size
+        self.count[seen] = np.minimum(self.count[seen] + n, self.size)
 
-    def _push(self, ts: float, floats: np.ndarray, ints: np.ndarray) -> None:
-        n, row = len(ints), self.pos
-        self.ts[row] = ts
-        self.ints[row, :n] = ints
-        self.ints[row, n:] = ABSENT
-        self.floats[row, :n] = floats
-        self.floats[row, n:] = np.nan
-        self._advance(1)
+    def _blocks(self, counts: np.ndarray, floats: np.ndarray,
+                ints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The readings as whole rows (messages, width, ...), empty slots padded."""
+        m, width = len(counts), self.ints.shape[2]
+        block_i = np.full((m, width, self.ints.shape[3]), ABSENT, dtype=np.int64)
+        block_f = np.full((m, width, self.floats.shape[3]), np.nan)
+        if (counts == width).all():
+            block_i[:] = ints.reshape(block_i.shape)
+            block_f[:] = floats.reshape(block_f.shape)
+            return block_f, block_i
+        msg = np.repeat(np.arange(m), counts)
+        col = np.arange(len(msg)) - np.repeat(np.cumsum(counts) - counts, counts)
+        block_i[msg, col] = ints
+        block_f[msg, col] = floats
+        return block_f, block_i
 
-    def _advance(self, rows: int) -> None:
-        self.pos = (self.pos + rows) % self.size
-        self.count = min(self.count + rows, self.size)
+    def _grow(self, slots: int) -> None:
+        extra = slots - len(self.ts)
+        self.ts = np.concatenate([self.ts, np.full((extra, self.size), np.nan)])
+        self.floats = np.concatenate(
+            [self.floats, np.full((extra, *self.floats.shape[1:]), np.nan)])
+        self.ints = np.concatenate(
+            [self.ints, np.full((extra, *self.ints.shape[1:]), ABSENT, np.int64)])
+        self.pos = np.concatenate([self.pos, np.zeros(extra, np.int64)])
+        self.count = np.concatenate([self.count, np.zeros(extra, np.int64)])
 
     def _widen(self, width: int) -> None:
-        extra = width - self.ints.shape[1]
+        a, b, w, k = self.ints.shape
         self.ints = np.concatenate(
-            [self.ints, np.full((self.size, extra, self.ints.shape[2]), ABSENT, np.int64)], 1)
+            [self.ints, np.full((a, b, width - w, k), ABSENT, np.int64)], 2)
         self.floats = np.concatenate(
-            [self.floats, np.full((self.size, extra, self.floats.shape[2]), np.nan)], 1)
+            [self.floats, np.full((a, b, width - w, self.floats.shape[3]), np.nan)], 2)
+
+
+def _occurrences(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each staged sample: how many of its slot's samples came before it in the batch,
+    and how many its slot has in the batch."""
+    order = np.argsort(slots, kind="stable")
+    s = slots[order]
+    starts = np.flatnonzero(np.r_[True, s[1:] != s[:-1]])
+    length = np.diff(np.r_[starts, len(s)])
+    occ, total = np.empty(len(s), np.int64), np.empty(len(s), np.int64)
+    occ[order] = np.arange(len(s)) - np.repeat(starts, length)
+    total[order] = np.repeat(length, length)
+    return occ, total
+
+
+class SampleView:
+    """One host's samples in a :class:`SampleStore` (arrays read after :meth:`order`)."""
+
+    __slots__ = ("slot", "store")
+
+    def __init__(self, store: SampleStore, slot: int) -> None:
+        self.store = store
+        self.slot = slot
+
+    def __len__(self) -> int:
+        self.store.flush()
+        return int(self.store.count[self.slot])
+
+    def add(self, ts: float, raw: Raw, extra: list[tuple[int, ...]] | None = None) -> None:
+        self.store.add(self.slot, ts, raw, extra)
 
     def order(self) -> np.ndarray:
         """Row numbers in arrival order, oldest first (staged samples written first)."""
-        self.flush()
-        start = (self.pos - self.count) % self.size
-        return (start + np.arange(self.count)) % self.size
+        store = self.store
+        store.flush()
+        count = int(store.count[self.slot])
+        start = (int(store.pos[self.slot]) - count) % store.size
+        return (start + np.arange(count)) % store.size
+
+    @property
+    def ts(self) -> np.ndarray:
+        return self.store.ts[self.slot]
+
+    @property
+    def floats(self) -> np.ndarray:
+        return self.store.floats[self.slot]
+
+    @property
+    def ints(self) -> np.ndarray:
+        return self.store.ints[self.slot]
+
+
+class HostStores:
+    """The GPU and port sample stores of one engine (shared by its host windows)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.gpu = SampleStore(size, len(GPU_FLOATS), len(GPU_INTS), gpu_convert)
+        self.port = SampleStore(size, 0, len(PORT_INTS), port_convert)
 
 
 def exact_ints(f: np.ndarray, raw: Raw, lo: int) -> np.ndarray:
@@ -192,6 +284,6 @@ def port_convert(f: np.ndarray, raw: Raw, slots: np.ndarray | None) -> tuple[np.
                                                                               np.ndarray]:
     """Port readings as (no floats, ints) rows (see PORT_INTS)."""
     f = f.reshape(-1, len(PORT_COUNTERS))
-    assert slots is not None
-    ints = np.hstack((slots.reshape(-1, 2), exact_ints(f, raw, 0)))
+    ids = np.empty((0, 2), np.int64) if slots is None else slots.reshape(-1, 2)
+    ints = np.hstack((ids, exact_ints(f, raw, 0)))
     return np.empty((len(f), 0)), ints

@@ -24,13 +24,11 @@ from stepwatch.contract.counters import WRAP_32, delta
 from stepwatch.streams.core.hostsamples import (
     ABSENT,
     GPU_FLOATS,
-    GPU_INTS,
     PORT_INTS,
     PORT_SIG,
-    SampleRing,
-    gpu_convert,
+    HostStores,
+    SampleView,
     gpu_raw,
-    port_convert,
     port_raw,
     port_slots,
 )
@@ -97,8 +95,9 @@ class LinkIncident:
 class HostWindow:
     host: str
     size: int
-    gpu: SampleRing = field(init=False)  # GPU_FLOATS, GPU_INTS per reading
-    port: SampleRing = field(init=False)  # PORT_INTS per reading
+    stores: HostStores | None = None  # the engine's sample stores (None: the window's own)
+    gpu: SampleView = field(init=False)  # GPU_FLOATS, GPU_INTS per reading
+    port: SampleView = field(init=False)  # PORT_INTS per reading
     events: deque[EventMessage] = field(init=False)
     gpu_names: dict[int, str] = field(default_factory=dict)
     last_seen: float = 0.0
@@ -110,9 +109,15 @@ class HostWindow:
     _slots: list[tuple[int, ...]] = field(default_factory=list)  # ... and its port_slots
 
     def __post_init__(self) -> None:
-        self.gpu = SampleRing(self.size, len(GPU_FLOATS), len(GPU_INTS), gpu_convert)
-        self.port = SampleRing(self.size, 0, len(PORT_INTS), port_convert)
+        stores = self.stores if self.stores is not None else HostStores(self.size)
+        self.gpu = stores.gpu.view(stores.gpu.open())
+        self.port = stores.port.view(stores.port.open())
         self.events = deque(maxlen=self.size)
+
+    def close(self) -> None:
+        """The host is forgotten: give its sample slots back."""
+        self.gpu.store.close(self.gpu.slot)
+        self.port.store.close(self.port.slot)
 
     def add(self, message: GpuMessage | PortMessage | EventMessage) -> list[LinkIncident]:
         """Keep the sample; return link changes it reveals (rare)."""
@@ -197,8 +202,8 @@ class HostWindow:
         """The rows of the port samples in [t0, t1] in time order, read from the newest back
         (samples arrive nearly in order: the scan stops ``ORDER_SLACK_S`` before ``t0``;
         samples of equal time stay newest first)."""
-        ts = self.port.ts
         newest_first = self.port.order()[::-1]
+        ts = self.port.ts
         t = ts[newest_first]
         old = np.flatnonzero(t < t0 - ORDER_SLACK_S)
         if len(old):
@@ -275,7 +280,7 @@ class HostWindow:
         return self._key_names[kid]
 
 
-def _in_range(ring: SampleRing, t0: float, t1: float) -> list[int]:
+def _in_range(ring: SampleView, t0: float, t1: float) -> list[int]:
     """The rows of the samples in [t0, t1], in arrival order."""
     order = ring.order()
     t = ring.ts[order]
