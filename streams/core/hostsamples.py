@@ -1,12 +1,14 @@
-"""Compact rings of one host's GPU and port samples: only the fields the causes read.
+"""Compact rings of every host's GPU and port samples: only the fields the causes read.
 
 A decoded :class:`~stepwatch.contract.GpuMessage` of 8 readings takes about
 7.6 KB of Python objects and a :class:`~stepwatch.contract.PortMessage` of 8
 ports about 6.2 KB; kept for ``host_samples`` (128) samples per host they were
 ~220 KB per rank of a large job. Here each sample is one row of fixed-size
-NumPy arrays: one column slot per reading of the message (in message order),
+NumPy arrays shared by the engine's hosts (a slot per host, ~19 KB per rank):
+one column slot per reading of the message (in message order),
 float64 for gauges (NaN: absent) and int64 for counters and indices (-1:
-absent; contract counters are at most 2**63 - 1, so both are exact). The
+absent; contract counters are at most 2**63 - 1; floats only carry integers
+below 2**53, else the Python ints are read: both are exact). The
 readers get back plain Python values, identical to the message's, in arrival
 order: :mod:`stepwatch.streams.core.hostwindow` computes the signals from them
 exactly as it did from the messages.

@@ -1,0 +1,64 @@
+"""The compact host sample store: what goes in comes out, in arrival order, exactly."""
+
+from __future__ import annotations
+
+from stepwatch.contract import GpuMessage, GpuReading, PortMessage, PortReading
+from stepwatch.streams.core.hostsamples import ABSENT, HostStores
+from stepwatch.streams.core.hostwindow import HostWindow
+
+T0 = 1_767_225_600.0
+
+
+def _gpu(ts: float, n: int = 2, temp: float | None = 60.0) -> GpuMessage:
+    return GpuMessage(host="h", ts=ts, gpus=[
+        GpuReading(index=g, temp_gpu_c=temp, util_gpu_pct=90.0 + g, sm_clock_mhz=1500.0,
+                   sm_clock_max_mhz=2000.0, ecc_dbe_total=None if g else 3)
+        for g in range(n)])
+
+
+def test_rows_come_back_in_arrival_order_after_the_ring_wraps() -> None:
+    win = HostWindow("h", 4)
+    for i in range(11):  # more than one staging batch would be fine too: the ring holds 4
+        win.add(_gpu(T0 + i))
+    rows = win.gpu.order()
+    assert win.gpu.ts[rows].tolist() == [T0 + 7, T0 + 8, T0 + 9, T0 + 10]
+    sig = win.gpu_signals(T0, T0 + 100)
+    assert sig[0].samples == 4 and sig[1].util_pct == 91.0
+    assert sig[0].sm_clock_ratio == 0.75 and sig[0].temp_c == 60.0
+
+
+def test_a_wider_message_widens_the_store_and_absent_values_stay_absent() -> None:
+    win = HostWindow("h", 8)
+    win.add(_gpu(T0, n=1, temp=None))
+    win.add(_gpu(T0 + 1, n=3))
+    sig = win.gpu_signals(T0, T0 + 1)
+    assert sig[0].samples == 2 and sig[0].temp_c == 60.0  # the None is not a reading
+    assert sig[2].samples == 1
+    rows = win.gpu.order()
+    assert win.gpu.ints[rows[0], 1:, 0].tolist() == [ABSENT, ABSENT]  # no reading there
+
+
+def test_hosts_share_one_store_and_a_forgotten_host_gives_its_slot_back() -> None:
+    stores = HostStores(4)
+    a, b = HostWindow("a", 4, stores), HostWindow("b", 4, stores)
+    for i in range(6):
+        a.add(_gpu(T0 + i))
+        if i % 2:
+            b.add(_gpu(T0 + i, temp=70.0))
+    assert len(a.gpu) == 4 and len(b.gpu) == 3
+    assert b.gpu_signals(T0, T0 + 10)[0].temp_c == 70.0
+    slot = a.gpu.slot
+    a.close()
+    c = HostWindow("c", 4, stores)
+    assert c.gpu.slot == slot and len(c.gpu) == 0
+
+
+def test_counters_beyond_float_precision_are_kept_exactly() -> None:
+    win = HostWindow("h", 8)
+    big = 2**62
+    for i, v in enumerate((big, big + 1, big + 3)):
+        win.add(PortMessage(host="h", ts=T0 + i, ports=[
+            PortReading(device="mlx5_0", port=1, xmit_wait_total=v, symbol_error_total=i)]))
+    sig = win.port_signals(T0, T0 + 2)[0]
+    assert sig.xmit_wait_per_s == 1.5  # (big + 3 - big) / 2 s
+    assert sig.errors == {"symbol_error": 2}
