@@ -32,6 +32,7 @@ from torch_jobs import (  # noqa: E402
     ROOT,
     Agents,
     Fault,
+    background_load,
     detections,
     phase_means,
     run_job,
@@ -149,6 +150,19 @@ full = pytest.mark.skipif(bool(os.environ.get("STEPWATCH_TORCH_QUICK")),
 
 def test_healthy_ddp_job_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
     assert opened(run_and_detect(pipeline, "healthy", Fault("healthy"))) == []
+
+
+@full
+def test_healthy_job_on_a_busy_machine_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
+    """Real noise, no fault: DataLoader worker processes, an evaluation pass every 40 steps,
+    a checkpoint every 25, and two processes with random bursts of CPU work on the machine's
+    cores. Suspects may come and go; no incident opens."""
+    work = pipeline[2]
+    options = ("--loader-workers", "2", "--eval-every", "40", "--checkpoint-dir",
+               str(work / "ckpt-busy"), "--checkpoint-every", "25")
+    with background_load(2):
+        found = run_and_detect(pipeline, "healthy_busy", Fault("healthy", options=options))
+    assert opened(found) == []
 
 
 def test_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
