@@ -48,11 +48,17 @@ SHARD_KEYS: Mapping[str, tuple[str, ...]] = {
     "remediation_actions": ("id",),
 }
 DEFAULT_SHARD_KEY = ("job_id",)
-# Every query of the sink and the CLIs on a cluster: an insert into a
-# Distributed table returns when every shard has its rows (not when the node
-# spooled them), so the sink commits Kafka offsets only for stored rows and a
-# retry repeats the same per-shard blocks with the same token (docs/store.md).
-CLIENT_SETTINGS: Mapping[str, int] = {"distributed_foreground_insert": 1}
+# Every query of the sink and the CLIs on a cluster (docs/store.md):
+# * an insert into a Distributed table returns when every shard has its rows
+#   (not when the node spooled them), so the sink commits Kafka offsets only for
+#   stored rows, and a retry repeats the same per-shard blocks with the same token;
+# * a saved query's IN/JOIN on a second Distributed table (job_timeline's
+#   host-level events, lemon_nodes' placement) runs once and is shipped to the
+#   shards (GLOBAL), instead of being refused as a double-distributed subquery.
+CLIENT_SETTINGS: Mapping[str, int | str] = {
+    "distributed_foreground_insert": 1,
+    "distributed_product_mode": "global",
+}
 _COLUMN_COMMANDS = frozenset({"ADD", "MODIFY", "COMMENT", "RENAME"})
 _CLUSTER_NAME = re.compile(r"^[A-Za-z0-9_.\-{}]+$")
 
