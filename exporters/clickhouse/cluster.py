@@ -54,9 +54,13 @@ DEFAULT_SHARD_KEY = ("job_id",)
 #   stored rows, and a retry repeats the same per-shard blocks with the same token;
 # * a saved query's IN/JOIN on a second Distributed table (job_timeline's
 #   host-level events, lemon_nodes' placement) runs once and is shipped to the
-#   shards (GLOBAL), instead of being refused as a double-distributed subquery.
+#   shards (GLOBAL), instead of being refused as a double-distributed subquery;
+# * a replayed insert the source table drops is checked in the views' targets
+#   too, so rollups are not counted twice (1 is the default of recent releases,
+#   26.9 here; older servers default to 0).
 CLIENT_SETTINGS: Mapping[str, int | str] = {
     "distributed_foreground_insert": 1,
+    "deduplicate_blocks_in_dependent_materialized_views": 1,
     "distributed_product_mode": "global",
 }
 _COLUMN_COMMANDS = frozenset({"ADD", "MODIFY", "COMMENT", "RENAME"})
