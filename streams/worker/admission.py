@@ -132,10 +132,9 @@ class Gate:
         one job whose records all pass, looks the job up once per run of
         records and keeps no list.
         """
-        cls = type(message)
-        if cls is StepMessage:
-            return self._check_steps(message, now)  # type: ignore[arg-type]
-        if cls is EventMessage and message.type in LIFECYCLE:  # type: ignore[union-attr]
+        if isinstance(message, StepMessage):
+            return self._check_steps(message, now)
+        if isinstance(message, EventMessage) and message.type in LIFECYCLE:
             return _unless_plain(self.admit(message, now))
         ts = message.ts
         if ts > now + self._future or ts < now - self._max_age:
