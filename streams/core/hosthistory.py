@@ -68,6 +68,7 @@ class HostHistory:
         self.names: tuple[str, ...] = ()
         self._version = (-1, -1)
         self.shared = False
+        self._index: np.ndarray | None = None
         self.history: Ring | None = None  # host metric on steps the host was not flagged
         self.recent: Ring | None = None
         self.ratios: Ring | None = None
@@ -93,15 +94,23 @@ class HostHistory:
             return  # a host is a whole peer group (a pipeline stage): a group slowdown
         assert self.history is not None and self.recent is not None
         assert self.ratios is not None and self.flags is not None
-        x = _host_rows(cs, busy, hosts)
-        self.recent.push(x)
+        x_rank, compute = _rank_metric(cs, busy)
+        metric = _medians(x_rank[None], hosts, self._index)[0]
         if self.base is not None and self.threshold is not None:
             with np.errstate(divide="ignore", invalid="ignore"):
-                ratio = x[METRIC] / self.base[METRIC] - 1.0
+                ratio = metric / self.base[METRIC] - 1.0
             flagged = ratio > self.threshold
         else:
             ratio = np.full(n, np.nan)
             flagged = np.zeros(n, dtype=bool)
+        # the parts a cause is read from cost a median each: every few steps for the
+        # baseline, every step only while a host is (or was lately) flagged
+        watch = bool(flagged.any()) or bool(self.flags.filled().any())
+        x = np.full((PARTS, n), np.nan)
+        x[METRIC] = metric
+        if watch or self._stale == REBASE_STEPS - 1:
+            x[METRIC + 1:] = _host_parts(cs, compute, hosts, self._index)
+        self.recent.push(x)
         self.ratios.push(ratio)
         self.flags.push(flagged.astype(float))
         self.history.push(np.where(flagged, np.nan, x))
@@ -114,6 +123,9 @@ class HostHistory:
         self.names, self._version = hosts.names, (hosts.version, groups.version)
         # every peer group spans several hosts: each host has peers off it to wait for it
         self.shared = all(len(set(hosts.of_rank[idx].tolist())) >= 2 for idx in groups.members)
+        # hosts of equal size (the rule): one (hosts, ranks) index, one gather per row set
+        same = len({len(idx) for idx in hosts.members}) == 1
+        self._index = np.stack(hosts.members) if same else None
         self.history = Ring(cfg.baseline_steps, (PARTS, n))
         self.recent = Ring(cfg.window_steps, (PARTS, n))
         self.ratios = Ring(cfg.window_steps, n)
@@ -140,8 +152,10 @@ class HostHistory:
         when its extra time costs ``step_s`` (the job's step time) a material share."""
         if self.threshold is None or self.ratios is None or self.flags is None:
             return None
-        score = nanmed(self.ratios.filled(), 0)
         count = self.flags.filled().sum(0)
+        if not count.max() >= self.cfg.slowdown_persist_steps:
+            return None  # the common case: no host flagged often enough
+        score = nanmed(self.ratios.filled(), 0)
         slow = np.flatnonzero((count >= self.cfg.slowdown_persist_steps)
                               & (score > self.threshold))
         calm = score <= self.threshold / 2
@@ -193,17 +207,26 @@ def _shares(base: np.ndarray, now: np.ndarray) -> Shares:
     return Shares(share(H_DATA), share(H_COMPUTE), cpu, ev)
 
 
-def _host_rows(cs: ClosedStep, busy: np.ndarray, hosts: GroupIndex) -> np.ndarray:
-    """(PARTS, hosts): each host's median over its ranks of its busy time (backward left
-    out under DDP without ``comm_wait``: it holds the wait for the slowest rank), data,
-    compute, transfers, CPU wait and CPU time."""
+def _rank_metric(cs: ClosedStep, busy: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's busy time and compute time, backward left out under DDP without
+    ``comm_wait`` (it holds the wait for the slowest rank)."""
     m = cs.m
-    x, compute = busy, m[COMPUTE]
     if np.isnan(cs.comm).all() and not np.isnan(cs.med[BWD]):
         bwd = np.where(np.isnan(m[BWD]), 0.0, m[BWD])
-        x, compute = busy - bwd, compute - bwd
-    rows = np.stack([x, m[DATA], compute, m[XFER], m[CPUW], m[CPUT]])
-    sizes = {len(idx) for idx in hosts.members}
-    if len(sizes) == 1:  # hosts of equal size (the rule): one gather, one median
-        return nanmed(rows[:, np.stack(hosts.members)], -1)
+        return busy - bwd, m[COMPUTE] - bwd
+    return busy, m[COMPUTE]
+
+
+def _host_parts(cs: ClosedStep, compute: np.ndarray, hosts: GroupIndex,
+                index: np.ndarray | None) -> np.ndarray:
+    """(PARTS - 1, hosts): each host's medians of data, compute, transfers, CPU wait and
+    CPU time, in the order of H_DATA..H_CPUT."""
+    m = cs.m
+    return _medians(np.stack([m[DATA], compute, m[XFER], m[CPUW], m[CPUT]]), hosts, index)
+
+
+def _medians(rows: np.ndarray, hosts: GroupIndex, index: np.ndarray | None) -> np.ndarray:
+    """(rows, hosts): the median of each row over each host's ranks."""
+    if index is not None:
+        return nanmed(rows[:, index], -1)
     return np.stack([nanmed(rows[:, idx], -1) for idx in hosts.members], axis=1)
