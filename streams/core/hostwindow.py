@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import pairwise
+from operator import attrgetter
 
 from stepwatch.contract import (
     EventMessage,
@@ -43,6 +44,9 @@ CONGESTION_COUNTERS = ("np_cnp_sent_total", "rp_cnp_handled_total",
 ORDER_SLACK_S = 30.0  # port samples arrive at most this much out of event-time order
 ERROR_COUNTERS = ("symbol_error_total", "link_downed_total", "link_error_recovery_total",
                   "rcv_errors_total", "local_link_integrity_errors_total")
+ERROR_NAMES = tuple(c.removesuffix("_total") for c in ERROR_COUNTERS)
+# every counter a network check reads, in one call: congestion, xmit_wait, errors
+_COUNTERS_OF = attrgetter(*CONGESTION_COUNTERS, "xmit_wait_total", *ERROR_COUNTERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +183,51 @@ class HostWindow:
         out.sort(key=lambda m: m.ts)
         return out
 
+    def _ends(self, t0: float, t1: float) -> tuple[PortMessage, PortMessage, int] | None:
+        """The first and the last port sample in [t0, t1] and how many there are, read from
+        the newest back (see :meth:`_ports_in`), without a list or a sort."""
+        first = last = None
+        n = 0
+        for m in reversed(self.port):
+            ts = m.ts
+            if ts < t0 - ORDER_SLACK_S:
+                break
+            if t0 <= ts <= t1:
+                n += 1
+                if last is None or ts > last.ts:
+                    last = m
+                if first is None or ts < first.ts:
+                    first = m
+        return None if first is None or last is None else (first, last, n)
+
+    def _ends_signals(self, t0: float, t1: float) -> list[PortSignals]:
+        """:meth:`port_signals` from the window's first and last samples alone."""
+        ends = self._ends(t0, t1)
+        if ends is None:
+            return []
+        first, last, n = ends
+        span = last.ts - first.ts
+        downs = {(e.device, e.port) for e in self.events_in(t0, t1, EventType.LINK_STATE)
+                 if "down" in (e.detail or "").lower()}
+        before = {(p.device, p.port): p for p in first.ports}
+        after = {(p.device, p.port): p for p in last.ports}
+        out = []
+        for key in sorted(before.keys() | after.keys()):
+            p = after.get(key) or before[key]
+            q = before.get(key, p)
+            rise = _rises(_COUNTERS_OF(q), _COUNTERS_OF(p))
+            cnp = rise[0] + rise[1] + rise[2]
+            errors = {ERROR_NAMES[i]: v for i, v in enumerate(rise[4:]) if v}
+            down = any(r.state not in ("", "ACTIVE") for r in (q, p) if r.state)
+            out.append(PortSignals(
+                device=p.device, port=p.port, samples=n,
+                cnp_per_s=cnp / span if span > 0 else 0.0,
+                xmit_wait_per_s=rise[3] / span if span > 0 else 0.0,
+                errors=errors,
+                down=down or key in downs or (p.device, None) in downs,
+            ))
+        return out
+
     def rise_start(self, device: str, port: int, t0: float, t1: float, level: float) -> float:
         """Start of the trailing run of sample intervals in [t0, t1] in which the port's
         congestion rate (ECN/CNP + xmit_wait, whichever ``level`` is in) stayed at or above
@@ -204,12 +253,12 @@ class HostWindow:
         samples alone, a link counted down from their states, link-down events and
         ``link_downed``; a counter reset inside the window then costs the window.
         """
+        if ends_only:
+            return self._ends_signals(t0, t1)
         msgs = self._ports_in(t0, t1)
         if not msgs:
             return []
         n = len(msgs)
-        if ends_only and n > 2:
-            msgs = [msgs[0], msgs[-1]]
         series: dict[tuple[str, int], list[PortReading]] = {}
         for m in msgs:
             for p in m.ports:
@@ -238,6 +287,20 @@ class HostWindow:
                 down=down or (device, port) in downs or (device, None) in downs,
             ))
         return out
+
+
+def _rises(a: tuple[int | None, ...], b: tuple[int | None, ...]) -> list[int]:
+    """Increase of each counter from reading ``a`` to reading ``b`` (as :func:`_rise` for
+    two readings: a reset or a 32-bit wrap is read as such, never as a negative)."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            out.append(0)
+        elif y >= x:
+            out.append(y - x)
+        else:
+            out.append(delta(x, y, WRAP_32 if y < x < WRAP_32 else None) or 0)
+    return out
 
 
 def _gpu_signals(readings: list[GpuReading], events: list[EventMessage]) -> GpuSignals:
