@@ -234,6 +234,17 @@ FROM port_samples
 WHERE match(host, '^(${host:regex})$') AND $__timeFilter(ts)
 GROUP BY host, device, port
 ORDER BY xmit_wait_ticks DESC LIMIT 20"""
+    # one finding per port however many jobs reported it, fleet-wide (the port is the
+    # fabric's, whichever host is selected; the saved query port_findings)
+    findings = """
+SELECT subject_host AS host, device, port, uniqExact(job_id) AS jobs,
+       uniqExact(id) AS detections, arrayStringConcat(arraySort(groupUniqArray(type)), ',') AS types,
+       max(ts) AS last_seen
+FROM detections FINAL
+WHERE $__timeFilter(ts) AND state = 'open' AND device != ''
+  AND port IS NOT NULL
+GROUP BY host, device, port
+ORDER BY jobs DESC, detections DESC, last_seen DESC LIMIT 20"""
     return (_base("stepwatch-network", "stepwatch / Network fabric", "network")
         .with_variable(_var("host", f"label_values(stepwatch_infiniband_port_up{{{C}}}, host)", "host"))
         .with_row(Row("Traffic"))
@@ -265,7 +276,8 @@ ORDER BY xmit_wait_ticks DESC LIMIT 20"""
                            (f"rate(stepwatch_roce_out_of_sequence_total{{{HOST}}}[{RATE}])", "OOS " + port),
                            (f"rate(stepwatch_roce_local_ack_timeout_err_total{{{HOST}}}[{RATE}])",
                             "ack timeout " + port)))
-        .with_panel(ch_table("Hot ports (ClickHouse)", "short", hot)))
+        .with_panel(ch_table("Hot ports (ClickHouse)", "short", hot))
+        .with_panel(ch_table("Port findings across jobs (ClickHouse)", "short", findings)))
 
 
 def pipeline() -> Dashboard:

@@ -24,6 +24,12 @@ a ``checkpoint_load`` and a ``restart`` event)::
     python examples/ddp_train.py --checkpoint-dir ckpt --steps 200
     python examples/ddp_train.py --resume ckpt --steps 200
 
+A job shaped like a real one: batches from a ``torch.utils.data.DataLoader``
+with worker processes, an evaluation pass every few steps (all ranks, outside
+any training step), checkpoints::
+
+    python examples/ddp_train.py --loader-workers 2 --eval-every 40 --checkpoint-dir ckpt
+
 The stepwatch part is five lines: ``stepwatch.init()``, ``instrument_ddp``, the
 step and its phases. Everything else is an ordinary DDP loop.
 """
@@ -86,6 +92,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rank 0 saves model, optimizer and step here every --checkpoint-every "
                         "steps (default: the --resume folder, if any)")
     p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument("--loader-workers", type=int, default=0,
+                   help="read batches through a DataLoader with this many worker processes")
+    p.add_argument("--eval-every", type=int, default=0,
+                   help="an evaluation pass (no gradients, all ranks) every N steps")
+    p.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation pass")
     p.add_argument("--resume", default="",
                    help="continue from the last checkpoint in this folder (from step 0 when "
                         "there is none yet)")
@@ -98,20 +109,42 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-class Batches:
-    """Synthetic regression batches; ``delay`` seconds of extra loading per batch."""
+class Batches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+    """Synthetic regression batches; ``delay`` seconds of extra loading per batch (set by
+    the data fault, applied in the training loop's data phase: a stalled reader)."""
 
     def __init__(self, batch: int, width: int, seed: int) -> None:
-        self.gen = torch.Generator().manual_seed(seed)
+        self.seed = seed
         self.batch, self.width = batch, width
         self.delay = 0.0
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        info = torch.utils.data.get_worker_info()
+        gen = torch.Generator().manual_seed(self.seed + (0 if info is None else 7919 * info.id))
         while True:
-            if self.delay > 0:
-                time.sleep(self.delay)  # a stalled reader: storage, decode, augmentation
-            x = torch.randn(self.batch, self.width, generator=self.gen)
+            x = torch.randn(self.batch, self.width, generator=gen)
             yield x, x.sum(dim=1, keepdim=True).tanh()
+
+
+def batches_of(data: Batches, workers: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The batches, read in ``workers`` DataLoader worker processes (in-process with 0)."""
+    if workers <= 0:
+        return iter(data)
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers,
+                                         prefetch_factor=2, persistent_workers=True)
+    return iter(loader)
+
+
+def evaluate(model: nn.Module, data: Iterator[tuple[torch.Tensor, torch.Tensor]],
+             batches: int, device: torch.device) -> float:
+    """An evaluation pass: forward only, the loss averaged over the ranks."""
+    total = torch.zeros(1, device=device)
+    with torch.no_grad():
+        for _ in range(batches):
+            x, y = (t.to(device) for t in next(data))
+            total += nn.functional.mse_loss(model(x), y)
+    dist.all_reduce(total)
+    return float(total) / (batches * dist.get_world_size())
 
 
 def make_model(width: int, layers: int) -> nn.Module:
@@ -235,13 +268,15 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
     slow = args.slow_rank == rank
     forward_times: list[float] = []
     competitors: list[subprocess.Popen[bytes]] = []
-    batches = iter(data)
+    batches = batches_of(data, args.loader_workers)
     try:
         for step in range(start, args.steps):
             if slow and step == max(args.slow_from, start):
                 competitors = start_fault(args, data, forward_times)
             with sw.step(samples=args.batch) as s:
                 with s.phase("data"):
+                    if data.delay > 0:
+                        time.sleep(data.delay)  # a stalled reader: storage, decode, augmentation
                     x, y = (t.to(device, non_blocking=True) for t in next(batches))
                 t0 = time.perf_counter()
                 with s.phase("forward"):
@@ -256,6 +291,8 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
                     opt.zero_grad(set_to_none=True)
                 s.loss = loss.detach()                  # read off the training thread
             done = step + 1
+            if args.eval_every and done % args.eval_every == 0 and done < args.steps:
+                evaluate(model, batches, args.eval_batches, device)  # between steps: a pause
             if (rank == 0 and args.checkpoint_dir and done % args.checkpoint_every == 0
                     and done < args.steps):
                 with sw.checkpoint("save", path=args.checkpoint_dir, step=done):

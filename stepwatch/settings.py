@@ -105,6 +105,8 @@ class Settings:
     clickhouse_user: str = "default"
     clickhouse_password: str = ""
     clickhouse_database: str = "stepwatch"
+    # a remote_servers cluster: tables ON CLUSTER, replicated, behind Distributed ones (docs/store.md)
+    clickhouse_cluster: str = ""
     store_path: str = "var/chdb"
     store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)
     store_detection_producers: str = ""  # comma-separated stream worker names; empty: any producer

@@ -52,11 +52,14 @@ def live_endpoint(settings: Settings) -> Endpoint | None:
 
 
 def open_server(settings: Settings, *, create_database: bool = True) -> Store:
+    """A server; on a cluster every query carries :data:`cluster.CLIENT_SETTINGS`."""
+    from stepwatch.exporters.clickhouse.cluster import CLIENT_SETTINGS
     from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore
 
     return ClickHouseConnectStore(
         settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password,
         settings.clickhouse_database, create_database=create_database,
+        settings=CLIENT_SETTINGS if settings.clickhouse_cluster else None,
     )
 
 

@@ -86,6 +86,7 @@ class ClickHouseConnectStore:
         database: str = "stepwatch",
         *,
         create_database: bool = True,
+        settings: Mapping[str, Any] | None = None,
     ):
         self.url = url
         self.database = database
@@ -94,6 +95,8 @@ class ClickHouseConnectStore:
         except ImportError as err:  # pragma: no cover - depends on the environment
             raise StoreError("the server store needs clickhouse-connect: pip install 'stepwatch[store]'") from err
         args = client_args(url, user, password)
+        if settings:
+            args["settings"] = dict(settings)  # sent with every query of this client
         try:
             self._client: Any = clickhouse_connect.get_client(**args)
         except Exception as err:

@@ -10,6 +10,11 @@ destroys data: :func:`check_non_destructive` refuses ``DROP TABLE``,
 ``{{raw_ttl_days}}`` in a file is filled from the settings; the checksum covers
 the file as written, so changing the retention later is not "an edited
 migration": :meth:`Migrator.ensure_ttl` adjusts the tables instead.
+
+On a cluster (``Settings.clickhouse_cluster``) the same files are applied in
+their cluster form (:mod:`stepwatch.exporters.clickhouse.cluster`): replicated
+local tables ``ON CLUSTER`` behind ``Distributed`` tables of the usual names.
+The ledger is one such table, so the checksums are the same in both forms.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from stepwatch.errors import StoreError
+from stepwatch.errors import ConfigError, StoreError
+from stepwatch.exporters.clickhouse.cluster import LOCAL_SUFFIX, Cluster, cluster_of
 from stepwatch.exporters.clickhouse.store import Store
 
 log = logging.getLogger(__name__)
@@ -63,8 +69,10 @@ class Migration:
         normal = " ".join(" ".join(c for c in code if c).split())
         return hashlib.sha256(normal.encode()).hexdigest()[:16]
 
-    def statements(self, variables: Mapping[str, object]) -> list[str]:
-        return split_statements(render(self.sql, variables))
+    def statements(self, variables: Mapping[str, object], cluster: Cluster | None = None) -> list[str]:
+        """The statements to run: as written, or their cluster form."""
+        single = split_statements(render(self.sql, variables))
+        return single if cluster is None else [c for s in single for c in cluster.statements(s)]
 
 
 @dataclass(frozen=True)
@@ -128,21 +136,43 @@ def check_non_destructive(statement: str, where: str = "") -> None:
 class Migrator:
     """Applies pending migrations to a store and reports their status."""
 
-    def __init__(self, store: Store, raw_ttl_days: int = 90, migrations: list[Migration] | None = None):
+    def __init__(self, store: Store, raw_ttl_days: int = 90, migrations: list[Migration] | None = None,
+                 cluster: str = ""):
         self.store = store
         self.raw_ttl_days = raw_ttl_days
         self.migrations = load_migrations() if migrations is None else migrations
+        self.cluster = cluster_of(cluster, store.database)
+        if self.cluster is not None and store.backend == "chdb":
+            raise ConfigError("setting clickhouse_cluster: the embedded store is one node; "
+                              "a cluster needs a server (clickhouse_url)")
         self.ttl_changed: list[str] = []  # tables whose raw TTL the last migrate() changed
+
+    def _ddl(self, statement: str) -> list[str]:
+        return [statement] if self.cluster is None else self.cluster.statements(statement)
+
+    def _ledger_exists(self) -> bool:
+        exists = self.store.query(
+            "SELECT count() FROM system.tables "
+            "WHERE database = currentDatabase() AND name = 'schema_migrations'")
+        return bool(exists.scalar())
+
+    def _create_ledger(self) -> None:
+        if self.cluster is None:
+            self.store.command(LEDGER_DDL)
+            return
+        # ON CLUSTER waits for every host: only when the ledger is missing, so
+        # a sink starting while a replica is down is not held up.
+        if self._ledger_exists():
+            return
+        self.store.command(self.cluster.create_database())
+        for statement in self._ddl(LEDGER_DDL.strip()):
+            self.store.command(statement)
 
     def _applied(self, create: bool = True) -> dict[int, str]:
         if create:
-            self.store.command(LEDGER_DDL)
-        else:
-            exists = self.store.query(
-                "SELECT count() FROM system.tables "
-                "WHERE database = currentDatabase() AND name = 'schema_migrations'")
-            if not exists.scalar():
-                return {}
+            self._create_ledger()
+        elif not self._ledger_exists():
+            return {}
         result = self.store.query("SELECT version, any(checksum) FROM schema_migrations GROUP BY version")
         return {int(v): str(c) for v, c in result.rows}
 
@@ -166,7 +196,7 @@ class Migrator:
                         migration.version, migration.name,
                     )
                 continue
-            for statement in migration.statements({"raw_ttl_days": self.raw_ttl_days}):
+            for statement in migration.statements({"raw_ttl_days": self.raw_ttl_days}, self.cluster):
                 self.store.command(statement)
             self.store.insert(
                 "schema_migrations",
@@ -184,10 +214,17 @@ class Migrator:
         )
         out: dict[str, int] = {}
         for name, engine in result.rows:
+            table = self._table_of(str(name))
             match = _TTL.search(str(engine))
-            if name in RAW_TTL_COLUMNS and match:
-                out[str(name)] = int(match.group(2))
+            if table in RAW_TTL_COLUMNS and match:
+                out[table] = int(match.group(2))
         return out
+
+    def _table_of(self, name: str) -> str:
+        """The table a stored name holds (on a cluster, the local table's rows)."""
+        if self.cluster is None:
+            return name
+        return name.removesuffix(LOCAL_SUFFIX) if name.endswith(LOCAL_SUFFIX) else ""
 
     def ensure_ttl(self) -> list[str]:
         """Make the raw tables' TTL match the setting; return the tables changed."""
@@ -196,9 +233,10 @@ class Migrator:
             if days == self.raw_ttl_days:
                 continue
             column = RAW_TTL_COLUMNS[table]
-            self.store.command(
+            for statement in self._ddl(
                 f"ALTER TABLE {table} MODIFY TTL toDateTime({column}) + INTERVAL {self.raw_ttl_days} DAY"
-            )
+            ):
+                self.store.command(statement)
             log.info("ttl changed table=%s days=%d previous=%d", table, self.raw_ttl_days, days)
             changed.append(table)
         return changed

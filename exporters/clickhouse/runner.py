@@ -47,7 +47,7 @@ def run_sink(
     service: Any = None
     http: Any = None
     try:
-        Migrator(store, settings.store_raw_ttl_days).migrate()
+        Migrator(store, settings.store_raw_ttl_days, cluster=settings.clickhouse_cluster).migrate()
         if store.backend == "chdb" and serve:
             service = serve_store(settings)
         if settings.sink_metrics_port or listen:

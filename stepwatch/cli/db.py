@@ -25,12 +25,16 @@ def add_store_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--clickhouse-user", help="server user (env STEPWATCH_CLICKHOUSE_USER); the "
                    "password comes from STEPWATCH_CLICKHOUSE_PASSWORD")
     g.add_argument("--database", dest="clickhouse_database", help="database name (default stepwatch)")
+    g.add_argument("--cluster", dest="clickhouse_cluster", metavar="NAME",
+                   help="a ClickHouse cluster (remote_servers name; env STEPWATCH_CLICKHOUSE_CLUSTER): "
+                   "migrations create replicated tables ON CLUSTER behind Distributed tables, "
+                   "and the sink writes through those (docs/store.md)")
     g.add_argument("--store-path", help="embedded store directory (default var/chdb; readers "
                    "fall back to the demo's var/demo/chdb when var/chdb does not exist)")
 
 
 def store_settings(args: argparse.Namespace, **more: Any) -> Settings:
-    names = ("clickhouse_url", "clickhouse_user", "clickhouse_database", "store_path")
+    names = ("clickhouse_url", "clickhouse_user", "clickhouse_database", "clickhouse_cluster", "store_path")
     return settings_from_args(args, **{n: getattr(args, n, None) for n in names}, **more)
 
 
@@ -89,7 +93,7 @@ def run_migrate(args: argparse.Namespace) -> int:
     settings = store_settings(args, store_raw_ttl_days=args.raw_ttl_days)
     store = open_writer(settings)
     try:
-        migrator = Migrator(store, settings.store_raw_ttl_days)
+        migrator = Migrator(store, settings.store_raw_ttl_days, cluster=settings.clickhouse_cluster)
         applied = migrator.migrate()
     finally:
         store.close()
@@ -113,6 +117,9 @@ def run_status(args: argparse.Namespace) -> int:
         print(f"store: {store.backend} {target} database={settings.clickhouse_database}")
         if owner is not None:
             print(f"owner: pid {owner.pid}, endpoint {owner.url}")
+        if settings.clickhouse_cluster:
+            print(f"cluster: {settings.clickhouse_cluster} (this node's tables; reads of the "
+                  "Distributed tables span every shard)")
         for status in Migrator(store).status():
             state = "applied" if status.applied else "PENDING"
             changed = "" if status.checksum_ok else " (file changed since applied)"
@@ -152,7 +159,7 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ConfigError("db serve is for the embedded store; a server serves itself")
     store = open_writer(settings)
     try:
-        Migrator(store, settings.store_raw_ttl_days).migrate()
+        Migrator(store, settings.store_raw_ttl_days, cluster=settings.clickhouse_cluster).migrate()
         service = serve_store(settings, port=args.port, allow_writes=args.allow_writes)
         print(f"serving {settings.store_path} at {service.url} (endpoint file "
               f"{service.endpoint_file}); Ctrl-C or SIGTERM stops", flush=True)

@@ -70,6 +70,9 @@ class DetectConfig:
     # k for the job's own history: global transients (a congestion burst of a few steps
     # next to a GC or evaluation pause) move it, while peer comparison cancels them
     slowdown_persist_steps: int = 6
+    # jobs of at most this many hosts also compare each host with its own history: a slow
+    # host that is half of the job has no majority of peers to stand out against
+    host_history_max_hosts: int = 8
     # --- lifecycle ----------------------------------------------------------------
     resolve_steps: int = 10  # m: condition clear for m steps resolves a detection
     update_min_seconds: float = 30.0  # at most one score update per detection per this

@@ -52,6 +52,7 @@ CONGESTION_COUNTERS = ("np_cnp_sent_total", "rp_cnp_handled_total",
 ORDER_SLACK_S = 30.0  # port samples arrive at most this much out of event-time order
 ERROR_COUNTERS = ("symbol_error_total", "link_downed_total", "link_error_recovery_total",
                   "rcv_errors_total", "local_link_integrity_errors_total")
+ERROR_NAMES = tuple(c.removesuffix("_total") for c in ERROR_COUNTERS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +212,50 @@ class HostWindow:
         rows = newest_first[(t0 <= t) & (t <= t1)]
         return rows[np.argsort(ts[rows], kind="stable")].tolist()
 
+    def _ends(self, t0: float, t1: float) -> tuple[int, int, int] | None:
+        """The rows of the first and the last port sample in [t0, t1] and how many there
+        are, read from the newest back (see :meth:`_ports_in`; of samples of equal time,
+        the newest to arrive)."""
+        newest_first = self.port.order()[::-1]
+        t = self.port.ts[newest_first]
+        old = np.flatnonzero(t < t0 - ORDER_SLACK_S)
+        if len(old):
+            newest_first, t = newest_first[:old[0]], t[:old[0]]
+        inside = (t0 <= t) & (t <= t1)
+        rows, t = newest_first[inside], t[inside]
+        if not len(rows):
+            return None
+        return int(rows[np.argmin(t)]), int(rows[np.argmax(t)]), len(rows)
+
+    def _ends_signals(self, t0: float, t1: float) -> list[PortSignals]:
+        """:meth:`port_signals` from the window's first and last samples alone."""
+        ends = self._ends(t0, t1)
+        if ends is None:
+            return []
+        first, last, n = ends
+        ts, ints = self.port.ts, self.port.ints
+        span = float(ts[last] - ts[first])
+        downs = {(e.device, e.port) for e in self.events_in(t0, t1, EventType.LINK_STATE)
+                 if "down" in (e.detail or "").lower()}
+        before = {i[0]: i for i in ints[first].tolist() if i[0] != ABSENT}
+        after = {i[0]: i for i in ints[last].tolist() if i[0] != ABSENT}
+        out = []
+        for (device, port), kid in sorted((self._key_names_of(k), k)
+                                          for k in before.keys() | after.keys()):
+            p = after.get(kid) or before[kid]
+            q = before.get(kid, p)
+            rise = _rises(_counters(q), _counters(p))
+            cnp = rise[0] + rise[1] + rise[2]
+            errors = {ERROR_NAMES[i]: v for i, v in enumerate(rise[4:]) if v}
+            out.append(PortSignals(
+                device=device, port=port, samples=n,
+                cnp_per_s=cnp / span if span > 0 else 0.0,
+                xmit_wait_per_s=rise[3] / span if span > 0 else 0.0,
+                errors=errors,
+                down=bool(q[1] or p[1]) or (device, port) in downs or (device, None) in downs,
+            ))
+        return out
+
     def rise_start(self, device: str, port: int, t0: float, t1: float, level: float) -> float:
         """Start of the trailing run of sample intervals in [t0, t1] in which the port's
         congestion rate (ECN/CNP + xmit_wait, whichever ``level`` is in) stayed at or above
@@ -238,12 +283,12 @@ class HostWindow:
         samples alone, a link counted down from their states, link-down events and
         ``link_downed``; a counter reset inside the window then costs the window.
         """
+        if ends_only:
+            return self._ends_signals(t0, t1)
         rows = self._ports_in(t0, t1)
         if not rows:
             return []
         n = len(rows)
-        if ends_only and n > 2:
-            rows = [rows[0], rows[-1]]
         series: dict[int, list[list[int]]] = {}
         for irow in self.port.ints[rows].tolist():
             for i in irow:
@@ -292,6 +337,12 @@ _CONG = [_COL[c] for c in CONGESTION_COUNTERS]
 _WAIT = _COL["xmit_wait_total"]
 _RISE = [_WAIT, *_CONG]  # xmit_wait + ECN/CNP: the congestion level of rise_start
 _ERRORS = [(c, _COL[c]) for c in ERROR_COUNTERS]
+_COUNTERS = slice(_COL[CONGESTION_COUNTERS[0]], None)  # congestion, xmit_wait, errors
+
+
+def _counters(row: list[int]) -> tuple[int | None, ...]:
+    """A port row's counters in PORT_COUNTERS order (congestion, xmit_wait, errors)."""
+    return tuple(None if v == ABSENT else v for v in row[_COUNTERS])
 _CLOCK, _POWER, _TEMP, _UTIL = range(len(GPU_FLOATS))
 _THROTTLE, _DBE, _REMAP = 1, 2, 3  # GPU_INTS after the index
 
@@ -318,6 +369,20 @@ class _GpuSeries:
                 out.append(value)
         self.dbe.append(None if i[_DBE] == ABSENT else i[_DBE])
         self.remap.append(None if i[_REMAP] == ABSENT else i[_REMAP])
+
+def _rises(a: tuple[int | None, ...], b: tuple[int | None, ...]) -> list[int]:
+    """Increase of each counter from reading ``a`` to reading ``b`` (as :func:`_rise` for
+    two readings: a reset or a 32-bit wrap is read as such, never as a negative)."""
+    out = []
+    for x, y in zip(a, b, strict=True):
+        if x is None or y is None:
+            out.append(0)
+        elif y >= x:
+            out.append(y - x)
+        else:
+            out.append(delta(x, y, WRAP_32 if y < x < WRAP_32 else None) or 0)
+    return out
+
 
 
 def _gpu_signals(s: _GpuSeries, events: list[EventMessage]) -> GpuSignals:

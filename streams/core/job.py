@@ -14,6 +14,7 @@ from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, Rewind, StepA
 from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hang import check_hang
+from stepwatch.streams.core.hosthistory import HostHistory
 from stepwatch.streams.core.incidents import Incidents
 from stepwatch.streams.core.kinds import Cause, DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
@@ -41,6 +42,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.ranks = RankTable(world_size)
         self.straggler = StragglerTracker(world_size, cfg)
         self.slowdown = SlowdownTracker(cfg)
+        self.host_history = HostHistory(cfg)
         self.throughput = Throughput(cfg.throughput_steps)
         self.book = DetectionBook(job_id, cfg)
         self.missing_run = np.zeros(world_size, dtype=np.int32)  # consecutive closed steps absent
@@ -141,9 +143,11 @@ class Job(Incidents, Stragglers, NetworkWatch):
             return out
         groups = self.ranks.groups()
         self.straggler.update(cs, groups)
-        self.slowdown.update(cs, groups, self.straggler.steps.last(1)[0][BUSY],
-                             self.ranks.host_index())
+        busy, hosts = self.straggler.steps.last(1)[0][BUSY], self.ranks.host_index()
+        self.slowdown.update(cs, groups, busy, hosts)
+        self.host_history.update(cs, busy, hosts, groups)
         out.extend(self._stragglers(cs))
+        out.extend(self._half_host(cs))
         out.extend(self._network(self.causes.windows, cs.end_max, cs.step))
         out.extend(self._job_slowdown(cs))
         return out
@@ -280,6 +284,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._warmup = self.cfg.restart_warmup_steps
         self.straggler.reset()
         self.slowdown.on_restart()
+        self.host_history.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
         self.newest_step = self.assembler.last_closed + 1
         return out
@@ -307,6 +312,10 @@ class Job(Incidents, Stragglers, NetworkWatch):
         return out
 
     # ------------------------------------------------------------------ helpers
+    def slowdown_step_s(self) -> float | None:
+        """The job's typical step time (its baseline, else the recent median)."""
+        return self.slowdown.cadence
+
     def _onset_span(self) -> float | None:
         """Seconds covered by the persistence window: where a fresh detection's symptoms are."""
         cadence = self.slowdown.cadence

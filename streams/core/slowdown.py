@@ -45,9 +45,10 @@ from stepwatch.streams.core.causes import CpuUse, waiting_share
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import change_point, colmed, mad_sigma, med, nanmed, nmin
+from stepwatch.streams.core.stats import colmed, mad_sigma, med, nanmed, nmin
 
 REBASE_STEPS = 4
+ONSET_TRAIL_WINDOWS = 4  # the onset is looked for over this many windows of ratios
 COMPONENTS = ("step", "busy", "data", "compute", "transfer", "collective", "other")
 
 
@@ -71,6 +72,9 @@ class SlowdownTracker:
         self.history = Ring(cfg.baseline_steps, len(COMPONENTS))
         self.recent = Ring(cfg.window_steps, len(COMPONENTS))
         self.ratios = Ring(cfg.window_steps, 1)
+        # a longer trail of ratios for the onset: a slowdown near the threshold can take more
+        # than one window to qualify, and its change point lies before that window
+        self.trail = Ring(ONSET_TRAIL_WINDOWS * cfg.window_steps, 1)
         self.flags = Ring(cfg.window_steps, 1, fill=0)
         self.group_history: Ring | None = None
         self.group_recent: Ring | None = None
@@ -89,7 +93,8 @@ class SlowdownTracker:
     def on_restart(self) -> None:
         """A restart from a checkpoint: the recent window and its flags belong to the old run
         (the baseline, the job's own history, is kept)."""
-        for ring in (self.recent, self.ratios, self.flags, self.group_recent, self.cpu_recent):
+        for ring in (self.recent, self.ratios, self.trail, self.flags, self.group_recent,
+                     self.cpu_recent):
             if ring is not None:
                 ring.clear()
 
@@ -126,6 +131,7 @@ class SlowdownTracker:
                 ratio = float(worst)
         flagged = bool(ratio > self.threshold)
         self.ratios.push(ratio)
+        self.trail.push(ratio)
         self.flags.push(1.0 if flagged else 0.0)
         if not flagged and not np.isnan(comps[0]):
             self.history.push(comps)
@@ -168,10 +174,13 @@ class SlowdownTracker:
         return self._verdict(groups, self.threshold * self.cfg.straggler_clear_ratio)
 
     def onset_back(self) -> int:
-        """How many steps before the last one the slowdown began (a change point over the
-        window's ratios to the baseline)."""
-        ratios = self.ratios.last(self.ratios.count)[:, 0]
-        return len(ratios) - 1 - change_point(ratios) if len(ratios) else 0
+        """How many steps before the last one the slowdown began: the start of the trailing
+        run of steps whose ratio to the baseline is above half the threshold (one step
+        below it does not end the run), over the last few windows."""
+        ratios = self.trail.last(self.trail.count)[:, 0]
+        if not len(ratios):
+            return 0
+        return trailing_run(ratios, self.threshold / 2)
 
     def impact(self) -> dict[str, float | None]:
         """The job's change against its baseline now, however small: ``ratio`` (median over
@@ -287,3 +296,17 @@ def _group_medians(cs: ClosedStep, busy: np.ndarray, groups: GroupIndex) -> np.n
         nobwd = busy - np.where(np.isnan(cs.m[BWD]), 0.0, cs.m[BWD])
         return np.array([med(nobwd[idx]) + nmin(cs.m[BWD][idx]) for idx in groups.members])
     return np.array([med(busy[idx]) for idx in groups.members])
+
+
+def trailing_run(x: np.ndarray, level: float, gap: int = 1) -> int:
+    """Steps before the last one that the trailing run of values above ``level`` began;
+    up to ``gap`` consecutive values at or below it (or NaN) do not end the run."""
+    start, below = len(x) - 1, 0
+    for i in range(len(x) - 1, -1, -1):
+        if x[i] > level:
+            start, below = i, 0
+        else:
+            below += 1
+            if below > gap:
+                break
+    return len(x) - 1 - start

@@ -424,9 +424,11 @@ class StragglerTracker:
                 out[DIM_NAMES[d]] = round(float(s), 4)
         return out
 
-    def evidence(self, rank: int, members: np.ndarray, since: int | None = None) -> Evidence:
+    def evidence(self, rank: int, members: np.ndarray, since: int | None = None,
+                 peers_of: np.ndarray | None = None) -> Evidence:
         """The numbers behind a rank's score: its medians against its group's, in seconds,
-        over the window's steps from ``since`` on (the estimated onset; at least 3 steps)."""
+        over the window's steps from ``since`` on (the estimated onset; at least 3 steps);
+        ``peers_of``: the ranks to compare with (default: the group's calm ranks)."""
         longer = self.longer_phases(rank)
         out: Evidence = {
             "basis": self.basis,
@@ -443,6 +445,8 @@ class StragglerTracker:
         # peers: the group without the ranks flagged in the window (half a group may be slow)
         calm = members[self.count[members] == 0]
         peers_idx = calm if len(calm) >= self.cfg.min_group_size else members
+        if peers_of is not None and len(peers_of):
+            peers_idx = peers_of
         sel = window[:, _EVIDENCE_ROWS]  # (steps, rows, ranks)
         own = nanmed(sel[:, :, rank], 0)
         peers = nanmed(nanmed(sel[:, :, peers_idx], -1), 0)  # median over steps of step medians

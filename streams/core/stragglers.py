@@ -16,6 +16,8 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
+
 from stepwatch.contract import DetectionMessage
 from stepwatch.streams.core.assembly import ClosedStep
 from stepwatch.streams.core.causes import (
@@ -26,6 +28,7 @@ from stepwatch.streams.core.causes import (
     extra_wait,
 )
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hosthistory import HostHistory, SlowHost
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
@@ -41,6 +44,7 @@ class Stragglers:
     """Mixin of :class:`stepwatch.streams.core.job.Job` (uses its tracker, book and ranks)."""
 
     straggler: StragglerTracker
+    host_history: HostHistory
     book: DetectionBook
     ranks: RankTable
     causes: CauseFinder
@@ -52,6 +56,7 @@ class Stragglers:
 
     _attribution: Callable[[Key, float, Callable[[], Attribution]], Attribution]
     _onset_span: Callable[[], float | None]
+    slowdown_step_s: Callable[[], float | None]
 
     def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
         out: list[DetectionMessage] = []
@@ -153,11 +158,33 @@ class Stragglers:
         host = key[2].removeprefix("host:")
         slow = [r for r in self.ranks.ranks_on(host)
                 if r in candidates or self.straggler.still_slow(r)[0]]
-        if not slow:
+        own = None if slow else self.host_history.still_slow(host)
+        if not slow and own is None:
             return self.book.clear(key, cs.end_max, cs.step)
         if self.book.hold(key, cs.end_max):
+            if own is not None:  # its evidence holds: slower than its own history
+                return self._observe(self._host_finding(host, self.ranks.ranks_on(host), cs, own))
             return self._observe(self._host_finding(host, slow, cs))
         return []
+
+    def _half_host(self, cs: ClosedStep) -> list[DetectionMessage]:
+        """A host that is half of its job (no majority of peers to stand out against),
+        slower than its own history while the other hosts are not: one host incident."""
+        step_s = self.slowdown_step_s()
+        found = self.host_history.slow_host(step_s) if step_s else None
+        if found is None:
+            return []
+        key: Key = (T.STRAGGLER, None, f"host:{found.host}")
+        if key in self.book.open or self._explained_elsewhere(found.host):
+            return []
+        if not self.book.hold(key, cs.end_max):
+            return []
+        ranks = self.ranks.ranks_on(found.host)
+        f = self._host_finding(found.host, ranks, cs, found)
+        earlier = [self.book.id_of(k) for k in self.book.keys(T.STRAGGLER)
+                   if k[1] is not None and self.ranks.host[k[1]] == found.host]
+        f.related = earlier[0] if earlier else ""
+        return self._observe(f)
 
     def _observe(self, f: Finding) -> list[DetectionMessage]:
         """Open or update; a new straggler that an open job slowdown already explains (same
@@ -184,6 +211,24 @@ class Stragglers:
             return None, self._onset_span()
         return est[0], max(cs.end_max - est[1], MIN_CAUSE_SPAN_S)
 
+    def _explained_elsewhere(self, host: str) -> bool:
+        """A straggler incident or suspect on another host: the job waits for that one."""
+        for key in self.book.keys(T.STRAGGLER):
+            where = self.ranks.host[key[1]] if key[1] is not None else key[2].removeprefix(
+                "host:")
+            if where != host:
+                return True
+        return any(self.ranks.host[r] != host for r in self.suspects)
+
+    def _own_onset(self, key: Key, own: SlowHost, cs: ClosedStep) -> tuple[int | None,
+                                                                             float | None]:
+        """(first step, seconds since) of a host found against its own history: the change
+        point of its ratios to its baseline."""
+        if key in self.book.open:
+            return None, self._onset_span()
+        cadence = self.slowdown_step_s() or 0.0
+        return cs.step - own.onset_back, max((own.onset_back + 1) * cadence, MIN_CAUSE_SPAN_S)
+
     def _straggler_finding(self, rank: int, score: float, cs: ClosedStep) -> Finding:
         groups = self.ranks.groups()
         members = groups.members[int(groups.of_rank[rank])]
@@ -202,25 +247,44 @@ class Stragglers:
         return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, rank, gpu, group,
                        host, ev, onset_step=onset)
 
-    def _host_finding(self, host: str, slow: list[int], cs: ClosedStep) -> Finding:
+    def _host_finding(self, host: str, slow: list[int], cs: ClosedStep,
+                      own: SlowHost | None = None) -> Finding:
         groups = self.ranks.groups()
         scores = {r: self.straggler.score(r) for r in slow}
         lead = max(slow, key=lambda r: scores[r])
         key: Key = (T.STRAGGLER, None, f"host:{host}")
-        onset, span = self._onset(key, slow, cs)
-        ev = self.straggler.evidence(lead, groups.members[int(groups.of_rank[lead])], onset)
-        found = shares(ev, self.straggler.longer_phases(lead))
+        members = groups.members[int(groups.of_rank[lead])]
+        peers = None
+        if own is None:
+            onset, span = self._onset(key, slow, cs)
+        else:  # its own history: the peers are the ranks off the host
+            onset, span = self._own_onset(key, own, cs)
+            peers = np.array([r for r in members.tolist() if r not in set(slow)], dtype=np.intp)
+        ev = self.straggler.evidence(lead, members, onset, peers)
+        # against its own history, what grew against that history (the group median moved)
+        found = shares(ev, self.straggler.longer_phases(lead)) if own is None else own.shares
         gpus = [g for g in (self.ranks.gpu[r] for r in slow) if g is not None]
         attr = self._attribution(key, cs.end_max, lambda: self.causes.for_host(
             host, gpus, self.hosts, cs.end_max, found, span))
         score = sorted(scores.values())[len(scores) // 2]
         on_host = len(self.ranks.ranks_on(host))
-        summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
-                   f"{score:.1%} more {_what(ev)} than their peers), one host-level "
-                   f"incident: {attr.reason}")
+        if own is None:
+            summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
+                       f"{score:.1%} more {_what(ev)} than their peers), one host-level "
+                       f"incident: {attr.reason}")
+        else:
+            score = own.score
+            summary = (f"host {host}: its ranks' busy time is {own.score:.1%} above their own "
+                       f"baseline ({own.current_s:.3f} s vs {own.baseline_s:.3f} s per step) "
+                       f"while the job's other hosts' is not (the host is too large a part of "
+                       f"the job for its peers' median): {attr.reason}")
         groups_of = {self.ranks.group[r] for r in slow}
         hev: Evidence = {**ev, "scope": "host", "lead_rank": lead, "ranks_on_host": on_host,
                          "affected_ranks": ",".join(map(str, slow))}
+        if own is not None:
+            hev.update(basis_history="own", own_baseline_s=round(own.baseline_s, 6),
+                       own_current_s=round(own.current_s, 6),
+                       own_threshold=round(own.threshold, 4))
         return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, None, None,
                        groups_of.pop() if len(groups_of) == 1 else "", host, hev,
                        where=f"host:{host}", ranks=tuple(slow), onset_step=onset)

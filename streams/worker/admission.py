@@ -41,6 +41,7 @@ import msgspec
 from stepwatch.contract import EventMessage, EventType, Message, StepMessage, StepRecord
 
 LIFECYCLE = frozenset({EventType.JOB_END})
+_NO_LIMIT = float("inf")
 
 
 class Reason(enum.StrEnum):
@@ -76,6 +77,13 @@ class Admission:
     rewound: list[str] = field(default_factory=list)
 
 
+def _unless_plain(admission: Admission) -> Admission | None:
+    """None for an admission that passes its message as it is (see :meth:`Gate.check`)."""
+    if admission.refusals or admission.rewound or admission.message is None:
+        return admission
+    return None
+
+
 class _Job:
     """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``: this run's."""
 
@@ -101,6 +109,9 @@ class Gate:
     def __init__(self, config: AdmissionConfig | None = None) -> None:
         self.cfg = config or AdmissionConfig()
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        # the clock bounds as plain numbers (<= 0: no check) for :meth:`check`
+        self._future = self.cfg.future_seconds if self.cfg.future_seconds > 0 else _NO_LIMIT
+        self._max_age = self.cfg.max_age_seconds if self.cfg.max_age_seconds > 0 else _NO_LIMIT
 
     def admit(self, message: Message, now: float) -> Admission:
         refusal = self._clock(message, now)
@@ -111,6 +122,71 @@ class Gate:
         if isinstance(message, EventMessage) and message.type in LIFECYCLE:
             return self._lifecycle(message)
         return Admission(message)
+
+    def check(self, message: Message, now: float) -> Admission | None:
+        """:meth:`admit` for the worker's hot path: None when the message passes as it is.
+
+        The same decisions and the same state changes as :meth:`admit`, without
+        an :class:`Admission` (two lists) per message: one is built only when a
+        record is refused or a job restarted. The common case, a step message of
+        one job whose records all pass, looks the job up once per run of
+        records and keeps no list.
+        """
+        if isinstance(message, StepMessage):
+            return self._check_steps(message, now)
+        if isinstance(message, EventMessage) and message.type in LIFECYCLE:
+            return _unless_plain(self.admit(message, now))
+        ts = message.ts
+        if ts > now + self._future or ts < now - self._max_age:
+            return self.admit(message, now)  # refused: the precise reason
+        return None
+
+    def _check_steps(self, message: StepMessage, now: float) -> Admission | None:
+        steps = message.steps
+        newest = oldest = message.ts
+        for r in steps:  # _clock's extremes: plain comparisons, no max()/min() calls
+            if r.end > newest:
+                newest = r.end
+            if r.start < oldest:
+                oldest = r.start
+        cfg = self.cfg
+        if newest > now + self._future or oldest < now - self._max_age or cfg.max_jobs < 1:
+            # refused whole by the clock (no state touched); or no job is kept from one
+            # record to the next, which the one look-up per run below assumes
+            return _unless_plain(self.admit(message, now))
+        max_world = cfg.max_world_size if cfg.max_world_size > 0 else _NO_LIMIT
+        host = message.host
+        out: Admission | None = None
+        kept: list[StepRecord] | None = None
+        job_id: str | None = None
+        job: _Job | None = None
+        for i, rec in enumerate(steps):
+            refusal: Refusal | None = None
+            if rec.world_size > max_world:
+                refusal = self._step(rec, host, out or Admission(message))  # the precise refusal
+            else:
+                if rec.job_id != job_id or job is None:
+                    job_id, job = rec.job_id, self._job(rec)
+                step = rec.step
+                if (rec.world_size != job.world or step > job.peak or step != job.ceiling
+                        or (host and host not in job.hosts)):
+                    if out is None:
+                        out = Admission(message)
+                    refusal = self._judge(job, rec, host, out)
+            if refusal is None:
+                if kept is not None:
+                    kept.append(rec)
+                continue
+            if out is None:
+                out = Admission(message)
+            out.refusals.append(refusal)
+            if kept is None:
+                kept = list(steps[:i])
+        if out is None:
+            return None
+        if kept is not None:
+            out.message = msgspec.structs.replace(message, steps=kept) if kept else None
+        return _unless_plain(out)
 
     def _clock(self, message: Message, now: float) -> Refusal | None:
         cfg = self.cfg
@@ -147,7 +223,10 @@ class Gate:
         if 0 < self.cfg.max_world_size < rec.world_size:
             return Refusal(Reason.WORLD_SIZE, f"job {rec.job_id} rank {rec.rank}: world_size "
                            f"{rec.world_size} is over {self.cfg.max_world_size}")
-        job = self._job(rec)
+        return self._judge(self._job(rec), rec, host, out)
+
+    def _judge(self, job: _Job, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
+        """One record against its job (looked up by the caller): refusal, or the job moved on."""
         if rec.world_size != job.world:
             if job.hosts and host not in job.hosts:
                 return Refusal(Reason.FOREIGN_LIFECYCLE, (

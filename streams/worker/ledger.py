@@ -161,6 +161,11 @@ class PartitionLedger:
             self._store.put(key, _encoder.encode(LedgerEntry(self.partition, det)), self.partition)
 
     # ------------------------------------------------------------------ inherited entries
+    @property
+    def watching(self) -> bool:
+        """Whether :meth:`observe` has anything to watch (inherited entries of a job)."""
+        return bool(self._progress)
+
     def observe(self, message: Message, now: float) -> list[DetectionMessage]:
         """Watch the jobs of inherited detections; resolve the unconfirmed ones."""
         if not self._progress:

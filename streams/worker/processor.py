@@ -32,7 +32,6 @@ from stepwatch.contract import (
     EventType,
     GpuMessage,
     Kind,
-    Message,
     PortMessage,
     StepMessage,
     Topics,
@@ -111,11 +110,6 @@ _RECORDS: dict[type, str] = {StepMessage: "steps", GpuMessage: "gpus", PortMessa
 _CLASS_OF_KIND: dict[str, type] = {kind.value: cls for cls, kind in KIND_OF.items()}
 
 
-def _records_in(message: Message) -> int:
-    attr = _RECORDS.get(type(message))
-    return 1 if attr is None else len(getattr(message, attr))
-
-
 class StreamProcessor:
     """Decode, validate, deduplicate, detect; one core per partition."""
 
@@ -175,7 +169,14 @@ class StreamProcessor:
 
     # ------------------------------------------------------------------ the hot path
     def process_batch(self, records: Sequence[RawRecord]) -> list[Output]:
-        """Process a batch of Kafka records in order; return what to produce."""
+        """Process a batch of Kafka records in order; return what to produce.
+
+        Per record, in this order: decode (a bad record becomes a dead letter),
+        the topic's kind, admission (:meth:`Gate.check`), duplicates, the core
+        and the ledger. The loop keeps to plain local look-ups: no object per
+        record beyond the decoded message unless something is refused, dropped
+        or found.
+        """
         started = time.perf_counter()
         out: list[Output] = []
         tally: dict[tuple[str, str], int] = {}
@@ -198,23 +199,38 @@ class StreamProcessor:
             except ContractError as err:
                 out.append(self._dead(rec, DlqReason.of(err), err.detail, tally))
                 continue
-            if type(message) is not class_of_kind.get(kind):
-                detail = f"a {KIND_OF[type(message)].value} message on the {kind} topic"
+            cls = type(message)
+            if cls is not class_of_kind.get(kind):
+                detail = f"a {KIND_OF[cls].value} message on the {kind} topic"
                 out.append(self._dead(rec, DlqReason.WRONG_TOPIC, detail, tally))
                 continue
             st = states.get(partition) or self.state(partition)
-            gated = st.gate.admit(message, now)
-            if gated.refusals or gated.rewound:
-                out.extend(self._gated(st, rec, gated, tally))
-            if gated.message is None:
-                continue
-            admitted = st.dedup.admit(gated.message)
+            gated = st.gate.check(message, now)
+            if gated is not None:
+                if gated.refusals or gated.rewound:
+                    out.extend(self._gated(st, rec, gated, tally))
+                if gated.message is None:
+                    continue
+                message = gated.message
+            admitted = st.dedup.admit(message)
             if admitted is None:
                 continue
-            events[kind] = events.get(kind, 0) + _records_in(admitted)
-            found = self._feed(st, rec, admitted, tally)
+            attr = _RECORDS.get(cls)
+            events[kind] = events.get(kind, 0) + (1 if attr is None else
+                                                  len(getattr(admitted, attr)))
+            if admitted.ts > st.last_event_ts:
+                st.last_event_ts = admitted.ts
+            try:
+                found = st.engine.process(admitted)
+                if st.ledger.watching:
+                    found.extend(st.ledger.observe(admitted, admitted.ts))
+            except Exception as err:  # the core must never stop the worker
+                out.append(self._failed(rec, err, tally))
+                continue
+            if cls is EventMessage:
+                self._after_event(st, admitted)  # type: ignore[arg-type]
             if found:
-                out.extend(found)
+                out.extend([self._publish(st, det) for det in found])
         for kind, n in messages.items():
             tally[("messages", kind)] = n
         for kind, n in events.items():
@@ -223,24 +239,18 @@ class StreamProcessor:
         self.metrics.batch.observe(time.perf_counter() - started)
         return out
 
-    def _feed(self, st: PartitionState, rec: RawRecord, message: Message,
-              tally: dict[tuple[str, str], int]) -> list[Output]:
-        if message.ts > st.last_event_ts:
-            st.last_event_ts = message.ts
-        try:
-            found = st.engine.process(message)
-            found.extend(st.ledger.observe(message, message.ts))
-        except Exception as err:  # the core must never stop the worker
-            self.metrics.errors.labels("process").inc()
-            self._log_once(f"process:{type(err).__name__}", "detection core failed "
-                           "partition=%d offset=%d error=%r", rec.partition, rec.offset, err,
-                           level=logging.ERROR)
-            return [self._dead(rec, DlqReason.PROCESSING_ERROR, repr(err), tally)]
-        if isinstance(message, EventMessage) and message.type == EventType.JOB_END and (
-            message.job_id
-        ):
+    def _failed(self, rec: RawRecord, err: Exception,
+                tally: dict[tuple[str, str], int]) -> Output:
+        self.metrics.errors.labels("process").inc()
+        self._log_once(f"process:{type(err).__name__}", "detection core failed "
+                       "partition=%d offset=%d error=%r", rec.partition, rec.offset, err,
+                       level=logging.ERROR)
+        return self._dead(rec, DlqReason.PROCESSING_ERROR, repr(err), tally)
+
+    @staticmethod
+    def _after_event(st: PartitionState, message: EventMessage) -> None:
+        if message.type == EventType.JOB_END and message.job_id:
             st.dedup.forget_job(message.job_id)
-        return [self._publish(st, det) for det in found] if found else []
 
     def _gated(self, st: PartitionState, rec: RawRecord, gated: Admission,
                tally: dict[tuple[str, str], int]) -> list[Output]:

@@ -14,6 +14,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +28,15 @@ from stepwatch.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp_train.py"
 HOSTS = ("host-0", "host-1")
+# a busy machine: bursts of CPU work of random length with idle gaps, on no core in particular
+BURSTY_LOOP = """import random, sys, time
+rng = random.Random(int(sys.argv[1]))
+while True:
+    until = time.monotonic() + rng.uniform(0.2, 2.5)
+    while time.monotonic() < until:
+        sum(range(10000))
+    time.sleep(rng.uniform(0.2, 2.5))
+"""
 RANKS_OF = {"host-0": (0, 1), "host-1": (2, 3)}
 
 
@@ -151,3 +162,15 @@ def phase_means(msgs: list[StepMessage], lo: int, hi: int) -> dict[int, dict[str
             for name in ("data", "forward", "backward", "comm_wait", "optimizer"):
                 row.setdefault(name, []).append(getattr(r.phases, name) or 0.0)
     return {rank: {k: sorted(v)[len(v) // 2] for k, v in row.items()} for rank, row in per.items()}
+
+
+@contextmanager
+def background_load(count: int) -> Iterator[None]:
+    """``count`` unpinned processes with bursts of CPU work: the machine's other users."""
+    procs = [subprocess.Popen([sys.executable, "-c", BURSTY_LOOP, str(i)]) for i in range(count)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(5)

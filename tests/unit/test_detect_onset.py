@@ -3,6 +3,7 @@ step is kept in evidence.open_step) and a changed cause is published at once."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from detect_synth import Job, drive, opened
 from test_detect_phases import ddp_job
@@ -60,3 +61,13 @@ def test_a_new_cause_is_published_at_once_a_new_score_is_rate_limited() -> None:
     assert book.hold(key, 100.0 + refresh) is True  # young: re-decided every refresh
     assert book.hold(key, 101.0 + refresh) is False
     assert book.hold(key, 100.5 + 2 * refresh) is True
+
+
+def test_a_job_slowdowns_onset_is_the_start_of_its_trailing_run() -> None:
+    from stepwatch.streams.core.slowdown import trailing_run
+
+    x = np.array([0.0, 0.01, 0.2, 0.0, -0.01, 0.12, 0.11, 0.0, 0.14, 0.13, 0.15])
+    assert trailing_run(x, 0.05) == 5  # one step below does not end it; two do
+    assert trailing_run(x, 0.05, gap=0) == 2
+    assert trailing_run(np.array([0.2, 0.2]), 0.05) == 1
+    assert trailing_run(np.array([0.0, np.nan, 0.0]), 0.05) == 0

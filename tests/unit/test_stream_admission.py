@@ -142,3 +142,48 @@ def test_bounds_that_must_be_positive_are_checked() -> None:
                  "STEPWATCH_STORE_ENDPOINT_MAX_CONCURRENT_QUERIES"):
         with pytest.raises(ConfigError, match="must be >= 1"):
             Settings.load(env={name: "0"})
+
+
+def _state(gate: Gate) -> list[tuple]:
+    return [(job_id, j.first_step, j.first_end, j.peak, j.peak_end, j.ceiling, j.ceiling_end,
+             sorted(j.hosts), j.world) for job_id, j in gate._jobs.items()]
+
+
+@pytest.mark.parametrize("max_jobs", [0, 2, 4096])
+def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
+    """The worker's hot path (Gate.check) against the reference (Gate.admit), message by message."""
+    import random
+
+    rng = random.Random(3)
+    cfg = AdmissionConfig(step_jump_min=50, step_jump_factor=2.0, max_jobs=max_jobs,
+                          max_world_size=8, future_seconds=120, max_age_seconds=3600)
+    ref, fast = Gate(cfg), Gate(cfg)
+    step = {"a": 0, "b": 0, "c": 0}
+    for i in range(3000):
+        job = rng.choice("abc")
+        step[job] += rng.choice([0, 1, 1, 1, 2])
+        base = step[job]
+        recs = []
+        for k in range(rng.randint(1, 6)):
+            r = rng.random()
+            s = base + (10_000 if r < 0.02 else -30 if r < 0.05 else 0)  # jump, back
+            j = job if rng.random() > 0.1 else rng.choice("abc")
+            start = T0 + base + (0.95 if r < 0.05 else 0) + (5_000 if r > 0.995 else 0)
+            world = 4 if rng.random() < 0.97 else rng.choice([9, 6])
+            recs.append(StepRecord(job_id=j, rank=k % world, world_size=world,
+                                   step=max(s, 0), start=start, end=start + 0.9))
+        host = rng.choice(["h1", "h1", "h2", ""])
+        m = StepMessage(host=host, ts=T0 + base + 1, job_id=job, steps=recs)
+        if rng.random() < 0.05:
+            m = EventMessage(host=host, ts=T0 + base, type=EventType.JOB_END, job_id=job)
+        elif rng.random() < 0.05:
+            m = GpuMessage(host=host, ts=T0 + base + rng.choice([0, 200, -5000]))
+        now = T0 + base + 60
+        want = ref.admit(m, now)
+        got = fast.check(m, now)
+        if got is None:
+            assert not want.refusals and not want.rewound and want.message is m, i
+        else:
+            assert (got.message, got.refusals, got.rewound) == (
+                want.message, want.refusals, want.rewound), i
+        assert _state(fast) == _state(ref), i
