@@ -88,6 +88,7 @@ class SlowdownTracker:
         self.cadence: float | None = None  # median step duration (for hang limits)
         self._stale = 0  # history rows added since the baseline was computed
         self._host_names: tuple[str, ...] = ()
+        self._host_index: np.ndarray | None = None  # (hosts, ranks) when hosts are equal
         self.group_base: np.ndarray | None = None  # baseline median busy time per group
 
     def on_restart(self) -> None:
@@ -112,11 +113,13 @@ class SlowdownTracker:
         if hosts.version != self._hosts_version or self.cpu_history is None:
             self._hosts_version = hosts.version
             self._host_names = hosts.names
+            same = len({len(idx) for idx in hosts.members}) == 1
+            self._host_index = np.stack(hosts.members) if same and len(hosts.members) > 1 else None
             self.cpu_history = Ring(self.cfg.baseline_steps, (2, len(hosts.names)))
             self.cpu_recent = Ring(self.cfg.window_steps, (2, len(hosts.names)))
         assert self.group_history is not None and self.group_recent is not None
         assert self.cpu_recent is not None
-        cpu = _host_cpu(cs, hosts)
+        cpu = _host_cpu(cs, hosts, self._host_index)
         self.recent.push(comps)
         self.group_recent.push(gmed)
         self.cpu_recent.push(cpu)
@@ -239,11 +242,16 @@ class SlowdownTracker:
         return "", 0.0, 0.0
 
 
-def _host_cpu(cs: ClosedStep, hosts: GroupIndex) -> np.ndarray:
-    """Median (cpu_wait, cpu_time) of the ranks of each host (the job's when one)."""
+def _host_cpu(cs: ClosedStep, hosts: GroupIndex, index: np.ndarray | None) -> np.ndarray:
+    """Median (cpu_wait, cpu_time) of the ranks of each host (the job's when one);
+    ``index``: the (hosts, ranks) index when every host has as many ranks."""
     if len(hosts.members) == 1:
         return cs.med[[CPUW, CPUT]][:, None]
     m = cs.m
+    if np.isnan(m[CPUW]).all() and np.isnan(m[CPUT]).all():
+        return np.full((2, len(hosts.members)), np.nan)  # not reported by the SDK
+    if index is not None:
+        return nanmed(m[[CPUW, CPUT]][:, index], -1)
     return np.array([[med(m[CPUW][idx]) for idx in hosts.members],
                      [med(m[CPUT][idx]) for idx in hosts.members]])
 
