@@ -62,3 +62,20 @@ def test_counters_beyond_float_precision_are_kept_exactly() -> None:
     sig = win.port_signals(T0, T0 + 2)[0]
     assert sig.xmit_wait_per_s == 1.5  # (big + 3 - big) / 2 s
     assert sig.errors == {"symbol_error": 2}
+
+
+def test_end_sample_rises_match_the_reading_by_reading_rule() -> None:
+    """The vectorised rise of a counter between two samples is :func:`_rises`'s: growth,
+    a 32-bit wrap, a reset, an unknown value."""
+    import numpy as np
+
+    from stepwatch.streams.core.hostsamples import ABSENT
+    from stepwatch.streams.core.hostwindow import _rises, _rises_of
+
+    w = 2**32
+    x = [5, w - 10, 100, ABSENT, 7, 2**40]
+    y = [9, 20, 3, 4, ABSENT, 5]
+    expected = _rises(tuple(None if v == ABSENT else v for v in x),
+                      tuple(None if v == ABSENT else v for v in y))
+    assert expected == [4, 30, 3, 0, 0, 5]
+    assert _rises_of(np.array([x]), np.array([y])).tolist() == [expected]
