@@ -55,6 +55,7 @@ from pathlib import Path
 
 import harness
 from chaos_audit import Tap, audit, print_report, read_outboxes
+from chaos_rss import MIB, Row, Series, print_summaries, print_table, soak_loop
 from harness import CLI, Proc, Worker, metric, rss_bytes, scrape, sink, stream_worker, wait_until
 
 from stepwatch.broker import DevBroker
@@ -268,39 +269,55 @@ def finish(fleet: Fleet) -> None:
         fleet.tap.stop()
 
 
-def rss_row(fleet: Fleet) -> dict[str, int]:
-    row = {"broker": rss_bytes(fleet.broker._proc.pid if fleet.broker._proc else None)}
+def rss_row(fleet: Fleet) -> Row:
+    """RSS in bytes of every service: broker, each worker, the sink, each agent."""
+    row: Row = {"broker": rss_bytes(fleet.broker._proc.pid if fleet.broker._proc else None)}
     for w in fleet.workers:
         row[w.proc.name] = rss_bytes(w.proc.pid)
     row["sink"] = rss_bytes(fleet.sink.proc.pid)
-    row["agents"] = sum(rss_bytes(a.pid) for a in fleet.agents)
+    for a in fleet.agents:
+        row[a.name.removeprefix("agent-")] = rss_bytes(a.pid)
     return row
 
 
-def soak(fleet: Fleet, seconds: float, every: float) -> list[tuple[float, dict[str, int]]]:
-    t0 = time.monotonic()
-    series = []
-    while time.monotonic() - t0 < seconds:
-        series.append((time.monotonic() - t0, rss_row(fleet)))
-        time.sleep(every)
-    series.append((time.monotonic() - t0, rss_row(fleet)))
-    return series
+INSIDE = {  # the sink's /metrics -> a column of the "inside the sink" table (MiB or a count)
+    ("stepwatch_sink_memory_bytes", "engine_tracked"): "tracked",
+    ("stepwatch_sink_memory_bytes", "jemalloc_allocated"): "je_alloc",
+    ("stepwatch_sink_memory_bytes", "jemalloc_resident"): "je_resid",
+    ("stepwatch_sink_memory_bytes", "jemalloc_retained"): "je_retain",
+    ("stepwatch_sink_memory_bytes", "glibc_in_use"): "glibc_use",
+    ("stepwatch_sink_memory_bytes", "glibc_free"): "glibc_free",
+    ("stepwatch_sink_memory_bytes", "mark_cache"): "mark_cache",
+    ("stepwatch_sink_memory_bytes", "primary_key_bytes"): "pk_mem",
+    ("stepwatch_sink_store_parts", "active"): "parts",
+    ("stepwatch_sink_store_parts", "outdated"): "outdated",
+    ("stepwatch_sink_memory_objects", "python_blocks"): "py_kblocks",
+    ("stepwatch_sink_memory_objects", "dedup_senders"): "senders",
+}
 
 
-def print_rss(series: list[tuple[float, dict[str, int]]]) -> None:
-    names = list(series[0][1])
-    print("RSS over time (MiB)")
-    print(f"{'t_s':>7} " + " ".join(f"{n:>8}" for n in names))
-    for t, row in series:
-        print(f"{t:7.0f} " + " ".join(f"{row[n] / 2**20:8.1f}" for n in names))
-    if len(series) >= 4:
-        third = max(1, len(series) // 3)
-        for n in ("wa", "wb"):
-            mid = series[third][1][n] / 2**20
-            end = series[-1][1][n] / 2**20
-            first = series[0][1][n] / 2**20
-            print(f"{n}: first {first:.1f} MiB, at 1/3 {mid:.1f} MiB, end {end:.1f} MiB; "
-                  f"growth over the last 2/3: {end - mid:+.1f} MiB ({(end - mid) / max(mid, 1):+.1%})")
+def sink_inside(fleet: Fleet) -> Row:
+    """Where the sink's memory is, from its /metrics (MiB; parts and senders counted)."""
+    samples = scrape(fleet.sink.port, timeout=10.0)
+    row: Row = {}
+    for (name, part), column in INSIDE.items():
+        value = sum(v for (n, lab), v in samples.items() if n == name and part in dict(lab).values())
+        scale = 1e3 if column == "py_kblocks" else 1 if name != "stepwatch_sink_memory_bytes" else MIB
+        row[column] = value / scale
+    row["rss"] = rss_bytes(fleet.sink.proc.pid) / MIB
+    return row
+
+
+def soak(fleet: Fleet, seconds: float, every: float) -> tuple[Series, Series]:
+    return soak_loop(seconds, every, lambda: rss_row(fleet), lambda: sink_inside(fleet),
+                     time.monotonic, time.sleep)
+
+
+def print_rss(series: Series, inside: Series) -> None:
+    print_table(series, "RSS over time (MiB)")
+    print_summaries(series)
+    print_table(inside, "inside the sink (MiB; parts, outdated, senders counted; py_kblocks: "
+                "Python's allocated blocks / 1000)", scale=1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -312,7 +329,7 @@ def run(args: argparse.Namespace) -> int:
         start(fleet)
         time.sleep(args.warmup)
         if args.soak:
-            series = soak(fleet, args.seconds, args.rss_every)
+            series, inside = soak(fleet, args.seconds, args.rss_every)
         else:
             for kind in schedule(rng, args.faults, tuple(args.kinds.split(","))):
                 time.sleep(rng.uniform(args.gap_min, args.gap_max))
@@ -333,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"re-driven after broker loss {fleet.redriven} records (window {args.redrive_seconds:.0f} s)")
     print_report(report, fleet.faults, fleet.takeovers)
     if args.soak:
-        print_rss(series)
+        print_rss(series, inside)
     bad = report.lost + report.duplicated + report.duplicate_opens + report.reopened
     return 1 if bad else 0
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepwatch.errors import ConfigError, StoreLockedError
+from stepwatch.exporters.clickhouse.engine_memory import EngineMemoryCollector
 from stepwatch.exporters.clickhouse.planner import Batch
 from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
@@ -57,6 +58,9 @@ def run_sink(
             http = serve_metrics(metrics.registry, endpoint, name="sink")
         sink = Sink(store, KafkaSource(settings, config.group_id), topics, config, metrics,
                     after_insert=after_insert)
+        if store.backend == "chdb":  # the engine is in this process: say where its memory is
+            metrics.registry.register(EngineMemoryCollector(
+                store, extra=lambda: {"dedup_senders": float(len(sink.preparer.senders))}))
         if install_signals:
             on_signals(sink.stop)
         sink.run()
