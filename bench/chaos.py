@@ -55,7 +55,7 @@ from pathlib import Path
 
 import harness
 from chaos_audit import Tap, audit, print_report, read_outboxes
-from chaos_rss import MIB, Row, Series, print_summaries, print_table, soak_loop
+from chaos_rss import MIB, Row, Series, print_summaries, print_table, rss_split, soak_loop
 from harness import CLI, Proc, Worker, metric, rss_bytes, scrape, sink, stream_worker, wait_until
 
 from stepwatch.broker import DevBroker
@@ -305,6 +305,7 @@ def sink_inside(fleet: Fleet) -> Row:
         scale = 1e3 if column == "py_kblocks" else 1 if name != "stepwatch_sink_memory_bytes" else MIB
         row[column] = value / scale
     row["rss"] = rss_bytes(fleet.sink.proc.pid) / MIB
+    row.update(rss_split(fleet.sink.proc.pid))
     return row
 
 
@@ -317,7 +318,8 @@ def print_rss(series: Series, inside: Series) -> None:
     print_table(series, "RSS over time (MiB)")
     print_summaries(series)
     print_table(inside, "inside the sink (MiB; parts, outdated, senders counted; py_kblocks: "
-                "Python's allocated blocks / 1000)", scale=1)
+                "Python's allocated blocks / 1000; anon, file: the RSS's anonymous and "
+                "file-backed pages)", scale=1)
 
 
 def run(args: argparse.Namespace) -> int:

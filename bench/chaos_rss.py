@@ -103,6 +103,27 @@ def print_summaries(series: Series) -> list[Summary]:
     return out
 
 
+def rss_split(pid: int | None) -> Row:
+    """Anonymous and file-backed resident memory of ``pid`` in MiB (``/proc/<pid>/status``).
+
+    File-backed pages are mostly the engine's code (the chdb library is a few
+    hundred MiB, faulted in as code paths first run); growth that matters is
+    anonymous.
+    """
+    out: Row = {"anon": math.nan, "file": math.nan}
+    if pid is None:
+        return out
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("RssAnon", "RssFile"):
+                    out[key.removeprefix("Rss").lower()] = int(value.split()[0]) / 1024
+    except (OSError, ValueError):
+        pass
+    return out
+
+
 def soak_loop(seconds: float, every: float, rss: Callable[[], Row],
               inside: Callable[[], Row], clock: Callable[[], float],
               sleep: Callable[[float], None]) -> tuple[Series, Series]:
