@@ -327,6 +327,7 @@ def run(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     fleet = build(workdir, args.agents, args.session_timeout)
+    fleet.sink.proc.env.update(dict(kv.split("=", 1) for kv in args.sink_env))
     try:
         start(fleet)
         time.sleep(args.warmup)
@@ -374,6 +375,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soak", action="store_true", help="no faults; RSS of each component")
     p.add_argument("--seconds", type=float, default=1800.0, help="soak length")
     p.add_argument("--rss-every", type=float, default=60.0, help="soak: RSS sample period")
+    p.add_argument("--sink-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="soak experiments: an environment variable for the sink (repeatable), "
+                   "e.g. MALLOC_ARENA_MAX=2")
     p.add_argument("--workdir", help="keep everything here (default: a temporary dir)")
     return p
 

@@ -13,6 +13,9 @@ former. :func:`sample` reads, in-process:
 * glibc's heap (``mallinfo2``: in use and free; Python's small-object arenas
   are ``mmap``-ed and not in it) and Python's allocated block count.
 
+:func:`release` gives both allocators' freed pages back (the sink calls it
+every ``SinkConfig.release_seconds``).
+
 :class:`EngineMemoryCollector` serves the sample on the sink's ``/metrics``
 (``stepwatch_sink_memory_bytes{part=...}``, ``stepwatch_sink_store_parts{state=...}``),
 at most one sample per ``interval`` seconds whatever the scrape rate.
@@ -71,6 +74,32 @@ def _mallinfo2() -> Callable[[], _MallInfo2] | None:
 
 
 _MALLINFO2 = _mallinfo2()
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def release(store: Store) -> None:
+    """Give the allocators' freed pages back to the system: the engine's (jemalloc) and glibc's.
+
+    Neither allocator returns all it frees on its own: jemalloc decays dirty
+    pages lazily, glibc keeps free chunks in its per-thread arenas. Without this
+    the sink's RSS creeps up by what they keep (measured in docs/streams.md).
+    """
+    try:
+        store.command("SYSTEM JEMALLOC PURGE")
+    except StoreError as err:  # an engine built without jemalloc: nothing to give back
+        log.debug("jemalloc purge failed error=%s", err)
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
 
 
 def engine_bytes(store: Store) -> dict[str, float]:
