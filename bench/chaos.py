@@ -304,9 +304,27 @@ def sink_inside(fleet: Fleet) -> Row:
         value = sum(v for (n, lab), v in samples.items() if n == name and part in dict(lab).values())
         scale = 1e3 if column == "py_kblocks" else 1 if name != "stepwatch_sink_memory_bytes" else MIB
         row[column] = value / scale
+    row["dedup_k"] = dedup_log_entries(fleet.workdir / "chdb") / 1e3
     row["rss"] = rss_bytes(fleet.sink.proc.pid) / MIB
     row.update(rss_split(fleet.sink.proc.pid))
     return row
+
+
+def dedup_log_entries(store: Path) -> int:
+    """Insert tokens the store's tables remember (``deduplication_logs``, one line each).
+
+    Each table keeps its last ``non_replicated_deduplication_window`` (10,000)
+    tokens in memory too, so this is a term of the sink's memory that grows
+    until every table's window is full.
+    """
+    n = 0
+    for log_file in store.glob("store/*/*/deduplication_logs/*.txt"):
+        try:
+            with open(log_file, "rb") as f:
+                n += sum(1 for _ in f)
+        except OSError:
+            continue
+    return n
 
 
 def soak(fleet: Fleet, seconds: float, every: float) -> tuple[Series, Series]:
@@ -318,8 +336,8 @@ def print_rss(series: Series, inside: Series) -> None:
     print_table(series, "RSS over time (MiB)")
     print_summaries(series)
     print_table(inside, "inside the sink (MiB; parts, outdated, senders counted; py_kblocks: "
-                "Python's allocated blocks / 1000; anon, file: the RSS's anonymous and "
-                "file-backed pages)", scale=1)
+                "Python's allocated blocks / 1000; dedup_k: insert tokens remembered / 1000; "
+                "anon, file: the RSS's anonymous and file-backed pages)", scale=1)
 
 
 def run(args: argparse.Namespace) -> int:
