@@ -283,6 +283,8 @@ def rss_row(fleet: Fleet) -> Row:
 INSIDE = {  # the sink's /metrics -> a column of the "inside the sink" table (MiB or a count)
     ("stepwatch_sink_memory_bytes", "engine_tracked"): "tracked",
     ("stepwatch_sink_memory_bytes", "jemalloc_allocated"): "je_alloc",
+    ("stepwatch_sink_memory_bytes", "jemalloc_active"): "je_active",
+    ("stepwatch_sink_memory_bytes", "jemalloc_metadata"): "je_meta",
     ("stepwatch_sink_memory_bytes", "jemalloc_resident"): "je_resid",
     ("stepwatch_sink_memory_bytes", "jemalloc_retained"): "je_retain",
     ("stepwatch_sink_memory_bytes", "glibc_in_use"): "glibc_use",
