@@ -55,3 +55,12 @@ def test_a_closed_store_does_not_fail_the_scrape(tmp_path):
     registry = CollectorRegistry()
     registry.register(EngineMemoryCollector(s))
     assert "stepwatch_sink_memory_bytes" in generate_latest(registry).decode()
+
+
+def test_the_engines_caches_are_bounded(store):
+    from stepwatch.exporters.clickhouse.chdb_backend import CACHE_LIMITS
+
+    rows = store.query("SELECT name, value FROM system.server_settings WHERE name IN "
+                       "('mark_cache_size', 'index_mark_cache_size', 'primary_index_cache_size', "
+                       "'query_condition_cache_size')").rows
+    assert {name: int(value) for name, value in rows} == CACHE_LIMITS
