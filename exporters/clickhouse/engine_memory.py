@@ -94,12 +94,18 @@ def release(store: Store) -> None:
     pages lazily, glibc keeps free chunks in its per-thread arenas. Without this
     the sink's RSS creeps up by what they keep (measured in docs/streams.md).
     """
+    before = jemalloc_bytes(store) if log.isEnabledFor(logging.DEBUG) else {}
     try:
         store.command("SYSTEM JEMALLOC PURGE")
     except StoreError as err:  # an engine built without jemalloc: nothing to give back
         log.debug("jemalloc purge failed error=%s", err)
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+    if before:
+        after = jemalloc_bytes(store)
+        log.debug("released jemalloc_resident_mib=%.1f->%.1f active_mib=%.1f",
+                  before.get("jemalloc_resident", 0) / 2**20,
+                  after.get("jemalloc_resident", 0) / 2**20, after.get("jemalloc_active", 0) / 2**20)
 
 
 def engine_bytes(store: Store) -> dict[str, float]:
