@@ -39,8 +39,10 @@ window is small, and any loss it causes shows in the audit.
 * no dead letter (topic or store table): every message in the run is good.
 
 Run: ``python bench/chaos.py --seed 7`` (about 24 faults, ~6 min);
-``--soak --seconds 1800`` for the soak (no faults, RSS of each component
-every ``--rss-every`` seconds; the worker's memory must level off).
+``--soak --seconds 1800`` for the soak (no faults; RSS of every service
+every ``--rss-every`` seconds, per-third medians, slopes and a levels-off
+verdict per service, and where the sink's memory is: ``chaos_rss.py``,
+docs/streams.md "Soak").
 """
 
 from __future__ import annotations
