@@ -39,8 +39,10 @@ window is small, and any loss it causes shows in the audit.
 * no dead letter (topic or store table): every message in the run is good.
 
 Run: ``python bench/chaos.py --seed 7`` (about 24 faults, ~6 min);
-``--soak --seconds 1800`` for the soak (no faults, RSS of each component
-every ``--rss-every`` seconds; the worker's memory must level off).
+``--soak --seconds 1800`` for the soak (no faults; RSS of every service
+every ``--rss-every`` seconds, per-third medians, slopes and a levels-off
+verdict per service, and where the sink's memory is: ``chaos_rss.py``,
+docs/streams.md "Soak").
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from pathlib import Path
 
 import harness
 from chaos_audit import Tap, audit, print_report, read_outboxes
+from chaos_rss import MIB, Row, Series, print_summaries, print_table, rss_split, soak_loop
 from harness import CLI, Proc, Worker, metric, rss_bytes, scrape, sink, stream_worker, wait_until
 
 from stepwatch.broker import DevBroker
@@ -268,39 +271,77 @@ def finish(fleet: Fleet) -> None:
         fleet.tap.stop()
 
 
-def rss_row(fleet: Fleet) -> dict[str, int]:
-    row = {"broker": rss_bytes(fleet.broker._proc.pid if fleet.broker._proc else None)}
+def rss_row(fleet: Fleet) -> Row:
+    """RSS in bytes of every service: broker, each worker, the sink, each agent."""
+    row: Row = {"broker": rss_bytes(fleet.broker._proc.pid if fleet.broker._proc else None)}
     for w in fleet.workers:
         row[w.proc.name] = rss_bytes(w.proc.pid)
     row["sink"] = rss_bytes(fleet.sink.proc.pid)
-    row["agents"] = sum(rss_bytes(a.pid) for a in fleet.agents)
+    for a in fleet.agents:
+        row[a.name.removeprefix("agent-")] = rss_bytes(a.pid)
     return row
 
 
-def soak(fleet: Fleet, seconds: float, every: float) -> list[tuple[float, dict[str, int]]]:
-    t0 = time.monotonic()
-    series = []
-    while time.monotonic() - t0 < seconds:
-        series.append((time.monotonic() - t0, rss_row(fleet)))
-        time.sleep(every)
-    series.append((time.monotonic() - t0, rss_row(fleet)))
-    return series
+INSIDE = {  # the sink's /metrics -> a column of the "inside the sink" table (MiB or a count)
+    ("stepwatch_sink_memory_bytes", "engine_tracked"): "tracked",
+    ("stepwatch_sink_memory_bytes", "jemalloc_allocated"): "je_alloc",
+    ("stepwatch_sink_memory_bytes", "jemalloc_active"): "je_active",
+    ("stepwatch_sink_memory_bytes", "jemalloc_metadata"): "je_meta",
+    ("stepwatch_sink_memory_bytes", "jemalloc_resident"): "je_resid",
+    ("stepwatch_sink_memory_bytes", "jemalloc_retained"): "je_retain",
+    ("stepwatch_sink_memory_bytes", "glibc_in_use"): "glibc_use",
+    ("stepwatch_sink_memory_bytes", "glibc_free"): "glibc_free",
+    ("stepwatch_sink_memory_bytes", "mark_cache"): "mark_cache",
+    ("stepwatch_sink_memory_bytes", "primary_key_bytes"): "pk_mem",
+    ("stepwatch_sink_store_parts", "active"): "parts",
+    ("stepwatch_sink_store_parts", "outdated"): "outdated",
+    ("stepwatch_sink_memory_objects", "python_blocks"): "py_kblocks",
+    ("stepwatch_sink_memory_objects", "dedup_senders"): "senders",
+}
 
 
-def print_rss(series: list[tuple[float, dict[str, int]]]) -> None:
-    names = list(series[0][1])
-    print("RSS over time (MiB)")
-    print(f"{'t_s':>7} " + " ".join(f"{n:>8}" for n in names))
-    for t, row in series:
-        print(f"{t:7.0f} " + " ".join(f"{row[n] / 2**20:8.1f}" for n in names))
-    if len(series) >= 4:
-        third = max(1, len(series) // 3)
-        for n in ("wa", "wb"):
-            mid = series[third][1][n] / 2**20
-            end = series[-1][1][n] / 2**20
-            first = series[0][1][n] / 2**20
-            print(f"{n}: first {first:.1f} MiB, at 1/3 {mid:.1f} MiB, end {end:.1f} MiB; "
-                  f"growth over the last 2/3: {end - mid:+.1f} MiB ({(end - mid) / max(mid, 1):+.1%})")
+def sink_inside(fleet: Fleet) -> Row:
+    """Where the sink's memory is, from its /metrics (MiB; parts and senders counted)."""
+    samples = scrape(fleet.sink.port, timeout=10.0)
+    row: Row = {}
+    for (name, part), column in INSIDE.items():
+        value = sum(v for (n, lab), v in samples.items() if n == name and part in dict(lab).values())
+        scale = 1e3 if column == "py_kblocks" else 1 if name != "stepwatch_sink_memory_bytes" else MIB
+        row[column] = value / scale
+    row["dedup_k"] = dedup_log_entries(fleet.workdir / "chdb") / 1e3
+    row["rss"] = rss_bytes(fleet.sink.proc.pid) / MIB
+    row.update(rss_split(fleet.sink.proc.pid))
+    return row
+
+
+def dedup_log_entries(store: Path) -> int:
+    """Insert tokens the store's tables remember (``deduplication_logs``, one line each).
+
+    Each table keeps its last ``non_replicated_deduplication_window`` (10,000)
+    tokens in memory too, so this is a term of the sink's memory that grows
+    until every table's window is full.
+    """
+    n = 0
+    for log_file in store.glob("store/*/*/deduplication_logs/*.txt"):
+        try:
+            with open(log_file, "rb") as f:
+                n += sum(1 for _ in f)
+        except OSError:
+            continue
+    return n
+
+
+def soak(fleet: Fleet, seconds: float, every: float) -> tuple[Series, Series]:
+    return soak_loop(seconds, every, lambda: rss_row(fleet), lambda: sink_inside(fleet),
+                     time.monotonic, time.sleep)
+
+
+def print_rss(series: Series, inside: Series) -> None:
+    print_table(series, "RSS over time (MiB)")
+    print_summaries(series)
+    print_table(inside, "inside the sink (MiB; parts, outdated, senders counted; py_kblocks: "
+                "Python's allocated blocks / 1000; dedup_k: insert tokens remembered / 1000; "
+                "anon, file: the RSS's anonymous and file-backed pages)", scale=1)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -308,11 +349,12 @@ def run(args: argparse.Namespace) -> int:
     workdir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     fleet = build(workdir, args.agents, args.session_timeout)
+    fleet.sink.proc.env.update(dict(kv.split("=", 1) for kv in args.sink_env))
     try:
         start(fleet)
         time.sleep(args.warmup)
         if args.soak:
-            series = soak(fleet, args.seconds, args.rss_every)
+            series, inside = soak(fleet, args.seconds, args.rss_every)
         else:
             for kind in schedule(rng, args.faults, tuple(args.kinds.split(","))):
                 time.sleep(rng.uniform(args.gap_min, args.gap_max))
@@ -333,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"re-driven after broker loss {fleet.redriven} records (window {args.redrive_seconds:.0f} s)")
     print_report(report, fleet.faults, fleet.takeovers)
     if args.soak:
-        print_rss(series)
+        print_rss(series, inside)
     bad = report.lost + report.duplicated + report.duplicate_opens + report.reopened
     return 1 if bad else 0
 
@@ -355,6 +397,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soak", action="store_true", help="no faults; RSS of each component")
     p.add_argument("--seconds", type=float, default=1800.0, help="soak length")
     p.add_argument("--rss-every", type=float, default=60.0, help="soak: RSS sample period")
+    p.add_argument("--sink-env", action="append", default=[], metavar="NAME=VALUE",
+                   help="soak experiments: an environment variable for the sink (repeatable), "
+                   "e.g. MALLOC_ARENA_MAX=2")
     p.add_argument("--workdir", help="keep everything here (default: a temporary dir)")
     return p
 

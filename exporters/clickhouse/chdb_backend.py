@@ -38,9 +38,21 @@ _LOCKED_HINT = (
 
 USER_FILES_DIR = "user_files"
 
+# The engine's caches, bounded for a process that is a sink first: the server
+# defaults (5 GiB each for marks, index marks and primary indexes, capped at
+# half the RAM) suit a dedicated ClickHouse host, not an embedded store whose
+# owner also serves dashboards from the same heap. The ingest path itself
+# fills none of them (docs/streams.md, the soak); reads through the endpoint do.
+CACHE_LIMITS: dict[str, int] = {
+    "mark_cache_size": 256 << 20,
+    "index_mark_cache_size": 64 << 20,
+    "primary_index_cache_size": 64 << 20,
+    "query_condition_cache_size": 64 << 20,
+}
+
 
 def connection_string(path: str) -> str:
-    """The engine's connection string for ``path``: its user-files path kept inside the store.
+    """The engine's connection string for ``path``: user files inside the store, caches bounded.
 
     ClickHouse resolves ``file()``-style relative paths and ``INTO OUTFILE``
     under ``user_files_path``; the engine's default is a system directory. The
@@ -51,7 +63,8 @@ def connection_string(path: str) -> str:
     if os.path.isdir(path):
         with contextlib.suppress(OSError):  # a reader without write access: the engine copes
             os.makedirs(user_files, mode=0o700, exist_ok=True)
-    return f"{path}?user_files_path={user_files}"
+    limits = "".join(f"&{name}={value}" for name, value in CACHE_LIMITS.items())
+    return f"{path}?user_files_path={user_files}{limits}"
 
 
 def _open_session(path: str) -> Any:

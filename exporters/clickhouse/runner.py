@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from stepwatch.errors import ConfigError, StoreLockedError
+from stepwatch.exporters.clickhouse.engine_memory import EngineMemoryCollector, release
 from stepwatch.exporters.clickhouse.planner import Batch
 from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
@@ -55,8 +56,13 @@ def run_sink(
 
             endpoint = Endpoint.from_settings(settings, settings.sink_metrics_port, listen)
             http = serve_metrics(metrics.registry, endpoint, name="sink")
+        embedded = store.backend == "chdb"  # the engine is in this process
         sink = Sink(store, KafkaSource(settings, config.group_id), topics, config, metrics,
-                    after_insert=after_insert)
+                    after_insert=after_insert,
+                    release=(lambda: release(store)) if embedded else None)
+        if embedded:  # say where the process's memory is
+            metrics.registry.register(EngineMemoryCollector(
+                store, extra=lambda: {"dedup_senders": float(len(sink.preparer.senders))}))
         if install_signals:
             on_signals(sink.stop)
         sink.run()

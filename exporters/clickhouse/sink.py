@@ -51,6 +51,7 @@ class SinkConfig:
     retry_initial: float = 0.5
     retry_max: float = 30.0
     lag_interval: float = 5.0
+    release_seconds: float = 60.0  # how often ``release`` (the allocators' freed pages) runs
     max_message_bytes: int = 1 << 20  # the contract's size limit (Settings.max_message_bytes)
     raw_ttl_days: int = 0  # raw rows older than the tables keep them are dead letters; 0: no check
     detection_producers: frozenset[str] = frozenset()  # empty: detections from any producer
@@ -92,6 +93,7 @@ class Sink:
         metrics: SinkMetrics | None = None,
         *,
         after_insert: Callable[[list[Batch]], None] | None = None,
+        release: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.store = store
@@ -108,6 +110,9 @@ class Sink:
         self._committed: dict[TP, int] = {}
         self._warn = LogOnce(log)
         self._last_lag = 0.0
+        self.release = release
+        self._last_release = clock()
+        self._clock = clock
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
@@ -142,6 +147,7 @@ class Sink:
         self._write(self.planner.due())
         self.metrics.buffered.set(self.planner.buffered)
         self._update_lag()
+        self._release()
         return len(records)
 
     # ------------------------------------------------------------------ rebalance
@@ -241,6 +247,13 @@ class Sink:
             return
         self._committed.update(offsets)
         self.metrics.last_commit.set(time.time())
+
+    def _release(self) -> None:
+        """Hand the allocators' freed memory back every ``release_seconds`` (an embedded store)."""
+        if self.release is None or self._clock() - self._last_release < self.config.release_seconds:
+            return
+        self._last_release = self._clock()
+        self.release()
 
     def _update_lag(self) -> None:
         now = time.monotonic()

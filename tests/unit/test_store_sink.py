@@ -308,3 +308,16 @@ def test_offsets_reused_by_new_records_are_stored_not_dropped_as_duplicates():
     rows = store.tables["step_events"]
     assert sum(r["host"] == "h2" for r in rows) == 20 * 4  # every new row stored
     assert sum(r["host"] == "h" for r in rows) == 20 * 4  # the old ones exactly once
+
+
+def test_freed_memory_is_released_once_per_interval():
+    log, store = FakeLog(messages(10)), FakeStore()
+    now = [0.0]
+    released: list[float] = []
+    sink = Sink(store, FakeSource(log), TOPICS, config(release_seconds=60.0),
+                release=lambda: released.append(now[0]), clock=lambda: now[0])
+    sink.source.subscribe(TOPICS, sink._on_assign, sink._on_revoke)
+    for t in (0.0, 30.0, 59.9, 60.0, 61.0, 119.0, 120.5):
+        now[0] = t
+        sink.step()
+    assert released == [60.0, 120.5]
