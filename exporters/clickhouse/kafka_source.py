@@ -63,6 +63,9 @@ class KafkaSource:
         self._high: dict[TP, int] = {}
         self._consumer = Consumer(config)
         self._warn = LogOnce(log)
+        self._next: dict[TP, int] = {}  # the offset expected next per partition (gap check)
+        self._reread: set[tuple[TP, int]] = set()  # gaps already read again once
+        self.offset_gaps = 0  # gaps that stayed after reading them again
 
     def _stats(self, text: str) -> None:
         """librdkafka statistics: keep each partition's high watermark."""
@@ -78,15 +81,18 @@ class KafkaSource:
 
     def subscribe(self, topics: Sequence[str], on_assign: Callback, on_revoke: Callback) -> None:
         def assigned(consumer: Any, partitions: list[Any]) -> None:
+            self._forget([(p.topic, p.partition) for p in partitions])
             on_assign([(p.topic, p.partition) for p in partitions])
 
         def revoked(consumer: Any, partitions: list[Any]) -> None:
+            self._forget([(p.topic, p.partition) for p in partitions])
             on_revoke([(p.topic, p.partition) for p in partitions])
 
         self._consumer.subscribe(list(topics), on_assign=assigned, on_revoke=revoked, on_lost=revoked)
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
+        skip: set[TP] = set()  # partitions read again from a gap: the rest of this poll is not theirs
         for message in self._consumer.consume(num_messages=max_records, timeout=timeout):
             error = message.error()
             if error is not None:
@@ -94,9 +100,39 @@ class KafkaSource:
                     raise TransportError(f"consumer failed: {error}")
                 self._warn(f"err-{error.code()}", "consumer error=%s", error, level=logging.WARNING)
                 continue
-            out.append(Record(str(message.topic()), int(message.partition() or 0),
-                              int(message.offset() or 0), message.value(), message.key()))
+            tp = (str(message.topic()), int(message.partition() or 0))
+            offset = int(message.offset() or 0)
+            if tp in skip or self._gap(tp, offset):
+                skip.add(tp)
+                continue
+            out.append(Record(tp[0], tp[1], offset, message.value(), message.key()))
         return out
+
+    def _gap(self, tp: TP, offset: int) -> bool:
+        """True when ``offset`` skips records of ``tp`` not seen yet: the partition is read
+        again from the first missing offset, once per gap (a gap that is still there then,
+        as compaction or transaction markers leave, is logged and accepted)."""
+        expected = self._next.get(tp)
+        self._next[tp] = offset + 1
+        if expected is None or offset <= expected:
+            return False
+        if (tp, expected) not in self._reread:
+            from confluent_kafka import TopicPartition
+
+            self._reread.add((tp, expected))
+            log.warning("offset gap topic=%s partition=%d expected=%d got=%d: reading again",
+                        tp[0], tp[1], expected, offset)
+            self._consumer.seek(TopicPartition(tp[0], tp[1], expected))
+            self._next[tp] = expected
+            return True
+        self.offset_gaps += 1
+        log.warning("offset gap stayed topic=%s partition=%d from=%d to=%d (%d offsets without "
+                    "records)", tp[0], tp[1], expected, offset - 1, offset - expected)
+        return False
+
+    def _forget(self, tps: list[TP]) -> None:
+        for tp in tps:
+            self._next.pop(tp, None)
 
     def committed(self, tps: Sequence[TP]) -> dict[TP, int | None]:
         from confluent_kafka import TopicPartition
