@@ -13,6 +13,8 @@ checkpoint (a *rewind*), not a late record.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
+from typing import cast
 
 import numpy as np
 
@@ -223,35 +225,13 @@ class StepAssembler:
 def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedStep:
     """Scatter the records of one step into per-rank rows (one NumPy pass)."""
     n = len(records)
-    has_phases = has_extra = False
-    raw = []
-    rank_list = []
-    samples = tokens = 0
-    flops = 0.0
-    has_flops = False
-    nonfinite: list[int] = []
-    for r in records:  # one pass over the records; the rest is NumPy
-        p = r.phases
-        if p is None:
-            p = _EMPTY_PHASES
-        else:
-            has_phases = True
-            if p.extra:
-                has_extra = True
-        raw.append((r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
-                    p.checkpoint, r.cpu_wait, r.cpu_time))
-        rank_list.append(r.rank)
-        samples += r.samples
-        tokens += r.tokens
-        if r.flops is not None:
-            flops += r.flops  # the same sum as sum() over these values
-            has_flops = True
-        if r.loss_nonfinite:
-            nonfinite.append(r.rank)
+    phases = [r.phases for r in records]
+    cols = _each(records) if None in phases else \
+        _with_phases(records, cast("list[Phases]", phases))
+    a, rank_list, has_phases, has_extra, samples, tokens, flops, nonfinite = cols
     ranks = np.array(rank_list, np.intp)
     present = np.zeros(world_size, bool)
     present[ranks] = True
-    a = np.array(raw, dtype=float).T  # None -> NaN
     rows = np.empty((ROWS, n))
     rows[START], rows[END] = a[0], a[1]
     rows[DUR] = a[1] - a[0]
@@ -283,8 +263,11 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
         rows[DATA:] = NAN
         rows[PAUSE] = 0.0
     rows[CPUW], rows[CPUT] = a[8], a[9]
-    m = np.full((ROWS, world_size), NAN)
-    m[:, ranks] = rows
+    if n == world_size and (ranks == np.arange(n)).all():
+        m = rows  # every rank, in rank order (records sent host by host): no scatter
+    else:
+        m = np.full((ROWS, world_size), NAN)
+        m[:, ranks] = rows
     return ClosedStep(
         step=step,
         world_size=world_size,
@@ -295,11 +278,80 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
         has_phases=has_phases,
         samples=samples,
         tokens=tokens,
-        flops=flops if has_flops else None,
+        flops=flops,
         end_max=float(a[1].max()),
         start_min=float(a[0].min()),
         nonfinite_ranks=tuple(nonfinite),
     )
+
+
+# The records' fields: (a row per time: start, end, data, forward, backward, optimizer,
+# comm_wait, checkpoint, cpu_wait, cpu_time; ranks; has phases; has extra sections;
+# samples; tokens; flops or None; ranks with a non-finite loss)
+Columns = tuple[np.ndarray, list[int], bool, bool, int, int, float | None, list[int]]
+_NO_CHECKPOINT = (NAN,)
+
+
+def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
+    """:func:`_each` when every record has phases (the rule), column by column: a
+    comprehension per field and one flat conversion of the times (a checkpoint, mostly
+    absent, apart), the same values."""
+    times = _float_rows([(r.start, r.end, p.data, p.forward, p.backward, p.optimizer,
+                          p.comm_wait, r.cpu_wait, r.cpu_time)
+                         for r, p in zip(records, phases, strict=True)], 9)
+    ckpt = [p.checkpoint for p in phases]
+    a = np.empty((10, len(records)))
+    a[0:7] = times[:, 0:7].T
+    a[7] = NAN if ckpt.count(None) == len(ckpt) else np.array(ckpt, dtype=float)
+    a[8:10] = times[:, 7:9].T
+    flops_of = [r.flops for r in records]
+    known = [f for f in flops_of if f is not None]
+    flops = 0.0
+    for f in known:  # summed in order, as _each does
+        flops += f
+    return (a, [r.rank for r in records], True, any(p.extra for p in phases),
+            sum([r.samples for r in records]), sum([r.tokens for r in records]),
+            flops if known else None, [r.rank for r in records if r.loss_nonfinite])
+
+
+def _float_rows(rows: list[tuple[float | None, ...]], width: int) -> np.ndarray:
+    """``np.array(rows, dtype=float)`` (None: NaN), from one flat iterator when no value
+    is None (about twice as fast)."""
+    try:
+        return np.fromiter(chain.from_iterable(rows), float, len(rows) * width).reshape(-1, width)
+    except TypeError:
+        return np.array(rows, dtype=float).reshape(-1, width)
+
+
+def _each(records: list[StepRecord]) -> Columns:
+    """The columns record by record (some records without phases)."""
+    has_phases = has_extra = False
+    raw = []
+    rank_list = []
+    samples = tokens = 0
+    flops = 0.0
+    has_flops = False
+    nonfinite: list[int] = []
+    for r in records:
+        p = r.phases
+        if p is None:
+            p = _EMPTY_PHASES
+        else:
+            has_phases = True
+            if p.extra:
+                has_extra = True
+        raw.append((r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
+                    p.checkpoint, r.cpu_wait, r.cpu_time))
+        rank_list.append(r.rank)
+        samples += r.samples
+        tokens += r.tokens
+        if r.flops is not None:
+            flops += r.flops  # the same sum as sum() over these values
+            has_flops = True
+        if r.loss_nonfinite:
+            nonfinite.append(r.rank)
+    return (np.array(raw, dtype=float).T, rank_list, has_phases, has_extra, samples, tokens,
+            flops if has_flops else None, nonfinite)
 
 
 PAUSE_SECTIONS = frozenset({"eval", "evaluation", "validation", "val"})

@@ -133,9 +133,13 @@ class HostWindow:
             return []
         if isinstance(message, PortMessage):
             sig = list(map(PORT_SIG, message.ports))
-            if sig != self._slots_sig:  # ports or their states changed: look them up again
-                self._slots = port_slots(sig, self._port_keys)
-                self._slots_sig = sig
+            if sig == self._slots_sig:  # the ports and their states as in the last sample
+                self.port.add(message.ts, port_raw(message.ports), self._slots)
+                if self._port_sig is self._slots_sig:
+                    return []  # ... whose links were read then (see _link_changes)
+                return self._link_changes(message, sig)
+            self._slots = port_slots(sig, self._port_keys)  # changed: look them up again
+            self._slots_sig = sig
             self.port.add(message.ts, port_raw(message.ports), self._slots)
             return self._link_changes(message, sig)
         self.events.append(message)

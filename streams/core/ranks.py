@@ -32,6 +32,7 @@ class RankTable:
         self._version = 0
         self._groups: GroupIndex | None = None
         self._by_host: GroupIndex | None = None
+        self._on_host: dict[str, list[int]] | None = None  # host -> its ranks, ascending
         self._hosts: set[str] = set()
 
     def observe(self, records: list[StepRecord]) -> list[str]:
@@ -45,7 +46,7 @@ class RankTable:
             i = r.rank
             if host[i] != r.host:
                 host[i] = r.host
-                self._by_host = None
+                self._by_host = self._on_host = None
                 if r.host not in self._hosts:
                     self._hosts.add(r.host)
                     new.append(r.host)
@@ -85,4 +86,10 @@ class RankTable:
         return set(self._hosts)
 
     def ranks_on(self, host: str) -> list[int]:
-        return [i for i, h in enumerate(self.host) if h == host]
+        """The ranks placed on ``host``, ascending (a new list: the caller's to change)."""
+        if self._on_host is None:
+            on_host: dict[str, list[int]] = {}
+            for i, h in enumerate(self.host):
+                on_host.setdefault(h, []).append(i)
+            self._on_host = on_host
+        return list(self._on_host.get(host, ()))

@@ -95,3 +95,40 @@ def test_engine_tolerates_duplicate_and_reordered_messages() -> None:
     assert [(d.type, d.state, d.rank, d.id) for d in messy] == [
         (d.type, d.state, d.rank, d.id) for d in clean]
     assert engine.health()["duplicates"] + engine.health()["late"] > 0
+
+
+def test_the_column_reading_of_records_with_phases_matches_the_record_by_record_one() -> None:
+    from stepwatch.streams.core.assembly import _each, _with_phases
+
+    rng = np.random.default_rng(5)
+    records = _records(Job(world=16, steps=1))
+    varied = []
+    for i, r in enumerate(records):
+        phases = msgspec.structs.replace(
+            r.phases, checkpoint=0.5 if i == 3 else None, comm_wait=None if i == 5 else 0.01,
+            extra={"eval": 0.2} if i == 7 else {})
+        varied.append(msgspec.structs.replace(
+            r, phases=phases, cpu_wait=None if i == 2 else float(rng.random()),
+            flops=None if i % 4 == 0 else float(rng.random()) * 1e12,
+            loss_nonfinite=i == 9, samples=i, tokens=3 * i))
+    for recs in (records, varied):
+        a = _with_phases(recs, [r.phases for r in recs])
+        b = _each(recs)
+        assert np.array_equal(a[0], b[0], equal_nan=True)
+        assert a[1:] == b[1:]
+    whole = build_step(0, 16, varied)
+    assert whole.nonfinite_ranks == (9,) and whole.present.all()
+
+
+def test_the_ranks_of_a_host_follow_a_rank_that_moves() -> None:
+    from stepwatch.streams.core.ranks import RankTable
+
+    records = _records(Job(world=8, steps=1))
+    table = RankTable(8)
+    table.observe(records)
+    host = records[0].host
+    before = table.ranks_on(host)
+    assert before == [i for i, h in enumerate(table.host) if h == host]
+    moved = msgspec.structs.replace(records[-1], host=host)
+    table.observe([moved])
+    assert table.ranks_on(host) == sorted({*before, moved.rank})

@@ -79,3 +79,22 @@ def test_end_sample_rises_match_the_reading_by_reading_rule() -> None:
                       tuple(None if v == ABSENT else v for v in y))
     assert expected == [4, 30, 3, 0, 0, 5]
     assert _rises_of(np.array([x]), np.array([y])).tolist() == [expected]
+
+
+def test_the_flat_conversions_read_the_values_numpy_reads() -> None:
+    import numpy as np
+
+    from stepwatch.streams.core.hostsamples import as_floats, exact_ints, port_convert
+
+    rng = np.random.default_rng(3)
+    ints = [tuple(int(v) for v in rng.integers(0, 2**62, 9)) for _ in range(50)]
+    with_none = [*ints[:-1], (None, *ints[-1][1:])]
+    for raw in (ints, with_none):
+        ids = np.zeros((len(raw), 2), np.int64)
+        _, got = port_convert(raw, ids)
+        want = exact_ints(np.array(raw, dtype=float), raw, 0)
+        assert np.array_equal(got[:, 2:], want)
+    floats = [tuple(float(v) for v in rng.normal(size=10)) for _ in range(50)]
+    for raw_f in (floats, [*floats[:-1], (None, *floats[-1][1:])]):
+        assert np.array_equal(as_floats(raw_f, 10), np.array(raw_f, dtype=float),
+                              equal_nan=True)
