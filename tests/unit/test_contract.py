@@ -165,3 +165,17 @@ def test_constraint_violation_names_field_and_reason() -> None:
         _decode(data)
     assert info.value.reason == "absurd_value"
     assert "$.gpus[0].power_w" in str(info.value)
+
+
+def test_decoded_records_are_out_of_the_cycle_collectors_sight() -> None:
+    """Contract records hold data only (no cycles): untracked, a 16,384-rank job's records
+    cost the worker no garbage-collection passes (a third of its CPU when they were)."""
+    import gc
+
+    from stepwatch.contract import StepMessage, StepRecord, decode, encode
+
+    msg = StepMessage(host="h", ts=1.0, job_id="j", steps=[
+        StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.0, end=2.0)])
+    back = decode(encode(msg))
+    assert isinstance(back, StepMessage)
+    assert not gc.is_tracked(back) and not gc.is_tracked(back.steps[0])
