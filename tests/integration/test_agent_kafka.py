@@ -36,7 +36,7 @@ from stepwatch.contract import (
     Topics,
     decode,
 )
-from stepwatch.sdk.wire import RankEvent, RankStep, encode_datagram
+from stepwatch.contract.wire import RankEvent, RankStep, encode_datagram
 from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

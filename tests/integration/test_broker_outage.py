@@ -26,8 +26,8 @@ from stepwatch.agents.publisher import BrokerState, KafkaPublisher
 from stepwatch.audit import SeqAudit
 from stepwatch.broker import DevBroker
 from stepwatch.contract import KIND_OF, Message, StepMessage, StepRecord, Topics, decode
+from stepwatch.contract.wire import RankStep, encode_datagram
 from stepwatch.errors import StepwatchError
-from stepwatch.sdk.wire import RankStep, encode_datagram
 from stepwatch.settings import Settings
 
 OUTAGE_SECONDS = 30.0
