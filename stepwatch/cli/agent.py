@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
     broker = None
     if args.dev_broker and not settings.bootstrap_servers:
-        from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
+        from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS, DevBroker
 
         broker = DevBroker().start()
         settings = settings.replace(bootstrap_servers=broker.bootstrap, **DEV_TOPIC_SETTINGS)

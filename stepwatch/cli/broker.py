@@ -31,8 +31,8 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.cli.common import settings_from_args
+    from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS, DevBroker
 
     stop = threading.Event()
 

@@ -96,7 +96,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
+    from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.errors import ConfigError
 
     settings = settings_from_args(args)

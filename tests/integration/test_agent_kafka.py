@@ -24,7 +24,6 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from stepwatch.audit import SeqAudit
-from stepwatch.broker import free_port
 from stepwatch.contract import (
     EventMessage,
     EventType,
@@ -37,6 +36,7 @@ from stepwatch.contract import (
     decode,
 )
 from stepwatch.contract.wire import RankEvent, RankStep, encode_datagram
+from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -31,9 +31,9 @@ from test_agent_kafka import metric, wait_for
 
 from stepwatch.agents.sink import Sequencer
 from stepwatch.agents.spool import Spool
-from stepwatch.broker import free_port
 from stepwatch.contract import StepMessage, StepRecord, Topics, decode, encode, message_key
 from stepwatch.contract.wire import RankStep, encode_datagram
+from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

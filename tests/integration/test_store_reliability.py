@@ -23,8 +23,8 @@ import msgspec
 import pytest
 import store_testdata as D
 
-from stepwatch.broker import free_port
 from stepwatch.contract import Phases, StepMessage, StepRecord, encode
+from stepwatch.daemons.process import free_port
 from stepwatch.exporters.clickhouse.access import open_reader
 from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 from stepwatch.exporters.clickhouse.service import Endpoint, endpoint_path
