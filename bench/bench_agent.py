@@ -68,7 +68,7 @@ def host_collectors() -> list[str]:
 
 
 def start_agent(name: str, bootstrap: str, work: Path, collectors: list[str]) -> subprocess.Popen[bytes]:
-    from stepwatch.broker import free_port
+    from stepwatch.daemons.process import free_port
 
     cmd = [sys.executable, "-m", "stepwatch.cli", "agent", "--bootstrap-servers", bootstrap,
            "--host", f"bench-{name}", "--collectors", ",".join(collectors) or "none",
@@ -109,7 +109,7 @@ def ranks_child(path: str, seconds: float, ranks: int = 8) -> None:
 
 
 def host_cost(seconds: float, warmup: float) -> list[tuple[str, Sample, Sample, str]]:
-    from stepwatch.broker import DevBroker
+    from stepwatch.daemons.broker import DevBroker
 
     work = Path(tempfile.mkdtemp(prefix="bench-agent-"))
     collectors = host_collectors()
@@ -157,8 +157,8 @@ def throughput(n: int) -> tuple[float, float]:
 
     from stepwatch.agents.publisher import KafkaPublisher
     from stepwatch.agents.sink import Sequencer
-    from stepwatch.broker import DevBroker
     from stepwatch.contract import StepMessage, Topics, encode, message_key
+    from stepwatch.daemons.broker import DevBroker
     from stepwatch.kafka import ensure_topics, producer_config
     from stepwatch.settings import Settings
 

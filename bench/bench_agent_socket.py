@@ -28,7 +28,7 @@ from stepwatch.agents.collectors.steps import StepsCollector
 SENDER = """
 import socket, sys, time
 from stepwatch.contract import StepRecord
-from stepwatch.sdk.wire import RankStep, encode_datagram
+from stepwatch.contract.wire import RankStep, encode_datagram
 now = time.time()
 data = [encode_datagram(RankStep(step=StepRecord(job_id="j", rank=i % 8, world_size=8, step=i,
         start=now - 0.1, end=now))) for i in range(int(sys.argv[2]))]

@@ -35,8 +35,8 @@ import yaml
 from stepwatch.alerts.config import RULES_DIR, Receivers, alertmanager_config
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
 from stepwatch.alerts.remediate.service import build
-from stepwatch.broker import free_port
 from stepwatch.daemons.alertmanager import Alertmanager
+from stepwatch.daemons.process import free_port
 from stepwatch.daemons.prometheus import wait_for
 from stepwatch.daemons.slurm import SlurmCluster
 from stepwatch.settings import Settings

@@ -37,8 +37,9 @@ from bench_remediate import POLICY, Timed, remediator_and_alertmanager, rule_for
 
 from stepwatch.alerts.config import rule_files
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
-from stepwatch.broker import DevBroker, free_port
 from stepwatch.contract import KIND_OF, Topics, encode, message_key
+from stepwatch.daemons.broker import DevBroker
+from stepwatch.daemons.process import free_port
 from stepwatch.daemons.prometheus import Prometheus, wait_for
 from stepwatch.daemons.slurm import SlurmCluster
 from stepwatch.kafka import ensure_topics, producer_config

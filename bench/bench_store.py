@@ -74,7 +74,7 @@ def step_messages(hosts: int, steps: int) -> list[StepMessage]:
 def bench_sink(messages: list[StepMessage], batch: int, work: Path) -> tuple[int, float]:
     from confluent_kafka import Producer
 
-    from stepwatch.broker import DevBroker
+    from stepwatch.daemons.broker import DevBroker
     from stepwatch.exporters.clickhouse.kafka_source import KafkaSource
     from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
     from stepwatch.kafka import ensure_topics

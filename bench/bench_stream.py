@@ -177,7 +177,7 @@ def cpu_of(pid: int) -> float:
 
 
 def worker(settings: object, total: int, workdir: str, extra: list[str]) -> Row:
-    from stepwatch.broker import free_port
+    from stepwatch.daemons.process import free_port
 
     port = free_port()
     cmd = [sys.executable, "-m", "stepwatch.cli", "--log-level", "WARNING", "stream",
@@ -225,7 +225,7 @@ def main() -> None:
                     help="run the worker with Faust's stock consumer loop")
     args = ap.parse_args()
 
-    from stepwatch.broker import DevBroker
+    from stepwatch.daemons.broker import DevBroker
     from stepwatch.settings import Settings
 
     broker = None if args.bootstrap_servers else DevBroker().start()

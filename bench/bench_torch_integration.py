@@ -58,7 +58,7 @@ def ddp_steps(n: int) -> tuple[float, float, float]:
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from stepwatch.broker import free_port
+    from stepwatch.daemons.process import free_port
     from stepwatch.integrations.torch import instrument_ddp
 
     torch.set_num_threads(1)

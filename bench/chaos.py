@@ -60,8 +60,8 @@ from chaos_audit import Tap, audit, print_report, read_outboxes
 from chaos_rss import MIB, Row, Series, print_summaries, print_table, rss_split, soak_loop
 from harness import CLI, Proc, Worker, metric, rss_bytes, scrape, sink, stream_worker, wait_until
 
-from stepwatch.broker import DevBroker
 from stepwatch.contract import Topics
+from stepwatch.daemons.broker import DevBroker
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
 

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from stepwatch.broker import free_port  # noqa: E402
+from stepwatch.daemons.process import free_port  # noqa: E402
 
 CLI = [sys.executable, "-m", "stepwatch.cli"]
 PAGE = os.sysconf("SC_PAGE_SIZE")

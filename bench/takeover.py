@@ -31,7 +31,7 @@ import harness
 from harness import job_steps, scrape, stream_worker, wait_until
 from livefeed import LiveFeed
 
-from stepwatch.broker import DevBroker
+from stepwatch.daemons.broker import DevBroker
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
 

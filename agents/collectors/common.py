@@ -74,6 +74,25 @@ class HealthTracker:
         self._by_reason[reason] = self._by_reason.get(reason, 0) + 1
 
 
+class TrackedCollector:
+    """The health accounting every host collector shares (NVML, dcgm, RDMA).
+
+    A subclass sets ``self._health = HealthTracker(log)`` in its ``__init__`` and
+    reports through it in ``collect``; :meth:`health` and :meth:`error_counts`
+    (the :class:`~stepwatch.agents.collectors.base.Collector` interface and the
+    agent's metrics) read it back.
+    """
+
+    _health: HealthTracker
+
+    def health(self) -> CollectorHealth:
+        return self._health.health()
+
+    def error_counts(self) -> dict[str, int]:
+        """Errors since start, by reason (for the agent's metrics)."""
+        return self._health.error_counts()
+
+
 def job_for(ctx: HostContext, gpu_indices: Iterable[int]) -> str | None:
     """The job id when every listed GPU maps to one and the same job, else None."""
     jobs = {ctx.job_of_gpu.get(index) for index in gpu_indices}

@@ -26,8 +26,8 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from stepwatch.agents.collectors.base import CollectorHealth, HostContext
-from stepwatch.agents.collectors.common import HealthTracker, job_for
+from stepwatch.agents.collectors.base import HostContext
+from stepwatch.agents.collectors.common import HealthTracker, TrackedCollector, job_for
 from stepwatch.agents.collectors.promtext import Parser, Sample
 from stepwatch.contract import EventMessage, EventType, GpuMessage, GpuReading, Message
 
@@ -79,7 +79,7 @@ def fetch(url: str, timeout: float) -> str:
     return body.decode("utf-8", errors="replace")
 
 
-class DcgmCollector:
+class DcgmCollector(TrackedCollector):
     """The ``dcgm`` collector."""
 
     name = "dcgm"
@@ -106,12 +106,6 @@ class DcgmCollector:
         except Exception as err:  # the loop edge: never raise into the agent
             self._health.error("collect", "unexpected", "dcgm collect failed: %r", err)
             return []
-
-    def health(self) -> CollectorHealth:
-        return self._health.health()
-
-    def error_counts(self) -> dict[str, int]:
-        return self._health.error_counts()
 
     def attribution(self) -> dict[int, dict[str, str]]:
         """Per GPU index: the pod/namespace/container/hpc_job/hostname labels seen last."""

@@ -24,8 +24,8 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stepwatch.agents.collectors.base import CollectorHealth, HostContext
-from stepwatch.agents.collectors.common import HealthTracker, job_for
+from stepwatch.agents.collectors.base import HostContext
+from stepwatch.agents.collectors.common import HealthTracker, TrackedCollector, job_for
 from stepwatch.agents.collectors.jobmap import JobMap
 from stepwatch.agents.collectors.nvml_api import (
     STATIC_FIELDS,
@@ -55,7 +55,7 @@ class _Gpu:
     xid_last: int | None = None
 
 
-class NvmlCollector:
+class NvmlCollector(TrackedCollector):
     """The ``nvml`` collector (also ``nvml-replay`` over a recording)."""
 
     def __init__(
@@ -94,9 +94,6 @@ class NvmlCollector:
             self._health.error("collect", "unexpected", "nvml collect failed: %r", err)
             return []
 
-    def health(self) -> CollectorHealth:
-        return self._health.health()
-
     def _with_mapped_jobs(self, ctx: HostContext) -> HostContext:
         """The context with the mapping directory's jobs for GPUs no step event claimed."""
         if self._job_map is None:
@@ -105,9 +102,6 @@ class NvmlCollector:
         if not mapped:
             return ctx
         return replace(ctx, job_of_gpu={**mapped, **ctx.job_of_gpu})
-
-    def error_counts(self) -> dict[str, int]:
-        return self._health.error_counts()
 
     def close(self) -> None:
         if not self._started:

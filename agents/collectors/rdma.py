@@ -24,8 +24,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from stepwatch.agents.collectors.base import CollectorHealth, HostContext
-from stepwatch.agents.collectors.common import HealthTracker
+from stepwatch.agents.collectors.base import HostContext
+from stepwatch.agents.collectors.common import HealthTracker, TrackedCollector
 from stepwatch.agents.collectors.sysfs import (
     failure_reason,
     list_dir,
@@ -89,7 +89,7 @@ class _Port:
     last_state: str | None = None
 
 
-class RdmaCollector:
+class RdmaCollector(TrackedCollector):
     """The ``rdma`` collector."""
 
     name = "rdma"
@@ -110,12 +110,6 @@ class RdmaCollector:
         except Exception as err:  # the loop edge: never raise into the agent
             self._health.error("collect", "unexpected", "rdma collect failed: %r", err)
             return []
-
-    def health(self) -> CollectorHealth:
-        return self._health.health()
-
-    def error_counts(self) -> dict[str, int]:
-        return self._health.error_counts()
 
     def close(self) -> None:
         self._ports.clear()

@@ -1,7 +1,7 @@
 """The steps collector: the agent's end of the SDK's Unix datagram socket.
 
 Training ranks on the host send one datagram per step (and per discrete event)
-to ``Settings.agent_socket`` (see :mod:`stepwatch.sdk.wire`). A reader thread
+to ``Settings.agent_socket`` (see :mod:`stepwatch.contract.wire`). A reader thread
 receives and decodes them into a bounded buffer (the kernel's datagram queue
 is short: ``net.unix.max_dgram_qlen`` is often 10), and each tick
 :meth:`StepsCollector.collect` turns what arrived into one ``StepMessage`` per
@@ -49,9 +49,9 @@ from stepwatch.contract import (
     check_step,
     check_values,
 )
+from stepwatch.contract.wire import MAX_DATAGRAM_BYTES, RankEvent, RankStep, decode_datagram
 from stepwatch.errors import CollectorError, ConfigError, ContractError
 from stepwatch.logs import LogOnce
-from stepwatch.sdk.wire import MAX_DATAGRAM_BYTES, RankEvent, RankStep, decode_datagram
 
 log = logging.getLogger(__name__)
 

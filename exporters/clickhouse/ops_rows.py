@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from stepwatch.contract.ops import AlertRecord, RemediationRecord, decode_alert, decode_remediation
+from stepwatch.contract.topics import ALERTS, REMEDIATIONS, unprefixed
 from stepwatch.exporters.clickhouse import rows as R
 
 ACTOR = "stepwatch-remediator"
@@ -45,8 +46,9 @@ def ops_mappers(topics: Iterable[str]) -> dict[str, Mapper]:
     """The operations topics among ``topics`` (``<prefix>.alerts``, ``<prefix>.remediations``)."""
     out: dict[str, Mapper] = {}
     for topic in topics:
-        if topic.endswith(".alerts"):
+        name = unprefixed(topic)
+        if name == ALERTS:
             out[topic] = _alert
-        elif topic.endswith(".remediations"):
+        elif name == REMEDIATIONS:
             out[topic] = _remediation
     return out

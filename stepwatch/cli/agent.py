@@ -8,9 +8,9 @@ import signal
 import threading
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, default_of, settings_from_args
 from stepwatch.errors import ConfigError
-from stepwatch.settings import AGENT_VERIFY_JOB, DEFAULT_AGENT_SOCKET
+from stepwatch.settings import AGENT_VERIFY_JOB
 
 DESCRIPTION = """\
 Run the node agent: every tick it reads the host's GPUs (NVML or dcgm-exporter),
@@ -66,45 +66,51 @@ def register(subparsers: Any) -> None:
     g.add_argument("--host", metavar="NAME", help="host name stamped on every message (default: hostname)")
     g.add_argument("--collectors", metavar="NAMES",
                    help="comma-separated: steps, nvml, nvml-replay, dcgm, rdma; 'none' for none "
-                   "(default nvml,rdma,steps)")
+                   f"(default {default_of('collectors')})")
     g.add_argument("--socket", dest="agent_socket", metavar="PATH",
                    help="Unix datagram socket the training ranks send to, in a directory of "
-                   f"its own (default {DEFAULT_AGENT_SOCKET}); created 0750, the socket 0620")
+                   f"its own (default {default_of('agent_socket')}); created 0750, the socket 0620")
     g.add_argument("--socket-group", dest="agent_socket_group", metavar="GROUP",
                    help="group (name or gid) whose members may send to the socket (default: "
                    "the agent's own group; put the training users in it)")
     g.add_argument("--verify-job", dest="agent_verify_job", choices=AGENT_VERIFY_JOB,
                    help="check each record's job and rank against the sender's Slurm cgroup "
-                   "and environment: when_known (default) rejects contradictions, strict also "
+                   "and environment: when_known rejects contradictions, strict also "
                    "rejects senders tied to no job, off checks nothing (the host is always "
-                   "checked)")
+                   f"checked; default {default_of('agent_verify_job')})")
     g.add_argument("--host-alias", dest="agent_host_aliases", metavar="NAMES",
                    help="comma-separated host names ranks may also claim for this host")
     g.add_argument("--sender-rate", dest="agent_sender_rate", type=float, metavar="N",
-                   help="datagrams per second one process may send (default 500; 0: no limit)")
+                   help="datagrams per second one process may send "
+                   f"(default {default_of('agent_sender_rate')}; 0: no limit)")
     g.add_argument("--sender-burst", dest="agent_sender_burst", type=int, metavar="N",
-                   help="datagrams one process may send at once (default 1000)")
+                   help=f"datagrams one process may send at once (default {default_of('agent_sender_burst')})")
     g.add_argument("--user-rate", dest="agent_user_rate", type=float, metavar="N",
                    help="datagrams per second all processes of one user may send (default "
-                   "4000, burst STEPWATCH_AGENT_USER_BURST=8000; 0: no limit)")
+                   f"{default_of('agent_user_rate')}, burst STEPWATCH_AGENT_USER_BURST="
+                   f"{default_of('agent_user_burst')}; 0: no limit)")
     g.add_argument("--max-message-bytes", dest="agent_max_message_bytes", type=parse_size,
                    metavar="SIZE", help="largest step message the agent builds per job and "
-                   "tick; more steps go in more messages (default 256K)")
+                   f"tick; more steps go in more messages (default {default_of('agent_max_message_bytes')})")
     g.add_argument("--tick", dest="tick_seconds", type=float, metavar="SECONDS",
-                   help="seconds between polls, aligned to the wall clock (default 1.0)")
-    g.add_argument("--spool-dir", metavar="DIR", help="directory of the on-disk spool (default var/spool)")
+                   help="seconds between polls, aligned to the wall clock "
+                   f"(default {default_of('tick_seconds')})")
+    g.add_argument("--spool-dir", metavar="DIR",
+                   help=f"directory of the on-disk spool (default {default_of('spool_dir')})")
     g.add_argument("--spool-max-bytes", type=parse_size, metavar="SIZE",
-                   help="spool bound, e.g. 512M (default); when full the oldest unsent data "
+                   help=f"spool bound, a size such as 2G (default {default_of('spool_max_bytes')}); when "
+                   "full the oldest unsent data "
                    "is dropped and counted")
-    g.add_argument("--sysfs-root", metavar="DIR", help="root of the sysfs tree for RDMA counters (default /sys)")
+    g.add_argument("--sysfs-root", metavar="DIR",
+                   help=f"root of the sysfs tree for RDMA counters (default {default_of('sysfs_root')})")
     g.add_argument("--job-map-dir", metavar="DIR",
                    help="the Slurm prolog's hpc-job mapping directory (a file per GPU index "
                    "holding its job id); the NVML collector labels GPUs with it until steps "
-                   "name their job (default /run/stepwatch/jobs; empty: none)")
+                   f"name their job (default {default_of('job_map_dir')}; empty: none)")
     g.add_argument("--dcgm-url", metavar="URL", help="dcgm-exporter URL for the dcgm collector, "
                    "e.g. http://localhost:9400/metrics")
     g.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="port of the agent's own /metrics (default 9465; 0 disables)")
+                   help=f"port of the agent's own /metrics (default {default_of('metrics_port')}; 0 disables)")
     add_web_flags(g)
     p.set_defaults(func=run)
 
@@ -117,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
     broker = None
     if args.dev_broker and not settings.bootstrap_servers:
-        from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
+        from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS, DevBroker
 
         broker = DevBroker().start()
         settings = settings.replace(bootstrap_servers=broker.bootstrap, **DEV_TOPIC_SETTINGS)

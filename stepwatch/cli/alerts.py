@@ -15,7 +15,7 @@ import signal
 import threading
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags
+from stepwatch.cli.common import add_kafka_flags, default_of
 
 
 def register(subparsers: Any) -> None:
@@ -27,9 +27,10 @@ def register(subparsers: Any) -> None:
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_kafka_flags(p)
     p.add_argument("--port", dest="remediate_alerts_port", type=int,
-                   help="port (env STEPWATCH_REMEDIATE_ALERTS_PORT, default 9470)")
+                   help="port (env STEPWATCH_REMEDIATE_ALERTS_PORT, "
+                   f"default {default_of('remediate_alerts_port')})")
     p.add_argument("--bind", dest="remediate_bind", help="address (env STEPWATCH_REMEDIATE_BIND, "
-                   "default 127.0.0.1)")
+                   f"default {default_of('remediate_bind')})")
     p.add_argument("--token-file", dest="remediate_token_file",
                    help="file holding the bearer token (env STEPWATCH_REMEDIATE_TOKEN_FILE)")
     p.set_defaults(func=run_receive)

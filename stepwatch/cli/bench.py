@@ -28,12 +28,12 @@ def register(subparsers: Any) -> None:
                            "time to detect, cause attribution, detections per healthy "
                            "job-hour; Engine.process records/s."))
     d.add_argument("--quick", action="store_true", help="the small suite (under a minute)")
-    d.add_argument("--seed", type=int, default=7, help="suite seed (default 7)")
+    d.add_argument("--seed", type=int, default=7, help="suite seed (default %(default)s)")
     d.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     d.add_argument("--no-micro", action="store_true", help="skip the Engine.process timing")
     d.add_argument("--verbose", action="store_true", help="list every miss and false detection")
     d.add_argument("--family", choices=("sim", "wild", "drift", "all", "none"), default="all",
-                   help="which scenario family (default: all; none: only --recorded)")
+                   help="which scenario family (default: %(default)s; none: only --recorded)")
     d.add_argument("--recorded", metavar="DIR", action="append", default=[],
                    help="also score labelled recordings of real jobs in DIR, e.g. "
                         "tests/fixtures/torch (JSON Lines + labels.json; repeatable)")

@@ -7,6 +7,8 @@ import signal
 import threading
 from typing import Any
 
+from stepwatch.cli.common import default_of
+
 DESCRIPTION = """\
 Run the development broker (Tansu, Kafka wire protocol, memory storage) on a
 loopback port until SIGTERM or Ctrl-C, and print its bootstrap address. For
@@ -21,18 +23,19 @@ def register(subparsers: Any) -> None:
         description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
     p.add_argument("--create-topics", action="store_true",
                    help="create the stepwatch topics at start (--topic-prefix, --partitions)")
-    p.add_argument("--topic-prefix", help="topic name prefix (default stepwatch)")
-    p.add_argument("--partitions", type=int, help="partitions for topics created (default 8)")
+    p.add_argument("--topic-prefix", help=f"topic name prefix (default {default_of('topic_prefix')})")
+    p.add_argument("--partitions", type=int,
+                   help=f"partitions for topics created (default {default_of('partitions')})")
     p.add_argument("--log-file", help="write the broker's own log here (default: discarded)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.cli.common import settings_from_args
+    from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS, DevBroker
 
     stop = threading.Event()
 

@@ -3,11 +3,33 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from typing import Any
 
 from stepwatch.errors import ConfigError
 from stepwatch.settings import Settings
+
+_FIELDS = {f.name: f for f in fields(Settings)}
+
+
+def default_of(name: str) -> str:
+    """The :class:`Settings` default of setting ``name`` as help text shows it.
+
+    Help strings take every default from here, so none is written twice: floats as
+    ``%g`` (``1.0`` -> ``1``), byte sizes (``*_bytes``) in the units ``parse_size``
+    reads (``512M``). Flags themselves default to None, so that a flag not given
+    leaves the setting to the environment, the config file or this default.
+    """
+    value = _FIELDS[name].default
+    if value is MISSING:
+        raise ValueError(f"setting {name} has no plain default to show")
+    if isinstance(value, float):
+        return f"{value:g}"
+    if isinstance(value, int) and not isinstance(value, bool) and name.endswith("_bytes"):
+        for power, unit in ((4, "T"), (3, "G"), (2, "M"), (1, "K")):
+            if value and value % 1024**power == 0:
+                return f"{value // 1024**power}{unit}"
+    return str(value)
 
 
 def add_kafka_flags(parser: argparse.ArgumentParser) -> None:
@@ -17,8 +39,9 @@ def add_kafka_flags(parser: argparse.ArgumentParser) -> None:
         help="Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); "
         "empty: start the embedded development broker",
     )
-    g.add_argument("--topic-prefix", help="topic name prefix (default stepwatch)")
-    g.add_argument("--partitions", type=int, help="partitions for topics created (default 8)")
+    g.add_argument("--topic-prefix", help=f"topic name prefix (default {default_of('topic_prefix')})")
+    g.add_argument("--partitions", type=int,
+                   help=f"partitions for topics created (default {default_of('partitions')})")
     g.add_argument(
         "-X",
         "--kafka-config",
@@ -64,5 +87,5 @@ def add_web_flags(group: Any) -> None:
         "--web-listen-address", metavar="HOST:PORT", default="",
         help="address of /metrics, e.g. 127.0.0.1:9465, [::1]:9465 or :9465 (every "
         "interface); wins over --metrics-port and STEPWATCH_METRICS_HOST (default host "
-        "127.0.0.1). TLS and basic auth: STEPWATCH_METRICS_TLS_CERT/_KEY, "
+        f"{default_of('metrics_host')}). TLS and basic auth: STEPWATCH_METRICS_TLS_CERT/_KEY, "
         "STEPWATCH_METRICS_AUTH_USER/_PASSWORD (docs/security.md)")

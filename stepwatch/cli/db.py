@@ -12,7 +12,7 @@ import logging
 import sys
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, default_of, settings_from_args
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -24,13 +24,15 @@ def add_store_flags(parser: argparse.ArgumentParser) -> None:
                    "STEPWATCH_CLICKHOUSE_URL); empty: the embedded store at --store-path")
     g.add_argument("--clickhouse-user", help="server user (env STEPWATCH_CLICKHOUSE_USER); the "
                    "password comes from STEPWATCH_CLICKHOUSE_PASSWORD")
-    g.add_argument("--database", dest="clickhouse_database", help="database name (default stepwatch)")
+    g.add_argument("--database", dest="clickhouse_database",
+                   help=f"database name (default {default_of('clickhouse_database')})")
     g.add_argument("--cluster", dest="clickhouse_cluster", metavar="NAME",
                    help="a ClickHouse cluster (remote_servers name; env STEPWATCH_CLICKHOUSE_CLUSTER): "
                    "migrations create replicated tables ON CLUSTER behind Distributed tables, "
                    "and the sink writes through those (docs/store.md)")
-    g.add_argument("--store-path", help="embedded store directory (default var/chdb; readers "
-                   "fall back to the demo's var/demo/chdb when var/chdb does not exist)")
+    g.add_argument("--store-path", help=f"embedded store directory (default {default_of('store_path')}; "
+                   "readers fall back to the demo's var/demo/chdb when "
+                   f"{default_of('store_path')} does not exist)")
 
 
 def store_settings(args: argparse.Namespace, **more: Any) -> Settings:
@@ -62,13 +64,14 @@ def register(subparsers: Any) -> None:
     add_kafka_flags(p)
     add_store_flags(p)
     p.add_argument("--group", dest="sink_group",
-                   help="consumer group (env STEPWATCH_SINK_GROUP, default stepwatch-store)")
+                   help=f"consumer group (env STEPWATCH_SINK_GROUP, default {default_of('sink_group')})")
     p.add_argument("--batch-messages", dest="sink_batch_messages", type=int,
-                   help="records per partition batch (default 5000)")
+                   help=f"records per partition batch (default {default_of('sink_batch_messages')})")
     p.add_argument("--batch-seconds", dest="sink_batch_seconds", type=float,
-                   help="longest a record waits (default 1)")
+                   help=f"longest a record waits (default {default_of('sink_batch_seconds')})")
     p.add_argument("--metrics-port", dest="sink_metrics_port", type=int,
-                   help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, default 9467; 0 disables)")
+                   help="/metrics port (env STEPWATCH_SINK_METRICS_PORT, "
+                   f"default {default_of('sink_metrics_port')}; 0 disables)")
     add_web_flags(p)
     p.add_argument("--no-serve", action="store_true", help="do not serve the query endpoint")
     p.add_argument("--raw-ttl-days", type=int, help="retention of raw rows; older ones are dead "

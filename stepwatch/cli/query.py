@@ -28,7 +28,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                         help="any other parameter of the query (repeatable)")
     parser.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "jsonl"),
-                        help="output format (default table)")
+                        help="output format (default %(default)s)")
     add_store_flags(parser)
     parser.set_defaults(func=run)
 

@@ -8,6 +8,8 @@ import signal
 import threading
 from typing import Any
 
+from stepwatch.cli.common import default_of
+
 DESCRIPTION = """\
 serve          receive Alertmanager webhooks and act per the policy (observe mode,
                a dry run, unless the policy or --mode says recommend or execute)
@@ -33,8 +35,10 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--policy", dest="remediate_policy", help="policy YAML (env STEPWATCH_REMEDIATE_POLICY)")
     serve.add_argument("--mode", dest="remediate_mode", choices=("observe", "recommend", "execute"),
                        help="override the policy's mode")
-    serve.add_argument("--port", dest="remediate_port", type=int, help="listen port (default 9469)")
-    serve.add_argument("--bind", dest="remediate_bind", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", dest="remediate_port", type=int,
+                       help=f"listen port (default {default_of('remediate_port')})")
+    serve.add_argument("--bind", dest="remediate_bind",
+                       help=f"listen address (default {default_of('remediate_bind')})")
     serve.add_argument("--state-dir", dest="remediate_state_dir", help="where the state file lives")
     serve.add_argument("--token-file", dest="remediate_token_file", help="file holding the bearer token")
     serve.add_argument("--bootstrap-servers", help="Kafka for the audit topic, which the store's sink records "
@@ -48,7 +52,8 @@ def register(subparsers: Any) -> None:
                            ("approve", "approve a queued action"),
                            ("close-breaker", "close the circuit breaker")):
         c = sub.add_parser(name, help=helptext)
-        c.add_argument("--url", dest="remediate_url", help="the service (default http://127.0.0.1:9469)")
+        c.add_argument("--url", dest="remediate_url",
+                       help=f"the service (default {default_of('remediate_url')})")
         c.add_argument("--token-file", dest="remediate_token_file", help="file holding the bearer token")
         if name == "list":
             c.add_argument("--status", help="only this status (queued, done, dry_run, failed_transient, ...)")

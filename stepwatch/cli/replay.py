@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from typing import IO, Any
 
+from stepwatch.cli.common import default_of
 from stepwatch.errors import ConfigError, ContractError, StepwatchError
 
 DESCRIPTION = """\
@@ -43,18 +44,19 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("events", help="JSON Lines file of messages ('-' for stdin; .gz is read)")
-    p.add_argument("--out", default="-", help="detections file (default '-': stdout)")
+    p.add_argument("--out", default="-", help="detections file (default '%(default)s': stdout)")
     p.add_argument("--dlq", help="write malformed lines here as JSON Lines "
                    "(line, reason, detail, payload)")
     p.add_argument("--hang-min-seconds", type=float,
-                   help="shortest silence called a hang (env STEPWATCH_HANG_MIN_SECONDS, 60)")
+                   help="shortest silence called a hang "
+                   f"(env STEPWATCH_HANG_MIN_SECONDS, {default_of('hang_min_seconds')})")
     p.add_argument("--hang-step-multiple", type=float,
                    help="silence of this many median steps is a hang "
-                   "(env STEPWATCH_HANG_STEP_MULTIPLE, 10)")
+                   f"(env STEPWATCH_HANG_STEP_MULTIPLE, {default_of('hang_step_multiple')})")
     p.add_argument("--tick-seconds", type=float, default=1.0,
-                   help="tick the engine each time event time advances this much (default 1)")
+                   help="tick the engine each time event time advances this much (default %(default)g)")
     p.add_argument("--end-seconds", type=float, default=5.0,
-                   help="at the end, tick this far past the last timestamp (default 5)")
+                   help="at the end, tick this far past the last timestamp (default %(default)g)")
     p.add_argument("--quiet", action="store_true", help="no per-line error reports on stderr")
     p.set_defaults(func=run)
 

@@ -23,7 +23,7 @@ def register(subparsers: Any) -> None:
                               formatter_class=argparse.RawDescriptionHelpFormatter,
                               epilog="example: stepwatch report --job 4242 --out reports/")
     p.add_argument("--job", required=True, help="the job id")
-    p.add_argument("--out", default="var/reports", help="output directory (default var/reports)")
+    p.add_argument("--out", default="var/reports", help="output directory (default %(default)s)")
     add_store_flags(p)
     p.set_defaults(func=run)
 

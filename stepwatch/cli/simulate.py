@@ -43,10 +43,10 @@ def register(subparsers: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     job = p.add_argument_group("job")
-    job.add_argument("--nodes", type=int, default=4, help="nodes per job (default 4)")
+    job.add_argument("--nodes", type=int, default=4, help="nodes per job (default %(default)s)")
     job.add_argument("--gpus-per-node", type=int, default=8)
     job.add_argument("--nics-per-node", type=int, default=8)
-    job.add_argument("--steps", type=int, default=300, help="training steps (default 300)")
+    job.add_argument("--steps", type=int, default=300, help="training steps (default %(default)s)")
     job.add_argument("--step-seconds", type=float, default=1.0, help="nominal step time")
     job.add_argument("--pipeline-stages", type=int, default=1)
     job.add_argument("--jobs", type=int, default=1, help="number of jobs, on disjoint hosts")

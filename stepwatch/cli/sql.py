@@ -21,7 +21,7 @@ def register(subparsers: Any) -> None:
         epilog='example: stepwatch sql "SELECT job_id, count() FROM step_events GROUP BY job_id"')
     parser.add_argument("query", nargs="?", help="the SQL; '-' or omitted: read it from stdin")
     parser.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "jsonl"),
-                        help="output format (default table)")
+                        help="output format (default %(default)s)")
     parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
                         help="value for a {NAME:Type} placeholder (repeatable)")
     add_store_flags(parser)

@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, add_web_flags, settings_from_args
+from stepwatch.cli.common import add_kafka_flags, add_web_flags, default_of, settings_from_args
 
 log = logging.getLogger(__name__)
 
@@ -51,52 +51,57 @@ def register(sub: Any) -> None:
     g.add_argument("--worker-name", dest="stream_worker_name",
                    help="name in logs and dead letters (default host:pid)")
     g.add_argument("--metrics-port", dest="stream_metrics_port", type=int,
-                   help="Prometheus /metrics port (default 9466; 0 disables)")
+                   help=f"Prometheus /metrics port (default {default_of('stream_metrics_port')}; 0 disables)")
     add_web_flags(g)
     g.add_argument("--web-port", dest="stream_web_port", type=int,
-                   help="Faust's own web server port (default 0: off)")
+                   help=f"Faust's own web server port (default {default_of('stream_web_port')}; 0: off)")
     g.add_argument("--data-dir", dest="stream_data_dir",
-                   help="Faust data directory (default var/stream)")
+                   help=f"Faust data directory (default {default_of('stream_data_dir')})")
     g.add_argument("--batch", dest="stream_batch", type=int,
-                   help="Kafka messages per processing batch (default 2000)")
+                   help=f"Kafka messages per processing batch (default {default_of('stream_batch')})")
     g.add_argument("--batch-within", dest="stream_batch_within", type=float,
-                   help="seconds to wait for a batch to fill (default 0.05)")
+                   help=f"seconds to wait for a batch to fill (default {default_of('stream_batch_within')})")
     g.add_argument("--tick", dest="stream_tick_seconds", type=float,
-                   help="seconds between hang checks and metric refreshes (default 1)")
+                   help="seconds between hang checks and metric refreshes "
+                   f"(default {default_of('stream_tick_seconds')})")
     g.add_argument("--standby-replicas", dest="stream_standby_replicas", type=int,
-                   help="standby copies of the open-detections table (default 1)")
+                   help="standby copies of the open-detections table "
+                   f"(default {default_of('stream_standby_replicas')})")
     g.add_argument("--restore-grace-steps", dest="stream_restore_grace_steps", type=int,
                    help="steps a job must advance before an inherited open detection the "
-                   "restarted core did not confirm is resolved (default 64)")
+                   f"restarted core did not confirm is resolved (default {default_of('stream_restore_grace_steps')})")
     g.add_argument("--session-timeout", dest="stream_session_timeout", type=float,
                    help="consumer-group session timeout in seconds: a crashed worker's "
-                   "partitions move after it (default 6, Kafka's smallest allowed; heartbeat "
+                   f"partitions move after it (default {default_of('stream_session_timeout')}, Kafka's smallest allowed; heartbeat "
                    "every 1/6 of it; docs/streams.md, Availability)")
     g.add_argument("--rebalance-timeout", dest="stream_rebalance_timeout", type=float,
                    help="how long the coordinator waits for members to rejoin in a rebalance, "
-                   "seconds (default 0: Faust's 60)")
+                   f"seconds (default {default_of('stream_rebalance_timeout')}; 0: Faust's 60)")
     g.add_argument("--faust-log-level", dest="stream_faust_log_level",
-                   help="log level of Faust, mode and aiokafka (default WARNING)")
+                   help=f"log level of Faust, mode and aiokafka (default {default_of('stream_faust_log_level')})")
     g.add_argument("--stock-consumer", dest="stream_stock_consumer", action="store_const",
                    const=True, help="use Faust's stock consumer loop instead of the leaner one")
     a = p.add_argument_group("admission: records refused go to <prefix>.dlq with the reason "
                              "(docs/security.md, Boundary 2)")
     a.add_argument("--future-seconds", dest="stream_future_seconds", type=float,
-                   help="refuse timestamps this far ahead of the worker's clock (default 120; 0: off)")
+                   help="refuse timestamps this far ahead of the worker's clock "
+                   f"(default {default_of('stream_future_seconds')}; 0: off)")
     a.add_argument("--max-age-seconds", dest="stream_max_age_seconds", type=float,
-                   help="refuse older messages for live detection (default 86400; 0: off)")
+                   help="refuse older messages for live detection "
+                   f"(default {default_of('stream_max_age_seconds')}; 0: off)")
     a.add_argument("--step-jump-min", dest="stream_step_jump_min", type=int,
                    help="refuse a step beyond the job's highest by more than max(this, factor x "
-                   "cadence x elapsed) (default 1000)")
+                   f"cadence x elapsed) (default {default_of('stream_step_jump_min')})")
     a.add_argument("--step-jump-factor", dest="stream_step_jump_factor", type=float,
-                   help="the factor of --step-jump-min (default 100)")
+                   help=f"the factor of --step-jump-min (default {default_of('stream_step_jump_factor')})")
     a.add_argument("--max-world-size", dest="stream_max_world_size", type=int,
-                   help="refuse step records claiming a larger world_size (default 65536; 0: off)")
+                   help="refuse step records claiming a larger world_size "
+                   f"(default {default_of('stream_max_world_size')}; 0: off)")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from stepwatch.broker import DEV_TOPIC_SETTINGS, DevBroker
+    from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS, DevBroker
     from stepwatch.errors import ConfigError
 
     settings = settings_from_args(args)

@@ -14,44 +14,63 @@ from dataclasses import dataclass
 
 from stepwatch.contract.records import Kind, Message
 
+# Each topic's name after ``<prefix>.``: the one place topic names are spelled.
+STEPS = "steps"
+GPU = "gpu"
+PORTS = "ports"
+EVENTS = "events"
+DETECTIONS = "detections"
+DLQ = "dlq"
+REMEDIATIONS = "remediations"
+ALERTS = "alerts"
+
+
+def unprefixed(topic: str) -> str | None:
+    """A topic's name after its prefix (``"<prefix>.alerts"`` -> :data:`ALERTS`); None without one."""
+    _, dot, name = topic.rpartition(".")
+    return name if dot else None
+
 
 @dataclass(frozen=True)
 class Topics:
     prefix: str = "stepwatch"
 
+    def _name(self, name: str) -> str:
+        return f"{self.prefix}.{name}"
+
     @property
     def steps(self) -> str:
-        return f"{self.prefix}.steps"
+        return self._name(STEPS)
 
     @property
     def gpu(self) -> str:
-        return f"{self.prefix}.gpu"
+        return self._name(GPU)
 
     @property
     def ports(self) -> str:
-        return f"{self.prefix}.ports"
+        return self._name(PORTS)
 
     @property
     def events(self) -> str:
-        return f"{self.prefix}.events"
+        return self._name(EVENTS)
 
     @property
     def detections(self) -> str:
-        return f"{self.prefix}.detections"
+        return self._name(DETECTIONS)
 
     @property
     def dlq(self) -> str:
-        return f"{self.prefix}.dlq"
+        return self._name(DLQ)
 
     @property
     def remediations(self) -> str:
         """The remediator's decisions (JSON, keyed by action id): the sink stores them."""
-        return f"{self.prefix}.remediations"
+        return self._name(REMEDIATIONS)
 
     @property
     def alerts(self) -> str:
         """Alertmanager state changes (JSON, keyed by fingerprint): the sink stores them."""
-        return f"{self.prefix}.alerts"
+        return self._name(ALERTS)
 
     def operations(self) -> tuple[str, ...]:
         """Topics of operations records (not contract messages): alerts and remediations."""

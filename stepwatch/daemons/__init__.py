@@ -1,5 +1,7 @@
-"""Launchers for the real daemons stepwatch works with (Prometheus, Alertmanager, Slurm).
+"""Launchers for the real daemons stepwatch works with (Prometheus, Alertmanager, Slurm,
+the development Kafka broker).
 
 Used by the demo, the integration tests and the benchmarks: each starts the real
-binary on loopback ports, waits for readiness and stops it cleanly.
+binary on loopback ports, waits for readiness and stops it cleanly
+(:func:`stepwatch.daemons.process.stop_process`, shared by all).
 """

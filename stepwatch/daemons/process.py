@@ -74,6 +74,26 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         raise DaemonError(f"GET {url}: not JSON: {err}") from err
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout: float, name: str,
+                 warn_on_kill: bool = True) -> bool:
+    """Stop one child: SIGTERM, wait up to ``timeout`` s, then SIGKILL (and up to 5 s more).
+
+    Returns False when there was nothing to stop (the process had already exited).
+    ``warn_on_kill`` logs a warning when SIGTERM was not enough.
+    """
+    if proc.poll() is not None:
+        return False
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        if warn_on_kill:
+            log.warning("daemon did not stop on SIGTERM name=%s pid=%s: killing", name, proc.pid)
+        proc.kill()
+        proc.wait(timeout=5)
+    return True
+
+
 @dataclass
 class ManagedProcess:
     """A child process with a log file, an HTTP readiness probe and a clean stop."""
@@ -113,15 +133,8 @@ class ManagedProcess:
     def stop(self) -> None:
         """SIGTERM, wait up to ``stop_timeout``, then SIGKILL. Idempotent."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        if proc is None or not stop_process(proc, self.stop_timeout, self.name):
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=self.stop_timeout)
-        except subprocess.TimeoutExpired:
-            log.warning("daemon did not stop on SIGTERM name=%s pid=%s: killing", self.name, proc.pid)
-            proc.kill()
-            proc.wait(timeout=5)
         log.info("daemon stopped name=%s code=%s", self.name, proc.returncode)
 
     @property

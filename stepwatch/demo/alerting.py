@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stepwatch.broker import free_port
+from stepwatch.daemons.process import free_port
 from stepwatch.demo.allocation import SlurmAllocation
 from stepwatch.demo.pager import Pager
 from stepwatch.demo.services import Child

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from stepwatch.broker import DevBroker
+from stepwatch.daemons.broker import DevBroker
 from stepwatch.demo.alerting import AlertingStack, AlertView
 from stepwatch.demo.arc import Arc
 from stepwatch.demo.plain import Changes, snapshot
@@ -88,7 +88,7 @@ class Demo:
         settings = Settings.load(bootstrap_servers=bootstrap, spool_dir=str(opts.workdir / "spool"),
                                  store_path=str(opts.workdir / "chdb"))
         if not opts.bootstrap:
-            from stepwatch.broker import DEV_TOPIC_SETTINGS
+            from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS
 
             settings = settings.replace(**DEV_TOPIC_SETTINGS)
         ensure_topics(settings)

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepwatch.broker import free_port
+from stepwatch.daemons.process import free_port
 
 log = logging.getLogger(__name__)
 

@@ -33,7 +33,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from stepwatch.broker import free_port
+from stepwatch.daemons.process import free_port
 from stepwatch.demo.allocation import Follow, Incarnation, lost, next_running
 from stepwatch.demo.services import Child
 from stepwatch.errors import ConfigError

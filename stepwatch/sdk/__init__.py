@@ -5,13 +5,13 @@ opentelemetry only when spans are enabled, torch never imported (CUDA events
 are used when the script already runs torch with CUDA). See docs/sdk.md.
 """
 
+from stepwatch.contract.wire import RankEvent, RankStep, decode_datagram, encode_datagram
 from stepwatch.sdk.client import CheckpointTimer, StepWatch
 from stepwatch.sdk.configure import init
 from stepwatch.sdk.cuda import EventFactory, TimingEvent
 from stepwatch.sdk.identity import Identity, Launcher, detect_identity
 from stepwatch.sdk.phases import ALIASES, Phase, canonical
 from stepwatch.sdk.step import PhaseTimer, Span, Step, StepHook
-from stepwatch.sdk.wire import RankEvent, RankStep, decode_datagram, encode_datagram
 
 __all__ = [
     "ALIASES",

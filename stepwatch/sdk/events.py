@@ -11,8 +11,8 @@ import time
 from typing import Any
 
 from stepwatch.contract.records import EventType
+from stepwatch.contract.wire import RankEvent
 from stepwatch.sdk.identity import Identity
-from stepwatch.sdk.wire import RankEvent
 
 MAX_TEXT = 1024  # characters of an exception message kept (datagrams stay small)
 OOM = "OOM"

@@ -20,13 +20,13 @@ import time
 from collections import Counter
 from typing import Protocol
 
+from stepwatch.contract.wire import RankEvent, RankStep
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.cuda import EventPool, all_done
 from stepwatch.sdk.otel import SpanBuilder
 from stepwatch.sdk.resolve import Resolved, Resolver
 from stepwatch.sdk.step import RawStep
 from stepwatch.sdk.transport import DatagramSender
-from stepwatch.sdk.wire import RankEvent, RankStep
 
 logger = logging.getLogger(__name__)
 

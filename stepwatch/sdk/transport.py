@@ -21,8 +21,8 @@ import socket
 import time
 from collections import Counter
 
+from stepwatch.contract.wire import MAX_DATAGRAM_BYTES, Datagram, encode_datagram
 from stepwatch.logs import LogOnce
-from stepwatch.sdk.wire import MAX_DATAGRAM_BYTES, Datagram, encode_datagram
 
 logger = logging.getLogger(__name__)
 

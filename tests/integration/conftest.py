@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from stepwatch.broker import DevBroker
 from stepwatch.daemons.alertmanager import Alertmanager
+from stepwatch.daemons.broker import DevBroker
 from stepwatch.daemons.prometheus import Prometheus
 from stepwatch.daemons.slurm import SlurmCluster
 from stepwatch.settings import Settings

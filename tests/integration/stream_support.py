@@ -15,8 +15,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from stepwatch.broker import free_port
 from stepwatch.contract import KIND_OF, Message, Topics, encode, message_key
+from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

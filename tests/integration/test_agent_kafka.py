@@ -24,7 +24,6 @@ import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
 from stepwatch.audit import SeqAudit
-from stepwatch.broker import free_port
 from stepwatch.contract import (
     EventMessage,
     EventType,
@@ -36,7 +35,8 @@ from stepwatch.contract import (
     Topics,
     decode,
 )
-from stepwatch.sdk.wire import RankEvent, RankStep, encode_datagram
+from stepwatch.contract.wire import RankEvent, RankStep, encode_datagram
+from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

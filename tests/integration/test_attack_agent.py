@@ -31,9 +31,9 @@ from test_agent_kafka import metric, wait_for
 
 from stepwatch.agents.sink import Sequencer
 from stepwatch.agents.spool import Spool
-from stepwatch.broker import free_port
 from stepwatch.contract import StepMessage, StepRecord, Topics, decode, encode, message_key
-from stepwatch.sdk.wire import RankStep, encode_datagram
+from stepwatch.contract.wire import RankStep, encode_datagram
+from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,7 +208,7 @@ def test_c_forged_job_host_and_rank_through_the_real_sdk(start_agent, settings: 
 FLOOD = """
 import socket, sys, time
 from stepwatch.contract import StepRecord
-from stepwatch.sdk.wire import RankStep, encode_datagram
+from stepwatch.contract.wire import RankStep, encode_datagram
 now = time.time()
 data = [encode_datagram(RankStep(step=StepRecord(job_id="flood", rank=i % 8, world_size=8,
         step=i, start=now - 0.1, end=now))) for i in range(20_000)]

@@ -75,7 +75,7 @@ def traffic(now: float) -> list[Message | tuple[str, bytes, bytes]]:
 @pytest.fixture(scope="module")
 def stored(tmp_path_factory):
     """The traffic through a real broker and sink into a chdb store; the sink's metrics."""
-    from stepwatch.broker import DevBroker
+    from stepwatch.daemons.broker import DevBroker
     from stepwatch.settings import Settings
 
     work = tmp_path_factory.mktemp("attack-store")

@@ -67,7 +67,7 @@ def traffic(now: float) -> list[Message]:
 @pytest.fixture(scope="module")
 def attacked(tmp_path_factory):
     """The attacks through one worker; then a forged job_end once a real detection is open."""
-    from stepwatch.broker import DevBroker
+    from stepwatch.daemons.broker import DevBroker
     from stepwatch.settings import Settings
 
     work = tmp_path_factory.mktemp("attack-stream")

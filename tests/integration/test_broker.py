@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from confluent_kafka.admin import AdminClient
 
-from stepwatch.broker import DevBroker
 from stepwatch.contract import Topics
+from stepwatch.daemons.broker import DevBroker
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
 

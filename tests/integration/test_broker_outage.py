@@ -24,10 +24,10 @@ from confluent_kafka.admin import AdminClient
 from stepwatch.agents.agent import Agent, build_collectors
 from stepwatch.agents.publisher import BrokerState, KafkaPublisher
 from stepwatch.audit import SeqAudit
-from stepwatch.broker import DevBroker
 from stepwatch.contract import KIND_OF, Message, StepMessage, StepRecord, Topics, decode
+from stepwatch.contract.wire import RankStep, encode_datagram
+from stepwatch.daemons.broker import DevBroker
 from stepwatch.errors import StepwatchError
-from stepwatch.sdk.wire import RankStep, encode_datagram
 from stepwatch.settings import Settings
 
 OUTAGE_SECONDS = 30.0

@@ -30,7 +30,7 @@ NOW = D.T0 + 86400
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """The three runs, through a real broker and the sink, in a chdb store."""
-    from stepwatch.broker import DevBroker
+    from stepwatch.daemons.broker import DevBroker
     from stepwatch.settings import Settings
 
     work = tmp_path_factory.mktemp("pipeline")

@@ -23,8 +23,8 @@ import msgspec
 import pytest
 import store_testdata as D
 
-from stepwatch.broker import free_port
-from stepwatch.contract import Phases, StepMessage, StepRecord, encode
+from stepwatch.contract import Phases, StepMessage, StepRecord, Topics, encode
+from stepwatch.daemons.process import free_port
 from stepwatch.exporters.clickhouse.access import open_reader
 from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 from stepwatch.exporters.clickhouse.service import Endpoint, endpoint_path
@@ -40,6 +40,7 @@ GROUP = "reliability"
 CRASHING_SINK = """
 import os, signal, sys
 from stepwatch.exporters.clickhouse.runner import run_sink
+from stepwatch.contract.topics import STEPS, unprefixed
 from stepwatch.exporters.clickhouse.sink import SinkConfig
 from stepwatch.settings import Settings
 rounds = 0
@@ -47,7 +48,7 @@ def crash(batches):
     # counts the rounds that stored step rows: on a loaded machine the first rounds may hold
     # only other topics' partitions, and the test needs some, not all, steps stored
     global rounds
-    rounds += any(b.topic.endswith(".steps") for b in batches)
+    rounds += any(unprefixed(b.topic) == STEPS for b in batches)
     if rounds == int(sys.argv[1]):
         os.kill(os.getpid(), signal.SIGKILL)
 run_sink(Settings.load(), SinkConfig(group_id=sys.argv[2], batch_messages=int(sys.argv[3]),
@@ -62,7 +63,7 @@ def bad_records(prefix: str) -> list[tuple[str, bytes]]:
         return StepMessage(host="bad-host", ts=D.T0 + seq + 1, inst="bad", seq=seq, job_id="jobX",
                            steps=[record])
 
-    topic = f"{prefix}.steps"
+    topic = Topics(prefix).steps
     drift = encode(step(0)).replace(b'"world_size":2', b'"world_size":"two"')
     overflow = encode(step(1, gpu=70000))  # valid JSON and contract, too big for UInt16
     future = encode(msgspec.structs.replace(step(2), v=99))

@@ -39,8 +39,8 @@ from torch_jobs import (  # noqa: E402
     step_messages,
 )
 
-from stepwatch.broker import DevBroker  # noqa: E402
 from stepwatch.contract import encode  # noqa: E402
+from stepwatch.daemons.broker import DevBroker  # noqa: E402
 from stepwatch.kafka import ensure_topics  # noqa: E402
 from stepwatch.settings import Settings  # noqa: E402
 

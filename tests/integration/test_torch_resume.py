@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from stepwatch.sdk.wire import RankEvent, RankStep, decode_datagram
+from stepwatch.contract.wire import RankEvent, RankStep, decode_datagram
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 SMALL = ["--nproc", "2", "--width", "32", "--layers", "1", "--batch", "8", "--job-id", "7",

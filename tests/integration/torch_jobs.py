@@ -21,8 +21,8 @@ from pathlib import Path
 
 from stream_support import read_topic
 
-from stepwatch.broker import free_port
 from stepwatch.contract import StepMessage, Topics, decode
+from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]

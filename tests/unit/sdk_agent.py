@@ -7,7 +7,7 @@ import shutil
 import socket
 import tempfile
 
-from stepwatch.sdk.wire import Datagram, RankEvent, RankStep, decode_datagram
+from stepwatch.contract.wire import Datagram, RankEvent, RankStep, decode_datagram
 
 
 class FakeAgent:

@@ -14,8 +14,8 @@ from stepwatch.agents.collectors.base import CollectorHealth, HealthState, HostC
 from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.agents.metrics import registry_for, render
 from stepwatch.contract import GpuMessage, GpuReading, Message, PortMessage, StepRecord
+from stepwatch.contract.wire import RankStep, encode_datagram
 from stepwatch.errors import ConfigError
-from stepwatch.sdk.wire import RankStep, encode_datagram
 from stepwatch.settings import Settings
 
 WALL0 = 1_700_000_000.3

@@ -21,7 +21,7 @@ from stepwatch.agents.collectors.base import HostContext
 from stepwatch.agents.collectors.senders import SenderGate, SenderPolicy
 from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.contract import StepRecord
-from stepwatch.sdk.wire import RankEvent, RankStep, encode_datagram
+from stepwatch.contract.wire import RankEvent, RankStep, encode_datagram
 
 NOW = time.time()
 

@@ -16,9 +16,9 @@ from stepwatch.agents.collectors.base import HostContext
 from stepwatch.agents.collectors.senders import SenderGate, SenderPolicy
 from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.contract import StepMessage, StepRecord, encode
+from stepwatch.contract.wire import RankStep, encode_datagram
 from stepwatch.errors import ConfigError
 from stepwatch.sdk.configure import _socket_path
-from stepwatch.sdk.wire import RankStep, encode_datagram
 from stepwatch.settings import DEFAULT_AGENT_SOCKET, Settings
 
 NOW = time.time()

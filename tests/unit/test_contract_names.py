@@ -16,8 +16,8 @@ import pytest
 from stepwatch.agents.collectors.base import HostContext
 from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.contract import StepMessage, decode
+from stepwatch.contract.wire import decode_datagram
 from stepwatch.errors import ContractError
-from stepwatch.sdk.wire import decode_datagram
 
 NOW = time.time()
 NAME_MAX = 256  # stepwatch.contract.records.NAME_MAX

@@ -132,7 +132,7 @@ def ddp_group() -> Iterator[Any]:
     torch = pytest.importorskip("torch")
     import torch.distributed as dist
 
-    from stepwatch.broker import free_port
+    from stepwatch.daemons.process import free_port
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)

@@ -10,15 +10,15 @@ import pytest
 from sdk_agent import FakeAgent
 
 from stepwatch.contract.records import EventType, Phases, StepRecord
-from stepwatch.errors import ContractError
-from stepwatch.sdk.transport import DatagramSender
-from stepwatch.sdk.wire import (
+from stepwatch.contract.wire import (
     MAX_DATAGRAM_BYTES,
     RankEvent,
     RankStep,
     decode_datagram,
     encode_datagram,
 )
+from stepwatch.errors import ContractError
+from stepwatch.sdk.transport import DatagramSender
 
 RECORD = StepRecord(
     job_id="job-1",

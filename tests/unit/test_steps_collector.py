@@ -12,8 +12,8 @@ import pytest
 from stepwatch.agents.collectors.base import HealthState, HostContext
 from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.contract import EventMessage, EventType, StepMessage, StepRecord
+from stepwatch.contract.wire import RankEvent, RankStep, encode_datagram
 from stepwatch.errors import CollectorError
-from stepwatch.sdk.wire import RankEvent, RankStep, encode_datagram
 
 NOW = 1_700_000_000.0
 

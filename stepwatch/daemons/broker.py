@@ -16,15 +16,10 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
+from stepwatch.daemons.process import free_port, stop_process
 from stepwatch.errors import BrokerError
 
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def broker_binary() -> str:
@@ -86,14 +81,9 @@ class DevBroker:
     def stop(self) -> None:
         """Stop the broker (its data is lost: memory storage)."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
+        # no warning when SIGTERM is not enough: Tansu 0.6 does not always exit on it
+        if proc is None or not stop_process(proc, 3, "broker", warn_on_kill=False):
             return
-        proc.terminate()
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # Tansu 0.6 does not always exit on SIGTERM
-            proc.wait(timeout=5)
         log.info("broker stopped bootstrap=%s", self.bootstrap)
 
     def restart(self, timeout: float = 30.0) -> None:
