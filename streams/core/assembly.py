@@ -19,6 +19,7 @@ from typing import cast
 import numpy as np
 
 from stepwatch.contract import Phases, StepRecord
+from stepwatch.streams.core.stats import rowmed
 
 _EMPTY_PHASES = Phases()
 NAN = float("nan")
@@ -373,15 +374,3 @@ def _split_extra(records: list[StepRecord]) -> tuple[np.ndarray, np.ndarray, np.
             else:
                 other[i] = value if np.isnan(other[i]) else other[i] + value
     return other, xfer, evals
-
-
-def rowmed(rows: np.ndarray) -> np.ndarray:
-    """The median of each row, NaN skipped (NaN for a row without values)."""
-    s = np.sort(rows, axis=1)  # NaN sorts last
-    count = rows.shape[1] - np.isnan(rows).sum(axis=1)
-    lo = np.maximum((count - 1) // 2, 0)
-    hi = np.maximum(count // 2, 0)
-    idx = np.arange(rows.shape[0])
-    out = (s[idx, lo] + s[idx, hi]) * 0.5
-    out[count == 0] = NAN
-    return out

@@ -53,18 +53,19 @@ class Engine:
         if message.ts > self.now:
             self.now = message.ts
         try:
-            kind = type(message)
-            if kind is StepMessage:
-                return self._steps(message)  # type: ignore[arg-type]
-            if kind is GpuMessage:
-                self._window(message.host).add(message)  # type: ignore[arg-type]
-                return []
-            if kind is PortMessage:
-                incidents = self._window(message.host).add(message)  # type: ignore[arg-type]
-                return self._links(incidents, message.job_id) if incidents else []
-            if kind is EventMessage:
-                return self._event(message)  # type: ignore[arg-type]
-            return []
+            match message:
+                case StepMessage():
+                    return self._steps(message)
+                case GpuMessage():
+                    self._window(message.host).add(message)
+                    return []
+                case PortMessage():
+                    incidents = self._window(message.host).add(message)
+                    return self._links(incidents, message.job_id) if incidents else []
+                case EventMessage():
+                    return self._event(message)
+                case _:
+                    return []
         except Exception as err:  # the pipeline must go on: count, log once
             self.counts["errors"] += 1
             self._log_once(f"process:{type(err).__name__}",

@@ -22,8 +22,8 @@ from stepwatch.streams.core.netwatch import NetworkWatch
 from stepwatch.streams.core.ranks import RankTable
 from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.slowdown import Slowdown, SlowdownTracker
-from stepwatch.streams.core.straggler import StragglerTracker
-from stepwatch.streams.core.stragglers import Stragglers
+from stepwatch.streams.core.straggler_incidents import Stragglers
+from stepwatch.streams.core.straggler_scores import StragglerTracker
 from stepwatch.streams.core.throughput import Throughput
 
 log = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from stepwatch.streams.core.hosthistory import HostHistory, SlowHost
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.ranks import RankTable
-from stepwatch.streams.core.straggler import Candidate, StragglerTracker
+from stepwatch.streams.core.straggler_scores import Candidate, StragglerTracker
 
 T = DetectionType
 HOST_DEFER_STEPS = 3
