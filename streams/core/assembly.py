@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import attrgetter
 from typing import cast
 
 import numpy as np
@@ -234,10 +235,12 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
     present = np.zeros(world_size, bool)
     present[ranks] = True
     rows = np.empty((ROWS, n))
-    rows[START], rows[END] = a[0], a[1]
+    rows[START:END + 1] = a[0:2]
     rows[DUR] = a[1] - a[0]
     if has_phases:
-        parts = a[3:6]
+        nan = np.isnan(a)
+        a0 = np.where(nan, 0.0, a)  # unmeasured as 0 where a sum needs it (data, comm, pause)
+        parts, parts_nan = a[3:6], nan[3:6]
         xfer: np.ndarray | float = 0.0
         evals: np.ndarray | float = 0.0
         rows[FWD:OPT + 1] = parts
@@ -246,24 +249,22 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
             other, xfer, evals = _split_extra(records)
             rows[EXTRA] = other
             parts = np.vstack([parts, other])
-        if np.isnan(parts).any():
-            measured = ~np.isnan(parts).all(axis=0)
+            parts_nan = np.isnan(parts)
+        if parts_nan.any():
+            measured = ~parts_nan.all(axis=0)
             rows[COMPUTE] = np.where(measured, np.nansum(parts, axis=0), NAN)
         else:
             rows[COMPUTE] = parts.sum(axis=0)
-        data0 = np.where(np.isnan(a[2]), 0.0, a[2])
         rows[DATA] = a[2]
         rows[XFER] = xfer
-        rows[COMM] = a[6]
-        rows[CKPT] = a[7]
-        rows[PAUSE] = np.where(np.isnan(a[7]), 0.0, a[7]) + evals
-        rows[BUSY] = rows[COMPUTE] + data0 + xfer
-        comm0 = np.where(np.isnan(a[6]), 0.0, a[6])
-        rows[OTHER] = np.maximum(rows[DUR] - rows[BUSY] - comm0 - rows[PAUSE], 0.0)
+        rows[COMM:CKPT + 1] = a[6:8]
+        rows[PAUSE] = a0[7] + evals
+        rows[BUSY] = rows[COMPUTE] + a0[2] + xfer
+        rows[OTHER] = np.maximum(rows[DUR] - rows[BUSY] - a0[6] - rows[PAUSE], 0.0)
     else:
         rows[DATA:] = NAN
         rows[PAUSE] = 0.0
-    rows[CPUW], rows[CPUT] = a[8], a[9]
+    rows[CPUW:CPUT + 1] = a[8:10]
     if n == world_size and (ranks == np.arange(n)).all():
         m = rows  # every rank, in rank order (records sent host by host): no scatter
     else:
@@ -290,7 +291,7 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
 # comm_wait, checkpoint, cpu_wait, cpu_time; ranks; has phases; has extra sections;
 # samples; tokens; flops or None; ranks with a non-finite loss)
 Columns = tuple[np.ndarray, list[int], bool, bool, int, int, float | None, list[int]]
-_NO_CHECKPOINT = (NAN,)
+_EXTRA = attrgetter("extra")
 
 
 def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
@@ -310,7 +311,7 @@ def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
     flops = 0.0
     for f in known:  # summed in order, as _each does
         flops += f
-    return (a, [r.rank for r in records], True, any(p.extra for p in phases),
+    return (a, [r.rank for r in records], True, any(map(_EXTRA, phases)),
             sum([r.samples for r in records]), sum([r.tokens for r in records]),
             flops if known else None, [r.rank for r in records if r.loss_nonfinite])
 
