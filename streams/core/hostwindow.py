@@ -185,16 +185,7 @@ class HostWindow:
         """Signals of every GPU of the host from samples and events in [t0, t1]."""
         ring = self.gpu
         rows = _in_range(ring, t0, t1)
-        readings: dict[int, _GpuSeries] = {}
-        if rows:
-            for frow, irow in zip(ring.floats[rows].tolist(), ring.ints[rows].tolist(),
-                                  strict=True):
-                for f, i in zip(frow, irow, strict=True):
-                    if i[0] != ABSENT:
-                        series = readings.get(i[0])
-                        if series is None:
-                            series = readings[i[0]] = _GpuSeries()
-                        series.add(f, i)
+        readings = _series_by_gpu(ring.floats[rows], ring.ints[rows]) if rows else {}
         events = self.events_in(t0, t1, EventType.XID, EventType.ECC)
         out = {}
         for index in set(readings) | {e.gpu for e in events if e.gpu is not None}:
@@ -378,6 +369,30 @@ def _counters(row: list[int]) -> tuple[int | None, ...]:
     return tuple(None if v == ABSENT else v for v in row[_COUNTERS])
 _CLOCK, _POWER, _TEMP, _UTIL = range(len(GPU_FLOATS))
 _THROTTLE, _DBE, _REMAP = 1, 2, 3  # GPU_INTS after the index
+
+
+def _series_by_gpu(floats: np.ndarray, ints: np.ndarray) -> dict[int, _GpuSeries]:
+    """Each GPU's readings (rows, column slots, fields) as a :class:`_GpuSeries`, in
+    arrival order: grouped by GPU index with one stable sort, each field read as a list
+    once (the same series as :meth:`_GpuSeries.add` reading by reading)."""
+    f = floats.reshape(-1, floats.shape[-1])
+    i = ints.reshape(-1, ints.shape[-1])
+    kept = i[:, 0] != ABSENT
+    order = np.flatnonzero(kept)[np.argsort(i[kept, 0], kind="stable")]
+    f, i = f[order], i[order]
+    index = i[:, 0]
+    starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]]).tolist()
+    ends = [*starts[1:], len(index)]
+    fcols, icols = f.T.tolist(), i.T.tolist()
+    out: dict[int, _GpuSeries] = {}
+    for a, b in zip(starts, ends, strict=True):
+        s = out[icols[0][a]] = _GpuSeries()
+        s.reasons = icols[_THROTTLE][a:b]
+        s.clocks, s.power, s.temps, s.utils = (
+            [v for v in fcols[k][a:b] if v == v] for k in (_CLOCK, _POWER, _TEMP, _UTIL))
+        s.dbe = [None if v == ABSENT else v for v in icols[_DBE][a:b]]
+        s.remap = [None if v == ABSENT else v for v in icols[_REMAP][a:b]]
+    return out
 
 
 class _GpuSeries:

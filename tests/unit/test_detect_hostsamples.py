@@ -98,3 +98,28 @@ def test_the_flat_conversions_read_the_values_numpy_reads() -> None:
     for raw_f in (floats, [*floats[:-1], (None, *floats[-1][1:])]):
         assert np.array_equal(as_floats(raw_f, 10), np.array(raw_f, dtype=float),
                               equal_nan=True)
+
+
+def test_gpu_series_grouped_at_once_match_the_reading_by_reading_ones() -> None:
+    import numpy as np
+
+    from stepwatch.streams.core.hostwindow import _GpuSeries, _series_by_gpu
+
+    rng = np.random.default_rng(11)
+    rows, width = 40, 6
+    floats = rng.normal(size=(rows, width, 4))
+    floats[rng.random(floats.shape) < 0.2] = np.nan
+    ints = rng.integers(0, 1000, size=(rows, width, 4))
+    ints[..., 0] = rng.permutation(np.tile(np.arange(width), (rows, 1)).T).T  # GPUs shuffled
+    ints[rng.random((rows, width)) < 0.1, 0] = ABSENT  # empty column slots
+    ints[..., 2:][rng.random((rows, width, 2)) < 0.2] = ABSENT
+    want: dict[int, _GpuSeries] = {}
+    for frow, irow in zip(floats.tolist(), ints.tolist(), strict=True):
+        for f, i in zip(frow, irow, strict=True):
+            if i[0] != ABSENT:
+                want.setdefault(i[0], _GpuSeries()).add(f, i)
+    got = _series_by_gpu(floats, ints)
+    assert got.keys() == want.keys()
+    for g, series in want.items():
+        for name in _GpuSeries.__slots__:
+            assert getattr(got[g], name) == getattr(series, name), (g, name)
