@@ -37,7 +37,7 @@ class _Header(msgspec.Struct):
 
 
 _header = msgspec.json.Decoder(_Header)
-_decoder = msgspec.json.Decoder(Message)
+_decoder: msgspec.json.Decoder[Message] = msgspec.json.Decoder(Message)
 _encoder = msgspec.json.Encoder()
 
 
@@ -185,7 +185,7 @@ def check_step(record: StepRecord, now: float) -> None:
         raise ContractError("absurd_value", f"{where}: loss is -inf")
 
 
-def _finite_non_negative(values: list) -> bool:
+def _finite_non_negative(values: list[float]) -> bool:
     return not values or (min(values) >= 0 and math.isfinite(sum(values)))
 
 

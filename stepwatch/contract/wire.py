@@ -45,7 +45,7 @@ class RankEvent(
 Datagram = RankStep | RankEvent
 
 _encoder = msgspec.json.Encoder()
-_decoder = msgspec.json.Decoder(Datagram)
+_decoder: msgspec.json.Decoder[Datagram] = msgspec.json.Decoder(Datagram)
 
 
 def encode_datagram(item: Datagram) -> bytes:
