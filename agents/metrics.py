@@ -118,7 +118,7 @@ def _counter(name: str, doc: str, value: float) -> Metric:
     return CounterMetricFamily(P + name, doc, value=value)
 
 
-def _labelled(family: Any, name: str, doc: str, label: str, values: dict[str, int]) -> Metric:
+def _labelled(family: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, label: str, values: dict[str, int]) -> Metric:
     metric = family(P + name, doc, labels=[label])
     for key, value in sorted(values.items()):
         metric.add_metric([key], value)

@@ -487,7 +487,7 @@ class KafkaPublisher:
             self._log("persist", "cannot persist spool position err=%s", err, level=logging.ERROR)
 
 
-class _RdLogger(logging.LoggerAdapter):
+class _RdLogger(logging.LoggerAdapter[logging.Logger]):
     """librdkafka's log lines, each distinct facility logged once (reconnects are noisy)."""
 
     def __init__(self, once: LogOnce) -> None:
