@@ -196,5 +196,5 @@ class OutcomeTimer:
 def _steps(before: float | None, after: float | None) -> str:
     if before is None and after is None:
         return ""
-    fmt = lambda v: "?" if v is None else f"{v:.3f} s"  # noqa: E731
+    fmt: Callable[[float | None], str] = lambda v: "?" if v is None else f"{v:.3f} s"  # noqa: E731
     return f"; step time {fmt(before)} -> {fmt(after)}"

@@ -96,7 +96,8 @@ class Catalog:
     @classmethod
     def load(cls, session: Any) -> Catalog:
         def names(sql: str) -> list[str]:
-            return session.query(sql, "TSVRaw").bytes().decode().splitlines()
+            lines: list[str] = session.query(sql, "TSVRaw").bytes().decode().splitlines()
+            return lines
 
         return cls(
             settings=frozenset(names("SELECT name FROM system.settings")),
