@@ -34,7 +34,7 @@ DEFAULT_FAULT = "slow_gpu:rank=13:start=20:severity=0.3"
 STEPS, TORCH_STEPS = 600, 3000
 
 
-def register(sub: argparse._SubParsersAction) -> None:
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run the whole pipeline on embedded defaults, live",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwatch.daemons.broker import DevBroker
 from stepwatch.demo.alerting import AlertingStack, AlertView
@@ -25,6 +25,9 @@ from stepwatch.demo.view import render
 from stepwatch.errors import StepwatchError
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
+
+if TYPE_CHECKING:
+    from stepwatch.sim import Scenario
 
 log = logging.getLogger(__name__)
 CHECKPOINT_EVERY = 25  # steps: a restart loses at most this many
@@ -150,7 +153,7 @@ class Demo:
         self.broker = DevBroker(log_path=str(self.options.workdir / "broker.log")).start()
         return self.broker.bootstrap
 
-    def _scenarios(self, hosts: tuple[str, ...] | None = None) -> list:
+    def _scenarios(self, hosts: tuple[str, ...] | None = None) -> list[Scenario]:
         from stepwatch.sim import Scenario, parse_fault
 
         faults = tuple(parse_fault(text).fault for text in self.options.faults)
@@ -215,7 +218,8 @@ class Demo:
 
     def _caught_up(self) -> bool:
         assert self.tap is not None and self.fleet is not None
-        return self.tap.audit.report().messages >= self.fleet.sent
+        sent: int = self.fleet.sent
+        return self.tap.audit.report().messages >= sent
 
     def _draw(self) -> None:
         assert self.tap is not None and self.publisher is not None

@@ -274,7 +274,7 @@ def _micro_lines(f: dict[str, Any]) -> list[str]:
     return out
 
 
-def _met(key: str, value: Any) -> bool:
+def _met(key: str, value: float | None) -> bool:
     if value is None:
         return False
     return value <= GOALS[key] if key.startswith("ttd") else value >= GOALS[key]

@@ -35,7 +35,8 @@ class Activity:
 
 
 def _overlap(a: np.ndarray, b: np.ndarray, x: np.ndarray | float, y: np.ndarray | float) -> np.ndarray:
-    return np.clip(np.minimum(b, y) - np.maximum(a, x), 0.0, None)
+    out: np.ndarray = np.clip(np.minimum(b, y) - np.maximum(a, x), 0.0, None)
+    return out
 
 
 def activity(

@@ -98,7 +98,8 @@ class Label(msgspec.Struct, frozen=True, kw_only=True):
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (lists, not tuples)."""
-        return msgspec.json.decode(msgspec.json.encode(self))
+        plain: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(self))
+        return plain
 
 
 def ground_truth(*scenarios: Scenario) -> list[Label]:

@@ -35,7 +35,8 @@ class RecordBuilder:
         n = len(idx)
 
         def col(x: np.ndarray, digits: int = 6) -> list[float]:
-            return np.round(x[idx], digits).tolist()
+            values: list[float] = np.round(x[idx], digits).tolist()
+            return values
 
         extras = self._extras(b, idx)
         ckpt = col(b.checkpoint) if b.checkpoint.any() else None

@@ -49,7 +49,8 @@ def timed_hook(sw: StepWatch, splitter: WaitSplitter, inner: Hook, time_buckets:
 
     # unannotated on purpose: DDP checks that a hook's `bucket` annotation, if any,
     # is dist.GradBucket and its return annotation Future[Tensor]
-    def stepwatch_timed_hook(state, bucket):
+    # (the type comment types it for mypy and adds no annotation at run time)
+    def stepwatch_timed_hook(state, bucket):  # type: (Any, Any) -> Any
         start = perf_counter_ns()
         try:
             if bucket.is_last():

@@ -20,11 +20,14 @@ not instrumented here.
 from __future__ import annotations
 
 from time import perf_counter_ns
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stepwatch.errors import StepwatchError
 from stepwatch.integrations.torch.split import Wait, WaitSplitter
 from stepwatch.sdk import StepWatch, TimingEvent
+
+if TYPE_CHECKING:
+    from stepwatch.integrations.torch import Instrumented
 
 Mark = tuple[int, TimingEvent | None]
 
@@ -108,7 +111,7 @@ def _tensors(output: Any) -> list[Any]:
     return []
 
 
-def instrument(model: Any, sw: StepWatch) -> Any:
+def instrument(model: Any, sw: StepWatch) -> Instrumented:
     from stepwatch.integrations.torch import Instrumented
 
     try:
