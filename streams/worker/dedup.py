@@ -30,7 +30,14 @@ from collections import OrderedDict
 
 import msgspec
 
-from stepwatch.contract import EventMessage, GpuMessage, Message, PortMessage, StepMessage
+from stepwatch.contract import (
+    EventMessage,
+    GpuMessage,
+    Message,
+    PortMessage,
+    StepMessage,
+    StepRecord,
+)
 from stepwatch.contract.seen import DropReason, SeenWindow
 
 __all__ = ["Deduplicator", "DropReason", "SeenWindow"]
@@ -65,7 +72,7 @@ class Deduplicator:
         self._jobs.pop(job_id, None)
 
     def _admit_steps(self, message: StepMessage) -> StepMessage | None:
-        kept: list | None = None
+        kept: list[StepRecord] | None = None
         steps = message.steps
         job: str | None = None
         window = self._events  # replaced on the first record

@@ -113,7 +113,7 @@ class LeanConsumer(faust_aiokafka.Consumer):
         try:
             while not (consumer_should_stop() or fetcher_should_stop()):
                 self.diag.set_flag(CONSUMER_FETCHING)
-                ait = cast(AsyncIterator, getmany(timeout=1.0))
+                ait = cast("AsyncIterator[tuple[Any, Any]]", getmany(timeout=1.0))
                 await self.sleep(0)
                 if self.should_stop:
                     continue
@@ -244,18 +244,18 @@ class EventTimeAligner(DefaultSchedulingStrategy):
         self.lagging = lagging  # callable: () -> iterable of TPs with unread records
         self.max_held = max_held
         self.max_rounds = max_rounds
-        self.held: dict[Any, list] = {}
+        self.held: dict[Any, list[Any]] = {}
         self.last_ts: dict[Any, int] = {}
         self.rounds = 0
         self._generation: int | None = None
 
-    def iterate(self, records: Mapping[Any, list]) -> Iterator[tuple[Any, Any]]:
+    def iterate(self, records: Mapping[Any, list[Any]]) -> Iterator[tuple[Any, Any]]:
         generation = getattr(self.app, "consumer_generation_id", None)
         if generation != self._generation:
             self.held.clear()
             self.last_ts.clear()
             self._generation = generation
-        pending: dict[Any, list] = self.held
+        pending: dict[Any, list[Any]] = self.held
         self.held = {}
         passthrough = []
         for tp, recs in records.items():
@@ -278,12 +278,12 @@ class EventTimeAligner(DefaultSchedulingStrategy):
         self.rounds = self.rounds + 1 if self.held else 0
         return heapq.merge(*streams, key=_timestamp)
 
-    def _cutoff(self, records: Mapping[Any, list], pending: dict[Any, list]) -> float | None:
+    def _cutoff(self, records: Mapping[Any, list[Any]], pending: dict[Any, list[Any]]) -> float | None:
         """The newest timestamp every aligned partition has reached (None: release all)."""
         if (not pending or not records or self.rounds >= self.max_rounds
                 or sum(map(len, pending.values())) > self.max_held):
             return None  # caught up, stuck for too long, or too much held
-        fronts = [recs[-1].timestamp for recs in pending.values()]
+        fronts: list[float] = [recs[-1].timestamp for recs in pending.values()]
         for tp in self.lagging() if self.lagging is not None else ():
             if tp not in pending:
                 fronts.append(self.last_ts.get(tp, -1))
@@ -292,7 +292,7 @@ class EventTimeAligner(DefaultSchedulingStrategy):
         return min(fronts)
 
 
-class RawSchema(faust.Schema):
+class RawSchema(faust.Schema[Any, Any]):
     """Events carry the record's key and value bytes as they are: no codec calls.
 
     The worker decodes values itself (``stepwatch.contract.decode``); Faust's
