@@ -26,6 +26,11 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stepwatch.agents.sink import Sequencer
+    from stepwatch.contract import Message
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -200,22 +205,22 @@ def _noop(err: object, msg: object) -> None:
     pass
 
 
-def _fleet_messages(n: int, seq: object) -> list:
+def _fleet_messages(n: int, seq: Sequencer) -> list[Message]:
     """One tick of a big fleet, repeated: per host a StepMessage (8 ranks) and a GpuMessage."""
     from stepwatch.contract import GpuMessage, GpuReading, StepMessage, StepRecord
 
     now = time.time()
-    out = []
+    out: list[Message] = []
     hosts = max(1, n // 2)
     for h in range(hosts):
         host = f"node{h % 2048:04d}"
         recs = [StepRecord(job_id="llama", rank=(h % 2048) * 8 + r, world_size=16384,
                            step=h // 2048, start=now - 1, end=now, host=host, local_rank=r)
                 for r in range(8)]
-        out.append(seq.stamp(StepMessage(host=host, ts=now, job_id="llama", steps=recs)))  # type: ignore[attr-defined]
+        out.append(seq.stamp(StepMessage(host=host, ts=now, job_id="llama", steps=recs)))
         gpus = [GpuReading(index=i, power_w=650.0, temp_gpu_c=61.0, sm_clock_mhz=1980.0,
                            util_gpu_pct=100.0, fb_used_mib=70000.0) for i in range(8)]
-        out.append(seq.stamp(GpuMessage(host=host, ts=now, job_id="llama", gpus=gpus)))  # type: ignore[attr-defined]
+        out.append(seq.stamp(GpuMessage(host=host, ts=now, job_id="llama", gpus=gpus)))
     return out[:n]
 
 

@@ -34,6 +34,7 @@ import yaml
 
 from stepwatch.alerts.config import RULES_DIR, Receivers, alertmanager_config
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
+from stepwatch.alerts.remediate.model import Alert, Decision
 from stepwatch.alerts.remediate.service import build
 from stepwatch.daemons.alertmanager import Alertmanager
 from stepwatch.daemons.process import free_port
@@ -95,7 +96,12 @@ def remediator_and_alertmanager(settings: Settings, work: Path, actuator: Any, g
     Alertmanager with the shipped routing pointed at it, every group_wait set."""
     svc = build(settings, port=0, actuator=actuator, writers=[])
     handle = svc.server.remediator.handle
-    svc.server.remediator.handle = lambda alerts: (received.append(time.time()), handle(alerts))[1]  # type: ignore[method-assign]
+
+    def stamped(alerts: list[Alert]) -> list[Decision]:
+        received.append(time.time())
+        return handle(alerts)
+
+    svc.server.remediator.handle = stamped  # type: ignore[method-assign]
     cfg = yaml.safe_load(alertmanager_config(Receivers(svc.url + "/webhook", str(work / "token"),
                                                        "http://127.0.0.1:9/p", "http://127.0.0.1:9/t"), fast=True))
     for route in cfg["route"]["routes"]:
@@ -127,13 +133,21 @@ def main() -> int:
             for i in range(args.repeat):
                 node = f"node{i % 4 + 1:02d}"
                 job = slurm.sbatch("-N", "1", "-w", node, "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
-                wait_for(lambda j=job: "JobState=RUNNING" in slurm.scontrol("show", "job", j, "-o"), 30, what="job")
+
+                def running(j: str = job) -> bool:
+                    return "JobState=RUNNING" in slurm.scontrol("show", "job", j, "-o")
+
+                wait_for(running, 30, what="job")
                 n_calls, n_recv = len(timed.calls), len(received)
                 posted = time.time()
                 am.post_alerts([{"labels": {"alertname": "StragglerPersistent", "host": node, "job_id": job,
                                             "cause": "gpu", "class": "system", "remediation": "drain",
                                             "severity": "page", "run": str(i)}}])
-                wait_for(lambda n=n_calls: len(timed.calls) >= n + 2, 60, what="drain + requeue")
+
+                def drained(n: int = n_calls) -> bool:
+                    return len(timed.calls) >= n + 2
+
+                wait_for(drained, 60, what="drain + requeue")
                 got = received[n_recv]
                 first, last = timed.calls[n_calls], timed.calls[n_calls + 1]
                 rows.append((got - posted, first[1] - got, last[1] + last[2] - first[1]))

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from bench_remediate import POLICY, Timed, remediator_and_alertmanager, rule_for_seconds
@@ -65,7 +66,7 @@ def feed(settings: Settings, scenario: Scenario, stop: threading.Event) -> None:
     producer.flush(10)
 
 
-def first(probe, timeout: float = 150.0) -> float:
+def first(probe: Callable[[], object], timeout: float = 150.0) -> float:
     wait_for(probe, timeout, interval=0.2, what="the next stage")
     return time.time()
 

@@ -31,6 +31,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,7 +204,7 @@ def settle(store: ChdbStore, timeout: float = 120.0) -> None:
         time.sleep(0.5)
 
 
-def timed(fn, repeat: int) -> float:
+def timed(fn: Callable[[], object], repeat: int) -> float:
     times = []
     for _ in range(repeat):
         started = time.perf_counter()

@@ -17,6 +17,8 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +31,7 @@ from stepwatch.exporters.clickhouse.migrations import Migrator  # noqa: E402
 from stepwatch.exporters.clickhouse.service import USER, QueryService  # noqa: E402
 
 
-def median_ms(fn, repeat: int) -> float:
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
     fn()
     times = []
     for _ in range(repeat):
@@ -57,9 +59,9 @@ def main() -> int:
             print(f"store endpoint, median of {args.repeat} requests (ms)")
             print(f"{'statement':26} {'engine':>8} {'checks':>8} {'endpoint':>9} {'checks/endpoint':>16}")
             for name, (sql, params) in statements.items():
-                engine = median_ms(lambda s=sql, p=params: store.query(s, p), args.repeat)
-                checks = median_ms(lambda s=sql, p=params: guard.statement(session, s, p), args.repeat)
-                endpoint = median_ms(lambda s=sql, p=params: client.query(s, p), args.repeat)
+                engine = median_ms(partial(store.query, sql, params), args.repeat)
+                checks = median_ms(partial(guard.statement, session, sql, params), args.repeat)
+                endpoint = median_ms(partial(client.query, sql, params), args.repeat)
                 print(f"{name:26} {engine:8.2f} {checks:8.2f} {endpoint:9.2f} {checks / endpoint:16.2f}")
             session.close()
             client.close()

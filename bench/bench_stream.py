@@ -42,6 +42,11 @@ import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stepwatch.contract import Message
+    from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -66,7 +71,7 @@ class Row:
                 f"{self.events / self.cpu:>12,.0f} {ratio}")
 
 
-def build(jobs: int, nodes: int, steps: int) -> list:
+def build(jobs: int, nodes: int, steps: int) -> list[Message]:
     from stepwatch.sim import Fault, FaultKind, Scenario, simulate
 
     start = time.time() - steps * 1.2 - 30
@@ -88,15 +93,15 @@ def records_in(message: object) -> int:
     return 1
 
 
-def preload(settings: object, messages: list) -> list[tuple[str, bytes, bytes]]:
+def preload(settings: Settings, messages: list[Message]) -> list[tuple[str, bytes, bytes]]:
     from confluent_kafka import Producer
 
     from stepwatch.contract import KIND_OF, Topics, encode, message_key
     from stepwatch.kafka import ensure_topics, producer_config
 
-    ensure_topics(settings)  # type: ignore[arg-type]
-    topics = Topics(settings.topic_prefix)  # type: ignore[attr-defined]
-    producer = Producer(producer_config(settings))  # type: ignore[arg-type]
+    ensure_topics(settings)
+    topics = Topics(settings.topic_prefix)
+    producer = Producer(producer_config(settings))
     wire = []
     for i, m in enumerate(messages):
         item = (topics.for_kind(KIND_OF[type(m)]), message_key(m), encode(m))

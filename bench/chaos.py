@@ -109,7 +109,11 @@ def build(workdir: Path, agents: int, session_timeout: float) -> Fleet:
                 "--spool", str(workdir / f"spool-{job}"), "--outbox",
                 str(workdir / f"outbox-{job}.txt"), "--job", job, "--start", str(start),
                 "--seed", str(100 + i)]
-        fleet_agents.append(Proc(f"agent-{job}", lambda a=argv: a, workdir / f"agent-{job}.log"))
+
+        def agent_argv(a: list[str] = argv) -> list[str]:
+            return a
+
+        fleet_agents.append(Proc(f"agent-{job}", agent_argv, workdir / f"agent-{job}.log"))
     return Fleet(workdir, broker, workers, sink(workdir, bootstrap, PREFIX, PARTITIONS),
                  fleet_agents)
 
