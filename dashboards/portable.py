@@ -22,6 +22,8 @@ from grafana_foundation_sdk.builders.dashboard import (
     DashboardLink,
     DatasourceVariable,
 )
+from grafana_foundation_sdk.cog.builder import Builder
+from grafana_foundation_sdk.models import dashboard as models
 from grafana_foundation_sdk.models.dashboard import DashboardLinkType, VariableOption
 from panels import CLICKHOUSE, CLICKHOUSE_TYPE, PROM_TYPE
 
@@ -46,7 +48,7 @@ def datasource_variables() -> list[DatasourceVariable]:
     return out
 
 
-def dashboard_links() -> list[DashboardLink]:
+def dashboard_links() -> list[Builder[models.DashboardLink]]:
     """A dropdown of every stepwatch dashboard, keeping the time range and variables."""
     return [DashboardLink("stepwatch").type(DashboardLinkType.DASHBOARDS).tags(["stepwatch"])
             .as_dropdown(True).include_vars(True).keep_time(True)]
@@ -67,7 +69,7 @@ class _SqlTarget:
                 "rawSql": self.sql, "datasource": CLICKHOUSE.to_json()}
 
 
-def annotation_queries(sqls: dict[str, str]) -> list[AnnotationQuery]:
+def annotation_queries(sqls: dict[str, str]) -> list[Builder[models.AnnotationQuery]]:
     return [AnnotationQuery().name(name).datasource(CLICKHOUSE).enable(True)
             .icon_color(COLORS[name]).target(_SqlTarget(sql))  # type: ignore[arg-type]
             for name, sql in sqls.items()]
