@@ -1,7 +1,5 @@
 """Read the generated dashboards: panels, their queries, template substitution."""
 
-from __future__ import annotations
-
 import json
 import re
 from collections.abc import Iterator, Mapping
