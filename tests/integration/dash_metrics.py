@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -84,7 +84,7 @@ def _fields(m: Any) -> dict[str, Any]:
 class NullSink:
     """Takes the agent's messages; reports publisher stats as a healthy Kafka publisher does."""
 
-    def send(self, messages: list[Message]) -> None:
+    def send(self, messages: Sequence[Message]) -> None:
         pass
 
     def stats(self) -> Any:
@@ -94,7 +94,7 @@ class NullSink:
                                delivery_failures={}, producer_resets=0, rewinds=0, spool=spool,
                                last_success=time.time())
 
-    def flush(self, timeout: float) -> int:
+    def flush(self, timeout: float = 10.0) -> int:
         return 0
 
     def close(self, timeout: float = 0) -> None:

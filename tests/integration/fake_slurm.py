@@ -14,6 +14,7 @@ import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 SCRIPT = r'''#!{python}
 import json, re, sys
@@ -128,8 +129,9 @@ class FakeSlurm:
     def state_file(self) -> Path:
         return self.folder / "cluster.json"
 
-    def state(self) -> dict:
-        return json.loads(self.state_file.read_text())
+    def state(self) -> dict[str, Any]:
+        doc: dict[str, Any] = json.loads(self.state_file.read_text())
+        return doc
 
     def calls(self) -> list[list[str]]:
         log = self.folder / "calls.log"
@@ -138,10 +140,12 @@ class FakeSlurm:
         return [json.loads(line)[1:] for line in log.read_text().splitlines()]
 
     def drained(self) -> dict[str, str]:
-        return self.state()["drained"]
+        drained: dict[str, str] = self.state()["drained"]
+        return drained
 
     def requeued(self) -> list[str]:
-        return self.state()["requeued"]
+        requeued: list[str] = self.state()["requeued"]
+        return requeued
 
     def acting_calls(self) -> list[list[str]]:
         """Calls that change the cluster (update, requeue, hold, release)."""

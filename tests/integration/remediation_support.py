@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import time
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from stepwatch.settings import Settings
 
 TOKEN = "integration-token"
 POLICY = """
@@ -22,7 +26,7 @@ page: {{kind: webhook, url: "{page}"}}
 """
 
 
-def audit_records(settings, n: int) -> list[dict]:
+def audit_records(settings: Settings, n: int) -> list[dict[str, Any]]:
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "t",
@@ -32,11 +36,11 @@ def audit_records(settings, n: int) -> list[dict]:
     topic = Topics(settings.topic_prefix).remediations
     parts = consumer.list_topics(topic, timeout=10).topics[topic].partitions
     consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     deadline = time.monotonic() + 20
     while len(out) < n and time.monotonic() < deadline:
         msg = consumer.poll(0.5)
         if msg is not None and not msg.error():
-            out.append(json.loads(msg.value()))
+            out.append(json.loads(cast(bytes, msg.value())))
     consumer.close()
     return out

@@ -29,8 +29,8 @@ RULES = [
 ]
 
 
-def start(tmp: Path, *, mode: str = "execute", guardrails: dict | None = None,
-          notify: str = "", page: str = "", actuator: dict | None = None,
+def start(tmp: Path, *, mode: str = "execute", guardrails: dict[str, Any] | None = None,
+          notify: str = "", page: str = "", actuator: dict[str, Any] | None = None,
           **policy: Any) -> Service:
     doc = {"mode": mode, "rules": RULES,
            "guardrails": {"breaker": {"max_share": 0.5, "window": "1h"},

@@ -41,7 +41,7 @@ def messages(sc: Scenario) -> list[Message]:
     for m in telemetry:
         found.extend(engine.process(m))
     found.extend(engine.tick(telemetry[-1].ts + 600))
-    stamped = [Sequencer("worker-1").stamp(d) for d in found]  # type: ignore[misc]
+    stamped = [Sequencer("worker-1").stamp(d) for d in found]
     return sorted([*telemetry, *stamped], key=lambda m: m.ts)
 
 

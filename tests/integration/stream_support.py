@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -105,7 +106,7 @@ def publish(settings: Settings, items: Iterable[Message | tuple[str, bytes | Non
     producer = Producer(producer_config(settings, **{"linger.ms": 5}))
     n = 0
     for item in items:
-        stamp = {}
+        stamp: dict[str, Any] = {}
         if isinstance(item, tuple):
             topic, key, value = item
         else:
