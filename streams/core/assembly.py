@@ -67,43 +67,43 @@ class ClosedStep:
 
     @property
     def start(self) -> np.ndarray:
-        return self.m[START]
+        return cast("np.ndarray", self.m[START])
 
     @property
     def end(self) -> np.ndarray:
-        return self.m[END]
+        return cast("np.ndarray", self.m[END])
 
     @property
     def dur(self) -> np.ndarray:
-        return self.m[DUR]
+        return cast("np.ndarray", self.m[DUR])
 
     @property
     def data(self) -> np.ndarray:
-        return self.m[DATA]
+        return cast("np.ndarray", self.m[DATA])
 
     @property
     def compute(self) -> np.ndarray:
-        return self.m[COMPUTE]
+        return cast("np.ndarray", self.m[COMPUTE])
 
     @property
     def xfer(self) -> np.ndarray:
-        return self.m[XFER]
+        return cast("np.ndarray", self.m[XFER])
 
     @property
     def comm(self) -> np.ndarray:
-        return self.m[COMM]
+        return cast("np.ndarray", self.m[COMM])
 
     @property
     def ckpt(self) -> np.ndarray:
-        return self.m[CKPT]
+        return cast("np.ndarray", self.m[CKPT])
 
     @property
     def pause(self) -> np.ndarray:
-        return self.m[PAUSE]
+        return cast("np.ndarray", self.m[PAUSE])
 
     @property
     def busy(self) -> np.ndarray:
-        return self.m[BUSY]
+        return cast("np.ndarray", self.m[BUSY])
 
     @property
     def complete(self) -> bool:

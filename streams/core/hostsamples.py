@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from itertools import chain
 from operator import attrgetter
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -209,15 +209,15 @@ class SampleView:
 
     @property
     def ts(self) -> np.ndarray:
-        return self.store.ts[self.slot]
+        return cast("np.ndarray", self.store.ts[self.slot])
 
     @property
     def floats(self) -> np.ndarray:
-        return self.store.floats[self.slot]
+        return cast("np.ndarray", self.store.floats[self.slot])
 
     @property
     def ints(self) -> np.ndarray:
-        return self.store.ints[self.slot]
+        return cast("np.ndarray", self.store.ints[self.slot])
 
 
 class HostStores:

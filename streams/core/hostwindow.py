@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -205,7 +205,7 @@ class HostWindow:
         if len(old):
             newest_first, t = newest_first[:old[0]], t[:old[0]]
         rows = newest_first[(t0 <= t) & (t <= t1)]
-        return rows[np.argsort(ts[rows], kind="stable")].tolist()
+        return cast("list[int]", rows[np.argsort(ts[rows], kind="stable")].tolist())
 
     def _ends(self, t0: float, t1: float) -> tuple[int, int, int] | None:
         """The rows of the first and the last port sample in [t0, t1] and how many there
@@ -353,7 +353,7 @@ def _in_range(ring: SampleView, t0: float, t1: float) -> list[int]:
     """The rows of the samples in [t0, t1], in arrival order."""
     order = ring.order()
     t = ring.ts[order]
-    return order[(t0 <= t) & (t <= t1)].tolist()
+    return cast("list[int]", order[(t0 <= t) & (t <= t1)].tolist())
 
 
 _COL = {name: j for j, name in enumerate(PORT_INTS)}

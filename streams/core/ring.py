@@ -26,7 +26,7 @@ class Ring:
 
     def swap(self, row: np.ndarray) -> np.ndarray:
         """Write ``row`` over the oldest one; return a copy of the row it replaced."""
-        old = self.rows[self.pos].copy()
+        old: np.ndarray = self.rows[self.pos].copy()
         self.push(row)
         return old
 
