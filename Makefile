@@ -31,8 +31,8 @@ test-integration:  ## integration tests only (start real services on loopback)
 lint:  ## ruff
 	$(VENV)/bin/ruff check .
 
-typecheck:  ## mypy and the import-layer contracts (lint-imports)
-	$(VENV)/bin/mypy stepwatch
+typecheck:  ## strict mypy (package, bench, dashboards, test helpers) and the import-layer contracts
+	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
 alerts:  ## check and unit-test the alert rules (promtool) and the Alertmanager routing (amtool)
