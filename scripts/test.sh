@@ -7,8 +7,8 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 rc=0
 "$VENV/bin/ruff" check . || rc=1
-"$VENV/bin/mypy" stepwatch || rc=1
-"$VENV/bin/lint-imports" --no-cache || rc=1
+"$VENV/bin/mypy" || rc=1
+"$VENV/bin/python" scripts/lint_imports.py --no-cache || rc=1
 "$VENV/bin/python" -m pytest -q "$@"
 prc=$?
 if [ $prc -eq 5 ]; then
