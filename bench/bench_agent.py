@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SYSFS = ROOT / "tests" / "fixtures" / "sysfs"
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
