@@ -4,7 +4,7 @@
 # extras it installs are defined. See docker-compose.yml.
 FROM python:3.11-slim-bookworm AS base
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY stepwatch ./stepwatch
 COPY agents ./agents
 COPY streams ./streams

@@ -31,14 +31,15 @@ test-integration:  ## integration tests only (start real services on loopback)
 lint:  ## ruff
 	$(VENV)/bin/ruff check .
 
-typecheck:  ## strict mypy (package, bench, dashboards, test helpers) and the import-layer contracts
+typecheck:  ## strict mypy (the package with its services; bench, dashboards, test helpers) and the import-layer contracts
 	$(VENV)/bin/mypy
-	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy bench dashboards tests
+	$(PY) scripts/lint_imports.py
 
 alerts:  ## check and unit-test the alert rules (promtool) and the Alertmanager routing (amtool)
-	promtool check rules alerts/rules/*.yml
-	promtool test rules alerts/tests/*_test.yml
-	amtool check-config alerts/alertmanager/alertmanager.yml
+	promtool check rules alerts/src/stepwatch/alerts/rules/*.yml
+	promtool test rules alerts/src/stepwatch/alerts/tests/*_test.yml
+	amtool check-config alerts/src/stepwatch/alerts/alertmanager/alertmanager.yml
 
 RUNBOOK_BASE_URL ?= https://github.com/stepwatch/stepwatch/blob/main/docs/runbooks.md
 kube:  ## regenerate deploy/kubernetes/{prometheus-rules,monitors}.yaml (PrometheusRule, Pod/ServiceMonitor)

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from stepwatch.contract import Message
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 SYSFS = ROOT / "tests" / "fixtures" / "sysfs"
 TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")

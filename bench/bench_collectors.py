@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -29,17 +28,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
+from stepwatch.agents.collectors.base import HostContext
+from stepwatch.agents.collectors.dcgm import DcgmCollector, fetch
+from stepwatch.agents.collectors.nvml import DYNAMIC_FIELDS, NvmlCollector
+from stepwatch.agents.collectors.nvml_replay import ReplayNvml
+from stepwatch.agents.collectors.promtext import Parser
+from stepwatch.agents.collectors.rdma import RdmaCollector
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from stepwatch.agents.collectors.base import HostContext  # noqa: E402
-from stepwatch.agents.collectors.dcgm import DcgmCollector, fetch  # noqa: E402
-from stepwatch.agents.collectors.nvml import DYNAMIC_FIELDS, NvmlCollector  # noqa: E402
-from stepwatch.agents.collectors.nvml_replay import ReplayNvml  # noqa: E402
-from stepwatch.agents.collectors.promtext import Parser  # noqa: E402
-from stepwatch.agents.collectors.rdma import RdmaCollector  # noqa: E402
 
 SYSFS = ROOT / "tests" / "fixtures" / "sysfs"
 PAGE = (ROOT / "tests" / "fixtures" / "dcgm" / "h100_8gpu_Hostname.prom").read_bytes()

@@ -25,10 +25,6 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 
 def rss_mib() -> float:

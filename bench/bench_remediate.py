@@ -12,7 +12,7 @@ For each of --repeat alerts (a new node/job each time, the cluster reset between
 The two stages before Alertmanager are configured, not measured here (they
 are waits, not work): detection (the stream core's k-of-n persistence, see
 docs/detection.md; --detect-s) and rule evaluation (the rule's ``for:`` plus
-up to one evaluation interval; read from alerts/rules/jobs.yml). They are
+up to one evaluation interval; read from alerts/src/stepwatch/alerts/rules/jobs.yml). They are
 printed from their settings so the total is the budget a deployment sees.
 
 Run: ``python bench/bench_remediate.py`` (root, Slurm + munge + Alertmanager installed;

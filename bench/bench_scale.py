@@ -40,14 +40,10 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from stepwatch.contract import (  # noqa: E402
+from stepwatch.contract import (
     EventMessage,
     EventType,
     GpuMessage,

@@ -34,10 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import stepwatch
 

@@ -17,15 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from stepwatch.contract import Phases, StepMessage, StepRecord  # noqa: E402
-from stepwatch.sim import Scenario, simulate, write_jsonl  # noqa: E402
+from stepwatch.contract import Phases, StepMessage, StepRecord
+from stepwatch.sim import Scenario, simulate, write_jsonl
 
 
 def iterate(sc: Scenario) -> tuple[int, float]:

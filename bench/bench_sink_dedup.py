@@ -16,15 +16,10 @@ from __future__ import annotations
 
 import argparse
 import resource
-import sys
 import time
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from stepwatch.contract import GpuMessage, GpuReading, encode  # noqa: E402
-from stepwatch.exporters.clickhouse.prepare import Preparer, Record  # noqa: E402
+from stepwatch.contract import GpuMessage, GpuReading, encode
+from stepwatch.exporters.clickhouse.prepare import Preparer, Record
 
 BATCH = 5000
 

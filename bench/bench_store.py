@@ -34,15 +34,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from stepwatch.contract import Phases, StepMessage, StepRecord, encode  # noqa: E402
-from stepwatch.exporters.clickhouse import queries  # noqa: E402
-from stepwatch.exporters.clickhouse import rows as R  # noqa: E402
-from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore  # noqa: E402
-from stepwatch.exporters.clickhouse.migrations import Migrator  # noqa: E402
-from stepwatch.exporters.clickhouse.prepare import Preparer, Record  # noqa: E402
+from stepwatch.contract import Phases, StepMessage, StepRecord, encode
+from stepwatch.exporters.clickhouse import queries
+from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+from stepwatch.exporters.clickhouse.migrations import Migrator
+from stepwatch.exporters.clickhouse.prepare import Preparer, Record
 
 T0 = 1767225600.0
 RANKS_PER_HOST = 8

@@ -21,14 +21,11 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from stepwatch.exporters.clickhouse import queries  # noqa: E402
-from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore, _open_session  # noqa: E402
-from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore  # noqa: E402
-from stepwatch.exporters.clickhouse.migrations import Migrator  # noqa: E402
-from stepwatch.exporters.clickhouse.service import USER, QueryService  # noqa: E402
+from stepwatch.exporters.clickhouse import queries
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore, _open_session
+from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore
+from stepwatch.exporters.clickhouse.migrations import Migrator
+from stepwatch.exporters.clickhouse.service import USER, QueryService
 
 
 def median_ms(fn: Callable[[], object], repeat: int) -> float:

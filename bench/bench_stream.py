@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     from stepwatch.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 TICKS = os.sysconf("SC_CLK_TCK")
 GOAL_EVENTS = 150_000  # events per worker CPU-second

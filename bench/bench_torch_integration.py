@@ -16,12 +16,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from time import perf_counter_ns
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import stepwatch
 from stepwatch.integrations.torch.split import WaitSplitter

@@ -24,8 +24,6 @@ import signal
 import threading
 import time
 
-import harness  # noqa: F401  (puts the checkout on sys.path)
-
 from stepwatch.agents.publisher import KafkaPublisher
 from stepwatch.agents.sink import Sequencer
 from stepwatch.contract import (

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import harness  # noqa: F401  (puts the checkout on sys.path)
-
 TABLES = {"step": "step_events", "gpu": "gpu_samples", "port": "port_samples", "event": "events"}
 
 

@@ -16,11 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from stepwatch.daemons.process import free_port
 
-from stepwatch.daemons.process import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 CLI = [sys.executable, "-m", "stepwatch.cli"]
 PAGE = os.sysconf("SC_PAGE_SIZE")

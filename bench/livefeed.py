@@ -7,8 +7,6 @@ from __future__ import annotations
 import threading
 import time
 
-import harness  # noqa: F401  (puts the checkout on sys.path)
-
 from stepwatch.contract import KIND_OF, Topics, encode, message_key
 from stepwatch.sim import Scenario, simulate
 from stepwatch.sim.pacing import paced

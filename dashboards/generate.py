@@ -17,8 +17,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 from grafana_foundation_sdk.builders.dashboard import Dashboard, QueryVariable, Row
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import VariableRefresh, VariableSort

@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 rc=0
 "$VENV/bin/ruff" check . || rc=1
-"$VENV/bin/mypy" || rc=1  # strict; what it checks: [tool.mypy] files in pyproject.toml
-"$VENV/bin/lint-imports" --no-cache || rc=1
+"$VENV/bin/mypy" || rc=1  # strict: the package and its services ([tool.mypy] packages)
+"$VENV/bin/mypy" bench dashboards tests || rc=1  # strict: benchmarks, dashboards, test helpers
+"$VENV/bin/python" scripts/lint_imports.py --no-cache || rc=1
 "$VENV/bin/python" -m pytest -q "$@"
 prc=$?
 if [ $prc -eq 5 ]; then

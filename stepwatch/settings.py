@@ -146,7 +146,7 @@ class Settings:
     # --- remediator ---------------------------------------------------------------
     remediate_port: int = 9469  # the remediator's webhook, API, /metrics and /healthz
     remediate_bind: str = "127.0.0.1"
-    remediate_policy: str = "alerts/remediate/policy.example.yaml"
+    remediate_policy: str = "alerts/src/stepwatch/alerts/remediate/policy.example.yaml"
     remediate_state_dir: str = "var/remediate"
     remediate_token: str = ""  # the bearer token; prefer remediate_token_file
     remediate_token_file: str = ""

@@ -1,6 +1,6 @@
 """``stepwatch query``: run a saved query over the historical store.
 
-Saved queries live in exporters/clickhouse/queries/*.sql and are documented in
+Saved queries live in exporters/src/stepwatch/exporters/clickhouse/queries/*.sql and are documented in
 docs/queries.md. ``--since`` takes an age (30d, 12h), a date or a time (UTC).
 """
 

@@ -17,7 +17,7 @@ from stepwatch.daemons.prometheus import wait_for
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
-POLICY = ROOT / "alerts" / "remediate" / "policy.example.yaml"
+POLICY = ROOT / "alerts" / "src" / "stepwatch" / "alerts" / "remediate" / "policy.example.yaml"
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ from stepwatch.alerts.remediate.state import State
 from stepwatch.errors import ActuatorError
 
 pytestmark = pytest.mark.unit
-EXAMPLE = Path(__file__).resolve().parents[2] / "alerts" / "remediate" / "policy.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[2] / "alerts" / "src" / "stepwatch" / "alerts" / "remediate" / "policy.example.yaml"
 RULES = [{"match": {"alertname": "StragglerPersistent", "class": "system"}, "actions": ["drain", "requeue"]},
          {"match": {"alertname": "GpuXidRestartApplication"}, "actions": ["requeue"], "approval": True}]
 

@@ -183,7 +183,7 @@ def test_read_only_directory_is_a_spool_error(tmp_path: Path) -> None:
 
 
 def test_memory_tail_is_bounded_and_disk_takes_over(tmp_path: Path) -> None:
-    from agents import spool as spool_module
+    from stepwatch.agents import spool as spool_module
 
     spool = Spool(tmp_path, 64 * 2**20)
     for i in range(0, spool_module.TAIL_MAX_RECORDS + 500, 500):  # nobody reads: an outage

@@ -23,7 +23,7 @@ from typing import Any
 from stepwatch.alerts.config import DEFAULT_RUNBOOK_BASE_URL, rule_files
 from stepwatch.daemons.prometheus import HOST_FROM_HOSTNAME as _HOST_RELABEL
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[4]  # the checkout: alerts/src/stepwatch/alerts/kube.py
 RULES_OUT = ROOT / "deploy" / "kubernetes" / "prometheus-rules.yaml"
 MONITORS_OUT = ROOT / "deploy" / "kubernetes" / "monitors.yaml"
 NAMESPACE = "stepwatch"
@@ -126,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
         out = args.out or Path("rules")
         out.mkdir(parents=True, exist_ok=True)
         for path, doc in rule_docs(args.runbook_base_url):
-            (out / path.name).write_text(dump([doc], HEADER.format(src=f"alerts/rules/{path.name}")))
+            (out / path.name).write_text(dump([doc], HEADER.format(src=f"alerts/src/stepwatch/alerts/rules/{path.name}")))
         return 0
     out_dir = args.out or RULES_OUT.parent
     (out_dir / RULES_OUT.name).write_text(
-        dump(prometheus_rules(args.runbook_base_url), HEADER.format(src="alerts/rules/*.yml")))
-    (out_dir / MONITORS_OUT.name).write_text(dump(monitors(), HEADER.format(src="alerts/kube.py")))
+        dump(prometheus_rules(args.runbook_base_url), HEADER.format(src="alerts/src/stepwatch/alerts/rules/*.yml")))
+    (out_dir / MONITORS_OUT.name).write_text(dump(monitors(), HEADER.format(src="alerts/src/stepwatch/alerts/kube.py")))
     return 0
 
 

@@ -66,7 +66,7 @@ def faust_version_problem(version: str | None = None) -> str | None:
         return None
     want = ".".join(map(str, SUPPORTED_FAUST))
     return (f"faust-streaming {found} is installed but the lean consumer "
-            f"(streams/worker/transport.py) copies the internals of {want}.x: install the "
+            f"(stepwatch.streams.worker.transport) copies the internals of {want}.x: install the "
             f"locked version (bash scripts/setup.sh, or pip install 'faust-streaming=={want}.*'), "
             f"or run the worker with --stock-consumer; to support {found}, re-read Faust's "
             f"Consumer._drain_messages and update LeanConsumer and SUPPORTED_FAUST together")

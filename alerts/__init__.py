@@ -1,6 +1,0 @@
-"""Alerts: Prometheus alert rules, Alertmanager routing and the remediator.
-
-Rule and routing files live beside this package (``alerts/rules/``,
-``alerts/alertmanager/``); the remediator service is :mod:`stepwatch.alerts.remediate`.
-See ``docs/alerts.md`` and ``docs/runbooks.md``.
-"""
