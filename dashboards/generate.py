@@ -91,7 +91,7 @@ def fleet() -> Dashboard:
                            f"sum(stepwatch_job_open_detections{{{JOB}}}) or vector(0)", w=4))
         .with_panel(single("Firing alerts", "short",
                            f'count(ALERTS{{alertstate="firing", {C}}}) or vector(0)', w=4,
-                           desc="Alert rules (alerts/rules) currently firing."))
+                           desc="Alert rules (alerts/src/stepwatch/alerts/rules) currently firing."))
         .with_panel(single("Fleet GPU power", "watt", f"sum(stepwatch_gpu_power_watts{{{C}}})", w=4,
                            desc="Total power draw of every GPU the agents report."))
         .with_panel(series("Step time by job", "s",
