@@ -1,6 +1,6 @@
 # One image for every stepwatch service (agent, simulator, stream workers, sink, remediator),
 # plus a `remediator` target with the Slurm client. Not built in CI (no Docker engine
-# there); tests/unit/test_compose.py checks that what this file copies exists and the
+# there); tests/unit/deploy/test_compose.py checks that what this file copies exists and the
 # extras it installs are defined. See docker-compose.yml.
 FROM python:3.11-slim-bookworm AS base
 WORKDIR /app

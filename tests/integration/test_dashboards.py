@@ -15,9 +15,15 @@ import re
 import dash_metrics as M
 import pytest
 import sim_store
-from dashboard_support import annotations, dashboards, queries, substitute_promql, substitute_sql
 
 from stepwatch.daemons.prometheus import wait_for
+from tests.support.dashboard_support import (
+    annotations,
+    dashboards,
+    queries,
+    substitute_promql,
+    substitute_sql,
+)
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("grafana_foundation_sdk")

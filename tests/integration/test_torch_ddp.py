@@ -10,7 +10,7 @@ All six runs are part of the suite (about a minute each on 2 cores);
 ``STEPWATCH_TORCH_QUICK=1`` keeps only the healthy and compute runs.
 ``STEPWATCH_TORCH_RECORD=1`` (any non-empty value) also writes each job's step messages, as the
 agents published them, to ``tests/fixtures/torch/`` with their labels (the
-replay tests in ``tests/unit/test_integrations_torch_replay.py`` read them).
+replay tests in ``tests/unit/streams/test_replay_torch.py`` read them).
 """
 
 from __future__ import annotations

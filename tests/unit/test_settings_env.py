@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import re
-from pathlib import Path
 
 import pytest
 
 from stepwatch.settings import OTHER_ENV, Settings, unknown_env
+from tests.support import paths
 
 pytestmark = pytest.mark.unit
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 KNOWN = {f.name for f in dataclasses.fields(Settings) if f.name != "sources"}
 
 

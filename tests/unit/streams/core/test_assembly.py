@@ -1,0 +1,134 @@
+"""Step assembly: duplicates, out-of-order records, deadlines, rewinds; the step arrays."""
+
+from __future__ import annotations
+
+import msgspec
+import numpy as np
+import pytest
+
+from stepwatch.contract import Phases, StepMessage
+from stepwatch.streams.core import Engine
+from stepwatch.streams.core.assembly import BUSY, COMPUTE, PAUSE, XFER, StepAssembler, build_step
+from tests.support.detect_synth import Job, drive
+
+
+def _records(job: Job) -> list:
+    return [r for m in job.messages() for r in m.steps]
+
+
+def test_duplicates_and_out_of_order_records_give_the_same_steps() -> None:
+    records = _records(Job(world=8, steps=12))
+    ordered = StepAssembler(8, deadline=5.0, max_pending=64)
+    closed = [cs for r in records for cs in ordered.add([r])]
+    rng = np.random.default_rng(1)
+    shuffled = list(records) + [records[i] for i in rng.integers(len(records), size=30)]
+    shuffled = [shuffled[i] for i in rng.permutation(len(shuffled))]
+    messy = StepAssembler(8, deadline=5.0, max_pending=64)
+    closed2 = [cs for i in range(0, len(shuffled), 5) for cs in messy.add(shuffled[i:i + 5])]
+    assert [c.step for c in closed] == list(range(12))
+    assert [c.step for c in closed2] == list(range(12))  # in order, none twice
+    assert messy.duplicates + messy.late == 30
+    for a, b in zip(closed, closed2, strict=True):
+        assert np.array_equal(a.m, b.m, equal_nan=True)
+
+
+def test_deadline_closes_a_step_with_a_missing_rank() -> None:
+    records = [r for r in _records(Job(world=8, steps=3)) if not (r.rank == 6 and r.step == 1)]
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    out = asm.add(records)
+    assert [c.step for c in out] == [0]  # step 1 waits for rank 6, step 2 waits behind it
+    end1 = max(r.end for r in records if r.step == 1)
+    assert asm.expire(end1 + 4.9) == []
+    out = asm.expire(end1 + 5.0)
+    assert [(c.step, c.complete) for c in out] == [(1, False), (2, True)]
+    assert out[0].missing() == [6] and np.isnan(out[0].m[BUSY, 6])
+
+
+def test_late_record_after_its_step_closed_is_counted_not_used() -> None:
+    records = _records(Job(world=8, steps=4))
+    late = next(r for r in records if r.rank == 2 and r.step == 1)
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    asm.add([r for r in records if r is not late and r.step <= 1])
+    asm.expire(late.end + 6)
+    asm.add([late])
+    assert asm.late == 1 and asm.rewinds == []
+
+
+def test_step_number_going_back_after_a_pause_is_a_rewind() -> None:
+    records = _records(Job(world=8, steps=10))
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    asm.add(records)
+    shift = 100.0
+    again = [msgspec.structs.replace(r, step=r.step + 4, start=r.start + shift,
+                                     end=r.end + shift) for r in records[:16]]
+    out = asm.add(again)
+    assert [c.step for c in out] == [4, 5]
+    (rw,) = asm.rewinds
+    assert (rw.from_step, rw.to_step) == (9, 4) and rw.gap_seconds > 80
+
+
+def test_step_arrays_split_extra_sections() -> None:
+    job = Job(world=4, steps=1)
+    recs = _records(job)
+    ph = Phases(data=0.1, forward=0.3, backward=0.5, optimizer=0.05, comm_wait=0.02,
+                checkpoint=1.0, extra={"eval": 2.0, "comm_transfer": 0.2, "loss_scale": 0.01})
+    recs[1] = msgspec.structs.replace(recs[1], phases=ph)
+    cs = build_step(0, 4, recs)
+    assert cs.m[COMPUTE, 1] == pytest.approx(0.86)
+    assert cs.m[XFER, 1] == pytest.approx(0.2)
+    assert cs.m[PAUSE, 1] == pytest.approx(3.0)
+    assert cs.m[BUSY, 1] == pytest.approx(0.1 + 0.86 + 0.2)
+
+
+def test_engine_tolerates_duplicate_and_reordered_messages() -> None:
+    job = Job(world=16, steps=60, slow={5: (20, 1.2)})
+    messages = job.messages()
+    clean = drive(Engine(), messages)
+    rng = np.random.default_rng(3)
+    noisy: list[StepMessage] = []
+    for i in range(0, len(messages), 6):  # swap within small windows, resend some
+        chunk = messages[i:i + 6]
+        noisy += [chunk[j] for j in rng.permutation(len(chunk))]
+        noisy += [chunk[0]] if rng.random() < 0.5 else []
+    engine = Engine()
+    messy = drive(engine, noisy)
+    assert [(d.type, d.state, d.rank, d.id) for d in messy] == [
+        (d.type, d.state, d.rank, d.id) for d in clean]
+    assert engine.health()["duplicates"] + engine.health()["late"] > 0
+
+
+def test_the_column_reading_of_records_with_phases_matches_the_record_by_record_one() -> None:
+    from stepwatch.streams.core.assembly import _each, _with_phases
+
+    rng = np.random.default_rng(5)
+    records = _records(Job(world=16, steps=1))
+    varied = []
+    for i, r in enumerate(records):
+        phases = msgspec.structs.replace(
+            r.phases, checkpoint=0.5 if i == 3 else None, comm_wait=None if i == 5 else 0.01,
+            extra={"eval": 0.2} if i == 7 else {})
+        varied.append(msgspec.structs.replace(
+            r, phases=phases, cpu_wait=None if i == 2 else float(rng.random()),
+            flops=None if i % 4 == 0 else float(rng.random()) * 1e12,
+            loss_nonfinite=i == 9, samples=i, tokens=3 * i))
+    for recs in (records, varied):
+        a = _with_phases(recs, [r.phases for r in recs])
+        b = _each(recs)
+        assert np.array_equal(a[0], b[0], equal_nan=True)
+        assert a[1:] == b[1:]
+    whole = build_step(0, 16, varied)
+    assert whole.nonfinite_ranks == (9,) and whole.present.all()
+
+
+def test_the_ranks_of_a_host_follow_a_rank_that_moves() -> None:
+    from stepwatch.streams.core.ranks import RankTable
+
+    records = _records(Job(world=8, steps=1))
+    table = RankTable(8)
+    table.observe(records)
+    host = records[0].host
+    before = table.ranks_on(host)
+    assert before == [i for i, h in enumerate(table.host) if h == host]
+    moved = msgspec.structs.replace(records[-1], host=host)
+    table.observe([moved])
+    assert table.ranks_on(host) == sorted({*before, moved.rank})

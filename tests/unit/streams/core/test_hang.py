@@ -1,0 +1,122 @@
+"""Hangs, missing ranks and fatal GPU errors."""
+
+from __future__ import annotations
+
+from stepwatch.contract import EventType
+from stepwatch.settings import Settings
+from stepwatch.streams.core import DetectConfig, Engine
+from tests.support.detect_synth import Job, drive, event, gpu_message, interleave, opened
+
+
+def _last_end(messages: list) -> float:
+    return max(r.end for m in messages for r in m.steps)
+
+
+def test_no_progress_past_the_limit_is_a_hang_and_progress_resolves_it() -> None:
+    job = Job(world=16, steps=40)
+    messages = job.messages()
+    early, late = messages[: 2 * 30], messages[2 * 30:]
+    engine = Engine()
+    silent_from = _last_end(early)
+    found = drive(engine, early, until=silent_from + 59)
+    assert opened(found) == []  # 60 s is the default minimum
+    found = drive(engine, [], until=silent_from + 62)
+    hangs = opened(found, "hang")
+    assert len(hangs) == 1 and hangs[0].rank is None and hangs[0].step == 29
+    assert hangs[0].evidence["limit_s"] == 60.0
+    assert engine.stats()[0].hung
+    # the job moves again (its later steps, shifted after the pause)
+    import msgspec
+
+    shift = 70.0
+    resumed = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
+        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift) for r in m.steps])
+        for m in late]
+    found = drive(engine, resumed)
+    assert [(d.type, d.state) for d in found if d.type == "hang"] == [("hang", "resolved")]
+    assert not engine.stats()[0].hung
+    assert engine.stats()[0].badput_seconds["hang"] > 60
+
+
+def test_hang_limit_comes_from_settings() -> None:
+    cfg = DetectConfig.from_settings(Settings.load(env={}, hang_min_seconds=20.0,
+                                                   hang_step_multiple=5.0))
+    job = Job(world=8, steps=30)
+    messages = job.messages()
+    found = drive(Engine(cfg), messages, until=_last_end(messages) + 21)
+    assert [d.type for d in opened(found)] == ["hang"]
+
+
+def test_crashed_rank_is_named_rank_missing() -> None:
+    job = Job(world=16, steps=40, stop_at=30, crashed=11)  # rank 11 never finished step 29
+    messages = job.messages()
+    found = drive(Engine(), messages, until=_last_end(messages) + 61)
+    missing = opened(found)
+    assert [(d.type, d.rank) for d in missing] == [("rank_missing", 11)]
+    d = missing[0]
+    assert d.evidence["rank_last_step"] == 28 and d.evidence["last_step"] == 29
+    assert d.host == "h001" and d.evidence["how"] == "behind"
+
+
+def test_idle_gpu_names_the_dead_rank_when_no_step_is_behind() -> None:
+    job = Job(world=16, steps=40, stop_at=30)
+    messages = job.messages()
+    t_stop = _last_end(messages)
+    samples = []
+    for k in range(-20, 70):  # rank 6's GPU idles after the stop, its peers spin in NCCL
+        t = t_stop + k
+        dead = {6: {"util_gpu_pct": 0.0, "power_w": 70.0}} if k > 0 else {}
+        samples += [gpu_message("h000", t, dead), gpu_message("h001", t)]
+    found = drive(Engine(), interleave(messages, samples), until=t_stop + 65)
+    assert [(d.type, d.rank, d.evidence.get("how")) for d in opened(found)] == [
+        ("rank_missing", 6, "idle_gpu")]
+
+
+def test_fatal_xid_opens_rank_missing_at_once_as_hardware() -> None:
+    job = Job(world=16, steps=40, stop_at=30, crashed=3)
+    messages = job.messages()
+    t = _last_end(messages[:-2])
+    xid = event(EventType.XID, "h000", t + 0.1, job_id=job.job_id, gpu=3, code=79,
+                detail="GPU has fallen off the bus.")
+    found = drive(Engine(), interleave(messages, [xid]), until=t + 90)
+    missing = opened(found)
+    assert [(d.type, d.rank, d.cause, d.fault) for d in missing] == [
+        ("rank_missing", 3, "hardware", "system")]
+    assert missing[0].ts == xid.ts  # not after the hang limit
+
+
+def test_rank_absent_while_its_peers_progress() -> None:
+    job = Job(world=16, steps=40)
+    messages = job.messages()
+    for m in messages:  # rank 12's agent stops sending from step 20 on
+        m.steps[:] = [r for r in m.steps if not (r.rank == 12 and r.step >= 20)]
+    engine = Engine()
+    found = []
+    for m in messages:
+        found += engine.process(m)
+        if m.host == "h001":  # both hosts sent this step; its deadline passes without rank 12
+            found += engine.tick(m.ts + 5.1)
+    missing = opened(found)
+    assert [(d.type, d.rank, d.evidence["how"]) for d in missing] == [
+        ("rank_missing", 12, "absent")]
+
+
+def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
+    import msgspec
+
+    job = Job(world=8, steps=30)
+    first = job.messages()
+    engine = Engine()
+    stop = _last_end(first)
+    found = drive(engine, first, until=stop + 70)
+    assert [d.type for d in opened(found)] == ["hang"]
+    shift = 120.0  # the scheduler restarts it from the checkpoint at step 20
+    again = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
+        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
+        for r in m.steps]) for m in Job(world=8, steps=30).messages() if m.steps[0].step >= 20]
+    found = drive(engine, again)
+    assert [(d.type, d.state, d.evidence["resolved_because"]) for d in found] == [
+        ("hang", "resolved", "restarted")]
+    s = engine.stats()[0]
+    assert not s.hung and s.badput_seconds["restart"] > 100
+    assert s.badput_seconds["wasted_progress"] > 5

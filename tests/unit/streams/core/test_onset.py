@@ -1,0 +1,73 @@
+"""Onset and cause on the fault's own steps: first_step is the estimated onset (the open
+step is kept in evidence.open_step) and a changed cause is published at once."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stepwatch.quality.wild import Fault, Kind, generate
+from stepwatch.quality.wild import Job as WildJob
+from stepwatch.streams.core import DetectConfig, Engine
+from stepwatch.streams.core.causes import Attribution
+from stepwatch.streams.core.kinds import Cause, DetectionType
+from stepwatch.streams.core.kinds import Fault as FaultClass
+from stepwatch.streams.core.lifecycle import DetectionBook, Finding
+from tests.support.detect_synth import Job, drive, opened
+from tests.unit.streams.core.test_phases import ddp_job
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("start", [23, 31])
+def test_straggler_first_step_is_the_onset_and_open_step_is_kept(start: int) -> None:
+    job = Job(world=16, steps=70, slow={5: (start, 1.2)}, seed=2)
+    (d,) = opened(drive(Engine(), job.messages()), "straggler")
+    assert d.first_step is not None and abs(d.first_step - start) <= 2
+    assert d.evidence["open_step"] == d.step
+    assert d.step is not None and d.step > d.first_step
+
+
+def test_data_stall_cause_is_read_after_its_onset() -> None:
+    (d,) = opened(drive(Engine(), ddp_job({3: ("data", 0.15)}, start=30)), "straggler")
+    assert d.cause == "host_input"
+    assert d.first_step is not None and abs(d.first_step - 30) <= 2
+
+
+def test_job_slowdown_first_step_is_its_onset() -> None:
+    job = WildJob("nic", seed=5, nodes=4, steps=160, accounting="explicit", step_s=1.0,
+                  fault=Fault(Kind.NIC_CONGESTION, start=80, severity=0.2, host=1, port=3))
+    found = [d for d in opened(drive(Engine(), list(generate(job))))
+             if d.type in ("job_slowdown", "network_congestion")]
+    assert found
+    for d in found:
+        assert d.first_step is not None and abs(d.first_step - 80) <= 3, d.type
+
+
+def _finding(cause: Cause, ts: float, score: float = 0.2) -> Finding:
+    attr = Attribution(cause, FaultClass.SYSTEM, cause.value, {})
+    return Finding(DetectionType.STRAGGLER, score, int(ts), ts, "s", attr, rank=1)
+
+
+def test_a_new_cause_is_published_at_once_a_new_score_is_rate_limited() -> None:
+    book = DetectionBook("j", DetectConfig())
+    assert [m.state for m in book.observe(_finding(Cause.UNKNOWN, 100.0))] == ["open"]
+    assert book.observe(_finding(Cause.UNKNOWN, 103.0, score=0.5)) == []  # score: wait 30 s
+    (m,) = book.observe(_finding(Cause.HOST_INPUT, 106.0))
+    assert (m.state, m.cause) == ("update", "host_input")
+    # a finding is built again every cause_refresh_seconds while it holds
+    key = (DetectionType.STRAGGLER, 1, "")
+    refresh = DetectConfig().cause_refresh_seconds
+    assert book.hold(key, 100.0 + refresh) is True  # young: re-decided every refresh
+    assert book.hold(key, 101.0 + refresh) is False
+    assert book.hold(key, 100.5 + 2 * refresh) is True
+
+
+def test_a_job_slowdowns_onset_is_the_start_of_its_trailing_run() -> None:
+    from stepwatch.streams.core.slowdown import trailing_run
+
+    x = np.array([0.0, 0.01, 0.2, 0.0, -0.01, 0.12, 0.11, 0.0, 0.14, 0.13, 0.15])
+    assert trailing_run(x, 0.05) == 5  # one step below does not end it; two do
+    assert trailing_run(x, 0.05, gap=0) == 2
+    assert trailing_run(np.array([0.2, 0.2]), 0.05) == 1
+    assert trailing_run(np.array([0.0, np.nan, 0.0]), 0.05) == 0

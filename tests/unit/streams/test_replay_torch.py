@@ -1,0 +1,98 @@
+"""Recorded real DDP runs, replayed through the detection core without torch.
+
+``tests/fixtures/torch/*.jsonl`` are the step messages two real agents
+published for real 4-rank gloo DDP jobs (``examples/ddp_train.py`` with the DDP
+integration, reported as host-0 = ranks 0, 1 and host-1 = ranks 2, 3); the
+labels file says what was done to which rank from which step. Re-record with
+``STEPWATCH_TORCH_RECORD=1 pytest tests/integration/test_torch_ddp.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from stepwatch.contract import DetectionMessage
+from stepwatch.streams.core import DetectConfig, Engine
+from stepwatch.streams.replay import replay
+from tests.support import paths
+
+FIXTURES = paths.FIXTURES / "torch"
+LABELS: dict[str, dict[str, Any]] = json.loads((FIXTURES / "labels.json").read_text())
+
+
+def detections(name: str) -> list[DetectionMessage]:
+    found: list[DetectionMessage] = []
+    errors: list[object] = []
+    with open(FIXTURES / f"{name}.jsonl", "rb") as lines:
+        summary = replay(lines, Engine(DetectConfig()), found.append,
+                         lambda n, err, raw: errors.append((n, err)))
+    assert errors == [] and summary.messages > 0
+    return found
+
+
+def opened(found: list[DetectionMessage]) -> list[DetectionMessage]:
+    """Opened incidents: a detection linked to another incident (``related``) is part
+    of that one, not a second incident."""
+    return [d for d in found if d.state == "open" and not d.related]
+
+
+def hit(name: str, found: list[DetectionMessage]) -> DetectionMessage:
+    """The detection of the labelled fault: its rank (or host, for a host fault),
+    opened within 10 steps of the fault's start."""
+    label = LABELS[name]
+    start = label["start_step"]
+    mine = [d for d in opened(found)
+            if d.host == label["host"] and (d.rank == label["rank"] or d.rank is None)
+            and start <= (d.first_step or 0) <= start + 10]
+    assert len(mine) == 1, [(d.type, d.rank, d.host, d.first_step, d.summary) for d in found]
+    return mine[0]
+
+
+def test_fixtures_are_small_and_labelled() -> None:
+    files = sorted(FIXTURES.glob("*.jsonl"))
+    assert {f.stem for f in files} == set(LABELS)
+    assert sum(f.stat().st_size for f in files) < 2_000_000
+
+
+@pytest.mark.parametrize("name", sorted(n for n, lab in LABELS.items() if lab["fault"] == "healthy"))
+def test_healthy_run_is_silent(name: str) -> None:
+    assert opened(detections(name)) == []
+
+
+# compute_plain: the README loop without the integration (the wait stays inside
+# backward); fsdp_compute: FSDP2 with instrument_fsdp
+@pytest.mark.parametrize("name,cause", [("compute", "gpu"), ("data", "host_input"),
+                                        ("compute_plain", "gpu"), ("fsdp_compute", "gpu")])
+def test_one_slow_rank_is_found_with_its_cause(name: str, cause: str) -> None:
+    d = hit(name, detections(name))
+    assert d.type == "straggler" and d.rank == LABELS[name]["rank"], d
+    assert d.cause == cause, d
+
+
+def test_cpu_contention_on_a_host_is_one_host_incident() -> None:
+    d = hit("cpu", detections("cpu"))
+    assert d.type == "straggler" and d.rank is None, d
+    assert sorted(d.ranks) == LABELS["cpu"]["ranks"], d
+
+
+def test_cpu_contention_is_the_cause_with_its_numbers() -> None:
+    d = hit("cpu", detections("cpu"))
+    assert (d.cause, d.evidence["host_reasons"]) == ("host_input", "cpu_contention"), d
+    assert float(d.evidence["cpu_wait_excess_s"]) > 0, d.evidence  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", sorted(n for n, lab in LABELS.items() if lab["fault"] != "healthy"))
+def test_every_other_incident_of_a_fault_run_is_measured_cpu_contention(name: str) -> None:
+    """Besides the fault's own incident (and detections linked to it), a run may only
+    hold CPU contention the run-queue wait proves: the two emulated hosts share the
+    machine's two cores, so one rank's extra compute, or another process, really
+    slows a rank of the other "host" (on real hosts it could not)."""
+    found = detections(name)
+    right = hit(name, found)
+    others = [d for d in opened(found) if d.id != right.id]
+    for d in others:
+        assert d.evidence.get("host_reasons") == "cpu_contention", d
+        assert float(d.evidence["cpu_wait_excess_s"]) > 0, d.evidence  # type: ignore[arg-type]
