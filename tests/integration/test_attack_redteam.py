@@ -15,11 +15,11 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from remediator_http import TOKEN, alert, send, start
 
 from stepwatch.alerts.receiver import AlertReceiver
 from stepwatch.alerts.remediate.service import Service
 from stepwatch.contract.ops import AlertRecord
+from tests.support.remediator_http import TOKEN, alert, send, start
 
 pytestmark = pytest.mark.integration
 CAP = 256  # stepwatch.httpd.MAX_CONNECTIONS: connections a server serves at once

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+from tests.support import paths
+
+sys.path.insert(0, str(paths.ROOT / "bench"))
 import chaos
 from chaos_audit import Report, audit, read_outboxes
 

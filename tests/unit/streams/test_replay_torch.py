@@ -4,7 +4,7 @@
 published for real 4-rank gloo DDP jobs (``examples/ddp_train.py`` with the DDP
 integration, reported as host-0 = ranks 0, 1 and host-1 = ranks 2, 3); the
 labels file says what was done to which rank from which step. Re-record with
-``STEPWATCH_TORCH_RECORD=1 pytest tests/integration/test_torch_ddp.py``.
+``STEPWATCH_TORCH_RECORD=1 pytest tests/integration/integrations/test_torch_ddp.py``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,195 @@
+"""Attacks on the remediator boundary (issue 15), through its real HTTP server and bearer token.
+
+Alertmanager-v4 bodies go to the real service; the Slurm actuator calls a
+recording fake ``scontrol``/``sinfo`` on PATH that answers and expands
+host lists like Slurm 22.05 (``fake_slurm``), and for holes 1 and 3 the real
+local Slurm cluster too. Each test names the hole it closes; each fails on
+the remediator before the fix (docs/security.md, "Boundary 3").
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from stepwatch.daemons.prometheus import wait_for
+from stepwatch.daemons.slurm import missing_binaries
+from tests.support.alert_support import WebhookReceiver
+from tests.support.fake_slurm import FakeSlurm, install
+from tests.support.remediator_http import alert, get, post, send, start
+
+pytestmark = pytest.mark.integration
+NODES = [f"gpu-{i:03d}" for i in range(1, 101)]
+JOBS = {"43": "gpu-[001-004]", "44": "gpu-[005-008]",
+        **{str(100 + i): f"gpu-{i:03d}" for i in range(1, 101)}}  # job 10i runs on gpu-00i
+
+
+@pytest.fixture()
+def fake(tmp_path, monkeypatch) -> FakeSlurm:
+    slurm = install(tmp_path / "bin", NODES, JOBS)
+    monkeypatch.setenv("PATH", f"{slurm.folder}:{os.environ['PATH']}")
+    return slurm
+
+
+@pytest.fixture()
+def service(tmp_path):
+    made = []
+
+    def make(**kwargs):
+        svc = start(tmp_path, **kwargs)
+        made.append(svc)
+        return svc
+    yield make
+    for svc in made:
+        svc.stop()
+
+
+def xid(i: int) -> dict:
+    """A node-scoped fatal XID alert (no job: drain only) for gpu-00i."""
+    return alert(f"gpu-{i:03d}", job="", name="GpuXidFatal", scope="node")
+
+
+@pytest.mark.parametrize("host, job", [
+    ("gpu-[001-100]", "43"),  # a Slurm host-list expression: 100 nodes
+    ("gpu-010,gpu-011", "43"),  # a comma list
+    ("ALL", "43"),
+    ("gpu-001", "43,44"),  # a job-id list
+    ("gpu-001", "ALL"),
+    ("gpu-001", "101_[1-5]"),  # an array range
+    ("-h", "43"),  # an option, not a name
+])
+def test_hole1_a_name_slurm_would_expand_reaches_no_scheduler_command(fake, service, host, job):
+    svc = service()
+    decisions = send(svc, [alert(host, job)])
+    assert {(d["outcome"], d["reason"]) for d in decisions} == {("skipped", "invalid_identity")}
+    assert fake.calls() == []  # not even a `show node`: refused before any argv is built
+    assert fake.drained() == {} and fake.requeued() == []
+
+
+def test_hole2_approve_after_the_rate_limit_is_spent_is_refused(fake, service):
+    svc = service(mode="recommend", guardrails={"rate_limit": {"actions": 3, "per": "1h"}})
+    queued = send(svc, [xid(i) for i in range(1, 7)])
+    # queued drains count when they are queued: three reserve the three slots
+    assert [d["outcome"] for d in queued] == ["queued"] * 3 + ["skipped"] * 3
+    assert {d["reason"] for d in queued[3:]} == {"rate_limited"}
+    for d in queued:
+        post(f"{svc.url}/api/approve/{d['id']}")
+    assert len(fake.drained()) == 3
+    more = send(svc, [xid(i) for i in range(7, 10)])  # the limit is spent: nothing more queued
+    assert {d["reason"] for d in more} == {"rate_limited"}
+    assert len(fake.drained()) == 3
+
+
+def test_hole2_approve_with_the_breaker_open_is_refused(fake, service):
+    with WebhookReceiver() as hooks:
+        svc = service(mode="recommend", cluster_nodes=10, page=hooks.url("/page"),
+                      guardrails={"breaker": {"max_share": 0.2, "window": "1h"}})
+        decisions = send(svc, [xid(1), xid(2), xid(3)])  # cap 2 of 10: the 3rd trips it
+        assert [d["outcome"] for d in decisions] == ["queued", "queued", "escalated"]
+        assert get(svc, "/api/breaker")["open"] and hooks.received("/page")
+        for d in decisions[:2]:
+            code, body = post(f"{svc.url}/api/approve/{d['id']}")
+            assert code == 200 and body["reason"] == "breaker_open", body
+        assert fake.drained() == {}
+        assert get(svc, "/api/actions?status=queued")["actions"] == []  # refused, not left queued
+
+
+def test_hole2_approve_of_a_node_a_person_drained_since_is_refused(fake, service):
+    svc = service(mode="recommend")
+    queued = send(svc, [xid(4)])
+    subprocess.run([str(fake.folder / "scontrol"), "update", "nodename=gpu-004", "state=drain",
+                    "reason=bad fan, ticket 123"], check=True)
+    code, body = post(f"{svc.url}/api/approve/{queued[0]['id']}")
+    assert code == 200 and body["reason"] == "drained_by_person"
+    assert fake.drained() == {"gpu-004": "bad fan, ticket 123"}
+
+
+def test_hole2_the_breaker_counts_nodes_not_actions(fake, service):
+    svc = service(cluster_nodes=10, guardrails={"breaker": {"max_share": 0.2, "window": "1h"},
+                                                "cooldown": {"node": 0, "job": 0}})
+    assert {d["outcome"] for d in send(svc, [xid(1)])} == {"acted"}
+    subprocess.run([str(fake.folder / "scontrol"), "update", "nodename=gpu-001", "state=resume"],
+                   check=True)  # a person puts it back; it fails again, another alert drains it
+    assert {d["outcome"] for d in send(svc, [alert("gpu-001", "", name="GpuXidFatal", xid="79")])} == {"acted"}
+    second = send(svc, [xid(2)])  # two drains so far, but of one node: the second node is in the cap
+    assert second[0]["outcome"] == "acted" and not get(svc, "/api/breaker")["open"]
+    third = send(svc, [xid(3)])
+    assert third[0]["reason"] == "breaker_tripped" and sorted(fake.drained()) == ["gpu-001", "gpu-002"]
+
+
+def test_hole3_an_alert_naming_a_node_outside_its_job_does_nothing(fake, service):
+    svc = service()
+    decisions = send(svc, [alert("gpu-077", "43")])  # job 43 runs on gpu-[001-004]
+    assert {(d["action"], d["reason"]) for d in decisions} == {("drain", "node_not_in_job"),
+                                                              ("requeue", "node_not_in_job")}
+    assert fake.drained() == {} and fake.requeued() == [] and fake.acting_calls() == []
+    assert ["show", "hostnames", "gpu-[001-004]"] in fake.calls()  # Slurm expanded the NodeList
+    ok = send(svc, [alert("gpu-002", "43")])  # a node the job does run on: acted
+    assert {d["outcome"] for d in ok} == {"acted"} and list(fake.drained()) == ["gpu-002"]
+
+
+def test_hole4_a_1000_alert_webhook_makes_a_bounded_number_of_scheduler_calls(fake, service):
+    svc = service(guardrails={"webhook": {"max_alerts": 50}})
+    storm = [alert(f"ghost-{i:04d}", job="", name="GpuXidFatal") for i in range(1000)]
+    decisions = send(svc, storm)
+    assert len(fake.calls()) <= 50  # at most one `show node` per admitted alert
+    reasons = [d["reason"] for d in decisions]
+    assert reasons.count("webhook_cap") == 950 and reasons.count("unknown_node") == 50
+
+
+def test_hole4_cheap_guardrails_come_before_any_scheduler_call(fake, service):
+    svc = service(guardrails={"rate_limit": {"actions": 1, "per": "1h"}})
+    send(svc, [xid(1)])
+    before = len(fake.calls())
+    refused = send(svc, [xid(i) for i in range(2, 40)])
+    assert {d["reason"] for d in refused} == {"rate_limited"}
+    assert len(fake.calls()) == before  # the rate limit needed no scheduler call
+
+
+def test_hole4_a_retried_webhook_is_idempotent(fake, service):
+    svc = service()
+    batch = [alert("gpu-077", "43"), alert("ghost-1", "43"), alert("gpu-001", "999"), xid(9)]
+    first = send(svc, batch)
+    calls = len(fake.calls())
+    assert {d["reason"] for d in first} == {"node_not_in_job", "unknown_node", "job_unknown", "executed"}
+    retry = send(svc, batch)  # Alertmanager retries a delivery it thinks failed
+    assert {d["outcome"] for d in retry} == {"duplicate"}
+    assert len(fake.calls()) == calls  # no scheduler call repeated
+
+
+def test_hole4_user_alerts_get_bounded_plain_notifications(fake, service):
+    with WebhookReceiver() as hooks:
+        svc = service(notify=hooks.url("/owner"))
+        spam = []
+        for i in range(200):
+            a = alert("gpu-001", "101", name="JobUserError", owner="ada" if i % 2 else f"u{i}",
+                      **{"class": "user", "remediation": "notify"})
+            a["annotations"] = {"summary": "click http://evil.example/x \x1b[31m" + "A" * 2000,
+                                "description": "wire money to ..." * 60}
+            spam.append(a)
+        decisions = send(svc, spam)
+        sent = hooks.received("/owner")
+        assert len(sent) <= 30  # guardrails.notify.total per hour
+        assert sum(1 for d in sent if d.body["to"] == "ada") <= 3  # per owner
+        assert all("description" not in d.body and len(d.body["summary"]) <= 200
+                   and "\x1b" not in d.body["summary"] for d in sent)
+        assert {d["reason"] for d in decisions} >= {"notify_rate_limited"}
+
+
+@pytest.mark.skipif(bool(missing_binaries()), reason=f"Slurm/munge binaries absent: {missing_binaries()}")
+def test_holes_1_and_3_on_a_real_slurm_cluster(tmp_path, slurm, service):
+    job = slurm.sbatch("-N", "2", "-w", "node[01-02]", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
+    wait_for(lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"), 30, what="job running")
+    svc = service(actuator={"kind": "slurm", "slurm_conf": str(slurm.conf_path)})
+    attacks = [alert("node[01-04]", job), alert("node03,node04", job), alert("ALL", job),
+               alert("node02", f"{job},{job}"), alert("node03", job)]  # the last: not the job's node
+    decisions = send(svc, attacks)
+    assert {d["reason"] for d in decisions} == {"invalid_identity", "node_not_in_job"}
+    states = slurm.node_states()
+    assert not any(s.startswith("drain") for s in states.values()), states
+    assert "Restarts=0" in slurm.scontrol("show", "job", job, "-o")
+    done = send(svc, [alert("node02", job)])  # the job's own node: drained and requeued
+    assert {d["outcome"] for d in done} == {"acted"}, done
+    assert [n for n, s in slurm.node_states().items() if s.startswith("drain")] == ["node02"]

@@ -1,0 +1,213 @@
+"""Real PyTorch DDP jobs (4 ranks, gloo on CPU) through SDK -> agents -> broker -> worker.
+
+Each test runs ``examples/ddp_train.py`` with the DDP integration and a real
+slowdown from step ``START``: extra compute in one rank's forward, a slow data
+loader on one rank, CPU contention from busy processes pinned (``taskset``) to
+the core of host-1's two ranks, or nothing (healthy: no detection). One broker,
+stream worker and pair of agents serve the whole module.
+
+All six runs are part of the suite (about a minute each on 2 cores);
+``STEPWATCH_TORCH_QUICK=1`` keeps only the healthy and compute runs.
+``STEPWATCH_TORCH_RECORD=1`` (any non-empty value) also writes each job's step messages, as the
+agents published them, to ``tests/fixtures/torch/`` with their labels (the
+replay tests in ``tests/unit/streams/test_replay_torch.py`` read them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from stepwatch.contract import encode  # noqa: E402
+from stepwatch.daemons.broker import DevBroker  # noqa: E402
+from stepwatch.kafka import ensure_topics  # noqa: E402
+from stepwatch.settings import Settings  # noqa: E402
+from tests.support.stream_support import StreamWorker, wait_for  # noqa: E402
+from tests.support.torch_jobs import (  # noqa: E402
+    RANKS_OF,
+    ROOT,
+    Agents,
+    Fault,
+    background_load,
+    detections,
+    phase_means,
+    run_job,
+    step_messages,
+)
+
+pytestmark = pytest.mark.integration
+log = logging.getLogger(__name__)
+
+STEPS = 100
+START = 40
+FIXTURES = ROOT / "tests" / "fixtures" / "torch"
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[Settings, Agents, Path, StreamWorker]]:
+    work = tmp_path_factory.mktemp("torch")
+    with DevBroker(log_path=str(work / "broker.log")) as broker:
+        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="t",
+                                 partitions=2, spool_dir=str(work / "spool"),
+                                 agent_socket=str(work / "agent.sock"), metrics_port=0,
+                                 stream_metrics_port=0, host="testhost")
+        ensure_topics(settings)
+        worker = StreamWorker(settings, work, "w").start()
+        agents = Agents(settings, work)
+        try:
+            agents.start()
+            wait_for("stream worker ready", lambda: worker.value("stepwatch_stream_ready") == 1,
+                     90, [worker])
+            yield settings, agents, work, worker
+        finally:
+            agents.stop()
+            worker.stop()
+
+
+def run_and_detect(pipeline: tuple[Settings, Agents, Path, StreamWorker], name: str,
+                   fault: Fault, means: dict[int, dict[str, float]] | None = None
+                   ) -> list[dict[str, object]]:
+    """Run the job, return its detections; ``means`` receives the per-rank phase
+    medians after the fault's start."""
+    settings, agents, work, worker = pipeline
+    job = f"{name}-{int(time.time())}"
+    run_job(agents, job, fault, STEPS, work)
+    # the last steps close after the assembly deadline: wait until the worker closed them
+    wait_for("the worker closed the job's last step", lambda: worker.value(
+        "stepwatch_job_last_step", job_id=job) >= STEPS - 1, 60, [worker])
+    time.sleep(1)  # the detections of that step are produced right after
+    msgs = step_messages(settings, job)
+    ranks = {r.rank for m in msgs for r in m.steps}
+    assert ranks == {0, 1, 2, 3}, f"steps from ranks {ranks}"
+    found = detections(settings, job)
+    measured = phase_means(msgs, START + 5, STEPS)
+    if means is not None:
+        means.update(measured)
+    log.warning("torch run %s fault=%s detections=%s phases=%s", name, fault,
+                [(d["type"], d["state"], d.get("rank"), d.get("ranks"), d["host"], d["cause"],
+                  d.get("first_step"), d.get("related")) for d in found],
+                json.dumps(measured))
+    if os.environ.get("STEPWATCH_TORCH_RECORD"):
+        record(name, fault, msgs, measured)
+    return found
+
+
+def record(name: str, fault: Fault, msgs: list, means: dict) -> None:  # type: ignore[type-arg]
+    FIXTURES.mkdir(parents=True, exist_ok=True)
+    (FIXTURES / f"{name}.jsonl").write_bytes(b"".join(encode(m) + b"\n" for m in msgs))
+    labels_path = FIXTURES / "labels.json"
+    labels = json.loads(labels_path.read_text()) if labels_path.exists() else {}
+    labels[name] = {"fault": fault.kind, "rank": fault.rank, "host": fault.host,
+                    "ranks": list(RANKS_OF[fault.host]) if fault.kind == "cpu" and fault.host
+                    else ([fault.rank] if fault.rank is not None else []),
+                    "start_step": fault.start if fault.rank is not None else None,
+                    "factor": fault.factor, "steps": STEPS, "world_size": 4,
+                    "phase_medians_after_start": means}
+    labels_path.write_text(json.dumps(labels, indent=1, sort_keys=True) + "\n")
+
+
+def opened(found: list[dict[str, object]]) -> list[dict[str, object]]:
+    """Opened incidents (a detection linked to another one, ``related``, is part of it)."""
+    return [d for d in found if d["state"] == "open" and not d.get("related")]
+
+
+ONSET_TOLERANCE = 3  # the estimated onset (first_step) may fall this many steps early
+
+
+def hit(found: list[dict[str, object]], fault: Fault) -> dict[str, object]:
+    """The one detection of ``fault``: its rank (or its host), opened after the fault began
+    and within 10 steps of it, its estimated onset within 3 steps of the start or after."""
+    mine = [d for d in opened(found) if d["host"] == fault.host
+            and d.get("rank") in (fault.rank, None)
+            and fault.start - ONSET_TOLERANCE <= _int(d.get("first_step")) <= fault.start + 10
+            and fault.start <= _int(_evidence(d).get("open_step", d.get("first_step")))]
+    assert len(mine) == 1, found
+    return mine[0]
+
+
+def _int(v: object) -> int:
+    return int(v) if isinstance(v, int | float) else -1
+
+
+def _evidence(d: dict[str, object]) -> dict[str, object]:
+    ev = d.get("evidence")
+    return ev if isinstance(ev, dict) else {}
+
+
+full = pytest.mark.skipif(bool(os.environ.get("STEPWATCH_TORCH_QUICK")),
+                          reason="STEPWATCH_TORCH_QUICK=1: the healthy and compute runs only")
+
+
+def test_healthy_ddp_job_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
+    assert opened(run_and_detect(pipeline, "healthy", Fault("healthy"))) == []
+
+
+@full
+def test_healthy_job_on_a_busy_machine_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
+    """Real noise, no fault: DataLoader worker processes, an evaluation pass every 40 steps,
+    a checkpoint every 25, and two processes with random bursts of CPU work on the machine's
+    cores. Suspects may come and go; no incident opens."""
+    work = pipeline[2]
+    options = ("--loader-workers", "2", "--eval-every", "40", "--checkpoint-dir",
+               str(work / "ckpt-busy"), "--checkpoint-every", "25")
+    with background_load(2):
+        found = run_and_detect(pipeline, "healthy_busy", Fault("healthy", options=options))
+    assert opened(found) == []
+
+
+def test_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
+    fault = Fault("compute", 1, 2.5, START)
+    d = hit(run_and_detect(pipeline, "compute", fault), fault)
+    assert (d["type"], d["rank"], d["cause"]) == ("straggler", 1, "gpu"), d
+
+
+@full
+def test_slow_data_loader_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
+    fault = Fault("data", 2, 3.0, START)
+    d = hit(run_and_detect(pipeline, "data", fault), fault)
+    assert (d["type"], d["rank"], d["cause"]) == ("straggler", 2, "host_input"), d
+
+
+@full
+def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untyped-def]
+    """Busy processes pinned to host-1's core slow both its ranks: one host incident."""
+    fault = Fault("cpu", 3, 3.0, START)  # two busy processes
+    means: dict[int, dict[str, float]] = {}
+    found = run_and_detect(pipeline, "cpu", fault, means)
+    effect = compute_of(means, RANKS_OF["host-1"]) / compute_of(means, RANKS_OF["host-0"]) - 1
+    if effect < 0.10:
+        # the machine's other load (unpinned) moved to host-0's core: no fault to find
+        pytest.skip(f"contention slowed host-1 by only {effect:.0%} on this loaded machine")
+    d = hit(found, fault)
+    assert d["type"] == "straggler" and d["rank"] is None, d
+    assert sorted(d["ranks"]) == list(RANKS_OF["host-1"]), d  # type: ignore[call-overload]
+    # the run-queue wait tells contention from a slower GPU
+    assert (d["cause"], d["evidence"]["host_reasons"]) == ("host_input", "cpu_contention"), d  # type: ignore[index]
+
+
+def compute_of(means: dict[int, dict[str, float]], ranks: tuple[int, ...]) -> float:
+    return sum(means[r]["forward"] + means[r]["backward"] for r in ranks) / len(ranks)
+
+
+@full
+def test_plain_loop_without_integration_finds_the_slow_forward(pipeline) -> None:  # type: ignore[no-untyped-def]
+    """The README loop, phases only: the wait stays inside backward, busy sums are equal."""
+    fault = Fault("compute", 1, 2.5, START, options=("--plain",))
+    d = hit(run_and_detect(pipeline, "compute_plain", fault), fault)
+    assert (d["type"], d["rank"], d["cause"]) == ("straggler", 1, "gpu"), d
+
+
+@full
+def test_fsdp_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
+    fault = Fault("compute", 1, 4.0, START, options=("--parallel", "fsdp"))
+    d = hit(run_and_detect(pipeline, "fsdp_compute", fault), fault)
+    assert (d["type"], d["rank"], d["cause"]) == ("straggler", 1, "gpu"), d
