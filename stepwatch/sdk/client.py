@@ -1,7 +1,7 @@
 """``StepWatch``: what ``stepwatch.init()`` returns to a training script.
 
 The training thread only takes marks; everything else happens on the
-exporter's thread. No method raises into the training loop: misuse (nested
+sender thread. No method raises into the training loop: misuse (nested
 steps, a phase never closed, a step number going backwards, a phase outside a
 step) is logged once and counted in :meth:`StepWatch.stats`; exceptions raised
 by user code inside ``with sw.step()`` propagate unchanged and are reported to
@@ -32,8 +32,8 @@ from stepwatch.sdk.events import (
     job_end_event,
     job_start_event,
 )
-from stepwatch.sdk.exporter import Exporter, Item
 from stepwatch.sdk.identity import Identity
+from stepwatch.sdk.sender import Item, Sender
 from stepwatch.sdk.step import (
     NULL_CONTEXT,
     PhaseTimer,
@@ -52,7 +52,7 @@ class StepWatch:
     def __init__(
         self,
         identity: Identity,
-        exporter: Exporter | None,
+        sender: Sender | None,
         *,
         pool: EventPool | None = None,
         timing: str = "wall",
@@ -60,7 +60,7 @@ class StepWatch:
         sched: SchedStat | None = None,
     ) -> None:
         self._identity = identity
-        self._exporter = exporter
+        self._sender = sender
         self._pool = pool
         self._sched = sched  # the thread's CPU time and run-queue wait (None: not measured)
         self.timing = timing
@@ -82,7 +82,7 @@ class StepWatch:
 
     @property
     def enabled(self) -> bool:
-        return self._exporter is not None and not self._closed
+        return self._sender is not None and not self._closed
 
     def set_group(self, group: str) -> None:
         """Set the peer-group key (e.g. pipeline stage ``"pp3"``) for the next steps."""
@@ -212,7 +212,7 @@ class StepWatch:
         return number
 
     def _end(self, step: Step, exc: BaseException | None) -> None:
-        """Called once when a step ends: snapshot it and hand it to the exporter."""
+        """Called once when a step ends: snapshot it and hand it to the sender."""
         if self._current is step:
             self._current = None
         if step._done:
@@ -229,8 +229,8 @@ class StepWatch:
             self._misuse("internal", "stepwatch: could not record a step err=%r", err)
 
     def _submit(self, item: Item) -> None:
-        if self._exporter is not None and not self._closed:
-            self._exporter.submit(item)
+        if self._sender is not None and not self._closed:
+            self._sender.submit(item)
 
     # ------------------------------------------------------------------ events
     def checkpoint(
@@ -299,9 +299,9 @@ class StepWatch:
         return sum(self._counts()[1].values())
 
     def _counts(self) -> tuple[int, Counter[str]]:
-        if self._exporter is None:
+        if self._sender is None:
             return 0, Counter()
-        return self._exporter.counts()
+        return self._sender.counts()
 
     def stats(self) -> dict[str, Any]:
         sent, dropped = self._counts()
@@ -316,10 +316,10 @@ class StepWatch:
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until everything recorded so far has been sent (or dropped)."""
-        if self._exporter is None or self._closed or os.getpid() != self._pid:
+        if self._sender is None or self._closed or os.getpid() != self._pid:
             return True
         try:
-            return self._exporter.flush(timeout)
+            return self._sender.flush(timeout)
         except Exception as err:
             self._misuse("internal", "stepwatch: flush failed err=%r", err)
             return False
@@ -342,9 +342,9 @@ class StepWatch:
             failed = error or self._failed
             self._submit(job_end_event(self._identity, failed, self._last))
         self._closed = True
-        if self._exporter is not None:
+        if self._sender is not None:
             try:
-                self._exporter.close(timeout)
+                self._sender.close(timeout)
             except Exception as err:
                 self._misuse("internal", "stepwatch: close failed err=%r", err)
 

@@ -1,4 +1,4 @@
-"""``stepwatch.init()``: identity, timing source, exporter and optional OTel, wired up.
+"""``stepwatch.init()``: identity, timing source, sender and optional OTel, wired up.
 
 Every knob follows explicit argument > ``STEPWATCH_*`` env var > default:
 
@@ -25,10 +25,10 @@ from typing import Any
 from stepwatch.sdk.client import StepWatch
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventFactory, EventPool, torch_event_factory
-from stepwatch.sdk.exporter import BackgroundExporter, Exporter, InlineExporter, _Processor
 from stepwatch.sdk.identity import Identity, detect_identity
 from stepwatch.sdk.otel import SpanBuilder
 from stepwatch.sdk.resolve import Resolver
+from stepwatch.sdk.sender import BackgroundSender, InlineSender, Sender, _Processor
 from stepwatch.sdk.transport import DatagramSender
 from stepwatch.settings import Settings
 
@@ -83,14 +83,14 @@ def init(
         spans = _span_builder(otel, tracer_provider, environ)
         path = _socket_path(agent_socket, settings, environ)
         processor = _Processor(DatagramSender(path), Resolver(), spans, pool)
-        exporter: Exporter
+        sender: Sender
         if background or pool is not None or spans is not None:
-            exporter = BackgroundExporter(processor, queue_size, flush_interval)
+            sender = BackgroundSender(processor, queue_size, flush_interval)
         else:
-            exporter = InlineExporter(processor)
+            sender = InlineSender(processor)
         sched = SchedStat() if _flag(cpu_wait, environ, "STEPWATCH_CPU_WAIT", default=True) \
             else None
-        sw = StepWatch(identity, exporter, pool=pool, timing="cuda" if pool else "wall",
+        sw = StepWatch(identity, sender, pool=pool, timing="cuda" if pool else "wall",
                        start_step=start_step, sched=sched)
         if job_events:
             sw.announce(_restarts(environ))

@@ -2,7 +2,7 @@
 
 Built as wire ``RankEvent`` datagrams (``{"kind": "rank_event", ...}``). These
 are rare, so they are built on the calling thread; sending stays on the
-exporter's thread.
+sender thread.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Everything here runs on the training thread, so it only takes marks (and, with
 CUDA timing, records CUDA events, which is asynchronous) and appends tuples.
-Records, datagrams and spans are built later by the exporter, off this thread.
+Records, datagrams and spans are built later by the sender, off this thread.
 Nothing here raises into the training loop: misuse is reported through the
 owner's log-once channel.
 """

@@ -1,12 +1,12 @@
-"""Between the training thread and the agent socket.
+"""The SDK's sender: between the training thread and the agent socket.
 
-:class:`BackgroundExporter` (the default): the training thread appends the raw
+:class:`BackgroundSender` (the default): the training thread appends the raw
 step to a bounded deque (~0.1 µs; when full the item is dropped and counted)
 and a daemon thread, waking every ``interval`` seconds, waits for the step's
 CUDA events to complete (non-blocking ``query``), resolves it, sends the
 datagram and, when enabled, builds the OTel spans.
 
-:class:`InlineExporter`: resolves and sends on the calling thread (wall timing
+:class:`InlineSender`: resolves and sends on the calling thread (wall timing
 only, no spans). ``bench/bench_sdk.py`` measures both.
 """
 
@@ -35,7 +35,7 @@ MAX_PENDING = 1024  # steps whose CUDA events have not completed yet
 RETRY_BUDGET_S = 0.02  # per wake-up, the sender thread may wait this long for a full queue
 
 
-class Exporter(Protocol):
+class Sender(Protocol):
     def submit(self, item: Item) -> bool: ...
 
     def flush(self, timeout: float) -> bool: ...
@@ -92,7 +92,7 @@ class _Processor:
         return self.sender.sent, self.sender.dropped + self.dropped
 
 
-class InlineExporter:
+class InlineSender:
     """Resolve and send on the caller's thread (wall timing, no spans)."""
 
     def __init__(self, processor: _Processor) -> None:
@@ -112,7 +112,7 @@ class InlineExporter:
         return self._processor.counts()
 
 
-class BackgroundExporter:
+class BackgroundSender:
     """A bounded queue drained by a daemon sender thread."""
 
     def __init__(self, processor: _Processor, capacity: int = 4096, interval: float = 0.05) -> None:
