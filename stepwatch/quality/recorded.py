@@ -6,7 +6,7 @@ files) and a ``labels.json`` that says, per file stem, what was done to the
 job: ``{"fault": "compute" | "data" | "cpu" | "healthy", "rank": r, "ranks":
 [...], "host": "...", "start_step": s, ...}``. ``tests/fixtures/torch`` holds
 six real PyTorch DDP/FSDP runs recorded this way (see
-``tests/integration/test_torch_ddp.py``; ``STEPWATCH_TORCH_RECORD=1`` records
+``tests/integration/integrations/test_torch_ddp.py``; ``STEPWATCH_TORCH_RECORD=1`` records
 new ones)::
 
     stepwatch bench detect --recorded tests/fixtures/torch

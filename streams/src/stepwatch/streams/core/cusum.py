@@ -21,7 +21,7 @@ False alarms: for independent increments with a negative mean, the chance that
 one excursion of ``S`` from 0 reaches ``h`` is at most ``exp(-theta h)``, where
 ``theta > 0`` solves ``E[exp(theta z)] = 1`` (Wald). The rate under
 heavy-tailed, autocorrelated noise is measured by
-``tests/unit/test_detect_cusum.py`` and given in docs/detection.md.
+``tests/unit/streams/core/test_tiers.py`` and given in docs/detection.md.
 """
 
 from __future__ import annotations
