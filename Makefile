@@ -28,8 +28,9 @@ test-unit:  ## unit tests only
 test-integration:  ## integration tests only (start real services on loopback)
 	$(PY) -m pytest -m integration -q $(PYTEST_ARGS)
 
-lint:  ## ruff
+lint:  ## ruff (lint and format check)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 typecheck:  ## strict mypy (the package with its services; bench, dashboards, test helpers) and the import-layer contracts
 	$(VENV)/bin/mypy

@@ -71,13 +71,33 @@ def host_collectors() -> list[str]:
     return names
 
 
-def start_agent(name: str, bootstrap: str, work: Path, collectors: list[str]) -> subprocess.Popen[bytes]:
+def start_agent(
+    name: str, bootstrap: str, work: Path, collectors: list[str]
+) -> subprocess.Popen[bytes]:
     from stepwatch.daemons.process import free_port
 
-    cmd = [sys.executable, "-m", "stepwatch.cli", "agent", "--bootstrap-servers", bootstrap,
-           "--host", f"bench-{name}", "--collectors", ",".join(collectors) or "none",
-           "--socket", str(work / f"{name}.sock"), "--spool-dir", str(work / f"spool-{name}"),
-           "--sysfs-root", str(SYSFS), "--tick", "1", "--metrics-port", str(free_port())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stepwatch.cli",
+        "agent",
+        "--bootstrap-servers",
+        bootstrap,
+        "--host",
+        f"bench-{name}",
+        "--collectors",
+        ",".join(collectors) or "none",
+        "--socket",
+        str(work / f"{name}.sock"),
+        "--spool-dir",
+        str(work / f"spool-{name}"),
+        "--sysfs-root",
+        str(SYSFS),
+        "--tick",
+        "1",
+        "--metrics-port",
+        str(free_port()),
+    ]
     log = open(work / f"{name}.log", "wb")  # noqa: SIM115
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
@@ -97,8 +117,12 @@ def ranks_child(path: str, seconds: float, ranks: int = 8) -> None:
     """Child process: ``ranks`` SDK instances, one step per second each."""
     import stepwatch
 
-    watches = [stepwatch.init(job_id="bench-job", rank=r, world_size=ranks, local_rank=r,
-                              agent_socket=path, env={}) for r in range(ranks)]
+    watches = [
+        stepwatch.init(
+            job_id="bench-job", rank=r, world_size=ranks, local_rank=r, agent_socket=path, env={}
+        )
+        for r in range(ranks)
+    ]
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         for sw in watches:
@@ -122,12 +146,23 @@ def host_cost(seconds: float, warmup: float) -> list[tuple[str, Sample, Sample, 
         idle = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep({total})"])
         bare = start_agent("bare", broker.bootstrap, work, [])
         full = start_agent("full", broker.bootstrap, work, collectors)
-        procs = {"idle python": idle, "agent, no collectors": bare,
-                 f"agent: {'+'.join(collectors)}, 8 ranks": full}
+        procs = {
+            "idle python": idle,
+            "agent, no collectors": bare,
+            f"agent: {'+'.join(collectors)}, 8 ranks": full,
+        }
         try:
             wait_ready(work, ["bare", "full"])
-            ranks = subprocess.Popen([sys.executable, __file__, "--ranks-child", str(work / "full.sock"),
-                                      str(seconds + warmup + 5)], cwd=ROOT)
+            ranks = subprocess.Popen(
+                [
+                    sys.executable,
+                    __file__,
+                    "--ranks-child",
+                    str(work / "full.sock"),
+                    str(seconds + warmup + 5),
+                ],
+                cwd=ROOT,
+            )
             time.sleep(warmup)
             first = {name: sample(p.pid) for name, p in procs.items()}
             time.sleep(seconds)
@@ -143,9 +178,11 @@ def host_cost(seconds: float, warmup: float) -> list[tuple[str, Sample, Sample, 
                     p.kill()
     notes = {name: _final_line(work / f"{name}.log") for name in ("bare", "full")}
     keys = list(procs)
-    return [(keys[0], first[keys[0]], last[keys[0]], ""),
-            (keys[1], first[keys[1]], last[keys[1]], notes["bare"]),
-            (keys[2], first[keys[2]], last[keys[2]], notes["full"])]
+    return [
+        (keys[0], first[keys[0]], last[keys[0]], ""),
+        (keys[1], first[keys[1]], last[keys[1]], notes["bare"]),
+        (keys[2], first[keys[2]], last[keys[2]], notes["full"]),
+    ]
 
 
 def _final_line(log: Path) -> str:
@@ -168,22 +205,27 @@ def throughput(n: int) -> tuple[float, float]:
 
     messages = _fleet_messages(n, Sequencer())
     with DevBroker() as broker:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap,
-                                 spool_dir=tempfile.mkdtemp(prefix="bench-spool-"))
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            spool_dir=tempfile.mkdtemp(prefix="bench-spool-"),
+        )
         ensure_topics(settings)
         pub = KafkaPublisher(settings)
         pub.send(messages[:100])  # connect and warm up
         pub.flush(30)
         t0 = time.perf_counter()
         for i in range(100, len(messages), 1000):
-            pub.send(messages[i:i + 1000])
+            pub.send(messages[i : i + 1000])
         left = pub.flush(120)
         rate = (len(messages) - 100 - left) / (time.perf_counter() - t0)
         pub.close()
 
         topics = Topics(settings.topic_prefix)
-        encoded = [(topics.steps if isinstance(m, StepMessage) else topics.gpu, message_key(m),
-                    encode(m)) for m in messages]
+        encoded = [
+            (topics.steps if isinstance(m, StepMessage) else topics.gpu, message_key(m), encode(m))
+            for m in messages
+        ]
         producer = Producer(producer_config(settings))
         producer.produce(*encoded[0][::2])
         producer.flush(30)
@@ -213,12 +255,31 @@ def _fleet_messages(n: int, seq: Sequencer) -> list[Message]:
     hosts = max(1, n // 2)
     for h in range(hosts):
         host = f"node{h % 2048:04d}"
-        recs = [StepRecord(job_id="llama", rank=(h % 2048) * 8 + r, world_size=16384,
-                           step=h // 2048, start=now - 1, end=now, host=host, local_rank=r)
-                for r in range(8)]
+        recs = [
+            StepRecord(
+                job_id="llama",
+                rank=(h % 2048) * 8 + r,
+                world_size=16384,
+                step=h // 2048,
+                start=now - 1,
+                end=now,
+                host=host,
+                local_rank=r,
+            )
+            for r in range(8)
+        ]
         out.append(seq.stamp(StepMessage(host=host, ts=now, job_id="llama", steps=recs)))
-        gpus = [GpuReading(index=i, power_w=650.0, temp_gpu_c=61.0, sm_clock_mhz=1980.0,
-                           util_gpu_pct=100.0, fb_used_mib=70000.0) for i in range(8)]
+        gpus = [
+            GpuReading(
+                index=i,
+                power_w=650.0,
+                temp_gpu_c=61.0,
+                sm_clock_mhz=1980.0,
+                util_gpu_pct=100.0,
+                fb_used_mib=70000.0,
+            )
+            for i in range(8)
+        ]
         out.append(seq.stamp(GpuMessage(host=host, ts=now, job_id="llama", gpus=gpus)))
     return out[:n]
 
@@ -229,7 +290,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--messages", type=int, default=200_000, help="throughput run size")
     parser.add_argument("--only", choices=("host", "throughput"), help="run one part only")
-    parser.add_argument("--ranks-child", nargs=2, metavar=("SOCKET", "SECONDS"), help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ranks-child", nargs=2, metavar=("SOCKET", "SECONDS"), help=argparse.SUPPRESS
+    )
     args = parser.parse_args()
     if args.ranks_child:
         ranks_child(args.ranks_child[0], float(args.ranks_child[1]))
@@ -252,21 +315,29 @@ def report_host_cost(seconds: float, warmup: float) -> None:
         print(f"{name:44} {cpu:16.2f} {b.rss_mb:8.1f}")
     for name, _, _, note in rows[1:]:
         print(f"  {name}: {note}")
-    full_cpu = 100 * (rows[2][2].cpu_seconds - rows[2][1].cpu_seconds) / (rows[2][2].at - rows[2][1].at)
-    print(f"goal: agent < 1 % of one core and < 80 MB RSS -> "
-          f"{'met' if full_cpu < 1.0 and rows[2][2].rss_mb < 80 else 'NOT met'} "
-          f"(idle Python baseline {base_cpu:.2f} %, {rows[0][2].rss_mb:.1f} MB)")
+    full_cpu = (
+        100 * (rows[2][2].cpu_seconds - rows[2][1].cpu_seconds) / (rows[2][2].at - rows[2][1].at)
+    )
+    print(
+        f"goal: agent < 1 % of one core and < 80 MB RSS -> "
+        f"{'met' if full_cpu < 1.0 and rows[2][2].rss_mb < 80 else 'NOT met'} "
+        f"(idle Python baseline {base_cpu:.2f} %, {rows[0][2].rss_mb:.1f} MB)"
+    )
 
 
 def report_throughput(n: int) -> None:
-    print(f"\npublisher throughput: {n} messages (StepMessage of 8 ranks / "
-          f"GpuMessage of 8 GPUs, 2048 hosts)")
+    print(
+        f"\npublisher throughput: {n} messages (StepMessage of 8 ranks / "
+        f"GpuMessage of 8 GPUs, 2048 hosts)"
+    )
     rate, bare = throughput(n)
     print(f"{'path':44} {'messages/s':>12}")
     print(f"{'KafkaPublisher (spool + produce + confirm)':44} {rate:12.0f}")
     print(f"{'bare confluent-kafka producer (baseline)':44} {bare:12.0f}")
-    print(f"ratio publisher / bare producer: {rate / bare:.2f}; goal >= 50000 msg/s -> "
-          f"{'met' if rate >= 50_000 else 'NOT met'}")
+    print(
+        f"ratio publisher / bare producer: {rate / bare:.2f}; goal >= 50000 msg/s -> "
+        f"{'met' if rate >= 50_000 else 'NOT met'}"
+    )
 
 
 if __name__ == "__main__":

@@ -49,8 +49,12 @@ def once(records: int) -> str:
         kw["gate"] = SenderGate(SenderPolicy(sender_rate=0, user_rate=0))
     collector = StepsCollector(path, **kw)
     try:
-        run = subprocess.run([sys.executable, "-c", SENDER, path, str(records)],
-                             capture_output=True, text=True, check=True)
+        run = subprocess.run(
+            [sys.executable, "-c", SENDER, path, str(records)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         seconds = float(run.stdout)
         deadline = time.monotonic() + 10
         while len(collector._buf) < records and time.monotonic() < deadline:
@@ -61,8 +65,10 @@ def once(records: int) -> str:
     finally:
         collector.close()
     got = sum(len(getattr(m, "steps", ())) for m in out)
-    return (f"received={got} reader_datagrams_per_s={records / seconds:,.0f} "
-            f"tick_us_per_record={tick / max(got, 1) * 1e6:.1f} messages={len(out)}")
+    return (
+        f"received={got} reader_datagrams_per_s={records / seconds:,.0f} "
+        f"tick_us_per_record={tick / max(got, 1) * 1e6:.1f} messages={len(out)}"
+    )
 
 
 def main() -> None:

@@ -84,7 +84,9 @@ def serve() -> tuple[ThreadingHTTPServer, str]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}/metrics"
 
 
@@ -105,8 +107,12 @@ def main() -> None:
 
     rdma = RdmaCollector(str(SYSFS), rediscover_ticks=60)
     assert len(naive_rdma()) == 9 and len(rdma.collect(CTX)[0].ports) == 9  # type: ignore[union-attr]
-    row("rdma collect (9 ports)", timeit(lambda: rdma.collect(CTX), n),
-        timeit(naive_rdma, n), "pathlib walk + read_text")
+    row(
+        "rdma collect (9 ports)",
+        timeit(lambda: rdma.collect(CTX), n),
+        timeit(naive_rdma, n),
+        "pathlib walk + read_text",
+    )
 
     api = ReplayNvml.from_file()
     nvml = NvmlCollector(api)
@@ -118,21 +124,33 @@ def main() -> None:
             for f in DYNAMIC_FIELDS:
                 api.read(h, f)
 
-    row("nvml-replay (8 GPUs)", timeit(lambda: nvml.collect(CTX), n),
-        timeit(bare_reads, n), "bare fake reads")
+    row(
+        "nvml-replay (8 GPUs)",
+        timeit(lambda: nvml.collect(CTX), n),
+        timeit(bare_reads, n),
+        "bare fake reads",
+    )
 
     server, url = serve()
     try:
         dcgm = DcgmCollector(url, timeout=1.0)
         ticks = max(50, n // 10)
         fetched = timeit(lambda: fetch(url, 1.0), ticks)
-        row("dcgm collect (8 GPUs)", timeit(lambda: dcgm.collect(CTX), ticks), fetched,
-            "HTTP fetch only")
+        row(
+            "dcgm collect (8 GPUs)",
+            timeit(lambda: dcgm.collect(CTX), ticks),
+            fetched,
+            "HTTP fetch only",
+        )
         text = PAGE.decode()
         page_parser = Parser()
         whole = timeit(lambda: list(text_string_to_metric_families(text)), ticks)
-        row("dcgm page parse", timeit(lambda: page_parser.parse(text), ticks), whole,
-            "prometheus_client whole page")
+        row(
+            "dcgm page parse",
+            timeit(lambda: page_parser.parse(text), ticks),
+            whole,
+            "prometheus_client whole page",
+        )
     finally:
         server.shutdown()
         server.server_close()

@@ -36,8 +36,11 @@ def call(url: str, password: str, sql: str) -> int:
     host, port = url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=300)
     try:
-        conn.request("GET", "/?" + urllib.parse.urlencode({"query": sql}),
-                     headers={"X-ClickHouse-User": "stepwatch", "X-ClickHouse-Key": password})
+        conn.request(
+            "GET",
+            "/?" + urllib.parse.urlencode({"query": sql}),
+            headers={"X-ClickHouse-User": "stepwatch", "X-ClickHouse-Key": password},
+        )
         reply = conn.getresponse()
         body = reply.read()
         return reply.status if reply.status != 500 or b"MEMORY_LIMIT" not in body else 507
@@ -51,9 +54,12 @@ def child(args: argparse.Namespace) -> None:
 
     path = os.path.join(tempfile.mkdtemp(prefix="stepwatch-load-"), "chdb")
     ChdbStore(path).close()
-    kw = {"max_concurrent_queries": args.concurrent or 1000, "queue_seconds": args.queue,
-          "max_memory_usage": int(args.per_query_gib * 2**30),
-          "max_total_memory": int(args.total_gib * 2**30)}
+    kw = {
+        "max_concurrent_queries": args.concurrent or 1000,
+        "queue_seconds": args.queue,
+        "max_memory_usage": int(args.per_query_gib * 2**30),
+        "max_total_memory": int(args.total_gib * 2**30),
+    }
     peak = [0.0]
     done = threading.Event()
 
@@ -66,17 +72,29 @@ def child(args: argparse.Namespace) -> None:
         call(service.url, service.password, "SELECT 1")
         before = rss_mib()
         threading.Thread(target=watch, daemon=True).start()
-        sql = (f"SELECT count() FROM (SELECT number % {args.keys} AS k, count() FROM "
-               f"numbers({2 * args.keys}) GROUP BY k)")
+        sql = (
+            f"SELECT count() FROM (SELECT number % {args.keys} AS k, count() FROM "
+            f"numbers({2 * args.keys}) GROUP BY k)"
+        )
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-            codes = list(pool.map(lambda _: call(service.url, service.password, sql),
-                                  range(args.clients)))
+            codes = list(
+                pool.map(lambda _: call(service.url, service.password, sql), range(args.clients))
+            )
         time.sleep(2)
         done.set()
-        print(json.dumps({"rss_before_mib": round(before), "rss_peak_mib": round(peak[0]),
-                          "rss_after_mib": round(rss_mib()), "ok": codes.count(200),
-                          "memory_capped": codes.count(507), "refused_503": codes.count(503),
-                          "per_query_cap_mib": service.limits["max_memory_usage"] // 2**20}))
+        print(
+            json.dumps(
+                {
+                    "rss_before_mib": round(before),
+                    "rss_peak_mib": round(peak[0]),
+                    "rss_after_mib": round(rss_mib()),
+                    "ok": codes.count(200),
+                    "memory_capped": codes.count(507),
+                    "refused_503": codes.count(503),
+                    "per_query_cap_mib": service.limits["max_memory_usage"] // 2**20,
+                }
+            )
+        )
 
 
 def main() -> None:
@@ -92,8 +110,12 @@ def main() -> None:
     if args.child:
         child(args)
         return
-    out = subprocess.run([sys.executable, __file__, "--child", *sys.argv[1:]], check=True,
-                         capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", *sys.argv[1:]],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     print(" ".join(f"{k}={v}" for k, v in json.loads(out.strip().splitlines()[-1]).items()))
 
 

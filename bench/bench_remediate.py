@@ -90,8 +90,9 @@ def rule_for_seconds(name: str) -> float:
     return 0.0
 
 
-def remediator_and_alertmanager(settings: Settings, work: Path, actuator: Any, group_wait: str,
-                                received: list[float]) -> tuple[Any, Alertmanager]:
+def remediator_and_alertmanager(
+    settings: Settings, work: Path, actuator: Any, group_wait: str, received: list[float]
+) -> tuple[Any, Alertmanager]:
     """The remediator (its webhook arrivals stamped into ``received``) and a started
     Alertmanager with the shipped routing pointed at it, every group_wait set."""
     svc = build(settings, port=0, actuator=actuator, writers=[])
@@ -102,8 +103,17 @@ def remediator_and_alertmanager(settings: Settings, work: Path, actuator: Any, g
         return handle(alerts)
 
     svc.server.remediator.handle = stamped  # type: ignore[method-assign]
-    cfg = yaml.safe_load(alertmanager_config(Receivers(svc.url + "/webhook", str(work / "token"),
-                                                       "http://127.0.0.1:9/p", "http://127.0.0.1:9/t"), fast=True))
+    cfg = yaml.safe_load(
+        alertmanager_config(
+            Receivers(
+                svc.url + "/webhook",
+                str(work / "token"),
+                "http://127.0.0.1:9/p",
+                "http://127.0.0.1:9/t",
+            ),
+            fast=True,
+        )
+    )
     for route in cfg["route"]["routes"]:
         route["group_wait"] = group_wait
     am = Alertmanager(workdir=work / "am", config=yaml.safe_dump(cfg), port=free_port()).start()
@@ -111,12 +121,22 @@ def remediator_and_alertmanager(settings: Settings, work: Path, actuator: Any, g
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--group-wait", default="1s", help="the remediator route's group_wait (shipped: 5s)")
-    ap.add_argument("--eval-interval", type=float, default=15.0, help="Prometheus evaluation interval")
-    ap.add_argument("--detect-s", type=float, default=20.0,
-                    help="detection: measured by bench_remediate_full.py (about 20 s at 1 step/s)")
+    ap.add_argument(
+        "--group-wait", default="1s", help="the remediator route's group_wait (shipped: 5s)"
+    )
+    ap.add_argument(
+        "--eval-interval", type=float, default=15.0, help="Prometheus evaluation interval"
+    )
+    ap.add_argument(
+        "--detect-s",
+        type=float,
+        default=20.0,
+        help="detection: measured by bench_remediate_full.py (about 20 s at 1 step/s)",
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-remediate-"))
     received: list[float] = []
@@ -124,15 +144,20 @@ def main() -> int:
         (work / "policy.yaml").write_text(POLICY % slurm.conf_path)
         (work / "token").write_text("bench-token")
         timed = Timed(SlurmActuator(conf=str(slurm.conf_path)))
-        settings = Settings.load(env={}, remediate_policy=str(work / "policy.yaml"),
-                                 remediate_token_file=str(work / "token"),
-                                 remediate_state_dir=str(work / "state"))
+        settings = Settings.load(
+            env={},
+            remediate_policy=str(work / "policy.yaml"),
+            remediate_token_file=str(work / "token"),
+            remediate_state_dir=str(work / "state"),
+        )
         svc, am = remediator_and_alertmanager(settings, work, timed, args.group_wait, received)
         rows: list[tuple[float, float, float]] = []
         try:
             for i in range(args.repeat):
                 node = f"node{i % 4 + 1:02d}"
-                job = slurm.sbatch("-N", "1", "-w", node, "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
+                job = slurm.sbatch(
+                    "-N", "1", "-w", node, "--requeue", "-o", "/dev/null", "--wrap", "sleep 600"
+                )
 
                 def running(j: str = job) -> bool:
                     return "JobState=RUNNING" in slurm.scontrol("show", "job", j, "-o")
@@ -140,9 +165,22 @@ def main() -> int:
                 wait_for(running, 30, what="job")
                 n_calls, n_recv = len(timed.calls), len(received)
                 posted = time.time()
-                am.post_alerts([{"labels": {"alertname": "StragglerPersistent", "host": node, "job_id": job,
-                                            "cause": "gpu", "class": "system", "remediation": "drain",
-                                            "severity": "page", "run": str(i)}}])
+                am.post_alerts(
+                    [
+                        {
+                            "labels": {
+                                "alertname": "StragglerPersistent",
+                                "host": node,
+                                "job_id": job,
+                                "cause": "gpu",
+                                "class": "system",
+                                "remediation": "drain",
+                                "severity": "page",
+                                "run": str(i),
+                            }
+                        }
+                    ]
+                )
 
                 def drained(n: int = n_calls) -> bool:
                     return len(timed.calls) >= n + 2
@@ -161,8 +199,10 @@ def main() -> int:
     total = detect + rule + sum(med)
     print(f"fault-to-action, median of {len(rows)} (real Alertmanager, remediator, 4-node Slurm):")
     print(f"  detection       {detect:7.2f} s  configured (core persistence, --detect-s)")
-    print(f"  rule evaluation {rule:7.2f} s  configured (for: {rule - args.eval_interval:.0f} s + one "
-          f"evaluation interval {args.eval_interval:.0f} s, worst case)")
+    print(
+        f"  rule evaluation {rule:7.2f} s  configured (for: {rule - args.eval_interval:.0f} s + one "
+        f"evaluation interval {args.eval_interval:.0f} s, worst case)"
+    )
     print(f"  AM grouping     {med[0]:7.3f} s  measured (group_wait {args.group_wait})")
     print(f"  decision        {med[1]:7.3f} s  measured")
     print(f"  actuator        {med[2]:7.3f} s  measured (scontrol drain + requeue)")

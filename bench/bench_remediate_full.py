@@ -60,8 +60,12 @@ def feed(settings: Settings, scenario: Scenario, stop: threading.Event) -> None:
     for msg in paced(simulate(scenario), 1.0, scenario.start_ts, sleep=lambda s: stop.wait(s)):
         if stop.is_set():
             break
-        producer.produce(topics.for_kind(KIND_OF[type(msg)]), encode(msg), key=message_key(msg),
-                         timestamp=int(msg.ts * 1000))
+        producer.produce(
+            topics.for_kind(KIND_OF[type(msg)]),
+            encode(msg),
+            key=message_key(msg),
+            timestamp=int(msg.ts * 1000),
+        )
         producer.poll(0)
     producer.flush(10)
 
@@ -72,47 +76,112 @@ def first(probe: Callable[[], object], timeout: float = 150.0) -> float:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--interval", default="1s", help="Prometheus scrape and evaluation interval")
-    ap.add_argument("--group-wait", default="1s", help="the remediator route's group_wait (shipped: 5s)")
+    ap.add_argument(
+        "--group-wait", default="1s", help="the remediator route's group_wait (shipped: 5s)"
+    )
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-remediate-full-"))
     received: list[float] = []
     stop = threading.Event()
     with DevBroker() as broker, SlurmCluster(work / "slurm", nodes=4) as slurm:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="bench",
-                                 partitions=2, remediate_policy=str(work / "policy.yaml"),
-                                 remediate_token_file=str(work / "token"),
-                                 remediate_state_dir=str(work / "state"))
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="bench",
+            partitions=2,
+            remediate_policy=str(work / "policy.yaml"),
+            remediate_token_file=str(work / "token"),
+            remediate_state_dir=str(work / "state"),
+        )
         ensure_topics(settings)
         (work / "policy.yaml").write_text(POLICY % slurm.conf_path)
         (work / "token").write_text("bench-token")
         port = free_port()
         worker = subprocess.Popen(
-            [sys.executable, "-m", "stepwatch.cli", "--log-level", "WARNING", "stream",
-             "--bootstrap-servers", broker.bootstrap, "--topic-prefix", "bench", "--partitions", "2",
-             "--metrics-port", str(port), "--app-id", "bench-remediate", "--worker-name", "w",
-             "--data-dir", str(work / "w")], cwd=ROOT, stdout=subprocess.DEVNULL,
+            [
+                sys.executable,
+                "-m",
+                "stepwatch.cli",
+                "--log-level",
+                "WARNING",
+                "stream",
+                "--bootstrap-servers",
+                broker.bootstrap,
+                "--topic-prefix",
+                "bench",
+                "--partitions",
+                "2",
+                "--metrics-port",
+                str(port),
+                "--app-id",
+                "bench-remediate",
+                "--worker-name",
+                "w",
+                "--data-dir",
+                str(work / "w"),
+            ],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
             stderr=open(work / "worker.log", "ab"),  # noqa: SIM115
-            env={**os.environ, "STEPWATCH_HANG_MIN_SECONDS": "3600"})
+            env={**os.environ, "STEPWATCH_HANG_MIN_SECONDS": "3600"},
+        )
         timed = Timed(SlurmActuator(conf=str(slurm.conf_path)))
         svc, am = remediator_and_alertmanager(settings, work, timed, args.group_wait, received)
-        prom = Prometheus(workdir=work / "prom", targets=[f"127.0.0.1:{port}"], rule_files=rule_files(),
-                          alertmanagers=[am.address], scrape_interval=args.interval,
-                          evaluation_interval=args.interval, job_name="stepwatch-stream").start()
+        prom = Prometheus(
+            workdir=work / "prom",
+            targets=[f"127.0.0.1:{port}"],
+            rule_files=rule_files(),
+            alertmanagers=[am.address],
+            scrape_interval=args.interval,
+            evaluation_interval=args.interval,
+            job_name="stepwatch-stream",
+        ).start()
         try:
-            job = slurm.sbatch("-N", "2", "-w", "node[01-02]", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
-            wait_for(lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"), 30, what="job")
-            wait_for(lambda: prom.target_health() and all(h == "up" for h in prom.target_health().values()),
-                     60, what="worker scraped")
+            job = slurm.sbatch(
+                "-N",
+                "2",
+                "-w",
+                "node[01-02]",
+                "--requeue",
+                "-o",
+                "/dev/null",
+                "--wrap",
+                "sleep 600",
+            )
+            wait_for(
+                lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"),
+                30,
+                what="job",
+            )
+            wait_for(
+                lambda: (
+                    prom.target_health() and all(h == "up" for h in prom.target_health().values())
+                ),
+                60,
+                what="worker scraped",
+            )
             start = time.time() + 1
-            scenario = Scenario(seed=4, job_id=job, nodes=2, steps=120, start_ts=start, hosts=("node01", "node02"),
-                                eval_every=0, checkpoint_every=0,
-                                faults=(Fault(FaultKind.SLOW_GPU, rank=11, start_step=FAULT_STEP, severity=0.3),))
+            scenario = Scenario(
+                seed=4,
+                job_id=job,
+                nodes=2,
+                steps=120,
+                start_ts=start,
+                hosts=("node01", "node02"),
+                eval_every=0,
+                checkpoint_every=0,
+                faults=(Fault(FaultKind.SLOW_GPU, rank=11, start_step=FAULT_STEP, severity=0.3),),
+            )
             feeder = threading.Thread(target=feed, args=(settings, scenario, stop), daemon=True)
             feeder.start()
             fault = start + FAULT_STEP * scenario.step_seconds
-            t_detect = first(lambda: prom.query('stepwatch_detection_score{type="straggler",host="node02"} > 0'))
+            t_detect = first(
+                lambda: prom.query('stepwatch_detection_score{type="straggler",host="node02"} > 0')
+            )
             t_fire = first(lambda: prom.firing("StragglerPersistent"))
             wait_for(lambda: len(timed.calls) >= 2, 60, interval=0.2, what="drain + requeue")
             t_hook = received[0]
@@ -124,11 +193,17 @@ def main() -> int:
             svc.stop()
             worker.terminate()
             worker.wait(30)
-    stages = [("detection", t_detect - fault, "core persistence + scrape"),
-              ("rule evaluation", t_fire - t_detect, f"for: {rule_for_seconds('StragglerPersistent'):.0f} s, every {args.interval}"),
-              ("AM grouping", t_hook - t_fire, f"group_wait {args.group_wait}"),
-              ("decision", drain_at - t_hook, "policy, guardrails, state"),
-              ("actuator", req_at + req_took - drain_at, "scontrol drain + requeue")]
+    stages = [
+        ("detection", t_detect - fault, "core persistence + scrape"),
+        (
+            "rule evaluation",
+            t_fire - t_detect,
+            f"for: {rule_for_seconds('StragglerPersistent'):.0f} s, every {args.interval}",
+        ),
+        ("AM grouping", t_hook - t_fire, f"group_wait {args.group_wait}"),
+        ("decision", drain_at - t_hook, "policy, guardrails, state"),
+        ("actuator", req_at + req_took - drain_at, "scontrol drain + requeue"),
+    ]
     total = sum(s[1] for s in stages)
     print("fault-to-action through the whole pipeline (one fault, polled every 0.2 s):")
     for name, secs, how in stages:

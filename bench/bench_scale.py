@@ -94,14 +94,31 @@ class Synth:
         self.job_id = f"llama-{self.ranks}"
         self.slow_rank %= self.ranks
         m = self.nodes * NICS
-        self.counters = {name: np.zeros(m, np.int64) for name in (
-            "xmit_bytes", "rcv_bytes", "xmit_packets", "rcv_packets", "xmit_wait",
-            "np_cnp_sent", "rp_cnp_handled", "np_ecn_marked")}
+        self.counters = {
+            name: np.zeros(m, np.int64)
+            for name in (
+                "xmit_bytes",
+                "rcv_bytes",
+                "xmit_packets",
+                "rcv_packets",
+                "xmit_wait",
+                "np_cnp_sent",
+                "rp_cnp_handled",
+                "np_ecn_marked",
+            )
+        }
         self.energy = np.zeros(self.ranks, np.int64)
 
     def start(self) -> list[Message]:
-        return [EventMessage(host=self.hosts[0], ts=self.start_ts, type=EventType.JOB_START,
-                             job_id=self.job_id, attrs={"world_size": self.ranks})]
+        return [
+            EventMessage(
+                host=self.hosts[0],
+                ts=self.start_ts,
+                type=EventType.JOB_START,
+                job_id=self.job_id,
+                attrs={"world_size": self.ranks},
+            )
+        ]
 
     def second(self, k: int) -> list[Message]:
         """Every message of event second ``k``: step ``k``'s records, GPU and port samples."""
@@ -128,12 +145,31 @@ class Synth:
         for h, host in enumerate(self.hosts):
             recs = []
             for r in range(h * GPUS, (h + 1) * GPUS):
-                recs.append(StepRecord(
-                    job_id=self.job_id, rank=r, world_size=n, step=k, start=cols[0][r],
-                    end=cols[1][r], host=host, local_rank=r % GPUS, group=self.group[r],
-                    phases=Phases(data=cols[2][r], forward=cols[3][r], backward=cols[4][r],
-                                  optimizer=cols[5][r], comm_wait=cols[6][r]),
-                    samples=4, tokens=32768, flops=1.2e15, cpu_time=0.9, cpu_wait=0.01))
+                recs.append(
+                    StepRecord(
+                        job_id=self.job_id,
+                        rank=r,
+                        world_size=n,
+                        step=k,
+                        start=cols[0][r],
+                        end=cols[1][r],
+                        host=host,
+                        local_rank=r % GPUS,
+                        group=self.group[r],
+                        phases=Phases(
+                            data=cols[2][r],
+                            forward=cols[3][r],
+                            backward=cols[4][r],
+                            optimizer=cols[5][r],
+                            comm_wait=cols[6][r],
+                        ),
+                        samples=4,
+                        tokens=32768,
+                        flops=1.2e15,
+                        cpu_time=0.9,
+                        cpu_wait=0.01,
+                    )
+                )
             yield StepMessage(host=host, ts=sends[h], job_id=self.job_id, steps=recs)
 
     def _gpus(self, k: int) -> Iterator[GpuMessage]:
@@ -145,20 +181,40 @@ class Synth:
         energy = self.energy.tolist()
         ts = self.start_ts + k + 0.5
         for h, host in enumerate(self.hosts):
-            gpus = [GpuReading(
-                index=g, uuid=f"GPU-{h:05d}-{g}", name=GPU_NAME, pci_bus_id=f"0000:{g:02x}:00.0",
-                util_gpu_pct=util[r], util_mem_pct=40.0, fb_used_mib=70000.0,
-                fb_free_mib=11000.0, temp_gpu_c=temp[r], temp_mem_c=temp[r] + 6,
-                power_w=power[r], power_limit_w=700.0, energy_mj_total=energy[r],
-                sm_clock_mhz=1980.0, sm_clock_max_mhz=1980.0, mem_clock_mhz=2619.0,
-                throttle_reasons=0, ecc_sbe_total=0, ecc_dbe_total=0,
-                remapped_rows_correctable=0, remapped_rows_uncorrectable=0,
-                remapped_rows_pending=False, pcie_replay_total=0,
-                nvlink_tx_bytes_total=energy[r], nvlink_rx_bytes_total=energy[r],
-                gr_engine_active=0.9, tensor_active=0.6, dram_active=0.4)
-                for g, r in enumerate(range(h * GPUS, (h + 1) * GPUS))]
-            yield GpuMessage(host=host, ts=round(ts + 1e-5 * h, 6), job_id=self.job_id,
-                             gpus=gpus)
+            gpus = [
+                GpuReading(
+                    index=g,
+                    uuid=f"GPU-{h:05d}-{g}",
+                    name=GPU_NAME,
+                    pci_bus_id=f"0000:{g:02x}:00.0",
+                    util_gpu_pct=util[r],
+                    util_mem_pct=40.0,
+                    fb_used_mib=70000.0,
+                    fb_free_mib=11000.0,
+                    temp_gpu_c=temp[r],
+                    temp_mem_c=temp[r] + 6,
+                    power_w=power[r],
+                    power_limit_w=700.0,
+                    energy_mj_total=energy[r],
+                    sm_clock_mhz=1980.0,
+                    sm_clock_max_mhz=1980.0,
+                    mem_clock_mhz=2619.0,
+                    throttle_reasons=0,
+                    ecc_sbe_total=0,
+                    ecc_dbe_total=0,
+                    remapped_rows_correctable=0,
+                    remapped_rows_uncorrectable=0,
+                    remapped_rows_pending=False,
+                    pcie_replay_total=0,
+                    nvlink_tx_bytes_total=energy[r],
+                    nvlink_rx_bytes_total=energy[r],
+                    gr_engine_active=0.9,
+                    tensor_active=0.6,
+                    dram_active=0.4,
+                )
+                for g, r in enumerate(range(h * GPUS, (h + 1) * GPUS))
+            ]
+            yield GpuMessage(host=host, ts=round(ts + 1e-5 * h, 6), job_id=self.job_id, gpus=gpus)
 
     def _ports(self, k: int) -> Iterator[PortMessage]:
         c, rng = self.counters, self.rng
@@ -174,19 +230,34 @@ class Synth:
         v = {name: a.tolist() for name, a in c.items()}
         ts = self.start_ts + k + 0.7
         for h, host in enumerate(self.hosts):
-            ports = [PortReading(
-                device=f"mlx5_{i}", port=1, netdev=f"ens{i}np0", link_layer="Ethernet",
-                state="ACTIVE", phys_state="LinkUp", rate_gbps=400.0,
-                xmit_bytes_total=v["xmit_bytes"][p], rcv_bytes_total=v["rcv_bytes"][p],
-                xmit_packets_total=v["xmit_packets"][p], rcv_packets_total=v["rcv_packets"][p],
-                xmit_wait_total=v["xmit_wait"][p], symbol_error_total=0, link_downed_total=0,
-                link_error_recovery_total=0, rcv_errors_total=0,
-                local_link_integrity_errors_total=0, np_cnp_sent_total=v["np_cnp_sent"][p],
-                np_ecn_marked_roce_packets_total=v["np_ecn_marked"][p],
-                rp_cnp_handled_total=v["rp_cnp_handled"][p])
-                for i, p in enumerate(range(h * NICS, (h + 1) * NICS))]
-            yield PortMessage(host=host, ts=round(ts + 1e-5 * h, 6), job_id=self.job_id,
-                              ports=ports)
+            ports = [
+                PortReading(
+                    device=f"mlx5_{i}",
+                    port=1,
+                    netdev=f"ens{i}np0",
+                    link_layer="Ethernet",
+                    state="ACTIVE",
+                    phys_state="LinkUp",
+                    rate_gbps=400.0,
+                    xmit_bytes_total=v["xmit_bytes"][p],
+                    rcv_bytes_total=v["rcv_bytes"][p],
+                    xmit_packets_total=v["xmit_packets"][p],
+                    rcv_packets_total=v["rcv_packets"][p],
+                    xmit_wait_total=v["xmit_wait"][p],
+                    symbol_error_total=0,
+                    link_downed_total=0,
+                    link_error_recovery_total=0,
+                    rcv_errors_total=0,
+                    local_link_integrity_errors_total=0,
+                    np_cnp_sent_total=v["np_cnp_sent"][p],
+                    np_ecn_marked_roce_packets_total=v["np_ecn_marked"][p],
+                    rp_cnp_handled_total=v["rp_cnp_handled"][p],
+                )
+                for i, p in enumerate(range(h * NICS, (h + 1) * NICS))
+            ]
+            yield PortMessage(
+                host=host, ts=round(ts + 1e-5 * h, 6), job_id=self.job_id, ports=ports
+            )
 
 
 def events_in(m: Message) -> int:
@@ -238,49 +309,75 @@ def run_one(ranks: int, seconds: int) -> dict[str, float]:
         del wire
     gc.collect()
     steady = rss_bytes()
-    warm = lat[len(lat) // 4:]  # without the first quarter (rings filling, first allocations)
+    warm = lat[len(lat) // 4 :]  # without the first quarter (rings filling, first allocations)
     return {
-        "ranks": ranks, "seconds": seconds, "events": events, "detections": detections,
-        "peak_mib": peak_rss_bytes() / 2**20, "steady_mib": steady / 2**20,
+        "ranks": ranks,
+        "seconds": seconds,
+        "events": events,
+        "detections": detections,
+        "peak_mib": peak_rss_bytes() / 2**20,
+        "steady_mib": steady / 2**20,
         "engine_mib": (steady - base_rss) / 2**20,
         "bytes_per_rank": (steady - base_rss) / ranks,
-        "cpu_per_s": engine_cpu / seconds, "decode_per_s": decode_cpu / seconds,
+        "cpu_per_s": engine_cpu / seconds,
+        "decode_per_s": decode_cpu / seconds,
         "p50_ms": 1e3 * float(np.percentile(warm, 50)),
         "p99_ms": 1e3 * float(np.percentile(warm, 99)),
         "max_ms": 1e3 * max(warm),
     }
 
 
-HEADER = (f"{'ranks':>6} {'peak MiB':>9} {'steady MiB':>10} {'engine MiB':>10} "
-          f"{'B/rank':>7} {'CPU s/s':>8} {'x real':>7} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'max ms':>7} {'events/s':>10} {'vs decode':>9}")
+HEADER = (
+    f"{'ranks':>6} {'peak MiB':>9} {'steady MiB':>10} {'engine MiB':>10} "
+    f"{'B/rank':>7} {'CPU s/s':>8} {'x real':>7} {'p50 ms':>7} {'p99 ms':>7} "
+    f"{'max ms':>7} {'events/s':>10} {'vs decode':>9}"
+)
 
 
 def line(r: dict[str, float]) -> str:
-    return (f"{r['ranks']:>6} {r['peak_mib']:>9.0f} {r['steady_mib']:>10.0f} "
-            f"{r['engine_mib']:>10.0f} {r['bytes_per_rank']:>7.0f} {r['cpu_per_s']:>8.3f} "
-            f"{1 / r['cpu_per_s']:>6.1f}x {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
-            f"{r['max_ms']:>7.1f} {r['events'] / r['seconds'] / r['cpu_per_s']:>10,.0f} "
-            f"{r['cpu_per_s'] / r['decode_per_s']:>8.2f}x")
+    return (
+        f"{r['ranks']:>6} {r['peak_mib']:>9.0f} {r['steady_mib']:>10.0f} "
+        f"{r['engine_mib']:>10.0f} {r['bytes_per_rank']:>7.0f} {r['cpu_per_s']:>8.3f} "
+        f"{1 / r['cpu_per_s']:>6.1f}x {r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} "
+        f"{r['max_ms']:>7.1f} {r['events'] / r['seconds'] / r['cpu_per_s']:>10,.0f} "
+        f"{r['cpu_per_s'] / r['decode_per_s']:>8.2f}x"
+    )
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, nargs="+", default=[2048, 8192, 16384])
-    p.add_argument("--seconds", type=int, default=180,
-                   help="event seconds per size (default 180: past the 128-step history)")
+    p.add_argument(
+        "--seconds",
+        type=int,
+        default=180,
+        help="event seconds per size (default 180: past the 128-step history)",
+    )
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(run_one(args.ranks[0], args.seconds)))
         return 0
-    print(f"{args.seconds} s of event time, 1 s steps, {GPUS} GPUs and {NICS} NIC ports per "
-          "host sampled at 1 Hz; CPU of one core; step time 1000 ms")
+    print(
+        f"{args.seconds} s of event time, 1 s steps, {GPUS} GPUs and {NICS} NIC ports per "
+        "host sampled at 1 Hz; CPU of one core; step time 1000 ms"
+    )
     print(HEADER)
     for ranks in args.ranks:
-        proc = subprocess.run([sys.executable, __file__, "--one", "--ranks", str(ranks),
-                               "--seconds", str(args.seconds)],
-                              check=True, capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--one",
+                "--ranks",
+                str(ranks),
+                "--seconds",
+                str(args.seconds),
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
         print(line(json.loads(proc.stdout.strip().splitlines()[-1])), flush=True)
     return 0
 

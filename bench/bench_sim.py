@@ -58,11 +58,27 @@ def baseline(nodes: int, steps: int) -> tuple[int, float]:
             skew = abs(rng.gauss(0, 2e-4))
             wait = end + skew - t - data - fwd - bwd - opt
             record = StepRecord(
-                job_id="job", rank=r, world_size=world, step=s, start=round(t, 6),
-                end=round(end + skew, 6), host=f"node{r // 8:04d}", local_rank=r % 8, gpu=r % 8,
-                group="all", samples=8, tokens=32768, timing="cuda",
-                phases=Phases(data=round(data, 6), forward=round(fwd, 6), backward=round(bwd, 6),
-                              optimizer=round(opt, 6), comm_wait=round(wait, 6), extra={}),
+                job_id="job",
+                rank=r,
+                world_size=world,
+                step=s,
+                start=round(t, 6),
+                end=round(end + skew, 6),
+                host=f"node{r // 8:04d}",
+                local_rank=r % 8,
+                gpu=r % 8,
+                group="all",
+                samples=8,
+                tokens=32768,
+                timing="cuda",
+                phases=Phases(
+                    data=round(data, 6),
+                    forward=round(fwd, 6),
+                    backward=round(bwd, 6),
+                    optimizer=round(opt, 6),
+                    comm_wait=round(wait, 6),
+                    extra={},
+                ),
             )
             by_host.setdefault(r // 8, []).append(record)
             records += 1

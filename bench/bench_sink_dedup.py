@@ -38,8 +38,13 @@ def push(prep: Preparer, senders: int, start: int, count: int, t0: float) -> Non
     batch: list[Record] = []
     for n in range(start, start + count):
         k, seq = n % senders, n // senders
-        msg = GpuMessage(host=f"node{k:05d}", ts=t0 + seq, inst=f"agent-{k}", seq=seq,
-                         gpus=[GpuReading(index=0, power_w=300.0, sm_clock_mhz=1980)])
+        msg = GpuMessage(
+            host=f"node{k:05d}",
+            ts=t0 + seq,
+            inst=f"agent-{k}",
+            seq=seq,
+            gpus=[GpuReading(index=0, power_w=300.0, sm_clock_mhz=1980)],
+        )
         batch.append(Record("b.gpu", 0, n, encode(msg)))
         if len(batch) == BATCH:
             prep.prepare(batch)

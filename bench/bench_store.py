@@ -57,14 +57,40 @@ def step_messages(hosts: int, steps: int) -> list[StepMessage]:
                 rank = h * RANKS_PER_HOST + local
                 jitter = ((rank * 7919 + step * 104729) % 1000) / 1e5
                 fwd, bwd = 0.3 + jitter, 0.55 + jitter
-                records.append(StepRecord(
-                    job_id="bench", rank=rank, world_size=world, step=step, start=start,
-                    end=start + 1.0, host=f"node{h:04d}", local_rank=local,
-                    phases=Phases(data=0.01, forward=fwd, backward=bwd, optimizer=0.05,
-                                  comm_wait=1.0 - 0.61 - fwd - bwd + 0.6),
-                    samples=8, tokens=32768, loss=2.5, flops=1.9e14, timing="cuda"))
-            out.append(StepMessage(host=f"node{h:04d}", ts=start + 1.0, inst="bench", seq=step,
-                                   job_id="bench", steps=records))
+                records.append(
+                    StepRecord(
+                        job_id="bench",
+                        rank=rank,
+                        world_size=world,
+                        step=step,
+                        start=start,
+                        end=start + 1.0,
+                        host=f"node{h:04d}",
+                        local_rank=local,
+                        phases=Phases(
+                            data=0.01,
+                            forward=fwd,
+                            backward=bwd,
+                            optimizer=0.05,
+                            comm_wait=1.0 - 0.61 - fwd - bwd + 0.6,
+                        ),
+                        samples=8,
+                        tokens=32768,
+                        loss=2.5,
+                        flops=1.9e14,
+                        timing="cuda",
+                    )
+                )
+            out.append(
+                StepMessage(
+                    host=f"node{h:04d}",
+                    ts=start + 1.0,
+                    inst="bench",
+                    seq=step,
+                    job_id="bench",
+                    steps=records,
+                )
+            )
     return out
 
 
@@ -80,11 +106,17 @@ def bench_sink(messages: list[StepMessage], batch: int, work: Path) -> tuple[int
 
     rows = sum(len(m.steps) for m in messages)
     with DevBroker(log_path=str(work / "broker.log")) as broker:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="b",
-                                 partitions=4, kafka_config={"session.timeout.ms": "6000"})
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="b",
+            partitions=4,
+            kafka_config={"session.timeout.ms": "6000"},
+        )
         ensure_topics(settings, sink_topics("b"))
-        producer = Producer({"bootstrap.servers": broker.bootstrap, "linger.ms": 50,
-                             "compression.type": "lz4"})
+        producer = Producer(
+            {"bootstrap.servers": broker.bootstrap, "linger.ms": 50, "compression.type": "lz4"}
+        )
         for i, m in enumerate(messages):
             producer.produce("b.steps", encode(m), m.job_id.encode() + str(i % 64).encode())
             if i % 5000 == 0:
@@ -92,8 +124,12 @@ def bench_sink(messages: list[StepMessage], batch: int, work: Path) -> tuple[int
         producer.flush(60)
         store = ChdbStore(str(work / "sink"))
         Migrator(store, raw_ttl_days=20000).migrate()
-        sink = Sink(store, KafkaSource(settings, "bench"), sink_topics("b"),
-                    SinkConfig(batch_messages=batch, batch_seconds=0.5))
+        sink = Sink(
+            store,
+            KafkaSource(settings, "bench"),
+            sink_topics("b"),
+            SinkConfig(batch_messages=batch, batch_seconds=0.5),
+        )
         first: list[float] = []
         original = sink.source.poll
 
@@ -120,14 +156,16 @@ def bench_sink(messages: list[StepMessage], batch: int, work: Path) -> tuple[int
 
 
 def bench_raw_insert(messages: list[StepMessage], batch: int, work: Path) -> tuple[int, float]:
-    prepared = Preparer().prepare([Record("b.steps", 0, i, encode(m)) for i, m in enumerate(messages)])
+    prepared = Preparer().prepare(
+        [Record("b.steps", 0, i, encode(m)) for i, m in enumerate(messages)]
+    )
     all_rows = prepared.tables["step_events"].rows
     store = ChdbStore(str(work / "raw"))
     Migrator(store, raw_ttl_days=20000).migrate()
     per_block = batch * RANKS_PER_HOST
     started = time.perf_counter()
     for i in range(0, len(all_rows), per_block):
-        store.insert("step_events", R.STEPS.names, all_rows[i:i + per_block], token=f"raw-{i}")
+        store.insert("step_events", R.STEPS.names, all_rows[i : i + per_block], token=f"raw-{i}")
     elapsed = time.perf_counter() - started
     store.close()
     return len(all_rows), elapsed
@@ -168,27 +206,36 @@ def bench_query(ranks: int, steps: int, repeat: int, work: Path) -> dict[str, fl
     result = store.query(saved.sql, params)  # warm-up, and a correctness check
     assert len(result.rows) == ranks, len(result.rows)
     slowest = max(result.dicts(), key=lambda r: r["compute_vs_group"])
-    out = {"rows": float(store.query("SELECT count() FROM step_events").scalar()),
-           "generate_s": generate_s, "slowest_rank": float(slowest["rank"]),
-           "slowest_ratio": float(slowest["compute_vs_group"])}
+    out = {
+        "rows": float(store.query("SELECT count() FROM step_events").scalar()),
+        "generate_s": generate_s,
+        "slowest_rank": float(slowest["rank"]),
+        "slowest_ratio": float(slowest["compute_vs_group"]),
+    }
     out["query_s"] = timed(lambda: store.query(saved.sql, params), repeat)
     final = saved.sql.replace("FROM step_events\n", "FROM step_events FINAL\n")
     assert final != saved.sql
     out["with_final_s"] = timed(lambda: store.query(final, params), repeat)
-    rollup = ("SELECT minute, sum(rank_steps), quantilesTDigestMerge(0.5, 0.9, 0.99)(duration_q) "
-              "FROM step_rollup_1m WHERE job_id = 'big' GROUP BY minute ORDER BY minute")
+    rollup = (
+        "SELECT minute, sum(rank_steps), quantilesTDigestMerge(0.5, 0.9, 0.99)(duration_q) "
+        "FROM step_rollup_1m WHERE job_id = 'big' GROUP BY minute ORDER BY minute"
+    )
     out["rollup_s"] = timed(lambda: store.query(rollup), repeat)
     parts = store.query(
         "SELECT sum(rows), sum(data_compressed_bytes), sum(data_uncompressed_bytes), count() "
-        "FROM system.parts WHERE active AND database = currentDatabase() AND table = 'step_events'").rows[0]
+        "FROM system.parts WHERE active AND database = currentDatabase() AND table = 'step_events'"
+    ).rows[0]
     out["bytes_per_row"] = parts[1] / parts[0]
     out["raw_bytes_per_row"] = parts[2] / parts[0]
     out["parts"] = float(parts[3])
     columns = store.query(
         "SELECT name, data_compressed_bytes FROM system.columns WHERE database = currentDatabase() "
-        "AND table = 'step_events' ORDER BY data_compressed_bytes DESC LIMIT 6").rows
+        "AND table = 'step_events' ORDER BY data_compressed_bytes DESC LIMIT 6"
+    ).rows
     store.close()
-    print("   heaviest columns (bytes/row): " + ", ".join(f"{n} {b / rows:.2f}" for n, b in columns))
+    print(
+        "   heaviest columns (bytes/row): " + ", ".join(f"{n} {b / rows:.2f}" for n, b in columns)
+    )
     return out
 
 
@@ -196,7 +243,9 @@ def settle(store: ChdbStore, timeout: float = 120.0) -> None:
     """Wait for background merges to finish, so timings do not race them."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not store.query("SELECT count() FROM system.merges WHERE database = currentDatabase()").scalar():
+        if not store.query(
+            "SELECT count() FROM system.merges WHERE database = currentDatabase()"
+        ).scalar():
             return
         time.sleep(0.5)
 
@@ -211,45 +260,71 @@ def timed(fn: Callable[[], object], repeat: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ranks", type=int, default=1024, help="ranks of the big job (default 1024)")
-    parser.add_argument("--steps", type=int, default=1000, help="steps of the big job (10000: 10M rows)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--ranks", type=int, default=1024, help="ranks of the big job (default 1024)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=1000, help="steps of the big job (10000: 10M rows)"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="timed query runs (median)")
     parser.add_argument("--sink-hosts", type=int, default=64, help="hosts in the throughput run")
     parser.add_argument("--sink-steps", type=int, default=300, help="steps in the throughput run")
     parser.add_argument("--batch", type=int, default=2000, help="messages per sink batch")
-    parser.add_argument("--skip-sink", action="store_true", help="only the query and storage figures")
+    parser.add_argument(
+        "--skip-sink", action="store_true", help="only the query and storage figures"
+    )
     args = parser.parse_args()
     load = os.getloadavg()[0]
-    print(f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start (other work slows every figure)")
+    print(
+        f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start (other work slows every figure)"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
         work = Path(tmp)
         if not args.skip_sink:
             messages = step_messages(args.sink_hosts, args.sink_steps)
             print(f"1. insert throughput: {len(messages)} step messages x {RANKS_PER_HOST} ranks")
             n, raw_s = bench_raw_insert(messages, args.batch, work)
-            print(f"   raw insert baseline   {n / raw_s:12,.0f} rows/s  ({n} rows in {raw_s:.2f} s)")
+            print(
+                f"   raw insert baseline   {n / raw_s:12,.0f} rows/s  ({n} rows in {raw_s:.2f} s)"
+            )
             n, sink_s = bench_sink(messages, args.batch, work)
-            print(f"   sink path (Kafka)     {n / sink_s:12,.0f} rows/s  ({n} rows in {sink_s:.2f} s)")
+            print(
+                f"   sink path (Kafka)     {n / sink_s:12,.0f} rows/s  ({n} rows in {sink_s:.2f} s)"
+            )
             print(f"   ratio sink / raw insert: {raw_s / sink_s:.2f}")
         rows = args.ranks * args.steps
-        print(f"2. per-rank percentiles, one job of {args.ranks} ranks x {args.steps} steps ({rows:,} rows)")
+        print(
+            f"2. per-rank percentiles, one job of {args.ranks} ranks x {args.steps} steps ({rows:,} rows)"
+        )
         q = bench_query(args.ranks, args.steps, args.repeat, work)
         engine_rate = q["rows"] / q["generate_s"]
         if not args.skip_sink:
-            print(f"   engine baseline (INSERT SELECT numbers)  {engine_rate:12,.0f} rows/s; "
-                  f"sink path = {n / sink_s / engine_rate:.3f} x engine")
+            print(
+                f"   engine baseline (INSERT SELECT numbers)  {engine_rate:12,.0f} rows/s; "
+                f"sink path = {n / sink_s / engine_rate:.3f} x engine"
+            )
         else:
             print(f"   generated at {engine_rate:,.0f} rows/s (INSERT SELECT numbers)")
-        print(f"   rank_step_percentiles (exact quantiles):        {q['query_s'] * 1000:8.0f} ms  "
-              f"(goal < 1000 ms; straggler found: rank {q['slowest_rank']:.0f} at {q['slowest_ratio']:.3f})")
-        print(f"   same with FINAL:                                {q['with_final_s'] * 1000:8.0f} ms  "
-              f"(FINAL costs {q['with_final_s'] / q['query_s']:.2f} x)")
-        print(f"   per-minute rollup a dashboard reads:            {q['rollup_s'] * 1000:8.0f} ms  "
-              f"({q['query_s'] / q['rollup_s']:.0f} x faster than the raw query)")
-        print(f"3. storage: {q['bytes_per_row']:.2f} bytes per step row compressed "
-              f"({q['raw_bytes_per_row']:.1f} uncompressed, {q['raw_bytes_per_row'] / q['bytes_per_row']:.1f} x; "
-              f"{q['parts']:.0f} parts)")
+        print(
+            f"   rank_step_percentiles (exact quantiles):        {q['query_s'] * 1000:8.0f} ms  "
+            f"(goal < 1000 ms; straggler found: rank {q['slowest_rank']:.0f} at {q['slowest_ratio']:.3f})"
+        )
+        print(
+            f"   same with FINAL:                                {q['with_final_s'] * 1000:8.0f} ms  "
+            f"(FINAL costs {q['with_final_s'] / q['query_s']:.2f} x)"
+        )
+        print(
+            f"   per-minute rollup a dashboard reads:            {q['rollup_s'] * 1000:8.0f} ms  "
+            f"({q['query_s'] / q['rollup_s']:.0f} x faster than the raw query)"
+        )
+        print(
+            f"3. storage: {q['bytes_per_row']:.2f} bytes per step row compressed "
+            f"({q['raw_bytes_per_row']:.1f} uncompressed, {q['raw_bytes_per_row'] / q['bytes_per_row']:.1f} x; "
+            f"{q['parts']:.0f} parts)"
+        )
     return 0
 
 

@@ -39,27 +39,37 @@ def median_ms(fn: Callable[[], object], repeat: int) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repeat", type=int, default=200)
     args = parser.parse_args()
     saved = queries.get("lemon_nodes")
-    statements = {"SELECT 1": ("SELECT 1", {}),
-                  "saved query lemon_nodes": (saved.sql, saved.bind({"since": "0"}, now=1767229200.0))}
+    statements = {
+        "SELECT 1": ("SELECT 1", {}),
+        "saved query lemon_nodes": (saved.sql, saved.bind({"since": "0"}, now=1767229200.0)),
+    }
     with tempfile.TemporaryDirectory(prefix="bench-endpoint-") as tmp:
         store = ChdbStore(str(Path(tmp) / "chdb"))
         Migrator(store, raw_ttl_days=20000).migrate()
         with QueryService(store.path) as ro:
-            client = ClickHouseConnectStore(ro.url, USER, ro.password, "stepwatch", create_database=False)
+            client = ClickHouseConnectStore(
+                ro.url, USER, ro.password, "stepwatch", create_database=False
+            )
             guard = ro._guard()
             session = _open_session(store.path)
             session.query("USE stepwatch")
             print(f"store endpoint, median of {args.repeat} requests (ms)")
-            print(f"{'statement':26} {'engine':>8} {'checks':>8} {'endpoint':>9} {'checks/endpoint':>16}")
+            print(
+                f"{'statement':26} {'engine':>8} {'checks':>8} {'endpoint':>9} {'checks/endpoint':>16}"
+            )
             for name, (sql, params) in statements.items():
                 engine = median_ms(partial(store.query, sql, params), args.repeat)
                 checks = median_ms(partial(guard.statement, session, sql, params), args.repeat)
                 endpoint = median_ms(partial(client.query, sql, params), args.repeat)
-                print(f"{name:26} {engine:8.2f} {checks:8.2f} {endpoint:9.2f} {checks / endpoint:16.2f}")
+                print(
+                    f"{name:26} {engine:8.2f} {checks:8.2f} {endpoint:9.2f} {checks / endpoint:16.2f}"
+                )
             session.close()
             client.close()
         store.close()

@@ -65,9 +65,11 @@ class Row:
 
     def line(self, base: Row | None) -> str:
         ratio = f"{self.events / self.cpu / (base.events / base.cpu):6.3f}" if base else "     -"
-        return (f"{self.name:<26} {self.messages:>9} {self.events:>10} {self.cpu:8.2f} "
-                f"{self.wall:8.2f} {self.messages / self.cpu:>12,.0f} "
-                f"{self.events / self.cpu:>12,.0f} {ratio}")
+        return (
+            f"{self.name:<26} {self.messages:>9} {self.events:>10} {self.cpu:8.2f} "
+            f"{self.wall:8.2f} {self.messages / self.cpu:>12,.0f} "
+            f"{self.events / self.cpu:>12,.0f} {ratio}"
+        )
 
 
 def build(jobs: int, nodes: int, steps: int) -> list[Message]:
@@ -75,11 +77,18 @@ def build(jobs: int, nodes: int, steps: int) -> list[Message]:
 
     start = time.time() - steps * 1.2 - 30
     scenarios = [
-        Scenario(seed=i + 1, job_id=f"bench-{i}", nodes=nodes, gpus_per_node=8,
-                 nics_per_node=8, steps=steps, step_seconds=1.0, start_ts=start,
-                 hosts=tuple(f"b{i:02d}n{n:03d}" for n in range(nodes)),
-                 faults=(Fault(kind=FaultKind.SLOW_GPU, rank=3, start_step=steps // 3,
-                               severity=0.15),))
+        Scenario(
+            seed=i + 1,
+            job_id=f"bench-{i}",
+            nodes=nodes,
+            gpus_per_node=8,
+            nics_per_node=8,
+            steps=steps,
+            step_seconds=1.0,
+            start_ts=start,
+            hosts=tuple(f"b{i:02d}n{n:03d}" for n in range(nodes)),
+            faults=(Fault(kind=FaultKind.SLOW_GPU, rank=3, start_step=steps // 3, severity=0.15),),
+        )
         for i in range(jobs)
     ]
     return list(simulate(*scenarios))
@@ -120,10 +129,16 @@ def raw_consume(settings: object, total: int, decode: bool) -> Row:
     from stepwatch.contract import decode as decode_message
 
     topics = Topics(settings.topic_prefix)  # type: ignore[attr-defined]
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,  # type: ignore[attr-defined]
-                         "group.id": f"bench-raw-{time.time()}", "enable.auto.commit": False})
-    consumer.assign([TopicPartition(t, p, 0) for t in topics.telemetry()
-                     for p in range(settings.partitions)])  # type: ignore[attr-defined]
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,  # type: ignore[attr-defined]
+            "group.id": f"bench-raw-{time.time()}",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign(
+        [TopicPartition(t, p, 0) for t in topics.telemetry() for p in range(settings.partitions)]  # type: ignore[attr-defined]
+    )
     n = events = 0
     cpu0, wall0 = time.process_time(), time.perf_counter()
     while n < total:
@@ -133,8 +148,13 @@ def raw_consume(settings: object, total: int, decode: bool) -> Row:
             n += 1
             if decode:
                 events += records_in(decode_message(msg.value() or b""))
-    row = Row("raw consume + decode" if decode else "raw consume (baseline)", n, events,
-              time.process_time() - cpu0, time.perf_counter() - wall0)
+    row = Row(
+        "raw consume + decode" if decode else "raw consume (baseline)",
+        n,
+        events,
+        time.process_time() - cpu0,
+        time.perf_counter() - wall0,
+    )
     consumer.close()
     return row
 
@@ -144,8 +164,10 @@ def processor_only(settings: object, wire: list[tuple[str, bytes, bytes]], event
     from stepwatch.streams.worker.app import default_engine_factory, tune_gc
     from stepwatch.streams.worker.processor import RawRecord, Record, StreamProcessor
 
-    proc = StreamProcessor(Topics(settings.topic_prefix),  # type: ignore[attr-defined]
-                           default_engine_factory(settings))  # type: ignore[arg-type]
+    proc = StreamProcessor(
+        Topics(settings.topic_prefix),  # type: ignore[attr-defined]
+        default_engine_factory(settings),  # type: ignore[arg-type]
+    )
     recs: list[RawRecord] = [Record(t, hash(k) % 8, i, k, v) for i, (t, k, v) in enumerate(wire)]
     # the worker's GC settings (``stepwatch stream`` calls tune_gc at start-up); without
     # them every full collection here also walks the benchmark's own copies of the data
@@ -154,7 +176,7 @@ def processor_only(settings: object, wire: list[tuple[str, bytes, bytes]], event
     try:
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for i in range(0, len(recs), 2000):
-            proc.process_batch(recs[i:i + 2000])
+            proc.process_batch(recs[i : i + 2000])
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     finally:
         gc.unfreeze()
@@ -184,22 +206,47 @@ def worker(settings: object, total: int, workdir: str, extra: list[str]) -> Row:
     from stepwatch.daemons.process import free_port
 
     port = free_port()
-    cmd = [sys.executable, "-m", "stepwatch.cli", "--log-level", "WARNING", "stream",
-           "--bootstrap-servers", settings.bootstrap_servers,  # type: ignore[attr-defined]
-           "--topic-prefix", settings.topic_prefix,  # type: ignore[attr-defined]
-           "--partitions", str(settings.partitions),  # type: ignore[attr-defined]
-           "--metrics-port", str(port), "--data-dir", os.path.join(workdir, "stream"),
-           "--app-id", f"bench-{time.time()}", "--session-timeout", "6", *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=open(os.path.join(workdir, "worker.log"), "wb"))  # noqa: SIM115
+    cmd = [
+        sys.executable,
+        "-m",
+        "stepwatch.cli",
+        "--log-level",
+        "WARNING",
+        "stream",
+        "--bootstrap-servers",
+        settings.bootstrap_servers,  # type: ignore[attr-defined]
+        "--topic-prefix",
+        settings.topic_prefix,  # type: ignore[attr-defined]
+        "--partitions",
+        str(settings.partitions),  # type: ignore[attr-defined]
+        "--metrics-port",
+        str(port),
+        "--data-dir",
+        os.path.join(workdir, "stream"),
+        "--app-id",
+        f"bench-{time.time()}",
+        "--session-timeout",
+        "6",
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(workdir, "worker.log"), "wb"),  # noqa: SIM115
+    )
     try:
         first = last = None
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline and proc.poll() is None:
             m = scrape(port)
             msgs = m.get("stepwatch_stream_messages_total", 0)
-            point = (msgs, m.get("stepwatch_stream_events_total", 0), cpu_of(proc.pid),
-                     time.perf_counter())
+            point = (
+                msgs,
+                m.get("stepwatch_stream_events_total", 0),
+                cpu_of(proc.pid),
+                time.perf_counter(),
+            )
             if msgs > 0 and first is None:
                 first = point
             if msgs >= total:
@@ -208,8 +255,13 @@ def worker(settings: object, total: int, workdir: str, extra: list[str]) -> Row:
             time.sleep(0.5)  # each scrape costs the worker CPU: not too often
         if first is None or last is None:
             raise SystemExit(f"bench: worker did not drain the topics (see {workdir}/worker.log)")
-        return Row("worker (stepwatch stream)", int(last[0] - first[0]), int(last[1] - first[1]),
-                   last[2] - first[2], last[3] - first[3])
+        return Row(
+            "worker (stepwatch stream)",
+            int(last[0] - first[0]),
+            int(last[1] - first[1]),
+            last[2] - first[2],
+            last[3] - first[3],
+        )
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -225,8 +277,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--bootstrap-servers", default="", help="default: a development broker")
-    ap.add_argument("--stock-consumer", action="store_true",
-                    help="run the worker with Faust's stock consumer loop")
+    ap.add_argument(
+        "--stock-consumer",
+        action="store_true",
+        help="run the worker with Faust's stock consumer loop",
+    )
     args = ap.parse_args()
 
     from stepwatch.daemons.broker import DevBroker
@@ -235,35 +290,53 @@ def main() -> None:
     broker = None if args.bootstrap_servers else DevBroker().start()
     try:
         bootstrap = args.bootstrap_servers or (broker.bootstrap if broker else "")
-        settings = Settings.load(env={}, bootstrap_servers=bootstrap,
-                                 topic_prefix=f"bench{int(time.time())}",
-                                 partitions=args.partitions)
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=bootstrap,
+            topic_prefix=f"bench{int(time.time())}",
+            partitions=args.partitions,
+        )
         t0 = time.perf_counter()
         messages = build(args.jobs, args.nodes, args.steps)
         events = sum(records_in(m) for m in messages)
         kinds = Counter(type(m).__name__ for m in messages)
-        print(f"simulated {len(messages)} messages, {events} events in "
-              f"{time.perf_counter() - t0:.1f} s: {dict(kinds)}")
+        print(
+            f"simulated {len(messages)} messages, {events} events in "
+            f"{time.perf_counter() - t0:.1f} s: {dict(kinds)}"
+        )
         wire = preload(settings, messages)
         print(f"pre-loaded {len(wire)} messages into {settings.partitions} partitions x 4 topics")
         with tempfile.TemporaryDirectory(prefix="bench-stream-") as workdir:
             base = raw_consume(settings, len(wire), decode=False)
             base.events = events
-            rows = [base, raw_consume(settings, len(wire), decode=True),
-                    processor_only(settings, wire, events),
-                    worker(settings, len(wire), workdir,
-                           ["--stock-consumer"] if args.stock_consumer else [])]
-        print(f"\n{'path':<26} {'messages':>9} {'events':>10} {'cpu_s':>8} {'wall_s':>8} "
-              f"{'msgs/cpu-s':>12} {'events/cpu-s':>12} {'ratio':>6}")
+            rows = [
+                base,
+                raw_consume(settings, len(wire), decode=True),
+                processor_only(settings, wire, events),
+                worker(
+                    settings,
+                    len(wire),
+                    workdir,
+                    ["--stock-consumer"] if args.stock_consumer else [],
+                ),
+            ]
+        print(
+            f"\n{'path':<26} {'messages':>9} {'events':>10} {'cpu_s':>8} {'wall_s':>8} "
+            f"{'msgs/cpu-s':>12} {'events/cpu-s':>12} {'ratio':>6}"
+        )
         for row in rows:
             print(row.line(None if row is base else base))
         w = rows[-1]
         rate, raw = w.events / w.cpu, base.events / base.cpu
-        print(f"\nworker: {rate:,.0f} events/s per core ({w.messages / w.cpu:,.0f} Kafka "
-              f"messages/s per core); raw consume in this run: {raw:,.0f} events/s per core; "
-              f"worker/raw-consume ratio {rate / raw:.3f}")
-        print(f"goals: >= {GOAL_EVENTS:,} events/s per core: {'met' if rate >= GOAL_EVENTS else 'NOT met'}; "
-              f"ratio >= {GOAL_RATIO}: {'met' if rate / raw >= GOAL_RATIO else 'NOT met'}")
+        print(
+            f"\nworker: {rate:,.0f} events/s per core ({w.messages / w.cpu:,.0f} Kafka "
+            f"messages/s per core); raw consume in this run: {raw:,.0f} events/s per core; "
+            f"worker/raw-consume ratio {rate / raw:.3f}"
+        )
+        print(
+            f"goals: >= {GOAL_EVENTS:,} events/s per core: {'met' if rate >= GOAL_EVENTS else 'NOT met'}; "
+            f"ratio >= {GOAL_RATIO}: {'met' if rate / raw >= GOAL_RATIO else 'NOT met'}"
+        )
     finally:
         if broker is not None:
             broker.stop()

@@ -25,8 +25,14 @@ from stepwatch.integrations.torch.split import WaitSplitter
 
 def sdk_steps(n: int, hook: bool) -> float:
     """Median µs per SDK step of 4 empty phases, with or without the split hook."""
-    sw = stepwatch.init("bench", rank=0, world_size=1, timing="wall", job_events=False,
-                        agent_socket="/nonexistent/stepwatch-bench.sock")
+    sw = stepwatch.init(
+        "bench",
+        rank=0,
+        world_size=1,
+        timing="wall",
+        job_events=False,
+        agent_socket="/nonexistent/stepwatch-bench.sock",
+    )
     splitter = WaitSplitter()
     if hook:
         sw.add_step_hook(splitter)
@@ -60,8 +66,13 @@ def ddp_steps(n: int) -> tuple[float, float, float]:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
-    sw = stepwatch.init("bench", rank=0, world_size=1, job_events=False,
-                        agent_socket="/nonexistent/stepwatch-bench.sock")
+    sw = stepwatch.init(
+        "bench",
+        rank=0,
+        world_size=1,
+        job_events=False,
+        agent_socket="/nonexistent/stepwatch-bench.sock",
+    )
     net = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(6)])
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -92,18 +103,24 @@ def main() -> None:
     p.add_argument("--ddp-steps", type=int, default=300)
     args = p.parse_args()
     base, hooked = sdk_steps(args.steps, False), sdk_steps(args.steps, True)
-    print(f"SDK step, 4 phases:       {base:7.2f} µs   with split hook: {hooked:7.2f} µs   "
-          f"hook cost: {hooked - base:+.2f} µs/step")
+    print(
+        f"SDK step, 4 phases:       {base:7.2f} µs   with split hook: {hooked:7.2f} µs   "
+        f"hook cost: {hooked - base:+.2f} µs/step"
+    )
     try:
         import torch  # noqa: F401
     except ImportError:
         print("torch not installed: DDP part skipped (pip install 'stepwatch[torch]')")
         return
     builtin, hook, timed = ddp_steps(args.ddp_steps)
-    print(f"DDP step (1 rank, gloo):  built-in all-reduce {builtin:7.3f} ms   "
-          f"Python allreduce_hook {hook:7.3f} ms   instrument_ddp {timed:7.3f} ms")
-    print(f"  ratio instrument_ddp / allreduce_hook: {timed / hook:.3f}   "
-          f"/ built-in: {timed / builtin:.3f}")
+    print(
+        f"DDP step (1 rank, gloo):  built-in all-reduce {builtin:7.3f} ms   "
+        f"Python allreduce_hook {hook:7.3f} ms   instrument_ddp {timed:7.3f} ms"
+    )
+    print(
+        f"  ratio instrument_ddp / allreduce_hook: {timed / hook:.3f}   "
+        f"/ built-in: {timed / builtin:.3f}"
+    )
 
 
 if __name__ == "__main__":

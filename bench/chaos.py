@@ -98,29 +98,56 @@ class Fleet:
 def build(workdir: Path, agents: int, session_timeout: float) -> Fleet:
     broker = DevBroker(log_path=str(workdir / "broker.log")).start()
     bootstrap = broker.bootstrap
-    workers = [stream_worker(n, workdir, bootstrap, PREFIX, PARTITIONS, GROUP,
-                             ["--session-timeout", str(session_timeout)]) for n in ("wa", "wb")]
+    workers = [
+        stream_worker(
+            n,
+            workdir,
+            bootstrap,
+            PREFIX,
+            PARTITIONS,
+            GROUP,
+            ["--session-timeout", str(session_timeout)],
+        )
+        for n in ("wa", "wb")
+    ]
     start = time.time()
     fleet_agents = []
     for i in range(agents):
         job = f"cj{i}"
-        argv = [*CLI[:1], str(harness.ROOT / "bench" / "chaos_agent.py"), "--bootstrap",
-                bootstrap, "--prefix", PREFIX, "--partitions", str(PARTITIONS),
-                "--spool", str(workdir / f"spool-{job}"), "--outbox",
-                str(workdir / f"outbox-{job}.txt"), "--job", job, "--start", str(start),
-                "--seed", str(100 + i)]
+        argv = [
+            *CLI[:1],
+            str(harness.ROOT / "bench" / "chaos_agent.py"),
+            "--bootstrap",
+            bootstrap,
+            "--prefix",
+            PREFIX,
+            "--partitions",
+            str(PARTITIONS),
+            "--spool",
+            str(workdir / f"spool-{job}"),
+            "--outbox",
+            str(workdir / f"outbox-{job}.txt"),
+            "--job",
+            job,
+            "--start",
+            str(start),
+            "--seed",
+            str(100 + i),
+        ]
 
         def agent_argv(a: list[str] = argv) -> list[str]:
             return a
 
         fleet_agents.append(Proc(f"agent-{job}", agent_argv, workdir / f"agent-{job}.log"))
-    return Fleet(workdir, broker, workers, sink(workdir, bootstrap, PREFIX, PARTITIONS),
-                 fleet_agents)
+    return Fleet(
+        workdir, broker, workers, sink(workdir, bootstrap, PREFIX, PARTITIONS), fleet_agents
+    )
 
 
 def settings_of(fleet: Fleet) -> Settings:
-    return Settings.load(env={}, bootstrap_servers=fleet.broker.bootstrap, topic_prefix=PREFIX,
-                         partitions=PARTITIONS)
+    return Settings.load(
+        env={}, bootstrap_servers=fleet.broker.bootstrap, topic_prefix=PREFIX, partitions=PARTITIONS
+    )
 
 
 def start(fleet: Fleet) -> None:
@@ -128,9 +155,12 @@ def start(fleet: Fleet) -> None:
     for w in fleet.workers:
         w.proc.start()
     fleet.sink.proc.start()
-    wait_until("both workers ready", lambda: all(
-        metric(scrape(w.port), "stepwatch_stream_ready") == 1 for w in fleet.workers), 240,
-        tuple(w.proc for w in fleet.workers))
+    wait_until(
+        "both workers ready",
+        lambda: all(metric(scrape(w.port), "stepwatch_stream_ready") == 1 for w in fleet.workers),
+        240,
+        tuple(w.proc for w in fleet.workers),
+    )
     ensure_topics(settings_of(fleet), [CHANGELOG])
     topics = Topics(PREFIX)
     fleet.tap = Tap(fleet.broker.bootstrap, [topics.detections, topics.dlq, CHANGELOG]).start()
@@ -174,9 +204,17 @@ def kill_worker(fleet: Fleet, rng: random.Random) -> None:
     t0 = time.monotonic()
     fleet.note(f"kill -9 {victim.proc.name}")
     try:
-        wait_until(f"{survivor.proc.name} takes all partitions", lambda: (
-            metric(s := scrape(survivor.port), "stepwatch_stream_assigned_partitions") == PARTITIONS
-            and metric(s, "stepwatch_stream_ready") == 1), 180, (survivor.proc,), poll=0.2)
+        wait_until(
+            f"{survivor.proc.name} takes all partitions",
+            lambda: (
+                metric(s := scrape(survivor.port), "stepwatch_stream_assigned_partitions")
+                == PARTITIONS
+                and metric(s, "stepwatch_stream_ready") == 1
+            ),
+            180,
+            (survivor.proc,),
+            poll=0.2,
+        )
         took = time.monotonic() - t0
         fleet.takeovers.append(took)
         fleet.note(f"{survivor.proc.name} took over in {took:.1f} s")
@@ -209,8 +247,9 @@ def redrive(fleet: Fleet, since: float, until: float) -> int:
     from stepwatch.contract import Kind, message_key
 
     topics = Topics(PREFIX)
-    producer = Producer({"bootstrap.servers": fleet.broker.bootstrap, "log_level": 0,
-                         "linger.ms": 20})
+    producer = Producer(
+        {"bootstrap.servers": fleet.broker.bootstrap, "log_level": 0, "linger.ms": 20}
+    )
     n = 0
     produced = read_outboxes(sorted(fleet.workdir.glob("outbox-*.txt")))
     from stepwatch.contract import decode
@@ -218,8 +257,12 @@ def redrive(fleet: Fleet, since: float, until: float) -> int:
     for p in sorted(produced.values(), key=lambda p: p.ts):
         if since <= p.ts <= until:
             message = decode(p.value)
-            producer.produce(topics.for_kind(Kind(p.kind)), p.value, key=message_key(message),
-                             timestamp=int(p.ts * 1000))
+            producer.produce(
+                topics.for_kind(Kind(p.kind)),
+                p.value,
+                key=message_key(message),
+                timestamp=int(p.ts * 1000),
+            )
             n += 1
             producer.poll(0)
     assert fleet.tap is not None
@@ -309,8 +352,12 @@ def sink_inside(fleet: Fleet) -> Row:
     samples = scrape(fleet.sink.port, timeout=10.0)
     row: Row = {}
     for (name, part), column in INSIDE.items():
-        value = sum(v for (n, lab), v in samples.items() if n == name and part in dict(lab).values())
-        scale = 1e3 if column == "py_kblocks" else 1 if name != "stepwatch_sink_memory_bytes" else MIB
+        value = sum(
+            v for (n, lab), v in samples.items() if n == name and part in dict(lab).values()
+        )
+        scale = (
+            1e3 if column == "py_kblocks" else 1 if name != "stepwatch_sink_memory_bytes" else MIB
+        )
         row[column] = value / scale
     row["dedup_k"] = dedup_log_entries(fleet.workdir / "chdb") / 1e3
     row["rss"] = rss_bytes(fleet.sink.proc.pid) / MIB
@@ -336,16 +383,26 @@ def dedup_log_entries(store: Path) -> int:
 
 
 def soak(fleet: Fleet, seconds: float, every: float) -> tuple[Series, Series]:
-    return soak_loop(seconds, every, lambda: rss_row(fleet), lambda: sink_inside(fleet),
-                     time.monotonic, time.sleep)
+    return soak_loop(
+        seconds,
+        every,
+        lambda: rss_row(fleet),
+        lambda: sink_inside(fleet),
+        time.monotonic,
+        time.sleep,
+    )
 
 
 def print_rss(series: Series, inside: Series) -> None:
     print_table(series, "RSS over time (MiB)")
     print_summaries(series)
-    print_table(inside, "inside the sink (MiB; parts, outdated, senders counted; py_kblocks: "
-                "Python's allocated blocks / 1000; dedup_k: insert tokens remembered / 1000; "
-                "anon, file: the RSS's anonymous and file-backed pages)", scale=1)
+    print_table(
+        inside,
+        "inside the sink (MiB; parts, outdated, senders counted; py_kblocks: "
+        "Python's allocated blocks / 1000; dedup_k: insert tokens remembered / 1000; "
+        "anon, file: the RSS's anonymous and file-backed pages)",
+        scale=1,
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -366,9 +423,14 @@ def run(args: argparse.Namespace) -> int:
         time.sleep(args.cooldown)
         finish(fleet)
         topics = Topics(PREFIX)
-        report = audit(workdir / "chdb", read_outboxes(sorted(workdir.glob("outbox-*.txt"))),
-                       fleet.tap.snapshot() if fleet.tap else [], topics.detections, topics.dlq,
-                       fleet.events)
+        report = audit(
+            workdir / "chdb",
+            read_outboxes(sorted(workdir.glob("outbox-*.txt"))),
+            fleet.tap.snapshot() if fleet.tap else [],
+            topics.detections,
+            topics.dlq,
+            fleet.events,
+        )
     finally:
         for p in fleet.procs():
             p.kill9()
@@ -376,7 +438,9 @@ def run(args: argparse.Namespace) -> int:
             fleet.tap.stop()
         fleet.broker.stop()
     print(f"chaos audit seed={args.seed} agents={args.agents} workdir={workdir}")
-    print(f"re-driven after broker loss {fleet.redriven} records (window {args.redrive_seconds:.0f} s)")
+    print(
+        f"re-driven after broker loss {fleet.redriven} records (window {args.redrive_seconds:.0f} s)"
+    )
     print_report(report, fleet.faults, fleet.takeovers)
     if args.soak:
         print_rss(series, inside)
@@ -385,13 +449,17 @@ def run(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--faults", type=int, default=24)
     p.add_argument("--agents", type=int, default=3)
-    p.add_argument("--kinds", default=",".join(KINDS),
-                   help="components to kill, comma-separated (default: all four)")
+    p.add_argument(
+        "--kinds",
+        default=",".join(KINDS),
+        help="components to kill, comma-separated (default: all four)",
+    )
     p.add_argument("--gap-min", type=float, default=2.0, help="seconds between faults, at least")
     p.add_argument("--gap-max", type=float, default=8.0, help="seconds between faults, at most")
     p.add_argument("--warmup", type=float, default=15.0)
@@ -401,9 +469,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--soak", action="store_true", help="no faults; RSS of each component")
     p.add_argument("--seconds", type=float, default=1800.0, help="soak length")
     p.add_argument("--rss-every", type=float, default=60.0, help="soak: RSS sample period")
-    p.add_argument("--sink-env", action="append", default=[], metavar="NAME=VALUE",
-                   help="soak experiments: an environment variable for the sink (repeatable), "
-                   "e.g. MALLOC_ARENA_MAX=2")
+    p.add_argument(
+        "--sink-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="soak experiments: an environment variable for the sink (repeatable), "
+        "e.g. MALLOC_ARENA_MAX=2",
+    )
     p.add_argument("--workdir", help="keep everything here (default: a temporary dir)")
     return p
 

@@ -53,22 +53,38 @@ def rows(message: Message) -> int:
 
 def outbox_line(message: Message) -> bytes:
     kind = KIND_OF[type(message)].value
-    return (f"{kind} {message.host} {message.inst} {message.seq} {rows(message)} ".encode()
-            + base64.b64encode(encode(message)) + b"\n")
+    return (
+        f"{kind} {message.host} {message.inst} {message.seq} {rows(message)} ".encode()
+        + base64.b64encode(encode(message))
+        + b"\n"
+    )
 
 
 def scenario(args: argparse.Namespace) -> Scenario:
-    slow = (Fault(kind=FaultKind.SLOW_GPU, rank=1, start_step=20, end_step=120, severity=0.3),
-            Fault(kind=FaultKind.SLOW_GPU, rank=args.gpus + 1, start_step=150, severity=0.3))
-    return Scenario(seed=args.seed, job_id=args.job, nodes=args.nodes, gpus_per_node=args.gpus,
-                    nics_per_node=2, steps=args.steps, step_seconds=args.step_seconds,
-                    hosts=tuple(f"{args.job}-n{i}" for i in range(args.nodes)),
-                    start_ts=args.start, faults=slow, eval_every=0, checkpoint_every=0)
+    slow = (
+        Fault(kind=FaultKind.SLOW_GPU, rank=1, start_step=20, end_step=120, severity=0.3),
+        Fault(kind=FaultKind.SLOW_GPU, rank=args.gpus + 1, start_step=150, severity=0.3),
+    )
+    return Scenario(
+        seed=args.seed,
+        job_id=args.job,
+        nodes=args.nodes,
+        gpus_per_node=args.gpus,
+        nics_per_node=2,
+        steps=args.steps,
+        step_seconds=args.step_seconds,
+        hosts=tuple(f"{args.job}-n{i}" for i in range(args.nodes)),
+        start_ts=args.start,
+        faults=slow,
+        eval_every=0,
+        checkpoint_every=0,
+    )
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     for name in ("--bootstrap", "--prefix", "--spool", "--outbox", "--job"):
         p.add_argument(name, required=True)
     p.add_argument("--partitions", type=int, default=4)
@@ -79,8 +95,13 @@ def main() -> int:
     p.add_argument("--step-seconds", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args()
-    settings = Settings.load(env={}, bootstrap_servers=args.bootstrap, topic_prefix=args.prefix,
-                             partitions=args.partitions, spool_dir=args.spool)
+    settings = Settings.load(
+        env={},
+        bootstrap_servers=args.bootstrap,
+        topic_prefix=args.prefix,
+        partitions=args.partitions,
+        spool_dir=args.spool,
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     publisher = KafkaPublisher(settings)

@@ -58,9 +58,15 @@ class Tap:
     def _run(self) -> None:
         from confluent_kafka import Consumer
 
-        consumer = Consumer({"bootstrap.servers": self.bootstrap, "group.id": f"tap-{time.time()}",
-                             "auto.offset.reset": "earliest", "log_level": 0,
-                             "topic.metadata.refresh.interval.ms": 2000})
+        consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"tap-{time.time()}",
+                "auto.offset.reset": "earliest",
+                "log_level": 0,
+                "topic.metadata.refresh.interval.ms": 2000,
+            }
+        )
         consumer.subscribe(self.topics)
         try:
             while not self._stop.is_set():
@@ -72,8 +78,15 @@ class Tap:
                         continue
                     self._seen.add(ident)
                     with self._lock:
-                        self.records.append(Tapped(ident[0], int(msg.partition() or 0),
-                                                   msg.key(), msg.value(), time.time()))
+                        self.records.append(
+                            Tapped(
+                                ident[0],
+                                int(msg.partition() or 0),
+                                msg.key(),
+                                msg.value(),
+                                time.time(),
+                            )
+                        )
         finally:
             consumer.close()
 
@@ -104,8 +117,7 @@ def read_outboxes(paths: list[Path]) -> dict[tuple[str, str, str, int], Produced
             value = base64.b64decode(parts[5])
             key = (kind, host, inst, int(seq))
             if key not in out:
-                out[key] = Produced(kind, host, inst, int(seq), int(rows),
-                                    decode(value).ts, value)
+                out[key] = Produced(kind, host, inst, int(seq), int(rows), decode(value).ts, value)
     return out
 
 
@@ -146,9 +158,14 @@ def last_fault(events: list[tuple[float, str]], ts: float) -> str:
     return before[-1] if before else "none"
 
 
-def audit(store_path: Path, produced: dict[tuple[str, str, str, int], Produced],
-          tapped: list[Tapped], detections_topic: str, dlq_topic: str,
-          events: list[tuple[float, str]] | None = None) -> Report:
+def audit(
+    store_path: Path,
+    produced: dict[tuple[str, str, str, int], Produced],
+    tapped: list[Tapped],
+    detections_topic: str,
+    dlq_topic: str,
+    events: list[tuple[float, str]] | None = None,
+) -> Report:
     from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 
     report = Report(produced=len(produced), produced_rows=sum(p.rows for p in produced.values()))
@@ -157,26 +174,32 @@ def audit(store_path: Path, produced: dict[tuple[str, str, str, int], Produced],
             raw = _counts(store, table, final=False)
             final = _counts(store, table, final=True)
             _compare(report, kind, raw, final, produced, events or [])
-        changes = [json.loads(t.value) for t in tapped
-                   if t.topic == detections_topic and t.value]
+        changes = [json.loads(t.value) for t in tapped if t.topic == detections_topic and t.value]
         _detections(report, store, changes, events or [])
-        for reason, n in store.query("SELECT reason, count() FROM dead_letters "
-                                     "GROUP BY reason").rows:
+        for reason, n in store.query(
+            "SELECT reason, count() FROM dead_letters GROUP BY reason"
+        ).rows:
             report.dead_rows[str(reason)] = int(n)
     report.dlq_topic = sum(1 for t in tapped if t.topic == dlq_topic)
     return report
 
 
 def _counts(store: Any, table: str, final: bool) -> dict[tuple[str, str, int], int]:
-    rows = store.query(f"SELECT host, inst, seq, count() FROM {table} {'FINAL' if final else ''} "
-                       "GROUP BY host, inst, seq").rows
+    rows = store.query(
+        f"SELECT host, inst, seq, count() FROM {table} {'FINAL' if final else ''} "
+        "GROUP BY host, inst, seq"
+    ).rows
     return {(str(h), str(i), int(s)): int(n) for h, i, s, n in rows}
 
 
-def _compare(report: Report, kind: str, raw: dict[tuple[str, str, int], int],
-             final: dict[tuple[str, str, int], int],
-             produced: dict[tuple[str, str, str, int], Produced],
-             events: list[tuple[float, str]]) -> None:
+def _compare(
+    report: Report,
+    kind: str,
+    raw: dict[tuple[str, str, int], int],
+    final: dict[tuple[str, str, int], int],
+    produced: dict[tuple[str, str, str, int], Produced],
+    events: list[tuple[float, str]],
+) -> None:
     mine = {(p.host, p.inst, p.seq): p for (k, *_), p in produced.items() if k == kind}
     for ident, p in mine.items():
         got = raw.get(ident, 0)
@@ -198,27 +221,33 @@ def _compare(report: Report, kind: str, raw: dict[tuple[str, str, int], int],
     report.unexpected += sum(1 for ident in raw if ident not in mine)
 
 
-def _detections(report: Report, store: Any, changes: list[dict[str, Any]],
-                events: list[tuple[float, str]]) -> None:
+def _detections(
+    report: Report, store: Any, changes: list[dict[str, Any]], events: list[tuple[float, str]]
+) -> None:
     report.changes = len(changes)
     stored: Counter[tuple[str, str, int | None]] = Counter(
-        (str(i), str(s), None if st is None else int(st)) for i, s, st in store.query(
-            "SELECT id, state, step FROM detections").rows)
+        (str(i), str(s), None if st is None else int(st))
+        for i, s, st in store.query("SELECT id, state, step FROM detections").rows
+    )
     wanted = Counter((c["id"], c["state"], c.get("step")) for c in changes)
     for ident in wanted:
         if stored.get(ident, 0) == 0:
             report.changes_missing += 1
         elif stored[ident] > wanted[ident]:
             report.changes_duplicated += 1
-    first = {c["id"]: (c.get("opened_at"), c.get("first_step")) for c in
-             sorted(changes, key=lambda c: c.get("ts", 0.0)) if c["state"] == "open"}
+    first = {
+        c["id"]: (c.get("opened_at"), c.get("first_step"))
+        for c in sorted(changes, key=lambda c: c.get("ts", 0.0))
+        if c["state"] == "open"
+    }
     for c in changes:
         if c["id"] in first and (c.get("opened_at"), c.get("first_step")) != first[c["id"]]:
             report.inconsistent += 1
             if len(report.open_examples) < 8:
                 report.open_examples.append(
                     f"id={c['id']} {c['state']} opened_at/first_step {c.get('opened_at')}/"
-                    f"{c.get('first_step')} != open's {first[c['id']]}")
+                    f"{c.get('first_step')} != open's {first[c['id']]}"
+                )
     opens = Counter(c["id"] for c in changes if c["state"] == "open")
     report.duplicate_opens = sum(n - 1 for n in opens.values() if n > 1)
     for ident, n in opens.items():
@@ -227,14 +256,24 @@ def _detections(report: Report, store: Any, changes: list[dict[str, Any]],
     report.reopened = _reopened(changes, report.open_examples, report.opens_after, events)
 
 
-def _reopened(changes: list[dict[str, Any]], examples: list[str], after: Counter[str],
-              events: list[tuple[float, str]]) -> int:
+def _reopened(
+    changes: list[dict[str, Any]],
+    examples: list[str],
+    after: Counter[str],
+    events: list[tuple[float, str]],
+) -> int:
     """Opens of a subject (job, type, rank, gpu, group, host) while another id of it is open."""
     open_ids: dict[tuple[Any, ...], set[str]] = defaultdict(set)
     count = 0
     for c in sorted(changes, key=lambda c: c.get("ts", 0.0)):
-        subject = (c["job_id"], c["type"], c.get("rank"), c.get("gpu"), c.get("group"),
-                   c.get("host"))
+        subject = (
+            c["job_id"],
+            c["type"],
+            c.get("rank"),
+            c.get("gpu"),
+            c.get("group"),
+            c.get("host"),
+        )
         if c["state"] == "open":
             others = open_ids[subject] - {c["id"]}
             if others:
@@ -250,30 +289,48 @@ def _reopened(changes: list[dict[str, Any]], examples: list[str], after: Counter
 
 def print_report(report: Report, faults: Counter[str], takeovers: list[float]) -> None:
     took = sorted(takeovers)
-    print(f"faults injected        {sum(faults.values())}  "
-          + " ".join(f"{k}={v}" for k, v in sorted(faults.items())))
+    print(
+        f"faults injected        {sum(faults.values())}  "
+        + " ".join(f"{k}={v}" for k, v in sorted(faults.items()))
+    )
     print(f"messages produced      {report.produced}  (rows {report.produced_rows})")
-    print(f"lost                   {report.lost}  "
-          + " ".join(f"{k}={v}" for k, v in sorted(report.lost_by_kind.items()))
-          + (f"  (+{report.partial} partly stored)" if report.partial else "")
-          + _after(report.lost_after))
-    print(f"duplicated in store    {report.duplicated}  "
-          + " ".join(f"{k}={v}" for k, v in sorted(report.dup_by_kind.items()))
-          + f"  (after FINAL: {report.duplicated_final})")
-    print(f"unexpected in store    {report.unexpected}  (stored, not in an outbox: an agent "
-          "killed between spool append and outbox write)")
-    print(f"detection changes      {report.changes}  missing in store {report.changes_missing}"
-          f"  duplicated in store {report.changes_duplicated}")
-    print(f"inconsistent changes   {report.inconsistent}  (opened_at or first_step differ from "
-          "the open's)")
-    print(f"duplicate opens        {report.duplicate_opens + report.reopened}  (same id "
-          f"{report.duplicate_opens}, subject re-opened under a new id {report.reopened})"
-          + _after(report.opens_after))
-    print(f"dead letters           topic {report.dlq_topic}  store "
-          + (" ".join(f"{k}={v}" for k, v in report.dead_rows.items()) or "0"))
+    print(
+        f"lost                   {report.lost}  "
+        + " ".join(f"{k}={v}" for k, v in sorted(report.lost_by_kind.items()))
+        + (f"  (+{report.partial} partly stored)" if report.partial else "")
+        + _after(report.lost_after)
+    )
+    print(
+        f"duplicated in store    {report.duplicated}  "
+        + " ".join(f"{k}={v}" for k, v in sorted(report.dup_by_kind.items()))
+        + f"  (after FINAL: {report.duplicated_final})"
+    )
+    print(
+        f"unexpected in store    {report.unexpected}  (stored, not in an outbox: an agent "
+        "killed between spool append and outbox write)"
+    )
+    print(
+        f"detection changes      {report.changes}  missing in store {report.changes_missing}"
+        f"  duplicated in store {report.changes_duplicated}"
+    )
+    print(
+        f"inconsistent changes   {report.inconsistent}  (opened_at or first_step differ from "
+        "the open's)"
+    )
+    print(
+        f"duplicate opens        {report.duplicate_opens + report.reopened}  (same id "
+        f"{report.duplicate_opens}, subject re-opened under a new id {report.reopened})"
+        + _after(report.opens_after)
+    )
+    print(
+        f"dead letters           topic {report.dlq_topic}  store "
+        + (" ".join(f"{k}={v}" for k, v in report.dead_rows.items()) or "0")
+    )
     if took:
-        print(f"takeover times (s)     n={len(took)} min={took[0]:.1f} "
-              f"median={took[len(took) // 2]:.1f} max={took[-1]:.1f}")
+        print(
+            f"takeover times (s)     n={len(took)} min={took[0]:.1f} "
+            f"median={took[len(took) // 2]:.1f} max={took[-1]:.1f}"
+        )
     else:
         print("takeover times (s)     none measured")
     for line in report.lost_examples + report.dup_examples + report.open_examples:

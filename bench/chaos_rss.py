@@ -74,8 +74,9 @@ class Summary:
 
 def summarize(series: Series, name: str) -> Summary:
     parts = thirds(series)
-    medians = tuple(statistics.median(r[name] for _, r in p) / MIB if p else math.nan
-                    for p in parts)
+    medians = tuple(
+        statistics.median(r[name] for _, r in p) / MIB if p else math.nan for p in parts
+    )
     points = [(t, r[name]) for t, r in series]
     last = [(t, r[name]) for t, r in parts[2]]
     return Summary(name, (medians[0], medians[1], medians[2]), fit(points), fit(last))
@@ -87,19 +88,25 @@ def print_table(series: Series, title: str, scale: float = MIB, fmt: str = "8.1f
     print(title)
     print(f"{'t_s':>7} " + " ".join(f"{n:>{width}}" for n in names))
     for t, row in series:
-        print(f"{t:7.0f} " + " ".join(f"{row.get(n, math.nan) / scale:{width}{fmt[1:]}}"
-                                      for n in names))
+        print(
+            f"{t:7.0f} "
+            + " ".join(f"{row.get(n, math.nan) / scale:{width}{fmt[1:]}}" for n in names)
+        )
 
 
 def print_summaries(series: Series) -> list[Summary]:
     """Per-third medians, slopes and verdicts for every service; returns them."""
     out = [summarize(series, n) for n in series[0][1]]
     print("per-third RSS medians (MiB), slope over the run and over the last third (MiB/min)")
-    print(f"{'service':<14} {'1st':>8} {'2nd':>8} {'3rd':>8} {'slope':>8} {'last 1/3':>16}  verdict")
+    print(
+        f"{'service':<14} {'1st':>8} {'2nd':>8} {'3rd':>8} {'slope':>8} {'last 1/3':>16}  verdict"
+    )
     for s in out:
         last = f"{s.last.slope:+.3f}±{s.last.stderr:.3f}"
-        print(f"{s.name:<14} {s.medians[0]:8.1f} {s.medians[1]:8.1f} {s.medians[2]:8.1f} "
-              f"{s.whole.slope:+8.3f} {last:>16}  {s.verdict}")
+        print(
+            f"{s.name:<14} {s.medians[0]:8.1f} {s.medians[1]:8.1f} {s.medians[2]:8.1f} "
+            f"{s.whole.slope:+8.3f} {last:>16}  {s.verdict}"
+        )
     return out
 
 
@@ -124,9 +131,14 @@ def rss_split(pid: int | None) -> Row:
     return out
 
 
-def soak_loop(seconds: float, every: float, rss: Callable[[], Row],
-              inside: Callable[[], Row], clock: Callable[[], float],
-              sleep: Callable[[float], None]) -> tuple[Series, Series]:
+def soak_loop(
+    seconds: float,
+    every: float,
+    rss: Callable[[], Row],
+    inside: Callable[[], Row],
+    clock: Callable[[], float],
+    sleep: Callable[[float], None],
+) -> tuple[Series, Series]:
     """Sample ``rss`` and the sink's ``inside`` every ``every`` seconds for ``seconds``."""
     t0 = clock()
     rss_series: Series = []

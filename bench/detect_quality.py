@@ -1,6 +1,6 @@
 """Detection quality of the core against ground truth: see :mod:`stepwatch.quality.run`.
 
-    python bench/detect_quality.py [--quick] [--seed 7] [--json out.json]
+python bench/detect_quality.py [--quick] [--seed 7] [--json out.json]
 """
 
 from __future__ import annotations

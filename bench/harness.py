@@ -38,8 +38,9 @@ class Proc:
     def start(self) -> Proc:
         env = {**os.environ, **self.env}
         with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen(self.argv(), cwd=ROOT, env=env, stdout=out,
-                                         stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                self.argv(), cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            )
         self.starts += 1
         return self
 
@@ -95,19 +96,27 @@ def scrape(port: int, timeout: float = 2.0) -> dict[tuple[str, tuple[tuple[str, 
             text = r.read().decode()
     except OSError:
         return {}
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
 
 
-def metric(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
-           **labels: str) -> float:
-    return sum(v for (n, lab), v in samples.items()
-               if n == name and all(dict(lab).get(k) == x for k, x in labels.items()))
+def metric(
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    return sum(
+        v
+        for (n, lab), v in samples.items()
+        if n == name and all(dict(lab).get(k) == x for k, x in labels.items())
+    )
 
 
 def job_steps(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]) -> dict[str, float]:
-    return {dict(lab)["job_id"]: v for (n, lab), v in samples.items()
-            if n == "stepwatch_job_last_step"}
+    return {
+        dict(lab)["job_id"]: v for (n, lab), v in samples.items() if n == "stepwatch_job_last_step"
+    }
 
 
 @dataclass
@@ -118,13 +127,36 @@ class Worker:
     port: int
 
 
-def stream_worker(name: str, workdir: Path, bootstrap: str, prefix: str, partitions: int,
-                  group: str, extra: list[str] | None = None,
-                  env: dict[str, str] | None = None) -> Worker:
+def stream_worker(
+    name: str,
+    workdir: Path,
+    bootstrap: str,
+    prefix: str,
+    partitions: int,
+    group: str,
+    extra: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Worker:
     port = free_port()
-    argv = [*CLI, "stream", "--bootstrap-servers", bootstrap, "--topic-prefix", prefix,
-            "--partitions", str(partitions), "--metrics-port", str(port), "--app-id", group,
-            "--worker-name", name, "--data-dir", str(workdir / name), *(extra or [])]
+    argv = [
+        *CLI,
+        "stream",
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic-prefix",
+        prefix,
+        "--partitions",
+        str(partitions),
+        "--metrics-port",
+        str(port),
+        "--app-id",
+        group,
+        "--worker-name",
+        name,
+        "--data-dir",
+        str(workdir / name),
+        *(extra or []),
+    ]
     base_env = {"STEPWATCH_HANG_MIN_SECONDS": "3600"}
     proc = Proc(name, lambda: argv, workdir / f"{name}.log", {**base_env, **(env or {})})
     return Worker(proc, port)
@@ -132,14 +164,34 @@ def stream_worker(name: str, workdir: Path, bootstrap: str, prefix: str, partiti
 
 def sink(workdir: Path, bootstrap: str, prefix: str, partitions: int) -> Worker:
     port = free_port()
-    argv = [*CLI, "db", "sink", "--bootstrap-servers", bootstrap, "--topic-prefix", prefix,
-            "--partitions", str(partitions), "--store-path", str(workdir / "chdb"),
-            "--metrics-port", str(port), "--no-serve", "--batch-seconds", "0.5"]
+    argv = [
+        *CLI,
+        "db",
+        "sink",
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic-prefix",
+        prefix,
+        "--partitions",
+        str(partitions),
+        "--store-path",
+        str(workdir / "chdb"),
+        "--metrics-port",
+        str(port),
+        "--no-serve",
+        "--batch-seconds",
+        "0.5",
+    ]
     return Worker(Proc("sink", lambda: argv, workdir / "sink.log"), port)
 
 
-def wait_until(what: str, check: Callable[[], object], timeout: float,
-               procs: tuple[Proc, ...] = (), poll: float = 0.25) -> object:
+def wait_until(
+    what: str,
+    check: Callable[[], object],
+    timeout: float,
+    procs: tuple[Proc, ...] = (),
+    poll: float = 0.25,
+) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = check()

@@ -47,15 +47,25 @@ class Config:
 
 
 CONFIGS = (
-    Config("faust", "Faust defaults: session 60 s, heartbeat 3 s, rebalance 60 s",
-           ("--session-timeout", "60")),
+    Config(
+        "faust",
+        "Faust defaults: session 60 s, heartbeat 3 s, rebalance 60 s",
+        ("--session-timeout", "60"),
+    ),
     Config("s10", "session 10 s, heartbeat 1.7 s", ("--session-timeout", "10")),
     Config("s6", "session 6 s, heartbeat 1 s (stepwatch default)", ("--session-timeout", "6")),
-    Config("s6-r10", "session 6 s, rebalance timeout 10 s",
-           ("--session-timeout", "6", "--rebalance-timeout", "10")),
+    Config(
+        "s6-r10",
+        "session 6 s, rebalance timeout 10 s",
+        ("--session-timeout", "6", "--rebalance-timeout", "10"),
+    ),
     Config("s3", "session 3 s, heartbeat 0.5 s", ("--session-timeout", "3")),
-    Config("s6-static", "session 6 s + static membership (group.instance.id)",
-           ("--session-timeout", "6"), static=True),
+    Config(
+        "s6-static",
+        "session 6 s + static membership (group.instance.id)",
+        ("--session-timeout", "6"),
+        static=True,
+    ),
 )
 
 
@@ -70,12 +80,15 @@ class Result:
     def line(self) -> str:
         took = f"{self.takeover:8.1f}" if self.takeover is not None else "   never"
         ratio = self.stall / self.baseline if self.baseline else float("nan")
-        return (f"{self.config.name:<10} {took} {self.stall:9.1f} {self.baseline:9.1f} "
-                f"{ratio:6.1f}  {self.config.note}{'; ' + self.note if self.note else ''}")
+        return (
+            f"{self.config.name:<10} {took} {self.stall:9.1f} {self.baseline:9.1f} "
+            f"{ratio:6.1f}  {self.config.note}{'; ' + self.note if self.note else ''}"
+        )
 
 
-def longest_gap(series: list[tuple[float, dict[str, float]]], jobs: set[str],
-                since: float, until: float) -> float:
+def longest_gap(
+    series: list[tuple[float, dict[str, float]]], jobs: set[str], since: float, until: float
+) -> float:
     """Longest time in [since, until] without any of ``jobs`` advancing."""
     last_t, last = since, None
     gap = 0.0
@@ -93,25 +106,36 @@ def longest_gap(series: list[tuple[float, dict[str, float]]], jobs: set[str],
 def run(config: Config, workdir: Path, limit: float) -> Result:
     workdir.mkdir(parents=True, exist_ok=True)
     with DevBroker(log_path=str(workdir / "broker.log")) as broker:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="tk",
-                                 partitions=PARTITIONS)
+        settings = Settings.load(
+            env={}, bootstrap_servers=broker.bootstrap, topic_prefix="tk", partitions=PARTITIONS
+        )
         ensure_topics(settings)
         feed = LiveFeed(broker.bootstrap, "tk").start()
         workers = []
         for name in ("a", "b"):
-            extra = list(config.args) + (["-X", f"group.instance.id=bench-{name}"]
-                                         if config.static else [])
-            workers.append(stream_worker(name, workdir, broker.bootstrap, "tk", PARTITIONS,
-                                         "bench-takeover", extra))
+            extra = list(config.args) + (
+                ["-X", f"group.instance.id=bench-{name}"] if config.static else []
+            )
+            workers.append(
+                stream_worker(
+                    name, workdir, broker.bootstrap, "tk", PARTITIONS, "bench-takeover", extra
+                )
+            )
         a, b = workers
         try:
             for w in workers:
                 w.proc.start()
             procs = (a.proc, b.proc)
-            wait_until("both workers own jobs", lambda: len(job_steps(scrape(a.port))) > 0
-                       and len(job_steps(scrape(b.port))) > 0
-                       and len(job_steps(scrape(a.port)) | job_steps(scrape(b.port))) == 8,
-                       180, procs)
+            wait_until(
+                "both workers own jobs",
+                lambda: (
+                    len(job_steps(scrape(a.port))) > 0
+                    and len(job_steps(scrape(b.port))) > 0
+                    and len(job_steps(scrape(a.port)) | job_steps(scrape(b.port))) == 8
+                ),
+                180,
+                procs,
+            )
             time.sleep(12)  # steady state: the baseline window
             own_b = set(job_steps(scrape(b.port)))
             of_a = set(job_steps(scrape(a.port))) - own_b
@@ -136,8 +160,9 @@ def run(config: Config, workdir: Path, limit: float) -> Result:
             end = series[-1][0]
             baseline = longest_gap(series, own_b, t_base, t_kill)
             stall = longest_gap(series, own_b, t_kill - 5, end)
-            return Result(config, takeover, stall, baseline,
-                          f"A had {len(of_a)} jobs, B {len(own_b)}")
+            return Result(
+                config, takeover, stall, baseline, f"A had {len(of_a)} jobs, B {len(own_b)}"
+            )
         finally:
             feed.stop()
             for w in workers:
@@ -145,16 +170,16 @@ def run(config: Config, workdir: Path, limit: float) -> Result:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", help="comma-separated configuration names")
     parser.add_argument("--limit", type=float, default=180.0, help="give up after (s)")
     parser.add_argument("--workdir", help="keep logs here (default: a temporary dir)")
     args = parser.parse_args()
     chosen = [c for c in CONFIGS if not args.only or c.name in args.only.split(",")]
     base = Path(args.workdir or tempfile.mkdtemp(prefix="stepwatch-takeover-"))
-    print("takeover after kill -9 of one of two workers (goal: takeover <= 20 s, "
-          "own stall <= 5 s)")
+    print("takeover after kill -9 of one of two workers (goal: takeover <= 20 s, own stall <= 5 s)")
     print(f"{'config':<10} {'takeover':>8} {'stall_s':>9} {'base_s':>9} {'ratio':>6}  notes")
     for config in chosen:
         try:

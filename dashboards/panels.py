@@ -32,9 +32,15 @@ class ClickHouseQuery(cogvariants.Dataquery):
 
     def to_json(self) -> dict[str, Any]:
         # format: 0 time series, 1 table (grafana-clickhouse-datasource's Format enum)
-        return {"refId": self.ref_id, "datasource": CLICKHOUSE.to_json(), "editorType": "sql",
-                "queryType": "table" if self.fmt == 1 else "timeseries", "format": self.fmt,
-                "rawSql": self.sql, "pluginVersion": "4.0.0"}
+        return {
+            "refId": self.ref_id,
+            "datasource": CLICKHOUSE.to_json(),
+            "editorType": "sql",
+            "queryType": "table" if self.fmt == 1 else "timeseries",
+            "format": self.fmt,
+            "rawSql": self.sql,
+            "pluginVersion": "4.0.0",
+        }
 
 
 class ClickHouseQueryBuilder:
@@ -52,45 +58,121 @@ def prom(expr: str, legend: str = "", ref: str = "A") -> prometheus.Dataquery:
     return q.legend_format(legend) if legend else q
 
 
-def series(title: str, unit: str, *exprs: tuple[str, str], w: int = 12, h: int = 8,
-           desc: str = "", fault_only: bool = False) -> timeseries.Panel:
-    p = (timeseries.Panel().title(title).unit(unit).datasource(PROM).span(w).height(h)
-         .description(_desc(desc, fault_only)))
+def series(
+    title: str,
+    unit: str,
+    *exprs: tuple[str, str],
+    w: int = 12,
+    h: int = 8,
+    desc: str = "",
+    fault_only: bool = False,
+) -> timeseries.Panel:
+    p = (
+        timeseries.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(PROM)
+        .span(w)
+        .height(h)
+        .description(_desc(desc, fault_only))
+    )
     for i, (expr, legend) in enumerate(exprs):
         p = p.with_target(prom(expr, legend, chr(ord("A") + i)))
     return p
 
 
-def single(title: str, unit: str, expr: str, legend: str = "", w: int = 6, h: int = 4,
-           desc: str = "", fault_only: bool = False) -> stat.Panel:
-    return (stat.Panel().title(title).unit(unit).datasource(PROM).span(w).height(h)
-            .description(_desc(desc, fault_only)).with_target(prom(expr, legend)))
+def single(
+    title: str,
+    unit: str,
+    expr: str,
+    legend: str = "",
+    w: int = 6,
+    h: int = 4,
+    desc: str = "",
+    fault_only: bool = False,
+) -> stat.Panel:
+    return (
+        stat.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(PROM)
+        .span(w)
+        .height(h)
+        .description(_desc(desc, fault_only))
+        .with_target(prom(expr, legend))
+    )
 
 
-def prom_table(title: str, unit: str, expr: str, w: int = 12, h: int = 8, desc: str = "",
-               fault_only: bool = False, links: dict[str, str] | None = None) -> table.Panel:
+def prom_table(
+    title: str,
+    unit: str,
+    expr: str,
+    w: int = 12,
+    h: int = 8,
+    desc: str = "",
+    fault_only: bool = False,
+    links: dict[str, str] | None = None,
+) -> table.Panel:
     """An instant table; ``links``: title -> URL of a data link on every cell (``${__data.fields.X}``)."""
     q = prom(expr).instant().format(PromQueryFormat.TABLE)
-    p = (table.Panel().title(title).unit(unit).datasource(PROM).span(w).height(h)
-         .description(_desc(desc, fault_only)).with_target(q))
+    p = (
+        table.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(PROM)
+        .span(w)
+        .height(h)
+        .description(_desc(desc, fault_only))
+        .with_target(q)
+    )
     if links:
         p = p.data_links([DashboardLink(name).url(url) for name, url in links.items()])
     return p
 
 
-def ch_series(title: str, unit: str, sql: str, w: int = 12, h: int = 8, desc: str = "") -> timeseries.Panel:
-    return (timeseries.Panel().title(title).unit(unit).datasource(CLICKHOUSE).span(w).height(h)
-            .description(desc).with_target(ClickHouseQueryBuilder(sql)))  # type: ignore[arg-type]
+def ch_series(
+    title: str, unit: str, sql: str, w: int = 12, h: int = 8, desc: str = ""
+) -> timeseries.Panel:
+    return (
+        timeseries.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(CLICKHOUSE)
+        .span(w)
+        .height(h)
+        .description(desc)
+        .with_target(ClickHouseQueryBuilder(sql))  # type: ignore[arg-type]
+    )
 
 
-def ch_table(title: str, unit: str, sql: str, w: int = 24, h: int = 8, desc: str = "") -> table.Panel:
-    return (table.Panel().title(title).unit(unit).datasource(CLICKHOUSE).span(w).height(h)
-            .description(desc).with_target(ClickHouseQueryBuilder(sql, fmt=1)))  # type: ignore[arg-type]
+def ch_table(
+    title: str, unit: str, sql: str, w: int = 24, h: int = 8, desc: str = ""
+) -> table.Panel:
+    return (
+        table.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(CLICKHOUSE)
+        .span(w)
+        .height(h)
+        .description(desc)
+        .with_target(ClickHouseQueryBuilder(sql, fmt=1))  # type: ignore[arg-type]
+    )
 
 
-def ch_heatmap(title: str, unit: str, sql: str, w: int = 24, h: int = 10, desc: str = "") -> heatmap_b.Panel:
-    return (heatmap_b.Panel().title(title).unit(unit).datasource(CLICKHOUSE).span(w).height(h)
-            .description(desc).with_target(ClickHouseQueryBuilder(sql, fmt=1)))  # type: ignore[arg-type]
+def ch_heatmap(
+    title: str, unit: str, sql: str, w: int = 24, h: int = 10, desc: str = ""
+) -> heatmap_b.Panel:
+    return (
+        heatmap_b.Panel()
+        .title(title)
+        .unit(unit)
+        .datasource(CLICKHOUSE)
+        .span(w)
+        .height(h)
+        .description(desc)
+        .with_target(ClickHouseQueryBuilder(sql, fmt=1))  # type: ignore[arg-type]
+    )
 
 
 def _desc(text: str, fault_only: bool) -> str:

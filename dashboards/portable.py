@@ -28,10 +28,22 @@ from grafana_foundation_sdk.models.dashboard import DashboardLinkType, VariableO
 from panels import CLICKHOUSE, CLICKHOUSE_TYPE, PROM_TYPE
 
 INPUTS = [
-    {"name": "DS_PROMETHEUS", "label": "Prometheus", "description": "stepwatch's Prometheus",
-     "type": "datasource", "pluginId": PROM_TYPE, "pluginName": "Prometheus"},
-    {"name": "DS_CLICKHOUSE", "label": "ClickHouse", "description": "stepwatch's store",
-     "type": "datasource", "pluginId": CLICKHOUSE_TYPE, "pluginName": "ClickHouse"},
+    {
+        "name": "DS_PROMETHEUS",
+        "label": "Prometheus",
+        "description": "stepwatch's Prometheus",
+        "type": "datasource",
+        "pluginId": PROM_TYPE,
+        "pluginName": "Prometheus",
+    },
+    {
+        "name": "DS_CLICKHOUSE",
+        "label": "ClickHouse",
+        "description": "stepwatch's store",
+        "type": "datasource",
+        "pluginId": CLICKHOUSE_TYPE,
+        "pluginName": "ClickHouse",
+    },
 ]
 COLORS = {"Detections": "orange", "Alerts": "red", "Remediation actions": "purple"}
 
@@ -40,18 +52,30 @@ def datasource_variables() -> list[DatasourceVariable]:
     """$datasource (Prometheus) and $clickhouse, defaulting to the __inputs placeholders."""
     out = []
     for name, label, plugin, placeholder in (
-            ("datasource", "Prometheus", PROM_TYPE, "${DS_PROMETHEUS}"),
-            ("clickhouse", "ClickHouse", CLICKHOUSE_TYPE, "${DS_CLICKHOUSE}")):
-        out.append(DatasourceVariable(name).label(label).type(plugin).multi(False)
-                   .include_all(False)
-                   .current(VariableOption(selected=False, text=placeholder, value=placeholder)))
+        ("datasource", "Prometheus", PROM_TYPE, "${DS_PROMETHEUS}"),
+        ("clickhouse", "ClickHouse", CLICKHOUSE_TYPE, "${DS_CLICKHOUSE}"),
+    ):
+        out.append(
+            DatasourceVariable(name)
+            .label(label)
+            .type(plugin)
+            .multi(False)
+            .include_all(False)
+            .current(VariableOption(selected=False, text=placeholder, value=placeholder))
+        )
     return out
 
 
 def dashboard_links() -> list[Builder[models.DashboardLink]]:
     """A dropdown of every stepwatch dashboard, keeping the time range and variables."""
-    return [DashboardLink("stepwatch").type(DashboardLinkType.DASHBOARDS).tags(["stepwatch"])
-            .as_dropdown(True).include_vars(True).keep_time(True)]
+    return [
+        DashboardLink("stepwatch")
+        .type(DashboardLinkType.DASHBOARDS)
+        .tags(["stepwatch"])
+        .as_dropdown(True)
+        .include_vars(True)
+        .keep_time(True)
+    ]
 
 
 class _SqlTarget:
@@ -65,18 +89,31 @@ class _SqlTarget:
         return self
 
     def to_json(self) -> dict[str, Any]:
-        return {"refId": "Anno", "editorType": "sql", "format": 1, "queryType": "table",
-                "rawSql": self.sql, "datasource": CLICKHOUSE.to_json()}
+        return {
+            "refId": "Anno",
+            "editorType": "sql",
+            "format": 1,
+            "queryType": "table",
+            "rawSql": self.sql,
+            "datasource": CLICKHOUSE.to_json(),
+        }
 
 
 def annotation_queries(sqls: dict[str, str]) -> list[Builder[models.AnnotationQuery]]:
-    return [AnnotationQuery().name(name).datasource(CLICKHOUSE).enable(True)
-            .icon_color(COLORS[name]).target(_SqlTarget(sql))  # type: ignore[arg-type]
-            for name, sql in sqls.items()]
+    return [
+        AnnotationQuery()
+        .name(name)
+        .datasource(CLICKHOUSE)
+        .enable(True)
+        .icon_color(COLORS[name])
+        .target(_SqlTarget(sql))  # type: ignore[arg-type]
+        for name, sql in sqls.items()
+    ]
 
 
 def annotation_sql(job_filter: str = "", host_filter: str = "") -> dict[str, str]:
     """The three annotation queries, filtered by a job_id and/or host SQL condition."""
+
     def where(time_col: str, job_col: str | None, host_col: str) -> str:
         parts = [f"$__timeFilter({time_col})"]
         if job_filter and job_col:
@@ -90,20 +127,20 @@ def annotation_sql(job_filter: str = "", host_filter: str = "") -> dict[str, str
 SELECT ts AS time, concat(type, ' (', cause, '): ', summary) AS text,
        arrayFilter(x -> x != '', [type, cause, subject_host, job_id]) AS tags
 FROM detections
-WHERE {where('ts', 'job_id', 'subject_host')}
+WHERE {where("ts", "job_id", "subject_host")}
 ORDER BY time LIMIT 500""",
         "Alerts": f"""
 SELECT starts_at AS time, ifNull(ends_at, starts_at) AS timeEnd,
        concat(alertname, ' [', severity, '] ', annotations['summary']) AS text,
        arrayFilter(x -> x != '', [alertname, severity, host, job_id]) AS tags
 FROM alerts
-WHERE status = 'firing' AND {where('starts_at', 'job_id', 'host')}
+WHERE status = 'firing' AND {where("starts_at", "job_id", "host")}
 ORDER BY time LIMIT 500""",
         "Remediation actions": f"""
 SELECT ts AS time, concat(action, ' ', host, ' (', status, if(dry_run, ', dry run', ''), '): ',
        reason) AS text, arrayFilter(x -> x != '', [action, status, host, job_id]) AS tags
 FROM remediation_actions
-WHERE {where('ts', 'job_id', 'host')}
+WHERE {where("ts", "job_id", "host")}
 ORDER BY time LIMIT 500""",
     }
 
@@ -113,8 +150,10 @@ def finish(dash: dict[str, Any]) -> dict[str, Any]:
     _number_panels(dash)
     text = json.dumps(dash)
     dash["__inputs"] = [i for i in INPUTS if "${" + i["name"] + "}" in text]
-    dash["__requires"] = [{"type": "datasource", "id": i["pluginId"], "name": i["pluginName"],
-                           "version": ""} for i in dash["__inputs"]]
+    dash["__requires"] = [
+        {"type": "datasource", "id": i["pluginId"], "name": i["pluginName"], "version": ""}
+        for i in dash["__inputs"]
+    ]
     return dash
 
 

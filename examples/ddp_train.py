@@ -63,14 +63,24 @@ LATEST = "checkpoint.json"  # {"step": N}: what the last complete checkpoint hol
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parallel", choices=("ddp", "fsdp"), default="ddp",
-                   help="DistributedDataParallel, or FSDP2 (fully_shard per layer)")
-    p.add_argument("--plain", action="store_true",
-                   help="phases only, without the DDP/FSDP integration (the comm wait then "
-                        "stays inside backward)")
-    p.add_argument("--nproc", type=int, default=4, help="ranks to spawn without torchrun (default 4)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--parallel",
+        choices=("ddp", "fsdp"),
+        default="ddp",
+        help="DistributedDataParallel, or FSDP2 (fully_shard per layer)",
+    )
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="phases only, without the DDP/FSDP integration (the comm wait then "
+        "stays inside backward)",
+    )
+    p.add_argument(
+        "--nproc", type=int, default=4, help="ranks to spawn without torchrun (default 4)"
+    )
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--width", type=int, default=768, help="hidden width of the MLP")
@@ -80,26 +90,50 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--slow-factor", type=float, default=2.0)
     p.add_argument("--slow-from", type=int, default=60, help="first slowed step")
     p.add_argument("--job-id", default=None, help="default: torchrun's / Slurm's, else ddp-<time>")
-    p.add_argument("--pin", action="store_true",
-                   help="CPU only: pin rank r to core r * cores // world (realistic contention)")
-    p.add_argument("--emulate-hosts", type=int, default=0,
-                   help="report the ranks as N hosts (host-0 ...), each with its own agent "
-                        "socket when STEPWATCH_AGENT_SOCKET contains {host}")
-    p.add_argument("--host-names", default="",
-                   help="names of the emulated hosts, comma-separated (e.g. a Slurm job's "
-                        "nodes; sets --emulate-hosts to their number)")
-    p.add_argument("--checkpoint-dir", default="",
-                   help="rank 0 saves model, optimizer and step here every --checkpoint-every "
-                        "steps (default: the --resume folder, if any)")
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="CPU only: pin rank r to core r * cores // world (realistic contention)",
+    )
+    p.add_argument(
+        "--emulate-hosts",
+        type=int,
+        default=0,
+        help="report the ranks as N hosts (host-0 ...), each with its own agent "
+        "socket when STEPWATCH_AGENT_SOCKET contains {host}",
+    )
+    p.add_argument(
+        "--host-names",
+        default="",
+        help="names of the emulated hosts, comma-separated (e.g. a Slurm job's "
+        "nodes; sets --emulate-hosts to their number)",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        default="",
+        help="rank 0 saves model, optimizer and step here every --checkpoint-every "
+        "steps (default: the --resume folder, if any)",
+    )
     p.add_argument("--checkpoint-every", type=int, default=25)
-    p.add_argument("--loader-workers", type=int, default=0,
-                   help="read batches through a DataLoader with this many worker processes")
-    p.add_argument("--eval-every", type=int, default=0,
-                   help="an evaluation pass (no gradients, all ranks) every N steps")
+    p.add_argument(
+        "--loader-workers",
+        type=int,
+        default=0,
+        help="read batches through a DataLoader with this many worker processes",
+    )
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="an evaluation pass (no gradients, all ranks) every N steps",
+    )
     p.add_argument("--eval-batches", type=int, default=8, help="batches per evaluation pass")
-    p.add_argument("--resume", default="",
-                   help="continue from the last checkpoint in this folder (from step 0 when "
-                        "there is none yet)")
+    p.add_argument(
+        "--resume",
+        default="",
+        help="continue from the last checkpoint in this folder (from step 0 when "
+        "there is none yet)",
+    )
     args = p.parse_args(argv)
     if args.host_names:
         args.emulate_hosts = len(args.host_names.split(","))
@@ -130,13 +164,18 @@ def batches_of(data: Batches, workers: int) -> Iterator[tuple[torch.Tensor, torc
     """The batches, read in ``workers`` DataLoader worker processes (in-process with 0)."""
     if workers <= 0:
         return iter(data)
-    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=workers,
-                                         prefetch_factor=2, persistent_workers=True)
+    loader = torch.utils.data.DataLoader(
+        data, batch_size=None, num_workers=workers, prefetch_factor=2, persistent_workers=True
+    )
     return iter(loader)
 
 
-def evaluate(model: nn.Module, data: Iterator[tuple[torch.Tensor, torch.Tensor]],
-             batches: int, device: torch.device) -> float:
+def evaluate(
+    model: nn.Module,
+    data: Iterator[tuple[torch.Tensor, torch.Tensor]],
+    batches: int,
+    device: torch.device,
+) -> float:
     """An evaluation pass: forward only, the loss averaged over the ranks."""
     total = torch.zeros(1, device=device)
     with torch.no_grad():
@@ -203,8 +242,12 @@ def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
         per_host = -(-world // args.emulate_hosts)
         names = args.host_names.split(",") if args.host_names else []
         host = names[rank // per_host] if names else f"host-{rank // per_host}"
-        os.environ.update(STEPWATCH_HOST=host, LOCAL_RANK=str(rank % per_host),
-                          LOCAL_WORLD_SIZE=str(per_host), GROUP_RANK=str(rank // per_host))
+        os.environ.update(
+            STEPWATCH_HOST=host,
+            LOCAL_RANK=str(rank % per_host),
+            LOCAL_WORLD_SIZE=str(per_host),
+            GROUP_RANK=str(rank // per_host),
+        )
         sock = os.environ.get("STEPWATCH_AGENT_SOCKET", "")
         if "{host}" in sock:
             os.environ["STEPWATCH_AGENT_SOCKET"] = sock.replace("{host}", host)
@@ -255,15 +298,19 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
     if ckpt is not None and rank == 0:
         path = str(Path(args.resume) / CHECKPOINT)
         sw.checkpoint("load", duration=loaded_s, path=path, step=start)
-        sw.event("restart", f"restarted from the checkpoint at step {start}", step=start,
-                 nodes=args.host_names)
+        sw.event(
+            "restart",
+            f"restarted from the checkpoint at step {start}",
+            step=start,
+            nodes=args.host_names,
+        )
         print(f"resumed from {path} at step {start}", flush=True)
     if args.plain:
         pass
     elif args.parallel == "ddp":
-        instrument_ddp(model, sw)                   # backward -> backward + comm_wait
+        instrument_ddp(model, sw)  # backward -> backward + comm_wait
     else:
-        instrument_fsdp(model, sw)                  # all-gather waits -> comm_wait
+        instrument_fsdp(model, sw)  # all-gather waits -> comm_wait
 
     slow = args.slow_rank == rank
     forward_times: list[float] = []
@@ -289,12 +336,16 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
                 with s.phase("optimizer"):
                     opt.step()
                     opt.zero_grad(set_to_none=True)
-                s.loss = loss.detach()                  # read off the training thread
+                s.loss = loss.detach()  # read off the training thread
             done = step + 1
             if args.eval_every and done % args.eval_every == 0 and done < args.steps:
                 evaluate(model, batches, args.eval_batches, device)  # between steps: a pause
-            if (rank == 0 and args.checkpoint_dir and done % args.checkpoint_every == 0
-                    and done < args.steps):
+            if (
+                rank == 0
+                and args.checkpoint_dir
+                and done % args.checkpoint_every == 0
+                and done < args.steps
+            ):
                 with sw.checkpoint("save", path=args.checkpoint_dir, step=done):
                     save_checkpoint(args.checkpoint_dir, model, opt, done)
     finally:
@@ -305,8 +356,9 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
         dist.destroy_process_group()
 
 
-def start_fault(args: argparse.Namespace, data: Batches, forward_times: list[float]
-                ) -> list[subprocess.Popen[bytes]]:
+def start_fault(
+    args: argparse.Namespace, data: Batches, forward_times: list[float]
+) -> list[subprocess.Popen[bytes]]:
     if args.slow_kind == "data":
         recent = sorted(forward_times[-20:]) or [0.01]
         data.delay = (args.slow_factor - 1.0) * recent[len(recent) // 2]
@@ -316,8 +368,9 @@ def start_fault(args: argparse.Namespace, data: Batches, forward_times: list[flo
 
 
 def spawned(rank: int, args: argparse.Namespace, world: int) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world)
+    )
     train(args, rank, world)
 
 

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 rc=0
 "$VENV/bin/ruff" check . || rc=1
+"$VENV/bin/ruff" format --check . || rc=1
 "$VENV/bin/mypy" || rc=1  # strict: the package and its services ([tool.mypy] packages)
 "$VENV/bin/mypy" bench dashboards tests || rc=1  # strict: benchmarks, dashboards, test helpers
 "$VENV/bin/python" scripts/lint_imports.py --no-cache || rc=1

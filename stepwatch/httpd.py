@@ -109,8 +109,11 @@ class ConnectionCap:
         if not slots.acquire(blocking=False):
             self.refused += 1
             if not self._refusing:
-                log.warning("http connections at their cap, new ones closed max=%d address=%s",
-                            self.max_connections, getattr(self, "server_address", "?"))
+                log.warning(
+                    "http connections at their cap, new ones closed max=%d address=%s",
+                    self.max_connections,
+                    getattr(self, "server_address", "?"),
+                )
             self._refusing = True
             self.shutdown_request(request)  # type: ignore[attr-defined]
             return
@@ -133,8 +136,12 @@ class BoundedHTTPServer(ConnectionCap, ThreadingHTTPServer):
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.max_connections = max_connections
         super().__init__(address, handler)
         self._slot()
@@ -146,8 +153,13 @@ class TokenHTTPService:
 
     name = "http"
 
-    def __init__(self, token: str, handler: type[BaseHTTPRequestHandler], host: str = "127.0.0.1",
-                 port: int = 0) -> None:
+    def __init__(
+        self,
+        token: str,
+        handler: type[BaseHTTPRequestHandler],
+        host: str = "127.0.0.1",
+        port: int = 0,
+    ) -> None:
         if not token:
             raise ValueError(f"the {self.name} needs a bearer token")
         self._token = token.encode()
@@ -160,8 +172,9 @@ class TokenHTTPService:
         return f"http://{host!s}:{port}"
 
     def start(self) -> Any:
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name=self.name,
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self.httpd.serve_forever, name=self.name, daemon=True
+        )
         self._thread.start()
         return self
 
@@ -174,4 +187,6 @@ class TokenHTTPService:
     def authorized(self, header: str | None) -> bool:
         """``Authorization: Bearer <token>``, compared in constant time."""
         scheme, _, given = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token)
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), self._token
+        )

@@ -47,15 +47,18 @@ def kafka_logger(role: str) -> logging.Logger:
     return logger
 
 
-def client_config(settings: Settings, extra: Mapping[str, Any] | None = None,
-                  role: str = "client") -> dict[str, Any]:
+def client_config(
+    settings: Settings, extra: Mapping[str, Any] | None = None, role: str = "client"
+) -> dict[str, Any]:
     """Base client config: bootstrap servers + pass-through + per-client extras.
 
     librdkafka's own log lines go to :func:`kafka_logger` (``role`` names it)
     unless ``extra`` or the pass-through settings name another ``logger``.
     """
     if not settings.bootstrap_servers:
-        raise ConfigError("bootstrap_servers is empty: start a broker or set STEPWATCH_BOOTSTRAP_SERVERS")
+        raise ConfigError(
+            "bootstrap_servers is empty: start a broker or set STEPWATCH_BOOTSTRAP_SERVERS"
+        )
     config: dict[str, Any] = {"logger": kafka_logger(role), **(extra or {})}
     config["bootstrap.servers"] = settings.bootstrap_servers
     config.update(settings.kafka_config)
@@ -70,8 +73,9 @@ def producer_config(settings: Settings, **overrides: Any) -> dict[str, Any]:
 
 def topic_config(settings: Settings) -> dict[str, str]:
     """Topic-level settings of created topics: durability and retention."""
-    config = {"min.insync.replicas": str(min(settings.min_insync_replicas,
-                                             settings.replication_factor))}
+    config = {
+        "min.insync.replicas": str(min(settings.min_insync_replicas, settings.replication_factor))
+    }
     if settings.topic_retention_hours > 0:
         config["retention.ms"] = str(int(settings.topic_retention_hours * 3_600_000))
     return config
@@ -96,7 +100,9 @@ def check_copartitioned(partitions: Mapping[str, int], expected: int) -> None:
     )
 
 
-def ensure_topics(settings: Settings, names: Iterable[str] | None = None, timeout: float = 15.0) -> None:
+def ensure_topics(
+    settings: Settings, names: Iterable[str] | None = None, timeout: float = 15.0
+) -> None:
     """Create missing topics (partitions, replication factor, retention); verify existing ones.
 
     Existing topics must be co-partitioned with each other and with the
@@ -105,14 +111,16 @@ def ensure_topics(settings: Settings, names: Iterable[str] | None = None, timeou
     """
     from confluent_kafka import KafkaError
     from confluent_kafka.admin import AdminClient, NewTopic
+
     wanted = list(names) if names is not None else list(Topics(settings.topic_prefix).all())
     admin = AdminClient(client_config(settings, role="admin"))
     try:
         existing = admin.list_topics(timeout=timeout).topics
     except Exception as err:
         raise TransportError(f"cannot list topics on {settings.bootstrap_servers}: {err}") from err
-    check_copartitioned({n: len(existing[n].partitions) for n in wanted if n in existing},
-                        settings.partitions)
+    check_copartitioned(
+        {n: len(existing[n].partitions) for n in wanted if n in existing}, settings.partitions
+    )
     missing = [n for n in wanted if n not in existing]
     if not missing:
         return
@@ -120,14 +128,21 @@ def ensure_topics(settings: Settings, names: Iterable[str] | None = None, timeou
         raise TransportError(f"topics missing and create_topics is off: {missing}")
     config = topic_config(settings)
     futures = admin.create_topics(
-        [NewTopic(n, settings.partitions, settings.replication_factor, config=config)
-         for n in missing]
+        [
+            NewTopic(n, settings.partitions, settings.replication_factor, config=config)
+            for n in missing
+        ]
     )
     for name, future in futures.items():
         try:
             future.result(timeout=timeout)
-            log.info("topic created topic=%s partitions=%d replication_factor=%d config=%s",
-                     name, settings.partitions, settings.replication_factor, config)
+            log.info(
+                "topic created topic=%s partitions=%d replication_factor=%d config=%s",
+                name,
+                settings.partitions,
+                settings.replication_factor,
+                config,
+            )
         except Exception as err:
             if _error_code(err) == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue

@@ -7,7 +7,7 @@ import sys
 import time
 from collections.abc import Callable
 
-FORMAT = "ts=%(asctime)s level=%(levelname)s logger=%(name)s msg=\"%(message)s\""
+FORMAT = 'ts=%(asctime)s level=%(levelname)s logger=%(name)s msg="%(message)s"'
 
 
 def configure(level: str = "INFO") -> None:
@@ -51,8 +51,9 @@ class RateLimit(logging.Filter):
     one line per facility and interval.
     """
 
-    def __init__(self, interval: float = 60.0, burst: int = 1,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, interval: float = 60.0, burst: int = 1, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         super().__init__()
         self.interval = interval
         self.burst = burst

@@ -54,16 +54,24 @@ class Endpoint:
         host = settings.metrics_host
         if listen:
             host, port = parse_listen_address(listen)
-        return cls(host, port, settings.metrics_tls_cert, settings.metrics_tls_key,
-                   settings.metrics_auth_user, settings.metrics_auth_password)
+        return cls(
+            host,
+            port,
+            settings.metrics_tls_cert,
+            settings.metrics_tls_key,
+            settings.metrics_auth_user,
+            settings.metrics_auth_password,
+        )
 
     @property
     def scheme(self) -> str:
         return "https" if self.certfile else "http"
 
     def __repr__(self) -> str:  # never the password
-        return (f"Endpoint(host={self.host!r}, port={self.port}, tls={bool(self.certfile)}, "
-                f"auth={bool(self.user)})")
+        return (
+            f"Endpoint(host={self.host!r}, port={self.port}, tls={bool(self.certfile)}, "
+            f"auth={bool(self.user)})"
+        )
 
 
 def parse_listen_address(text: str) -> tuple[str, int]:
@@ -83,11 +91,14 @@ def basic_auth(app: Wsgi, user: str, password: str, realm: str = "stepwatch") ->
     def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
         header = environ.get("HTTP_AUTHORIZATION", "")
         scheme, _, given = header.partition(" ")
-        if scheme.lower() == "basic" and hmac.compare_digest(given.strip().encode(),
-                                                             expected.encode()):
+        if scheme.lower() == "basic" and hmac.compare_digest(
+            given.strip().encode(), expected.encode()
+        ):
             return app(environ, start_response)
-        start_response("401 Unauthorized", [("Content-Type", "text/plain"),
-                                            ("WWW-Authenticate", f'Basic realm="{realm}"')])
+        start_response(
+            "401 Unauthorized",
+            [("Content-Type", "text/plain"), ("WWW-Authenticate", f'Basic realm="{realm}"')],
+        )
         return [b"unauthorized\n"]
 
     return guarded
@@ -139,8 +150,9 @@ class MetricsServer:
         self.endpoint = endpoint
         self.port: int = httpd.server_port
         self.server_port = self.port  # the name prometheus-client's servers use
-        self._thread = threading.Thread(target=httpd.serve_forever, name="stepwatch-metrics",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=httpd.serve_forever, name="stepwatch-metrics", daemon=True
+        )
         self._thread.start()
 
     @property
@@ -178,6 +190,11 @@ def serve_metrics(registry: CollectorRegistry, endpoint: Endpoint, name: str = "
             raise ConfigError(f"cannot load the metrics TLS certificate/key: {err}") from err
         httpd.tls = context  # wrapped per connection, in its thread (see _Server)
     server = MetricsServer(httpd, endpoint)
-    log.info("metrics endpoint listening service=%s url=%s tls=%s auth=%s", name or "-",
-             server.url, bool(endpoint.certfile), bool(endpoint.user))
+    log.info(
+        "metrics endpoint listening service=%s url=%s tls=%s auth=%s",
+        name or "-",
+        server.url,
+        bool(endpoint.certfile),
+        bool(endpoint.user),
+    )
     return server

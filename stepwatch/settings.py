@@ -38,13 +38,26 @@ _SECTIONS = ("kafka", "agent", "stream", "store", "sink", "hang", "remediate", "
 _SECRET_MARKERS = ("password", "secret", "sasl.password", "ssl.key.password", "token")
 # STEPWATCH_* variables that are not settings: the step SDK's identity and switches
 # (docs/sdk.md) and the Slurm and setup scripts' (deploy/slurm, scripts/).
-OTHER_ENV = frozenset({
-    "STEPWATCH_JOB_ID", "STEPWATCH_RANK", "STEPWATCH_LOCAL_RANK", "STEPWATCH_WORLD_SIZE",
-    "STEPWATCH_LOCAL_WORLD_SIZE", "STEPWATCH_NODE_RANK", "STEPWATCH_GROUP", "STEPWATCH_GPU",
-    "STEPWATCH_ENABLED", "STEPWATCH_OTEL", "STEPWATCH_TIMING", "STEPWATCH_CPU_WAIT",
-    "STEPWATCH_TORCH_RECORD", "STEPWATCH_PROLOG_NO_SYSTEMD",
-    "STEPWATCH_SKIP_APT", "STEPWATCH_DEMO_DURATION",
-})
+OTHER_ENV = frozenset(
+    {
+        "STEPWATCH_JOB_ID",
+        "STEPWATCH_RANK",
+        "STEPWATCH_LOCAL_RANK",
+        "STEPWATCH_WORLD_SIZE",
+        "STEPWATCH_LOCAL_WORLD_SIZE",
+        "STEPWATCH_NODE_RANK",
+        "STEPWATCH_GROUP",
+        "STEPWATCH_GPU",
+        "STEPWATCH_ENABLED",
+        "STEPWATCH_OTEL",
+        "STEPWATCH_TIMING",
+        "STEPWATCH_CPU_WAIT",
+        "STEPWATCH_TORCH_RECORD",
+        "STEPWATCH_PROLOG_NO_SYSTEMD",
+        "STEPWATCH_SKIP_APT",
+        "STEPWATCH_DEMO_DURATION",
+    }
+)
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
 
@@ -129,7 +142,9 @@ class Settings:
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
     # admission (docs/security.md "Boundary 2"): records refused go to <prefix>.dlq with the reason
-    stream_future_seconds: float = 120.0  # a timestamp further ahead of the worker's clock; <= 0: off
+    stream_future_seconds: float = (
+        120.0  # a timestamp further ahead of the worker's clock; <= 0: off
+    )
     stream_max_age_seconds: float = 86400.0  # older messages skip detection; <= 0: off
     stream_step_jump_min: int = 1000  # a step jump beyond max(this, factor x cadence x elapsed)
     stream_step_jump_factor: float = 100.0
@@ -140,7 +155,9 @@ class Settings:
     store_endpoint_max_query_seconds: float = 300.0  # longest a statement may run
     store_endpoint_max_result_bytes: int = 1024 * 1024 * 1024  # a reply, held in memory
     store_endpoint_max_memory_bytes: int = 8 * 1024 * 1024 * 1024  # one statement's memory
-    store_endpoint_max_concurrent_queries: int = 2  # more wait store_endpoint_queue_seconds, then 503
+    store_endpoint_max_concurrent_queries: int = (
+        2  # more wait store_endpoint_queue_seconds, then 503
+    )
     store_endpoint_max_total_memory_bytes: int = 4 * 1024 * 1024 * 1024  # all running statements
     store_endpoint_queue_seconds: float = 5.0
     # --- remediator ---------------------------------------------------------------
@@ -170,8 +187,9 @@ class Settings:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
-    def load(cls, env: Mapping[str, str] | None = None, config_file: str | None = None,
-             **explicit: Any) -> Settings:
+    def load(
+        cls, env: Mapping[str, str] | None = None, config_file: str | None = None, **explicit: Any
+    ) -> Settings:
         """Build settings: ``explicit`` (non-None values) > env > config file > defaults."""
         environ = os.environ if env is None else env
         known = {f.name: f for f in fields(cls) if f.name != "sources"}
@@ -186,9 +204,11 @@ class Settings:
         for name, f in known.items():
             if name == "kafka_config":
                 continue
-            for origin, raw in (("flag", explicit.get(name)),
-                                ("env", environ.get(ENV_PREFIX + name.upper())),
-                                ("file", file_values.get(name))):
+            for origin, raw in (
+                ("flag", explicit.get(name)),
+                ("env", environ.get(ENV_PREFIX + name.upper())),
+                ("file", file_values.get(name)),
+            ):
                 if raw is not None:
                     values[name] = _coerce(name, f.type, raw, origin)
                     sources[name] = origin
@@ -197,30 +217,46 @@ class Settings:
                 sources[name] = "default"
         kafka = {**file_kafka, **_kafka_from_env(environ), **(explicit.get("kafka_config") or {})}
         values["kafka_config"] = dict(kafka)
-        sources["kafka_config"] = "flag" if explicit.get("kafka_config") else (
-            "env" if _kafka_from_env(environ) else ("file" if file_kafka else "default"))
+        sources["kafka_config"] = (
+            "flag"
+            if explicit.get("kafka_config")
+            else ("env" if _kafka_from_env(environ) else ("file" if file_kafka else "default"))
+        )
         settings = cls(**values, sources=sources)
         settings.validate()
         return settings
 
     def validate(self) -> None:
         if self.remediate_mode not in ("", "observe", "recommend", "execute"):
-            raise ConfigError(f"remediate_mode must be observe, recommend or execute, got {self.remediate_mode!r}")
+            raise ConfigError(
+                f"remediate_mode must be observe, recommend or execute, got {self.remediate_mode!r}"
+            )
         if self.log_level.upper() not in LOG_LEVELS:
-            raise ConfigError(f"setting log_level: {self.log_level!r} is not one of "
-                              f"{', '.join(LOG_LEVELS)}")
+            raise ConfigError(
+                f"setting log_level: {self.log_level!r} is not one of {', '.join(LOG_LEVELS)}"
+            )
         if self.stream_faust_log_level.upper() not in LOG_LEVELS:
-            raise ConfigError(f"setting stream_faust_log_level: {self.stream_faust_log_level!r} "
-                              f"is not one of {', '.join(LOG_LEVELS)}")
+            raise ConfigError(
+                f"setting stream_faust_log_level: {self.stream_faust_log_level!r} "
+                f"is not one of {', '.join(LOG_LEVELS)}"
+            )
         for name in ("metrics_port", "stream_metrics_port", "sink_metrics_port", "stream_web_port"):
             port = getattr(self, name)
             if not 0 <= port <= 65535:
                 raise ConfigError(f"setting {name}: port {port} is not in 0..65535")
-        for name in ("stream_batch", "sink_batch_messages", "replication_factor",
-                     "store_endpoint_max_body_bytes", "store_endpoint_max_decompressed_bytes",
-                     "store_endpoint_max_query_seconds", "store_endpoint_max_result_bytes",
-                     "store_endpoint_max_memory_bytes", "store_endpoint_max_concurrent_queries",
-                     "store_dedup_max_senders", "stream_step_jump_min"):
+        for name in (
+            "stream_batch",
+            "sink_batch_messages",
+            "replication_factor",
+            "store_endpoint_max_body_bytes",
+            "store_endpoint_max_decompressed_bytes",
+            "store_endpoint_max_query_seconds",
+            "store_endpoint_max_result_bytes",
+            "store_endpoint_max_memory_bytes",
+            "store_endpoint_max_concurrent_queries",
+            "store_dedup_max_senders",
+            "stream_step_jump_min",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
         if self.partitions < 1:
@@ -243,11 +279,15 @@ class Settings:
 
     def _validate_agent(self) -> None:
         if self.agent_verify_job.strip().lower().replace("-", "_") not in AGENT_VERIFY_JOB:
-            raise ConfigError(f"setting agent_verify_job: {self.agent_verify_job!r} is not one "
-                              f"of {', '.join(AGENT_VERIFY_JOB)}")
+            raise ConfigError(
+                f"setting agent_verify_job: {self.agent_verify_job!r} is not one "
+                f"of {', '.join(AGENT_VERIFY_JOB)}"
+            )
         if self.agent_max_message_bytes < 4096:
-            raise ConfigError("setting agent_max_message_bytes: must be >= 4096, got "
-                              f"{self.agent_max_message_bytes}")
+            raise ConfigError(
+                "setting agent_max_message_bytes: must be >= 4096, got "
+                f"{self.agent_max_message_bytes}"
+            )
         for name in ("agent_sender_burst", "agent_user_burst", "agent_dead_letter_max_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"setting {name}: must be >= 1, got {getattr(self, name)}")
@@ -285,14 +325,18 @@ def unknown_env(environ: Mapping[str, str], known: set[str]) -> list[tuple[str, 
     """``STEPWATCH_*`` variables that name no setting, each with the closest variable that does."""
     out: list[tuple[str, str | None]] = []
     for key in sorted(environ):
-        if (not key.startswith(ENV_PREFIX) or key.startswith(KAFKA_ENV_PREFIX)
-                or key == CONFIG_ENV or key in OTHER_ENV):
+        if (
+            not key.startswith(ENV_PREFIX)
+            or key.startswith(KAFKA_ENV_PREFIX)
+            or key == CONFIG_ENV
+            or key in OTHER_ENV
+        ):
             continue
-        name = key[len(ENV_PREFIX):].lower()
+        name = key[len(ENV_PREFIX) :].lower()
         if name in known:
             continue
         if name.startswith("kafka_"):  # a librdkafka key with one underscore too few
-            out.append((key, KAFKA_ENV_PREFIX + key[len(ENV_PREFIX) + len("kafka_"):]))
+            out.append((key, KAFKA_ENV_PREFIX + key[len(ENV_PREFIX) + len("kafka_") :]))
             continue
         close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.6)
         out.append((key, ENV_PREFIX + close[0].upper() if close else None))
@@ -310,7 +354,7 @@ def _kafka_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     out: dict[str, str] = {}
     for key, value in environ.items():
         if key.startswith(KAFKA_ENV_PREFIX):
-            out[key[len(KAFKA_ENV_PREFIX):].lower().replace("_", ".")] = value
+            out[key[len(KAFKA_ENV_PREFIX) :].lower().replace("_", ".")] = value
     return out
 
 
@@ -344,7 +388,8 @@ def read_config_file(path: str, known: set[str]) -> tuple[dict[str, Any], dict[s
 def _coerce(name: str, type_name: Any, raw: Any, origin: str = "flag") -> Any:
     kind = type_name if isinstance(type_name, str) else getattr(type_name, "__name__", "")
     where = {"env": f" (from {ENV_PREFIX}{name.upper()})", "file": " (from the config file)"}.get(
-        origin, "")
+        origin, ""
+    )
     try:
         if kind == "bool":
             return _to_bool(raw)

@@ -47,10 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(--config or STEPWATCH_CONFIG, TOML) > default; `stepwatch config` prints them.",
     )
     parser.add_argument("--version", action="version", version=f"stepwatch {__version__}")
-    parser.add_argument("--log-level", default=None,
-                        help="DEBUG, INFO, WARNING, ERROR (env STEPWATCH_LOG_LEVEL)")
-    parser.add_argument("--config", default=None, metavar="FILE",
-                        help="TOML config file (env STEPWATCH_CONFIG)")
+    parser.add_argument(
+        "--log-level", default=None, help="DEBUG, INFO, WARNING, ERROR (env STEPWATCH_LOG_LEVEL)"
+    )
+    parser.add_argument(
+        "--config", default=None, metavar="FILE", help="TOML config file (env STEPWATCH_CONFIG)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
         importlib.import_module(f"stepwatch.cli.{name}").register(sub)

@@ -49,77 +49,165 @@ def parse_size(text: str) -> int:
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "agent", help="run the node agent (GPU, RDMA, step timings -> Kafka)",
-        description=DESCRIPTION, epilog=EPILOG,
+        "agent",
+        help="run the node agent (GPU, RDMA, step timings -> Kafka)",
+        description=DESCRIPTION,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_kafka_flags(p)
     for action in p._actions:
         if action.dest == "bootstrap_servers":
             action.metavar = "HOST:PORT[,...]"
-            action.help = ("Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); required "
-                           "unless --dev-broker")
-    p.add_argument("--dev-broker", action="store_true",
-                   help="start a local development broker (Tansu) and publish to it; "
-                   "for trying things out, not for production")
+            action.help = (
+                "Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); required "
+                "unless --dev-broker"
+            )
+    p.add_argument(
+        "--dev-broker",
+        action="store_true",
+        help="start a local development broker (Tansu) and publish to it; "
+        "for trying things out, not for production",
+    )
     g = p.add_argument_group("agent")
-    g.add_argument("--host", metavar="NAME", help="host name stamped on every message (default: hostname)")
-    g.add_argument("--collectors", metavar="NAMES",
-                   help="comma-separated: steps, nvml, nvml-replay, dcgm, rdma; 'none' for none "
-                   f"(default {default_of('collectors')})")
-    g.add_argument("--socket", dest="agent_socket", metavar="PATH",
-                   help="Unix datagram socket the training ranks send to, in a directory of "
-                   f"its own (default {default_of('agent_socket')}); created 0750, the socket 0620")
-    g.add_argument("--socket-group", dest="agent_socket_group", metavar="GROUP",
-                   help="group (name or gid) whose members may send to the socket (default: "
-                   "the agent's own group; put the training users in it)")
-    g.add_argument("--verify-job", dest="agent_verify_job", choices=AGENT_VERIFY_JOB,
-                   help="check each record's job and rank against the sender's Slurm cgroup "
-                   "and environment: when_known rejects contradictions, strict also "
-                   "rejects senders tied to no job, off checks nothing (the host is always "
-                   f"checked; default {default_of('agent_verify_job')})")
-    g.add_argument("--host-alias", dest="agent_host_aliases", metavar="NAMES",
-                   help="comma-separated host names ranks may also claim for this host")
-    g.add_argument("--sender-rate", dest="agent_sender_rate", type=float, metavar="N",
-                   help="datagrams per second one process may send "
-                   f"(default {default_of('agent_sender_rate')}; 0: no limit)")
-    g.add_argument("--sender-burst", dest="agent_sender_burst", type=int, metavar="N",
-                   help=f"datagrams one process may send at once (default {default_of('agent_sender_burst')})")
-    g.add_argument("--user-rate", dest="agent_user_rate", type=float, metavar="N",
-                   help="datagrams per second all processes of one user may send (default "
-                   f"{default_of('agent_user_rate')}, burst STEPWATCH_AGENT_USER_BURST="
-                   f"{default_of('agent_user_burst')}; 0: no limit)")
-    g.add_argument("--max-message-bytes", dest="agent_max_message_bytes", type=parse_size,
-                   metavar="SIZE", help="largest step message the agent builds per job and "
-                   f"tick; more steps go in more messages (default {default_of('agent_max_message_bytes')})")
-    g.add_argument("--tick", dest="tick_seconds", type=float, metavar="SECONDS",
-                   help="seconds between polls, aligned to the wall clock "
-                   f"(default {default_of('tick_seconds')})")
-    g.add_argument("--spool-dir", metavar="DIR",
-                   help=f"directory of the on-disk spool (default {default_of('spool_dir')})")
-    g.add_argument("--spool-max-bytes", type=parse_size, metavar="SIZE",
-                   help=f"spool bound, a size such as 2G (default {default_of('spool_max_bytes')}); when "
-                   "full the oldest unsent data "
-                   "is dropped and counted")
-    g.add_argument("--sysfs-root", metavar="DIR",
-                   help=f"root of the sysfs tree for RDMA counters (default {default_of('sysfs_root')})")
-    g.add_argument("--job-map-dir", metavar="DIR",
-                   help="the Slurm prolog's hpc-job mapping directory (a file per GPU index "
-                   "holding its job id); the NVML collector labels GPUs with it until steps "
-                   f"name their job (default {default_of('job_map_dir')}; empty: none)")
-    g.add_argument("--dcgm-url", metavar="URL", help="dcgm-exporter URL for the dcgm collector, "
-                   "e.g. http://localhost:9400/metrics")
-    g.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help=f"port of the agent's own /metrics (default {default_of('metrics_port')}; 0 disables)")
+    g.add_argument(
+        "--host", metavar="NAME", help="host name stamped on every message (default: hostname)"
+    )
+    g.add_argument(
+        "--collectors",
+        metavar="NAMES",
+        help="comma-separated: steps, nvml, nvml-replay, dcgm, rdma; 'none' for none "
+        f"(default {default_of('collectors')})",
+    )
+    g.add_argument(
+        "--socket",
+        dest="agent_socket",
+        metavar="PATH",
+        help="Unix datagram socket the training ranks send to, in a directory of "
+        f"its own (default {default_of('agent_socket')}); created 0750, the socket 0620",
+    )
+    g.add_argument(
+        "--socket-group",
+        dest="agent_socket_group",
+        metavar="GROUP",
+        help="group (name or gid) whose members may send to the socket (default: "
+        "the agent's own group; put the training users in it)",
+    )
+    g.add_argument(
+        "--verify-job",
+        dest="agent_verify_job",
+        choices=AGENT_VERIFY_JOB,
+        help="check each record's job and rank against the sender's Slurm cgroup "
+        "and environment: when_known rejects contradictions, strict also "
+        "rejects senders tied to no job, off checks nothing (the host is always "
+        f"checked; default {default_of('agent_verify_job')})",
+    )
+    g.add_argument(
+        "--host-alias",
+        dest="agent_host_aliases",
+        metavar="NAMES",
+        help="comma-separated host names ranks may also claim for this host",
+    )
+    g.add_argument(
+        "--sender-rate",
+        dest="agent_sender_rate",
+        type=float,
+        metavar="N",
+        help="datagrams per second one process may send "
+        f"(default {default_of('agent_sender_rate')}; 0: no limit)",
+    )
+    g.add_argument(
+        "--sender-burst",
+        dest="agent_sender_burst",
+        type=int,
+        metavar="N",
+        help=f"datagrams one process may send at once (default {default_of('agent_sender_burst')})",
+    )
+    g.add_argument(
+        "--user-rate",
+        dest="agent_user_rate",
+        type=float,
+        metavar="N",
+        help="datagrams per second all processes of one user may send (default "
+        f"{default_of('agent_user_rate')}, burst STEPWATCH_AGENT_USER_BURST="
+        f"{default_of('agent_user_burst')}; 0: no limit)",
+    )
+    g.add_argument(
+        "--max-message-bytes",
+        dest="agent_max_message_bytes",
+        type=parse_size,
+        metavar="SIZE",
+        help="largest step message the agent builds per job and "
+        f"tick; more steps go in more messages (default {default_of('agent_max_message_bytes')})",
+    )
+    g.add_argument(
+        "--tick",
+        dest="tick_seconds",
+        type=float,
+        metavar="SECONDS",
+        help="seconds between polls, aligned to the wall clock "
+        f"(default {default_of('tick_seconds')})",
+    )
+    g.add_argument(
+        "--spool-dir",
+        metavar="DIR",
+        help=f"directory of the on-disk spool (default {default_of('spool_dir')})",
+    )
+    g.add_argument(
+        "--spool-max-bytes",
+        type=parse_size,
+        metavar="SIZE",
+        help=f"spool bound, a size such as 2G (default {default_of('spool_max_bytes')}); when "
+        "full the oldest unsent data "
+        "is dropped and counted",
+    )
+    g.add_argument(
+        "--sysfs-root",
+        metavar="DIR",
+        help=f"root of the sysfs tree for RDMA counters (default {default_of('sysfs_root')})",
+    )
+    g.add_argument(
+        "--job-map-dir",
+        metavar="DIR",
+        help="the Slurm prolog's hpc-job mapping directory (a file per GPU index "
+        "holding its job id); the NVML collector labels GPUs with it until steps "
+        f"name their job (default {default_of('job_map_dir')}; empty: none)",
+    )
+    g.add_argument(
+        "--dcgm-url",
+        metavar="URL",
+        help="dcgm-exporter URL for the dcgm collector, e.g. http://localhost:9400/metrics",
+    )
+    g.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help=f"port of the agent's own /metrics (default {default_of('metrics_port')}; 0 disables)",
+    )
     add_web_flags(g)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    fields = ("host", "collectors", "agent_socket", "tick_seconds", "spool_dir", "spool_max_bytes",
-              "sysfs_root", "job_map_dir", "dcgm_url", "metrics_port", "agent_socket_group", "agent_verify_job",
-              "agent_host_aliases", "agent_sender_rate", "agent_sender_burst",
-              "agent_user_rate", "agent_max_message_bytes")
+    fields = (
+        "host",
+        "collectors",
+        "agent_socket",
+        "tick_seconds",
+        "spool_dir",
+        "spool_max_bytes",
+        "sysfs_root",
+        "job_map_dir",
+        "dcgm_url",
+        "metrics_port",
+        "agent_socket_group",
+        "agent_verify_job",
+        "agent_host_aliases",
+        "agent_sender_rate",
+        "agent_sender_burst",
+        "agent_user_rate",
+        "agent_max_message_bytes",
+    )
     settings = settings_from_args(args, **{f: getattr(args, f) for f in fields})
     broker = None
     if args.dev_broker and not settings.bootstrap_servers:
@@ -162,8 +250,10 @@ def _run_agent(settings: Any, listen: str = "") -> int:
                 server = metrics.serve(metrics.registry_for(agent.snapshot), endpoint)
             except (OSError, ConfigError) as err:
                 agent.shutdown(timeout=1.0)
-                raise ConfigError(f"cannot serve metrics on port {settings.metrics_port}: {err} "
-                                  "(--metrics-port 0 disables it)") from err
+                raise ConfigError(
+                    f"cannot serve metrics on port {settings.metrics_port}: {err} "
+                    "(--metrics-port 0 disables it)"
+                ) from err
         agent.run(stop)
     finally:
         if server is not None:

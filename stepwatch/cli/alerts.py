@@ -19,20 +19,37 @@ from stepwatch.cli.common import add_kafka_flags, default_of
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("alerts", help="record Alertmanager notifications in the store",
-                                   description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "alerts",
+        help="record Alertmanager notifications in the store",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="alerts_command", metavar="ACTION")
-    p = sub.add_parser("receive", help="serve the Alertmanager webhook receiver (POST /alerts)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "receive",
+        help="serve the Alertmanager webhook receiver (POST /alerts)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_kafka_flags(p)
-    p.add_argument("--port", dest="remediate_alerts_port", type=int,
-                   help="port (env STEPWATCH_REMEDIATE_ALERTS_PORT, "
-                   f"default {default_of('remediate_alerts_port')})")
-    p.add_argument("--bind", dest="remediate_bind", help="address (env STEPWATCH_REMEDIATE_BIND, "
-                   f"default {default_of('remediate_bind')})")
-    p.add_argument("--token-file", dest="remediate_token_file",
-                   help="file holding the bearer token (env STEPWATCH_REMEDIATE_TOKEN_FILE)")
+    p.add_argument(
+        "--port",
+        dest="remediate_alerts_port",
+        type=int,
+        help="port (env STEPWATCH_REMEDIATE_ALERTS_PORT, "
+        f"default {default_of('remediate_alerts_port')})",
+    )
+    p.add_argument(
+        "--bind",
+        dest="remediate_bind",
+        help=f"address (env STEPWATCH_REMEDIATE_BIND, default {default_of('remediate_bind')})",
+    )
+    p.add_argument(
+        "--token-file",
+        dest="remediate_token_file",
+        help="file holding the bearer token (env STEPWATCH_REMEDIATE_TOKEN_FILE)",
+    )
     p.set_defaults(func=run_receive)
     parser.set_defaults(func=lambda args: parser.print_help() or 2)
 

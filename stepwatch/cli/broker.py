@@ -19,16 +19,26 @@ Its data lives in memory only: a restart starts empty.
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "broker", help="run the development Kafka broker in the foreground",
-        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "broker",
+        help="run the development Kafka broker in the foreground",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--port", type=int, default=0, help="port to listen on (default: a free one)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default %(default)s)")
-    p.add_argument("--create-topics", action="store_true",
-                   help="create the stepwatch topics at start (--topic-prefix, --partitions)")
-    p.add_argument("--topic-prefix", help=f"topic name prefix (default {default_of('topic_prefix')})")
-    p.add_argument("--partitions", type=int,
-                   help=f"partitions for topics created (default {default_of('partitions')})")
+    p.add_argument(
+        "--create-topics",
+        action="store_true",
+        help="create the stepwatch topics at start (--topic-prefix, --partitions)",
+    )
+    p.add_argument(
+        "--topic-prefix", help=f"topic name prefix (default {default_of('topic_prefix')})"
+    )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        help=f"partitions for topics created (default {default_of('partitions')})",
+    )
     p.add_argument("--log-file", help="write the broker's own log here (default: discarded)")
     p.set_defaults(func=run)
 

@@ -39,9 +39,14 @@ def add_kafka_flags(parser: argparse.ArgumentParser) -> None:
         help="Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); "
         "empty: start the embedded development broker",
     )
-    g.add_argument("--topic-prefix", help=f"topic name prefix (default {default_of('topic_prefix')})")
-    g.add_argument("--partitions", type=int,
-                   help=f"partitions for topics created (default {default_of('partitions')})")
+    g.add_argument(
+        "--topic-prefix", help=f"topic name prefix (default {default_of('topic_prefix')})"
+    )
+    g.add_argument(
+        "--partitions",
+        type=int,
+        help=f"partitions for topics created (default {default_of('partitions')})",
+    )
     g.add_argument(
         "-X",
         "--kafka-config",
@@ -72,7 +77,8 @@ def settings_from_args(args: argparse.Namespace, **more: Any) -> Settings:
     setting; ``more`` adds values under other flag names.
     """
     explicit: dict[str, Any] = {
-        name: value for name, value in vars(args).items()
+        name: value
+        for name, value in vars(args).items()
         if name in SETTING_NAMES and value is not None
     }
     if getattr(args, "kafka_config", None):
@@ -84,8 +90,11 @@ def settings_from_args(args: argparse.Namespace, **more: Any) -> Settings:
 def add_web_flags(group: Any) -> None:
     """``--web-listen-address`` (node_exporter's convention) for a service's /metrics."""
     group.add_argument(
-        "--web-listen-address", metavar="HOST:PORT", default="",
+        "--web-listen-address",
+        metavar="HOST:PORT",
+        default="",
         help="address of /metrics, e.g. 127.0.0.1:9465, [::1]:9465 or :9465 (every "
         "interface); wins over --metrics-port and STEPWATCH_METRICS_HOST (default host "
         f"{default_of('metrics_host')}). TLS and basic auth: STEPWATCH_METRICS_TLS_CERT/_KEY, "
-        "STEPWATCH_METRICS_AUTH_USER/_PASSWORD (docs/security.md)")
+        "STEPWATCH_METRICS_AUTH_USER/_PASSWORD (docs/security.md)",
+    )

@@ -11,12 +11,42 @@ from stepwatch.settings import ENV_PREFIX, Settings, unknown_env
 
 # (service, the settings it reads): by name prefix, then the explicit ones; the rest is shared
 GROUPS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
-    ("kafka (every service)", (), frozenset({
-        "bootstrap_servers", "kafka_config", "topic_prefix", "partitions", "replication_factor",
-        "create_topics", "min_insync_replicas", "topic_retention_hours", "max_message_bytes"})),
-    ("agent", (), frozenset({"host", "agent_socket", "tick_seconds", "spool_dir",
-                             "spool_max_bytes", "sysfs_root", "dcgm_url", "nvml_replay", "job_map_dir",
-                             "collectors", "metrics_port"})),
+    (
+        "kafka (every service)",
+        (),
+        frozenset(
+            {
+                "bootstrap_servers",
+                "kafka_config",
+                "topic_prefix",
+                "partitions",
+                "replication_factor",
+                "create_topics",
+                "min_insync_replicas",
+                "topic_retention_hours",
+                "max_message_bytes",
+            }
+        ),
+    ),
+    (
+        "agent",
+        (),
+        frozenset(
+            {
+                "host",
+                "agent_socket",
+                "tick_seconds",
+                "spool_dir",
+                "spool_max_bytes",
+                "sysfs_root",
+                "dcgm_url",
+                "nvml_replay",
+                "job_map_dir",
+                "collectors",
+                "metrics_port",
+            }
+        ),
+    ),
     ("stream workers", ("stream_", "hang_"), frozenset()),
     ("store and sink", ("clickhouse_", "store_", "sink_"), frozenset()),
     ("remediator", ("remediate_",), frozenset()),
@@ -26,10 +56,12 @@ SHARED = "every service"
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "config", help="print the effective settings (secrets masked) and their sources",
+        "config",
+        help="print the effective settings (secrets masked) and their sources",
         description="Print every setting of every service as this command line, the "
         "STEPWATCH_* environment and the config file make it: explicit flag > env > "
-        "config file > default. Secrets are masked.")
+        "config file > default. Secrets are masked.",
+    )
     add_kafka_flags(p)
     p.add_argument("--json", action="store_true", help="JSON instead of a table")
     p.set_defaults(func=run)
@@ -39,8 +71,14 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     values = settings.describe()
     if args.json:
-        print(json.dumps({"settings": values, "sources": dict(settings.sources)},
-                         indent=2, sort_keys=True, default=str))
+        print(
+            json.dumps(
+                {"settings": values, "sources": dict(settings.sources)},
+                indent=2,
+                sort_keys=True,
+                default=str,
+            )
+        )
         return 0
     import os
 
@@ -69,6 +107,8 @@ def table(settings: Settings, values: dict[str, Any]) -> str:
         lines.append(f"[{group}]")
         for name in names:
             source = settings.sources.get(name, "default")
-            env = f"{ENV_PREFIX}{name.upper()}" if name != "kafka_config" else f"{ENV_PREFIX}KAFKA__*"
+            env = (
+                f"{ENV_PREFIX}{name.upper()}" if name != "kafka_config" else f"{ENV_PREFIX}KAFKA__*"
+            )
             lines.append(f"  {name:<{width}}  {values[name]!s:<40}  {source:<7}  {env}")
     return "\n".join(lines)

@@ -35,37 +35,66 @@ STEPS, TORCH_STEPS = 600, 3000
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("demo", help="run the whole pipeline on embedded defaults, live",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "demo",
+        help="run the whole pipeline on embedded defaults, live",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")
     p.add_argument("--nodes", type=int, default=8, help="simulated nodes (x 8 GPUs x 8 NICs)")
-    p.add_argument("--steps", type=int, default=None,
-                   help=f"training steps to run (default {STEPS}; with --torch {TORCH_STEPS}, "
-                   "about 5 minutes on 2 cores)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help=f"training steps to run (default {STEPS}; with --torch {TORCH_STEPS}, "
+        "about 5 minutes on 2 cores)",
+    )
     p.add_argument("--step-seconds", type=float, default=1.0, help="nominal step time")
-    p.add_argument("--fault", action="append", default=None,
-                   help=f"fault to inject, KIND[:key=value]... (default {DEFAULT_FAULT}); 'none' for a healthy run")
-    p.add_argument("--duration", type=float, default=None,
-                   help="stop after this many seconds (env STEPWATCH_DEMO_DURATION; default: run "
-                   "until the job ends or Ctrl-C)")
+    p.add_argument(
+        "--fault",
+        action="append",
+        default=None,
+        help=f"fault to inject, KIND[:key=value]... (default {DEFAULT_FAULT}); 'none' for a healthy run",
+    )
+    p.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="stop after this many seconds (env STEPWATCH_DEMO_DURATION; default: run "
+        "until the job ends or Ctrl-C)",
+    )
     p.add_argument("--workers", type=int, default=1, help="stream workers to start (0: none)")
     p.add_argument("--no-store", action="store_true", help="do not start the ClickHouse sink")
     p.add_argument("--workdir", default="var/demo", help="spool, logs and store of this run")
-    p.add_argument("--plain", action="store_true", help="print one line per change and a status line every 10 s "
-                   "instead of redrawing (the default without a terminal)")
-    p.add_argument("--no-report", action="store_true",
-                   help="do not write the post-mortem report at the end")
-    p.add_argument("--no-alerting", action="store_true",
-                   help="no Prometheus, Alertmanager or remediator (detections only)")
-    p.add_argument("--no-slurm", action="store_true",
-                   help="do not start a local Slurm cluster: the remediator runs in observe "
-                   "(dry-run) mode")
-    p.add_argument("--torch", action="store_true",
-                   help="a real PyTorch DDP job (examples/ddp_train.py: 4 ranks, gloo on CPU, as "
-                   "2 nodes of the Slurm job; the second rank on the second node slowed from "
-                   "step 60; a checkpoint every 100 steps) instead of the simulator; it follows "
-                   "its Slurm job: stopped when the allocation goes, resumed from its last "
-                   "checkpoint on the new nodes")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="print one line per change and a status line every 10 s "
+        "instead of redrawing (the default without a terminal)",
+    )
+    p.add_argument(
+        "--no-report", action="store_true", help="do not write the post-mortem report at the end"
+    )
+    p.add_argument(
+        "--no-alerting",
+        action="store_true",
+        help="no Prometheus, Alertmanager or remediator (detections only)",
+    )
+    p.add_argument(
+        "--no-slurm",
+        action="store_true",
+        help="do not start a local Slurm cluster: the remediator runs in observe (dry-run) mode",
+    )
+    p.add_argument(
+        "--torch",
+        action="store_true",
+        help="a real PyTorch DDP job (examples/ddp_train.py: 4 ranks, gloo on CPU, as "
+        "2 nodes of the Slurm job; the second rank on the second node slowed from "
+        "step 60; a checkpoint every 100 steps) instead of the simulator; it follows "
+        "its Slurm job: stopped when the allocation goes, resumed from its last "
+        "checkpoint on the new nodes",
+    )
     p.set_defaults(func=run)
 
 

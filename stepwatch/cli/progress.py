@@ -50,16 +50,24 @@ def status(text: str, stream: IO[str] | None = None) -> Iterator[Update]:
     # writes to stderr, and to stdout when it is a terminal too, are shown above
     # the spinner; stdout going to a file or a pipe is left alone
     ours = stream is sys.stderr
-    with Live(spinner, console=console, transient=True, refresh_per_second=8,
-              redirect_stdout=ours and is_tty(sys.stdout), redirect_stderr=ours):
+    with Live(
+        spinner,
+        console=console,
+        transient=True,
+        refresh_per_second=8,
+        redirect_stdout=ours and is_tty(sys.stdout),
+        redirect_stderr=ours,
+    ):
+
         def update(new: str) -> None:
             spinner.update(text=new)
 
         yield update
 
 
-def counting(lines: Iterable[bytes], update: Update, what: str,
-             every_seconds: float = 0.2) -> Iterator[bytes]:
+def counting(
+    lines: Iterable[bytes], update: Update, what: str, every_seconds: float = 0.2
+) -> Iterator[bytes]:
     """Pass ``lines`` through, reporting how many went by at most every ``every_seconds``."""
     if update is _ignore:
         yield from lines

@@ -15,20 +15,38 @@ from stepwatch.cli.db import add_store_flags, store_settings
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "query", help="run a saved query (lemon_nodes, rank_step_percentiles, ...)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "query",
+        help="run a saved query (lemon_nodes, rank_step_percentiles, ...)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples: stepwatch query --list; stepwatch query lemon_nodes --since 30d; "
-        "stepwatch query rank_step_percentiles --job 4242 --format csv")
+        "stepwatch query rank_step_percentiles --job 4242 --format csv",
+    )
     parser.add_argument("name", nargs="?", help="the saved query")
     parser.add_argument("--list", action="store_true", help="list the saved queries")
-    parser.add_argument("--describe", action="store_true", help="show the query's doc, parameters and SQL")
+    parser.add_argument(
+        "--describe", action="store_true", help="show the query's doc, parameters and SQL"
+    )
     parser.add_argument("--job", help="job id (parameter 'job')")
-    parser.add_argument("--since", help="from this time on: 30d, 12h, 2026-01-31, 2026-01-31T12:00Z")
+    parser.add_argument(
+        "--since", help="from this time on: 30d, 12h, 2026-01-31, 2026-01-31T12:00Z"
+    )
     parser.add_argument("--limit", help="rows at most")
-    parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="any other parameter of the query (repeatable)")
-    parser.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "jsonl"),
-                        help="output format (default %(default)s)")
+    parser.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="any other parameter of the query (repeatable)",
+    )
+    parser.add_argument(
+        "--format",
+        "-f",
+        default="table",
+        choices=("table", "csv", "json", "jsonl"),
+        help="output format (default %(default)s)",
+    )
     add_store_flags(parser)
     parser.set_defaults(func=run)
 

@@ -28,35 +28,67 @@ token (--token-file or STEPWATCH_REMEDIATE_TOKEN). See docs/remediation.md.
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("remediate", help="the guarded remediator (Alertmanager webhook -> Slurm/Kubernetes)",
-                              description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "remediate",
+        help="the guarded remediator (Alertmanager webhook -> Slurm/Kubernetes)",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = p.add_subparsers(dest="remediate_command", metavar="ACTION", required=True)
     serve = sub.add_parser("serve", help="run the service in the foreground")
-    serve.add_argument("--policy", dest="remediate_policy", help="policy YAML (env STEPWATCH_REMEDIATE_POLICY)")
-    serve.add_argument("--mode", dest="remediate_mode", choices=("observe", "recommend", "execute"),
-                       help="override the policy's mode")
-    serve.add_argument("--port", dest="remediate_port", type=int,
-                       help=f"listen port (default {default_of('remediate_port')})")
-    serve.add_argument("--bind", dest="remediate_bind",
-                       help=f"listen address (default {default_of('remediate_bind')})")
+    serve.add_argument(
+        "--policy", dest="remediate_policy", help="policy YAML (env STEPWATCH_REMEDIATE_POLICY)"
+    )
+    serve.add_argument(
+        "--mode",
+        dest="remediate_mode",
+        choices=("observe", "recommend", "execute"),
+        help="override the policy's mode",
+    )
+    serve.add_argument(
+        "--port",
+        dest="remediate_port",
+        type=int,
+        help=f"listen port (default {default_of('remediate_port')})",
+    )
+    serve.add_argument(
+        "--bind",
+        dest="remediate_bind",
+        help=f"listen address (default {default_of('remediate_bind')})",
+    )
     serve.add_argument("--state-dir", dest="remediate_state_dir", help="where the state file lives")
-    serve.add_argument("--token-file", dest="remediate_token_file", help="file holding the bearer token")
-    serve.add_argument("--bootstrap-servers", help="Kafka for the audit topic, which the store's sink records "
-                       "(empty: no audit beyond the metric)")
+    serve.add_argument(
+        "--token-file", dest="remediate_token_file", help="file holding the bearer token"
+    )
+    serve.add_argument(
+        "--bootstrap-servers",
+        help="Kafka for the audit topic, which the store's sink records "
+        "(empty: no audit beyond the metric)",
+    )
     serve.add_argument("--topic-prefix", help="topic prefix (audit topic <prefix>.remediations)")
     serve.set_defaults(func=run_serve)
     check = sub.add_parser("check-policy", help="validate a policy file")
     check.add_argument("policy")
     check.set_defaults(func=run_check)
-    for name, helptext in (("list", "list recent actions"), ("outcomes", "list remediation outcomes"),
-                           ("approve", "approve a queued action"),
-                           ("close-breaker", "close the circuit breaker")):
+    for name, helptext in (
+        ("list", "list recent actions"),
+        ("outcomes", "list remediation outcomes"),
+        ("approve", "approve a queued action"),
+        ("close-breaker", "close the circuit breaker"),
+    ):
         c = sub.add_parser(name, help=helptext)
-        c.add_argument("--url", dest="remediate_url",
-                       help=f"the service (default {default_of('remediate_url')})")
-        c.add_argument("--token-file", dest="remediate_token_file", help="file holding the bearer token")
+        c.add_argument(
+            "--url",
+            dest="remediate_url",
+            help=f"the service (default {default_of('remediate_url')})",
+        )
+        c.add_argument(
+            "--token-file", dest="remediate_token_file", help="file holding the bearer token"
+        )
         if name == "list":
-            c.add_argument("--status", help="only this status (queued, done, dry_run, failed_transient, ...)")
+            c.add_argument(
+                "--status", help="only this status (queued, done, dry_run, failed_transient, ...)"
+            )
         if name == "approve":
             c.add_argument("action_id")
         c.set_defaults(func=run_client)
@@ -70,7 +102,10 @@ def run_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGTERM, signal.SIGINT)}
     service = build(settings)
-    print(f"remediator ready url={service.url} mode={service.server.remediator.mode.value}", flush=True)
+    print(
+        f"remediator ready url={service.url} mode={service.server.remediator.mode.value}",
+        flush=True,
+    )
     try:
         stop.wait()
         return 0
@@ -85,11 +120,13 @@ def run_check(args: argparse.Namespace) -> int:
 
     policy = load(args.policy)
     g = policy.guardrails
-    print(f"policy ok: mode={policy.mode.value} rules={len(policy.rules)} "
-          f"actuator={policy.actuator.get('kind')} breaker={g.breaker_max_share:.0%}/{g.breaker_window_s:.0f}s "
-          f"rate={g.rate_limit}/{g.rate_window_s:.0f}s webhook_cap={g.max_alerts_per_webhook} "
-          f"notify={g.notify_total}/{g.notify_window_s:.0f}s (per owner {g.notify_per_owner}) "
-          f"outcome_deadline={policy.outcome.deadline_s:.0f}s")
+    print(
+        f"policy ok: mode={policy.mode.value} rules={len(policy.rules)} "
+        f"actuator={policy.actuator.get('kind')} breaker={g.breaker_max_share:.0%}/{g.breaker_window_s:.0f}s "
+        f"rate={g.rate_limit}/{g.rate_window_s:.0f}s webhook_cap={g.max_alerts_per_webhook} "
+        f"notify={g.notify_total}/{g.notify_window_s:.0f}s (per owner {g.notify_per_owner}) "
+        f"outcome_deadline={policy.outcome.deadline_s:.0f}s"
+    )
     return 0
 
 

@@ -39,24 +39,41 @@ See docs/detection.md for what each detection means.
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
-        "replay", help="run the detection engine over a JSON Lines file, offline",
-        description=DESCRIPTION, epilog=EXAMPLES,
+        "replay",
+        help="run the detection engine over a JSON Lines file, offline",
+        description=DESCRIPTION,
+        epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("events", help="JSON Lines file of messages ('-' for stdin; .gz is read)")
     p.add_argument("--out", default="-", help="detections file (default '%(default)s': stdout)")
-    p.add_argument("--dlq", help="write malformed lines here as JSON Lines "
-                   "(line, reason, detail, payload)")
-    p.add_argument("--hang-min-seconds", type=float,
-                   help="shortest silence called a hang "
-                   f"(env STEPWATCH_HANG_MIN_SECONDS, {default_of('hang_min_seconds')})")
-    p.add_argument("--hang-step-multiple", type=float,
-                   help="silence of this many median steps is a hang "
-                   f"(env STEPWATCH_HANG_STEP_MULTIPLE, {default_of('hang_step_multiple')})")
-    p.add_argument("--tick-seconds", type=float, default=1.0,
-                   help="tick the engine each time event time advances this much (default %(default)g)")
-    p.add_argument("--end-seconds", type=float, default=5.0,
-                   help="at the end, tick this far past the last timestamp (default %(default)g)")
+    p.add_argument(
+        "--dlq", help="write malformed lines here as JSON Lines (line, reason, detail, payload)"
+    )
+    p.add_argument(
+        "--hang-min-seconds",
+        type=float,
+        help="shortest silence called a hang "
+        f"(env STEPWATCH_HANG_MIN_SECONDS, {default_of('hang_min_seconds')})",
+    )
+    p.add_argument(
+        "--hang-step-multiple",
+        type=float,
+        help="silence of this many median steps is a hang "
+        f"(env STEPWATCH_HANG_STEP_MULTIPLE, {default_of('hang_step_multiple')})",
+    )
+    p.add_argument(
+        "--tick-seconds",
+        type=float,
+        default=1.0,
+        help="tick the engine each time event time advances this much (default %(default)g)",
+    )
+    p.add_argument(
+        "--end-seconds",
+        type=float,
+        default=5.0,
+        help="at the end, tick this far past the last timestamp (default %(default)g)",
+    )
     p.add_argument("--quiet", action="store_true", help="no per-line error reports on stderr")
     p.set_defaults(func=run)
 
@@ -68,8 +85,9 @@ def run(args: argparse.Namespace) -> int:
     from stepwatch.streams.core import DetectConfig, Engine
     from stepwatch.streams.replay import replay
 
-    settings = Settings.load(hang_min_seconds=args.hang_min_seconds,
-                             hang_step_multiple=args.hang_step_multiple)
+    settings = Settings.load(
+        hang_min_seconds=args.hang_min_seconds, hang_step_multiple=args.hang_step_multiple
+    )
     engine = Engine(DetectConfig.from_settings(settings))
     with contextlib.ExitStack() as stack:
         source = stack.enter_context(_open_in(args.events))
@@ -83,24 +101,37 @@ def run(args: argparse.Namespace) -> int:
             if not args.quiet:
                 print(f"{args.events}:{line}: {err.reason}: {err.detail}", file=sys.stderr)
             if dlq is not None:
-                record = {"line": line, "reason": err.reason, "detail": err.detail,
-                          "payload": raw.decode("utf-8", "replace").rstrip("\n")}
+                record = {
+                    "line": line,
+                    "reason": err.reason,
+                    "detail": err.detail,
+                    "payload": raw.decode("utf-8", "replace").rstrip("\n"),
+                }
                 dlq.write(json.dumps(record).encode() + b"\n")
 
         name = "stdin" if args.events == "-" else os.path.basename(args.events)
         update = stack.enter_context(status(f"replaying {name}"))
         lines = counting(source, update, f"replaying {name}")
         try:
-            summary = replay(lines, engine, on_detection, on_error,
-                             tick_seconds=args.tick_seconds, end_seconds=args.end_seconds)
+            summary = replay(
+                lines,
+                engine,
+                on_detection,
+                on_error,
+                tick_seconds=args.tick_seconds,
+                end_seconds=args.end_seconds,
+            )
         except OSError as err:  # a truncated .gz, a vanished file, a full disk
             raise StepwatchError(f"replay of {args.events} failed: {err}") from err
     report = sys.stderr if args.out == "-" else sys.stdout
     for line in summary.lines_of_text():
         print(line, file=report)
     if summary.malformed and not summary.messages:
-        print(f"stepwatch: error: all {summary.malformed} lines of {args.events} were malformed: "
-              "no contract message to replay", file=sys.stderr)
+        print(
+            f"stepwatch: error: all {summary.malformed} lines of {args.events} were malformed: "
+            "no contract message to replay",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -112,8 +143,11 @@ def _open_in(path: str) -> Iterator[IO[bytes]]:
         return
     try:
         # closed by the `with` below; opened first so that only opening maps to ConfigError
-        stream: Any = (gzip.open(path, "rb") if path.endswith(".gz")  # noqa: SIM115
-                       else open(path, "rb"))  # noqa: SIM115
+        stream: Any = (
+            gzip.open(path, "rb")  # noqa: SIM115
+            if path.endswith(".gz")
+            else open(path, "rb")  # noqa: SIM115
+        )
     except OSError as err:
         raise ConfigError(f"cannot read {path}: {err}") from err
     with stream:

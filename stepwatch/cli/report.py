@@ -18,10 +18,13 @@ from stepwatch.cli.db import add_store_flags, store_settings
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("report", help="write a post-mortem report (HTML + PNG) of a job",
-                              description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter,
-                              epilog="example: stepwatch report --job 4242 --out reports/")
+    p = subparsers.add_parser(
+        "report",
+        help="write a post-mortem report (HTML + PNG) of a job",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example: stepwatch report --job 4242 --out reports/",
+    )
     p.add_argument("--job", required=True, help="the job id")
     p.add_argument("--out", default="var/reports", help="output directory (default %(default)s)")
     add_store_flags(p)
@@ -45,6 +48,8 @@ def write(settings: Any, job: str, out: Path) -> Path:
     with status(f"report {job}: opening the store") as update:
         store = open_reader(settings)
         try:
-            return build_report(store, job, out, progress=lambda s: update(f"report {job}: {s}")).html
+            return build_report(
+                store, job, out, progress=lambda s: update(f"report {job}: {s}")
+            ).html
         finally:
             store.close()

@@ -54,8 +54,13 @@ def register(subparsers: Any) -> None:
     job.add_argument("--hosts", help="comma-separated host names (nodes x jobs of them)")
     job.add_argument("--seed", type=int, default=1, help="random seed (job i gets seed + i)")
     job.add_argument("--start-ts", type=float, help="start, UTC epoch seconds (default fixed)")
-    job.add_argument("--fault", action="append", default=[], metavar="SPEC",
-                     help="KIND[:key=value]..., repeatable (see below)")
+    job.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="SPEC",
+        help="KIND[:key=value]..., repeatable (see below)",
+    )
     job.add_argument("--jitter", type=float, help="lognormal sigma of compute noise (0.01)")
     job.add_argument("--warmup-steps", type=int)
     job.add_argument("--eval-every", type=int, help="steps between evaluations (0: none)")
@@ -66,11 +71,15 @@ def register(subparsers: Any) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--out", help="JSON Lines file, '-' for stdout (default when not to Kafka)")
     out.add_argument("--labels", help="write the ground truth (JSON) here")
-    out.add_argument("--kafka", action="store_true",
-                     help="publish to Kafka (implied by --bootstrap-servers, and by "
-                     "STEPWATCH_BOOTSTRAP_SERVERS when no --out is given)")
-    out.add_argument("--realtime", action="store_true",
-                     help="start now and pace the output at wall-clock time")
+    out.add_argument(
+        "--kafka",
+        action="store_true",
+        help="publish to Kafka (implied by --bootstrap-servers, and by "
+        "STEPWATCH_BOOTSTRAP_SERVERS when no --out is given)",
+    )
+    out.add_argument(
+        "--realtime", action="store_true", help="start now and pace the output at wall-clock time"
+    )
     out.add_argument("--speed", type=float, default=1.0, help="with --realtime: time factor")
     out.add_argument("--stats", action="store_true", help="print counts and rates to stderr")
     add_kafka_flags(p)
@@ -88,25 +97,44 @@ def build_scenarios(args: argparse.Namespace) -> tuple[Scenario, ...]:
     ids = [args.job_id] if args.jobs == 1 else [f"{args.job_id}-{i + 1}" for i in range(args.jobs)]
     specs = [parse_fault(text) for text in args.fault]
     optional = {
-        "jitter": args.jitter, "warmup_steps": args.warmup_steps, "eval_every": args.eval_every,
-        "checkpoint_every": args.checkpoint_every, "tick_seconds": args.tick_seconds,
+        "jitter": args.jitter,
+        "warmup_steps": args.warmup_steps,
+        "eval_every": args.eval_every,
+        "checkpoint_every": args.checkpoint_every,
+        "tick_seconds": args.tick_seconds,
         "start_ts": args.start_ts,
     }
     scenarios = []
     for i, job_id in enumerate(ids):
         mine = [s.fault for s in specs if _job_matches(s.job, i, job_id)]
-        job_hosts = hosts[i * args.nodes:(i + 1) * args.nodes] if hosts else tuple(
-            f"node{i * args.nodes + j:04d}" for j in range(args.nodes)
+        job_hosts = (
+            hosts[i * args.nodes : (i + 1) * args.nodes]
+            if hosts
+            else tuple(f"node{i * args.nodes + j:04d}" for j in range(args.nodes))
         )
-        scenarios.append(Scenario(
-            seed=args.seed + i, job_id=job_id, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
-            nics_per_node=args.nics_per_node, steps=args.steps, step_seconds=args.step_seconds,
-            pipeline_stages=args.pipeline_stages, hosts=tuple(job_hosts), faults=tuple(mine),
-            with_gpu=not args.no_gpu, with_ports=not args.no_ports, realtime=args.realtime,
-            **{k: v for k, v in optional.items() if v is not None},
-        ))
-    unknown = [s.job for s in specs if s.job is not None
-               and not any(_job_matches(s.job, i, j) for i, j in enumerate(ids))]
+        scenarios.append(
+            Scenario(
+                seed=args.seed + i,
+                job_id=job_id,
+                nodes=args.nodes,
+                gpus_per_node=args.gpus_per_node,
+                nics_per_node=args.nics_per_node,
+                steps=args.steps,
+                step_seconds=args.step_seconds,
+                pipeline_stages=args.pipeline_stages,
+                hosts=tuple(job_hosts),
+                faults=tuple(mine),
+                with_gpu=not args.no_gpu,
+                with_ports=not args.no_ports,
+                realtime=args.realtime,
+                **{k: v for k, v in optional.items() if v is not None},
+            )
+        )
+    unknown = [
+        s.job
+        for s in specs
+        if s.job is not None and not any(_job_matches(s.job, i, j) for i, j in enumerate(ids))
+    ]
     if unknown:
         raise ConfigError(f"--fault job={unknown[0]}: no such job (jobs: {', '.join(ids)})")
     return tuple(scenarios)
@@ -154,9 +182,11 @@ def summary(path: str, tally: Tally, scenarios: Iterable[Scenario]) -> str:
     """One line on what a file now holds (stdout carries no data when --out names a file)."""
     jobs = list(scenarios)
     size = os.path.getsize(path)
-    return (f"wrote {path}: {tally.messages} messages, {len(jobs)} job(s), "
-            f"{sum(sc.world_size for sc in jobs)} ranks, {tally.span_seconds:.0f} s of event "
-            f"time, {_size(size)}")
+    return (
+        f"wrote {path}: {tally.messages} messages, {len(jobs)} job(s), "
+        f"{sum(sc.world_size for sc in jobs)} ranks, {tally.span_seconds:.0f} s of event "
+        f"time, {_size(size)}"
+    )
 
 
 def _size(n: int) -> str:

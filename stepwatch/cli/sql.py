@@ -16,14 +16,28 @@ from stepwatch.cli.db import add_store_flags, store_settings
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "sql", help="run SQL over past runs (table, CSV or JSON output)",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog='example: stepwatch sql "SELECT job_id, count() FROM step_events GROUP BY job_id"')
+        "sql",
+        help="run SQL over past runs (table, CSV or JSON output)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='example: stepwatch sql "SELECT job_id, count() FROM step_events GROUP BY job_id"',
+    )
     parser.add_argument("query", nargs="?", help="the SQL; '-' or omitted: read it from stdin")
-    parser.add_argument("--format", "-f", default="table", choices=("table", "csv", "json", "jsonl"),
-                        help="output format (default %(default)s)")
-    parser.add_argument("-p", "--param", action="append", default=[], metavar="NAME=VALUE",
-                        help="value for a {NAME:Type} placeholder (repeatable)")
+    parser.add_argument(
+        "--format",
+        "-f",
+        default="table",
+        choices=("table", "csv", "json", "jsonl"),
+        help="output format (default %(default)s)",
+    )
+    parser.add_argument(
+        "-p",
+        "--param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="value for a {NAME:Type} placeholder (repeatable)",
+    )
     add_store_flags(parser)
     parser.set_defaults(func=run)
 

@@ -78,7 +78,9 @@ def decode(
 def _steps_plausible(steps: list[StepRecord], now: float) -> bool:
     limit = now + FUTURE_SKEW_SECONDS
     for r in steps:
-        if not (r.rank < r.world_size and r.end <= limit and 0 <= r.end - r.start <= MAX_STEP_SECONDS):
+        if not (
+            r.rank < r.world_size and r.end <= limit and 0 <= r.end - r.start <= MAX_STEP_SECONDS
+        ):
             return False
     return True
 
@@ -203,9 +205,15 @@ def _sane_steps(steps: Iterable[StepRecord], now: float) -> bool:
     astuple = msgspec.structs.astuple
     for r in steps:
         start, end = r.start, r.end
-        if not (0 <= r.rank < r.world_size and r.step >= 0 and r.samples >= 0
-                and r.tokens >= 0 and 0 < start <= limit and 0 < end <= limit
-                and 0 <= end - start <= MAX_STEP_SECONDS):
+        if not (
+            0 <= r.rank < r.world_size
+            and r.step >= 0
+            and r.samples >= 0
+            and r.tokens >= 0
+            and 0 < start <= limit
+            and 0 < end <= limit
+            and 0 <= end - start <= MAX_STEP_SECONDS
+        ):
             return False
         if r.phases is not None:
             values = [v for v in astuple(r.phases) if type(v) is float or type(v) is int]
@@ -220,8 +228,12 @@ def _sane_steps(steps: Iterable[StepRecord], now: float) -> bool:
 def _sane_nonnegative_steps(steps: Iterable[StepRecord], now: float) -> bool:
     """:func:`_sane_steps` for records known to hold no negative or non-finite number."""
     limit = now + FUTURE_SKEW_SECONDS
-    return all(0 < r.start <= r.end <= limit and r.end - r.start <= MAX_STEP_SECONDS
-               and r.rank < r.world_size for r in steps)
+    return all(
+        0 < r.start <= r.end <= limit
+        and r.end - r.start <= MAX_STEP_SECONDS
+        and r.rank < r.world_size
+        for r in steps
+    )
 
 
 def _check_time(what: str, value: float, now: float) -> None:

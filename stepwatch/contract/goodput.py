@@ -79,9 +79,11 @@ STRAGGLER_TOLERANCE = 0.05
 # plus its min_baseline_steps, 20): a slow step then is warm-up, not a straggler.
 BASELINE_AFTER_STEPS = 25
 
-MFU_UNKNOWN = ("MFU needs flops_per_step and peak_flops: set the step's flops in the SDK "
-               "(step.flops = model FLOPs of this rank's step, docs/sdk.md) and run on a GPU "
-               "model the detection config knows (DetectConfig.gpu_peak_flops)")
+MFU_UNKNOWN = (
+    "MFU needs flops_per_step and peak_flops: set the step's flops in the SDK "
+    "(step.flops = model FLOPs of this rank's step, docs/sdk.md) and run on a GPU "
+    "model the detection config knows (DetectConfig.gpu_peak_flops)"
+)
 
 
 @dataclass(frozen=True)
@@ -95,9 +97,15 @@ class StepSplit:
     pause: float  # evaluation and other pauses inside the step: "other"
 
 
-def split_step(step_s: float, data_s: float, checkpoint_s: float, pause_s: float,
-               baseline_s: float | None, baseline_data_s: float = 0.0,
-               tolerance: float = STRAGGLER_TOLERANCE) -> StepSplit:
+def split_step(
+    step_s: float,
+    data_s: float,
+    checkpoint_s: float,
+    pause_s: float,
+    baseline_s: float | None,
+    baseline_data_s: float = 0.0,
+    tolerance: float = STRAGGLER_TOLERANCE,
+) -> StepSplit:
     """Split one step's time; ``baseline_s`` is the straggler-free step time (None: unknown).
 
     The straggler share is the step time above the baseline (checkpoint and evaluation

@@ -40,8 +40,9 @@ class AlertRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
     v: int = OPS_VERSION
 
 
-class RemediationRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False, rename={
-        "alert_class": "class"}):
+class RemediationRecord(
+    msgspec.Struct, frozen=True, forbid_unknown_fields=False, rename={"alert_class": "class"}
+):
     """One remediator decision (the remediator's ``Decision.as_dict()``)."""
 
     ts: float

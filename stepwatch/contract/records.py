@@ -68,8 +68,7 @@ class EventType(enum.StrEnum):
     EXCEPTION = "exception"  # raised in user code (OOM, NaN loss, ...) as reported by the SDK
 
 
-class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defaults=True,
-            gc=False):
+class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defaults=True, gc=False):
     pass
 
 

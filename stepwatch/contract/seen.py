@@ -93,5 +93,7 @@ class SenderWindow:
             return Verdict.NEW
         if self.hashes[n % w] == digest:
             return Verdict.DUPLICATE
-        self.hashes[n % w] = digest  # the slot remembers the later content: its repeat is a duplicate
+        self.hashes[n % w] = (
+            digest  # the slot remembers the later content: its repeat is a duplicate
+        )
         return Verdict.CONFLICT

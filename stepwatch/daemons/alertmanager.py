@@ -45,7 +45,11 @@ class Alertmanager(Daemon):
 
     @property
     def config_path(self) -> Path:
-        return Path(self.config) if isinstance(self.config, Path) else self.workdir / "alertmanager.yml"
+        return (
+            Path(self.config)
+            if isinstance(self.config, Path)
+            else self.workdir / "alertmanager.yml"
+        )
 
     def start(self, timeout: float = 30.0) -> Alertmanager:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -60,8 +64,9 @@ class Alertmanager(Daemon):
             f"--web.listen-address={self.host}:{self.port}",
             "--cluster.listen-address=",
         ]
-        self._proc = ManagedProcess("alertmanager", argv, f"{self.url}/-/ready",
-                                    self.workdir / "alertmanager.log")
+        self._proc = ManagedProcess(
+            "alertmanager", argv, f"{self.url}/-/ready", self.workdir / "alertmanager.log"
+        )
         self._proc.start(timeout)
         return self
 

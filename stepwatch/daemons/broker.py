@@ -61,8 +61,9 @@ class DevBroker:
         log.info("broker starting bootstrap=%s", self.bootstrap)
         # own session: a terminal's Ctrl-C goes to its owner, which stops it last (Tansu
         # installs its own SIGINT handler, so an inherited SIG_IGN does not protect it)
-        self._proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                      start_new_session=True)
+        self._proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self._wait_ready(timeout)
         log.info("broker ready bootstrap=%s pid=%s", self.bootstrap, self._proc.pid)
         return self

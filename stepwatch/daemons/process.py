@@ -54,11 +54,13 @@ def http_get(url: str, timeout: float = 5.0) -> bytes:
         raise DaemonError(f"GET {url} failed: {err}") from err
 
 
-def http_post(url: str, body: bytes = b"", timeout: float = 5.0,
-              content_type: str = "application/json") -> bytes:
+def http_post(
+    url: str, body: bytes = b"", timeout: float = 5.0, content_type: str = "application/json"
+) -> bytes:
     """POST ``body`` to ``url``; any failure is a :class:`DaemonError`."""
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Content-Type": content_type})
+    req = urllib.request.Request(
+        url, data=body, method="POST", headers={"Content-Type": content_type}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return bytes(resp.read())
@@ -74,8 +76,9 @@ def get_json(url: str, timeout: float = 5.0) -> Any:
         raise DaemonError(f"GET {url}: not JSON: {err}") from err
 
 
-def stop_process(proc: subprocess.Popen[bytes], timeout: float, name: str,
-                 warn_on_kill: bool = True) -> bool:
+def stop_process(
+    proc: subprocess.Popen[bytes], timeout: float, name: str, warn_on_kill: bool = True
+) -> bool:
     """Stop one child: SIGTERM, wait up to ``timeout`` s, then SIGKILL (and up to 5 s more).
 
     Returns False when there was nothing to stop (the process had already exited).
@@ -121,14 +124,17 @@ class ManagedProcess:
         while time.monotonic() < deadline:
             if self._proc is None or self._proc.poll() is not None:
                 code = None if self._proc is None else self._proc.returncode
-                raise DaemonError(f"{self.name} exited with code {code} at start: {self.log_tail()}")
+                raise DaemonError(
+                    f"{self.name} exited with code {code} at start: {self.log_tail()}"
+                )
             try:
                 http_get(self.ready_url, timeout=1.0)
                 return
             except DaemonError:
                 time.sleep(0.1)
-        raise DaemonError(f"{self.name} not ready at {self.ready_url} after {timeout:.0f} s: "
-                          f"{self.log_tail()}")
+        raise DaemonError(
+            f"{self.name} not ready at {self.ready_url} after {timeout:.0f} s: {self.log_tail()}"
+        )
 
     def stop(self) -> None:
         """SIGTERM, wait up to ``stop_timeout``, then SIGKILL. Idempotent."""

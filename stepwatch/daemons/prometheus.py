@@ -56,8 +56,13 @@ class Alert:
 # Every scrape config stepwatch ships copies Hostname into host where host is empty, so
 # rules and dashboards match on ``host`` alone (docs/alerts.md).
 HOST_FROM_HOSTNAME: dict[str, Any] = {
-    "source_labels": ["host", "Hostname"], "separator": ";", "regex": ";(.+)",
-    "target_label": "host", "replacement": "$1", "action": "replace"}
+    "source_labels": ["host", "Hostname"],
+    "separator": ";",
+    "regex": ";(.+)",
+    "target_label": "host",
+    "replacement": "$1",
+    "action": "replace",
+}
 
 
 @dataclass
@@ -71,7 +76,9 @@ class Prometheus(Daemon):
     scrape_interval: str = "1s"
     evaluation_interval: str = "1s"
     job_name: str = "stepwatch"
-    scrape_jobs: Mapping[str, Sequence[str]] = field(default_factory=dict)  # more jobs: name -> targets
+    scrape_jobs: Mapping[str, Sequence[str]] = field(
+        default_factory=dict
+    )  # more jobs: name -> targets
     port: int = 0
     host: str = LOOPBACK
     _proc: ManagedProcess | None = field(default=None, repr=False)
@@ -83,19 +90,25 @@ class Prometheus(Daemon):
     def config(self) -> dict[str, Any]:
         """The config this instance runs with, as a mapping."""
         cfg: dict[str, Any] = {
-            "global": {"scrape_interval": self.scrape_interval,
-                       "evaluation_interval": self.evaluation_interval,
-                       "scrape_timeout": self.scrape_interval},
+            "global": {
+                "scrape_interval": self.scrape_interval,
+                "evaluation_interval": self.evaluation_interval,
+                "scrape_timeout": self.scrape_interval,
+            },
             "rule_files": [str(Path(p).resolve()) for p in self.rule_files],
             "scrape_configs": [
-                {"job_name": name, "static_configs": [{"targets": list(targets)}],
-                 "metric_relabel_configs": [HOST_FROM_HOSTNAME]}
+                {
+                    "job_name": name,
+                    "static_configs": [{"targets": list(targets)}],
+                    "metric_relabel_configs": [HOST_FROM_HOSTNAME],
+                }
                 for name, targets in {self.job_name: self.targets, **self.scrape_jobs}.items()
             ],
         }
         if self.alertmanagers:
-            cfg["alerting"] = {"alertmanagers": [
-                {"static_configs": [{"targets": list(self.alertmanagers)}]}]}
+            cfg["alerting"] = {
+                "alertmanagers": [{"static_configs": [{"targets": list(self.alertmanagers)}]}]
+            }
         return cfg
 
     def start(self, timeout: float = 30.0) -> Prometheus:
@@ -111,8 +124,9 @@ class Prometheus(Daemon):
             "--web.enable-lifecycle",
             "--storage.tsdb.retention.time=1d",
         ]
-        self._proc = ManagedProcess("prometheus", argv, f"{self.url}/-/ready",
-                                    self.workdir / "prometheus.log")
+        self._proc = ManagedProcess(
+            "prometheus", argv, f"{self.url}/-/ready", self.workdir / "prometheus.log"
+        )
         self._proc.start(timeout)
         return self
 
@@ -153,9 +167,13 @@ class Prometheus(Daemon):
     def alerts(self) -> list[Alert]:
         """Active alerts (pending and firing)."""
         return [
-            Alert(name=a["labels"].get("alertname", ""), state=a["state"],
-                  labels=dict(a["labels"]), annotations=dict(a.get("annotations", {})),
-                  value=float(a.get("value", "nan")))
+            Alert(
+                name=a["labels"].get("alertname", ""),
+                state=a["state"],
+                labels=dict(a["labels"]),
+                annotations=dict(a.get("annotations", {})),
+                value=float(a.get("value", "nan")),
+            )
             for a in self._api("alerts")["alerts"]
         ]
 
@@ -170,8 +188,9 @@ class Prometheus(Daemon):
         return {t["scrapeUrl"]: t["health"] for t in self._api("targets")["activeTargets"]}
 
 
-def wait_for(probe: Callable[[], T | None], timeout: float, interval: float = 0.5,
-             what: str = "condition") -> T:
+def wait_for(
+    probe: Callable[[], T | None], timeout: float, interval: float = 0.5, what: str = "condition"
+) -> T:
     """Poll ``probe`` until it returns something truthy; DaemonError after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:

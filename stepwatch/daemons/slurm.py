@@ -73,7 +73,9 @@ class SlurmCluster:
         self._spawn("slurmctld", [_bin("slurmctld"), "-D", "-c", "-f", str(self.conf_path)])
         self._wait(lambda: self.scontrol("ping", check=False).find("UP") >= 0, timeout, "slurmctld")
         for name in self.node_names:
-            self._spawn(f"slurmd-{name}", [_bin("slurmd"), "-D", "-N", name, "-f", str(self.conf_path)])
+            self._spawn(
+                f"slurmd-{name}", [_bin("slurmd"), "-D", "-N", name, "-f", str(self.conf_path)]
+            )
         self._wait(self._all_idle, timeout, "every slurmd idle")
         log.info("slurm ready nodes=%s conf=%s", ",".join(self.node_names), self.conf_path)
         return self
@@ -85,10 +87,19 @@ class SlurmCluster:
         self._run_dir.chmod(0o755)
         sock = self.munge_socket
         self._munged = subprocess.Popen(
-            [_bin("munged"), "--foreground", "--force", f"--socket={sock}",
-             f"--pid-file={self._run_dir / 'munged.pid'}", f"--seed-file={self._run_dir / 'seed'}",
-             f"--log-file={self.workdir / 'munged.log'}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+            [
+                _bin("munged"),
+                "--foreground",
+                "--force",
+                f"--socket={sock}",
+                f"--pid-file={self._run_dir / 'munged.pid'}",
+                f"--seed-file={self._run_dir / 'seed'}",
+                f"--log-file={self.workdir / 'munged.log'}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self._wait(sock.exists, 15, "munged")
 
     @property
@@ -111,27 +122,49 @@ class SlurmCluster:
         for name in self.node_names:  # slurmd's and slurmstepd's sockets: the short folder
             (self.spool_dir / name).mkdir(parents=True, exist_ok=True)
         lines = [
-            "ClusterName=stepwatch", f"SlurmctldHost={host}", f"SlurmctldPort={self.ctld_port}",
-            "SlurmUser=root", "SlurmdUser=root", "AuthType=auth/munge", "CredType=cred/munge",
+            "ClusterName=stepwatch",
+            f"SlurmctldHost={host}",
+            f"SlurmctldPort={self.ctld_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
             # cred_expire is also how long a requeued job waits before it may start again
             f"AuthInfo=socket={self.munge_socket},cred_expire={self.cred_expire}",
-            f"StateSaveLocation={d}/state", f"SlurmdSpoolDir={self.spool_dir}/%n",
-            f"SlurmctldPidFile={d}/slurmctld.pid", f"SlurmdPidFile={d}/slurmd.%n.pid",
-            f"SlurmctldLogFile={d}/slurmctld.log", f"SlurmdLogFile={d}/slurmd.%n.log",
-            "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-            "SchedulerType=sched/backfill", "ReturnToService=2", "JobRequeue=1",
-            "SlurmdParameters=config_overrides", "SchedulerParameters=sched_interval=1",
-            "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
-            "JobAcctGatherType=jobacct_gather/none", "SlurmctldTimeout=30", "SlurmdTimeout=30",
-            "MessageTimeout=10", "InactiveLimit=0", "MinJobAge=300", "MailProg=/bin/true",
+            f"StateSaveLocation={d}/state",
+            f"SlurmdSpoolDir={self.spool_dir}/%n",
+            f"SlurmctldPidFile={d}/slurmctld.pid",
+            f"SlurmdPidFile={d}/slurmd.%n.pid",
+            f"SlurmctldLogFile={d}/slurmctld.log",
+            f"SlurmdLogFile={d}/slurmd.%n.log",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "MpiDefault=none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "SchedulerType=sched/backfill",
+            "ReturnToService=2",
+            "JobRequeue=1",
+            "SlurmdParameters=config_overrides",
+            "SchedulerParameters=sched_interval=1",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=30",
+            "MessageTimeout=10",
+            "InactiveLimit=0",
+            "MinJobAge=300",
+            "MailProg=/bin/true",
         ]
         plugins = self._plugin_dir()
         if plugins is not None:
             lines.append(f"PluginDir={plugins}")
         for name in self.node_names:
-            lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 "
-                         f"Port={free_port()} CPUs={self.cpus} State=UNKNOWN")
+            lines.append(
+                f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 "
+                f"Port={free_port()} CPUs={self.cpus} State=UNKNOWN"
+            )
         lines.append("PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         self.conf_path.write_text("\n".join(lines) + "\n")
 
@@ -139,7 +172,8 @@ class SlurmCluster:
         """Slurm's plugins less PMIx: slurmd loads every MPI plugin at start, and PMIx's
         fails (and logs errors) where libpmix is not installed. None: the default."""
         found = sorted(Path("/usr/lib").glob("*/slurm-wlm/mpi_none.so")) or sorted(
-            Path("/usr/lib").glob("slurm*/mpi_none.so"))
+            Path("/usr/lib").glob("slurm*/mpi_none.so")
+        )
         if not found:
             return None
         src, dst = found[0].parent, self.workdir / "plugins"
@@ -152,8 +186,11 @@ class SlurmCluster:
     def _spawn(self, name: str, argv: list[str]) -> None:
         out = open(self.workdir / f"{name}.out", "ab")  # noqa: SIM115 - closed by the child's exit
         # own session: a terminal's Ctrl-C must not kill slurmctld before the jobs are cancelled
-        self._procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(),
-                                            start_new_session=True))
+        self._procs.append(
+            subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
+            )
+        )
         out.close()
 
     def _wait(self, probe: object, timeout: float, what: str) -> None:
@@ -177,7 +214,9 @@ class SlurmCluster:
         return self._run([_bin("scontrol"), *args], check)
 
     def _run(self, argv: list[str], check: bool = True) -> str:
-        done = subprocess.run(argv, capture_output=True, text=True, env=self.env(), timeout=30, check=False)
+        done = subprocess.run(
+            argv, capture_output=True, text=True, env=self.env(), timeout=30, check=False
+        )
         if check and done.returncode != 0:
             raise DaemonError(f"{' '.join(argv[:3])} failed: {done.stderr.strip()}")
         return done.stdout
@@ -204,8 +243,10 @@ class SlurmCluster:
             return
         self._run([_bin("scancel"), *jobs], check=False)
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self._run([_bin("squeue"), "-h", "-t", "R,CG", "-o", "%i"],
-                                                         check=False).strip():
+        while (
+            time.monotonic() < deadline
+            and self._run([_bin("squeue"), "-h", "-t", "R,CG", "-o", "%i"], check=False).strip()
+        ):
             time.sleep(0.2)
 
     def stop(self) -> None:

@@ -100,12 +100,22 @@ class AlertingStack:
             log.info("demo: no local Slurm cluster (%s); the remediator runs in observe mode", why)
             return None
         try:
-            self.slurm = SlurmCluster(self.workdir / "slurm", nodes=self.nodes + self.spare,
-                                      cred_expire=REQUEUE_DELAY_S).start()
+            self.slurm = SlurmCluster(
+                self.workdir / "slurm", nodes=self.nodes + self.spare, cred_expire=REQUEUE_DELAY_S
+            ).start()
             self.slurm_job = self.slurm.sbatch(
-                "-N", str(self.nodes), "--requeue", "--job-name", "demo-train",
-                "--chdir", str(self.workdir), "--output", str(self.workdir / "slurm-%j.out"),
-                "--wrap", "sleep 3600")
+                "-N",
+                str(self.nodes),
+                "--requeue",
+                "--job-name",
+                "demo-train",
+                "--chdir",
+                str(self.workdir),
+                "--output",
+                str(self.workdir / "slurm-%j.out"),
+                "--wrap",
+                "sleep 3600",
+            )
             return list(self._wait_running())
         except (StepwatchError, ValueError) as err:
             log.warning("demo: local Slurm cluster did not start (%s); observe mode", err)
@@ -144,20 +154,29 @@ class AlertingStack:
         self._start_remediator(port, token_file, env, f"http://127.0.0.1:{prometheus_port}")
         self.pager = Pager(self._token).start()
         store = self._start_alert_receiver(token_file, env)
-        receivers = Receivers(remediator_url=f"{self.remediator_url}/webhook",
-                              token_file=str(token_file), pager_url=f"{self.pager.url}/page",
-                              tickets_url=f"{self.pager.url}/ticket", **store)
+        receivers = Receivers(
+            remediator_url=f"{self.remediator_url}/webhook",
+            token_file=str(token_file),
+            pager_url=f"{self.pager.url}/page",
+            tickets_url=f"{self.pager.url}/ticket",
+            **store,
+        )
         config = with_bearer(alertmanager_config(receivers, fast=True), token_file)
         self.alertmanager = Alertmanager(self.workdir / "alertmanager", config=config)
         self.alertmanager.start()
         jobs = {**self.scrape, "stepwatch-remediator": [f"127.0.0.1:{port}"]}
-        self.prometheus = Prometheus(self.workdir / "prometheus", rule_files=rule_files(),
-                                     alertmanagers=[self.alertmanager.address],
-                                     scrape_jobs=jobs, port=prometheus_port).start()
+        self.prometheus = Prometheus(
+            self.workdir / "prometheus",
+            rule_files=rule_files(),
+            alertmanagers=[self.alertmanager.address],
+            scrape_jobs=jobs,
+            port=prometheus_port,
+        ).start()
         return self
 
-    def _start_remediator(self, port: int, token_file: Path, env: Mapping[str, str],
-                          prometheus: str) -> None:
+    def _start_remediator(
+        self, port: int, token_file: Path, env: Mapping[str, str], prometheus: str
+    ) -> None:
         if self.slurm is not None:
             mode, actuator = "execute", f'{{kind: slurm, slurm_conf: "{self.slurm.conf_path}"}}'
         else:
@@ -167,12 +186,29 @@ class AlertingStack:
         if outcomes_supported():
             text += OUTCOME.format(prometheus=prometheus)
         policy.write_text(text)
-        self.remediator = Child("remediator", [
-            sys.executable, "-m", "stepwatch.cli", "remediate", "serve", "--policy", str(policy),
-            "--port", str(port), "--state-dir", str(self.workdir / "remediator"),
-            "--token-file", str(token_file), "--bootstrap-servers", self.bootstrap,
-            "--topic-prefix", self.topic_prefix,
-        ], self.workdir / "remediator.log")
+        self.remediator = Child(
+            "remediator",
+            [
+                sys.executable,
+                "-m",
+                "stepwatch.cli",
+                "remediate",
+                "serve",
+                "--policy",
+                str(policy),
+                "--port",
+                str(port),
+                "--state-dir",
+                str(self.workdir / "remediator"),
+                "--token-file",
+                str(token_file),
+                "--bootstrap-servers",
+                self.bootstrap,
+                "--topic-prefix",
+                self.topic_prefix,
+            ],
+            self.workdir / "remediator.log",
+        )
         self.remediator.start(dict(env))
 
     def _start_alert_receiver(self, token_file: Path, env: Mapping[str, str]) -> dict[str, str]:
@@ -181,13 +217,27 @@ class AlertingStack:
         from stepwatch.demo.services import available
 
         if not available("stepwatch.alerts.receiver") or "store_url" not in {
-                f.name for f in dataclasses.fields(Receivers)}:
+            f.name for f in dataclasses.fields(Receivers)
+        }:
             return {}
         port = free_port()
-        self.alert_receiver = Child("alerts-receiver", [
-            sys.executable, "-m", "stepwatch.cli", "alerts", "receive", "--bootstrap-servers",
-            self.bootstrap, "--port", str(port), "--token-file", str(token_file),
-        ], self.workdir / "alerts-receiver.log")
+        self.alert_receiver = Child(
+            "alerts-receiver",
+            [
+                sys.executable,
+                "-m",
+                "stepwatch.cli",
+                "alerts",
+                "receive",
+                "--bootstrap-servers",
+                self.bootstrap,
+                "--port",
+                str(port),
+                "--token-file",
+                str(token_file),
+            ],
+            self.workdir / "alerts-receiver.log",
+        )
         self.alert_receiver.start(dict(env))
         return {"store_url": f"http://127.0.0.1:{port}/alerts"}
 
@@ -225,8 +275,14 @@ class AlertingStack:
         except (StepwatchError, OSError, ValueError, AttributeError) as err:
             log.debug("demo: alerting view unavailable err=%s", err)
         notes = tuple(self.pager.notifications()) if self.pager is not None else ()
-        return AlertView(firing=firing, decisions=decisions, breaker_open=breaker,
-                         actions=tuple(actions), notifications=notes, outcomes=tuple(outcomes))
+        return AlertView(
+            firing=firing,
+            decisions=decisions,
+            breaker_open=breaker,
+            actions=tuple(actions),
+            notifications=notes,
+            outcomes=tuple(outcomes),
+        )
 
     def slurm_nodes(self) -> dict[str, str]:
         return self.slurm.node_states() if self.slurm is not None else {}
@@ -266,13 +322,17 @@ def with_bearer(config: str, token_file: Path) -> str:
     for receiver in cfg.get("receivers", []):
         for hook in receiver.get("webhook_configs", []):
             hook.setdefault("http_config", {})["authorization"] = {
-                "type": "Bearer", "credentials_file": str(token_file)}
+                "type": "Bearer",
+                "credentials_file": str(token_file),
+            }
     return str(yaml.safe_dump(cfg, sort_keys=False))
 
 
 def _alert_line(alert: Any) -> str:
     labels = alert.labels
-    where = " ".join(f"{k}={labels[k]}" for k in ("job_id", "host", "rank", "cause") if labels.get(k))
+    where = " ".join(
+        f"{k}={labels[k]}" for k in ("job_id", "host", "rank", "cause") if labels.get(k)
+    )
     return f"{alert.name} [{labels.get('severity', '')}] {where}".strip()
 
 

@@ -54,7 +54,9 @@ def lost(now: Allocation, hosts: tuple[str, ...]) -> bool:
     return now.state != UNKNOWN and not (now.running and now.nodes == hosts)
 
 
-def next_running(follow: Follow, stop: threading.Event, poll_seconds: float) -> Iterator[Allocation]:
+def next_running(
+    follow: Follow, stop: threading.Event, poll_seconds: float
+) -> Iterator[Allocation]:
     """Wait (until ``stop``) for the scheduler to run the job again: yields that allocation once."""
     while not stop.wait(poll_seconds):
         now = follow()
@@ -98,8 +100,9 @@ class SlurmAllocation:
 
     def _run(self, *argv: str) -> str | None:
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, env=dict(self.env),
-                                  timeout=10, check=False)
+            done = subprocess.run(
+                argv, capture_output=True, text=True, env=dict(self.env), timeout=10, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as err:
             log.debug("allocation: %s failed err=%s", argv[0], err)
             return None

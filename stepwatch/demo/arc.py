@@ -15,8 +15,16 @@ from typing import Any
 
 from stepwatch.contract import DetectionMessage
 
-STAGES = ("healthy", "found", "paged", "drained", "requeued", "running again", "recovered",
-          "outcome")
+STAGES = (
+    "healthy",
+    "found",
+    "paged",
+    "drained",
+    "requeued",
+    "running again",
+    "recovered",
+    "outcome",
+)
 
 
 @dataclass(frozen=True)
@@ -49,25 +57,42 @@ class Arc:
         stage = self.reached[name] = Stage(name, at, detail)
         return stage
 
-    def observe(self, at: float, *, steps: int, detections: Sequence[DetectionMessage],
-                notifications: Sequence[Any] = (), actions: Sequence[Mapping[str, Any]] = (),
-                incarnations: Sequence[Any] = (),
-                outcomes: Sequence[Mapping[str, Any]] = ()) -> list[Stage]:
+    def observe(
+        self,
+        at: float,
+        *,
+        steps: int,
+        detections: Sequence[DetectionMessage],
+        notifications: Sequence[Any] = (),
+        actions: Sequence[Mapping[str, Any]] = (),
+        incarnations: Sequence[Any] = (),
+        outcomes: Sequence[Mapping[str, Any]] = (),
+    ) -> list[Stage]:
         """Feed one refresh; the stages reached by it, in order."""
         new: list[Stage | None] = []
         if steps:
-            new.append(self.reach("healthy", at, f"the job reports its steps ({steps} step "
-                                  "messages so far)"))
+            new.append(
+                self.reach(
+                    "healthy", at, f"the job reports its steps ({steps} step messages so far)"
+                )
+            )
         new.append(self._found(at, detections))
         firing = [n for n in notifications if n.status == "firing"]
         if firing and "found" in self.reached:
             n = firing[0]
-            new.append(self.reach("paged", self._since(n.at, at), f"{n.route}: {', '.join(n.alerts)}"))
+            new.append(
+                self.reach("paged", self._since(n.at, at), f"{n.route}: {', '.join(n.alerts)}")
+            )
         new += self._actions(at, actions)
         if len(incarnations) > 1 and "requeued" in self.reached:
             inc = incarnations[-1]
-            new.append(self.reach("running again", self._since(inc.started, at), f"from step {inc.first_step} on "
-                                  f"{_nodes(inc.nodes)}"))
+            new.append(
+                self.reach(
+                    "running again",
+                    self._since(inc.started, at),
+                    f"from step {inc.first_step} on {_nodes(inc.nodes)}",
+                )
+            )
         new.append(self._recovered(at, detections, incarnations[-1].nodes if incarnations else ()))
         new.append(self._outcome(at, outcomes))
         return [s for s in new if s is not None]
@@ -89,12 +114,16 @@ class Arc:
             if done:
                 a = done[0]
                 what = a.get("node") if kind == "drain" else f"job {a.get('job_id', '?')}"
-                out.append(self.reach(stage, self._since(a.get("updated"), at),
-                                      f"{kind} {what} by the remediator"))
+                out.append(
+                    self.reach(
+                        stage, self._since(a.get("updated"), at), f"{kind} {what} by the remediator"
+                    )
+                )
         return out
 
-    def _recovered(self, at: float, detections: Sequence[DetectionMessage],
-                   nodes: Sequence[str] = ()) -> Stage | None:
+    def _recovered(
+        self, at: float, detections: Sequence[DetectionMessage], nodes: Sequence[str] = ()
+    ) -> Stage | None:
         if "running again" not in self.reached or not self.detection_id:
             return None
         for d in detections:
@@ -103,17 +132,21 @@ class Arc:
                 # the detection's host is where the rank ran when it was last seen slow
                 on = "now on" if not nodes or d.host in nodes else "was on"
                 where = f" (rank {d.rank}, {on} {d.host})" if d.rank is not None else ""
-                return self.reach("recovered", at, f"{d.type} resolved{where}"
-                                  + (f": {why}" if why else ""))
+                return self.reach(
+                    "recovered", at, f"{d.type} resolved{where}" + (f": {why}" if why else "")
+                )
         return None
 
     def _outcome(self, at: float, outcomes: Sequence[Mapping[str, Any]]) -> Stage | None:
         """The remediator's own verdict on its action (from Alertmanager's resolved notice)."""
         for o in outcomes:
             if o.get("outcome"):
-                return self.reach("outcome", self._since(o.get("decided"), at),
-                                  f"remediator: {o.get('action')} {o.get('node')} "
-                                  f"-> {o['outcome']}{_step_times(o)}")
+                return self.reach(
+                    "outcome",
+                    self._since(o.get("decided"), at),
+                    f"remediator: {o.get('action')} {o.get('node')} "
+                    f"-> {o['outcome']}{_step_times(o)}",
+                )
         return None
 
 

@@ -37,7 +37,9 @@ def _short(path: Path) -> str:
         relative = os.path.relpath(absolute)
     except ValueError:
         return absolute
-    return relative if len(relative) < len(absolute) and not relative.startswith("../..") else absolute
+    return (
+        relative if len(relative) < len(absolute) and not relative.startswith("../..") else absolute
+    )
 
 
 def closing_note(store: Path | None, job: str, report: Path | None) -> str:
@@ -48,11 +50,15 @@ def closing_note(store: Path | None, job: str, report: Path | None) -> str:
         for name, flags in TRY_QUERIES:
             more = (" " + flags.format(job=shlex.quote(job))) if flags else ""
             lines.append(f"  {cmd} query {name}{more} --store-path {shlex.quote(_short(store))}")
-        lines.append(f"  {cmd} sql --store-path {shlex.quote(_short(store))} "
-                     "\"SELECT type, host, rank, cause FROM detections LIMIT 10\"")
+        lines.append(
+            f"  {cmd} sql --store-path {shlex.quote(_short(store))} "
+            '"SELECT type, host, rank, cause FROM detections LIMIT 10"'
+        )
     if report is not None:
         lines.append(f"post-mortem report: {report}")
     elif store is not None:
-        lines.append(f"post-mortem report: {stepwatch_command()} report --job {shlex.quote(job)} "
-                     f"--store-path {shlex.quote(_short(store))}")
+        lines.append(
+            f"post-mortem report: {stepwatch_command()} report --job {shlex.quote(job)} "
+            f"--store-path {shlex.quote(_short(store))}"
+        )
     return "\n".join(lines)

@@ -36,8 +36,13 @@ __all__ = ["FleetDriver", "Follow", "Incarnation", "restart"]
 
 
 class FleetDriver:
-    def __init__(self, scenarios: list[Scenario], sink: MessageSink,
-                 follow: Follow | None = None, poll_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        scenarios: list[Scenario],
+        sink: MessageSink,
+        follow: Follow | None = None,
+        poll_seconds: float = 1.0,
+    ) -> None:
         self.scenarios = list(resolve_all(scenarios))
         self.sink = sink
         self.follow = follow
@@ -74,8 +79,9 @@ class FleetDriver:
             self.finished.set()
 
     def _note(self, sc: Scenario) -> None:
-        self.incarnations.append(Incarnation(sc.incarnation, time.time(), sc.host_names,
-                                             sc.first_step))
+        self.incarnations.append(
+            Incarnation(sc.incarnation, time.time(), sc.host_names, sc.first_step)
+        )
         self.stopped_at = None
 
     def _play(self, scenarios: list[Scenario]) -> bool:
@@ -83,7 +89,9 @@ class FleetDriver:
         start = min(s.start_ts for s in scenarios)
         hosts = scenarios[0].host_names
         next_check = time.monotonic() + self.poll_seconds
-        for batch in batches(paced(simulate(*scenarios, carry=self._carry), 1.0, start, self._stop.wait)):
+        for batch in batches(
+            paced(simulate(*scenarios, carry=self._carry), 1.0, start, self._stop.wait)
+        ):
             if self._stop.is_set():
                 return True
             self.sink.send([self.sequencer.stamp(m) for m in batch])
@@ -108,8 +116,11 @@ class FleetDriver:
         if not lost(now, hosts):
             return False
         self.stopped_at = time.time()
-        log.info("fleet: allocation lost state=%s nodes=%s: the job stops", now.state,
-                 ",".join(now.nodes))
+        log.info(
+            "fleet: allocation lost state=%s nodes=%s: the job stops",
+            now.state,
+            ",".join(now.nodes),
+        )
         return True
 
     def _restarted(self, sc: Scenario) -> list[Scenario]:
@@ -119,12 +130,19 @@ class FleetDriver:
         if alloc is None:
             return []
         if len(alloc.nodes) != sc.nodes:
-            log.warning("fleet: new allocation has %d nodes, the job needs %d: it stays stopped",
-                        len(alloc.nodes), sc.nodes)
+            log.warning(
+                "fleet: new allocation has %d nodes, the job needs %d: it stays stopped",
+                len(alloc.nodes),
+                sc.nodes,
+            )
             return []
         restarted = restart(sc, alloc.nodes, self.checkpoint_step + 1)
-        log.info("fleet: restarted incarnation=%d first_step=%d nodes=%s", restarted.incarnation,
-                 restarted.first_step, ",".join(alloc.nodes))
+        log.info(
+            "fleet: restarted incarnation=%d first_step=%d nodes=%s",
+            restarted.incarnation,
+            restarted.first_step,
+            ",".join(alloc.nodes),
+        )
         return [restarted]
 
 
@@ -136,8 +154,17 @@ def restart(sc: Scenario, nodes: tuple[str, ...], first_step: int) -> Scenario:
         if target.host is None or target.host not in nodes:
             continue  # a new node is a healthy node
         if fault.end_step is None or fault.end_step > start:
-            faults.append(dataclasses.replace(fault, rank=None, host=target.host, gpu=target.gpu,
-                                              start_step=start))
-    return sc.replace(hosts=nodes, faults=tuple(faults), start_ts=time.time(), realtime=False,
-                      first_step=min(first_step, sc.steps - 1), incarnation=sc.incarnation + 1,
-                      seed=sc.seed + 1)
+            faults.append(
+                dataclasses.replace(
+                    fault, rank=None, host=target.host, gpu=target.gpu, start_step=start
+                )
+            )
+    return sc.replace(
+        hosts=nodes,
+        faults=tuple(faults),
+        start_ts=time.time(),
+        realtime=False,
+        first_step=min(first_step, sc.steps - 1),
+        incarnation=sc.incarnation + 1,
+        seed=sc.seed + 1,
+    )

@@ -47,8 +47,9 @@ class Pager:
     def start(self) -> Pager:
         self._server = ThreadingHTTPServer((self.host, 0), _handler(self))
         self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, name="stepwatch-demo-pager",
-                         daemon=True).start()
+        threading.Thread(
+            target=self._server.serve_forever, name="stepwatch-demo-pager", daemon=True
+        ).start()
         return self
 
     def stop(self) -> None:
@@ -63,17 +64,29 @@ class Pager:
 
     def authorized(self, header: str | None) -> bool:
         scheme, _, given = (header or "").partition(" ")
-        return scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(),
-                                                                  self.token.encode())
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip().encode(), self.token.encode()
+        )
 
     def record(self, route: str, body: dict[str, Any]) -> None:
-        names = tuple(sorted({str(a.get("labels", {}).get("alertname", "?"))
-                              for a in body.get("alerts", []) if isinstance(a, dict)}))
+        names = tuple(
+            sorted(
+                {
+                    str(a.get("labels", {}).get("alertname", "?"))
+                    for a in body.get("alerts", [])
+                    if isinstance(a, dict)
+                }
+            )
+        )
         note = Notification(time.time(), route.strip("/"), str(body.get("status", "?")), names)
         with self._lock:
             self.received.append(note)
-        log.info("pager: notification route=%s status=%s alerts=%s", note.route, note.status,
-                 ",".join(names))
+        log.info(
+            "pager: notification route=%s status=%s alerts=%s",
+            note.route,
+            note.status,
+            ",".join(names),
+        )
 
 
 def _handler(pager: Pager) -> type[BaseHTTPRequestHandler]:

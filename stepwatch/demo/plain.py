@@ -25,8 +25,11 @@ class Changes:
     def lines(self, at: float, snapshot: Mapping[str, str], status: str) -> list[str]:
         """What to print for this refresh at ``at`` seconds since the start."""
         stamp = f"[t={at:6.1f}s]"
-        out = [f"{stamp} {name}: {value}" if value else f"{stamp} {name}"
-               for name, value in snapshot.items() if self._last.get(name) != value]
+        out = [
+            f"{stamp} {name}: {value}" if value else f"{stamp} {name}"
+            for name, value in snapshot.items()
+            if self._last.get(name) != value
+        ]
         out += [f"{stamp} {name}: ended" for name in self._last if name not in snapshot]
         self._last = dict(snapshot)
         if at >= self._next_status:
@@ -35,9 +38,15 @@ class Changes:
         return out
 
 
-def snapshot(*, stages: Sequence[Stage], detections: Sequence[DetectionMessage],
-             alerting: AlertView | None, slurm: Mapping[str, str], job: str,
-             services: Mapping[str, bool]) -> dict[str, str]:
+def snapshot(
+    *,
+    stages: Sequence[Stage],
+    detections: Sequence[DetectionMessage],
+    alerting: AlertView | None,
+    slurm: Mapping[str, str],
+    job: str,
+    services: Mapping[str, bool],
+) -> dict[str, str]:
     """What plain mode watches for changes, as ``name -> value``."""
     out = {f"service {name}": ("up" if up else "DOWN") for name, up in services.items()}
     for stage in stages:
@@ -45,7 +54,8 @@ def snapshot(*, stages: Sequence[Stage], detections: Sequence[DetectionMessage],
     for d in detections:  # the last state of each detection wins
         where = f"rank {d.rank}" if d.rank is not None else "job"
         out[f"detection {d.type} {d.job_id} {where} host={d.host}"] = (
-            f"{d.state} cause={d.cause} fault={d.fault}")
+            f"{d.state} cause={d.cause} fault={d.fault}"
+        )
     for d in detections:
         if d.state == "open":
             out.setdefault(f"  {d.type} {d.id[:8]} why", d.summary)
@@ -56,8 +66,9 @@ def snapshot(*, stages: Sequence[Stage], detections: Sequence[DetectionMessage],
             name = f"remediator {a.get('kind')} {a.get('node') or ''} (job {a.get('job_id')})"
             out[name] = str(a.get("status"))
         for o in alerting.outcomes:
-            out[f"remediator outcome {o.get('action')} {o.get('node')}"] = (
-                str(o.get("outcome") or "waiting for the alert to resolve"))
+            out[f"remediator outcome {o.get('action')} {o.get('node')}"] = str(
+                o.get("outcome") or "waiting for the alert to resolve"
+            )
     if slurm:
         by_state: dict[str, list[str]] = {}
         for node, state in sorted(slurm.items()):

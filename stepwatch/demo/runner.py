@@ -88,8 +88,11 @@ class Demo:
         signal.signal(signal.SIGTERM, self._on_signal)
         become_subreaper()  # what a daemon leaves behind comes back to us, to be stopped
         bootstrap = opts.bootstrap or self._start_broker()
-        settings = Settings.load(bootstrap_servers=bootstrap, spool_dir=str(opts.workdir / "spool"),
-                                 store_path=str(opts.workdir / "chdb"))
+        settings = Settings.load(
+            bootstrap_servers=bootstrap,
+            spool_dir=str(opts.workdir / "spool"),
+            store_path=str(opts.workdir / "chdb"),
+        )
         if not opts.bootstrap:
             from stepwatch.daemons.broker import DEV_TOPIC_SETTINGS
 
@@ -116,23 +119,35 @@ class Demo:
         follow = self.alerting.allocation() if self.alerting is not None else None
         if follow is None or not hosts or self.alerting is None:
             return TorchJob(settings, self.options.workdir, self.job_id, self.options)
-        return TorchJob(settings, self.options.workdir, self.job_id, self.options, follow=follow,
-                        hosts=hosts, agent_hosts=tuple(self.alerting.slurm.node_names))
+        return TorchJob(
+            settings,
+            self.options.workdir,
+            self.job_id,
+            self.options,
+            follow=follow,
+            hosts=hosts,
+            agent_hosts=tuple(self.alerting.slurm.node_names),
+        )
 
     def _start_alerting(self, settings: Settings, env: dict[str, str]) -> tuple[str, ...] | None:
         """Slurm (when possible), remediator, Alertmanager, Prometheus; the job's hosts."""
         opts = self.options
         if not opts.alerting:
             return None
-        scrape = {"stepwatch-stream": [c.metrics for c in self.children
-                                       if c.name.startswith("stream") and c.metrics],
-                  "stepwatch-sink": [c.metrics for c in self.children
-                                     if c.name == "sink" and c.metrics]}
-        stack = AlertingStack(opts.workdir / "alerting", scrape={k: v for k, v in scrape.items() if v},
-                              bootstrap=settings.bootstrap_servers,
-                              topic_prefix=settings.topic_prefix,
-                              nodes=len(TORCH_HOSTS) if opts.torch else opts.nodes,
-                              want_slurm=opts.slurm)
+        scrape = {
+            "stepwatch-stream": [
+                c.metrics for c in self.children if c.name.startswith("stream") and c.metrics
+            ],
+            "stepwatch-sink": [c.metrics for c in self.children if c.name == "sink" and c.metrics],
+        }
+        stack = AlertingStack(
+            opts.workdir / "alerting",
+            scrape={k: v for k, v in scrape.items() if v},
+            bootstrap=settings.bootstrap_servers,
+            topic_prefix=settings.topic_prefix,
+            nodes=len(TORCH_HOSTS) if opts.torch else opts.nodes,
+            want_slurm=opts.slurm,
+        )
         stack.workdir.mkdir(parents=True, exist_ok=True)
         self.alerting = stack
         try:
@@ -157,12 +172,21 @@ class Demo:
         from stepwatch.sim import Scenario, parse_fault
 
         faults = tuple(parse_fault(text).fault for text in self.options.faults)
-        return [Scenario(
-            seed=7, job_id=self.job_id, nodes=self.options.nodes, steps=self.options.steps,
-            step_seconds=self.options.step_seconds, faults=faults, realtime=True,
-            checkpoint_every=CHECKPOINT_EVERY, checkpoint_seconds=2 * self.options.step_seconds,
-            eval_every=0, hosts=hosts,
-        )]
+        return [
+            Scenario(
+                seed=7,
+                job_id=self.job_id,
+                nodes=self.options.nodes,
+                steps=self.options.steps,
+                step_seconds=self.options.step_seconds,
+                faults=faults,
+                realtime=True,
+                checkpoint_every=CHECKPOINT_EVERY,
+                checkpoint_seconds=2 * self.options.step_seconds,
+                eval_every=0,
+                hosts=hosts,
+            )
+        ]
 
     def _loop(self) -> None:
         assert self.tap is not None and self.fleet is not None
@@ -199,12 +223,20 @@ class Demo:
         assert self.tap is not None and self.fleet is not None
         view = self._alert_view
         for stage in self.arc.observe(
-                at, steps=self.tap.audit.report().by_kind.get("step", 0),
-                detections=self.tap.detections, notifications=view.notifications,
-                actions=view.actions, incarnations=getattr(self.fleet, "incarnations", ()),
-                outcomes=view.outcomes):
-            log.info("demo stage=%s seconds_from_start=%.1f detail=%s", stage.name.replace(" ", "_"),
-                     stage.at, stage.detail)
+            at,
+            steps=self.tap.audit.report().by_kind.get("step", 0),
+            detections=self.tap.detections,
+            notifications=view.notifications,
+            actions=view.actions,
+            incarnations=getattr(self.fleet, "incarnations", ()),
+            outcomes=view.outcomes,
+        ):
+            log.info(
+                "demo stage=%s seconds_from_start=%.1f detail=%s",
+                stage.name.replace(" ", "_"),
+                stage.at,
+                stage.detail,
+            )
 
     def _job_line(self) -> str:
         follow = self.alerting.allocation() if self.alerting is not None else None
@@ -213,7 +245,11 @@ class Demo:
         now = follow()
         where = f" on {','.join(now.nodes)}" if now.nodes else ""
         incarnations = getattr(self.fleet, "incarnations", [])
-        run = f" (run {len(incarnations)}, from step {incarnations[-1].first_step})" if incarnations else ""
+        run = (
+            f" (run {len(incarnations)}, from step {incarnations[-1].first_step})"
+            if incarnations
+            else ""
+        )
         return f"{self.alerting.slurm_job if self.alerting else ''} {now.state}{where}{run}".strip()
 
     def _caught_up(self) -> bool:
@@ -230,23 +266,42 @@ class Demo:
         services = {c.name: c.alive for c in self._all_children()}
         job = self._job_line()
         if not self.options.redraw:
-            snap = snapshot(stages=self.arc.stages(), detections=self.tap.detections,
-                            alerting=alerting, slurm=slurm, job=job, services=services)
-            status = (f"steps={report.by_kind.get('step', 0)} arrived={report.messages} "
-                      f"missing={report.missing} duplicates={report.duplicates} "
-                      f"firing={len(alerting.firing) if alerting else 0} job={job or '-'}")
+            snap = snapshot(
+                stages=self.arc.stages(),
+                detections=self.tap.detections,
+                alerting=alerting,
+                slurm=slurm,
+                job=job,
+                services=services,
+            )
+            status = (
+                f"steps={report.by_kind.get('step', 0)} arrived={report.messages} "
+                f"missing={report.missing} duplicates={report.duplicates} "
+                f"firing={len(alerting.firing) if alerting else 0} job={job or '-'}"
+            )
             for line in self._changes.lines(elapsed, snap, status):
                 sys.stdout.write(line + "\n")
             sys.stdout.flush()
             return
         stats = self.publisher.stats()
         screen = render(
-            elapsed=elapsed, report=report, accepted=sum(stats.accepted.values()),
-            spool={"state": stats.state.value, "records": stats.spool.records,
-                   "bytes": stats.spool.bytes, "dropped": sum(stats.spool.dropped.values())},
-            detections=self.tap.detections, dlq=self.tap.dlq, services=services,
+            elapsed=elapsed,
+            report=report,
+            accepted=sum(stats.accepted.values()),
+            spool={
+                "state": stats.state.value,
+                "records": stats.spool.records,
+                "bytes": stats.spool.bytes,
+                "dropped": sum(stats.spool.dropped.values()),
+            },
+            detections=self.tap.detections,
+            dlq=self.tap.dlq,
+            services=services,
             jobs=scrape_jobs(c.metrics for c in self.children if c.name.startswith("stream")),
-            alerting=alerting, slurm=slurm, stages=self.arc.stages(), job=job,
+            alerting=alerting,
+            slurm=slurm,
+            stages=self.arc.stages(),
+            job=job,
         )
         self._show_live(screen)
 
@@ -331,17 +386,22 @@ class Demo:
         if self.first_alert_s is not None:
             lines.append(f"first alert firing {self.first_alert_s:.0f} s after the demo started")
         if self.first_action_s is not None:
-            lines.append(f"first remediator decision {self.first_action_s:.0f} s after the demo "
-                         "started")
+            lines.append(
+                f"first remediator decision {self.first_action_s:.0f} s after the demo started"
+            )
         for decision in self._alert_view.decisions:
             lines.append(f"  remediator: {decision}")
         if self.arc.stages():
             lines.append("the loop (seconds after the demo started):")
             lines += [f"  {s.name:<14} {s.at:6.1f} s  {s.detail}" for s in self.arc.stages()]
         if self.alerting is not None and self.alerting.prometheus is not None:
-            lines.append(f"Prometheus {self.alerting.prometheus.url} and Alertmanager "
-                         f"{self.alerting.alertmanager.url} ran for this demo (stopped now)")
+            lines.append(
+                f"Prometheus {self.alerting.prometheus.url} and Alertmanager "
+                f"{self.alerting.alertmanager.url} ran for this demo (stopped now)"
+            )
         for d in opened:
-            lines.append(f"  {d.type} job={d.job_id} rank={d.rank} host={d.host} cause={d.cause} "
-                         f"at step {d.step}: {d.summary}")
+            lines.append(
+                f"  {d.type} job={d.job_id} rank={d.rank} host={d.host} cause={d.cause} "
+                f"at step {d.step}: {d.summary}"
+            )
         return "\n".join(lines)

@@ -34,9 +34,12 @@ class Child:
         with open(self.log_path, "ab") as out:
             # own session: a terminal's Ctrl-C reaches only the demo, which stops its
             # children in order (workers drain, the sink commits) instead of all at once
-            self.proc = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                         start_new_session=True)
-        log.info("demo child started name=%s pid=%s log=%s", self.name, self.proc.pid, self.log_path)
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+        log.info(
+            "demo child started name=%s pid=%s log=%s", self.name, self.proc.pid, self.log_path
+        )
 
     @property
     def alive(self) -> bool:
@@ -68,20 +71,43 @@ def children(bootstrap: str, workdir: Path, *, workers: int, store: bool) -> lis
     if workers and available("stepwatch.streams.worker.app"):
         for i in range(workers):
             port = free_port()
-            out.append(Child(
-                f"stream-{i}",
-                [*cli, "stream", *common, "--worker-name", f"demo-{i}",
-                 "--data-dir", str(workdir / f"faust-{i}"), "--metrics-port", str(port)],
-                workdir / f"stream-{i}.log", metrics=f"127.0.0.1:{port}",
-            ))
+            out.append(
+                Child(
+                    f"stream-{i}",
+                    [
+                        *cli,
+                        "stream",
+                        *common,
+                        "--worker-name",
+                        f"demo-{i}",
+                        "--data-dir",
+                        str(workdir / f"faust-{i}"),
+                        "--metrics-port",
+                        str(port),
+                    ],
+                    workdir / f"stream-{i}.log",
+                    metrics=f"127.0.0.1:{port}",
+                )
+            )
     if store and available("stepwatch.exporters.clickhouse.sink"):
         port = free_port()
-        out.append(Child(
-            "sink",
-            [*cli, "db", "sink", *common, "--store-path", str(workdir / "chdb"),
-             "--metrics-port", str(port)],
-            workdir / "sink.log", metrics=f"127.0.0.1:{port}",
-        ))
+        out.append(
+            Child(
+                "sink",
+                [
+                    *cli,
+                    "db",
+                    "sink",
+                    *common,
+                    "--store-path",
+                    str(workdir / "chdb"),
+                    "--metrics-port",
+                    str(port),
+                ],
+                workdir / "sink.log",
+                metrics=f"127.0.0.1:{port}",
+            )
+        )
     return out
 
 

@@ -37,8 +37,12 @@ class Tap:
             self.settings,
             # earliest: a partition whose first fetch fails (a broker answering "out of range"
             # for an empty log) must not be reset to its end and skip what comes next
-            {"group.id": "stepwatch-demo-tap", "enable.auto.commit": False, "log_level": 0,
-             "auto.offset.reset": "earliest"},
+            {
+                "group.id": "stepwatch-demo-tap",
+                "enable.auto.commit": False,
+                "log_level": 0,
+                "auto.offset.reset": "earliest",
+            },
         )
         self._consumer = Consumer(config)
         topics = Topics(self.settings.topic_prefix)

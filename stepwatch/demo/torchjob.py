@@ -51,9 +51,17 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 
 
 class TorchJob:
-    def __init__(self, settings: Settings, workdir: Path, job_id: str, options: Any,
-                 follow: Follow | None = None, hosts: tuple[str, ...] = HOSTS,
-                 agent_hosts: tuple[str, ...] = (), poll_seconds: float = 1.0) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        workdir: Path,
+        job_id: str,
+        options: Any,
+        follow: Follow | None = None,
+        hosts: tuple[str, ...] = HOSTS,
+        agent_hosts: tuple[str, ...] = (),
+        poll_seconds: float = 1.0,
+    ) -> None:
         self.settings = settings
         self.workdir = workdir
         self.job_id = job_id
@@ -73,9 +81,11 @@ class TorchJob:
         self._env: dict[str, str] = {}
         self._sent = 0
         per_host = RANKS // len(hosts)
-        self.fault = (f"slow compute: rank {SLOW_NODE * per_host + SLOW_LOCAL_RANK} on "
-                      f"{self.slow_node}, forward x{SLOW_FACTOR} from step {SLOW_FROM} "
-                      "(real DDP job)")
+        self.fault = (
+            f"slow compute: rank {SLOW_NODE * per_host + SLOW_LOCAL_RANK} on "
+            f"{self.slow_node}, forward x{SLOW_FACTOR} from step {SLOW_FROM} "
+            "(real DDP job)"
+        )
 
     @property
     def socket(self) -> str:
@@ -92,19 +102,42 @@ class TorchJob:
 
     def _agent(self, host: str, env: dict[str, str]) -> Child:
         port = free_port()
-        agent = Child(f"agent-{host}", [
-            sys.executable, "-m", "stepwatch.cli", "agent", "--bootstrap-servers",
-            self.settings.bootstrap_servers, "--host", host, "--collectors", "steps",
-            "--tick", "0.5", "--socket", self.socket.replace("{host}", host),
-            "--spool-dir", str(self.workdir / f"spool-{host}"), "--metrics-port", str(port),
-        ], self.workdir / f"agent-{host}.log", metrics=f"127.0.0.1:{port}")
+        agent = Child(
+            f"agent-{host}",
+            [
+                sys.executable,
+                "-m",
+                "stepwatch.cli",
+                "agent",
+                "--bootstrap-servers",
+                self.settings.bootstrap_servers,
+                "--host",
+                host,
+                "--collectors",
+                "steps",
+                "--tick",
+                "0.5",
+                "--socket",
+                self.socket.replace("{host}", host),
+                "--spool-dir",
+                str(self.workdir / f"spool-{host}"),
+                "--metrics-port",
+                str(port),
+            ],
+            self.workdir / f"agent-{host}.log",
+            metrics=f"127.0.0.1:{port}",
+        )
         agent.start(env)
         return agent
 
     def _job_env(self, env: dict[str, str]) -> dict[str, str]:
         """The ranks' environment: one job identity, the Slurm job's when there is one."""
-        out = {k: v for k, v in env.items() if not k.startswith("SLURM_")
-               and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STEPWATCH_JOB_ID")}
+        out = {
+            k: v
+            for k, v in env.items()
+            if not k.startswith("SLURM_")
+            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "STEPWATCH_JOB_ID")
+        }
         out.update(STEPWATCH_AGENT_SOCKET=self.socket, STEPWATCH_JOB_ID=self.job_id)
         if self.follow is not None:
             out["SLURM_JOB_ID"] = self.job_id
@@ -130,26 +163,56 @@ class TorchJob:
 
     def argv(self, hosts: tuple[str, ...]) -> list[str]:
         """The example's command line for a run on ``hosts`` (``--resume`` after the first)."""
-        argv = [sys.executable, str(EXAMPLE), "--nproc", str(RANKS), "--steps",
-                str(self.options.steps), "--pin", "--host-names", ",".join(hosts),
-                "--job-id", self.job_id, "--checkpoint-every", str(CHECKPOINT_EVERY),
-                "--checkpoint-dir", str(self.checkpoints)]
+        argv = [
+            sys.executable,
+            str(EXAMPLE),
+            "--nproc",
+            str(RANKS),
+            "--steps",
+            str(self.options.steps),
+            "--pin",
+            "--host-names",
+            ",".join(hosts),
+            "--job-id",
+            self.job_id,
+            "--checkpoint-every",
+            str(CHECKPOINT_EVERY),
+            "--checkpoint-dir",
+            str(self.checkpoints),
+        ]
         if self.incarnations:
             argv += ["--resume", str(self.checkpoints)]
         if self.slow_node in hosts:  # a fault belongs to its node
             rank = hosts.index(self.slow_node) * (RANKS // len(hosts)) + SLOW_LOCAL_RANK
-            argv += ["--slow-rank", str(rank), "--slow-kind", "compute",
-                     "--slow-factor", str(SLOW_FACTOR), "--slow-from", str(SLOW_FROM)]
+            argv += [
+                "--slow-rank",
+                str(rank),
+                "--slow-kind",
+                "compute",
+                "--slow-factor",
+                str(SLOW_FACTOR),
+                "--slow-from",
+                str(SLOW_FROM),
+            ]
         return argv
 
     def _launch(self, hosts: tuple[str, ...], first_step: int) -> None:
         argv = self.argv(hosts)
         with open(self.workdir / "ddp_train.log", "ab") as out:
-            self.job = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self._env,
-                                        start_new_session=True)
-        self.incarnations.append(Incarnation(len(self.incarnations), time.time(), hosts, first_step))
-        log.info("demo: real DDP job started job_id=%s pid=%s run=%d first_step=%d nodes=%s",
-                 self.job_id, self.job.pid, len(self.incarnations), first_step, ",".join(hosts))
+            self.job = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=self._env, start_new_session=True
+            )
+        self.incarnations.append(
+            Incarnation(len(self.incarnations), time.time(), hosts, first_step)
+        )
+        log.info(
+            "demo: real DDP job started job_id=%s pid=%s run=%d first_step=%d nodes=%s",
+            self.job_id,
+            self.job.pid,
+            len(self.incarnations),
+            first_step,
+            ",".join(hosts),
+        )
 
     def _runs_on(self, hosts: tuple[str, ...]) -> bool:
         """Watch the run: True when it ended or the demo stops, False when its allocation went."""
@@ -170,8 +233,11 @@ class TorchJob:
         if alloc is None:
             return ()
         if len(alloc.nodes) != len(hosts):
-            log.warning("demo: new allocation has %d nodes, the DDP job needs %d: it stays "
-                        "stopped", len(alloc.nodes), len(hosts))
+            log.warning(
+                "demo: new allocation has %d nodes, the DDP job needs %d: it stays stopped",
+                len(alloc.nodes),
+                len(hosts),
+            )
             return ()
         return alloc.nodes
 
@@ -209,8 +275,13 @@ class TorchJob:
                     text = resp.read().decode()
             except OSError:
                 continue
-            total += int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                             if line.startswith("stepwatch_agent_messages_produced_total")))
+            total += int(
+                sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in text.splitlines()
+                    if line.startswith("stepwatch_agent_messages_produced_total")
+                )
+            )
         self._sent = max(self._sent, total)
         return self._sent
 

@@ -12,8 +12,19 @@ from stepwatch.demo.scrape import JobFigures
 
 KINDS = ("step", "gpu", "port", "event")
 # How a detection was scored, not why: the live view leaves these out of its evidence line.
-BOOKKEEPING = frozenset({"basis", "flagged_steps", "window_steps", "threshold", "group_size",
-                         "phases_longer", "nvrx_relative", "baseline_step_s", "current_step_s"})
+BOOKKEEPING = frozenset(
+    {
+        "basis",
+        "flagged_steps",
+        "window_steps",
+        "threshold",
+        "group_size",
+        "phases_longer",
+        "nvrx_relative",
+        "baseline_step_s",
+        "current_step_s",
+    }
+)
 
 
 def deciding(evidence: Mapping[str, object], limit: int = 8) -> str:
@@ -57,7 +68,8 @@ def render(
         f"stepwatch demo   t={elapsed:6.1f}s   broker state={spool.get('state', '?')}   "
         + "   ".join(f"{name}={'up' if up else 'DOWN'}" for name, up in services.items()),
         "",
-        "arrived in Kafka: " + "  ".join(f"{k}={report.by_kind.get(k, 0)}" for k in KINDS)
+        "arrived in Kafka: "
+        + "  ".join(f"{k}={report.by_kind.get(k, 0)}" for k in KINDS)
         + f"   (published {accepted}, dead letters {dlq})",
         f"sequence audit:   streams={report.streams} missing={report.missing} "
         f"duplicates={report.duplicates} out_of_order={report.out_of_order}",
@@ -109,7 +121,8 @@ def _job_lines(jobs: Sequence[JobFigures]) -> list[str]:
             f"  {job.job_id:<12} step {int(job.get('last_step') or 0):>5}  "
             f"step time {_fmt(step)} s  tokens/s {_big(tok)}  MFU {_mfu(mfu)}  "
             f"goodput {_pct(good)}  stragglers {int(job.get('stragglers') or 0)}"
-            + ("  HUNG" if job.get("hung") else ""))
+            + ("  HUNG" if job.get("hung") else "")
+        )
     return out
 
 

@@ -82,10 +82,12 @@ class DriftJob:
         """The same job as :mod:`stepwatch.quality.wild_telemetry` sees it."""
         fault = None
         if self.kind in (Kind.NIC, Kind.NIC_SMALL):
-            fault = wild.Fault(wild.Kind.NIC_CONGESTION, self.start, self.severity,
-                               host=self.host, port=self.port)
-        return wild.Job(self.job_id, self.seed, self.nodes, self.steps, step_s=self.step_s,
-                        fault=fault)
+            fault = wild.Fault(
+                wild.Kind.NIC_CONGESTION, self.start, self.severity, host=self.host, port=self.port
+            )
+        return wild.Job(
+            self.job_id, self.seed, self.nodes, self.steps, step_s=self.step_s, fault=fault
+        )
 
 
 class Model:
@@ -111,7 +113,7 @@ class Model:
     def step(self, s: int) -> tuple[np.ndarray, np.ndarray, float]:
         """Reported phases (4 x ranks), comm_wait (NaN under DDP), wall time."""
         job, rng, w = self.job, self.rng, self.job.world
-        innov = np.sqrt(1 - self.phi ** 2) * self.drift_sd
+        innov = np.sqrt(1 - self.phi**2) * self.drift_sd
         self.drift = self.phi * self.drift + rng.normal(0, innov, w)
         batch = rng.lognormal(0, self.batch_sd, w)
         z = np.clip(rng.standard_t(self.df, (4, w)), -10, 10)
@@ -173,33 +175,62 @@ def generate(job: DriftJob) -> Iterator[Message]:
     model = Model(job)
     tele = Telemetry(job.telemetry_job(), np.random.default_rng(job.seed + 1))
     t = job.start_ts
-    yield EventMessage(host=job.host_name(0), ts=t, type=EventType.JOB_START,
-                       job_id=job.job_id, rank=0, attrs={"world_size": job.world})
+    yield EventMessage(
+        host=job.host_name(0),
+        ts=t,
+        type=EventType.JOB_START,
+        job_id=job.job_id,
+        rank=0,
+        attrs={"world_size": job.world},
+    )
     for s in range(job.steps):
         x, comm, wall = model.step(s)
         ckpt = pause(s, job.step_s)
         end = t + wall + ckpt
         ts = end + 0.05
         for h in range(job.nodes):
-            recs = [_record(job, r, s, t, end, x[:, r], comm[r], ckpt)
-                    for r in range(h * GPUS, (h + 1) * GPUS)]
+            recs = [
+                _record(job, r, s, t, end, x[:, r], comm[r], ckpt)
+                for r in range(h * GPUS, (h + 1) * GPUS)
+            ]
             yield StepMessage(host=job.host_name(h), ts=ts, job_id=job.job_id, steps=recs)
         for h in range(job.nodes):
-            yield GpuMessage(host=job.host_name(h), ts=ts, job_id=job.job_id,
-                             gpus=tele.gpus(h, s))
-            yield PortMessage(host=job.host_name(h), ts=ts, job_id=job.job_id,
-                              ports=tele.ports(h, s, wall + ckpt, False))
+            yield GpuMessage(host=job.host_name(h), ts=ts, job_id=job.job_id, gpus=tele.gpus(h, s))
+            yield PortMessage(
+                host=job.host_name(h),
+                ts=ts,
+                job_id=job.job_id,
+                ports=tele.ports(h, s, wall + ckpt, False),
+            )
         t = end + 0.002
-    yield EventMessage(host=job.host_name(0), ts=t + 0.1, type=EventType.JOB_END,
-                       job_id=job.job_id, rank=0, code=0)
+    yield EventMessage(
+        host=job.host_name(0), ts=t + 0.1, type=EventType.JOB_END, job_id=job.job_id, rank=0, code=0
+    )
 
 
-def _record(job: DriftJob, r: int, s: int, t0: float, t1: float, x: np.ndarray,
-            comm: float, ckpt: float) -> StepRecord:
-    phases = Phases(data=float(x[0]), forward=float(x[1]), backward=float(x[2]),
-                    optimizer=float(x[3]), comm_wait=None if comm != comm else float(comm),
-                    checkpoint=ckpt if ckpt else None)
-    return StepRecord(job_id=job.job_id, rank=r, world_size=job.world, step=s, start=t0,
-                      end=t1, host=job.host_name(r // GPUS), local_rank=r % GPUS,
-                      gpu=r % GPUS, group="all", phases=phases, samples=32,
-                      tokens=32 * 4096)
+def _record(
+    job: DriftJob, r: int, s: int, t0: float, t1: float, x: np.ndarray, comm: float, ckpt: float
+) -> StepRecord:
+    phases = Phases(
+        data=float(x[0]),
+        forward=float(x[1]),
+        backward=float(x[2]),
+        optimizer=float(x[3]),
+        comm_wait=None if comm != comm else float(comm),
+        checkpoint=ckpt if ckpt else None,
+    )
+    return StepRecord(
+        job_id=job.job_id,
+        rank=r,
+        world_size=job.world,
+        step=s,
+        start=t0,
+        end=t1,
+        host=job.host_name(r // GPUS),
+        local_rank=r % GPUS,
+        gpu=r % GPUS,
+        group="all",
+        phases=phases,
+        samples=32,
+        tokens=32 * 4096,
+    )

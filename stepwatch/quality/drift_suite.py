@@ -60,15 +60,26 @@ def label_of(job: DriftJob) -> Label:
         ranks = ()
     else:
         ranks = (job.rank,)
-    host = job.host_name(job.host if (network or job.kind is Kind.HALF_HOST)
-                         else job.rank // GPUS)
+    host = job.host_name(job.host if (network or job.kind is Kind.HALF_HOST) else job.rank // GPUS)
     start_ts, effect = effect_of(job)
-    return Label(job_id=job.job_id, kind=job.kind.value, detection=detection,
-                 accepted=accepted, cause=cause, fault_class="system", action="inspect",
-                 ranks=ranks, rank=ranks[0] if len(ranks) == 1 else None, host=host,
-                 device=f"mlx5_{job.port}" if network else None, port=1 if network else None,
-                 severity=effect, start_step=job.start, start_ts=start_ts,
-                 summary=f"{job.kind.value} on {host} from step {job.start}")
+    return Label(
+        job_id=job.job_id,
+        kind=job.kind.value,
+        detection=detection,
+        accepted=accepted,
+        cause=cause,
+        fault_class="system",
+        action="inspect",
+        ranks=ranks,
+        rank=ranks[0] if len(ranks) == 1 else None,
+        host=host,
+        device=f"mlx5_{job.port}" if network else None,
+        port=1 if network else None,
+        severity=effect,
+        start_step=job.start,
+        start_ts=start_ts,
+        summary=f"{job.kind.value} on {host} from step {job.start}",
+    )
 
 
 def effect_of(job: DriftJob) -> tuple[float, float]:
@@ -83,8 +94,8 @@ def effect_of(job: DriftJob) -> tuple[float, float]:
         wall = model.step(s)[2]
         walls.append(wall)
         t += wall + pause(s, job.step_s) + 0.002
-    before = float(np.median(walls[max(0, job.start - 40):job.start]))
-    after = float(np.median(walls[job.start:]))
+    before = float(np.median(walls[max(0, job.start - 40) : job.start]))
+    after = float(np.median(walls[job.start :]))
     return round(t_start, 6), round(max(0.0, after / before - 1.0), 3)
 
 
@@ -100,8 +111,15 @@ def suite(*, quick: bool, seed: int) -> list[DriftCase]:
                 n += 1
                 nodes = 2 if kind is Kind.HALF_HOST else int(rng.choice([2, 4, 8]))
                 job = _job(rng, seed, n, nodes, 240, kind, sev)
-                cases.append(DriftCase(f"{kind.value}@{sev:.3f}-{job.world}r", job,
-                                       f"{job.world}r", False, effect_of(job)[1]))
+                cases.append(
+                    DriftCase(
+                        f"{kind.value}@{sev:.3f}-{job.world}r",
+                        job,
+                        f"{job.world}r",
+                        False,
+                        effect_of(job)[1],
+                    )
+                )
     healthy = [(2, 800), (2, 600), (4, 600), (8, 400)]
     if not quick:
         healthy += [(2, 1200), (4, 1000), (8, 800), (2, 1500)]
@@ -112,12 +130,27 @@ def suite(*, quick: bool, seed: int) -> list[DriftCase]:
     return cases
 
 
-def _job(rng: np.random.Generator, seed: int, n: int, nodes: int, steps: int,
-         kind: Kind | None, sev: float) -> DriftJob:
+def _job(
+    rng: np.random.Generator,
+    seed: int,
+    n: int,
+    nodes: int,
+    steps: int,
+    kind: Kind | None,
+    sev: float,
+) -> DriftJob:
     host = int(rng.integers(0, nodes))
-    return DriftJob(job_id=f"drift{seed}-{n:03d}", seed=seed * 104729 + n, nodes=nodes,
-                    steps=steps, step_s=float(rng.uniform(0.3, 1.5)),
-                    ddp=bool(rng.random() < 0.5), kind=kind,
-                    start=int(rng.integers(70, 130)), severity=sev, host=host,
-                    rank=host * GPUS + int(rng.integers(0, GPUS)),
-                    port=int(rng.integers(0, 8)))
+    return DriftJob(
+        job_id=f"drift{seed}-{n:03d}",
+        seed=seed * 104729 + n,
+        nodes=nodes,
+        steps=steps,
+        step_s=float(rng.uniform(0.3, 1.5)),
+        ddp=bool(rng.random() < 0.5),
+        kind=kind,
+        start=int(rng.integers(70, 130)),
+        severity=sev,
+        host=host,
+        rank=host * GPUS + int(rng.integers(0, GPUS)),
+        port=int(rng.integers(0, 8)),
+    )

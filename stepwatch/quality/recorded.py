@@ -65,28 +65,43 @@ class RecordedCase:
                     try:
                         yield decode(line.strip())
                     except ContractError as err:
-                        raise ConfigError(f"{self.path}:{n}: not a contract message: {err}") \
-                            from err
+                        raise ConfigError(
+                            f"{self.path}:{n}: not a contract message: {err}"
+                        ) from err
 
     def labels(self) -> list[Label]:
         if self.healthy:
             return []
         fault = str(self.label.get("fault"))
         if fault not in EXPECTED:
-            raise ConfigError(f"{self.path.parent / 'labels.json'}: {self.name}: fault "
-                              f"{fault!r} is not one of {sorted(EXPECTED)} or 'healthy'")
+            raise ConfigError(
+                f"{self.path.parent / 'labels.json'}: {self.name}: fault "
+                f"{fault!r} is not one of {sorted(EXPECTED)} or 'healthy'"
+            )
         detection, accepted, cause = EXPECTED[fault]
         steps = self.steps
         start = int(self.label["start_step"])
         ranks = tuple(int(r) for r in self.label.get("ranks") or [self.label["rank"]])
         starts = [r.start for m in steps for r in m.steps if r.step == start]
-        return [Label(job_id=steps[0].job_id, kind=f"recorded_{fault}", detection=detection,
-                      accepted=accepted, cause=cause, fault_class="system", action="inspect",
-                      ranks=ranks, rank=ranks[0] if len(ranks) == 1 else None,
-                      host=self.label.get("host"), severity=_effect(steps, start),
-                      start_step=start, start_ts=min(starts) if starts else 0.0,
-                      summary=f"{fault} x{self.label.get('factor')} on ranks {list(ranks)} "
-                              f"from step {start}")]
+        return [
+            Label(
+                job_id=steps[0].job_id,
+                kind=f"recorded_{fault}",
+                detection=detection,
+                accepted=accepted,
+                cause=cause,
+                fault_class="system",
+                action="inspect",
+                ranks=ranks,
+                rank=ranks[0] if len(ranks) == 1 else None,
+                host=self.label.get("host"),
+                severity=_effect(steps, start),
+                start_step=start,
+                start_ts=min(starts) if starts else 0.0,
+                summary=f"{fault} x{self.label.get('factor')} on ranks {list(ranks)} "
+                f"from step {start}",
+            )
+        ]
 
     @cached_property
     def steps(self) -> list[StepMessage]:

@@ -60,8 +60,14 @@ def micro_benchmark(repeat: int = 3) -> list[dict[str, Any]]:
 
     out = []
     for nodes, stages, steps in ((1, 1, 400), (8, 2, 200), (128, 8, 40)):
-        sc = Scenario(seed=11, nodes=nodes, pipeline_stages=stages, steps=steps,
-                      with_gpu=False, with_ports=False)
+        sc = Scenario(
+            seed=11,
+            nodes=nodes,
+            pipeline_stages=stages,
+            steps=steps,
+            with_gpu=False,
+            with_ports=False,
+        )
         msgs = [m for m in simulate(sc) if isinstance(m, StepMessage)]
         wire = [encode(m) for m in msgs]
         n = sum(len(m.steps) for m in msgs)
@@ -76,34 +82,54 @@ def micro_benchmark(repeat: int = 3) -> list[dict[str, Any]]:
             for b in wire:
                 decode_unchecked(b)
             best_decode = min(best_decode, time.perf_counter() - t)
-        out.append({
-            "ranks": sc.world_size, "stages": stages, "records": n,
-            "engine_records_per_s": round(n / best_engine),
-            "engine_us_per_record": round(1e6 * best_engine / n, 2),
-            "decode_records_per_s": round(n / best_decode),
-            "engine_over_decode": round(best_engine / best_decode, 2),
-        })
+        out.append(
+            {
+                "ranks": sc.world_size,
+                "stages": stages,
+                "records": n,
+                "engine_records_per_s": round(n / best_engine),
+                "engine_us_per_record": round(1e6 * best_engine / n, 2),
+                "decode_records_per_s": round(n / best_decode),
+                "engine_over_decode": round(best_engine / best_decode, 2),
+            }
+        )
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--quick", action="store_true", help="the small suite (about a minute)")
     p.add_argument("--seed", type=int, default=7, help="suite seed (default 7)")
     p.add_argument("--json", metavar="PATH", help="also write the figures as JSON")
     p.add_argument("--no-micro", action="store_true", help="skip the Engine.process timing")
     p.add_argument("--verbose", action="store_true", help="list every miss and false detection")
-    p.add_argument("--family", choices=(*FAMILIES, "all", "none"), default="all",
-                   help="scenario family: sim (stepwatch.sim), wild (stepwatch.quality.wild, "
-                        "written independently), drift (stepwatch.quality.drift: autocorrelated "
-                        "drift, heavy tails, ragged batches), all (default) or none")
-    p.add_argument("--recorded", metavar="DIR", action="append", default=[],
-                   help="also score the labelled recordings of real jobs in DIR "
-                        "(see stepwatch.quality.recorded; repeatable)")
+    p.add_argument(
+        "--family",
+        choices=(*FAMILIES, "all", "none"),
+        default="all",
+        help="scenario family: sim (stepwatch.sim), wild (stepwatch.quality.wild, "
+        "written independently), drift (stepwatch.quality.drift: autocorrelated "
+        "drift, heavy tails, ragged batches), all (default) or none",
+    )
+    p.add_argument(
+        "--recorded",
+        metavar="DIR",
+        action="append",
+        default=[],
+        help="also score the labelled recordings of real jobs in DIR "
+        "(see stepwatch.quality.recorded; repeatable)",
+    )
     args = p.parse_args(argv)
-    return run(quick=args.quick, seed=args.seed, json_path=args.json, micro=not args.no_micro,
-               verbose=args.verbose, families=families_of(args.family, args.recorded))
+    return run(
+        quick=args.quick,
+        seed=args.seed,
+        json_path=args.json,
+        micro=not args.no_micro,
+        verbose=args.verbose,
+        families=families_of(args.family, args.recorded),
+    )
 
 
 def families_of(family: str, recorded: Sequence[str]) -> tuple[str, ...]:
@@ -130,14 +156,26 @@ def run_family(family: str, *, quick: bool, seed: int, cfg: DetectConfig) -> dic
     t0 = time.perf_counter()
     results = [run_case(case, cfg) for case in cases]
     figures = score(results)
-    figures["suite"] = {"family": family, "mode": "quick" if quick else "full", "seed": seed,
-                        "cases": len(cases), "seconds": round(time.perf_counter() - t0, 1)}
+    figures["suite"] = {
+        "family": family,
+        "mode": "quick" if quick else "full",
+        "seed": seed,
+        "cases": len(cases),
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
     return figures
 
 
-def run(*, quick: bool = False, seed: int = 7, json_path: str | None = None, micro: bool = True,
-        verbose: bool = False, cfg: DetectConfig | None = None,
-        families: Sequence[str] = FAMILIES) -> int:
+def run(
+    *,
+    quick: bool = False,
+    seed: int = 7,
+    json_path: str | None = None,
+    micro: bool = True,
+    verbose: bool = False,
+    cfg: DetectConfig | None = None,
+    families: Sequence[str] = FAMILIES,
+) -> int:
     cfg = cfg or DetectConfig()
     out: dict[str, Any] = {}
     for family in families:
@@ -159,18 +197,33 @@ def run(*, quick: bool = False, seed: int = 7, json_path: str | None = None, mic
 
 def family_table(out: dict[str, Any]) -> list[str]:
     """One row per family: the issue's figures on slowdowns >= 10 % and healthy runs."""
-    cols = ("precision", "recall", "f1", "duplicates", "ttd_steps_median", "ttd_steps_p95",
-            "ttd_seconds_median", "ttd_seconds_p95", "attribution",
-            "detections_per_healthy_job_hour", "suspects_per_healthy_job_hour", "onset_within_3",
-            "network_localized")
-    lines = ["per family (slowdowns >= 10 % and healthy runs; stops included in 'all faults'):",
-             f"{'family':<10}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols)]
+    cols = (
+        "precision",
+        "recall",
+        "f1",
+        "duplicates",
+        "ttd_steps_median",
+        "ttd_steps_p95",
+        "ttd_seconds_median",
+        "ttd_seconds_p95",
+        "attribution",
+        "detections_per_healthy_job_hour",
+        "suspects_per_healthy_job_hour",
+        "onset_within_3",
+        "network_localized",
+    )
+    lines = [
+        "per family (slowdowns >= 10 % and healthy runs; stops included in 'all faults'):",
+        f"{'family':<10}{'subset':<12}{'labels':>7}" + "".join(f"{c[:12]:>13}" for c in cols),
+    ]
     for family, f in out.items():
         name = "recorded" if family.startswith("recorded:") else family
         for subset, key in (("all faults", "overall"), ("slow>=10%", "slowdowns_ge_10pct")):
             row = f[key]
-            lines.append(f"{name:<10}{subset:<12}{row['labels']:>7}"
-                         + "".join(f"{_fmt(row[c]):>13}" for c in cols))
+            lines.append(
+                f"{name:<10}{subset:<12}{row['labels']:>7}"
+                + "".join(f"{_fmt(row[c]):>13}" for c in cols)
+            )
     return lines
 
 

@@ -100,7 +100,9 @@ class Outcome:
         return None if self.first is None else self.first.cause == self.label.cause
 
 
-def evaluate(results: list[CaseResult]) -> tuple[list[Outcome], list[tuple[Case, DetectionMessage]], int]:
+def evaluate(
+    results: list[CaseResult],
+) -> tuple[list[Outcome], list[tuple[Case, DetectionMessage]], int]:
     """Outcomes per label, false detections, and the number of true detections."""
     outcomes, false, true, _ = _evaluate(results)
     return outcomes, false, true
@@ -110,8 +112,9 @@ def duplicates(results: list[CaseResult]) -> int:
     return _evaluate(results)[3]
 
 
-def _evaluate(results: list[CaseResult]) -> tuple[
-        list[Outcome], list[tuple[Case, DetectionMessage]], int, int]:
+def _evaluate(
+    results: list[CaseResult],
+) -> tuple[list[Outcome], list[tuple[Case, DetectionMessage]], int, int]:
     outcomes: list[Outcome] = []
     false: list[tuple[Case, DetectionMessage]] = []
     true = dups = 0
@@ -151,28 +154,43 @@ def summarise(results: list[CaseResult]) -> dict[str, Any]:
     hours = sum(r.job_hours for r in healthy)
     healthy_false = sum(len(r.opened) for r in healthy)
     healthy_suspects = sum(r.suspects for r in healthy)
-    onsets = [abs(o.first.first_step - o.label.start_step) for o in detected
-              if o.first is not None and o.first.first_step is not None
-              and o.label.kind not in INSTANT_KINDS]
-    net = [o for o in outcomes if o.label.cause == "network" and o.label.kind not in
-           INSTANT_KINDS]
+    onsets = [
+        abs(o.first.first_step - o.label.start_step)
+        for o in detected
+        if o.first is not None
+        and o.first.first_step is not None
+        and o.label.kind not in INSTANT_KINDS
+    ]
+    net = [o for o in outcomes if o.label.cause == "network" and o.label.kind not in INSTANT_KINDS]
     return {
-        "labels": len(outcomes), "detected": len(detected), "detections": total,
-        "false_detections": len(false), "duplicates": dups,
-        "precision": round(precision, 4), "recall": round(recall, 4), "f1": round(f1, 4),
-        "ttd_steps_median": _pct(steps, 0.5), "ttd_steps_p95": _pct(steps, 0.95),
-        "ttd_seconds_median": _r(_pct(secs, 0.5)), "ttd_seconds_p95": _r(_pct(secs, 0.95)),
+        "labels": len(outcomes),
+        "detected": len(detected),
+        "detections": total,
+        "false_detections": len(false),
+        "duplicates": dups,
+        "precision": round(precision, 4),
+        "recall": round(recall, 4),
+        "f1": round(f1, 4),
+        "ttd_steps_median": _pct(steps, 0.5),
+        "ttd_steps_p95": _pct(steps, 0.95),
+        "ttd_seconds_median": _r(_pct(secs, 0.5)),
+        "ttd_seconds_p95": _r(_pct(secs, 0.95)),
         "attribution": round(sum(1 for c in causes if c) / len(causes), 4) if causes else None,
-        "healthy_job_hours": round(hours, 2), "healthy_detections": healthy_false,
-        "false_per_1000_healthy_job_hours": round(1000 * healthy_false / hours, 1) if hours else None,
+        "healthy_job_hours": round(hours, 2),
+        "healthy_detections": healthy_false,
+        "false_per_1000_healthy_job_hours": round(1000 * healthy_false / hours, 1)
+        if hours
+        else None,
         "detections_per_healthy_job_hour": round(healthy_false / hours, 3) if hours else None,
         "suspects_per_healthy_job_hour": round(healthy_suspects / hours, 3) if hours else None,
         # |first_step - the fault's first step| <= 3 (instant kinds left out)
         "onset_within_3": round(sum(1 for x in onsets if x <= 3) / len(onsets), 4)
-        if onsets else None,
+        if onsets
+        else None,
         # network faults (not link flaps) found and pinned to their host, any slowdown
         "network_localized": round(sum(1 for o in net if o.first is not None) / len(net), 4)
-        if net else None,
+        if net
+        else None,
     }
 
 
@@ -184,10 +202,12 @@ def score(results: list[CaseResult]) -> dict[str, Any]:
     strong = [r for r in results if r.case.severity is None or r.case.severity >= 0.10]
     slowdowns = [r for r in results if r.case.severity is not None]
     slow_strong = [r for r in slowdowns if (r.case.severity or 0) >= 0.10] + [
-        r for r in results if r.case.healthy]
+        r for r in results if r.case.healthy
+    ]
     outcomes, false, _ = evaluate(results)
-    per_kind: dict[str, dict[str, Any]] = defaultdict(lambda: {"n": 0, "hit": 0, "cause": 0,
-                                                                 "ttd": []})
+    per_kind: dict[str, dict[str, Any]] = defaultdict(
+        lambda: {"n": 0, "hit": 0, "cause": 0, "ttd": []}
+    )
     for o in outcomes:
         slowdown = o.label.kind in SLOWDOWN_KINDS
         sev = f"@{round(o.label.severity * 100)}%" if slowdown else ""
@@ -201,15 +221,22 @@ def score(results: list[CaseResult]) -> dict[str, Any]:
         "overall": summarise(results),
         "severity_ge_10pct": summarise(strong),
         "slowdowns_ge_10pct": summarise(slow_strong),
-        "per_kind": {k: {"labels": v["n"], "detected": v["hit"], "cause_ok": v["cause"],
-                         "ttd_steps_median": _pct([float(t) for t in v["ttd"]], 0.5)}
-                     for k, v in sorted(per_kind.items())},
+        "per_kind": {
+            k: {
+                "labels": v["n"],
+                "detected": v["hit"],
+                "cause_ok": v["cause"],
+                "ttd_steps_median": _pct([float(t) for t in v["ttd"]], 0.5),
+            }
+            for k, v in sorted(per_kind.items())
+        },
         "misses": [f"{o.case.name}: {o.label.summary}" for o in outcomes if o.first is None],
-        "wrong_cause": [f"{o.case.name}: expected {o.label.cause}, got {o.first.cause} "
-                        f"({o.first.summary})" for o in outcomes
-                        if o.first is not None and not o.cause_ok],
-        "false": [f"{c.name}: {d.type} rank={d.rank} step={d.step} {d.summary}"
-                  for c, d in false],
+        "wrong_cause": [
+            f"{o.case.name}: expected {o.label.cause}, got {o.first.cause} ({o.first.summary})"
+            for o in outcomes
+            if o.first is not None and not o.cause_ok
+        ],
+        "false": [f"{c.name}: {d.type} rank={d.rank} step={d.step} {d.summary}" for c, d in false],
         "engine_seconds": round(sum(r.seconds for r in results), 2),
         "messages": sum(r.messages for r in results),
         "records": sum(r.records for r in results),
@@ -223,33 +250,59 @@ def report_lines(f: dict[str, Any], verbose: bool = False, micro_only: bool = Fa
     if micro_only:
         return _micro_lines(f)
     s = f.get("suite", {})
-    out = [f"detection quality: family {s.get('family', 'sim')}, {s.get('mode')} suite, seed {s.get('seed')}, {s.get('cases')} "
-           f"jobs, {f['messages']} messages, {f['records']} step records, "
-           f"{s.get('seconds')} s (engine+simulator)", ""]
-    cols = ("precision", "recall", "f1", "duplicates", "ttd_steps_median", "ttd_steps_p95",
-            "ttd_seconds_median", "ttd_seconds_p95", "attribution",
-            "detections_per_healthy_job_hour")
+    out = [
+        f"detection quality: family {s.get('family', 'sim')}, {s.get('mode')} suite, seed {s.get('seed')}, {s.get('cases')} "
+        f"jobs, {f['messages']} messages, {f['records']} step records, "
+        f"{s.get('seconds')} s (engine+simulator)",
+        "",
+    ]
+    cols = (
+        "precision",
+        "recall",
+        "f1",
+        "duplicates",
+        "ttd_steps_median",
+        "ttd_steps_p95",
+        "ttd_seconds_median",
+        "ttd_seconds_p95",
+        "attribution",
+        "detections_per_healthy_job_hour",
+    )
     out.append(f"{'subset':<22}{'labels':>7}{'dets':>6}" + "".join(f"{c[:12]:>13}" for c in cols))
     for name in ("overall", "severity_ge_10pct", "slowdowns_ge_10pct"):
         row = f[name]
-        out.append(f"{name:<22}{row['labels']:>7}{row['detections']:>6}"
-                   + "".join(f"{_fmt(row[c]):>13}" for c in cols))
+        out.append(
+            f"{name:<22}{row['labels']:>7}{row['detections']:>6}"
+            + "".join(f"{_fmt(row[c]):>13}" for c in cols)
+        )
     g = f["slowdowns_ge_10pct"]
     out.append("")
-    out.append("goals on slowdowns >= 10 %: " + ", ".join(
-        f"{k} {_fmt(g[k])} ({'met' if _met(k, g[k]) else 'NOT met'}, goal "
-        f"{'<=' if k.startswith('ttd') else '>='} {v})" for k, v in GOALS.items()))
+    out.append(
+        "goals on slowdowns >= 10 %: "
+        + ", ".join(
+            f"{k} {_fmt(g[k])} ({'met' if _met(k, g[k]) else 'NOT met'}, goal "
+            f"{'<=' if k.startswith('ttd') else '>='} {v})"
+            for k, v in GOALS.items()
+        )
+    )
     healthy = f["overall"]
     out.append(f"duplicates: {g['duplicates']} (goal: 0)")
-    out.append(f"healthy runs: {healthy['healthy_detections']} detections in "
-               f"{healthy['healthy_job_hours']} job-hours (goal: 0)")
+    out.append(
+        f"healthy runs: {healthy['healthy_detections']} detections in "
+        f"{healthy['healthy_job_hours']} job-hours (goal: 0)"
+    )
     out.append("")
     out.append(f"{'fault':<28}{'labels':>7}{'detected':>9}{'cause ok':>9}{'ttd steps':>10}")
     for kind, row in f["per_kind"].items():
-        out.append(f"{kind:<28}{row['labels']:>7}{row['detected']:>9}{row['cause_ok']:>9}"
-                   f"{_fmt(row['ttd_steps_median']):>10}")
-    for title, key in (("missed", "misses"), ("wrong cause", "wrong_cause"),
-                       ("false detections", "false")):
+        out.append(
+            f"{kind:<28}{row['labels']:>7}{row['detected']:>9}{row['cause_ok']:>9}"
+            f"{_fmt(row['ttd_steps_median']):>10}"
+        )
+    for title, key in (
+        ("missed", "misses"),
+        ("wrong cause", "wrong_cause"),
+        ("false detections", "false"),
+    ):
         items = f[key]
         if items:
             out.append("")
@@ -267,10 +320,12 @@ def _micro_lines(f: dict[str, Any]) -> list[str]:
         out.append("")
         out.append("Engine.process micro-benchmark (step messages only, best of 3):")
         for m in f["micro"]:
-            out.append(f"  {m['ranks']:>5} ranks: {m['engine_records_per_s']:>9,} records/s "
-                       f"({m['engine_us_per_record']} us/record); msgspec decode of the same "
-                       f"messages {m['decode_records_per_s']:,} records/s; "
-                       f"engine/decode = {m['engine_over_decode']}")
+            out.append(
+                f"  {m['ranks']:>5} ranks: {m['engine_records_per_s']:>9,} records/s "
+                f"({m['engine_us_per_record']} us/record); msgspec decode of the same "
+                f"messages {m['decode_records_per_s']:,} records/s; "
+                f"engine/decode = {m['engine_over_decode']}"
+            )
     return out
 
 

@@ -29,8 +29,13 @@ STOPS = (
 )
 SEVERITIES = (0.05, 0.10, 0.30)
 # heavy noise: 2.5 % per-step compute jitter, frequent tails and GC pauses, pauses every 50 steps
-HEAVY: dict[str, Any] = {"jitter": 0.025, "tail_prob": 0.02, "gc_prob": 0.01, "eval_every": 50,
-         "checkpoint_every": 100}
+HEAVY: dict[str, Any] = {
+    "jitter": 0.025,
+    "tail_prob": 0.02,
+    "gc_prob": 0.01,
+    "eval_every": 50,
+    "checkpoint_every": 100,
+}
 
 
 @dataclass(frozen=True)
@@ -89,15 +94,28 @@ def suite(*, quick: bool, seed: int) -> list[Case]:
     cases: list[Case] = []
     n = 0
 
-    def add(shape: Shape, faults: tuple[Fault, ...], heavy: bool, sev: float | None,
-            label: str, **knobs: Any) -> None:
+    def add(
+        shape: Shape,
+        faults: tuple[Fault, ...],
+        heavy: bool,
+        sev: float | None,
+        label: str,
+        **knobs: Any,
+    ) -> None:
         nonlocal n
         n += 1
         extra = dict(HEAVY) if heavy else {}
         extra.update(knobs)
         steps = int(extra.pop("steps", shape.steps))
-        sc = Scenario(seed=seed * 1000 + n, job_id=f"{label}-{n}", nodes=shape.nodes,
-                      pipeline_stages=shape.stages, steps=steps, faults=faults, **extra)
+        sc = Scenario(
+            seed=seed * 1000 + n,
+            job_id=f"{label}-{n}",
+            nodes=shape.nodes,
+            pipeline_stages=shape.stages,
+            steps=steps,
+            faults=faults,
+            **extra,
+        )
         cases.append(Case(label, (sc,), shape.name, not faults, sev, heavy))
 
     for i, kind in enumerate(SLOWDOWNS):
@@ -108,28 +126,58 @@ def suite(*, quick: bool, seed: int) -> list[Case]:
                     continue  # the largest shape: one severity keeps the full run short
                 start = int(rng.integers(90, 131))
                 heavy = bool((i + j + k) % 2)
-                add(shape, (Fault(kind, start_step=start, severity=sev),), heavy, sev,
-                    f"{kind.value}@{int(sev * 100)}%-{shape.name}")
+                add(
+                    shape,
+                    (Fault(kind, start_step=start, severity=sev),),
+                    heavy,
+                    sev,
+                    f"{kind.value}@{int(sev * 100)}%-{shape.name}",
+                )
     if not quick:  # lemon hosts: every GPU of one host slower
         for shape in (DP32, DP256):
             for sev in (0.10, 0.30):
                 host = f"node{int(rng.integers(shape.nodes)):04d}"
-                add(shape, (Fault(FaultKind.SLOW_GPU, host=host, start_step=110, severity=sev),),
-                    False, sev, f"lemon_host@{int(sev * 100)}%-{shape.name}")
+                add(
+                    shape,
+                    (Fault(FaultKind.SLOW_GPU, host=host, start_step=110, severity=sev),),
+                    False,
+                    sev,
+                    f"lemon_host@{int(sev * 100)}%-{shape.name}",
+                )
     for i, kind in enumerate(STOPS):
         picks = [shapes[i % len(shapes)]] if quick else list(shapes[:4])
         for shape in picks:
             start = int(rng.integers(90, 131))
-            add(shape, (Fault(kind, start_step=start),), bool(i % 2), None,
-                f"{kind.value}-{shape.name}")
+            add(
+                shape,
+                (Fault(kind, start_step=start),),
+                bool(i % 2),
+                None,
+                f"{kind.value}-{shape.name}",
+            )
     healthy = [(DP8, 600, 2.0), (DP32, 600, 1.0), (PP64, 400, 4.0), (DP32, 300, 10.0)]
     if not quick:
-        healthy += [(DP8, 1200, 10.0), (PP64, 800, 1.0), (DP256, 400, 3.0), (PP1024, 200, 5.0),
-                    (DP32, 1000, 6.0), (PP64, 600, 10.0), (DP32, 2000, 6.0), (DP8, 3000, 12.0)]
+        healthy += [
+            (DP8, 1200, 10.0),
+            (PP64, 800, 1.0),
+            (DP256, 400, 3.0),
+            (PP1024, 200, 5.0),
+            (DP32, 1000, 6.0),
+            (PP64, 600, 10.0),
+            (DP32, 2000, 6.0),
+            (DP8, 3000, 12.0),
+        ]
     cases.append(_fleet(seed))
     for shape, steps, step_s in healthy:
-        add(shape, (), True, None, f"healthy-{shape.name}-{step_s:g}s", steps=steps,
-            step_seconds=step_s)
+        add(
+            shape,
+            (),
+            True,
+            None,
+            f"healthy-{shape.name}-{step_s:g}s",
+            steps=steps,
+            step_seconds=step_s,
+        )
     return cases
 
 
@@ -137,13 +185,30 @@ def _fleet(seed: int) -> Case:
     """Three jobs at once on disjoint hosts, one engine: faults stay in their own job."""
     common: dict[str, Any] = {"steps": 260, "start_ts": 1767225600.0}
     jobs = (
-        Scenario(seed=seed * 1000 + 901, job_id="fleet-a", nodes=4,
-                 hosts=tuple(f"a{i:03d}" for i in range(4)),
-                 faults=(Fault(FaultKind.THERMAL_THROTTLE, start_step=120, severity=0.10),),
-                 **common),
-        Scenario(seed=seed * 1000 + 902, job_id="fleet-b", nodes=8, pipeline_stages=4,
-                 hosts=tuple(f"b{i:03d}" for i in range(8)), **common, **HEAVY),
-        Scenario(seed=seed * 1000 + 903, job_id="fleet-c", nodes=1, hosts=("c000",),
-                 faults=(Fault(FaultKind.XID79, start_step=150),), **common),
+        Scenario(
+            seed=seed * 1000 + 901,
+            job_id="fleet-a",
+            nodes=4,
+            hosts=tuple(f"a{i:03d}" for i in range(4)),
+            faults=(Fault(FaultKind.THERMAL_THROTTLE, start_step=120, severity=0.10),),
+            **common,
+        ),
+        Scenario(
+            seed=seed * 1000 + 902,
+            job_id="fleet-b",
+            nodes=8,
+            pipeline_stages=4,
+            hosts=tuple(f"b{i:03d}" for i in range(8)),
+            **common,
+            **HEAVY,
+        ),
+        Scenario(
+            seed=seed * 1000 + 903,
+            job_id="fleet-c",
+            nodes=1,
+            hosts=("c000",),
+            faults=(Fault(FaultKind.XID79, start_step=150),),
+            **common,
+        ),
     )
     return Case("fleet-3-jobs", jobs, "fleet", False, 0.10, False)

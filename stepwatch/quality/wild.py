@@ -207,15 +207,23 @@ def generate(job: Job) -> Iterator[Message]:
     model = _Model(job)
     tele = Telemetry(job, np.random.default_rng(job.seed + 1))
     t = job.start_ts
-    yield EventMessage(host=job.host(0), ts=t, type=EventType.JOB_START, job_id=job.job_id,
-                       rank=0, attrs={"world_size": job.world})
+    yield EventMessage(
+        host=job.host(0),
+        ts=t,
+        type=EventType.JOB_START,
+        job_id=job.job_id,
+        rank=0,
+        attrs={"world_size": job.world},
+    )
     for s in range(job.steps):
         x, comm, wall, burst, cpu = model.step(s)
         end = t + wall
         ts = end + 0.05
         for h in range(job.nodes):
-            recs = [_record(job, r, s, t, end, x[:, r], comm[r], cpu[:, r]) for r in
-                    range(h * GPUS, (h + 1) * GPUS)]
+            recs = [
+                _record(job, r, s, t, end, x[:, r], comm[r], cpu[:, r])
+                for r in range(h * GPUS, (h + 1) * GPUS)
+            ]
             yield StepMessage(host=job.host(h), ts=ts, job_id=job.job_id, steps=recs)
         for h in range(job.nodes):
             gpus: list[GpuReading] = tele.gpus(h, s)
@@ -223,16 +231,36 @@ def generate(job: Job) -> Iterator[Message]:
             yield GpuMessage(host=job.host(h), ts=ts, job_id=job.job_id, gpus=gpus)
             yield PortMessage(host=job.host(h), ts=ts, job_id=job.job_id, ports=ports)
         t = end + 0.002
-    yield EventMessage(host=job.host(0), ts=t + 0.1, type=EventType.JOB_END, job_id=job.job_id,
-                       rank=0, code=0)
+    yield EventMessage(
+        host=job.host(0), ts=t + 0.1, type=EventType.JOB_END, job_id=job.job_id, rank=0, code=0
+    )
 
 
-def _record(job: Job, r: int, s: int, t0: float, t1: float, x: np.ndarray,
-            comm: float, cpu: np.ndarray) -> StepRecord:
-    phases = Phases(data=float(x[0]), forward=float(x[1]), backward=float(x[2]),
-                    optimizer=float(x[3]), comm_wait=None if comm != comm else float(comm))
+def _record(
+    job: Job, r: int, s: int, t0: float, t1: float, x: np.ndarray, comm: float, cpu: np.ndarray
+) -> StepRecord:
+    phases = Phases(
+        data=float(x[0]),
+        forward=float(x[1]),
+        backward=float(x[2]),
+        optimizer=float(x[3]),
+        comm_wait=None if comm != comm else float(comm),
+    )
     group = f"stage{job.stage_of(r)}" if job.stages > 1 else "all"
-    return StepRecord(job_id=job.job_id, rank=r, world_size=job.world, step=s, start=t0,
-                      end=t1, host=job.host(r // GPUS), local_rank=r % GPUS, gpu=r % GPUS,
-                      group=group, phases=phases, samples=32, tokens=32 * 4096,
-                      cpu_time=float(cpu[0]), cpu_wait=float(cpu[1]))
+    return StepRecord(
+        job_id=job.job_id,
+        rank=r,
+        world_size=job.world,
+        step=s,
+        start=t0,
+        end=t1,
+        host=job.host(r // GPUS),
+        local_rank=r % GPUS,
+        gpu=r % GPUS,
+        group=group,
+        phases=phases,
+        samples=32,
+        tokens=32 * 4096,
+        cpu_time=float(cpu[0]),
+        cpu_wait=float(cpu[1]),
+    )

@@ -59,12 +59,24 @@ def label_of(job: Job, f: Fault) -> Label:
         ranks = (f.rank,)
     host = job.host(f.host if (host_level or network) else f.rank // GPUS)
     start_ts, effect = _effect(job, f.start)
-    return Label(job_id=job.job_id, kind=f.kind.value, detection=detection, accepted=accepted,
-                 cause=cause, fault_class="system", action="inspect", ranks=ranks,
-                 rank=ranks[0] if len(ranks) == 1 else None, host=host,
-                 device=f"mlx5_{f.port}" if network else None, port=1 if network else None,
-                 severity=effect, start_step=f.start, start_ts=start_ts,
-                 summary=f"{f.kind.value} on {host} from step {f.start}")
+    return Label(
+        job_id=job.job_id,
+        kind=f.kind.value,
+        detection=detection,
+        accepted=accepted,
+        cause=cause,
+        fault_class="system",
+        action="inspect",
+        ranks=ranks,
+        rank=ranks[0] if len(ranks) == 1 else None,
+        host=host,
+        device=f"mlx5_{f.port}" if network else None,
+        port=1 if network else None,
+        severity=effect,
+        start_step=f.start,
+        start_ts=start_ts,
+        summary=f"{f.kind.value} on {host} from step {f.start}",
+    )
 
 
 def _effect(job: Job, start: int) -> tuple[float, float]:
@@ -82,7 +94,7 @@ def _effect(job: Job, start: int) -> tuple[float, float]:
         wall = model.step(s)[2]
         walls.append(wall)
         t += wall + 0.002
-    before = float(np.median(walls[max(0, start - 40):start]))
+    before = float(np.median(walls[max(0, start - 40) : start]))
     after = float(np.median(walls[start:]))
     return round(t_start, 6), round(max(0.0, after / before - 1.0), 3)
 
@@ -110,21 +122,39 @@ def suite(*, quick: bool, seed: int) -> list[WildCase]:
                 job = _job(rng, seed, n, nodes, stages, kind, sev, 240)
                 assert job.fault is not None
                 effect = _effect(job, job.fault.start)[1]
-                cases.append(WildCase(f"{kind.value}@{int(sev * 100)}%-{job.world}r", job,
-                                      f"{job.world}r/{stages}pp", False, effect))
+                cases.append(
+                    WildCase(
+                        f"{kind.value}@{int(sev * 100)}%-{job.world}r",
+                        job,
+                        f"{job.world}r/{stages}pp",
+                        False,
+                        effect,
+                    )
+                )
     healthy = [(2, 1, 600), (8, 2, 400), (32, 1, 300), (4, 4, 500)]
     if not quick:
         healthy += [(64, 1, 250), (32, 4, 300), (16, 1, 800), (8, 1, 1200)]
     for nodes, stages, steps in healthy:
         n += 1
         job = _job(rng, seed, n, nodes, stages, None, 0.0, steps)
-        cases.append(WildCase(f"healthy-{job.world}r-{stages}pp", job, f"{job.world}r/{stages}pp",
-                              True, None))
+        cases.append(
+            WildCase(
+                f"healthy-{job.world}r-{stages}pp", job, f"{job.world}r/{stages}pp", True, None
+            )
+        )
     return cases
 
 
-def _job(rng: np.random.Generator, seed: int, n: int, nodes: int, stages: int,
-         kind: Kind | None, sev: float, steps: int) -> Job:
+def _job(
+    rng: np.random.Generator,
+    seed: int,
+    n: int,
+    nodes: int,
+    stages: int,
+    kind: Kind | None,
+    sev: float,
+    steps: int,
+) -> Job:
     job_id = f"wild{seed}-{n:03d}"
     fault = None
     if kind is not None:
@@ -136,8 +166,16 @@ def _job(rng: np.random.Generator, seed: int, n: int, nodes: int, stages: int,
             senders = [h for h in range(nodes) if h * stages // nodes == stage - 1]
             host = int(rng.choice(senders))
         rank = host * GPUS + int(rng.integers(0, GPUS))
-        fault = Fault(kind, start, sev, host=host, rank=rank, port=int(rng.integers(0, 8)),
-                      stage=stage)
-    return Job(job_id=job_id, seed=seed * 7919 + n, nodes=nodes, steps=steps, stages=stages,
-               accounting=str(rng.choice(["ddp", "explicit"])),
-               step_s=float(rng.uniform(0.5, 4.0)), fault=fault)
+        fault = Fault(
+            kind, start, sev, host=host, rank=rank, port=int(rng.integers(0, 8)), stage=stage
+        )
+    return Job(
+        job_id=job_id,
+        seed=seed * 7919 + n,
+        nodes=nodes,
+        steps=steps,
+        stages=stages,
+        accounting=str(rng.choice(["ddp", "explicit"])),
+        step_s=float(rng.uniform(0.5, 4.0)),
+        fault=fault,
+    )

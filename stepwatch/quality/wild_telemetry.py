@@ -54,14 +54,23 @@ class Telemetry:
             power = float(min(POWER_LIMIT, rng.uniform(560, 720)))
             reasons = 0x4 if power >= POWER_LIMIT * 0.995 else 0
             rank = h * 8 + g
-            if (self._active(s) and f is not None and f.kind is Kind.GPU_THROTTLE
-                    and f.rank == rank):
+            if self._active(s) and f is not None and f.kind is Kind.GPU_THROTTLE and f.rank == rank:
                 clock, temp, reasons = clock * (1 - 1.5 * f.severity), 89.0 + rng.normal(0, 1), 0x40
-            out.append(GpuReading(
-                index=g, name="NVIDIA H100 80GB HBM3", util_gpu_pct=float(rng.uniform(94, 100)),
-                temp_gpu_c=max(temp, 0.0), power_w=power, power_limit_w=POWER_LIMIT,
-                sm_clock_mhz=clock, sm_clock_max_mhz=MAX_CLOCK, throttle_reasons=reasons,
-                ecc_dbe_total=0, remapped_rows_uncorrectable=0))
+            out.append(
+                GpuReading(
+                    index=g,
+                    name="NVIDIA H100 80GB HBM3",
+                    util_gpu_pct=float(rng.uniform(94, 100)),
+                    temp_gpu_c=max(temp, 0.0),
+                    power_w=power,
+                    power_limit_w=POWER_LIMIT,
+                    sm_clock_mhz=clock,
+                    sm_clock_max_mhz=MAX_CLOCK,
+                    throttle_reasons=reasons,
+                    ecc_dbe_total=0,
+                    remapped_rows_uncorrectable=0,
+                )
+            )
         return out
 
     def ports(self, h: int, s: int, wall: float, burst: bool) -> list[PortReading]:
@@ -69,26 +78,40 @@ class Telemetry:
 
         rng, f = self.rng, self.job.fault
         if h == 0:
-            self.burst_hosts = ({int(x) for x in rng.integers(0, self.job.nodes, 2)}
-                                if burst else set())
+            self.burst_hosts = (
+                {int(x) for x in rng.integers(0, self.job.nodes, 2)} if burst else set()
+            )
         out = []
         for p in range(NICS):
             factor = float(rng.lognormal(0, 0.3))
             if h in self.burst_hosts:
                 factor *= float(rng.uniform(2, 5))
-            if (self._active(s) and f is not None and f.host == h and f.port == p
-                    and f.kind in (Kind.NIC_CONGESTION, Kind.PP_LINK)):
+            if (
+                self._active(s)
+                and f is not None
+                and f.host == h
+                and f.port == p
+                and f.kind in (Kind.NIC_CONGESTION, Kind.PP_LINK)
+            ):
                 factor *= self.jam * float(rng.uniform(0.7, 1.3))
             self.wait_total[h, p] += self.wait_rate[h, p] * factor * wall
             self.cnp_total[h, p] += self.cnp_rate[h, p] * factor * wall
             self.ecn_total[h, p] += self.cnp_rate[h, p] * 1.5 * factor * wall
             self.xmit_bytes[h, p] += 2e10 * wall
-            out.append(PortReading(
-                device=f"mlx5_{p}", port=1, link_layer="InfiniBand", state="ACTIVE",
-                phys_state="LinkUp", rate_gbps=400.0,
-                xmit_bytes_total=int(self.xmit_bytes[h, p]),
-                xmit_wait_total=int(self.wait_total[h, p]),
-                np_cnp_sent_total=int(self.cnp_total[h, p]),
-                np_ecn_marked_roce_packets_total=int(self.ecn_total[h, p]),
-                symbol_error_total=0, link_downed_total=0))
+            out.append(
+                PortReading(
+                    device=f"mlx5_{p}",
+                    port=1,
+                    link_layer="InfiniBand",
+                    state="ACTIVE",
+                    phys_state="LinkUp",
+                    rate_gbps=400.0,
+                    xmit_bytes_total=int(self.xmit_bytes[h, p]),
+                    xmit_wait_total=int(self.wait_total[h, p]),
+                    np_cnp_sent_total=int(self.cnp_total[h, p]),
+                    np_ecn_marked_roce_packets_total=int(self.ecn_total[h, p]),
+                    symbol_error_total=0,
+                    link_downed_total=0,
+                )
+            )
         return out

@@ -50,8 +50,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-").lower()
 
 
-def build_report(store: Store, job: str, out_dir: Path,
-                 progress: Callable[[str], None] | None = None) -> Written:
+def build_report(
+    store: Store, job: str, out_dir: Path, progress: Callable[[str], None] | None = None
+) -> Written:
     """Build and write the report; ``progress`` is told each stage as it starts."""
     stage = progress or (lambda _text: None)
     stage("reading the job from the store")

@@ -166,7 +166,9 @@ def load(store: Store, job: str) -> ReportData:
         events=_rows(store, EVENTS, p),
         gpu=_rows(store, GPU, host_params) if hosts else [],
         ports=_rows(store, PORTS, host_params) if hosts else [],
-        peers={h: _rows(store, PEER_PORTS, {"job": job, "host": h, "bucket": bucket}) for h in hosts},
+        peers={
+            h: _rows(store, PEER_PORTS, {"job": job, "host": h, "bucket": bucket}) for h in hosts
+        },
         gpu_model=str(store.query(GPU_MODEL, p).scalar() or ""),
     )
 

@@ -47,7 +47,9 @@ def heat_map(data: ReportData) -> bytes:
 
     ranks = sorted({int(r["rank"]) for r in data.heat})
     buckets = sorted({int(r["step_bucket"]) for r in data.heat})
-    start = {b: min(float(r["start"]) for r in data.heat if int(r["step_bucket"]) == b) for b in buckets}
+    start = {
+        b: min(float(r["start"]) for r in data.heat if int(r["step_bucket"]) == b) for b in buckets
+    }
     end = max((float(r["end"]) for r in data.heat), default=0.0)
     grid = np.full((len(ranks), len(buckets)), np.nan)
     ri = {r: i for i, r in enumerate(ranks)}
@@ -63,8 +65,9 @@ def heat_map(data: ReportData) -> bytes:
     finite = np.isfinite(grid).any()
     low = float(np.nanpercentile(grid, 1)) if finite else 0.0
     high = 1.6 * float(np.nanmedian(grid)) if finite else 1.0
-    img = ax.pcolormesh(edges, yedges, np.ma.masked_invalid(grid), cmap="magma", vmin=low,
-                        vmax=high, shading="flat")
+    img = ax.pcolormesh(
+        edges, yedges, np.ma.masked_invalid(grid), cmap="magma", vmin=low, vmax=high, shading="flat"
+    )
     fig.colorbar(img, ax=ax, label="compute time (s)", extend="max")
     ax.xaxis_date()
     ax.invert_yaxis()
@@ -72,7 +75,9 @@ def heat_map(data: ReportData) -> bytes:
     ax.set_ylabel("rank")
     ax.yaxis.set_major_locator(ticker.MaxNLocator(integer=True))  # ranks are whole numbers
     steps = f"steps {buckets[0]}-{buckets[-1]}" if buckets else "no steps"
-    ax.set_title(f"{data.job}: compute time per rank over time (forward + backward + optimizer; {steps})")
+    ax.set_title(
+        f"{data.job}: compute time per rank over time (forward + backward + optimizer; {steps})"
+    )
     _mark_detections(ax, data.detections, horizontal=True)
     _timeline_marks(ax, data)
     fig.autofmt_xdate()
@@ -96,12 +101,19 @@ def step_time(data: ReportData, b: Breakdown | None = None) -> bytes:
     top.plot(t, slowest, color="tab:red", lw=1.6, ls="--", alpha=0.8, label=_slowest_label(data))
     top.plot(t, median, color="tab:blue", lw=1.0, label="median over ranks (the step time)")
     if b is not None and b.baseline_s:
-        top.axhline(b.baseline_s, color="tab:green", lw=1, ls=":",
-                    label=f"straggler-free baseline {b.baseline_s:.3f} s")
+        top.axhline(
+            b.baseline_s,
+            color="tab:green",
+            lw=1,
+            ls=":",
+            label=f"straggler-free baseline {b.baseline_s:.3f} s",
+        )
     top.set_ylabel("step time (s)")
     top.legend(loc="upper left", fontsize=7)
-    tput = [float(s["tokens"]) / float(s["step_s"]) if float(s["step_s"]) > 0 else 0.0
-            for s in data.steps]
+    tput = [
+        float(s["tokens"]) / float(s["step_s"]) if float(s["step_s"]) > 0 else 0.0
+        for s in data.steps
+    ]
     bottom.plot(t, tput, color="tab:green", lw=1)
     bottom.set_ylabel("throughput (tokens/s)")
     bottom.set_xlabel("time (UTC)")
@@ -117,10 +129,16 @@ def _slowest_label(data: ReportData) -> str:
     """Names the rank that was slowest most often; says so when it equals the median."""
     ranks = Counter(int(s["slowest_rank"]) for s in data.steps if s.get("slowest_rank") is not None)
     who = f"rank {ranks.most_common(1)[0][0]} most often" if ranks else "rank unknown"
-    gaps = [float(s["step_max_s"]) / float(s["step_s"]) - 1 for s in data.steps if float(s["step_s"]) > 0]
+    gaps = [
+        float(s["step_max_s"]) / float(s["step_s"]) - 1
+        for s in data.steps
+        if float(s["step_s"]) > 0
+    ]
     if bool(gaps) and max(gaps) < COINCIDE:
-        return (f"slowest rank's wall time ({who}): equal to the median within {COINCIDE:.0%}\n"
-                "(synchronous steps end together: a straggler shows in compute, see the heat map)")
+        return (
+            f"slowest rank's wall time ({who}): equal to the median within {COINCIDE:.0%}\n"
+            "(synchronous steps end together: a straggler shows in compute, see the heat map)"
+        )
     return f"slowest rank's wall time ({who})"
 
 
@@ -137,8 +155,22 @@ def goodput_bar(b: Breakdown, job: str) -> bytes:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(11, 2.4))
     left = 0.0
-    colors = dict(zip(CATEGORIES, ("tab:green", "tab:orange", "tab:blue", "tab:red", "tab:purple",
-                                   "tab:brown", "tab:pink", "tab:gray"), strict=True))
+    colors = dict(
+        zip(
+            CATEGORIES,
+            (
+                "tab:green",
+                "tab:orange",
+                "tab:blue",
+                "tab:red",
+                "tab:purple",
+                "tab:brown",
+                "tab:pink",
+                "tab:gray",
+            ),
+            strict=True,
+        )
+    )
     for kind in CATEGORIES:
         share = 100 * b.fraction(kind)
         ax.barh([0], [share], left=left, color=colors[kind], label=f"{LABELS[kind]} {share:.1f} %")
@@ -154,8 +186,12 @@ def goodput_bar(b: Breakdown, job: str) -> bytes:
 def timeline(data: ReportData) -> bytes:
     plt = _plt()
     lanes: list[tuple[str, Rows, Callable[[dict[str, Any]], str], str]] = [
-        ("events", [e for e in data.events if e["type"] not in ("job_start", "job_end")],
-         lambda e: str(e["type"]), "tab:gray"),
+        (
+            "events",
+            [e for e in data.events if e["type"] not in ("job_start", "job_end")],
+            lambda e: str(e["type"]),
+            "tab:gray",
+        ),
         ("detections", data.detections, lambda d: f"{d['type']} {d['state']}", "tab:red"),
         ("alerts", data.alerts, lambda a: f"{a['alertname']} {a['status']}", "tab:orange"),
         ("actions", data.actions, lambda a: f"{a['action']} {a['status']}", "tab:blue"),
@@ -165,8 +201,14 @@ def timeline(data: ReportData) -> bytes:
     for y, (_name, rows, label, color) in enumerate(lanes):
         for ts, text in _merge(rows[:60], label, span / 100):
             ax.plot(_when(ts), y, "o", color=color, ms=5)
-            ax.annotate(text, (_when(ts), y), xytext=(3, 5),
-                        textcoords="offset points", fontsize=6, rotation=20)
+            ax.annotate(
+                text,
+                (_when(ts), y),
+                xytext=(3, 5),
+                textcoords="offset points",
+                fontsize=6,
+                rotation=20,
+            )
         if not rows:
             ax.text(0.01, y, "none", transform=ax.get_yaxis_transform(), va="center", fontsize=8)
     _timeline_marks(ax, data)
@@ -178,8 +220,9 @@ def timeline(data: ReportData) -> bytes:
     return _png(fig)
 
 
-def _merge(rows: Rows, label: Callable[[dict[str, Any]], str], within: float
-           ) -> list[tuple[float, str]]:
+def _merge(
+    rows: Rows, label: Callable[[dict[str, Any]], str], within: float
+) -> list[tuple[float, str]]:
     """Marks closer than ``within`` seconds share one point and one label (no overprint)."""
     out: list[tuple[float, list[str]]] = []
     for row in sorted(rows, key=lambda r: float(r["ts"])):

@@ -76,16 +76,23 @@ def slowed_steps(detections: Iterable[Mapping[str, Any]]) -> list[tuple[int, int
     return [(first[k], last[k]) for k in first]
 
 
-def baseline(steps: Sequence[Mapping[str, Any]], detections: Iterable[Mapping[str, Any]] = ()
-             ) -> tuple[float | None, float]:
+def baseline(
+    steps: Sequence[Mapping[str, Any]], detections: Iterable[Mapping[str, Any]] = ()
+) -> tuple[float | None, float]:
     """(straggler-free step time, its data phase) over the steps no slowdown covered."""
     whole = slowed_steps(d for d in detections if d.get("type") == "job_slowdown")
     any_slow = slowed_steps(detections)
-    clean = [s for s in steps[WARMUP:]
-             if not _covered(s, whole) and (s.get("wait_excess") is not None or not _covered(s, any_slow))]
+    clean = [
+        s
+        for s in steps[WARMUP:]
+        if not _covered(s, whole)
+        and (s.get("wait_excess") is not None or not _covered(s, any_slow))
+    ]
     if not clean:
         return None, 0.0
-    base = statistics.median(float(s["step_s"]) - _f(s, "wait_excess") - _f(s, "ckpt_med") for s in clean)
+    base = statistics.median(
+        float(s["step_s"]) - _f(s, "wait_excess") - _f(s, "ckpt_med") for s in clean
+    )
     return base, statistics.median(_f(s, "data_med") for s in clean)
 
 
@@ -93,19 +100,28 @@ def _covered(step: Mapping[str, Any], spans: Sequence[tuple[int, int]]) -> bool:
     return any(a <= int(step["step"]) <= b for a, b in spans)
 
 
-def breakdown(steps: Sequence[Mapping[str, Any]],
-              detections: Iterable[Mapping[str, Any]] = ()) -> Breakdown:
+def breakdown(
+    steps: Sequence[Mapping[str, Any]], detections: Iterable[Mapping[str, Any]] = ()
+) -> Breakdown:
     """The split of one job's rank-seconds; ``steps``: one row per step (report.data.STEPS)."""
     out = dict.fromkeys(CATEGORIES, 0.0)
     if not steps:
         return Breakdown(0.0, out)
     world = max(int(s["world"]) for s in steps)
-    available = world * max(max(float(s["end"]) for s in steps) - min(float(s["start"]) for s in steps), 0.0)
+    available = world * max(
+        max(float(s["end"]) for s in steps) - min(float(s["start"]) for s in steps), 0.0
+    )
     detections = list(detections)
     base, base_data = baseline(steps, detections)
     for i, s in enumerate(steps):  # before the baseline exists (warm-up) no step is a straggler's
-        part = split_step(float(s["step_s"]), _f(s, "data_med"), _f(s, "ckpt_med"), 0.0,
-                          base if i >= BASELINE_AFTER_STEPS else None, base_data)
+        part = split_step(
+            float(s["step_s"]),
+            _f(s, "data_med"),
+            _f(s, "ckpt_med"),
+            0.0,
+            base if i >= BASELINE_AFTER_STEPS else None,
+            base_data,
+        )
         out[PRODUCTIVE] += world * part.productive
         out[Badput.DATA_LOADING] += world * part.data_loading
         out[Badput.CHECKPOINT] += world * part.checkpoint

@@ -33,8 +33,11 @@ def table(rows: Rows, columns: Sequence[str], times: Sequence[str] = ("ts",)) ->
         return '<p class="none">none</p>'
     head = "".join(f"<th>{_e(c)}</th>" for c in columns)
     body = "".join(
-        "<tr>" + "".join(f"<td>{_e(_t(r.get(c)) if c in times else r.get(c))}</td>" for c in columns)
-        + "</tr>" for r in rows)
+        "<tr>"
+        + "".join(f"<td>{_e(_t(r.get(c)) if c in times else r.get(c))}</td>" for c in columns)
+        + "</tr>"
+        for r in rows
+    )
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
@@ -50,18 +53,27 @@ def evidence(detections: Rows) -> str:
         return '<p class="none">none</p>'
     parts = []
     for d in opened:
-        items = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>"
-                        for k, v in sorted((d.get("evidence") or {}).items()))
+        items = "".join(
+            f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>"
+            for k, v in sorted((d.get("evidence") or {}).items())
+        )
         parts.append(
             f"<h4>{_e(d['type'])} {_e(d['id'])}: host {_e(d['host'])} rank {_e(d['rank'])}, "
             f"cause {_e(d['cause'])}</h4><p>{_e(d['summary'])}</p>"
-            f"<table><tr><th>evidence</th><th>value</th></tr>{items}</table>")
+            f"<table><tr><th>evidence</th><th>value</th></tr>{items}</table>"
+        )
     return "".join(parts)
 
 
 def goodput_table(b: Breakdown) -> str:
-    rows = [{"category": LABELS[k], "rank-seconds": f"{b.seconds[k]:,.1f}",
-             "share": f"{100 * b.fraction(k):.1f} %"} for k in CATEGORIES]
+    rows = [
+        {
+            "category": LABELS[k],
+            "rank-seconds": f"{b.seconds[k]:,.1f}",
+            "share": f"{100 * b.fraction(k):.1f} %",
+        }
+        for k in CATEGORIES
+    ]
     return table(rows, ("category", "rank-seconds", "share"))
 
 
@@ -75,8 +87,11 @@ def _mfu(data: ReportData) -> str:
     from stepwatch.streams.core.config import DetectConfig
 
     peak = DetectConfig().peak_flops(data.gpu_model) if data.gpu_model else None
-    known = [float(s["flops"]) / (float(s["step_s"]) * int(s["world"]) * peak)
-             for s in data.steps if peak and s.get("flops") is not None and float(s["step_s"]) > 0]
+    known = [
+        float(s["flops"]) / (float(s["step_s"]) * int(s["world"]) * peak)
+        for s in data.steps
+        if peak and s.get("flops") is not None and float(s["step_s"]) > 0
+    ]
     if not known:
         return f"MFU - ({_e(MFU_UNKNOWN)})"
     return f"MFU {100 * sorted(known)[len(known) // 2]:.1f} % (median step, {_e(data.gpu_model)})"
@@ -94,17 +109,21 @@ def page(data: ReportData, b: Breakdown, figures: Mapping[str, bytes]) -> str:
         f"step time {_num(b.step_s)} s (median of the steps; straggler-free baseline "
         f"{_num(b.baseline_s)} s); goodput {100 * b.goodput:.1f} %; {_mfu(data)}; flagged hosts: "
         f"{_e(', '.join(data.flagged_hosts) or 'none')}.</p>",
-        "<h2>Goodput and badput</h2>", goodput_table(b),
+        "<h2>Goodput and badput</h2>",
+        goodput_table(b),
     ]
     parts += [figure(title, png) for title, png in figures.items()]
     parts += [
         "<h2>Detections</h2>",
         table(data.detections, ("ts", "type", "state", "host", "rank", "cause", "step", "summary")),
-        "<h2>Cause evidence</h2>", evidence(data.detections),
-        "<h2>Alerts</h2>", table(data.alerts, ("ts", "alertname", "status", "severity", "host")),
+        "<h2>Cause evidence</h2>",
+        evidence(data.detections),
+        "<h2>Alerts</h2>",
+        table(data.alerts, ("ts", "alertname", "status", "severity", "host")),
         "<h2>Remediation actions</h2>",
         table(data.actions, ("ts", "action", "status", "dry_run", "host", "reason")),
-        "<h2>Events</h2>", table(data.events[:200], ("ts", "host", "type", "gpu", "device", "code", "detail")),
+        "<h2>Events</h2>",
+        table(data.events[:200], ("ts", "host", "type", "gpu", "device", "code", "detail")),
         "</body></html>",
     ]
     return "\n".join(parts)

@@ -22,13 +22,23 @@ from stepwatch.streams.core.hostwindow import (
     SW_THERMAL,
 )
 
-THROTTLE_KINDS = (("thermal", SW_THERMAL | HW_THERMAL), ("power", SW_POWER_CAP | POWER_BRAKE),
-                  ("HW slowdown", HW_SLOWDOWN))
-GPU_FIELDS = (("sm_clock_mhz", "SM clock (MHz)"), ("temp_gpu_c", "GPU temperature (°C)"),
-              ("power_w", "power (W)"), ("util_gpu_pct", "utilisation (%)"))
-NIC_FIELDS = (("xmit_bytes_per_s", "transmit (B/s)"), ("xmit_wait_per_s", "xmit wait (ticks/s)"),
-              ("np_ecn_marked_roce_packets_per_s", "ECN marked (pkt/s)"),
-              ("symbol_error_per_s", "symbol errors (/s)"))
+THROTTLE_KINDS = (
+    ("thermal", SW_THERMAL | HW_THERMAL),
+    ("power", SW_POWER_CAP | POWER_BRAKE),
+    ("HW slowdown", HW_SLOWDOWN),
+)
+GPU_FIELDS = (
+    ("sm_clock_mhz", "SM clock (MHz)"),
+    ("temp_gpu_c", "GPU temperature (°C)"),
+    ("power_w", "power (W)"),
+    ("util_gpu_pct", "utilisation (%)"),
+)
+NIC_FIELDS = (
+    ("xmit_bytes_per_s", "transmit (B/s)"),
+    ("xmit_wait_per_s", "xmit wait (ticks/s)"),
+    ("np_ecn_marked_roce_packets_per_s", "ECN marked (pkt/s)"),
+    ("symbol_error_per_s", "symbol errors (/s)"),
+)
 
 
 def throttle_reason(masks: list[int | None]) -> str:
@@ -44,7 +54,9 @@ def throttle_reason(masks: list[int | None]) -> str:
 
 
 def flagged_gpus(data: ReportData, host: str) -> set[int]:
-    return {int(d["gpu"]) for d in data.detections if d.get("host") == host and d.get("gpu") is not None}
+    return {
+        int(d["gpu"]) for d in data.detections if d.get("host") == host and d.get("gpu") is not None
+    }
 
 
 def gpu_signals(data: ReportData, host: str) -> bytes:
@@ -55,12 +67,16 @@ def gpu_signals(data: ReportData, host: str) -> bytes:
     for gpu, rows in series.items():
         reason = throttle_reason([r["throttle_reasons"] for r in rows])
         mark = " (flagged)" if gpu in flagged else ""
-        names[gpu] = f"gpu{gpu}{mark}" + (f": throttled {reason}" if reason and gpu in flagged else "")
+        names[gpu] = f"gpu{gpu}{mark}" + (
+            f": throttled {reason}" if reason and gpu in flagged else ""
+        )
         if reason and gpu in flagged:
             reasons[gpu] = reason
     title = f"GPU signals of flagged host {host}"
     if reasons:
-        title += "; throttle reason " + "; ".join(f"gpu{g}: {r}" for g, r in sorted(reasons.items()))
+        title += "; throttle reason " + "; ".join(
+            f"gpu{g}: {r}" for g, r in sorted(reasons.items())
+        )
     elif flagged:
         title += "; flagged GPU(s) not throttled"
     fig, axes = _host_signals(data, series, names, GPU_FIELDS, title, emphasis=flagged)
@@ -76,8 +92,13 @@ def _shade_throttle(ax: Any, rows: Rows) -> None:
     for r in [*rows, {"ts": None, "throttle_reasons": 0}]:
         kind = next((n for n, bits in THROTTLE_KINDS if (r["throttle_reasons"] or 0) & bits), "")
         if span is not None and kind != span[1]:
-            ax.axvspan(_when(span[0]), _when(last), color="tab:red" if span[1] == "thermal"
-                       else "tab:orange", alpha=0.2, lw=0)
+            ax.axvspan(
+                _when(span[0]),
+                _when(last),
+                color="tab:red" if span[1] == "thermal" else "tab:orange",
+                alpha=0.2,
+                lw=0,
+            )
             span = None
         if r["ts"] is None:
             break
@@ -92,28 +113,47 @@ def nic_signals(data: ReportData, host: str) -> bytes:
     peers = data.peers.get(host, [])
     hosts = max((int(p["hosts"]) for p in peers), default=0)
     title = f"NIC signals of flagged host {host}"
-    title += f" vs the median port of the job's {hosts} other host(s)" if peers else " (no peer hosts)"
+    title += (
+        f" vs the median port of the job's {hosts} other host(s)" if peers else " (no peer hosts)"
+    )
     fig, axes = _host_signals(data, series, names, NIC_FIELDS, title)
     for ax, (col, _label) in zip(axes, NIC_FIELDS, strict=True):
         if peers:
-            ax.plot([_when(float(p["ts"])) for p in peers], [_num(p[col]) for p in peers],
-                    color="black", lw=1.6, ls="--", alpha=0.75, zorder=4,
-                    label="peer baseline (median port of the other hosts)")
+            ax.plot(
+                [_when(float(p["ts"])) for p in peers],
+                [_num(p[col]) for p in peers],
+                color="black",
+                lw=1.6,
+                ls="--",
+                alpha=0.75,
+                zorder=4,
+                label="peer baseline (median port of the other hosts)",
+            )
     axes[0].legend(ncol=5, fontsize=6, loc="lower left")
     return _png(fig)
 
 
-def _host_signals(data: ReportData, series: Mapping[Any, Rows], names: Mapping[Any, str],
-                  fields: tuple[tuple[str, str], ...], title: str,
-                  emphasis: set[Any] | None = None) -> tuple[Any, Any]:
+def _host_signals(
+    data: ReportData,
+    series: Mapping[Any, Rows],
+    names: Mapping[Any, str],
+    fields: tuple[tuple[str, str], ...],
+    title: str,
+    emphasis: set[Any] | None = None,
+) -> tuple[Any, Any]:
     """One panel per column, one line per GPU or port (emphasised ones thick), detections marked."""
     plt = _plt()
     fig, axes = plt.subplots(len(fields), 1, figsize=(11, 8), sharex=True)
     for ax, (col, label) in zip(axes, fields, strict=True):
         for key, rows in series.items():
             thick = emphasis is not None and key in emphasis
-            ax.plot([_when(float(r["ts"])) for r in rows], [_num(r[col]) for r in rows],
-                    lw=1.8 if thick else 0.8, label=names[key], zorder=3 if thick else 2)
+            ax.plot(
+                [_when(float(r["ts"])) for r in rows],
+                [_num(r[col]) for r in rows],
+                lw=1.8 if thick else 0.8,
+                label=names[key],
+                zorder=3 if thick else 2,
+            )
         ax.set_ylabel(label, fontsize=8)
         _timeline_marks(ax, data)
     axes[0].legend(ncol=4, fontsize=6, loc="lower left")

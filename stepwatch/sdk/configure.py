@@ -88,10 +88,17 @@ def init(
             sender = BackgroundSender(processor, queue_size, flush_interval)
         else:
             sender = InlineSender(processor)
-        sched = SchedStat() if _flag(cpu_wait, environ, "STEPWATCH_CPU_WAIT", default=True) \
-            else None
-        sw = StepWatch(identity, sender, pool=pool, timing="cuda" if pool else "wall",
-                       start_step=start_step, sched=sched)
+        sched = (
+            SchedStat() if _flag(cpu_wait, environ, "STEPWATCH_CPU_WAIT", default=True) else None
+        )
+        sw = StepWatch(
+            identity,
+            sender,
+            pool=pool,
+            timing="cuda" if pool else "wall",
+            start_step=start_step,
+            sched=sched,
+        )
         if job_events:
             sw.announce(_restarts(environ))
     except Exception as err:
@@ -165,8 +172,11 @@ def _span_builder(
     try:
         return SpanBuilder(provider)
     except Exception as err:  # opentelemetry missing or a provider without get_tracer
-        logger.warning("stepwatch sdk: OpenTelemetry spans disabled (pip install "
-                       "'stepwatch[otel]' for spans) err=%r", err)
+        logger.warning(
+            "stepwatch sdk: OpenTelemetry spans disabled (pip install "
+            "'stepwatch[otel]' for spans) err=%r",
+            err,
+        )
         return None
 
 

@@ -47,8 +47,9 @@ class RawStep:
         "tokens",
     )
 
-    def __init__(self, step: Step, end_ns: int, end_event: TimingEvent | None,
-                 cpu: Usage | None = None) -> None:
+    def __init__(
+        self, step: Step, end_ns: int, end_event: TimingEvent | None, cpu: Usage | None = None
+    ) -> None:
         self.identity: Identity = step._identity
         self.cpu = cpu  # the thread's (on-CPU ns, run-queue wait ns) over the step
         self.number: int = step._number

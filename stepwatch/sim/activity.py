@@ -34,7 +34,9 @@ class Activity:
     dead: np.ndarray  # bool: the rank's process is gone
 
 
-def _overlap(a: np.ndarray, b: np.ndarray, x: np.ndarray | float, y: np.ndarray | float) -> np.ndarray:
+def _overlap(
+    a: np.ndarray, b: np.ndarray, x: np.ndarray | float, y: np.ndarray | float
+) -> np.ndarray:
     out: np.ndarray = np.clip(np.minimum(b, y) - np.maximum(a, x), 0.0, None)
     return out
 

@@ -47,7 +47,9 @@ class JobRun:
         self.phase = r_phase.random(sc.nodes) * sc.tick_seconds
         self.rank_phase = np.repeat(self.phase, sc.gpus_per_node)
         self.blocks: deque[StepBlock] = deque()
-        self.pending: dict[int, dict[int, list[StepRecord]]] = defaultdict(lambda: defaultdict(list))
+        self.pending: dict[int, dict[int, list[StepRecord]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
         self.events: list[tuple[float, int, EventMessage]] = []
         self._event_no = 0
 
@@ -106,10 +108,14 @@ class JobRun:
             out.append(heapq.heappop(self.events)[2])
         host_ts = w0 + self.phase
         for h, records in sorted(self.pending.pop(k, {}).items()):
-            out.append(StepMessage(
-                host=sc.host_names[h], ts=round(float(host_ts[h]), 6), job_id=sc.job_id,
-                steps=records,
-            ))
+            out.append(
+                StepMessage(
+                    host=sc.host_names[h],
+                    ts=round(float(host_ts[h]), 6),
+                    job_id=sc.job_id,
+                    steps=records,
+                )
+            )
         if self.gpu is not None or self.ports is not None:
             ts = w0 + self.rank_phase
             act = activity(sc, self.blocks, self.model.stop, ts - sc.tick_seconds, ts)

@@ -32,7 +32,10 @@ class StepTable:
     @classmethod
     def from_messages(cls, messages: Iterable[Message], job_id: str | None = None) -> StepTable:
         records: list[StepRecord] = [
-            r for m in messages if isinstance(m, StepMessage) for r in m.steps
+            r
+            for m in messages
+            if isinstance(m, StepMessage)
+            for r in m.steps
             if job_id is None or r.job_id == job_id
         ]
         if not records:
@@ -51,13 +54,24 @@ class StepTable:
             cols["dur"][i, j] = r.end - r.start
             groups[j] = r.group
             if ph is not None:
-                cols["cmp"][i, j] = (ph.forward or 0.0) + (ph.backward or 0.0) + (ph.optimizer or 0.0)
+                cols["cmp"][i, j] = (
+                    (ph.forward or 0.0) + (ph.backward or 0.0) + (ph.optimizer or 0.0)
+                )
                 cols["cw"][i, j] = ph.comm_wait if ph.comm_wait is not None else np.nan
                 cols["data"][i, j] = ph.data if ph.data is not None else np.nan
                 cols["ckpt"][i, j] = ph.checkpoint or 0.0
         return cls(
-            job, steps, world, cols["dur"], cols["cmp"], cols["cw"], cols["data"], cols["ckpt"],
-            cols["s"], cols["e"], tuple(groups),
+            job,
+            steps,
+            world,
+            cols["dur"],
+            cols["cmp"],
+            cols["cw"],
+            cols["data"],
+            cols["ckpt"],
+            cols["s"],
+            cols["e"],
+            tuple(groups),
         )
 
     def rows(self, first: int, last: int | None = None) -> np.ndarray:

@@ -68,15 +68,20 @@ class GpuModel:
             + (busy - hw.POWER_IDLE_W) * f_compute
             + (hw.POWER_SPIN_W - hw.POWER_IDLE_W) * f_comm
             + (hw.POWER_CKPT_W - hw.POWER_IDLE_W) * f_ckpt
-            + rng.normal(0.0, 6.0, n) * (f_compute > 0.5) + rng.normal(0.0, 3.0, n) * (f_comm > 0.5)
+            + rng.normal(0.0, 6.0, n) * (f_compute > 0.5)
+            + rng.normal(0.0, 3.0, n) * (f_comm > 0.5)
         )
         spike = (rng.random(n) < 0.01) & (f_compute > 0.8)
         power = power + rng.uniform(100.0, 200.0, n) * spike  # a momentary surge
-        power = np.where(limit < hw.POWER_LIMIT_W, np.maximum(power, limit * (f_compute > 0.5)), power)
+        power = np.where(
+            limit < hw.POWER_LIMIT_W, np.maximum(power, limit * (f_compute > 0.5)), power
+        )
         capped = power >= 0.985 * limit
         power = np.where(capped, limit - rng.random(n) * 0.01 * limit, np.maximum(power, 55.0))
         throttle |= np.where(capped & (util > 5), hw.SW_POWER_CAP, 0)
-        clock = np.where(capped & (clock_ratio == 1.0), 1965.0 - 15.0 * rng.integers(0, 4, n), 1980.0)
+        clock = np.where(
+            capped & (clock_ratio == 1.0), 1965.0 - 15.0 * rng.integers(0, 4, n), 1980.0
+        )
         clock = np.minimum(clock, np.round(hw.SM_CLOCK_MAX_MHZ * clock_ratio / 15.0) * 15.0)
         idle = util < 5.0
         clock = np.where(idle, hw.SM_CLOCK_IDLE_MHZ, clock)
@@ -90,16 +95,27 @@ class GpuModel:
         self.sbe += rng.random(n) < 2e-4
         fb = np.where(act.loaded, self.fb_job + rng.normal(0.0, 20.0, n), 1.0)
         values = {
-            "util": util, "mem_util": 42.0 * f_compute + 8.0 * f_comm, "fb": fb,
-            "power": power, "limit": limit, "clock": clock, "throttle": throttle,
+            "util": util,
+            "mem_util": 42.0 * f_compute + 8.0 * f_comm,
+            "fb": fb,
+            "power": power,
+            "limit": limit,
+            "clock": clock,
+            "throttle": throttle,
             "gr": np.clip(0.93 * f_compute + 0.97 * f_comm, 0, 1),
-            "tensor": 0.52 * f_compute, "dram": 0.38 * f_compute + 0.12 * f_comm,
+            "tensor": 0.52 * f_compute,
+            "dram": 0.38 * f_compute + 0.12 * f_comm,
         }
         return self._messages(ts, act, values)
 
     def _faults(
-        self, active: list[Target], clock_ratio: np.ndarray, limit: np.ndarray,
-        temp_target: np.ndarray, throttle: np.ndarray, act: Activity,
+        self,
+        active: list[Target],
+        clock_ratio: np.ndarray,
+        limit: np.ndarray,
+        temp_target: np.ndarray,
+        throttle: np.ndarray,
+        act: Activity,
     ) -> None:
         for target in active:
             kind, sev = target.fault.kind, target.fault.severity
@@ -128,28 +144,39 @@ class GpuModel:
                 idx = list(target.ranks)
                 temp_target[idx] = hw.TEMP_THROTTLE_C + 2.5 + 0.3 * self.temp_offset[idx]
 
-    def _messages(self, ts: np.ndarray, act: Activity, v: dict[str, np.ndarray]) -> list[GpuMessage]:
+    def _messages(
+        self, ts: np.ndarray, act: Activity, v: dict[str, np.ndarray]
+    ) -> list[GpuMessage]:
         sc, n = self.sc, self.sc.world_size
         gpn = sc.gpus_per_node
         fb = np.round(v["fb"], 1)
         nvlink = self.nvlink.astype(np.int64).tolist()
         columns = {
-            "index": (np.arange(n) % gpn).tolist(), "uuid": self.uuid, "name": hw.GPU_NAME,
-            "pci_bus_id": self.bus, "util_gpu_pct": np.round(v["util"], 1).tolist(),
-            "util_mem_pct": np.round(v["mem_util"], 1).tolist(), "fb_used_mib": fb.tolist(),
+            "index": (np.arange(n) % gpn).tolist(),
+            "uuid": self.uuid,
+            "name": hw.GPU_NAME,
+            "pci_bus_id": self.bus,
+            "util_gpu_pct": np.round(v["util"], 1).tolist(),
+            "util_mem_pct": np.round(v["mem_util"], 1).tolist(),
+            "fb_used_mib": fb.tolist(),
             "fb_free_mib": np.round(hw.FB_TOTAL_MIB - FB_RESERVED_MIB - fb, 1).tolist(),
             "temp_gpu_c": np.round(self.temp, 0).tolist(),
             "temp_mem_c": np.round(self.temp + 6.0 + 0.004 * v["power"], 0).tolist(),
-            "power_w": np.round(v["power"], 1).tolist(), "power_limit_w": v["limit"].tolist(),
+            "power_w": np.round(v["power"], 1).tolist(),
+            "power_limit_w": v["limit"].tolist(),
             "energy_mj_total": self.energy.astype(np.int64).tolist(),
-            "sm_clock_mhz": v["clock"].tolist(), "sm_clock_max_mhz": hw.SM_CLOCK_MAX_MHZ,
-            "mem_clock_mhz": hw.MEM_CLOCK_MHZ, "throttle_reasons": v["throttle"].tolist(),
-            "ecc_sbe_total": self.sbe.tolist(), "ecc_dbe_total": self.dbe.tolist(),
+            "sm_clock_mhz": v["clock"].tolist(),
+            "sm_clock_max_mhz": hw.SM_CLOCK_MAX_MHZ,
+            "mem_clock_mhz": hw.MEM_CLOCK_MHZ,
+            "throttle_reasons": v["throttle"].tolist(),
+            "ecc_sbe_total": self.sbe.tolist(),
+            "ecc_dbe_total": self.dbe.tolist(),
             "remapped_rows_correctable": self.remap_corr.tolist(),
             "remapped_rows_uncorrectable": self.remap_unc.tolist(),
             "remapped_rows_pending": self.pending.tolist(),
             "pcie_replay_total": self.pcie_replay.tolist(),
-            "nvlink_tx_bytes_total": nvlink, "nvlink_rx_bytes_total": nvlink,
+            "nvlink_tx_bytes_total": nvlink,
+            "nvlink_rx_bytes_total": nvlink,
             "gr_engine_active": np.round(v["gr"], 3).tolist(),
             "tensor_active": np.round(v["tensor"], 3).tolist(),
             "dram_active": np.round(v["dram"], 3).tolist(),
@@ -161,8 +188,10 @@ class GpuModel:
         out: list[GpuMessage] = []
         for h, host in enumerate(self.hosts):
             lo, hi = h * gpn, (h + 1) * gpn
-            gpus = readings[lo:hi] if all(present[lo:hi]) else [
-                g for g, ok in zip(readings[lo:hi], present[lo:hi], strict=True) if ok
-            ]
+            gpus = (
+                readings[lo:hi]
+                if all(present[lo:hi])
+                else [g for g, ok in zip(readings[lo:hi], present[lo:hi], strict=True) if ok]
+            )
             out.append(GpuMessage(host=host, ts=stamps[h], job_id=sc.job_id, gpus=gpus))
         return out

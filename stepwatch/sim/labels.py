@@ -26,7 +26,9 @@ class Detection(enum.StrEnum):
     RANK_MISSING = "rank_missing"
     JOB_SLOWDOWN = "job_slowdown"
     USER_ERROR = "user_error"
-    LINK_FLAP = "link_flap"  # event-level: LINK_STATE events and link_downed (no step impact to speak of)
+    LINK_FLAP = (
+        "link_flap"  # event-level: LINK_STATE events and link_downed (no step impact to speak of)
+    )
 
 
 class Cause(enum.StrEnum):
@@ -125,18 +127,31 @@ def _label(sc: Scenario, target: Target, mark: tuple[float, float | None]) -> La
         end_step = fault.start_step + 1
     elif end_step is not None and mark[1] is None:
         end_step = None  # the job ended (or stopped) before the fault did
-    where = f"rank {target.ranks[0]}" if len(target.ranks) == 1 else (
-        f"host {target.host}" if target.host else "the job"
+    where = (
+        f"rank {target.ranks[0]}"
+        if len(target.ranks) == 1
+        else (f"host {target.host}" if target.host else "the job")
     )
     device = hw.nic_device(nics[0]) if len(nics) == 1 else None
     return Label(
-        job_id=sc.job_id, kind=fault.kind.value, detection=exp.detection.value,
-        accepted=tuple(d.value for d in exp.accepted), cause=exp.cause.value,
-        fault_class=exp.fault_class.value, action=exp.action, ranks=target.ranks,
-        rank=target.ranks[0] if len(target.ranks) == 1 else None, host=target.host,
-        gpu=target.gpu, device=device, port=1 if nics else None,
-        group=groups.pop() if len(groups) == 1 else None, severity=fault.severity,
-        start_step=fault.start_step, start_ts=round(mark[0], 6), end_step=end_step,
+        job_id=sc.job_id,
+        kind=fault.kind.value,
+        detection=exp.detection.value,
+        accepted=tuple(d.value for d in exp.accepted),
+        cause=exp.cause.value,
+        fault_class=exp.fault_class.value,
+        action=exp.action,
+        ranks=target.ranks,
+        rank=target.ranks[0] if len(target.ranks) == 1 else None,
+        host=target.host,
+        gpu=target.gpu,
+        device=device,
+        port=1 if nics else None,
+        group=groups.pop() if len(groups) == 1 else None,
+        severity=fault.severity,
+        start_step=fault.start_step,
+        start_ts=round(mark[0], 6),
+        end_step=end_step,
         end_ts=None if mark[1] is None else round(mark[1], 6),
         summary=f"{fault.kind.value} on {where} from step {fault.start_step}",
     )

@@ -12,8 +12,12 @@ from stepwatch.contract import Message
 from stepwatch.errors import ConfigError
 
 
-def paced(messages: Iterable[Message], speed: float, start: float,
-          sleep: Callable[[float], object] = time.sleep) -> Iterator[Message]:
+def paced(
+    messages: Iterable[Message],
+    speed: float,
+    start: float,
+    sleep: Callable[[float], object] = time.sleep,
+) -> Iterator[Message]:
     """Release each message when the wall clock reaches its timestamp (scaled by ``speed``).
 
     ``sleep`` is injectable: the demo passes an interruptible wait.
@@ -28,8 +32,9 @@ def paced(messages: Iterable[Message], speed: float, start: float,
         yield message
 
 
-def batches(messages: Iterable[Message], width: float = 0.25,
-            max_size: int = 2000) -> Iterator[list[Message]]:
+def batches(
+    messages: Iterable[Message], width: float = 0.25, max_size: int = 2000
+) -> Iterator[list[Message]]:
     """Group time-ordered messages into batches at most ``width`` seconds wide
     (one agent tick's worth, as a node agent hands them to its publisher)."""
     batch: list[Message] = []

@@ -21,9 +21,21 @@ from stepwatch.sim.rows import build_rows
 from stepwatch.sim.scenario import FaultKind, Scenario, Target
 
 COUNTERS = (
-    "xmit_bytes", "rcv_bytes", "xmit_packets", "rcv_packets", "xmit_wait", "symbol_error",
-    "link_downed", "link_error_recovery", "rcv_errors", "np_cnp_sent", "np_ecn_marked",
-    "rp_cnp_handled", "out_of_sequence", "local_ack_timeout_err", "packet_seq_err",
+    "xmit_bytes",
+    "rcv_bytes",
+    "xmit_packets",
+    "rcv_packets",
+    "xmit_wait",
+    "symbol_error",
+    "link_downed",
+    "link_error_recovery",
+    "rcv_errors",
+    "np_cnp_sent",
+    "np_ecn_marked",
+    "rp_cnp_handled",
+    "out_of_sequence",
+    "local_ack_timeout_err",
+    "packet_seq_err",
     "out_of_buffer",
 )
 
@@ -66,23 +78,30 @@ class PortModel:
         self.carry = carry
         for h, host in enumerate(sc.host_names):
             for name, values in (carry or {}).get(host, {}).items():
-                self.c[name][h * npn:(h + 1) * npn] = values
+                self.c[name][h * npn : (h + 1) * npn] = values
 
     def _keep(self) -> None:
         if self.carry is None:
             return
         npn = self.sc.nics_per_node
         for h, host in enumerate(self.sc.host_names):
-            self.carry[host] = {name: v[h * npn:(h + 1) * npn].copy() for name, v in self.c.items()}
+            self.carry[host] = {
+                name: v[h * npn : (h + 1) * npn].copy() for name, v in self.c.items()
+            }
 
     def sample(
-        self, ts: np.ndarray, act: Activity, active: list[Target],
+        self,
+        ts: np.ndarray,
+        act: Activity,
+        active: list[Target],
         flaps: list[tuple[str, int, float, float]],
     ) -> list[PortMessage]:
         sc, rng, m = self.sc, self.rng, self.m
         npn = sc.nics_per_node
         dt = np.bincount(self.port_of_rank, weights=act.dt, minlength=m) / self.gpus_per_port
-        steps = np.bincount(self.port_of_rank, weights=act.traffic, minlength=m) / self.gpus_per_port
+        steps = (
+            np.bincount(self.port_of_rank, weights=act.traffic, minlength=m) / self.gpus_per_port
+        )
         nbytes = steps * sc.bytes_per_step
         port_ts = np.repeat(ts[:: sc.gpus_per_node], npn)
         self._flaps(port_ts, flaps)
@@ -148,21 +167,30 @@ class PortModel:
         c = {name: arr.astype(np.int64).tolist() for name, arr in self.c.items()}
         up = [p not in self.down for p in range(m)]
         columns = {
-            "device": self.devices, "port": 1, "netdev": self.netdevs, "link_layer": "Ethernet",
+            "device": self.devices,
+            "port": 1,
+            "netdev": self.netdevs,
+            "link_layer": "Ethernet",
             "state": ["ACTIVE" if u else "DOWN" for u in up],
             "phys_state": ["LinkUp" if u else "Polling" for u in up],
             "rate_gbps": hw.NIC_RATE_GBPS,
             **{f"{name}_total": c[name] for name in COUNTERS if name not in _RENAMED},
             **{field: c[name] for name, field in _RENAMED.items()},
-            "rcv_remote_physical_errors_total": 0, "xmit_discards_total": 0,
-            "excessive_buffer_overrun_errors_total": 0, "local_link_integrity_errors_total": 0,
-            "vl15_dropped_total": 0, "rp_cnp_ignored_total": 0, "implied_nak_seq_err_total": 0,
-            "rnr_nak_retry_err_total": 0, "duplicate_request_total": 0,
+            "rcv_remote_physical_errors_total": 0,
+            "xmit_discards_total": 0,
+            "excessive_buffer_overrun_errors_total": 0,
+            "local_link_integrity_errors_total": 0,
+            "vl15_dropped_total": 0,
+            "rp_cnp_ignored_total": 0,
+            "implied_nak_seq_err_total": 0,
+            "rnr_nak_retry_err_total": 0,
+            "duplicate_request_total": 0,
         }
         readings = build_rows(PortReading, columns, m)
         stamps = np.round(port_ts[::npn], 6).tolist()
         return [
-            PortMessage(host=host, ts=stamps[h], job_id=sc.job_id,
-                        ports=readings[h * npn:(h + 1) * npn])
+            PortMessage(
+                host=host, ts=stamps[h], job_id=sc.job_id, ports=readings[h * npn : (h + 1) * npn]
+            )
             for h, host in enumerate(sc.host_names)
         ]

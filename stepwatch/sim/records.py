@@ -24,7 +24,8 @@ class RecordBuilder:
         self.tokens = np.where(first_stage, sc.tokens_per_step, 0).tolist()
         self.has_loss = has_loss
         self.flops = (
-            None if sc.flops_per_token is None
+            None
+            if sc.flops_per_token is None
             else sc.flops_per_token * sc.tokens_per_step / sc.pipeline_stages
         )
 
@@ -40,26 +41,51 @@ class RecordBuilder:
 
         extras = self._extras(b, idx)
         ckpt = col(b.checkpoint) if b.checkpoint.any() else None
-        phases = build_rows(Phases, {
-            "data": col(b.data), "forward": col(b.forward), "backward": col(b.backward),
-            "optimizer": col(b.optimizer), "comm_wait": col(b.comm_wait), "checkpoint": ckpt,
-            "extra": extras,
-        }, n)
+        phases = build_rows(
+            Phases,
+            {
+                "data": col(b.data),
+                "forward": col(b.forward),
+                "backward": col(b.backward),
+                "optimizer": col(b.optimizer),
+                "comm_wait": col(b.comm_wait),
+                "checkpoint": ckpt,
+                "extra": extras,
+            },
+            n,
+        )
         loss = np.round(b.loss[idx], 4)
         nonfinite = (self.has_loss[idx] & ~np.isfinite(loss)).tolist()
         losses = [
             None if (bad or not has) else value
-            for value, has, bad in zip(loss.tolist(), self.has_loss[idx].tolist(), nonfinite, strict=True)
+            for value, has, bad in zip(
+                loss.tolist(), self.has_loss[idx].tolist(), nonfinite, strict=True
+            )
         ]
         ranks = idx.tolist()
-        records = build_rows(StepRecord, {
-            "job_id": sc.job_id, "rank": ranks, "world_size": sc.world_size, "step": b.step,
-            "start": col(b.start), "end": col(b.end), "host": [self.host[r] for r in ranks],
-            "local_rank": [self.local[r] for r in ranks], "gpu": [self.local[r] for r in ranks],
-            "group": [self.group[r] for r in ranks], "phases": phases,
-            "samples": [self.samples[r] for r in ranks], "tokens": [self.tokens[r] for r in ranks],
-            "loss": losses, "loss_nonfinite": nonfinite, "flops": self.flops, "timing": "cuda",
-        }, n)
+        records = build_rows(
+            StepRecord,
+            {
+                "job_id": sc.job_id,
+                "rank": ranks,
+                "world_size": sc.world_size,
+                "step": b.step,
+                "start": col(b.start),
+                "end": col(b.end),
+                "host": [self.host[r] for r in ranks],
+                "local_rank": [self.local[r] for r in ranks],
+                "gpu": [self.local[r] for r in ranks],
+                "group": [self.group[r] for r in ranks],
+                "phases": phases,
+                "samples": [self.samples[r] for r in ranks],
+                "tokens": [self.tokens[r] for r in ranks],
+                "loss": losses,
+                "loss_nonfinite": nonfinite,
+                "flops": self.flops,
+                "timing": "cuda",
+            },
+            n,
+        )
         return idx, records
 
     @staticmethod
@@ -69,6 +95,4 @@ class RecordBuilder:
         transfer = np.round(b.transfer[idx], 6)
         if not transfer.any():
             return [base] * len(idx)  # shared: records are frozen and never mutated
-        return [
-            {**base, "comm_transfer": t} if t else base for t in transfer.tolist()
-        ]
+        return [{**base, "comm_transfer": t} if t else base for t in transfer.tolist()]

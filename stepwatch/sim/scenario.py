@@ -163,7 +163,9 @@ class Scenario:
                 f"by pipeline_stages={self.pipeline_stages}"
             )
         if self.hosts is not None and len(self.hosts) != self.nodes:
-            raise ConfigError(f"scenario {self.job_id}: {len(self.hosts)} hosts for {self.nodes} nodes")
+            raise ConfigError(
+                f"scenario {self.job_id}: {len(self.hosts)} hosts for {self.nodes} nodes"
+            )
         if not 0 <= self.first_step < self.steps:
             raise ConfigError(f"scenario {self.job_id}: first_step must be in [0, steps)")
         if not 0 <= self.jitter < 1 or self.start_ts <= 0:
@@ -174,9 +176,13 @@ class Scenario:
             if fault.host is not None and fault.host not in self.host_names:
                 raise ConfigError(f"fault {fault.kind}: host {fault.host!r} not in the job")
             if fault.gpu is not None and not 0 <= fault.gpu < self.gpus_per_node:
-                raise ConfigError(f"fault {fault.kind}: gpu {fault.gpu} outside 0..{self.gpus_per_node - 1}")
+                raise ConfigError(
+                    f"fault {fault.kind}: gpu {fault.gpu} outside 0..{self.gpus_per_node - 1}"
+                )
             if fault.nic is not None and not 0 <= fault.nic < self.nics_per_node:
-                raise ConfigError(f"fault {fault.kind}: nic {fault.nic} outside 0..{self.nics_per_node - 1}")
+                raise ConfigError(
+                    f"fault {fault.kind}: nic {fault.nic} outside 0..{self.nics_per_node - 1}"
+                )
         from stepwatch.sim.targets import resolve_targets
 
         resolve_targets(self)  # a rank that is not on the given host, ...

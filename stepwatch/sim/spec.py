@@ -13,10 +13,20 @@ from dataclasses import dataclass
 from stepwatch.errors import ConfigError
 from stepwatch.sim.scenario import Fault, FaultKind
 
-_INT = {"rank": "rank", "gpu": "gpu", "nic": "nic", "start": "start_step",
-        "start_step": "start_step", "end": "end_step", "end_step": "end_step"}
-_FLOAT = {"severity": "severity", "duration": "duration_seconds",
-          "duration_seconds": "duration_seconds"}
+_INT = {
+    "rank": "rank",
+    "gpu": "gpu",
+    "nic": "nic",
+    "start": "start_step",
+    "start_step": "start_step",
+    "end": "end_step",
+    "end_step": "end_step",
+}
+_FLOAT = {
+    "severity": "severity",
+    "duration": "duration_seconds",
+    "duration_seconds": "duration_seconds",
+}
 
 
 @dataclass(frozen=True)

@@ -80,9 +80,7 @@ def _resolve_nic(scenario: Scenario, index: int, fault: Fault) -> Target:
         nics = tuple(range(npn))  # the whole host's uplinks
     else:
         nics = (int(rng.integers(npn)),)
-    ranks = tuple(
-        host_index * gpn + g for g in range(gpn) if scenario.nic_of_gpu(g) in nics
-    )
+    ranks = tuple(host_index * gpn + g for g in range(gpn) if scenario.nic_of_gpu(g) in nics)
     one_gpu = ranks[0] % gpn if len(ranks) == 1 else None
     return Target(index, fault, ranks, scenario.host_names[host_index], one_gpu, nics)
 

@@ -112,7 +112,11 @@ class StepModel:
         t = sc.start_ts + sc.init_pause
         for s in range(sc.first_step, sc.steps):
             stopper = self._stopper
-            if stopper and stopper.fault.kind is FaultKind.JOB_HANG and s == stopper.fault.start_step:
+            if (
+                stopper
+                and stopper.fault.kind is FaultKind.JOB_HANG
+                and s == stopper.fault.start_step
+            ):
                 self.marks[stopper.index] = (t, None)
                 self.stop = Stop(Outcome.HANG, s - 1, t)
                 return
@@ -166,8 +170,21 @@ class StepModel:
         loss = self._loss(s, z[5])
         emit = np.ones(n, dtype=bool)
         block = StepBlock(
-            s, t0, t1, emit, start, end, data, forward, backward, optimizer, transfer,
-            comm_wait, evaluation, ckpt_r, loss,
+            s,
+            t0,
+            t1,
+            emit,
+            start,
+            end,
+            data,
+            forward,
+            backward,
+            optimizer,
+            transfer,
+            comm_wait,
+            evaluation,
+            ckpt_r,
+            loss,
         )
         if ckpt:
             self.events.append(ev.checkpoint_save(sc, t1 + 0.01, s, ckpt))
@@ -175,12 +192,22 @@ class StepModel:
         return block
 
     def _apply(
-        self, target: Target, s: int, t0: float, noise: np.ndarray,
-        mult: np.ndarray, data: np.ndarray, transfer: np.ndarray,
+        self,
+        target: Target,
+        s: int,
+        t0: float,
+        noise: np.ndarray,
+        mult: np.ndarray,
+        data: np.ndarray,
+        transfer: np.ndarray,
     ) -> None:
         fault, sc = target.fault, self.scenario
         idx = np.asarray(target.ranks, dtype=np.intp)
-        if s == fault.start_step and fault.kind not in STOPPING and fault.kind is not FaultKind.LINK_FLAP:
+        if (
+            s == fault.start_step
+            and fault.kind not in STOPPING
+            and fault.kind is not FaultKind.LINK_FLAP
+        ):
             self.marks[target.index] = (t0, None)
         if fault.kind in SLOW_COMPUTE:
             mult[idx] *= 1.0 + fault.severity

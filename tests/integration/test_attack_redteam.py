@@ -48,8 +48,12 @@ def _address(url: str) -> tuple[str, int]:
 def _post(url: str, path: str, body: bytes) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection(*_address(url), timeout=30)
     try:
-        conn.request("POST", path, body, {"Authorization": f"Bearer {TOKEN}",
-                                          "Content-Type": "application/json"})
+        conn.request(
+            "POST",
+            path,
+            body,
+            {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"},
+        )
         resp = conn.getresponse()
         return resp.status, resp.read()
     finally:
@@ -72,7 +76,7 @@ def _closed_within(sock: socket.socket, seconds: float, trickle: bytes = b"") ->
             return time.monotonic() - start
         if i < len(trickle):
             try:
-                sock.send(trickle[i:i + 1])
+                sock.send(trickle[i : i + 1])
             except OSError:
                 return time.monotonic() - start
             i += 1
@@ -96,8 +100,11 @@ def test_slowloris_connections_are_capped_before_any_token_is_checked(remediator
         for s in socks:
             s.close()
     time.sleep(0.5)  # the held slots free as their clients go
-    code, body = _post(remediator.url, "/webhook", json.dumps(
-        {"version": "4", "alerts": [alert("gpu-001")]}).encode())
+    code, body = _post(
+        remediator.url,
+        "/webhook",
+        json.dumps({"version": "4", "alerts": [alert("gpu-001")]}).encode(),
+    )
     assert code == 200, body
 
 

@@ -40,8 +40,14 @@ def run_chaos(workdir: Path, kinds: tuple[str, ...], seed: int) -> tuple[Report,
         chaos.finish(fleet)
         topics = Topics(chaos.PREFIX)
         assert fleet.tap is not None
-        report = audit(workdir / "chdb", read_outboxes(sorted(workdir.glob("outbox-*.txt"))),
-                       fleet.tap.snapshot(), topics.detections, topics.dlq, fleet.events)
+        report = audit(
+            workdir / "chdb",
+            read_outboxes(sorted(workdir.glob("outbox-*.txt"))),
+            fleet.tap.snapshot(),
+            topics.detections,
+            topics.dlq,
+            fleet.events,
+        )
     finally:
         for p in fleet.procs():
             p.kill9()

@@ -37,8 +37,13 @@ class WebhookReceiver:
                 size = int(self.headers.get("Content-Length", "0"))
                 raw = self.rfile.read(size)
                 with receiver._lock:
-                    receiver.deliveries.append(Delivery(
-                        self.path, self.headers.get("Authorization", ""), json.loads(raw or b"{}")))
+                    receiver.deliveries.append(
+                        Delivery(
+                            self.path,
+                            self.headers.get("Authorization", ""),
+                            json.loads(raw or b"{}"),
+                        )
+                    )
                 self.send_response(200)
                 self.end_headers()
 

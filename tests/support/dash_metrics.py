@@ -39,11 +39,18 @@ HOST = "node0001"
 
 def scenario() -> Scenario:
     return Scenario(
-        seed=11, job_id=JOB, nodes=2, steps=90, flops_per_token=6e9, eval_every=0,
+        seed=11,
+        job_id=JOB,
+        nodes=2,
+        steps=90,
+        flops_per_token=6e9,
+        eval_every=0,
         checkpoint_every=40,
-        faults=(Fault(FaultKind.SLOW_GPU, rank=10, start_step=30, severity=0.3),
-                Fault(FaultKind.NIC_CONGESTION, host=HOST, nic=3, start_step=50),
-                Fault(FaultKind.LINK_FLAP, host=HOST, nic=5, start_step=60)),
+        faults=(
+            Fault(FaultKind.SLOW_GPU, rank=10, start_step=30, severity=0.3),
+            Fault(FaultKind.NIC_CONGESTION, host=HOST, nic=3, start_step=50),
+            Fault(FaultKind.LINK_FLAP, host=HOST, nic=5, start_step=60),
+        ),
     )
 
 
@@ -88,11 +95,18 @@ class NullSink:
         pass
 
     def stats(self) -> Any:
-        spool = SimpleNamespace(records=12, bytes=4096, max_bytes=512 << 20, dropped={},
-                                torn_frames=0)
-        return SimpleNamespace(state=SimpleNamespace(value="up"), produced={"gpu": 10, "ports": 10},
-                               delivery_failures={}, producer_resets=0, rewinds=0, spool=spool,
-                               last_success=time.time())
+        spool = SimpleNamespace(
+            records=12, bytes=4096, max_bytes=512 << 20, dropped={}, torn_frames=0
+        )
+        return SimpleNamespace(
+            state=SimpleNamespace(value="up"),
+            produced={"gpu": 10, "ports": 10},
+            delivery_failures={},
+            producer_resets=0,
+            rewinds=0,
+            spool=spool,
+            last_success=time.time(),
+        )
 
     def flush(self, timeout: float = 10.0) -> int:
         return 0

@@ -41,8 +41,13 @@ def queries() -> Iterator[Query]:
             for target in panel.get("targets") or []:
                 kind = (target.get("datasource") or panel["datasource"])["type"]
                 text = target.get("expr") if kind == PROM_TYPE else target.get("rawSql")
-                yield Query(name, panel["title"], "prometheus" if kind == PROM_TYPE else "clickhouse",
-                            text, FAULT_ONLY in (panel.get("description") or ""))
+                yield Query(
+                    name,
+                    panel["title"],
+                    "prometheus" if kind == PROM_TYPE else "clickhouse",
+                    text,
+                    FAULT_ONLY in (panel.get("description") or ""),
+                )
 
 
 def annotations() -> Iterator[Query]:
@@ -63,9 +68,13 @@ def substitute_promql(expr: str, values: Mapping[str, str]) -> str:
 
 def substitute_sql(sql: str, values: Mapping[str, str], start: float, end: float) -> str:
     """The grafana-clickhouse-datasource macros and variables, as the plugin expands them."""
-    out = re.sub(r"\$__timeFilter\((\w+)\)",
-                 lambda m: f"{m.group(1)} >= toDateTime({int(start)}) AND "
-                           f"{m.group(1)} <= toDateTime({int(end)})", sql)
+    out = re.sub(
+        r"\$__timeFilter\((\w+)\)",
+        lambda m: (
+            f"{m.group(1)} >= toDateTime({int(start)}) AND {m.group(1)} <= toDateTime({int(end)})"
+        ),
+        sql,
+    )
     for name, value in values.items():
         out = out.replace("${" + name + ":regex}", re.escape(value))
         out = out.replace("${" + name + "}", value)

@@ -100,15 +100,32 @@ class Job:
                     continue
                 ph = None
                 if self.phases:
-                    ph = Phases(data=float(data[r]), forward=float(fwd[r]), backward=float(bwd[r]),
-                                optimizer=float(opt[r]), comm_wait=float(end - t - work[r] - pause),
-                                checkpoint=pause or None)
+                    ph = Phases(
+                        data=float(data[r]),
+                        forward=float(fwd[r]),
+                        backward=float(bwd[r]),
+                        optimizer=float(opt[r]),
+                        comm_wait=float(end - t - work[r] - pause),
+                        checkpoint=pause or None,
+                    )
                 nan = self.nan_from is not None and s >= self.nan_from
-                rec = StepRecord(job_id=self.job_id, rank=r, world_size=self.world, step=s,
-                                 start=t, end=end, host=self.host(r), local_rank=r % self.per_host,
-                                 group=self.group(r), phases=ph, samples=self.samples,
-                                 tokens=self.tokens, loss=None if nan else 2.0,
-                                 loss_nonfinite=nan, flops=self.flops)
+                rec = StepRecord(
+                    job_id=self.job_id,
+                    rank=r,
+                    world_size=self.world,
+                    step=s,
+                    start=t,
+                    end=end,
+                    host=self.host(r),
+                    local_rank=r % self.per_host,
+                    group=self.group(r),
+                    phases=ph,
+                    samples=self.samples,
+                    tokens=self.tokens,
+                    loss=None if nan else 2.0,
+                    loss_nonfinite=nan,
+                    flops=self.flops,
+                )
                 by_host.setdefault(rec.host, []).append(rec)
             for h, recs in sorted(by_host.items()):
                 out.append(StepMessage(host=h, ts=end + 0.2, job_id=self.job_id, steps=recs))
@@ -116,32 +133,50 @@ class Job:
         return out
 
 
-def gpu_message(host: str, ts: float, over: Mapping[int, Mapping[str, object]] | None = None,
-                *, n: int = 8, job_id: str | None = None) -> GpuMessage:
+def gpu_message(
+    host: str,
+    ts: float,
+    over: Mapping[int, Mapping[str, object]] | None = None,
+    *,
+    n: int = 8,
+    job_id: str | None = None,
+) -> GpuMessage:
     """A healthy, busy H100 host; ``over={3: {...}}`` changes GPU 3's fields."""
     readings = []
     for i in range(n):
         fields: dict[str, object] = {
-            "index": i, "name": "NVIDIA H100 80GB HBM3", "util_gpu_pct": 99.0,
-            "temp_gpu_c": 60.0, "power_w": 600.0, "power_limit_w": 700.0,
-            "sm_clock_mhz": 1980.0, "sm_clock_max_mhz": 1980.0, "throttle_reasons": 0,
-            "ecc_dbe_total": 0, "remapped_rows_uncorrectable": 0,
+            "index": i,
+            "name": "NVIDIA H100 80GB HBM3",
+            "util_gpu_pct": 99.0,
+            "temp_gpu_c": 60.0,
+            "power_w": 600.0,
+            "power_limit_w": 700.0,
+            "sm_clock_mhz": 1980.0,
+            "sm_clock_max_mhz": 1980.0,
+            "throttle_reasons": 0,
+            "ecc_dbe_total": 0,
+            "remapped_rows_uncorrectable": 0,
         }
         fields.update((over or {}).get(i, {}))
         readings.append(GpuReading(**fields))  # type: ignore[arg-type]
     return GpuMessage(host=host, ts=ts, job_id=job_id, gpus=readings)
 
 
-def port_message(host: str, ts: float,
-                 counters: Mapping[int, Mapping[str, object]] | None = None,
-                 n: int = 8) -> PortMessage:
+def port_message(
+    host: str, ts: float, counters: Mapping[int, Mapping[str, object]] | None = None, n: int = 8
+) -> PortMessage:
     """``counters[nic]`` sets cumulative counters / state of NIC ``nic``."""
     readings = []
     for i in range(n):
         fields: dict[str, object] = {
-            "device": f"mlx5_{i}", "port": 1, "state": "ACTIVE", "xmit_wait_total": 1000,
-            "np_cnp_sent_total": 10, "rp_cnp_handled_total": 10,
-            "np_ecn_marked_roce_packets_total": 10, "symbol_error_total": 0,
+            "device": f"mlx5_{i}",
+            "port": 1,
+            "state": "ACTIVE",
+            "xmit_wait_total": 1000,
+            "np_cnp_sent_total": 10,
+            "rp_cnp_handled_total": 10,
+            "np_ecn_marked_roce_packets_total": 10,
+            "symbol_error_total": 0,
             "link_downed_total": 1,
         }
         fields.update((counters or {}).get(i, {}))
@@ -158,8 +193,9 @@ def interleave(steps: Sequence[Message], extra: Sequence[Message]) -> list[Messa
     return sorted([*steps, *extra], key=lambda m: m.ts)
 
 
-def drive(engine: Engine, messages: Sequence[Message], until: float | None = None,
-          tick: float = 1.0) -> list[DetectionMessage]:
+def drive(
+    engine: Engine, messages: Sequence[Message], until: float | None = None, tick: float = 1.0
+) -> list[DetectionMessage]:
     """Feed messages like the replay does (tick on event time); then tick up to ``until``."""
     out: list[DetectionMessage] = []
     last = 0.0

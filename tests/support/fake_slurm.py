@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCRIPT = r'''#!{python}
+SCRIPT = r"""#!{python}
 import json, re, sys
 STATE, CALLS = {state!r}, {calls!r}
 with open(CALLS, "a") as f:
@@ -118,7 +118,7 @@ elif args[0] in ("requeuehold", "hold", "release", "requeue"):
     save()
 else:
     fail("invalid keyword")
-'''
+"""
 
 
 @dataclass
@@ -156,10 +156,19 @@ def install(folder: Path, nodes: list[str], jobs: dict[str, str]) -> FakeSlurm:
     """Fake ``scontrol`` and ``sinfo`` in ``folder``; ``jobs``: job id -> NodeList expression."""
     folder.mkdir(parents=True, exist_ok=True)
     fake = FakeSlurm(folder)
-    fake.state_file.write_text(json.dumps({"nodes": nodes, "drained": {}, "requeued": [],
-                                           "jobs": {j: {"nodes": n} for j, n in jobs.items()}}))
-    text = SCRIPT.format(python=sys.executable, state=str(fake.state_file),
-                         calls=str(folder / "calls.log"))
+    fake.state_file.write_text(
+        json.dumps(
+            {
+                "nodes": nodes,
+                "drained": {},
+                "requeued": [],
+                "jobs": {j: {"nodes": n} for j, n in jobs.items()},
+            }
+        )
+    )
+    text = SCRIPT.format(
+        python=sys.executable, state=str(fake.state_file), calls=str(folder / "calls.log")
+    )
     for name in ("scontrol", "sinfo"):
         path = folder / name
         path.write_text(text)

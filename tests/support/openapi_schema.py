@@ -12,8 +12,13 @@ import re
 from typing import Any
 
 TYPES: dict[str, tuple[type, ...]] = {
-    "object": (dict,), "array": (list,), "string": (str,), "boolean": (bool,),
-    "integer": (int,), "number": (int, float)}
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "boolean": (bool,),
+    "integer": (int,),
+    "number": (int, float),
+}
 
 
 def errors(value: Any, schema: dict[str, Any], path: str = "") -> list[str]:

@@ -7,15 +7,43 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-BASELINE_CAPS = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-                 "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
-                      "persistentVolumeClaim", "projected", "secret"}
-SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
-                "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
-                "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
-                "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
+BASELINE_CAPS = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}
 
 
 def _containers(spec: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -27,7 +55,9 @@ def baseline(spec: dict[str, Any]) -> list[str]:
     out = [f"host namespace {k}" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
     out += [f"hostPath volume {v['name']}" for v in spec.get("volumes") or [] if "hostPath" in v]
     psc = spec.get("securityContext") or {}
-    out += [f"sysctl {s['name']}" for s in psc.get("sysctls") or [] if s["name"] not in SAFE_SYSCTLS]
+    out += [
+        f"sysctl {s['name']}" for s in psc.get("sysctls") or [] if s["name"] not in SAFE_SYSCTLS
+    ]
     if (psc.get("seccompProfile") or {}).get("type") == "Unconfined":
         out.append("pod seccomp Unconfined")
     for c in _containers(spec):
@@ -37,7 +67,9 @@ def baseline(spec: dict[str, Any]) -> list[str]:
             out.append(f"{name}: privileged")
         extra = set((sc.get("capabilities") or {}).get("add") or []) - BASELINE_CAPS
         out += [f"{name}: adds capability {cap}" for cap in sorted(extra)]
-        out += [f"{name}: hostPort {p['hostPort']}" for p in c.get("ports") or [] if p.get("hostPort")]
+        out += [
+            f"{name}: hostPort {p['hostPort']}" for p in c.get("ports") or [] if p.get("hostPort")
+        ]
         if sc.get("procMount", "Default") != "Default":
             out.append(f"{name}: procMount")
         if (sc.get("seccompProfile") or {}).get("type") == "Unconfined":

@@ -29,8 +29,13 @@ page: {{kind: webhook, url: "{page}"}}
 def audit_records(settings: Settings, n: int) -> list[dict[str, Any]]:
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": "t",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": "t",
+            "enable.auto.commit": False,
+        }
+    )
     from stepwatch.contract import Topics
 
     topic = Topics(settings.topic_prefix).remediations

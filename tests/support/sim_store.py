@@ -26,11 +26,25 @@ T0 = float(int(time.time() // 3600 * 3600 - 3 * 3600))
 def scenario(steps: int = 160) -> Scenario:
     """Four nodes; a GPU straggler (rank 13 on node0001) and NIC congestion on node0003."""
     return Scenario(
-        seed=5, job_id=JOB, nodes=4, steps=steps, start_ts=T0, flops_per_token=6e9,
-        checkpoint_every=60, eval_every=0,
-        faults=(Fault(FaultKind.SLOW_GPU, rank=13, start_step=40, severity=0.3),
-                Fault(FaultKind.NIC_CONGESTION, host="node0003", nic=2, start_step=90,
-                      end_step=130, severity=0.2)),
+        seed=5,
+        job_id=JOB,
+        nodes=4,
+        steps=steps,
+        start_ts=T0,
+        flops_per_token=6e9,
+        checkpoint_every=60,
+        eval_every=0,
+        faults=(
+            Fault(FaultKind.SLOW_GPU, rank=13, start_step=40, severity=0.3),
+            Fault(
+                FaultKind.NIC_CONGESTION,
+                host="node0003",
+                nic=2,
+                start_step=90,
+                end_step=130,
+                severity=0.2,
+            ),
+        ),
     )
 
 
@@ -49,7 +63,9 @@ def fill(path: Path, sc: Scenario | None = None) -> int:
     """Load the run into a new store at ``path``; returns the messages loaded."""
     msgs = messages(sc or scenario())
     topics = Topics("stepwatch")
-    records = [Record(topics.for_kind(KIND_OF[type(m)]), 0, i, encode(m)) for i, m in enumerate(msgs)]
+    records = [
+        Record(topics.for_kind(KIND_OF[type(m)]), 0, i, encode(m)) for i, m in enumerate(msgs)
+    ]
     store = ChdbStore(str(path))
     try:
         Migrator(store, migrations=load_migrations()).migrate()
@@ -60,4 +76,3 @@ def fill(path: Path, sc: Scenario | None = None) -> int:
     finally:
         store.close()
     return len(msgs)
-

@@ -32,16 +32,37 @@ def hosts(*numbers: int) -> tuple[str, ...]:
 def scenarios() -> list[Scenario]:
     slow = Fault(FaultKind.SLOW_GPU, host=LEMON, start_step=0, severity=0.10)
     return [
-        Scenario(seed=1, job_id="jobA", nodes=4, steps=STEPS, hosts=hosts(1, 2, 3, 4), start_ts=T0,
-                 flops_per_token=6e9,
-                 faults=(slow, Fault(FaultKind.NIC_CONGESTION, host="gpu-02", nic=5,
-                                     start_step=30, end_step=80))),
-        Scenario(seed=2, job_id="jobB", nodes=4, steps=STEPS, hosts=hosts(3, 5, 6, 7),
-                 start_ts=T0 + 3600,
-                 faults=(slow, Fault(FaultKind.LINK_FLAP, host="gpu-06", nic=2, start_step=50))),
-        Scenario(seed=3, job_id="jobC", nodes=4, steps=STEPS, hosts=hosts(1, 3, 8, 9),
-                 start_ts=T0 + 7200,
-                 faults=(Fault(FaultKind.XID79, host="gpu-09", gpu=4, start_step=60),)),
+        Scenario(
+            seed=1,
+            job_id="jobA",
+            nodes=4,
+            steps=STEPS,
+            hosts=hosts(1, 2, 3, 4),
+            start_ts=T0,
+            flops_per_token=6e9,
+            faults=(
+                slow,
+                Fault(FaultKind.NIC_CONGESTION, host="gpu-02", nic=5, start_step=30, end_step=80),
+            ),
+        ),
+        Scenario(
+            seed=2,
+            job_id="jobB",
+            nodes=4,
+            steps=STEPS,
+            hosts=hosts(3, 5, 6, 7),
+            start_ts=T0 + 3600,
+            faults=(slow, Fault(FaultKind.LINK_FLAP, host="gpu-06", nic=2, start_step=50)),
+        ),
+        Scenario(
+            seed=3,
+            job_id="jobC",
+            nodes=4,
+            steps=STEPS,
+            hosts=hosts(1, 3, 8, 9),
+            start_ts=T0 + 7200,
+            faults=(Fault(FaultKind.XID79, host="gpu-09", gpu=4, start_step=60),),
+        ),
     ]
 
 
@@ -59,16 +80,31 @@ def detections(telemetry: list[Message]) -> list[DetectionMessage]:
     for m in telemetry:
         found.extend(engine.process(m))
     found.extend(engine.tick(telemetry[-1].ts + 600))
-    found.append(DetectionMessage(
-        host="stepwatch", ts=T0 + 3700, id="jobB-throughput-2", job_id="jobB", type="throughput",
-        state="open", rank=2, cause="unknown", fault="unknown", step=40,
-        summary="rank 2 below the job's throughput", inst="jobB-throughput-2", seq=0))
+    found.append(
+        DetectionMessage(
+            host="stepwatch",
+            ts=T0 + 3700,
+            id="jobB-throughput-2",
+            job_id="jobB",
+            type="throughput",
+            state="open",
+            rank=2,
+            cause="unknown",
+            fault="unknown",
+            step=40,
+            summary="rank 2 below the job's throughput",
+            inst="jobB-throughput-2",
+            seq=0,
+        )
+    )
     return found  # each change carries its identity: inst = detection id, seq = change number
 
 
 def messages() -> list[Message]:
     """Every message of the three runs plus the detections, in time order."""
-    telemetry: list[Message] = sorted((m for sc in scenarios() for m in simulate(sc)), key=lambda m: m.ts)
+    telemetry: list[Message] = sorted(
+        (m for sc in scenarios() for m in simulate(sc)), key=lambda m: m.ts
+    )
     return sorted([*telemetry, *detections(telemetry)], key=lambda m: m.ts)
 
 
@@ -92,12 +128,15 @@ def expected_rows(messages: list[Message]) -> dict[str, int]:
     }
 
 
-def produce(bootstrap: str, prefix: str, messages: list[Message],
-            extra: Sequence[tuple[str, bytes]] = ()) -> int:
+def produce(
+    bootstrap: str, prefix: str, messages: list[Message], extra: Sequence[tuple[str, bytes]] = ()
+) -> int:
     """Publish the messages (and raw ``(topic, value)`` extras) and wait for delivery."""
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True}
+    )
     n = 0
     for topic, key, value in keyed(messages, prefix):
         producer.produce(topic, value, key)

@@ -39,13 +39,29 @@ class StreamWorker:
 
     def start(self) -> StreamWorker:
         self.port = free_port()
-        cmd = [sys.executable, "-m", "stepwatch.cli", "stream",
-               "--bootstrap-servers", self.settings.bootstrap_servers,
-               "--topic-prefix", self.settings.topic_prefix,
-               "--partitions", str(self.settings.partitions),
-               "--metrics-port", str(self.port), "--app-id", self.app_id,
-               "--worker-name", self.name, "--data-dir", str(self.workdir / self.name),
-               "--session-timeout", "6", *self.extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "stepwatch.cli",
+            "stream",
+            "--bootstrap-servers",
+            self.settings.bootstrap_servers,
+            "--topic-prefix",
+            self.settings.topic_prefix,
+            "--partitions",
+            str(self.settings.partitions),
+            "--metrics-port",
+            str(self.port),
+            "--app-id",
+            self.app_id,
+            "--worker-name",
+            self.name,
+            "--data-dir",
+            str(self.workdir / self.name),
+            "--session-timeout",
+            "6",
+            *self.extra,
+        ]
         env = {**os.environ, "STEPWATCH_HANG_MIN_SECONDS": "3600"}
         log = open(self.workdir / f"{self.name}.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)
@@ -61,12 +77,18 @@ class StreamWorker:
                 text = r.read().decode()
         except OSError:
             return []
-        return [(s.name, s.labels, s.value)
-                for fam in text_string_to_metric_families(text) for s in fam.samples]
+        return [
+            (s.name, s.labels, s.value)
+            for fam in text_string_to_metric_families(text)
+            for s in fam.samples
+        ]
 
     def value(self, name: str, **labels: str) -> float:
-        return sum(v for n, lab, v in self.samples()
-                   if n == name and all(lab.get(k) == x for k, x in labels.items()))
+        return sum(
+            v
+            for n, lab, v in self.samples()
+            if n == name and all(lab.get(k) == x for k, x in labels.items())
+        )
 
     def jobs(self) -> set[str]:
         return {lab["job_id"] for n, lab, _ in self.samples() if n == "stepwatch_job_last_step"}
@@ -83,8 +105,9 @@ class StreamWorker:
         return int(self.proc.returncode)
 
 
-def wait_for(what: str, check: Callable[[], object], timeout: float,
-             workers: Iterable[StreamWorker] = ()) -> object:
+def wait_for(
+    what: str, check: Callable[[], object], timeout: float, workers: Iterable[StreamWorker] = ()
+) -> object:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         result = check()
@@ -111,7 +134,11 @@ def publish(settings: Settings, items: Iterable[Message | tuple[str, bytes | Non
         if isinstance(item, tuple):
             topic, key, value = item
         else:
-            topic, key, value = topics.for_kind(KIND_OF[type(item)]), message_key(item), encode(item)
+            topic, key, value = (
+                topics.for_kind(KIND_OF[type(item)]),
+                message_key(item),
+                encode(item),
+            )
             # record timestamp = event time, as for an agent producing live: the
             # worker's event-time alignment orders a backlog by it
             stamp = {"timestamp": int(item.ts * 1000)}
@@ -127,13 +154,20 @@ def read_topic(settings: Settings, topic: str, timeout: float = 5.0) -> list[tup
     """Everything in a topic now: (partition, value), from the beginning."""
     from confluent_kafka import Consumer, TopicPartition
 
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers,
-                         "group.id": f"reader-{time.time()}", "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"reader-{time.time()}",
+            "enable.auto.commit": False,
+        }
+    )
     try:
         meta = consumer.list_topics(topic, timeout=timeout).topics[topic]
         tps = [TopicPartition(topic, p, 0) for p in meta.partitions]
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
-                for p in meta.partitions}
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)[1]
+            for p in meta.partitions
+        }
         consumer.assign(tps)
         out: list[tuple[int, bytes]] = []
         pos = {p: 0 for p in meta.partitions}

@@ -57,8 +57,17 @@ class Fault:
     def args(self) -> list[str]:
         if self.rank is None:
             return list(self.options)
-        return [*self.options, "--slow-rank", str(self.rank), "--slow-kind", self.kind,
-                "--slow-factor", str(self.factor), "--slow-from", str(self.start)]
+        return [
+            *self.options,
+            "--slow-rank",
+            str(self.rank),
+            "--slow-kind",
+            self.kind,
+            "--slow-factor",
+            str(self.factor),
+            "--slow-from",
+            str(self.start),
+        ]
 
 
 @dataclass
@@ -75,14 +84,30 @@ class Agents:
     def start(self) -> Agents:
         for host in HOSTS:
             log = open(self.workdir / f"agent-{host}.log", "wb")  # noqa: SIM115
-            cmd = [sys.executable, "-m", "stepwatch.cli", "agent",
-                   "--bootstrap-servers", self.settings.bootstrap_servers,
-                   "--topic-prefix", self.settings.topic_prefix,
-                   "--partitions", str(self.settings.partitions), "--host", host,
-                   "--collectors", "steps", "--tick", "0.5",
-                   "--socket", self.socket_template().replace("{host}", host),
-                   "--spool-dir", str(self.workdir / f"spool-{host}"),
-                   "--metrics-port", str(free_port())]
+            cmd = [
+                sys.executable,
+                "-m",
+                "stepwatch.cli",
+                "agent",
+                "--bootstrap-servers",
+                self.settings.bootstrap_servers,
+                "--topic-prefix",
+                self.settings.topic_prefix,
+                "--partitions",
+                str(self.settings.partitions),
+                "--host",
+                host,
+                "--collectors",
+                "steps",
+                "--tick",
+                "0.5",
+                "--socket",
+                self.socket_template().replace("{host}", host),
+                "--spool-dir",
+                str(self.workdir / f"spool-{host}"),
+                "--metrics-port",
+                str(free_port()),
+            ]
             self.procs[host] = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log)
         for host in HOSTS:
             self.wait_log(host, "kafka ready")
@@ -112,8 +137,9 @@ class Agents:
                 proc.wait(5)
 
 
-def run_job(agents: Agents, job_id: str, fault: Fault, steps: int, workdir: Path,
-            timeout: float = 240) -> str:
+def run_job(
+    agents: Agents, job_id: str, fault: Fault, steps: int, workdir: Path, timeout: float = 240
+) -> str:
     """Run the example to completion; return its output (stdout and stderr)."""
     # Batches of 768: steps of about 0.4 s on 2 cores, like a real job's, not 60 ms
     # ones where any scheduler hiccup spans several steps. The ranks are pinned (two
@@ -121,16 +147,40 @@ def run_job(agents: Agents, job_id: str, fault: Fault, steps: int, workdir: Path
     # busy processes compete for host-1's core; otherwise the kernel spreads the
     # machine's other load over all four ranks, as dedicated cores would on a node.
     pin = ["--pin"] if fault.kind == "cpu" else []
-    cmd = [sys.executable, str(EXAMPLE), "--nproc", "4", "--steps", str(steps), *pin,
-           "--batch", "768",
-           "--emulate-hosts", "2", "--job-id", job_id, *fault.args()]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "STEPWATCH_AGENT_SOCKET": agents.socket_template()}
+    cmd = [
+        sys.executable,
+        str(EXAMPLE),
+        "--nproc",
+        "4",
+        "--steps",
+        str(steps),
+        *pin,
+        "--batch",
+        "768",
+        "--emulate-hosts",
+        "2",
+        "--job-id",
+        job_id,
+        *fault.args(),
+    ]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "STEPWATCH_AGENT_SOCKET": agents.socket_template(),
+    }
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
     out = workdir / f"{job_id}.log"
     with open(out, "wb") as log:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=timeout, check=False)
+        proc = subprocess.run(
+            cmd,
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            check=False,
+        )
     text = out.read_text(errors="replace")
     assert proc.returncode == 0, f"training job failed ({proc.returncode}):\n{text[-4000:]}"
     return text

@@ -30,13 +30,16 @@ def test_rate_limit_lets_one_line_per_facility_and_interval_and_counts_the_rest(
 
 @pytest.mark.timeout(60)
 def test_an_unreachable_broker_prints_no_raw_client_lines(
-        capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
+    capfd: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
     from confluent_kafka import Consumer
 
     caplog.set_level(logging.DEBUG, logger="stepwatch.kafka.client")
-    settings = Settings.load(env={}, bootstrap_servers="127.0.0.1:1",
-                             kafka_config={"reconnect.backoff.ms": "10",
-                                           "reconnect.backoff.max.ms": "20"})
+    settings = Settings.load(
+        env={},
+        bootstrap_servers="127.0.0.1:1",
+        kafka_config={"reconnect.backoff.ms": "10", "reconnect.backoff.max.ms": "20"},
+    )
     consumer = Consumer(client_config(settings, {"group.id": "g"}, role="test"))
     consumer.subscribe(["t.steps"])
     deadline = time.monotonic() + 3.0

@@ -31,13 +31,34 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         pytest.skip("openssl is not installed")
     d = tmp_path_factory.mktemp("tls")
     key, crt = d / "key.pem", d / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(crt), str(key)
 
 
-def get(url: str, auth: tuple[str, str] | None = None, cafile: str | None = None) -> tuple[int, str]:
+def get(
+    url: str, auth: tuple[str, str] | None = None, cafile: str | None = None
+) -> tuple[int, str]:
     req = urllib.request.Request(url)
     if auth:
         token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
@@ -91,11 +112,13 @@ def test_basic_auth_refuses_wrong_and_missing_credentials(registry: CollectorReg
         server.shutdown()
 
 
-def test_tls_with_a_self_signed_certificate_and_auth(registry: CollectorRegistry,
-                                                     cert: tuple[str, str]) -> None:
+def test_tls_with_a_self_signed_certificate_and_auth(
+    registry: CollectorRegistry, cert: tuple[str, str]
+) -> None:
     crt, key = cert
-    server = serve_metrics(registry, Endpoint(port=0, certfile=crt, keyfile=key,
-                                              user="prom", password="pw"))
+    server = serve_metrics(
+        registry, Endpoint(port=0, certfile=crt, keyfile=key, user="prom", password="pw")
+    )
     try:
         assert server.url.startswith("https://")
         status, body = get(server.url, ("prom", "pw"), cafile=crt)
@@ -111,11 +134,14 @@ def test_tls_with_a_self_signed_certificate_and_auth(registry: CollectorRegistry
         server.shutdown()
 
 
-def test_bad_tls_files_and_busy_ports_are_config_errors(registry: CollectorRegistry,
-                                                        tmp_path: Path) -> None:
+def test_bad_tls_files_and_busy_ports_are_config_errors(
+    registry: CollectorRegistry, tmp_path: Path
+) -> None:
     with pytest.raises(ConfigError):
-        serve_metrics(registry, Endpoint(port=0, certfile=str(tmp_path / "no.pem"),
-                                         keyfile=str(tmp_path / "no.key")))
+        serve_metrics(
+            registry,
+            Endpoint(port=0, certfile=str(tmp_path / "no.pem"), keyfile=str(tmp_path / "no.key")),
+        )
     server = serve_metrics(registry, Endpoint(port=0))
     try:
         with pytest.raises(ConfigError):

@@ -37,9 +37,28 @@ def cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         pytest.skip("openssl is not installed")
     d = tmp_path_factory.mktemp("tls")
     key, crt = d / "key.pem", d / "cert.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                    "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-                    "-keyout", str(key), "-out", str(crt)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(crt),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return str(crt), str(key)
 
 
@@ -50,7 +69,8 @@ def scrape(url: str, cafile: str | None = None) -> int:
 
 
 def test_a_client_that_never_says_hello_does_not_stop_tls_scrapes(
-        registry: CollectorRegistry, cert: tuple[str, str]) -> None:
+    registry: CollectorRegistry, cert: tuple[str, str]
+) -> None:
     crt, key = cert
     server = serve_metrics(registry, Endpoint(port=0, certfile=crt, keyfile=key))
     silent = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(3)]

@@ -50,8 +50,14 @@ def test_the_repository_root_does_not_serve_bare_service_names() -> None:
         "        out[name] = 'missing'\n"
         "print(json.dumps(out))\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True,
-                          text=True, check=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
     assert set(json.loads(done.stdout).values()) == {"missing"}, done.stdout
 
 
@@ -72,15 +78,28 @@ def test_a_service_module_has_one_name() -> None:
 
 
 def test_nothing_imports_a_service_by_its_bare_folder_name() -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in python_files(
-        "stepwatch", "tests", "bench", "dashboards", "scripts", "examples",
-        *(f"{s}/src" for s in SERVICES)) if BARE_IMPORT.search(p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in python_files(
+            "stepwatch",
+            "tests",
+            "bench",
+            "dashboards",
+            "scripts",
+            "examples",
+            *(f"{s}/src" for s in SERVICES),
+        )
+        if BARE_IMPORT.search(p.read_text())
+    ]
     assert not offenders
 
 
 def test_bench_and_dashboards_import_the_installed_package() -> None:
-    offenders = [str(p.relative_to(ROOT)) for p in python_files("bench", "dashboards")
-                 if re.search(r"sys\.path\.(insert|append)", p.read_text())]
+    offenders = [
+        str(p.relative_to(ROOT))
+        for p in python_files("bench", "dashboards")
+        if re.search(r"sys\.path\.(insert|append)", p.read_text())
+    ]
     assert not offenders
 
 
@@ -88,7 +107,9 @@ def test_mypy_and_import_linter_see_every_portion() -> None:
     mypy = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
     assert sorted(mypy["mypy_path"]) == sorted(f"{s}/src" for s in SERVICES)
     assert sorted(mypy["packages"]) == sorted(["stepwatch", *(f"stepwatch.{s}" for s in SERVICES)])
-    spec = importlib.util.spec_from_file_location("lint_imports", ROOT / "scripts" / "lint_imports.py")
+    spec = importlib.util.spec_from_file_location(
+        "lint_imports", ROOT / "scripts" / "lint_imports.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

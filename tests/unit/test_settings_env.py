@@ -18,10 +18,17 @@ KNOWN = {f.name for f in dataclasses.fields(Settings) if f.name != "sources"}
 
 
 def test_a_misspelled_variable_gets_the_closest_setting() -> None:
-    env = {"STEPWATCH_PARTITON": "3", "STEPWATCH_BOOTSTRAP_SERVER": "k:9092",
-           "STEPWATCH_KAFKA_SECURITY_PROTOCOL": "SSL", "STEPWATCH_ZZZ_QQQ": "1",
-           "STEPWATCH_PARTITIONS": "4", "STEPWATCH_KAFKA__CLIENT_ID": "x",
-           "STEPWATCH_JOB_ID": "42", "STEPWATCH_CONFIG": "", "PATH": "/bin"}
+    env = {
+        "STEPWATCH_PARTITON": "3",
+        "STEPWATCH_BOOTSTRAP_SERVER": "k:9092",
+        "STEPWATCH_KAFKA_SECURITY_PROTOCOL": "SSL",
+        "STEPWATCH_ZZZ_QQQ": "1",
+        "STEPWATCH_PARTITIONS": "4",
+        "STEPWATCH_KAFKA__CLIENT_ID": "x",
+        "STEPWATCH_JOB_ID": "42",
+        "STEPWATCH_CONFIG": "",
+        "PATH": "/bin",
+    }
     assert unknown_env(env, KNOWN) == [
         ("STEPWATCH_BOOTSTRAP_SERVER", "STEPWATCH_BOOTSTRAP_SERVERS"),
         ("STEPWATCH_KAFKA_SECURITY_PROTOCOL", "STEPWATCH_KAFKA__SECURITY_PROTOCOL"),
@@ -36,8 +43,9 @@ def test_load_warns_once_and_still_loads(caplog: pytest.LogCaptureFixture) -> No
         for _ in range(2):
             settings = Settings.load(env=env)
     hits = [r.getMessage() for r in caplog.records if "STEPWATCH_METRICS_PROT" in r.getMessage()]
-    assert hits == ["unknown setting ignored env=STEPWATCH_METRICS_PROT "
-                    "did_you_mean=STEPWATCH_METRICS_PORT"]
+    assert hits == [
+        "unknown setting ignored env=STEPWATCH_METRICS_PROT did_you_mean=STEPWATCH_METRICS_PORT"
+    ]
     assert settings.metrics_port == Settings.load(env={}).metrics_port
 
 

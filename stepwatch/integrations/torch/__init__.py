@@ -69,8 +69,9 @@ def require_torch() -> Any:
     return torch
 
 
-def instrument_ddp(model: Any, sw: StepWatch, *, hook: Any = None, state: Any = None,
-                   time_buckets: bool = False) -> Instrumented:
+def instrument_ddp(
+    model: Any, sw: StepWatch, *, hook: Any = None, state: Any = None, time_buckets: bool = False
+) -> Instrumented:
     """Register a timing DDP communication hook on ``model`` (a
     ``DistributedDataParallel``) and split ``backward`` into ``backward`` +
     ``comm_wait`` in every step of ``sw``.
@@ -86,7 +87,9 @@ def instrument_ddp(model: Any, sw: StepWatch, *, hook: Any = None, state: Any = 
     from stepwatch.integrations.torch.ddp import default_hook, timed_hook
 
     if not hasattr(model, "register_comm_hook"):
-        raise StepwatchError(f"instrument_ddp needs a DistributedDataParallel model, got {type(model).__name__}")
+        raise StepwatchError(
+            f"instrument_ddp needs a DistributedDataParallel model, got {type(model).__name__}"
+        )
     if hook is None:
         hook, default_state = default_hook()
         state = default_state if state is None else state

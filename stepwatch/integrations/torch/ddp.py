@@ -30,8 +30,9 @@ def default_hook() -> tuple[Hook, Any]:
     return allreduce_hook, None
 
 
-def timed_hook(sw: StepWatch, splitter: WaitSplitter, inner: Hook, time_buckets: bool = False
-               ) -> Hook:
+def timed_hook(
+    sw: StepWatch, splitter: WaitSplitter, inner: Hook, time_buckets: bool = False
+) -> Hook:
     """A DDP comm hook that marks the launch of each step's last bucket and times
     every bucket's future, then forwards to ``inner``. A failure of the timing is
     caught and counted; one of ``inner`` (the real all-reduce) propagates, as it

@@ -117,10 +117,14 @@ def instrument(model: Any, sw: StepWatch) -> Instrumented:
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError as err:
-        raise StepwatchError("instrument_fsdp needs torch.distributed.fsdp.fully_shard (FSDP2)") from err
+        raise StepwatchError(
+            "instrument_fsdp needs torch.distributed.fsdp.fully_shard (FSDP2)"
+        ) from err
     units: list[Any] = [m for m in model.modules() if isinstance(m, FSDPModule)]
     if not units:
-        raise StepwatchError("instrument_fsdp found no fully_shard module: call it after fully_shard")
+        raise StepwatchError(
+            "instrument_fsdp found no fully_shard module: call it after fully_shard"
+        )
     splitter = WaitSplitter()
     for unit in units:
         b = Bracket(sw, splitter)

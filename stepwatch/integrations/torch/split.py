@@ -57,9 +57,14 @@ class CommStats:
     errors: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, object]:
-        return {"steps": self.steps, "split": self.split, "unmatched": self.unmatched,
-                "buckets": self.buckets, "comm_seconds": round(self.comm_seconds, 6),
-                "errors": dict(self.errors)}
+        return {
+            "steps": self.steps,
+            "split": self.split,
+            "unmatched": self.unmatched,
+            "buckets": self.buckets,
+            "comm_seconds": round(self.comm_seconds, 6),
+            "errors": dict(self.errors),
+        }
 
 
 class WaitSplitter:
@@ -129,9 +134,16 @@ class WaitSplitter:
             self.stats.split += 1
         if launches:
             self.stats.unmatched += len(launches)
-            self.log("unmatched", "stepwatch torch: %s collective(s) launched outside a %r "
-                     "phase in step %s; wrap loss.backward() in sw.step's phase(%r) to measure "
-                     "the exposed wait", len(launches), self.phase.value, step, self.phase.value)
+            self.log(
+                "unmatched",
+                "stepwatch torch: %s collective(s) launched outside a %r "
+                "phase in step %s; wrap loss.backward() in sw.step's phase(%r) to measure "
+                "the exposed wait",
+                len(launches),
+                self.phase.value,
+                step,
+                self.phase.value,
+            )
         spans[:] = out
 
 
@@ -149,8 +161,11 @@ def carve(spans: list[Span], waits: list[Wait], stats: CommStats) -> list[Span]:
             if timed and (wait.first is None or wait.last is None):
                 break
             f0, f1 = (wait.first, wait.last) if timed else (None, None)
-            out[i:i + 1] = [(name, a, wait.start, first, f0), (COMM_WAIT, wait.start, wait.end, f0, f1),
-                            (name, wait.end, b, f1, last)]
+            out[i : i + 1] = [
+                (name, a, wait.start, first, f0),
+                (COMM_WAIT, wait.start, wait.end, f0, f1),
+                (name, wait.end, b, f1, last),
+            ]
             stats.split += 1
             break
         else:

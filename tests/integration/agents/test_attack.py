@@ -76,15 +76,40 @@ def start_agent(settings: Settings, public_dir: Path) -> Iterator:
         port = free_port()
         sock = str(public_dir / "run" / "agent.sock")
         log = public_dir / f"agent{len(started)}.log"
-        cmd = [sys.executable, "-m", "stepwatch.cli", "agent", "--bootstrap-servers",
-               settings.bootstrap_servers, "--topic-prefix", "t", "--partitions", "4",
-               "--host", HOST, "--collectors", "steps", "--socket", sock,
-               "--spool-dir", str(spool or public_dir / "spool"), "--tick", "0.5",
-               "--metrics-port", str(port), *extra]
+        cmd = [
+            sys.executable,
+            "-m",
+            "stepwatch.cli",
+            "agent",
+            "--bootstrap-servers",
+            settings.bootstrap_servers,
+            "--topic-prefix",
+            "t",
+            "--partitions",
+            "4",
+            "--host",
+            HOST,
+            "--collectors",
+            "steps",
+            "--socket",
+            sock,
+            "--spool-dir",
+            str(spool or public_dir / "spool"),
+            "--tick",
+            "0.5",
+            "--metrics-port",
+            str(port),
+            *extra,
+        ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("STEPWATCH_")}
         with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
-                                    env={**env, "PYTHONPATH": str(ROOT)})
+            proc = subprocess.Popen(
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=ROOT,
+                env={**env, "PYTHONPATH": str(ROOT)},
+            )
         agent = AgentProc(proc, sock, port, log)
         started.append(agent)
         wait_for(log, "kafka ready", proc)
@@ -99,8 +124,9 @@ def start_agent(settings: Settings, public_dir: Path) -> Iterator:
 
 def step_datagram(job: str, n: int, rank: int = 0, host: str = "") -> bytes:
     now = time.time()
-    rec = StepRecord(job_id=job, rank=rank, world_size=8, step=n, start=now - 0.1, end=now,
-                     host=host)
+    rec = StepRecord(
+        job_id=job, rank=rank, world_size=8, step=n, start=now - 0.1, end=now, host=host
+    )
     return encode_datagram(RankStep(step=rec))
 
 
@@ -115,22 +141,37 @@ def sdk_child(path: str, env: dict[str, str], init_args: str, steps: int = 3) ->
         sw.close()
         assert sw.sent == {steps}, sw.stats()
     """)
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("STEPWATCH_", "SLURM_", "RANK", "TORCHELASTIC_"))}
-    run = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
-                         env={**base, "PYTHONPATH": str(ROOT), "STEPWATCH_AGENT_SOCKET": path,
-                              **env}, timeout=60, check=False)
+    base = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("STEPWATCH_", "SLURM_", "RANK", "TORCHELASTIC_"))
+    }
+    run = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        capture_output=True,
+        env={**base, "PYTHONPATH": str(ROOT), "STEPWATCH_AGENT_SOCKET": path, **env},
+        timeout=60,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr.decode()
 
 
 def all_messages(bootstrap: str, topic: str, idle: float = 2.0) -> list[tuple[int, StepMessage]]:
     """Every record of ``topic`` from the beginning, with its size, until ``idle`` s of nothing."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"it-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "log_level": 0})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"it-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
     try:
         meta = consumer.list_topics(timeout=10).topics
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING)
-                         for p in meta[topic].partitions])
+        consumer.assign(
+            [TopicPartition(topic, p, OFFSET_BEGINNING) for p in meta[topic].partitions]
+        )
         out: list[tuple[int, StepMessage]] = []
         last = time.monotonic()
         while time.monotonic() - last < idle:
@@ -175,8 +216,9 @@ def test_a_socket_directory_0750_and_socket_not_world_writable(start_agent) -> N
 
 # ---------------------------------------------------------------------- (b) (c) forgeries
 @pytest.mark.timeout(120)
-def test_b_forged_host_is_rejected_counted_and_never_published(start_agent,
-                                                               settings: Settings) -> None:
+def test_b_forged_host_is_rejected_counted_and_never_published(
+    start_agent, settings: Settings
+) -> None:
     agent = start_agent()
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         s.sendto(step_datagram("job-b", 1, host="gpu-[001-100]"), agent.socket)
@@ -202,7 +244,8 @@ def test_c_forged_job_host_and_rank_through_the_real_sdk(start_agent, settings: 
     agent.stop()
     records = [r for _, r in steps_on_broker(settings)]
     assert sorted((r.job_id, r.rank, r.step, r.host) for r in records) == [
-        ("41", 2, n, HOST) for n in range(3)]
+        ("41", 2, n, HOST) for n in range(3)
+    ]
 
 
 # ---------------------------------------------------------------------- (d) floods
@@ -222,8 +265,14 @@ print(f"sent=20000 seconds={time.monotonic() - t0:.3f}")
 
 
 def flood(path: str) -> str:
-    run = subprocess.run([sys.executable, "-c", FLOOD, path], cwd=ROOT, capture_output=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", FLOOD, path],
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr.decode()
     return run.stdout.decode()
 
@@ -231,7 +280,8 @@ def flood(path: str) -> str:
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("limit", ["rate-limited", "no-rate-limit"])
 def test_d_flood_of_20000_datagrams_neither_wedges_nor_hides_later_steps(
-        start_agent, settings: Settings, public_dir: Path, limit: str) -> None:
+    start_agent, settings: Settings, public_dir: Path, limit: str
+) -> None:
     extra = ("--sender-rate", "0", "--user-rate", "0") if limit == "no-rate-limit" else ()
     agent = start_agent(*extra)
     seconds = float(flood(agent.socket).split("seconds=")[1])
@@ -263,12 +313,17 @@ def test_d_flood_of_20000_datagrams_neither_wedges_nor_hides_later_steps(
 
 @pytest.mark.timeout(180)
 def test_d_poison_record_left_in_an_old_spool_is_passed_on_restart(
-        start_agent, settings: Settings, public_dir: Path) -> None:
+    start_agent, settings: Settings, public_dir: Path
+) -> None:
     spool_dir = public_dir / "old-spool"
     seq = Sequencer("old00000")
     now = time.time()
-    recs = [StepRecord(job_id="old", rank=i % 8, world_size=8, step=i, start=now - 1, end=now,
-                       host=HOST) for i in range(12_000)]
+    recs = [
+        StepRecord(
+            job_id="old", rank=i % 8, world_size=8, step=i, start=now - 1, end=now, host=HOST
+        )
+        for i in range(12_000)
+    ]
     poison = seq.stamp(StepMessage(host=HOST, ts=now, job_id="old", steps=recs))
     assert len(encode(poison)) > 1_000_000  # what the old agent built from a flood
     spool = Spool(spool_dir, 512 * 1024 * 1024)
@@ -301,15 +356,24 @@ NOBODY = 65534
 
 @pytest.mark.timeout(120)
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
-def test_e_another_user_cannot_send_unless_in_the_socket_group(start_agent,
-                                                               settings: Settings) -> None:
+def test_e_another_user_cannot_send_unless_in_the_socket_group(
+    start_agent, settings: Settings
+) -> None:
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     agent = start_agent("--socket-group", "users")
 
     def as_nobody(groups: list[int], payload: bytes) -> str:
-        run = subprocess.run([python, "-c", PROBE, agent.socket, payload.hex()], user=NOBODY,
-                             group=NOBODY, extra_groups=groups, capture_output=True, cwd="/",
-                             env={"PATH": "/usr/bin:/bin"}, timeout=30, check=False)
+        run = subprocess.run(
+            [python, "-c", PROBE, agent.socket, payload.hex()],
+            user=NOBODY,
+            group=NOBODY,
+            extra_groups=groups,
+            capture_output=True,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            timeout=30,
+            check=False,
+        )
         assert run.returncode == 0, run.stderr.decode()
         return run.stdout.decode().strip()
 

@@ -39,11 +39,18 @@ class Reader:
     """Assign every partition of the telemetry topics from the beginning; read on demand."""
 
     def __init__(self, bootstrap: str, topics: list[str]) -> None:
-        self.consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"o-{uuid.uuid4()}",
-                                  "enable.auto.commit": False, "log_level": 0})
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"o-{uuid.uuid4()}",
+                "enable.auto.commit": False,
+                "log_level": 0,
+            }
+        )
         meta = self.consumer.list_topics(timeout=10).topics
-        self.consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING)
-                              for t in topics for p in meta[t].partitions])
+        self.consumer.assign(
+            [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta[t].partitions]
+        )
         self.got: list[Delivered] = []
 
     def read_until(self, want: int, timeout: float) -> list[Delivered]:
@@ -51,8 +58,14 @@ class Reader:
         while len(self.got) < want and time.monotonic() < deadline:
             for msg in self.consumer.consume(num_messages=1000, timeout=0.3):
                 if msg.error() is None:
-                    self.got.append((msg.topic() or "", msg.partition() or 0, msg.offset() or 0,
-                                     decode(msg.value() or b"")))
+                    self.got.append(
+                        (
+                            msg.topic() or "",
+                            msg.partition() or 0,
+                            msg.offset() or 0,
+                            decode(msg.value() or b""),
+                        )
+                    )
         return self.got
 
     def close(self) -> None:
@@ -70,8 +83,9 @@ class Rank(threading.Thread):
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
             while not self.stop.wait(0.05):
                 now = time.time()
-                rec = StepRecord(job_id="job-o", rank=0, world_size=8, step=self.sent,
-                                 start=now - 0.05, end=now)
+                rec = StepRecord(
+                    job_id="job-o", rank=0, world_size=8, step=self.sent, start=now - 0.05, end=now
+                )
                 sock.sendto(encode_datagram(RankStep(step=rec)), self.path)
                 self.sent += 1
 
@@ -138,17 +152,20 @@ def test_thirty_second_outage_loses_nothing(broker: DevBroker, settings: Setting
     for *_, m in phase1 + phase2:
         audit.add(m)
     report = audit.report()
-    print(f"\noutage report: produced={total} delivered={len(phase1) + len(phase2)} "
-          f"missing={report.missing} duplicates={report.duplicates} "
-          f"spooled_at_restart={during.spool.records} producer_resets={stats.producer_resets} "
-          f"delivery_failures={stats.delivery_failures}")
+    print(
+        f"\noutage report: produced={total} delivered={len(phase1) + len(phase2)} "
+        f"missing={report.missing} duplicates={report.duplicates} "
+        f"spooled_at_restart={during.spool.records} producer_resets={stats.producer_resets} "
+        f"delivery_failures={stats.delivery_failures}"
+    )
     assert report.messages == total  # every message, once at least
     assert report.missing == 0
     assert in_order(phase1) and in_order(phase2)
     assert report.duplicates == len(phase1) + len(phase2) - total
     assert stats.producer_resets >= 1 and stats.spool.records == 0
-    steps = sorted(r.step for *_, m in phase1 + phase2 if isinstance(m, StepMessage)
-                   for r in m.steps)
+    steps = sorted(
+        r.step for *_, m in phase1 + phase2 if isinstance(m, StepMessage) for r in m.steps
+    )
     assert steps == sorted(set(steps)) == list(range(rank.sent))  # every step, once
     partitions = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
     assert {len(partitions.topics[t].partitions) for t in topics} == {settings.partitions}

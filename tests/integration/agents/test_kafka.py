@@ -61,22 +61,36 @@ def host_collectors() -> list[str]:
     return names
 
 
-def read_topics(bootstrap: str, topics: list[str], want: int, timeout: float = 30.0
-                ) -> list[tuple[str, int, bytes, Message]]:
+def read_topics(
+    bootstrap: str, topics: list[str], want: int, timeout: float = 30.0
+) -> list[tuple[str, int, bytes, Message]]:
     """Everything in ``topics`` from the beginning (assign, no group join), until ``want``."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"it-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "log_level": 0})
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"it-{uuid.uuid4()}",
+            "enable.auto.commit": False,
+            "log_level": 0,
+        }
+    )
     try:
         meta = consumer.list_topics(timeout=10).topics
-        consumer.assign([TopicPartition(t, p, OFFSET_BEGINNING)
-                         for t in topics for p in meta[t].partitions])
+        consumer.assign(
+            [TopicPartition(t, p, OFFSET_BEGINNING) for t in topics for p in meta[t].partitions]
+        )
         out: list[tuple[str, int, bytes, Message]] = []
         deadline = time.monotonic() + timeout
         while len(out) < want and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=1000, timeout=0.5):
                 if msg.error() is None:
-                    out.append((msg.topic() or "", msg.partition() or 0, msg.key() or b"",
-                                decode(msg.value() or b"")))
+                    out.append(
+                        (
+                            msg.topic() or "",
+                            msg.partition() or 0,
+                            msg.key() or b"",
+                            decode(msg.value() or b""),
+                        )
+                    )
         return out
     finally:
         consumer.close()
@@ -106,11 +120,32 @@ def test_agent_delivers_every_step_and_sample(settings: Settings, tmp_path: Path
     collectors = ["steps", *host_collectors()]
     port = free_port()
     log_path = tmp_path / "agent.log"
-    cmd = [sys.executable, "-m", "stepwatch.cli", "agent",
-           "--bootstrap-servers", settings.bootstrap_servers, "--topic-prefix", "t",
-           "--partitions", "4", "--host", "node-it", "--collectors", ",".join(collectors),
-           "--socket", settings.agent_socket, "--spool-dir", settings.spool_dir,
-           "--sysfs-root", str(SYSFS), "--tick", "0.2", "--metrics-port", str(port)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stepwatch.cli",
+        "agent",
+        "--bootstrap-servers",
+        settings.bootstrap_servers,
+        "--topic-prefix",
+        "t",
+        "--partitions",
+        "4",
+        "--host",
+        "node-it",
+        "--collectors",
+        ",".join(collectors),
+        "--socket",
+        settings.agent_socket,
+        "--spool-dir",
+        settings.spool_dir,
+        "--sysfs-root",
+        str(SYSFS),
+        "--tick",
+        "0.2",
+        "--metrics-port",
+        str(port),
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
@@ -119,7 +154,9 @@ def test_agent_delivers_every_step_and_sample(settings: Settings, tmp_path: Path
         wait_for(log_path, "kafka ready", proc)
         sent = send_rank_traffic(settings.agent_socket)
         time.sleep(0.6)  # a few more ticks
-        assert metric(port, 'stepwatch_agent_datagrams_rejected_total{reason="malformed_json"}') == 1
+        assert (
+            metric(port, 'stepwatch_agent_datagrams_rejected_total{reason="malformed_json"}') == 1
+        )
         assert metric(port, "stepwatch_agent_ready") == 1
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log_path.read_text()
@@ -130,8 +167,12 @@ def test_agent_delivers_every_step_and_sample(settings: Settings, tmp_path: Path
     assert "agent stopped" in log_text and "undelivered_in_spool=0" in log_text
 
     topics = Topics("t")
-    got = read_topics(settings.bootstrap_servers, list(topics.telemetry()),
-                      want=expected_count(log_text), timeout=20)
+    got = read_topics(
+        settings.bootstrap_servers,
+        list(topics.telemetry()),
+        want=expected_count(log_text),
+        timeout=20,
+    )
     messages = [m for *_, m in got]
     audit = SeqAudit()
     for m in messages:
@@ -140,8 +181,9 @@ def test_agent_delivers_every_step_and_sample(settings: Settings, tmp_path: Path
     assert report.missing == 0 and report.duplicates == 0, report
     assert report.messages == expected_count(log_text)
 
-    steps = {(r.job_id, r.rank, r.step) for m in messages if isinstance(m, StepMessage)
-             for r in m.steps}
+    steps = {
+        (r.job_id, r.rank, r.step) for m in messages if isinstance(m, StepMessage) for r in m.steps
+    }
     assert steps == sent
     for topic, _part, key, m in got:
         assert m.host == "node-it"
@@ -173,8 +215,15 @@ def send_rank_traffic(path: str) -> set[tuple[str, int, int]]:
         for step in range(15):
             now = time.time()
             for rank in (0, 1):
-                rec = StepRecord(job_id=JOB, rank=rank, world_size=16, step=step,
-                                 start=now - 0.05, end=now, local_rank=rank)
+                rec = StepRecord(
+                    job_id=JOB,
+                    rank=rank,
+                    world_size=16,
+                    step=step,
+                    start=now - 0.05,
+                    end=now,
+                    local_rank=rank,
+                )
                 sock.sendto(encode_datagram(RankStep(step=rec)), path)
                 sent.add((JOB, rank, step))
             time.sleep(0.05)
@@ -188,16 +237,31 @@ def test_broker_command_serves_until_sigterm(tmp_path: Path) -> None:
     port = free_port()
     out = tmp_path / "broker.out"
     with open(out, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "stepwatch.cli", "broker", "--port", str(port),
-                                 "--create-topics", "--partitions", "2"],
-                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "stepwatch.cli",
+                "broker",
+                "--port",
+                str(port),
+                "--create-topics",
+                "--partitions",
+                "2",
+            ],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     try:
         wait_for(out, f"export STEPWATCH_BOOTSTRAP_SERVERS=127.0.0.1:{port}", proc)
         settings = Settings.load(env={}, bootstrap_servers=f"127.0.0.1:{port}")
         from confluent_kafka.admin import AdminClient
 
-        meta = AdminClient({"bootstrap.servers": settings.bootstrap_servers}).list_topics(timeout=10)
+        meta = AdminClient({"bootstrap.servers": settings.bootstrap_servers}).list_topics(
+            timeout=10
+        )
         assert len(meta.topics[Topics().steps].partitions) == 2
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=20) == 0
@@ -211,13 +275,32 @@ def test_broker_command_serves_until_sigterm(tmp_path: Path) -> None:
 @pytest.mark.timeout(60)
 def test_agent_with_dev_broker_starts_and_stops_cleanly(tmp_path: Path) -> None:
     log_path = tmp_path / "agent.log"
-    cmd = [sys.executable, "-m", "stepwatch.cli", "agent", "--dev-broker", "--collectors", "steps",
-           "--socket", str(tmp_path / "a.sock"), "--spool-dir", str(tmp_path / "spool"),
-           "--tick", "0.2", "--metrics-port", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stepwatch.cli",
+        "agent",
+        "--dev-broker",
+        "--collectors",
+        "steps",
+        "--socket",
+        str(tmp_path / "a.sock"),
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        "--tick",
+        "0.2",
+        "--metrics-port",
+        "0",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "STEPWATCH_BOOTSTRAP_SERVERS"}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**env, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**env, "PYTHONPATH": str(ROOT)},
+        )
     try:
         wait_for(log_path, "kafka ready", proc)
         proc.send_signal(signal.SIGINT)
@@ -233,7 +316,8 @@ def test_agent_with_dev_broker_starts_and_stops_cleanly(tmp_path: Path) -> None:
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("problem", ["tls-mismatch", "unreachable"])
 def test_agent_that_never_reaches_kafka_says_so_in_logs_and_metrics(
-        broker, tmp_path: Path, problem: str) -> None:
+    broker, tmp_path: Path, problem: str
+) -> None:
     """A TLS setting against a plaintext broker, or nothing listening: never "kafka ready"."""
     port = free_port()
     log_path = tmp_path / "agent.log"
@@ -241,13 +325,33 @@ def test_agent_that_never_reaches_kafka_says_so_in_logs_and_metrics(
         kafka = ["--bootstrap-servers", broker.bootstrap, "-X", "security.protocol=SSL"]
     else:
         kafka = ["--bootstrap-servers", f"127.0.0.1:{free_port()}"]
-    cmd = [sys.executable, "-m", "stepwatch.cli", "agent", *kafka, "--topic-prefix", "t",
-           "--collectors", "steps", "--socket", str(tmp_path / "a.sock"),
-           "--spool-dir", str(tmp_path / "spool"), "--tick", "0.2",
-           "--web-listen-address", f"127.0.0.1:{port}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stepwatch.cli",
+        "agent",
+        *kafka,
+        "--topic-prefix",
+        "t",
+        "--collectors",
+        "steps",
+        "--socket",
+        str(tmp_path / "a.sock"),
+        "--spool-dir",
+        str(tmp_path / "spool"),
+        "--tick",
+        "0.2",
+        "--web-listen-address",
+        f"127.0.0.1:{port}",
+    ]
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT)})
+        proc = subprocess.Popen(
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
     try:
         wait_for(log_path, "agent ready", proc)
         wait_for(log_path, "kafka unreachable", proc)

@@ -38,14 +38,25 @@ class FakeGpus:
             self.pending.append((code, gpu))
 
     def collect(self, ctx: HostContext) -> list[Message]:
-        gpus = [GpuReading(index=i, uuid=f"GPU-{i}", sm_clock_mhz=1980, sm_clock_max_mhz=1980,
-                           temp_gpu_c=60, throttle_reasons=0, ecc_dbe_total=0,
-                           remapped_rows_failure=False) for i in range(8)]
+        gpus = [
+            GpuReading(
+                index=i,
+                uuid=f"GPU-{i}",
+                sm_clock_mhz=1980,
+                sm_clock_max_mhz=1980,
+                temp_gpu_c=60,
+                throttle_reasons=0,
+                ecc_dbe_total=0,
+                remapped_rows_failure=False,
+            )
+            for i in range(8)
+        ]
         with self.lock:
             events, self.pending = self.pending, []
         return [GpuMessage(host=ctx.host, ts=ctx.now, gpus=gpus)] + [
             EventMessage(host=ctx.host, ts=ctx.now, type=EventType.XID, gpu=g, code=c)
-            for c, g in events]
+            for c, g in events
+        ]
 
     def health(self) -> CollectorHealth:
         return CollectorHealth(HealthState.OK)
@@ -68,8 +79,9 @@ class NullSink:
 @pytest.fixture()
 def agent(tmp_path) -> Iterator[tuple[Agent, FakeGpus, str]]:
     """A real agent (fake NVML, the recorded sysfs tree) ticking every 0.5 s, serving /metrics."""
-    settings = Settings.load(env={}, host="node02", collectors="", tick_seconds=0.5,
-                             spool_dir=str(tmp_path / "spool"))
+    settings = Settings.load(
+        env={}, host="node02", collectors="", tick_seconds=0.5, spool_dir=str(tmp_path / "spool")
+    )
     gpus = FakeGpus()
     agent = Agent(settings, [gpus, RdmaCollector(str(SYSFS))], NullSink())
     server = serve(registry_for(agent.snapshot), 0, addr="127.0.0.1")
@@ -83,16 +95,25 @@ def agent(tmp_path) -> Iterator[tuple[Agent, FakeGpus, str]]:
 
 
 def test_fatal_xid_on_a_real_agent_fires_and_reaches_the_remediator_and_the_pager(
-        tmp_path, agent, prometheus_factory, alertmanager_factory):
+    tmp_path, agent, prometheus_factory, alertmanager_factory
+):
     _, gpus, target = agent
     token = tmp_path / "remediator.token"
     token.write_text(TOKEN + "\n")
     with WebhookReceiver() as hooks:
-        config = alertmanager_config(Receivers(hooks.url("/remediator"), str(token),
-                                               hooks.url("/page"), hooks.url("/ticket")), fast=True)
+        config = alertmanager_config(
+            Receivers(
+                hooks.url("/remediator"), str(token), hooks.url("/page"), hooks.url("/ticket")
+            ),
+            fast=True,
+        )
         am = alertmanager_factory(config)
-        prom = prometheus_factory(targets=[target], rule_files=rule_files(),
-                                  alertmanagers=[am.address], job_name="stepwatch-agent")
+        prom = prometheus_factory(
+            targets=[target],
+            rule_files=rule_files(),
+            alertmanagers=[am.address],
+            job_name="stepwatch-agent",
+        )
         assert {g["name"] for g in prom.rule_groups()} >= {"stepwatch-gpu", "stepwatch-jobs"}
         wait_for(lambda: prom.query('stepwatch_gpu_sm_clock_hertz{gpu="3"}'), 30, what="a scrape")
         assert prom.query_value('stepwatch_infiniband_port_up{device="mlx5_0"}') == 1.0
@@ -100,8 +121,11 @@ def test_fatal_xid_on_a_real_agent_fires_and_reaches_the_remediator_and_the_page
         fault_at = time.monotonic()
         gpus.xid(79, gpu=3)
         # the first event creates the counter series; a second one is a plain increase
-        wait_for(lambda: prom.query('stepwatch_gpu_xid_events_total{xid="79"}'), 30,
-                 what="the XID counter")
+        wait_for(
+            lambda: prom.query('stepwatch_gpu_xid_events_total{xid="79"}'),
+            30,
+            what="the XID counter",
+        )
         gpus.xid(79, gpu=3)
         alert = wait_for(lambda: prom.firing("GpuXidFatal"), 60, what="GpuXidFatal firing")[0]
         assert alert.labels["host"] == "node02" and alert.labels["gpu"] == "3"
@@ -115,8 +139,10 @@ def test_fatal_xid_on_a_real_agent_fires_and_reaches_the_remediator_and_the_page
         assert sent["annotations"]["runbook_url"].endswith("#gpuxidfatal")
         wait_for(lambda: hooks.received("/page"), 30, what="the page")
         assert hooks.received("/ticket") == []
-        print(f"\nXID to remediator webhook: {elapsed:.1f} s (scrape 1 s, evaluation 1 s, "
-              "group_wait 1 s)")
+        print(
+            f"\nXID to remediator webhook: {elapsed:.1f} s (scrape 1 s, evaluation 1 s, "
+            "group_wait 1 s)"
+        )
 
 
 def posted(name: str, **labels: str) -> dict:
@@ -127,22 +153,48 @@ def test_inhibition_one_fault_one_notification(tmp_path, alertmanager_factory):
     token = tmp_path / "t"
     token.write_text(TOKEN)
     with WebhookReceiver() as hooks:
-        am = alertmanager_factory(alertmanager_config(
-            Receivers(hooks.url("/r"), str(token), hooks.url("/p"), hooks.url("/t")), fast=True))
+        am = alertmanager_factory(
+            alertmanager_config(
+                Receivers(hooks.url("/r"), str(token), hooks.url("/p"), hooks.url("/t")), fast=True
+            )
+        )
         sys = {"class": "system", "severity": "warning"}
-        am.post_alerts([
-            posted("AgentDown", host="node02", scope="node", **{**sys, "severity": "critical"}),
-            posted("GpuThermalThrottling", host="node02", gpu="1", scope="gpu", **sys),
-            posted("GpuThermalThrottling", host="node03", gpu="1", scope="gpu", **sys),
-            posted("JobHang", job_id="j1", scope="job", **sys),
-            posted("StragglerPersistent", job_id="j1", host="node05", rank="4", cause="gpu",
-                   scope="rank", **sys),
-            posted("StragglerPersistent", job_id="j2", host="node06", rank="1", cause="gpu",
-                   scope="rank", **sys),
-            posted("NetworkFaultLocalized", job_id="j3", host="node07", device="mlx5_1", port="1",
-                   scope="port", **sys),
-            posted("JobThroughputDrop", job_id="j3", scope="job", **sys),
-        ])
+        am.post_alerts(
+            [
+                posted("AgentDown", host="node02", scope="node", **{**sys, "severity": "critical"}),
+                posted("GpuThermalThrottling", host="node02", gpu="1", scope="gpu", **sys),
+                posted("GpuThermalThrottling", host="node03", gpu="1", scope="gpu", **sys),
+                posted("JobHang", job_id="j1", scope="job", **sys),
+                posted(
+                    "StragglerPersistent",
+                    job_id="j1",
+                    host="node05",
+                    rank="4",
+                    cause="gpu",
+                    scope="rank",
+                    **sys,
+                ),
+                posted(
+                    "StragglerPersistent",
+                    job_id="j2",
+                    host="node06",
+                    rank="1",
+                    cause="gpu",
+                    scope="rank",
+                    **sys,
+                ),
+                posted(
+                    "NetworkFaultLocalized",
+                    job_id="j3",
+                    host="node07",
+                    device="mlx5_1",
+                    port="1",
+                    scope="port",
+                    **sys,
+                ),
+                posted("JobThroughputDrop", job_id="j3", scope="job", **sys),
+            ]
+        )
 
         def states() -> dict[tuple[str, str], bool]:
             out = {}

@@ -21,19 +21,47 @@ POLICY = ROOT / "alerts" / "src" / "stepwatch" / "alerts" / "remediate" / "polic
 
 
 def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "stepwatch.cli", "remediate", *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=60, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "stepwatch.cli", "remediate", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
 
 
 def test_serve_answers_the_operator_commands_and_stops_on_sigterm(tmp_path):
     token = tmp_path / "token"
     token.write_text("cli-token\n")
     port = free_port()
-    env = {**os.environ, "STEPWATCH_REMEDIATE_TOKEN_FILE": str(token),
-           "STEPWATCH_REMEDIATE_URL": f"http://127.0.0.1:{port}", "STEPWATCH_BOOTSTRAP_SERVERS": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "stepwatch.cli", "remediate", "serve", "--policy",
-                             str(POLICY), "--port", str(port), "--state-dir", str(tmp_path / "state")],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    env = {
+        **os.environ,
+        "STEPWATCH_REMEDIATE_TOKEN_FILE": str(token),
+        "STEPWATCH_REMEDIATE_URL": f"http://127.0.0.1:{port}",
+        "STEPWATCH_BOOTSTRAP_SERVERS": "",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stepwatch.cli",
+            "remediate",
+            "serve",
+            "--policy",
+            str(POLICY),
+            "--port",
+            str(port),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         health = wait_for(lambda: _get(f"http://127.0.0.1:{port}/healthz"), 30, what="healthz")
         assert health == {"status": "ok", "mode": "observe"}
@@ -43,7 +71,10 @@ def test_serve_answers_the_operator_commands_and_stops_on_sigterm(tmp_path):
         assert bad.returncode != 0 and "404" in bad.stderr and "Traceback" not in bad.stderr
         closed = cli("close-breaker", env=env)
         assert json.loads(closed.stdout) == {"was_open": False, "open": False}
-        wrong = cli("list", env={**env, "STEPWATCH_REMEDIATE_TOKEN_FILE": "", "STEPWATCH_REMEDIATE_TOKEN": "x"})
+        wrong = cli(
+            "list",
+            env={**env, "STEPWATCH_REMEDIATE_TOKEN_FILE": "", "STEPWATCH_REMEDIATE_TOKEN": "x"},
+        )
         assert "401" in wrong.stderr
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -56,7 +87,10 @@ def test_a_bad_policy_is_one_line(tmp_path):
     bad = tmp_path / "p.yaml"
     bad.write_text("mode: yolo\n")
     done = cli("check-policy", str(bad), env=dict(os.environ))
-    assert done.returncode != 0 and "mode: 'yolo' is not one of observe, recommend, execute" in done.stderr
+    assert (
+        done.returncode != 0
+        and "mode: 'yolo' is not one of observe, recommend, execute" in done.stderr
+    )
     assert "Traceback" not in done.stderr
 
 

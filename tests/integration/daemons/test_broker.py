@@ -39,7 +39,9 @@ def test_topics_that_are_not_co_partitioned_are_refused(settings: Settings) -> N
 
     topics = Topics(settings.topic_prefix)
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    for f in admin.create_topics([NewTopic(topics.steps, 2, 1), NewTopic(topics.gpu, 4, 1)]).values():
+    for f in admin.create_topics(
+        [NewTopic(topics.steps, 2, 1), NewTopic(topics.gpu, 4, 1)]
+    ).values():
         f.result(10)
     with pytest.raises(ConfigError) as info:
         ensure_topics(settings)  # partitions=4: the steps topic has 2
@@ -55,7 +57,10 @@ def test_topics_are_created_with_durability_and_retention_settings(settings: Set
 
     production = Settings.load(env={})
     assert (production.replication_factor, production.min_insync_replicas) == (3, 2)
-    assert topic_config(production) == {"min.insync.replicas": "2", "retention.ms": str(168 * 3_600_000)}
+    assert topic_config(production) == {
+        "min.insync.replicas": "2",
+        "retention.ms": str(168 * 3_600_000),
+    }
     dev = settings.replace(replication_factor=1, min_insync_replicas=2, topic_retention_hours=0)
     assert topic_config(dev) == {"min.insync.replicas": "1"}  # capped at the replication factor
     ensure_topics(settings.replace(topic_retention_hours=2.5))  # the broker accepts the configs

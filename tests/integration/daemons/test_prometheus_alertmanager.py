@@ -33,20 +33,22 @@ def exporter():
 
 
 def test_prometheus_scrapes_evaluates_and_alertmanager_routes(
-        tmp_path, exporter, prometheus_factory, alertmanager_factory):
+    tmp_path, exporter, prometheus_factory, alertmanager_factory
+):
     gauge, target = exporter
     gauge.labels(host="n1").set(2.0)
     rules = tmp_path / "rules.yml"
     rules.write_text(RULES)
     with WebhookReceiver() as hook:
-        am = alertmanager_factory(textwrap.dedent(f"""\
+        am = alertmanager_factory(
+            textwrap.dedent(f"""\
             route: {{receiver: hook, group_wait: 0s, group_interval: 1s}}
             receivers:
               - name: hook
-                webhook_configs: [{{url: "{hook.url('/hook')}"}}]
-        """))
-        prom = prometheus_factory(targets=[target], rule_files=[rules],
-                                  alertmanagers=[am.address])
+                webhook_configs: [{{url: "{hook.url("/hook")}"}}]
+        """)
+        )
+        prom = prometheus_factory(targets=[target], rule_files=[rules], alertmanagers=[am.address])
         assert wait_for(lambda: prom.query_value('t_value{host="n1"}'), 30, what="a scrape") == 2.0
         assert prom.firing() == []
         gauge.labels(host="n1").set(9.0)

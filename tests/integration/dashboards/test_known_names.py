@@ -24,11 +24,13 @@ DCGM_12239 = {
     "Tensor Core Utilization": 'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{instance=~"$instance", gpu=~"$gpu"}',
     "GPU Framebuffer Mem Used": 'DCGM_FI_DEV_FB_USED{instance=~"$instance", gpu=~"$gpu"}',
 }
-VARIABLES = {"instance": "label_values(DCGM_FI_DEV_GPU_TEMP, instance)",
-             "gpu": "label_values(DCGM_FI_DEV_GPU_TEMP, gpu)"}
+VARIABLES = {
+    "instance": "label_values(DCGM_FI_DEV_GPU_TEMP, instance)",
+    "gpu": "label_values(DCGM_FI_DEV_GPU_TEMP, gpu)",
+}
 NODE_EXPORTER = [
     'rate(node_infiniband_port_data_transmitted_bytes_total{device=~".+", port=~".+"}[30s]) > 0',
-    'rate(node_infiniband_port_data_received_bytes_total[30s]) > 0',
+    "rate(node_infiniband_port_data_received_bytes_total[30s]) > 0",
     "node_infiniband_rate_bytes_per_second > 0",
     "node_infiniband_port_transmit_wait_total",
 ]
@@ -39,12 +41,18 @@ def prom(tmp_path_factory):
     from stepwatch.daemons.prometheus import Prometheus
 
     served = M.serve_all(str(tmp_path_factory.mktemp("spool")))
-    p = Prometheus(workdir=tmp_path_factory.mktemp("prom"), targets=[],
-                   scrape_jobs={job: [t] for job, t in served.targets.items()},
-                   rule_files=[RULES_DIR / "names.yml"]).start()
+    p = Prometheus(
+        workdir=tmp_path_factory.mktemp("prom"),
+        targets=[],
+        scrape_jobs={job: [t] for job, t in served.targets.items()},
+        rule_files=[RULES_DIR / "names.yml"],
+    ).start()
     try:
-        wait_for(lambda: p.query("count_over_time(DCGM_FI_DEV_GPU_TEMP[1m]) >= 4"), 60,
-                 what="four evaluations of the dcgm names")
+        wait_for(
+            lambda: p.query("count_over_time(DCGM_FI_DEV_GPU_TEMP[1m]) >= 4"),
+            60,
+            what="four evaluations of the dcgm names",
+        )
         yield p
     finally:
         p.stop()
@@ -52,7 +60,7 @@ def prom(tmp_path_factory):
 
 
 def _values(prom, variable: str) -> list[str]:
-    metric, label = VARIABLES[variable][len("label_values("):-1].split(", ")
+    metric, label = VARIABLES[variable][len("label_values(") : -1].split(", ")
     return sorted({s.labels[label] for s in prom.query(metric)})
 
 

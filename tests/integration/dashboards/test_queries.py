@@ -98,10 +98,13 @@ def test_every_annotation_query_returns_time_and_text(store) -> None:
 def test_every_prometheus_panel_returns_data(tmp_path, prometheus_factory) -> None:
     served = M.serve_all(str(tmp_path / "spool"))
     try:
-        prom = prometheus_factory(scrape_jobs={job: [t] for job, t in served.targets.items()},
-                                  targets=[])
+        prom = prometheus_factory(
+            scrape_jobs={job: [t] for job, t in served.targets.items()}, targets=[]
+        )
         # rate() over 30 s needs a few scrapes of every target
-        wait_for(lambda: all(v >= 4 for v in _scrapes(prom)), 60, what="four scrapes of each target")
+        wait_for(
+            lambda: all(v >= 4 for v in _scrapes(prom)), 60, what="four scrapes of each target"
+        )
         empty, checked = [], 0
         for q in queries():
             if q.kind != "prometheus":
@@ -124,7 +127,9 @@ def test_every_prometheus_panel_returns_data(tmp_path, prometheus_factory) -> No
                 if label == "cluster":  # only where Prometheus adds one; All (.*) matches none
                     assert got <= {None}, got
                     continue
-                assert got & {M.JOB, M.HOST, PROM_VALUES["gpu"]}, f"{name}: ${var['name']} lists {got}"
+                assert got & {M.JOB, M.HOST, PROM_VALUES["gpu"]}, (
+                    f"{name}: ${var['name']} lists {got}"
+                )
     finally:
         served.close()
 
@@ -136,5 +141,9 @@ def _scrapes(prom) -> list[float]:
 
 def test_fault_only_panels_are_the_documented_ones() -> None:
     marked = sorted({f"{q.dashboard}/{q.panel}" for q in queries() if q.fault_only})
-    assert marked == ["fleet-overview/Firing alerts", "pipeline-health/Actuator errors",
-                      "pipeline-health/Circuit breaker open", "pipeline-health/Remediator decisions"]
+    assert marked == [
+        "fleet-overview/Firing alerts",
+        "pipeline-health/Actuator errors",
+        "pipeline-health/Circuit breaker open",
+        "pipeline-health/Remediator decisions",
+    ]

@@ -32,8 +32,9 @@ def test_compose_healthchecks_pass_on_the_real_services(tmp_path) -> None:
         for service, job in (("stream", "stepwatch-stream"), ("sink", "stepwatch-sink")):
             gauge = services[service]["healthcheck"]["test"][3]
             port = served.targets[job].split(":")[1]
-            assert wait_for(lambda p=port, g=gauge: check.main([p, g]) == 0 or None, 10,
-                            what=f"{service} ready"), service
+            assert wait_for(
+                lambda p=port, g=gauge: check.main([p, g]) == 0 or None, 10, what=f"{service} ready"
+            ), service
             assert check.main([port, gauge + "_missing"]) == 1
         assert check.main(["1", "stepwatch_stream_ready"]) == 1  # nothing listens
     finally:
@@ -52,8 +53,9 @@ def test_the_agent_is_ready_while_its_loop_runs(tmp_path) -> None:
     check = _healthcheck()
     services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
     gauge = services["agent"]["healthcheck"]["test"][3]
-    settings = Settings.load(env={}, host="node01", collectors="", tick_seconds=0.2,
-                             spool_dir=str(tmp_path / "spool"))
+    settings = Settings.load(
+        env={}, host="node01", collectors="", tick_seconds=0.2, spool_dir=str(tmp_path / "spool")
+    )
     agent = Agent(settings, [], M.NullSink())
     server, _ = start_http_server(0, addr="127.0.0.1", registry=registry_for(agent.snapshot))
     port = str(server.server_port)

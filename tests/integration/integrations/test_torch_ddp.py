@@ -52,38 +52,57 @@ FIXTURES = ROOT / "tests" / "fixtures" / "torch"
 
 
 @pytest.fixture(scope="module")
-def pipeline(tmp_path_factory: pytest.TempPathFactory
-             ) -> Iterator[tuple[Settings, Agents, Path, StreamWorker]]:
+def pipeline(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[tuple[Settings, Agents, Path, StreamWorker]]:
     work = tmp_path_factory.mktemp("torch")
     with DevBroker(log_path=str(work / "broker.log")) as broker:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="t",
-                                 partitions=2, spool_dir=str(work / "spool"),
-                                 agent_socket=str(work / "agent.sock"), metrics_port=0,
-                                 stream_metrics_port=0, host="testhost")
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="t",
+            partitions=2,
+            spool_dir=str(work / "spool"),
+            agent_socket=str(work / "agent.sock"),
+            metrics_port=0,
+            stream_metrics_port=0,
+            host="testhost",
+        )
         ensure_topics(settings)
         worker = StreamWorker(settings, work, "w").start()
         agents = Agents(settings, work)
         try:
             agents.start()
-            wait_for("stream worker ready", lambda: worker.value("stepwatch_stream_ready") == 1,
-                     90, [worker])
+            wait_for(
+                "stream worker ready",
+                lambda: worker.value("stepwatch_stream_ready") == 1,
+                90,
+                [worker],
+            )
             yield settings, agents, work, worker
         finally:
             agents.stop()
             worker.stop()
 
 
-def run_and_detect(pipeline: tuple[Settings, Agents, Path, StreamWorker], name: str,
-                   fault: Fault, means: dict[int, dict[str, float]] | None = None
-                   ) -> list[dict[str, object]]:
+def run_and_detect(
+    pipeline: tuple[Settings, Agents, Path, StreamWorker],
+    name: str,
+    fault: Fault,
+    means: dict[int, dict[str, float]] | None = None,
+) -> list[dict[str, object]]:
     """Run the job, return its detections; ``means`` receives the per-rank phase
     medians after the fault's start."""
     settings, agents, work, worker = pipeline
     job = f"{name}-{int(time.time())}"
     run_job(agents, job, fault, STEPS, work)
     # the last steps close after the assembly deadline: wait until the worker closed them
-    wait_for("the worker closed the job's last step", lambda: worker.value(
-        "stepwatch_job_last_step", job_id=job) >= STEPS - 1, 60, [worker])
+    wait_for(
+        "the worker closed the job's last step",
+        lambda: worker.value("stepwatch_job_last_step", job_id=job) >= STEPS - 1,
+        60,
+        [worker],
+    )
     time.sleep(1)  # the detections of that step are produced right after
     msgs = step_messages(settings, job)
     ranks = {r.rank for m in msgs for r in m.steps}
@@ -92,10 +111,25 @@ def run_and_detect(pipeline: tuple[Settings, Agents, Path, StreamWorker], name: 
     measured = phase_means(msgs, START + 5, STEPS)
     if means is not None:
         means.update(measured)
-    log.warning("torch run %s fault=%s detections=%s phases=%s", name, fault,
-                [(d["type"], d["state"], d.get("rank"), d.get("ranks"), d["host"], d["cause"],
-                  d.get("first_step"), d.get("related")) for d in found],
-                json.dumps(measured))
+    log.warning(
+        "torch run %s fault=%s detections=%s phases=%s",
+        name,
+        fault,
+        [
+            (
+                d["type"],
+                d["state"],
+                d.get("rank"),
+                d.get("ranks"),
+                d["host"],
+                d["cause"],
+                d.get("first_step"),
+                d.get("related"),
+            )
+            for d in found
+        ],
+        json.dumps(measured),
+    )
     if os.environ.get("STEPWATCH_TORCH_RECORD"):
         record(name, fault, msgs, measured)
     return found
@@ -106,12 +140,19 @@ def record(name: str, fault: Fault, msgs: list, means: dict) -> None:  # type: i
     (FIXTURES / f"{name}.jsonl").write_bytes(b"".join(encode(m) + b"\n" for m in msgs))
     labels_path = FIXTURES / "labels.json"
     labels = json.loads(labels_path.read_text()) if labels_path.exists() else {}
-    labels[name] = {"fault": fault.kind, "rank": fault.rank, "host": fault.host,
-                    "ranks": list(RANKS_OF[fault.host]) if fault.kind == "cpu" and fault.host
-                    else ([fault.rank] if fault.rank is not None else []),
-                    "start_step": fault.start if fault.rank is not None else None,
-                    "factor": fault.factor, "steps": STEPS, "world_size": 4,
-                    "phase_medians_after_start": means}
+    labels[name] = {
+        "fault": fault.kind,
+        "rank": fault.rank,
+        "host": fault.host,
+        "ranks": list(RANKS_OF[fault.host])
+        if fault.kind == "cpu" and fault.host
+        else ([fault.rank] if fault.rank is not None else []),
+        "start_step": fault.start if fault.rank is not None else None,
+        "factor": fault.factor,
+        "steps": STEPS,
+        "world_size": 4,
+        "phase_medians_after_start": means,
+    }
     labels_path.write_text(json.dumps(labels, indent=1, sort_keys=True) + "\n")
 
 
@@ -126,10 +167,14 @@ ONSET_TOLERANCE = 3  # the estimated onset (first_step) may fall this many steps
 def hit(found: list[dict[str, object]], fault: Fault) -> dict[str, object]:
     """The one detection of ``fault``: its rank (or its host), opened after the fault began
     and within 10 steps of it, its estimated onset within 3 steps of the start or after."""
-    mine = [d for d in opened(found) if d["host"] == fault.host
-            and d.get("rank") in (fault.rank, None)
-            and fault.start - ONSET_TOLERANCE <= _int(d.get("first_step")) <= fault.start + 10
-            and fault.start <= _int(_evidence(d).get("open_step", d.get("first_step")))]
+    mine = [
+        d
+        for d in opened(found)
+        if d["host"] == fault.host
+        and d.get("rank") in (fault.rank, None)
+        and fault.start - ONSET_TOLERANCE <= _int(d.get("first_step")) <= fault.start + 10
+        and fault.start <= _int(_evidence(d).get("open_step", d.get("first_step")))
+    ]
     assert len(mine) == 1, found
     return mine[0]
 
@@ -143,8 +188,10 @@ def _evidence(d: dict[str, object]) -> dict[str, object]:
     return ev if isinstance(ev, dict) else {}
 
 
-full = pytest.mark.skipif(bool(os.environ.get("STEPWATCH_TORCH_QUICK")),
-                          reason="STEPWATCH_TORCH_QUICK=1: the healthy and compute runs only")
+full = pytest.mark.skipif(
+    bool(os.environ.get("STEPWATCH_TORCH_QUICK")),
+    reason="STEPWATCH_TORCH_QUICK=1: the healthy and compute runs only",
+)
 
 
 def test_healthy_ddp_job_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
@@ -157,8 +204,16 @@ def test_healthy_job_on_a_busy_machine_is_silent(pipeline) -> None:  # type: ign
     a checkpoint every 25, and two processes with random bursts of CPU work on the machine's
     cores. Suspects may come and go; no incident opens."""
     work = pipeline[2]
-    options = ("--loader-workers", "2", "--eval-every", "40", "--checkpoint-dir",
-               str(work / "ckpt-busy"), "--checkpoint-every", "25")
+    options = (
+        "--loader-workers",
+        "2",
+        "--eval-every",
+        "40",
+        "--checkpoint-dir",
+        str(work / "ckpt-busy"),
+        "--checkpoint-every",
+        "25",
+    )
     with background_load(2):
         found = run_and_detect(pipeline, "healthy_busy", Fault("healthy", options=options))
     assert opened(found) == []

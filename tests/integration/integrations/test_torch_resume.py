@@ -23,8 +23,20 @@ pytest.importorskip("torch")
 from stepwatch.contract.wire import RankEvent, RankStep, decode_datagram
 
 EXAMPLE = paths.ROOT / "examples" / "ddp_train.py"
-SMALL = ["--nproc", "2", "--width", "32", "--layers", "1", "--batch", "8", "--job-id", "7",
-         "--checkpoint-every", "4"]
+SMALL = [
+    "--nproc",
+    "2",
+    "--width",
+    "32",
+    "--layers",
+    "1",
+    "--batch",
+    "8",
+    "--job-id",
+    "7",
+    "--checkpoint-every",
+    "4",
+]
 
 
 def run(tmp: Path, *args: str) -> tuple[list[RankStep], list[RankEvent]]:
@@ -49,16 +61,24 @@ def run(tmp: Path, *args: str) -> tuple[list[RankStep], list[RankEvent]]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("STEPWATCH_", "SLURM_"))}
     env.update(STEPWATCH_AGENT_SOCKET=str(path), STEPWATCH_TIMING="wall")
     try:
-        proc = subprocess.run([sys.executable, str(EXAMPLE), *SMALL, *args], env=env,
-                              capture_output=True, text=True, timeout=150, check=False)
+        proc = subprocess.run(
+            [sys.executable, str(EXAMPLE), *SMALL, *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=150,
+            check=False,
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     finally:
         done.set()
         reader.join(2)
         sock.close()
     items = [decode_datagram(d) for d in got]
-    return ([i for i in items if isinstance(i, RankStep)],
-            [i for i in items if isinstance(i, RankEvent)])
+    return (
+        [i for i in items if isinstance(i, RankStep)],
+        [i for i in items if isinstance(i, RankEvent)],
+    )
 
 
 @pytest.mark.timeout(300)

@@ -60,5 +60,7 @@ def test_report_and_worker_agree_on_step_time_and_goodput(tmp_path) -> None:
     productive = worker.goodput_ratio * (wall + SLACK)  # the worker's wall: up to its last tick
     assert productive / wall == pytest.approx(report.goodput, abs=0.03)
     for kind in (Badput.STRAGGLER, Badput.CHECKPOINT, Badput.DATA_LOADING):
-        assert worker.badput_seconds[kind] / wall == pytest.approx(report.fraction(kind), abs=0.03), kind
+        assert worker.badput_seconds[kind] / wall == pytest.approx(
+            report.fraction(kind), abs=0.03
+        ), kind
     assert report.fraction(Badput.STRAGGLER) > 0.1  # a 30 % straggler for 3/4 of the run

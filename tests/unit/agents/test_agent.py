@@ -63,8 +63,10 @@ class GpuCollector:
     def collect(self, ctx: HostContext) -> list[Message]:
         if self.clock is not None:
             self.clock.mono += self.cost
-        return [GpuMessage(host=ctx.host, ts=ctx.now, gpus=[GpuReading(index=0)]),
-                PortMessage(host="", ts=ctx.now)]
+        return [
+            GpuMessage(host=ctx.host, ts=ctx.now, gpus=[GpuReading(index=0)]),
+            PortMessage(host="", ts=ctx.now),
+        ]
 
     def health(self) -> CollectorHealth:
         return CollectorHealth(HealthState.OK)
@@ -88,11 +90,19 @@ class Broken:
 
 @pytest.fixture()
 def settings(tmp_path: Path) -> Settings:
-    return Settings.load(env={}, host="node01", tick_seconds=1.0, collectors="steps",
-                         agent_socket=str(tmp_path / "a.sock"), spool_dir=str(tmp_path / "spool"))
+    return Settings.load(
+        env={},
+        host="node01",
+        tick_seconds=1.0,
+        collectors="steps",
+        agent_socket=str(tmp_path / "a.sock"),
+        spool_dir=str(tmp_path / "spool"),
+    )
 
 
-def agent_with(settings: Settings, *collectors, clock: Clock | None = None) -> tuple[Agent, RecordingSink]:
+def agent_with(
+    settings: Settings, *collectors, clock: Clock | None = None
+) -> tuple[Agent, RecordingSink]:
     clock = clock or Clock()
     sink = RecordingSink()
     return Agent(settings, list(collectors), sink, clock=clock.monotonic, wall=clock.wall), sink
@@ -110,7 +120,8 @@ def test_tick_stamps_gap_free_sequence_per_kind_and_fills_host(settings: Setting
 
 
 def test_broken_collector_is_counted_logged_once_and_the_rest_flows(
-        settings: Settings, caplog: pytest.LogCaptureFixture) -> None:
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
     agent, sink = agent_with(settings, Broken(), GpuCollector())
     with caplog.at_level(logging.ERROR, logger="stepwatch.agents.agent"):
         for _ in range(4):
@@ -126,8 +137,9 @@ def test_host_samples_keyed_by_the_job_the_steps_name(settings: Settings) -> Non
     try:
         agent, sink = agent_with(settings, GpuCollector(), steps)
         assert agent.collectors[0] is steps  # polled first
-        rec = StepRecord(job_id="llama", rank=3, world_size=8, step=1, start=WALL0 - 1,
-                         end=WALL0, local_rank=3)
+        rec = StepRecord(
+            job_id="llama", rank=3, world_size=8, step=1, start=WALL0 - 1, end=WALL0, local_rank=3
+        )
         steps.feed(encode_datagram(RankStep(step=rec)))
         agent.tick()
         gpu = next(m for m in sink.messages if isinstance(m, GpuMessage))
@@ -142,8 +154,9 @@ def test_no_job_attribution_when_two_jobs_share_the_host(settings: Settings) -> 
     try:
         agent, sink = agent_with(settings, GpuCollector(), steps)
         for job, gpu in (("a", 0), ("b", 1)):
-            rec = StepRecord(job_id=job, rank=0, world_size=1, step=1, start=WALL0 - 1,
-                             end=WALL0, gpu=gpu)
+            rec = StepRecord(
+                job_id=job, rank=0, world_size=1, step=1, start=WALL0 - 1, end=WALL0, gpu=gpu
+            )
             steps.feed(encode_datagram(RankStep(step=rec)))
         agent.tick()
         gpu_msg = next(m for m in sink.messages if isinstance(m, GpuMessage))

@@ -38,12 +38,25 @@ def xid(code: int, gpu: int = 3) -> EventMessage:
 
 
 def gpu_message() -> GpuMessage:
-    return GpuMessage(host="node01", ts=1.0, gpus=[
-        GpuReading(index=0, uuid="GPU-a", sm_clock_mhz=1410, sm_clock_max_mhz=1980, temp_gpu_c=91,
-                   power_w=699.5, throttle_reasons=0x40 | 0x4, ecc_dbe_total=2,
-                   remapped_rows_uncorrectable=1, remapped_rows_pending=True),
-        GpuReading(index=3, uuid="GPU-d", sm_clock_mhz=1980),
-    ])
+    return GpuMessage(
+        host="node01",
+        ts=1.0,
+        gpus=[
+            GpuReading(
+                index=0,
+                uuid="GPU-a",
+                sm_clock_mhz=1410,
+                sm_clock_max_mhz=1980,
+                temp_gpu_c=91,
+                power_w=699.5,
+                throttle_reasons=0x40 | 0x4,
+                ecc_dbe_total=2,
+                remapped_rows_uncorrectable=1,
+                remapped_rows_pending=True,
+            ),
+            GpuReading(index=3, uuid="GPU-d", sm_clock_mhz=1980),
+        ],
+    )
 
 
 class Scripted:
@@ -100,8 +113,11 @@ def test_xids_are_counted_not_last_value_and_bounded() -> None:
     assert value(text, "stepwatch_gpu_xid_events_total", gpu="0", xid="48") == 1
     series.observe([xid(100 + i) for i in range(3 * MAX_XIDS_PER_GPU)])
     text = render_series(series)
-    per_gpu3 = [k for k in samples(text) if k[0] == "stepwatch_gpu_xid_events_total"
-                and ("gpu", "3") in k[1]]
+    per_gpu3 = [
+        k
+        for k in samples(text)
+        if k[0] == "stepwatch_gpu_xid_events_total" and ("gpu", "3") in k[1]
+    ]
     assert len(per_gpu3) == MAX_XIDS_PER_GPU
     assert value(text, "stepwatch_gpu_xid_events_total", gpu="3", xid="other") > 0
 
@@ -115,7 +131,9 @@ def test_ports_from_a_real_sysfs_tree_use_node_exporter_names() -> None:
     assert value(text, "stepwatch_infiniband_port_up", **labels) == 1
     assert value(text, "stepwatch_infiniband_rate_bytes_per_second", **labels) == 50e9
     raw = int((SYSFS / "class/infiniband/mlx5_0/ports/1/counters/port_xmit_data").read_text())
-    assert value(text, "stepwatch_infiniband_port_data_transmitted_bytes_total", **labels) == 4 * raw
+    assert (
+        value(text, "stepwatch_infiniband_port_data_transmitted_bytes_total", **labels) == 4 * raw
+    )
     assert value(text, "stepwatch_infiniband_symbol_error_total", **labels) is not None
     assert value(text, "stepwatch_infiniband_port_transmit_wait_total", **labels) is not None
     assert any(k[0] == "stepwatch_roce_np_cnp_sent_total" for k in samples(text))
@@ -125,9 +143,14 @@ def test_agent_exports_what_its_collectors_read(tmp_path: Path) -> None:
     settings = Settings.load(env={}, host="node01", collectors="", spool_dir=str(tmp_path))
 
     class Sink:
-        def send(self, messages): pass
-        def flush(self, timeout): return 0
-        def close(self, timeout=0): pass
+        def send(self, messages):
+            pass
+
+        def flush(self, timeout):
+            return 0
+
+        def close(self, timeout=0):
+            pass
 
     agent = Agent(settings, [Scripted([[gpu_message(), xid(79)], [xid(79)]])], Sink())
     agent.tick()

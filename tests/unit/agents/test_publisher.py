@@ -64,8 +64,14 @@ class FakeProducer:
         self.cluster, self.config = cluster, config
         self.queue: list[tuple[str, bytes, bytes, Callable[..., None]]] = []
 
-    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Callable[..., None],
-                timestamp: int = 0) -> None:
+    def produce(
+        self,
+        topic: str,
+        value: bytes,
+        key: bytes,
+        on_delivery: Callable[..., None],
+        timestamp: int = 0,
+    ) -> None:
         self.queue.append((topic, key, value, on_delivery))
         self.cluster.timestamps.append(timestamp)
 
@@ -106,8 +112,9 @@ def messages(n: int, hosts: int = 3, seq: Sequencer | None = None) -> list[Messa
         if i % 2:
             out.append(seq.stamp(GpuMessage(host=host, ts=NOW, gpus=[GpuReading(index=0)])))
         else:
-            rec = StepRecord(job_id="job-1", rank=i % 8, world_size=8, step=i, start=NOW - 1,
-                             end=NOW, host=host)
+            rec = StepRecord(
+                job_id="job-1", rank=i % 8, world_size=8, step=i, start=NOW - 1, end=NOW, host=host
+            )
             out.append(seq.stamp(StepMessage(host=host, ts=NOW, job_id="job-1", steps=[rec])))
     return out
 
@@ -121,8 +128,14 @@ def received(cluster: FakeCluster) -> list[tuple[str, int]]:
 
 
 def settings(tmp_path: Path, **kw: Any) -> Settings:
-    return Settings.load(env={}, bootstrap_servers="fake:9092", topic_prefix="t",
-                         spool_dir=str(tmp_path / "spool"), host="h", **kw)
+    return Settings.load(
+        env={},
+        bootstrap_servers="fake:9092",
+        topic_prefix="t",
+        spool_dir=str(tmp_path / "spool"),
+        host="h",
+        **kw,
+    )
 
 
 @pytest.fixture()
@@ -141,8 +154,9 @@ def test_is_a_message_sink(publisher: KafkaPublisher) -> None:
     assert isinstance(publisher, MessageSink)
 
 
-def test_everything_delivered_in_order_with_topic_and_key(publisher: KafkaPublisher,
-                                                          cluster: FakeCluster) -> None:
+def test_everything_delivered_in_order_with_topic_and_key(
+    publisher: KafkaPublisher, cluster: FakeCluster
+) -> None:
     msgs = messages(300)
     publisher.send(msgs[:100])
     publisher.send(msgs[100:])
@@ -156,8 +170,9 @@ def test_everything_delivered_in_order_with_topic_and_key(publisher: KafkaPublis
     assert stats.spool.records == 0 and stats.state is BrokerState.UP
 
 
-def test_record_timestamp_is_the_event_time(publisher: KafkaPublisher,
-                                            cluster: FakeCluster) -> None:
+def test_record_timestamp_is_the_event_time(
+    publisher: KafkaPublisher, cluster: FakeCluster
+) -> None:
     msgs = [msgspec.structs.replace(m, ts=NOW - 100 + i) for i, m in enumerate(messages(20))]
     publisher.send(msgs)
     assert publisher.flush(5) == 0
@@ -172,7 +187,8 @@ def test_ack_waits_for_the_oldest_report(publisher: KafkaPublisher, cluster: Fak
 
 
 def test_failed_delivery_rewinds_and_resends_on_a_fresh_producer(
-        publisher: KafkaPublisher, cluster: FakeCluster) -> None:
+    publisher: KafkaPublisher, cluster: FakeCluster
+) -> None:
     publisher.send(messages(20))
     assert publisher.flush(5) == 0
     cluster.mode = "fail"
@@ -190,8 +206,9 @@ def test_failed_delivery_rewinds_and_resends_on_a_fresh_producer(
     assert len(cluster.producers) >= 2
 
 
-def test_resend_after_a_partial_failure_skips_what_landed(publisher: KafkaPublisher,
-                                                         cluster: FakeCluster) -> None:
+def test_resend_after_a_partial_failure_skips_what_landed(
+    publisher: KafkaPublisher, cluster: FakeCluster
+) -> None:
     from stepwatch.contract import encode
 
     msgs = messages(10)
@@ -205,7 +222,8 @@ def test_resend_after_a_partial_failure_skips_what_landed(publisher: KafkaPublis
 
 
 def test_unreachable_cluster_spools_then_catches_up_in_order(
-        tmp_path: Path, cluster: FakeCluster) -> None:
+    tmp_path: Path, cluster: FakeCluster
+) -> None:
     cluster.reachable = False
     pub = KafkaPublisher(settings(tmp_path), producer_factory=cluster.factory, probe=cluster.probe)
     try:
@@ -221,8 +239,9 @@ def test_unreachable_cluster_spools_then_catches_up_in_order(
         pub.close(timeout=1)
 
 
-def test_all_brokers_down_blip_recovers_without_reset(publisher: KafkaPublisher,
-                                                      cluster: FakeCluster) -> None:
+def test_all_brokers_down_blip_recovers_without_reset(
+    publisher: KafkaPublisher, cluster: FakeCluster
+) -> None:
     publisher.send(messages(10))
     assert publisher.flush(5) == 0
     producer = cluster.producers[-1]
@@ -234,8 +253,9 @@ def test_all_brokers_down_blip_recovers_without_reset(publisher: KafkaPublisher,
     assert len(cluster.producers) == 1 and len(cluster.delivered) == 20
 
 
-def test_broker_down_then_back_resends_what_was_in_flight(publisher: KafkaPublisher,
-                                                          cluster: FakeCluster) -> None:
+def test_broker_down_then_back_resends_what_was_in_flight(
+    publisher: KafkaPublisher, cluster: FakeCluster
+) -> None:
     cluster.mode = "hold"  # produced, never confirmed
     publisher.send(messages(10))
     time.sleep(0.1)
@@ -251,7 +271,8 @@ def test_broker_down_then_back_resends_what_was_in_flight(publisher: KafkaPublis
 
 
 def test_stuck_in_flight_after_a_blip_is_reset_after_the_grace(
-        publisher: KafkaPublisher, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch) -> None:
+    publisher: KafkaPublisher, cluster: FakeCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
     import stepwatch.agents.publisher
 
     monkeypatch.setattr(stepwatch.agents.publisher, "GRACE_SECONDS", 0.3)
@@ -275,11 +296,14 @@ def test_stuck_in_flight_after_a_blip_is_reset_after_the_grace(
     cluster.mode = "ok"
     assert publisher.flush(5) == 0
     assert len(cluster.producers) == 2 and len(probes) == 1
-    assert sorted(received(cluster)) == sorted(set(received(cluster))) and len(received(cluster)) == 5
+    assert (
+        sorted(received(cluster)) == sorted(set(received(cluster))) and len(received(cluster)) == 5
+    )
 
 
-def test_permanently_rejected_record_is_dropped_and_counted(publisher: KafkaPublisher,
-                                                            cluster: FakeCluster) -> None:
+def test_permanently_rejected_record_is_dropped_and_counted(
+    publisher: KafkaPublisher, cluster: FakeCluster
+) -> None:
     msgs = messages(5)
     from stepwatch.contract import encode
 
@@ -298,7 +322,9 @@ def test_pending_records_survive_close_and_reopen(tmp_path: Path, cluster: FakeC
     pub.send(msgs)
     pub.close(timeout=0.2)
     cluster.reachable = True
-    again = KafkaPublisher(settings(tmp_path), producer_factory=cluster.factory, probe=cluster.probe)
+    again = KafkaPublisher(
+        settings(tmp_path), producer_factory=cluster.factory, probe=cluster.probe
+    )
     try:
         assert again.flush(5) == 0
         assert [decode(v) for _, _, v in cluster.delivered] == msgs
@@ -308,8 +334,13 @@ def test_pending_records_survive_close_and_reopen(tmp_path: Path, cluster: FakeC
 
 @pytest.mark.timeout(60)
 def test_real_producer_with_unreachable_bootstrap_spools_instead_of_losing(tmp_path: Path) -> None:
-    s = Settings.load(env={}, bootstrap_servers="127.0.0.1:1", topic_prefix="t",
-                      spool_dir=str(tmp_path / "spool"), host="h")
+    s = Settings.load(
+        env={},
+        bootstrap_servers="127.0.0.1:1",
+        topic_prefix="t",
+        spool_dir=str(tmp_path / "spool"),
+        host="h",
+    )
     pub = KafkaPublisher(s, probe_timeout=0.5)
     msgs = messages(100)
     t0 = time.monotonic()
@@ -323,8 +354,11 @@ def test_real_producer_with_unreachable_bootstrap_spools_instead_of_losing(tmp_p
 
 
 def _unreachable_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "stepwatch.agents.publisher" and "kafka unreachable" in r.getMessage()]
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "stepwatch.agents.publisher" and "kafka unreachable" in r.getMessage()
+    ]
 
 
 def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
@@ -335,18 +369,30 @@ def _wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> bool:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kafka_config", [{}, {"security.protocol": "no-such-protocol"}],
-                         ids=["unreachable-bootstrap", "bad-X-setting"])
+@pytest.mark.parametrize(
+    "kafka_config",
+    [{}, {"security.protocol": "no-such-protocol"}],
+    ids=["unreachable-bootstrap", "bad-X-setting"],
+)
 def test_kafka_that_never_works_is_logged_at_once_and_periodically(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
-        kafka_config: dict[str, str]) -> None:
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    kafka_config: dict[str, str],
+) -> None:
     from stepwatch.agents import publisher as P
 
     monkeypatch.setattr(P, "DOWN_LOG_EVERY", 0.3)
     monkeypatch.setattr(P, "BACKOFF_MAX", 0.2)
     caplog.set_level("WARNING", logger="stepwatch.agents.publisher")
-    s = Settings.load(env={}, bootstrap_servers="127.0.0.1:1", topic_prefix="t",
-                      spool_dir=str(tmp_path / "spool"), host="h", kafka_config=kafka_config)
+    s = Settings.load(
+        env={},
+        bootstrap_servers="127.0.0.1:1",
+        topic_prefix="t",
+        spool_dir=str(tmp_path / "spool"),
+        host="h",
+        kafka_config=kafka_config,
+    )
     pub = KafkaPublisher(s, probe_timeout=0.3)
     try:
         pub.send(messages(5))
@@ -354,8 +400,10 @@ def test_kafka_that_never_works_is_logged_at_once_and_periodically(
         first = _unreachable_warnings(caplog)[0]
         assert "last_success=never" in first and "bootstrap=127.0.0.1:1" in first
         if kafka_config:
-            assert any("no-such-protocol" in w or "security.protocol" in w
-                       for w in _unreachable_warnings(caplog))
+            assert any(
+                "no-such-protocol" in w or "security.protocol" in w
+                for w in _unreachable_warnings(caplog)
+            )
         stats = pub.stats()
         assert stats.state is BrokerState.DOWN and stats.last_success == 0.0
     finally:
@@ -363,7 +411,8 @@ def test_kafka_that_never_works_is_logged_at_once_and_periodically(
 
 
 def test_readiness_and_last_success_reach_the_agent_metrics(
-        tmp_path: Path, cluster: FakeCluster) -> None:
+    tmp_path: Path, cluster: FakeCluster
+) -> None:
     from stepwatch.agents.metrics import _publisher
 
     cluster.reachable = False
@@ -373,8 +422,11 @@ def test_readiness_and_last_success_reach_the_agent_metrics(
         pub.flush(0.2)
 
         def gauges() -> dict[str, float]:
-            return {m.name: m.samples[0].value for m in _publisher(pub.stats())
-                    if m.type == "gauge" and m.samples}
+            return {
+                m.name: m.samples[0].value
+                for m in _publisher(pub.stats())
+                if m.type == "gauge" and m.samples
+            }
 
         before = gauges()
         assert before["stepwatch_agent_kafka_ready"] == 0

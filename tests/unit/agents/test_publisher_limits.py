@@ -26,16 +26,21 @@ NOW = time.time()
 
 
 def big_step(n_records: int, seq: Sequencer) -> StepMessage:
-    recs = [StepRecord(job_id="job-1", rank=i % 8, world_size=8, step=i, start=NOW - 1, end=NOW,
-                       host="h") for i in range(n_records)]
+    recs = [
+        StepRecord(
+            job_id="job-1", rank=i % 8, world_size=8, step=i, start=NOW - 1, end=NOW, host="h"
+        )
+        for i in range(n_records)
+    ]
     return seq.stamp(StepMessage(host="h", ts=NOW, job_id="job-1", steps=recs))  # type: ignore[return-value]
 
 
 class ClientLimitProducer(FakeProducer):
     """librdkafka's own check: produce() raises MSG_SIZE_TOO_LARGE for a value over 1 MB."""
 
-    def produce(self, topic: str, value: bytes, key: bytes, on_delivery: Any,
-                timestamp: int = 0) -> None:
+    def produce(
+        self, topic: str, value: bytes, key: bytes, on_delivery: Any, timestamp: int = 0
+    ) -> None:
         if len(value) > 1_000_000:
             raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
         super().produce(topic, value, key, on_delivery, timestamp)
@@ -63,8 +68,9 @@ def use(cluster: FakeCluster, cls: type[FakeProducer]) -> None:
 
 
 def publisher(tmp_path: Path, cluster: FakeCluster, **kw: Any) -> KafkaPublisher:
-    return KafkaPublisher(settings(tmp_path, **kw), producer_factory=cluster.factory,
-                          probe=cluster.probe)
+    return KafkaPublisher(
+        settings(tmp_path, **kw), producer_factory=cluster.factory, probe=cluster.probe
+    )
 
 
 def dead_files(tmp_path: Path) -> list[dict[str, Any]]:
@@ -114,8 +120,9 @@ def test_batch_refused_as_too_large_is_halved_until_it_passes(tmp_path: Path) ->
         stats = pub.stats()
     finally:
         pub.close(timeout=1)
-    assert sorted(received(cluster)) == sorted({(f"{m.host}/{m.inst}/{type(m).__name__}", m.seq)
-                                                for m in msgs})
+    assert sorted(received(cluster)) == sorted(
+        {(f"{m.host}/{m.inst}/{type(m).__name__}", m.seq) for m in msgs}
+    )
     assert stats.batch_splits == 4 and not stats.dead_letters  # 1 MB -> 62.5 kB
     assert int(cluster.producers[-1].config["batch.size"]) <= 100_000
 
@@ -142,8 +149,9 @@ def test_poison_record_in_an_old_spool_is_passed_on_restart(tmp_path: Path) -> N
 
 def test_dead_letters_are_bounded(tmp_path: Path) -> None:
     cluster = FakeCluster()
-    pub = publisher(tmp_path, cluster, max_message_bytes=8 * 1024,
-                    agent_dead_letter_max_bytes=64 * 1024)
+    pub = publisher(
+        tmp_path, cluster, max_message_bytes=8 * 1024, agent_dead_letter_max_bytes=64 * 1024
+    )
     seq = Sequencer("inst0")
     pub.send([big_step(200, seq) for _ in range(40)])
     try:

@@ -13,8 +13,15 @@ from stepwatch.errors import SpoolError
 
 
 def recs(start: int, n: int, size: int = 100) -> list[tuple[str, bytes, bytes, int]]:
-    return [("t.steps", f"job-{i % 3}".encode(), f"{i:08d}".encode() + b"x" * size,
-             1_700_000_000_000 + i) for i in range(start, start + n)]
+    return [
+        (
+            "t.steps",
+            f"job-{i % 3}".encode(),
+            f"{i:08d}".encode() + b"x" * size,
+            1_700_000_000_000 + i,
+        )
+        for i in range(start, start + n)
+    ]
 
 
 def values(records: list) -> list[int]:

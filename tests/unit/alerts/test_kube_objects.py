@@ -18,8 +18,11 @@ from tests.support.openapi_schema import errors
 
 pytestmark = pytest.mark.unit
 CRDS = paths.FIXTURES / "prometheus-operator"
-FILES = {"PrometheusRule": "prometheusrules", "ServiceMonitor": "servicemonitors",
-         "PodMonitor": "podmonitors"}
+FILES = {
+    "PrometheusRule": "prometheusrules",
+    "ServiceMonitor": "servicemonitors",
+    "PodMonitor": "podmonitors",
+}
 
 
 def schema(kind: str) -> dict:
@@ -30,8 +33,12 @@ def schema(kind: str) -> dict:
 
 
 def shipped() -> list[dict]:
-    return [d for name in (kube.RULES_OUT, kube.MONITORS_OUT)
-            for d in yaml.safe_load_all(name.read_text()) if d]
+    return [
+        d
+        for name in (kube.RULES_OUT, kube.MONITORS_OUT)
+        for d in yaml.safe_load_all(name.read_text())
+        if d
+    ]
 
 
 def test_committed_files_are_what_make_kube_generates(tmp_path: Path) -> None:
@@ -68,8 +75,13 @@ def test_rules_are_every_shipped_rule_file() -> None:
 
 def test_runbook_urls_are_rebased_on_the_given_url() -> None:
     base = "https://wiki.example.com/sre/stepwatch/runbooks.md"
-    urls = [r["annotations"]["runbook_url"] for o in kube.prometheus_rules(base + "/")
-            for g in o["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    urls = [
+        r["annotations"]["runbook_url"]
+        for o in kube.prometheus_rules(base + "/")
+        for g in o["spec"]["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
     assert urls and all(u.startswith(base + "#") for u in urls)
     assert not any(DEFAULT_RUNBOOK_BASE_URL in u for u in urls)
 
@@ -80,8 +92,9 @@ def test_every_scrape_job_the_rules_name_has_a_monitor() -> None:
     for mon in kube.monitors():
         key = "podMetricsEndpoints" if mon["kind"] == "PodMonitor" else "endpoints"
         for ep in mon["spec"][key]:
-            jobs.update({r["replacement"]: ep for r in ep["relabelings"]
-                         if r.get("targetLabel") == "job"})
+            jobs.update(
+                {r["replacement"]: ep for r in ep["relabelings"] if r.get("targetLabel") == "job"}
+            )
             assert kube.HOST_FROM_HOSTNAME in ep["metricRelabelings"]
     assert wanted <= set(jobs) and wanted
     assert "stepwatch-agent" in jobs and "stepwatch-stream" in jobs and "stepwatch-sink" in jobs

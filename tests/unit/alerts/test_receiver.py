@@ -14,9 +14,14 @@ pytestmark = pytest.mark.unit
 
 
 def body(**alert: object) -> bytes:
-    base = {"status": "firing", "fingerprint": "f1", "labels": {"alertname": "A", "job_id": "7",
-            "host": "node02", "severity": "page"}, "annotations": {},
-            "startsAt": "2026-01-01T00:00:00.123456789Z", "endsAt": "0001-01-01T00:00:00Z"}
+    base = {
+        "status": "firing",
+        "fingerprint": "f1",
+        "labels": {"alertname": "A", "job_id": "7", "host": "node02", "severity": "page"},
+        "annotations": {},
+        "startsAt": "2026-01-01T00:00:00.123456789Z",
+        "endsAt": "0001-01-01T00:00:00Z",
+    }
     return json.dumps({"version": "4", "alerts": [{**base, **alert}]}).encode()
 
 
@@ -29,9 +34,17 @@ def test_firing_and_resolved_alerts_become_records() -> None:
     assert decode_alert(encode_ops(resolved)) == resolved
 
 
-@pytest.mark.parametrize("bad", [b"{", b'{"version": "3", "alerts": []}',
-                                 body(status="pending"), body(fingerprint=""),
-                                 body(labels={"a": 1}), body(startsAt="yesterday")])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        b"{",
+        b'{"version": "3", "alerts": []}',
+        body(status="pending"),
+        body(fingerprint=""),
+        body(labels={"a": 1}),
+        body(startsAt="yesterday"),
+    ],
+)
 def test_bad_payloads_are_refused(bad: bytes) -> None:
     with pytest.raises(PayloadError):
         records(bad, 0.0)

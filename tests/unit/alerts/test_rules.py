@@ -21,18 +21,29 @@ CLASSES = {"system", "user"}
 REMEDIATIONS = {"drain", "requeue", "notify", "none"}
 SCOPES = {"node", "gpu", "port", "rank", "job", "pipeline"}
 
-needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None,
-                                    reason="promtool not installed (Debian: prometheus)")
+needs_promtool = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="promtool not installed (Debian: prometheus)"
+)
 
 
 def alerting_rules() -> list[dict]:
-    return [r for f in rule_files() for g in yaml.safe_load(f.read_text())["groups"]
-            for r in g["rules"] if "alert" in r]
+    return [
+        r
+        for f in rule_files()
+        for g in yaml.safe_load(f.read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    ]
 
 
 def recording_rules() -> list[dict]:
-    return [r for f in rule_files() for g in yaml.safe_load(f.read_text())["groups"]
-            for r in g["rules"] if "record" in r]
+    return [
+        r
+        for f in rule_files()
+        for g in yaml.safe_load(f.read_text())["groups"]
+        for r in g["rules"]
+        if "record" in r
+    ]
 
 
 def templated_values(value: str) -> set[str]:
@@ -84,8 +95,12 @@ def _has_quiet_series(test: dict, expected: list) -> bool:
 
 def _support_series(test: dict) -> int:
     """Series that feed an alert without being alerts themselves (agent liveness, spool size)."""
-    support = ("process_start_time_seconds", "stepwatch_agent_up", "stepwatch_agent_spool_bytes",
-               "stepwatch_sink_last_commit_timestamp_seconds")
+    support = (
+        "process_start_time_seconds",
+        "stepwatch_agent_up",
+        "stepwatch_agent_spool_bytes",
+        "stepwatch_sink_last_commit_timestamp_seconds",
+    )
     return sum(1 for s in test["input_series"] if s["series"].startswith(support))
 
 
@@ -118,8 +133,9 @@ def test_runbook_url_is_a_section_of_the_runbooks(rule: dict) -> None:
     url = rule["annotations"]["runbook_url"]
     assert url.startswith("https://"), "monitoring-mixins: runbook_url is absolute"
     assert url == f"{DEFAULT_RUNBOOK_BASE_URL}#{rule['alert'].lower()}"
-    headings = {_anchor(line) for line in RUNBOOKS.read_text().splitlines()
-                if line.startswith("### ")}
+    headings = {
+        _anchor(line) for line in RUNBOOKS.read_text().splitlines() if line.startswith("### ")
+    }
     assert url.split("#", 1)[1] in headings
 
 

@@ -48,8 +48,12 @@ def test_help_shows_the_settings_defaults() -> None:
     """A setting's flag whose help names a default shows the Settings one (default_of)."""
     checked = 0
     for action in _flags(build_parser()):
-        if (action.dest not in SETTING_NAMES or action.default is not None
-                or not action.help or "default" not in action.help):
+        if (
+            action.dest not in SETTING_NAMES
+            or action.default is not None
+            or not action.help
+            or "default" not in action.help
+        ):
             continue  # not a setting, or a flag with its own argparse default
         try:
             shown = default_of(action.dest)
@@ -57,7 +61,9 @@ def test_help_shows_the_settings_defaults() -> None:
             continue
         if shown:  # an empty default is described in words (e.g. "default host:pid")
             assert re.search(rf"default {re.escape(shown)}(?!\d)", action.help), (
-                action.option_strings, action.help)
+                action.option_strings,
+                action.help,
+            )
             checked += 1
     assert checked >= 40
 

@@ -24,7 +24,9 @@ def test_a_terminal_sees_the_stages_and_the_line_is_cleared() -> None:
     stream = Terminal()
     with status("report 42: opening the store", stream) as update:
         assert "report 42: opening the store" in stream.getvalue()
-        assert list(counting([b"x"] * 3, update, "replaying e.jsonl", every_seconds=0)) == [b"x"] * 3
+        assert (
+            list(counting([b"x"] * 3, update, "replaying e.jsonl", every_seconds=0)) == [b"x"] * 3
+        )
     drawn = stream.getvalue()
     assert "replaying e.jsonl: 3 lines" in drawn  # the last stage is drawn at the end
     assert drawn.endswith("\x1b[2K")  # and erased: nothing is left on the terminal

@@ -23,8 +23,9 @@ def test_parse_fault_reads_every_key() -> None:
     assert spec.fault == Fault(FaultKind.SLOW_GPU, rank=5, start_step=100, severity=0.1)
     spec = parse_fault("LINK-FLAP:host=node0001:nic=3:start=7:end=9:duration=2.5:job=1")
     assert spec.job == "1"
-    assert spec.fault == Fault(FaultKind.LINK_FLAP, host="node0001", nic=3, start_step=7,
-                               end_step=9, duration_seconds=2.5)
+    assert spec.fault == Fault(
+        FaultKind.LINK_FLAP, host="node0001", nic=3, start_step=7, end_step=9, duration_seconds=2.5
+    )
 
 
 @pytest.mark.parametrize(
@@ -43,12 +44,26 @@ def test_parse_fault_rejects_bad_specs(text: str, why: str) -> None:
         parse_fault(text)
 
 
-def run_cli(tmp_path: pathlib.Path, *extra: str, name: str = "a") -> tuple[bytes, list[dict[str, object]]]:
+def run_cli(
+    tmp_path: pathlib.Path, *extra: str, name: str = "a"
+) -> tuple[bytes, list[dict[str, object]]]:
     out, labels = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json"
-    code = main([
-        "simulate", "--nodes", "2", "--steps", "40", "--out", str(out), "--labels", str(labels),
-        "--fault", "slow_gpu:rank=5:start=10:severity=0.1", *extra,
-    ])
+    code = main(
+        [
+            "simulate",
+            "--nodes",
+            "2",
+            "--steps",
+            "40",
+            "--out",
+            str(out),
+            "--labels",
+            str(labels),
+            "--fault",
+            "slow_gpu:rank=5:start=10:severity=0.1",
+            *extra,
+        ]
+    )
     assert code == 0
     return out.read_bytes(), json.loads(labels.read_text())
 
@@ -67,8 +82,15 @@ def test_cli_writes_messages_and_labels_and_is_deterministic(tmp_path: pathlib.P
 
 
 def test_cli_runs_several_jobs_and_routes_faults_to_them(tmp_path: pathlib.Path) -> None:
-    data, labels = run_cli(tmp_path, "--jobs", "2", "--fault", "job_hang:start=20:job=job-1-2",
-                           "--no-gpu", "--no-ports")
+    data, labels = run_cli(
+        tmp_path,
+        "--jobs",
+        "2",
+        "--fault",
+        "job_hang:start=20:job=job-1-2",
+        "--no-gpu",
+        "--no-ports",
+    )
     jobs = {label["job_id"]: label["kind"] for label in labels}
     assert jobs == {"job-1-1": "slow_gpu", "job-1-2": "job_hang"}
     hosts = {m.host for m in read_jsonl(data.splitlines()) if not isinstance(m, ContractError)}
@@ -92,8 +114,15 @@ def test_cli_stdout_and_stats(capsysbinary: pytest.CaptureFixture[bytes]) -> Non
 
 
 def test_paced_releases_messages_at_their_time() -> None:
-    sc = Scenario(nodes=1, steps=3, step_seconds=0.1, init_seconds=0.1, tick_seconds=0.1,
-                  end_tail_seconds=0.1, with_ports=False)
+    sc = Scenario(
+        nodes=1,
+        steps=3,
+        step_seconds=0.1,
+        init_seconds=0.1,
+        tick_seconds=0.1,
+        end_tail_seconds=0.1,
+        with_ports=False,
+    )
     messages = list(simulate(sc))
     span = messages[-1].ts - messages[0].ts
     started = time.monotonic()
@@ -139,11 +168,28 @@ def test_kafka_path_sends_everything_in_batches_through_a_message_sink(
 
     monkeypatch.setattr(cli, "_kafka_sink", fake)
     tee = tmp_path / "tee.jsonl"
-    code = main(["simulate", "--nodes", "2", "--steps", "30", "--bootstrap-servers", "127.0.0.1:1",
-                 "--topic-prefix", "sim", "--out", str(tee)])
+    code = main(
+        [
+            "simulate",
+            "--nodes",
+            "2",
+            "--steps",
+            "30",
+            "--bootstrap-servers",
+            "127.0.0.1:1",
+            "--topic-prefix",
+            "sim",
+            "--out",
+            str(tee),
+        ]
+    )
     assert code == 0 and sink.closed
     sent = [m for batch in sink.batches for m in batch]
-    assert len(sent) == len(tee.read_bytes().splitlines()) == len(list(simulate(Scenario(nodes=2, steps=30))))
+    assert (
+        len(sent)
+        == len(tee.read_bytes().splitlines())
+        == len(list(simulate(Scenario(nodes=2, steps=30))))
+    )
     assert max(len(b) for b in sink.batches) <= 2000
     settings = seen[0]
     assert settings.bootstrap_servers == "127.0.0.1:1" and settings.topic_prefix == "sim"  # type: ignore[attr-defined]
@@ -155,21 +201,41 @@ def test_kafka_without_a_broker_is_a_clear_error(monkeypatch: pytest.MonkeyPatch
     assert main(["simulate", "--nodes", "1", "--steps", "3", "--kafka"]) == 1
 
 
-def test_out_file_prints_one_summary_line(tmp_path: pathlib.Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_out_file_prints_one_summary_line(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "events.jsonl"
-    assert main(["simulate", "--nodes", "2", "--steps", "20", "--jobs", "2", "--step-seconds",
-                 "1", "--out", str(path)]) == 0
+    assert (
+        main(
+            [
+                "simulate",
+                "--nodes",
+                "2",
+                "--steps",
+                "20",
+                "--jobs",
+                "2",
+                "--step-seconds",
+                "1",
+                "--out",
+                str(path),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
-    messages = [m for m in read_jsonl(path.read_bytes().splitlines()) if not isinstance(m, Exception)]
+    messages = [
+        m for m in read_jsonl(path.read_bytes().splitlines()) if not isinstance(m, Exception)
+    ]
     assert messages
     span = max(m.ts for m in messages) - min(m.ts for m in messages)
     assert out.count("\n") == 1
     assert out.startswith(f"wrote {path}: {len(messages)} messages, 2 job(s), 32 ranks, ")
     assert f" {span:.0f} s of event time, " in out
     size = path.stat().st_size
-    assert out.rstrip().endswith(f"{size / 1024:.1f} KiB" if size < 1024 ** 2
-                                 else f"{size / 1024 ** 2:.1f} MiB")
+    assert out.rstrip().endswith(
+        f"{size / 1024:.1f} KiB" if size < 1024**2 else f"{size / 1024**2:.1f} MiB"
+    )
 
 
 def test_out_stdout_has_no_summary(capsysbinary: pytest.CaptureFixture[bytes]) -> None:

@@ -27,8 +27,9 @@ class FakeSink:
         pass
 
 
-def test_env_bootstrap_servers_sends_to_kafka(monkeypatch: pytest.MonkeyPatch,
-                                              capsysbinary: pytest.CaptureFixture[bytes]) -> None:
+def test_env_bootstrap_servers_sends_to_kafka(
+    monkeypatch: pytest.MonkeyPatch, capsysbinary: pytest.CaptureFixture[bytes]
+) -> None:
     sink = FakeSink()
     seen: list = []
     monkeypatch.setenv("STEPWATCH_BOOTSTRAP_SERVERS", "kafka:9092")
@@ -38,8 +39,9 @@ def test_env_bootstrap_servers_sends_to_kafka(monkeypatch: pytest.MonkeyPatch,
     assert capsysbinary.readouterr().out == b""  # nothing on stdout
 
 
-def test_env_bootstrap_with_out_file_writes_the_file(monkeypatch: pytest.MonkeyPatch,
-                                                     tmp_path: pathlib.Path) -> None:
+def test_env_bootstrap_with_out_file_writes_the_file(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path
+) -> None:
     monkeypatch.setenv("STEPWATCH_BOOTSTRAP_SERVERS", "kafka:9092")
     monkeypatch.setattr(cli, "_kafka_sink", lambda s: pytest.fail("must not publish"))
     out = tmp_path / "e.jsonl"

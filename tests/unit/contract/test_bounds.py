@@ -13,8 +13,10 @@ from stepwatch.streams.worker.processor import Record, StreamProcessor
 
 TOPICS = Topics("t")
 T0 = 1_700_000_000.0
-STEP = ('{"kind":"step","host":"h","ts":%f,"inst":"i","seq":%d,"job_id":"j","steps":'
-        '[{"job_id":"j","rank":0,"world_size":8,"step":1,"start":%f,"end":%f,"samples":%s}]}')
+STEP = (
+    '{"kind":"step","host":"h","ts":%f,"inst":"i","seq":%d,"job_id":"j","steps":'
+    '[{"job_id":"j","rank":0,"world_size":8,"step":1,"start":%f,"end":%f,"samples":%s}]}'
+)
 GPU = '{"kind":"gpu","host":"h","ts":%f,"inst":"i","seq":%d,"gpus":[{"index":0,%s}]}'
 PORT = '{"kind":"port","host":"h","ts":%f,"inst":"i","seq":%d,"ports":[{"device":"m","port":1,%s}]}'
 EVENT = '{"kind":"event","host":"h","ts":%f,"inst":"i","seq":%d,"type":"xid","code":%s}'
@@ -31,16 +33,22 @@ BAD: list[tuple[str, bytes, str]] = [
     (TOPICS.events, (EVENT % (T0, 7, "1e300")).encode(), "schema"),  # a float is no XID code
     (TOPICS.gpu, (GPU % (T0, 8, '"power_w":1e999')).encode(), "overflow"),
     (TOPICS.gpu, (GPU % (T0, 9, '"power_w":-1')).encode(), "absurd_value"),
-    (TOPICS.events, ((EVENT % (T0, 10, "79"))[:-1] + ',"junk":"%s"}' % ("x" * 2_000_000)).encode(),
-     "too_large"),
+    (
+        TOPICS.events,
+        ((EVENT % (T0, 10, "79"))[:-1] + ',"junk":"%s"}' % ("x" * 2_000_000)).encode(),
+        "too_large",
+    ),
 ]
-GOOD = [(TOPICS.gpu, (GPU % (T0, 11, f'"power_w":300.5,"energy_mj_total":{2**62}')).encode()),
-        (TOPICS.events, (EVENT % (T0, 12, "79")).encode())]
+GOOD = [
+    (TOPICS.gpu, (GPU % (T0, 11, f'"power_w":300.5,"energy_mj_total":{2**62}')).encode()),
+    (TOPICS.events, (EVENT % (T0, 12, "79")).encode()),
+]
 
 
 def worker_reasons(max_bytes: int = 1 << 20) -> tuple[dict[int, str], int]:
-    proc = StreamProcessor(TOPICS, _NoEngine, worker="w", clock=lambda: T0 + 10,
-                           max_message_bytes=max_bytes)
+    proc = StreamProcessor(
+        TOPICS, _NoEngine, worker="w", clock=lambda: T0 + 10, max_message_bytes=max_bytes
+    )
     records = [Record(t, 0, i, b"j", v) for i, (t, v, _) in enumerate(BAD)]
     records += [Record(t, 0, len(BAD) + i, b"j", v) for i, (t, v) in enumerate(GOOD)]
     out = proc.process_batch(records)

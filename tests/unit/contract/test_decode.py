@@ -64,15 +64,31 @@ def step_records(draw: st.DrawFn) -> StepRecord:
     start = draw(mostly(NOW - 10, st.one_of(odd_floats, st.just(NOW + 1000))))
     end = draw(mostly(NOW - 9, st.one_of(odd_floats, st.just(start + 1e9))))
     phase = mostly(0.5, maybe)
-    phases = draw(st.one_of(st.none(), st.builds(
-        Phases, data=phase, forward=phase, backward=phase, comm_wait=phase,
-        extra=st.dictionaries(st.sampled_from(["a", "b"]), mostly(0.1, odd_floats),
-                              max_size=2))))
+    phases = draw(
+        st.one_of(
+            st.none(),
+            st.builds(
+                Phases,
+                data=phase,
+                forward=phase,
+                backward=phase,
+                comm_wait=phase,
+                extra=st.dictionaries(
+                    st.sampled_from(["a", "b"]), mostly(0.1, odd_floats), max_size=2
+                ),
+            ),
+        )
+    )
     return StepRecord(
-        job_id="j", rank=draw(mostly(1, st.integers(-1, 4))),
-        world_size=draw(mostly(4, st.integers(-1, 4))), step=draw(mostly(3, st.integers(-1, 3))),
-        start=start, end=end, phases=phases,
-        samples=draw(mostly(2, st.integers(-1, 2))), tokens=draw(mostly(2, st.integers(-1, 2))),
+        job_id="j",
+        rank=draw(mostly(1, st.integers(-1, 4))),
+        world_size=draw(mostly(4, st.integers(-1, 4))),
+        step=draw(mostly(3, st.integers(-1, 3))),
+        start=start,
+        end=end,
+        phases=phases,
+        samples=draw(mostly(2, st.integers(-1, 2))),
+        tokens=draw(mostly(2, st.integers(-1, 2))),
         loss=draw(st.one_of(st.none(), odd_floats)),
     )
 
@@ -85,20 +101,37 @@ def test_step_fast_path_agrees_with_check_step(records: list[StepRecord]) -> Non
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.builds(GpuReading, index=st.integers(-1, 8), power_w=maybe, temp_gpu_c=maybe,
-                          ecc_dbe_total=st.one_of(st.none(), st.integers(-2, 2**63)),
-                          remapped_rows_pending=st.one_of(st.none(), st.booleans())),
-                max_size=4))
+@given(
+    st.lists(
+        st.builds(
+            GpuReading,
+            index=st.integers(-1, 8),
+            power_w=maybe,
+            temp_gpu_c=maybe,
+            ecc_dbe_total=st.one_of(st.none(), st.integers(-2, 2**63)),
+            remapped_rows_pending=st.one_of(st.none(), st.booleans()),
+        ),
+        max_size=4,
+    )
+)
 def test_gpu_fast_path_agrees(gpus: list[GpuReading]) -> None:
     message = GpuMessage(host="h", ts=NOW, gpus=gpus)
     assert fast_ok(message) == slow_ok(message)
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.builds(PortReading, device=st.just("mlx5_0"), port=st.integers(-1, 2),
-                          rate_gbps=maybe, xmit_wait_total=st.one_of(st.none(),
-                                                                     st.integers(-1, 2**64))),
-                max_size=4))
+@given(
+    st.lists(
+        st.builds(
+            PortReading,
+            device=st.just("mlx5_0"),
+            port=st.integers(-1, 2),
+            rate_gbps=maybe,
+            xmit_wait_total=st.one_of(st.none(), st.integers(-1, 2**64)),
+        ),
+        max_size=4,
+    )
+)
 def test_port_fast_path_agrees(ports: list[PortReading]) -> None:
     message = PortMessage(host="h", ts=NOW, ports=ports)
     assert fast_ok(message) == slow_ok(message)
@@ -106,8 +139,9 @@ def test_port_fast_path_agrees(ports: list[PortReading]) -> None:
 
 @pytest.mark.parametrize("value", [math.nan, math.inf, -1.0])
 def test_bad_gpu_value_still_names_the_field(value: float) -> None:
-    message = GpuMessage(host="h", ts=NOW, gpus=[GpuReading(index=0), GpuReading(index=3,
-                                                                                 power_w=value)])
+    message = GpuMessage(
+        host="h", ts=NOW, gpus=[GpuReading(index=0), GpuReading(index=3, power_w=value)]
+    )
     with pytest.raises(ContractError) as err:
         check_values(message, NOW)
     assert err.value.reason == "absurd_value"
@@ -116,8 +150,18 @@ def test_bad_gpu_value_still_names_the_field(value: float) -> None:
 
 ODD = [0.0, -0.0, -1.0, -1e-9, math.nan, math.inf, -math.inf, 1e308, NOW + 1000, 2**63]
 PHASES = Phases(data=0.1, forward=0.2, extra={"x": 0.1})
-VALID = StepRecord(job_id="j", rank=1, world_size=4, step=3, start=NOW - 10, end=NOW - 9,
-                   phases=PHASES, samples=2, tokens=2, loss=1.0)
+VALID = StepRecord(
+    job_id="j",
+    rank=1,
+    world_size=4,
+    step=3,
+    start=NOW - 10,
+    end=NOW - 9,
+    phases=PHASES,
+    samples=2,
+    tokens=2,
+    loss=1.0,
+)
 STEP_FIELDS = ["rank", "world_size", "step", "start", "end", "samples", "tokens", "loss"]
 
 
@@ -126,10 +170,12 @@ def test_every_step_field_perturbed_alone(field: str) -> None:
     for value in ODD:
         if field == "phases.data":
             record = msgspec.structs.replace(
-                VALID, phases=msgspec.structs.replace(PHASES, data=value))
+                VALID, phases=msgspec.structs.replace(PHASES, data=value)
+            )
         elif field == "phases.extra":
             record = msgspec.structs.replace(
-                VALID, phases=msgspec.structs.replace(PHASES, extra={"x": value}))
+                VALID, phases=msgspec.structs.replace(PHASES, extra={"x": value})
+            )
         else:
             if field in {"rank", "world_size", "step", "samples", "tokens"}:
                 if not math.isfinite(value) or value != int(value):
@@ -152,12 +198,15 @@ def test_every_gpu_field_perturbed_alone(field: str) -> None:
         assert fast_ok(message) == slow_ok(message), (field, value)
 
 
-@pytest.mark.parametrize("text", [
-    b'{"kind":"gpu","host":"h","ts":1700000000,"gpus":[{"index":0,"power_w":-5}]}',
-    b'{"kind":"gpu","host":"h","ts":1700000000,"gpus":[{"index":0, "power_w": -0.5}]}',
-    b'{"kind":"port","host":"h","ts":1700000000,"ports":[{"device":"m","port":1,'
-    b'"xmit_wait_total":\n  -7}]}',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        b'{"kind":"gpu","host":"h","ts":1700000000,"gpus":[{"index":0,"power_w":-5}]}',
+        b'{"kind":"gpu","host":"h","ts":1700000000,"gpus":[{"index":0, "power_w": -0.5}]}',
+        b'{"kind":"port","host":"h","ts":1700000000,"ports":[{"device":"m","port":1,'
+        b'"xmit_wait_total":\n  -7}]}',
+    ],
+)
 def test_negative_sample_values_are_caught_by_decode(text: bytes) -> None:
     from stepwatch.contract import decode
 

@@ -12,21 +12,45 @@ from stepwatch.contract.codec import decode_unchecked
 from stepwatch.errors import ContractError
 
 NOW = 1_800_000_000.0
-times = st.one_of(st.just(NOW - 10), st.just(NOW - 9), st.just(0.0), st.just(NOW + 1000),
-                  st.just(NOW - 9 - 8 * 24 * 3600), st.floats(0, NOW + 400), st.just(-1.0))
+times = st.one_of(
+    st.just(NOW - 10),
+    st.just(NOW - 9),
+    st.just(0.0),
+    st.just(NOW + 1000),
+    st.just(NOW - 9 - 8 * 24 * 3600),
+    st.floats(0, NOW + 400),
+    st.just(-1.0),
+)
 counts = st.one_of(st.just(1), st.just(4), st.integers(-1, 5))
 
 
 @st.composite
 def records(draw: st.DrawFn) -> StepRecord:
     phase = st.one_of(st.none(), st.just(0.5), st.floats(-1, 2))
-    phases = draw(st.one_of(st.none(), st.builds(
-        Phases, data=phase, forward=phase, comm_wait=phase,
-        extra=st.dictionaries(st.sampled_from(["a", "eval"]), st.floats(-1, 2), max_size=2))))
-    return StepRecord(job_id="j-1", rank=draw(counts), world_size=draw(counts),
-                      step=draw(counts), start=draw(times), end=draw(times), phases=phases,
-                      samples=draw(counts), tokens=draw(counts),
-                      loss=draw(st.one_of(st.none(), st.floats(-3, 3), st.just(-math.inf))))
+    phases = draw(
+        st.one_of(
+            st.none(),
+            st.builds(
+                Phases,
+                data=phase,
+                forward=phase,
+                comm_wait=phase,
+                extra=st.dictionaries(st.sampled_from(["a", "eval"]), st.floats(-1, 2), max_size=2),
+            ),
+        )
+    )
+    return StepRecord(
+        job_id="j-1",
+        rank=draw(counts),
+        world_size=draw(counts),
+        step=draw(counts),
+        start=draw(times),
+        end=draw(times),
+        phases=phases,
+        samples=draw(counts),
+        tokens=draw(counts),
+        loss=draw(st.one_of(st.none(), st.floats(-3, 3), st.just(-math.inf))),
+    )
 
 
 def verdict(call: object) -> tuple[str, str] | None:

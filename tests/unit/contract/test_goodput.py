@@ -25,16 +25,20 @@ def stats(faults: tuple[Fault, ...] = (), **kw: float) -> JobStats:
 
 
 def test_split_step_counts_the_time_above_the_baseline_as_straggler() -> None:
-    s = split_step(1.3, data_s=0.05, checkpoint_s=0.0, pause_s=0.0, baseline_s=1.0,
-                   baseline_data_s=0.05)
+    s = split_step(
+        1.3, data_s=0.05, checkpoint_s=0.0, pause_s=0.0, baseline_s=1.0, baseline_data_s=0.05
+    )
     assert s.straggler == pytest.approx(0.3)
     assert s.productive == pytest.approx(0.95)
-    assert s.productive + s.data_loading + s.checkpoint + s.straggler + s.pause == pytest.approx(1.3)
+    assert s.productive + s.data_loading + s.checkpoint + s.straggler + s.pause == pytest.approx(
+        1.3
+    )
 
 
 def test_split_step_a_data_stall_is_data_loading_and_jitter_is_not_a_straggler() -> None:
-    stall = split_step(1.5, data_s=0.55, checkpoint_s=0.0, pause_s=0.0, baseline_s=1.0,
-                       baseline_data_s=0.05)
+    stall = split_step(
+        1.5, data_s=0.55, checkpoint_s=0.0, pause_s=0.0, baseline_s=1.0, baseline_data_s=0.05
+    )
     assert stall.straggler == 0 and stall.data_loading == pytest.approx(0.55)
     assert split_step(1.03, 0.05, 0.0, 0.0, baseline_s=1.0, baseline_data_s=0.05).straggler == 0
     assert split_step(2.0, 0.0, 0.0, 0.0, baseline_s=None).straggler == 0  # no baseline yet

@@ -27,8 +27,15 @@ NOW = 1_750_000_000.0
 
 
 def _step(**kw: object) -> StepRecord:
-    base = dict(job_id="j1", rank=3, world_size=8, step=10, start=NOW - 2, end=NOW - 1,
-                phases=Phases(forward=0.3, backward=0.5, comm_wait=0.1))
+    base = dict(
+        job_id="j1",
+        rank=3,
+        world_size=8,
+        step=10,
+        start=NOW - 2,
+        end=NOW - 1,
+        phases=Phases(forward=0.3, backward=0.5, comm_wait=0.1),
+    )
     base.update(kw)
     return StepRecord(**base)  # type: ignore[arg-type]
 
@@ -40,8 +47,12 @@ def _decode(data: bytes) -> object:
 def test_round_trip_every_kind() -> None:
     messages = [
         StepMessage(host="n1", ts=NOW, job_id="j1", steps=[_step()]),
-        GpuMessage(host="n1", ts=NOW, gpus=[GpuReading(index=0, power_w=650.5, throttle_reasons=0x40)]),
-        PortMessage(host="n1", ts=NOW, ports=[PortReading(device="mlx5_0", port=1, xmit_bytes_total=4 * 10)]),
+        GpuMessage(
+            host="n1", ts=NOW, gpus=[GpuReading(index=0, power_w=650.5, throttle_reasons=0x40)]
+        ),
+        PortMessage(
+            host="n1", ts=NOW, ports=[PortReading(device="mlx5_0", port=1, xmit_bytes_total=4 * 10)]
+        ),
         EventMessage(host="n1", ts=NOW, type=EventType.XID, gpu=2, code=79),
     ]
     for message in messages:
@@ -153,7 +164,9 @@ def test_json_schema_carries_kinds_and_value_constraints() -> None:
 
     schema = json_schema()
     defs = schema["$defs"]
-    assert {"StepMessage", "GpuMessage", "PortMessage", "EventMessage", "DetectionMessage"} <= set(defs)
+    assert {"StepMessage", "GpuMessage", "PortMessage", "EventMessage", "DetectionMessage"} <= set(
+        defs
+    )
     assert defs["StepMessage"]["properties"]["kind"]["enum"] == ["step"]
     rank = defs["StepRecord"]["properties"]["rank"]
     assert rank == {"type": "integer", "minimum": 0, "maximum": 2**32 - 1}
@@ -174,8 +187,12 @@ def test_decoded_records_are_out_of_the_cycle_collectors_sight() -> None:
 
     from stepwatch.contract import StepMessage, StepRecord, decode, encode
 
-    msg = StepMessage(host="h", ts=1.0, job_id="j", steps=[
-        StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.0, end=2.0)])
+    msg = StepMessage(
+        host="h",
+        ts=1.0,
+        job_id="j",
+        steps=[StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.0, end=2.0)],
+    )
     back = decode(encode(msg))
     assert isinstance(back, StepMessage)
     assert not gc.is_tracked(back) and not gc.is_tracked(back.steps[0])

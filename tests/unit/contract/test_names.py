@@ -21,19 +21,43 @@ from stepwatch.errors import ContractError
 
 NOW = time.time()
 NAME_MAX = 256  # stepwatch.contract.records.NAME_MAX
-BAD = ["42\n2026-11-25 INFO remediation executed node=gpu-001", "42\n", "42\r",
-       "\x1b[2J\x1b[31mjob", "job\x00", "job\x85", "job\u2028x", "\u202e24", "j" * (NAME_MAX + 1)]
+BAD = [
+    "42\n2026-11-25 INFO remediation executed node=gpu-001",
+    "42\n",
+    "42\r",
+    "\x1b[2J\x1b[31mjob",
+    "job\x00",
+    "job\x85",
+    "job\u2028x",
+    "\u202e24",
+    "j" * (NAME_MAX + 1),
+]
 GOOD = ["42", "", "run-7f3a.b_c:1", "gpu-[001-004],x", "jöb-ünïcode", "j" * NAME_MAX]
 
 
 def _step(job: str = "42", host: str = "h", group: str = "all") -> dict:
-    return {"job_id": job, "rank": 0, "world_size": 1, "step": 1, "start": NOW - 1,
-            "end": NOW, "host": host, "group": group}
+    return {
+        "job_id": job,
+        "rank": 0,
+        "world_size": 1,
+        "step": 1,
+        "start": NOW - 1,
+        "end": NOW,
+        "host": host,
+        "group": group,
+    }
 
 
 def _message(field: str, value: str) -> bytes:
-    msg = {"kind": "step", "v": 1, "host": "h", "ts": NOW, "inst": "i", "job_id": "42",
-           "steps": [_step()]}
+    msg = {
+        "kind": "step",
+        "v": 1,
+        "host": "h",
+        "ts": NOW,
+        "inst": "i",
+        "job_id": "42",
+        "steps": [_step()],
+    }
     if field in ("host", "inst", "job_id"):
         msg[field] = value
     else:

@@ -12,9 +12,21 @@ from stepwatch.errors import DaemonError
 
 def test_ready_once_the_url_answers_then_stopped_by_sigterm(tmp_path) -> None:
     port = free_port()
-    proc = ManagedProcess("http", [sys.executable, "-m", "http.server", str(port),
-                                   "--bind", "127.0.0.1", "--directory", str(tmp_path)],
-                          f"http://127.0.0.1:{port}/", tmp_path / "http.log")
+    proc = ManagedProcess(
+        "http",
+        [
+            sys.executable,
+            "-m",
+            "http.server",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            str(tmp_path),
+        ],
+        f"http://127.0.0.1:{port}/",
+        tmp_path / "http.log",
+    )
     proc.start(timeout=20)
     assert proc.running and proc.pid
     proc.stop()
@@ -23,16 +35,25 @@ def test_ready_once_the_url_answers_then_stopped_by_sigterm(tmp_path) -> None:
 
 
 def test_never_ready_is_an_error_and_the_process_is_gone(tmp_path) -> None:
-    proc = ManagedProcess("sleeper", [sys.executable, "-c", "import time; time.sleep(60)"],
-                          f"http://127.0.0.1:{free_port()}/", tmp_path / "s.log", stop_timeout=2)
+    proc = ManagedProcess(
+        "sleeper",
+        [sys.executable, "-c", "import time; time.sleep(60)"],
+        f"http://127.0.0.1:{free_port()}/",
+        tmp_path / "s.log",
+        stop_timeout=2,
+    )
     with pytest.raises(DaemonError, match="sleeper not ready"):
         proc.start(timeout=1)
     assert not proc.running
 
 
 def test_exit_at_start_reports_the_log(tmp_path) -> None:
-    proc = ManagedProcess("bad", [sys.executable, "-c", "print('no config'); raise SystemExit(3)"],
-                          f"http://127.0.0.1:{free_port()}/", tmp_path / "b.log")
+    proc = ManagedProcess(
+        "bad",
+        [sys.executable, "-c", "print('no config'); raise SystemExit(3)"],
+        f"http://127.0.0.1:{free_port()}/",
+        tmp_path / "b.log",
+    )
     with pytest.raises(DaemonError, match=r"exited with code 3(.|\n)*no config"):
         proc.start(timeout=10)
 

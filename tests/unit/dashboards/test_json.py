@@ -27,8 +27,11 @@ WANTED = {"fleet-overview", "job-drilldown", "node-gpu-health", "network-fabric"
 
 
 def test_committed_json_is_what_the_code_generates() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "dashboards" / "generate.py"), "--check"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "dashboards" / "generate.py"), "--check"],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     assert set(dashboards()) == WANTED
 
@@ -82,11 +85,25 @@ def test_clickhouse_and_prometheus_panels_exist_where_the_issue_wants_them() -> 
     kinds = {(q.dashboard, q.kind) for q in queries()}
     assert ("job-drilldown", "clickhouse") in kinds and ("job-drilldown", "prometheus") in kinds
     titles = {q.panel for q in queries()}
-    for wanted in ("XID events", "ECC errors", "NVLink traffic (ClickHouse)", "PCIe replays",
-                   "Framebuffer used (ClickHouse)", "Fleet GPU power", "Agents up",
-                   "Transmit wait (congestion)", "Agent spool", "Stream consumer lag",
-                   "Dead letters", "Rows inserted", "Circuit breaker open",
-                   "Compute time per rank (ClickHouse)", "MFU", "Goodput", "Stragglers"):
+    for wanted in (
+        "XID events",
+        "ECC errors",
+        "NVLink traffic (ClickHouse)",
+        "PCIe replays",
+        "Framebuffer used (ClickHouse)",
+        "Fleet GPU power",
+        "Agents up",
+        "Transmit wait (congestion)",
+        "Agent spool",
+        "Stream consumer lag",
+        "Dead letters",
+        "Rows inserted",
+        "Circuit breaker open",
+        "Compute time per rank (ClickHouse)",
+        "MFU",
+        "Goodput",
+        "Stragglers",
+    ):
         assert wanted in titles
 
 
@@ -100,8 +117,12 @@ def test_panel_ids_are_unique_and_set(name: str) -> None:
 def test_every_dashboard_has_the_variables_users_expect(name: str) -> None:
     names = [v["name"] for v in dashboards()[name]["templating"]["list"]]
     assert names[:2] == ["datasource", "clickhouse"] and "cluster" in names
-    wanted = {"fleet-overview": {"job_id"}, "job-drilldown": {"job_id"},
-              "node-gpu-health": {"host", "gpu"}, "network-fabric": {"host"}}.get(name, set())
+    wanted = {
+        "fleet-overview": {"job_id"},
+        "job-drilldown": {"job_id"},
+        "node-gpu-health": {"host", "gpu"},
+        "network-fabric": {"host"},
+    }.get(name, set())
     assert wanted <= set(names)
     for q in queries():
         if q.dashboard == name and q.kind == "prometheus":
@@ -124,12 +145,17 @@ def test_import_with_other_datasource_uids_resolves_every_panel(name: str) -> No
     uids = {PROM_TYPE: "P1809F7CD0C75ACF3", CH_TYPE: "ch-other-7"}
     done = _import(dash, uids)
     assert "${DS_" not in json.dumps(done), "a placeholder without an __inputs entry"
-    chosen = {v["name"]: v["current"]["value"] for v in done["templating"]["list"]
-              if v["type"] == "datasource"}
+    chosen = {
+        v["name"]: v["current"]["value"]
+        for v in done["templating"]["list"]
+        if v["type"] == "datasource"
+    }
     assert chosen == {"datasource": uids[PROM_TYPE], "clickhouse": uids[CH_TYPE]}
     kinds = {v["name"]: v["query"] for v in done["templating"]["list"] if v["type"] == "datasource"}
     refs = [p["datasource"] for p in panels(done) if p["type"] != "row"]
-    refs += [t["datasource"] for p in panels(done) for t in p.get("targets") or [] if "datasource" in t]
+    refs += [
+        t["datasource"] for p in panels(done) for t in p.get("targets") or [] if "datasource" in t
+    ]
     refs += [a["datasource"] for a in done["annotations"]["list"] if not a.get("builtIn")]
     refs += [v["datasource"] for v in done["templating"]["list"] if v["type"] == "query"]
     for ref in refs:
@@ -140,22 +166,31 @@ def test_import_with_other_datasource_uids_resolves_every_panel(name: str) -> No
 
 def test_dashboards_link_to_each_other_and_flagged_ranks_to_the_job() -> None:
     for name, dash in dashboards().items():
-        assert any(link["type"] == "dashboards" and "stepwatch" in link["tags"]
-                   for link in dash["links"]), name
+        assert any(
+            link["type"] == "dashboards" and "stepwatch" in link["tags"] for link in dash["links"]
+        ), name
     fleet = {p["title"]: p for p in panels(dashboards()["fleet-overview"])}
-    urls = [link["url"] for link in
-            fleet["Flagged ranks (score = relative slowdown)"]["fieldConfig"]["defaults"]["links"]]
+    urls = [
+        link["url"]
+        for link in fleet["Flagged ranks (score = relative slowdown)"]["fieldConfig"]["defaults"][
+            "links"
+        ]
+    ]
     job_uid = dashboards()["job-drilldown"]["uid"]
-    assert any(u.startswith(f"/d/{job_uid}/") and "var-job_id=${__data.fields.job_id}" in u
-               for u in urls)
+    assert any(
+        u.startswith(f"/d/{job_uid}/") and "var-job_id=${__data.fields.job_id}" in u for u in urls
+    )
 
 
 def test_annotations_cover_detections_alerts_and_actions() -> None:
     for name, dash in dashboards().items():
         annos = {a["name"]: a for a in dash["annotations"]["list"] if not a.get("builtIn")}
         assert set(annos) == {"Detections", "Alerts", "Remediation actions"}, name
-        tables = {"Detections": "detections", "Alerts": "alerts",
-                  "Remediation actions": "remediation_actions"}
+        tables = {
+            "Detections": "detections",
+            "Alerts": "alerts",
+            "Remediation actions": "remediation_actions",
+        }
         for title, anno in annos.items():
             sql = anno["target"]["rawSql"]
             assert f"FROM {tables[title]}" in sql and " AS time" in sql and " AS text" in sql

@@ -20,8 +20,15 @@ SLOW = Fault(FaultKind.SLOW_GPU, rank=13, start_step=5, severity=0.3)
 
 
 def scenario(**kw: object) -> Scenario:
-    base: dict[str, object] = {"nodes": 3, "steps": 40, "hosts": HOSTS, "faults": (SLOW,),
-                               "checkpoint_every": 10, "checkpoint_seconds": 1.0, "eval_every": 0}
+    base: dict[str, object] = {
+        "nodes": 3,
+        "steps": 40,
+        "hosts": HOSTS,
+        "faults": (SLOW,),
+        "checkpoint_every": 10,
+        "checkpoint_seconds": 1.0,
+        "eval_every": 0,
+    }
     return Scenario(**{**base, **kw})  # type: ignore[arg-type]
 
 
@@ -47,7 +54,10 @@ def test_nic_counters_go_on_across_a_restart_on_the_same_host() -> None:
     later = [m for m in simulate(again, carry=carry) if isinstance(m, PortMessage)]
     head = next(m for m in later if m.host == "node01").ports
     assert [p.link_downed_total for p in head] == [p.link_downed_total for p in last]
-    assert all((h.xmit_bytes_total or 0) >= (p.xmit_bytes_total or 1) for h, p in zip(head, last, strict=True))
+    assert all(
+        (h.xmit_bytes_total or 0) >= (p.xmit_bytes_total or 1)
+        for h, p in zip(head, last, strict=True)
+    )
 
 
 def test_first_step_must_be_inside_the_job() -> None:
@@ -66,25 +76,43 @@ class Note:
 
 
 def detection(state: str, **kw: object) -> DetectionMessage:
-    base: dict[str, object] = {"host": "node02", "ts": 1.0, "id": "d1", "job_id": "1",
-                               "type": "straggler", "state": state, "rank": 13, "cause": "gpu",
-                               "fault": "system", "summary": "rank 13 is slow: SM clock below max"}
+    base: dict[str, object] = {
+        "host": "node02",
+        "ts": 1.0,
+        "id": "d1",
+        "job_id": "1",
+        "type": "straggler",
+        "state": state,
+        "rank": 13,
+        "cause": "gpu",
+        "fault": "system",
+        "summary": "rank 13 is slow: SM clock below max",
+    }
     return DetectionMessage(**{**base, **kw})  # type: ignore[arg-type]
 
 
 def test_the_arc_goes_forward_once_with_event_times() -> None:
     arc = Arc(wall0=1000.0)
     assert [s.name for s in arc.observe(5.0, steps=8, detections=[])] == ["healthy"]
-    assert [s.name for s in arc.observe(40.0, steps=90, detections=[detection("open")])] == ["found"]
-    actions = [{"kind": "drain", "node": "node02", "job_id": "1", "status": "done", "updated": 1061.5},
-               {"kind": "requeue", "node": "node02", "job_id": "1", "status": "done",
-                "updated": 1061.7}]
-    new = arc.observe(64.0, steps=99, detections=[detection("open")],
-                      notifications=[Note(1060.2, "ticket", "firing", ("StragglerPersistent",))],
-                      actions=actions)
-    assert [(s.name, s.at) for s in new] == [("paged", pytest.approx(60.2)),
-                                              ("drained", pytest.approx(61.5)),
-                                              ("requeued", pytest.approx(61.7))]
+    assert [s.name for s in arc.observe(40.0, steps=90, detections=[detection("open")])] == [
+        "found"
+    ]
+    actions = [
+        {"kind": "drain", "node": "node02", "job_id": "1", "status": "done", "updated": 1061.5},
+        {"kind": "requeue", "node": "node02", "job_id": "1", "status": "done", "updated": 1061.7},
+    ]
+    new = arc.observe(
+        64.0,
+        steps=99,
+        detections=[detection("open")],
+        notifications=[Note(1060.2, "ticket", "firing", ("StragglerPersistent",))],
+        actions=actions,
+    )
+    assert [(s.name, s.at) for s in new] == [
+        ("paged", pytest.approx(60.2)),
+        ("drained", pytest.approx(61.5)),
+        ("requeued", pytest.approx(61.7)),
+    ]
     runs = [Incarnation(0, 1000.0, HOSTS, 0), Incarnation(1, 1075.0, ("node01", "node03"), 50)]
     resolved = [detection("open"), detection("resolved")]
     new = arc.observe(90.0, steps=150, detections=resolved, actions=actions, incarnations=runs)
@@ -100,15 +128,28 @@ def test_plain_output_prints_changes_only_and_a_status_now_and_then() -> None:
     assert first == ["[t=   0.0s] slurm job: 1 RUNNING", "[t=   0.0s] status: steps=0"]
     assert changes.lines(2.0, {"slurm job": "1 RUNNING"}, "steps=5") == []
     assert changes.lines(4.0, {"slurm job": "1 PENDING", "alert X": "firing"}, "steps=9") == [
-        "[t=   4.0s] slurm job: 1 PENDING", "[t=   4.0s] alert X: firing"]
+        "[t=   4.0s] slurm job: 1 PENDING",
+        "[t=   4.0s] alert X: firing",
+    ]
     assert changes.lines(10.5, {"slurm job": "1 PENDING"}, "steps=20") == [
-        "[t=  10.5s] alert X: ended", "[t=  10.5s] status: steps=20"]
+        "[t=  10.5s] alert X: ended",
+        "[t=  10.5s] status: steps=20",
+    ]
 
 
 def test_the_evidence_line_shows_the_deciding_numbers() -> None:
-    evidence = {"basis": "busy", "flagged_steps": 12, "window_steps": 20, "threshold": 0.08,
-                "group_size": 64, "phases_longer": "forward", "forward_excess": 0.09,
-                "forward_s": 0.31, "sm_clock_ratio": 0.773, "peer_sm_clock_ratio": 1.0}
+    evidence = {
+        "basis": "busy",
+        "flagged_steps": 12,
+        "window_steps": 20,
+        "threshold": 0.08,
+        "group_size": 64,
+        "phases_longer": "forward",
+        "forward_excess": 0.09,
+        "forward_s": 0.31,
+        "sm_clock_ratio": 0.773,
+        "peer_sm_clock_ratio": 1.0,
+    }
     line = deciding(evidence)
     assert line.startswith("sm_clock_ratio=0.773, peer_sm_clock_ratio=1.0")
     assert "basis" not in line and "flagged_steps" not in line and "forward_excess=0.09" in line
@@ -129,9 +170,14 @@ def test_the_pager_wants_the_bearer_token() -> None:
     pager = Pager("s3cret").start()
     body = json.dumps({"status": "firing", "alerts": [{"labels": {"alertname": "X"}}]}).encode()
     try:
+
         def post(token: str) -> int:
-            req = urllib.request.Request(f"{pager.url}/ticket", data=body, method="POST",
-                                         headers={"Authorization": f"Bearer {token}"})
+            req = urllib.request.Request(
+                f"{pager.url}/ticket",
+                data=body,
+                method="POST",
+                headers={"Authorization": f"Bearer {token}"},
+            )
             try:
                 with urllib.request.urlopen(req, timeout=5) as resp:
                     return int(resp.status)
@@ -157,14 +203,16 @@ def test_a_job_stops_when_its_allocation_changes_not_when_slurm_is_silent() -> N
 
 
 def test_the_torch_job_keeps_its_fault_on_its_node_and_resumes_after_the_first_run(
-        tmp_path) -> None:  # type: ignore[no-untyped-def]
+    tmp_path,
+) -> None:  # type: ignore[no-untyped-def]
     from types import SimpleNamespace
 
     from stepwatch.demo.torchjob import TorchJob
     from stepwatch.settings import Settings
 
-    job = TorchJob(Settings.load(env={}), tmp_path, "7", SimpleNamespace(steps=300),
-                   hosts=("node01", "node02"))
+    job = TorchJob(
+        Settings.load(env={}), tmp_path, "7", SimpleNamespace(steps=300), hosts=("node01", "node02")
+    )
 
     def arg(argv: list[str], name: str) -> str | None:
         return argv[argv.index(name) + 1] if name in argv else None

@@ -25,8 +25,11 @@ COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 FIELDS = {f.name for f in dataclasses.fields(Settings)}
 DEFAULTS = Settings.load(env={})
-STEPWATCH = [n for n, s in SERVICES.items()
-             if str(s.get("image", "")).startswith("stepwatch") and "command" in s]
+STEPWATCH = [
+    n
+    for n, s in SERVICES.items()
+    if str(s.get("image", "")).startswith("stepwatch") and "command" in s
+]
 # subcommands of services another branch brings; checked once they are registered
 PENDING = {"remediate"}
 
@@ -62,7 +65,9 @@ def test_every_mounted_or_built_file_exists() -> None:
 def test_dockerfile_extras_are_defined() -> None:
     import tomllib
 
-    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
     wanted = re.search(r"'\.\[([a-z,]+)\]'", (ROOT / "Dockerfile").read_text()).group(1).split(",")
     assert set(wanted) <= set(extras)
 
@@ -76,15 +81,22 @@ def test_stepwatch_env_names_are_settings_and_values_load() -> None:
 
 
 def test_ports_match_the_settings_and_who_scrapes_them() -> None:
-    wanted = {"stream": DEFAULTS.stream_metrics_port, "sink": DEFAULTS.sink_metrics_port,
-              "agent": DEFAULTS.metrics_port}
+    wanted = {
+        "stream": DEFAULTS.stream_metrics_port,
+        "sink": DEFAULTS.sink_metrics_port,
+        "agent": DEFAULTS.metrics_port,
+    }
     if "remediate_port" in FIELDS:
         wanted["remediator"] = DEFAULTS.remediate_port  # type: ignore[attr-defined]
     for service, port in wanted.items():
         assert port in published(service), (service, port)
         settings = Settings.load(env=env(service))
-        field = {"stream": "stream_metrics_port", "sink": "sink_metrics_port",
-                 "agent": "metrics_port", "remediator": "remediate_port"}[service]
+        field = {
+            "stream": "stream_metrics_port",
+            "sink": "sink_metrics_port",
+            "agent": "metrics_port",
+            "remediator": "remediate_port",
+        }[service]
         assert getattr(settings, field) == port
     prom = yaml.safe_load((ROOT / "deploy/compose/prometheus.yml").read_text())
     for job in prom["scrape_configs"]:
@@ -125,8 +137,12 @@ def test_alertmanager_config_is_the_shipped_tree_with_compose_receivers() -> Non
     remediator = next(u for u in hooks if u.endswith("/webhook"))
     u = urlsplit(remediator)
     assert u.hostname == "remediator" and u.port in published("remediator")
-    token = next(c["http_config"]["authorization"]["credentials_file"] for r in am["receivers"]
-                 for c in r.get("webhook_configs", []) if c["url"] == remediator)
+    token = next(
+        c["http_config"]["authorization"]["credentials_file"]
+        for r in am["receivers"]
+        for c in r.get("webhook_configs", [])
+        if c["url"] == remediator
+    )
     mounted = {v.split(":")[1]: v.split(":")[0] for v in SERVICES["alertmanager"]["volumes"]}
     assert mounted[str(Path(token).parent)] == "secrets", "the token comes from the secrets volume"
     argv = SERVICES["remediator"]["command"]
@@ -177,8 +193,12 @@ def test_no_token_is_committed_and_one_is_generated_once(tmp_path: Path) -> None
     assert any(v.split(":")[1] == str(Path(path).parent) for v in init["volumes"])
     token = tmp_path / "remediator.token"
     for _ in range(2):  # a restart keeps the first token
-        done = subprocess.run(["python3", "-c", script, str(token)], capture_output=True,
-                              text=True, preexec_fn=lambda: os.umask(0o022))  # a container's
+        done = subprocess.run(
+            ["python3", "-c", script, str(token)],
+            capture_output=True,
+            text=True,
+            preexec_fn=lambda: os.umask(0o022),
+        )  # a container's
         assert done.returncode == 0, done.stderr
         if _ == 0:
             first = token.read_text()
@@ -186,7 +206,8 @@ def test_no_token_is_committed_and_one_is_generated_once(tmp_path: Path) -> None
     assert token.stat().st_mode & 0o777 == 0o440
     for name in ("remediator", "alertmanager"):
         assert SERVICES[name]["depends_on"]["secrets-init"] == {
-            "condition": "service_completed_successfully"}
+            "condition": "service_completed_successfully"
+        }
 
 
 def test_every_service_has_a_healthcheck_and_waits_for_healthy_dependencies() -> None:
@@ -206,8 +227,10 @@ def test_stepwatch_healthchecks_name_their_port_and_readiness_gauge() -> None:
         argv = SERVICES[name]["healthcheck"]["test"]
         assert argv[:2] == ["CMD", "stepwatch-healthcheck"], name
         assert int(argv[2]) in published(name) and argv[3].endswith("_ready"), name
-    assert "COPY deploy/healthcheck.py /usr/local/bin/stepwatch-healthcheck" in (
-        ROOT / "Dockerfile").read_text()
+    assert (
+        "COPY deploy/healthcheck.py /usr/local/bin/stepwatch-healthcheck"
+        in (ROOT / "Dockerfile").read_text()
+    )
 
 
 def test_the_remediator_image_and_policy_fit_a_host_without_a_scheduler() -> None:

@@ -31,8 +31,18 @@ def _verify(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
     unit_dir = root / "etc/systemd/system"
     unit_dir.mkdir(parents=True, exist_ok=True)
     (unit_dir / UNIT.name).write_text(text)
-    return subprocess.run(["systemd-analyze", f"--root={root}", "verify", "--recursive-errors=no",
-                           str(unit_dir / UNIT.name)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [
+            "systemd-analyze",
+            f"--root={root}",
+            "verify",
+            "--recursive-errors=no",
+            str(unit_dir / UNIT.name),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed")
@@ -107,8 +117,11 @@ def test_daemonset_matches_the_kubernetes_models() -> None:
     assert agent.liveness_probe.http_get.path == "/metrics"
     assert agent.liveness_probe.http_get.port == agent.ports[0].name
     ready = agent.readiness_probe._exec.command
-    assert ready == ["stepwatch-healthcheck", str(agent.ports[0].container_port),
-                     "stepwatch_agent_ready"]
+    assert ready == [
+        "stepwatch-healthcheck",
+        str(agent.ports[0].container_port),
+        "stepwatch_agent_ready",
+    ]
     # every env var is read by someone: a stepwatch setting, or the NVIDIA runtime
     fields = {f.name for f in dataclasses.fields(Settings)}
     for name in env:
@@ -141,8 +154,12 @@ def test_the_daemonset_needs_a_privileged_namespace_for_hostpath_and_hostpid_onl
 
     spec = _k8s("agent-daemonset.yaml")["spec"]["template"]["spec"]
     # hostPID: the agent reads the senders' /proc entries to verify their job (security.md)
-    assert sorted(baseline(spec)) == ["host namespace hostPID", "hostPath volume socket",
-                                      "hostPath volume spool", "hostPath volume sys"]
+    assert sorted(baseline(spec)) == [
+        "host namespace hostPID",
+        "hostPath volume socket",
+        "hostPath volume spool",
+        "hostPath volume sys",
+    ]
     ns = _k8s("namespace.yaml")
     _same_after_the_models(ns, "V1Namespace")
     assert ns["metadata"]["name"] == _k8s("agent-daemonset.yaml")["metadata"]["namespace"]
@@ -191,10 +208,15 @@ def test_slurm_scripts_parse(script: Path) -> None:
 
 
 def _run(name: str, tmp_path: Path, **env: str) -> subprocess.CompletedProcess[str]:
-    full = {"PATH": os.environ["PATH"], "STEPWATCH_JOB_MAP_DIR": str(tmp_path / "jobs"),
-            "STEPWATCH_PROLOG_NO_SYSTEMD": "1", **env}
-    return subprocess.run(["bash", str(DEPLOY / "slurm" / name)], env=full, capture_output=True,
-                          text=True, timeout=30)
+    full = {
+        "PATH": os.environ["PATH"],
+        "STEPWATCH_JOB_MAP_DIR": str(tmp_path / "jobs"),
+        "STEPWATCH_PROLOG_NO_SYSTEMD": "1",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", str(DEPLOY / "slurm" / name)], env=full, capture_output=True, text=True, timeout=30
+    )
 
 
 def test_prolog_maps_the_jobs_gpus_and_epilog_removes_only_its_own(tmp_path: Path) -> None:
@@ -211,5 +233,7 @@ def test_prolog_maps_the_jobs_gpus_and_epilog_removes_only_its_own(tmp_path: Pat
 
 def test_task_prolog_exports_the_sdk_settings(tmp_path: Path) -> None:
     out = _run("task_prolog.sh", tmp_path, SLURM_JOB_ID="4242").stdout.splitlines()
-    assert out == ["export STEPWATCH_AGENT_SOCKET=/run/stepwatch/agent.sock",
-                   "export STEPWATCH_JOB_ID=4242"]
+    assert out == [
+        "export STEPWATCH_AGENT_SOCKET=/run/stepwatch/agent.sock",
+        "export STEPWATCH_JOB_ID=4242",
+    ]

@@ -34,14 +34,20 @@ def agent() -> Iterator[FakeAgent]:
 
 def test_backward_splits_at_the_last_launch() -> None:
     splitter = WaitSplitter()
-    spans: list[Any] = [("forward", 0, 10 * MS, None, None), ("backward", 10 * MS, 40 * MS, None, None),
-                        ("optimizer", 40 * MS, 42 * MS, None, None)]
+    spans: list[Any] = [
+        ("forward", 0, 10 * MS, None, None),
+        ("backward", 10 * MS, 40 * MS, None, None),
+        ("optimizer", 40 * MS, 42 * MS, None, None),
+    ]
     splitter.launched(15 * MS, None)
     splitter.launched(25 * MS, None)  # the last bucket: own compute ends here
     splitter(spans, 7)
-    assert spans == [("forward", 0, 10 * MS, None, None), ("backward", 10 * MS, 25 * MS, None, None),
-                     ("comm_wait", 25 * MS, 40 * MS, None, None),
-                     ("optimizer", 40 * MS, 42 * MS, None, None)]
+    assert spans == [
+        ("forward", 0, 10 * MS, None, None),
+        ("backward", 10 * MS, 25 * MS, None, None),
+        ("comm_wait", 25 * MS, 40 * MS, None, None),
+        ("optimizer", 40 * MS, 42 * MS, None, None),
+    ]
     assert splitter.stats.split == 1 and splitter.stats.unmatched == 0
 
 
@@ -51,8 +57,12 @@ def test_each_accumulation_backward_splits_and_stray_launches_are_counted() -> N
     for ns in (4 * MS, 22 * MS, 50 * MS):  # the last one is outside any backward phase
         splitter.launched(ns, None)
     splitter(spans, 0)
-    assert [s[:3] for s in spans] == [("bwd", 0, 4 * MS), ("comm_wait", 4 * MS, 10 * MS),
-                                     ("backward", 20 * MS, 22 * MS), ("comm_wait", 22 * MS, 30 * MS)]
+    assert [s[:3] for s in spans] == [
+        ("bwd", 0, 4 * MS),
+        ("comm_wait", 4 * MS, 10 * MS),
+        ("backward", 20 * MS, 22 * MS),
+        ("comm_wait", 22 * MS, 30 * MS),
+    ]
     assert splitter.stats.unmatched == 1
     splitter(spans, 1)  # marks do not leak into the next step
     assert splitter.stats.split == 2
@@ -73,8 +83,9 @@ def test_cuda_split_uses_the_launch_event_and_keeps_wall_spans_without_one() -> 
 
 
 def test_through_the_sdk_the_record_carries_comm_wait(agent: FakeAgent) -> None:
-    sw = stepwatch.init("j", rank=0, world_size=1, agent_socket=agent.path, timing="wall",
-                        job_events=False)
+    sw = stepwatch.init(
+        "j", rank=0, world_size=1, agent_socket=agent.path, timing="wall", job_events=False
+    )
     splitter = WaitSplitter()
     sw.add_step_hook(splitter)
     with sw.step() as s, s.phase("backward"):
@@ -90,8 +101,9 @@ def test_through_the_sdk_the_record_carries_comm_wait(agent: FakeAgent) -> None:
 
 
 def test_a_failing_step_hook_never_reaches_training(agent: FakeAgent) -> None:
-    sw = stepwatch.init("j", rank=0, world_size=1, agent_socket=agent.path, timing="wall",
-                        job_events=False)
+    sw = stepwatch.init(
+        "j", rank=0, world_size=1, agent_socket=agent.path, timing="wall", job_events=False
+    )
 
     def broken(spans: list[Any], step: int) -> None:
         raise RuntimeError("boom")
@@ -148,8 +160,10 @@ def test_real_ddp_model_reports_backward_and_comm_wait(ddp_group: Any, agent: Fa
 
     from stepwatch.integrations.torch import instrument_ddp
 
-    model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
-                bucket_cap_mb=0.01)  # several buckets
+    model = DDP(
+        torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1)),
+        bucket_cap_mb=0.01,
+    )  # several buckets
     sw = stepwatch.init("j", rank=0, world_size=1, agent_socket=agent.path, job_events=False)
     handle = instrument_ddp(model, sw, time_buckets=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -184,8 +198,9 @@ def test_instrument_ddp_refuses_a_plain_module(ddp_group: Any) -> None:
         instrument_ddp(ddp_group.nn.Linear(2, 2), sw)
 
 
-def test_timing_failures_never_reach_training(ddp_group: Any, agent: FakeAgent,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_timing_failures_never_reach_training(
+    ddp_group: Any, agent: FakeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
     torch = ddp_group
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -217,10 +232,14 @@ def test_fsdp_waits_are_carved_out_of_the_phase_that_holds_them() -> None:
     splitter.waited(Wait(40 * MS, 41 * MS, None, None))  # in no phase: left alone
     spans: list[Any] = [("forward", 0, 10 * MS, None, None), ("backward", 10 * MS, 20 * MS, a, b)]
     splitter(spans, 0)
-    assert spans == [("forward", 0, 2 * MS, None, None), ("comm_wait", 2 * MS, 3 * MS, None, None),
-                     ("forward", 3 * MS, 10 * MS, None, None),
-                     ("backward", 10 * MS, 12 * MS, a, w0), ("comm_wait", 12 * MS, 15 * MS, w0, w1),
-                     ("backward", 15 * MS, 20 * MS, w1, b)]
+    assert spans == [
+        ("forward", 0, 2 * MS, None, None),
+        ("comm_wait", 2 * MS, 3 * MS, None, None),
+        ("forward", 3 * MS, 10 * MS, None, None),
+        ("backward", 10 * MS, 12 * MS, a, w0),
+        ("comm_wait", 12 * MS, 15 * MS, w0, w1),
+        ("backward", 15 * MS, 20 * MS, w1, b),
+    ]
     assert splitter.stats.split == 2 and splitter.stats.unmatched == 1
 
 

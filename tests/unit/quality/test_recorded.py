@@ -47,8 +47,9 @@ def test_bad_recordings_are_clear_errors(tmp_path: Path) -> None:
     (tmp_path / "labels.json").write_text("{}")
     with pytest.raises(ConfigError, match="without a label"):
         recorded.cases(tmp_path)
-    (tmp_path / "labels.json").write_text(json.dumps({"a": {"fault": "cosmic", "rank": 1,
-                                                             "start_step": 3}}))
+    (tmp_path / "labels.json").write_text(
+        json.dumps({"a": {"fault": "cosmic", "rank": 1, "start_step": 3}})
+    )
     (case,) = recorded.cases(tmp_path)
     with pytest.raises(ConfigError, match="cosmic"):
         case.labels()

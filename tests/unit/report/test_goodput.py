@@ -10,10 +10,28 @@ from stepwatch.report.goodput import CATEGORIES, breakdown, slowed_steps
 pytestmark = pytest.mark.unit
 
 
-def step(n: int, start: float, dur: float = 1.0, *, world: int = 4, data: float = 0.0,
-         ckpt: float = 0.0, rows: int = 4) -> dict:
-    return {"step": n, "start": start, "end": start + dur, "step_s": dur, "world": world,
-            "rank_s": rows * dur, "data_med": data, "ckpt_med": ckpt, "rows": rows, "ranks": world}
+def step(
+    n: int,
+    start: float,
+    dur: float = 1.0,
+    *,
+    world: int = 4,
+    data: float = 0.0,
+    ckpt: float = 0.0,
+    rows: int = 4,
+) -> dict:
+    return {
+        "step": n,
+        "start": start,
+        "end": start + dur,
+        "step_s": dur,
+        "world": world,
+        "rank_s": rows * dur,
+        "data_med": data,
+        "ckpt_med": ckpt,
+        "rows": rows,
+        "ranks": world,
+    }
 
 
 def test_steady_run_is_all_productive_but_its_data_and_checkpoint_phases() -> None:
@@ -58,10 +76,12 @@ def test_a_hang_a_restart_and_a_rerun_step() -> None:
 
 
 def test_slowed_steps_from_detection_changes() -> None:
-    changes = [{"id": "a", "type": "straggler", "state": "open", "step": 12, "first_step": 10},
-               {"id": "a", "type": "straggler", "state": "resolved", "step": 30, "first_step": 10},
-               {"id": "b", "type": "job_slowdown", "state": "open", "step": 50, "first_step": 45},
-               {"id": "c", "type": "hang", "state": "open", "step": 60, "first_step": 60}]
+    changes = [
+        {"id": "a", "type": "straggler", "state": "open", "step": 12, "first_step": 10},
+        {"id": "a", "type": "straggler", "state": "resolved", "step": 30, "first_step": 10},
+        {"id": "b", "type": "job_slowdown", "state": "open", "step": 50, "first_step": 45},
+        {"id": "c", "type": "hang", "state": "open", "step": 60, "first_step": 60},
+    ]
     assert sorted(slowed_steps(changes)) == [(10, 30), (45, 1 << 62)]
 
 

@@ -28,8 +28,17 @@ def agent() -> Iterator[FakeAgent]:
 
 
 def _init(agent: FakeAgent, **kw: object) -> stepwatch.StepWatch:
-    return stepwatch.init("job-cpu", rank=0, world_size=2, host="n1", agent_socket=agent.path,
-                          env={}, background=False, job_events=False, **kw)  # type: ignore[arg-type]
+    return stepwatch.init(
+        "job-cpu",
+        rank=0,
+        world_size=2,
+        host="n1",
+        agent_socket=agent.path,
+        env={},
+        background=False,
+        job_events=False,
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def _spin(seconds: float) -> None:
@@ -89,8 +98,10 @@ def test_step_ended_on_another_thread_has_no_cpu_wait(agent: FakeAgent) -> None:
     assert rec.cpu_wait is None
 
 
-@pytest.mark.skipif(not HAS_SCHEDSTAT or not hasattr(os, "sched_setaffinity"),
-                    reason="needs Linux schedstat and CPU affinity")
+@pytest.mark.skipif(
+    not HAS_SCHEDSTAT or not hasattr(os, "sched_setaffinity"),
+    reason="needs Linux schedstat and CPU affinity",
+)
 def test_contention_on_the_ranks_core_shows_as_cpu_wait(agent: FakeAgent) -> None:
     """Two busy processes on this thread's core: the thread waits for about 2/3 of the
     time it is runnable (the kernel shares the core); alone it waits much less."""

@@ -26,7 +26,9 @@ FAULTS = (
     Fault(FaultKind.XID48, rank=6, start_step=40),
 )
 A = Scenario(nodes=2, steps=60, checkpoint_every=25, eval_every=20, faults=FAULTS)
-B = Scenario(seed=7, job_id="job-2", nodes=2, steps=40, hosts=("gpu-a", "gpu-b"), start_ts=A.start_ts + 3.3)
+B = Scenario(
+    seed=7, job_id="job-2", nodes=2, steps=40, hosts=("gpu-a", "gpu-b"), start_ts=A.start_ts + 3.3
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,9 @@ def test_merged_stream_is_time_ordered_with_gap_free_sequences(messages: list[Me
     assert hosts == {"node0000", "node0001", "gpu-a", "gpu-b"}
 
 
-def test_steps_are_batched_per_host_per_tick_and_placed_on_their_host(messages: list[Message]) -> None:
+def test_steps_are_batched_per_host_per_tick_and_placed_on_their_host(
+    messages: list[Message],
+) -> None:
     for m in messages:
         if isinstance(m, StepMessage):
             assert m.steps and all(r.end <= m.ts and r.host == m.host for r in m.steps)
@@ -66,10 +70,16 @@ def test_steps_are_batched_per_host_per_tick_and_placed_on_their_host(messages: 
 
 def test_gpu_readings_are_realistic_h100_values(messages: list[Message]) -> None:
     gpus = [(m, g) for m in messages if isinstance(m, GpuMessage) for g in m.gpus]
-    assert all(len(m.gpus) == 8 for m in messages if isinstance(m, GpuMessage) and m.host != "node0000")
+    assert all(
+        len(m.gpus) == 8 for m in messages if isinstance(m, GpuMessage) and m.host != "node0000"
+    )
     for _, g in gpus:
         assert g.name == "NVIDIA H100 80GB HBM3" and g.uuid.startswith("GPU-")
-        assert g.sm_clock_max_mhz == 1980 and g.sm_clock_mhz is not None and 345 <= g.sm_clock_mhz <= 1980
+        assert (
+            g.sm_clock_max_mhz == 1980
+            and g.sm_clock_mhz is not None
+            and 345 <= g.sm_clock_mhz <= 1980
+        )
         assert g.power_w is not None and 50 <= g.power_w <= 700
         assert g.temp_gpu_c is not None and 30 <= g.temp_gpu_c <= 95
         assert g.util_gpu_pct is not None and 0 <= g.util_gpu_pct <= 100
@@ -84,8 +94,14 @@ def test_gpu_readings_are_realistic_h100_values(messages: list[Message]) -> None
     assert idle and all(g.sm_clock_mhz == 345 and g.throttle_reasons == 1 for g in idle)
 
 
-COUNTERS_GPU = ("energy_mj_total", "ecc_sbe_total", "ecc_dbe_total", "nvlink_tx_bytes_total",
-                "pcie_replay_total", "remapped_rows_uncorrectable")
+COUNTERS_GPU = (
+    "energy_mj_total",
+    "ecc_sbe_total",
+    "ecc_dbe_total",
+    "nvlink_tx_bytes_total",
+    "pcie_replay_total",
+    "remapped_rows_uncorrectable",
+)
 
 
 def test_counters_only_go_up(messages: list[Message]) -> None:
@@ -94,7 +110,9 @@ def test_counters_only_go_up(messages: list[Message]) -> None:
         if isinstance(m, GpuMessage | PortMessage):
             readings = m.gpus if isinstance(m, GpuMessage) else m.ports
             for reading in readings:
-                key = getattr(reading, "index", None) if isinstance(m, GpuMessage) else reading.device  # type: ignore[union-attr]
+                key = (
+                    getattr(reading, "index", None) if isinstance(m, GpuMessage) else reading.device
+                )  # type: ignore[union-attr]
                 values = msgspec.structs.asdict(reading)
                 for name, value in values.items():
                     if not (name.endswith("_total") and isinstance(value, int)):
@@ -106,11 +124,16 @@ def test_counters_only_go_up(messages: list[Message]) -> None:
                     last[k] = value
 
 
-def test_ports_are_eight_active_400g_roce_links_with_rising_traffic(messages: list[Message]) -> None:
+def test_ports_are_eight_active_400g_roce_links_with_rising_traffic(
+    messages: list[Message],
+) -> None:
     ports = [m for m in messages if isinstance(m, PortMessage) and m.host == "gpu-a"]
     assert all([p.device for p in m.ports] == [f"mlx5_{i}" for i in range(8)] for m in ports)
     first, last = ports[0].ports[0], ports[-1].ports[0]
-    assert all(p.state == "ACTIVE" and p.phys_state == "LinkUp" and p.rate_gbps == 400 for p in ports[5].ports)
+    assert all(
+        p.state == "ACTIVE" and p.phys_state == "LinkUp" and p.rate_gbps == 400
+        for p in ports[5].ports
+    )
     seconds = ports[-1].ts - ports[0].ts
     moved = (last.xmit_bytes_total or 0) - (first.xmit_bytes_total or 0)
     assert 1e9 < moved / seconds < 5e10  # GB/s of gradient traffic, under the 50 GB/s line rate
@@ -126,7 +149,11 @@ def test_job_lifecycle_events(messages: list[Message]) -> None:
     assert all(e.attrs["world_size"] == 16 for e in starts)
     ends = [e for e in events if e.type is EventType.JOB_END]
     assert [(e.job_id, e.code) for e in ends] == [("job-2", 0)]  # job-1 lost a rank to XID 48
-    saves = [e.attrs["step"] for e in events if e.type is EventType.CHECKPOINT_SAVE and e.job_id == "job-1"]
+    saves = [
+        e.attrs["step"]
+        for e in events
+        if e.type is EventType.CHECKPOINT_SAVE and e.job_id == "job-1"
+    ]
     assert saves == [24]
     kinds = {e.type for e in events if e.job_id == "job-1"}
     assert {EventType.XID, EventType.ECC, EventType.LINK_STATE} <= kinds
@@ -139,10 +166,21 @@ def test_optional_streams_can_be_left_out() -> None:
 
 
 def test_a_host_can_run_several_jobs_in_turn() -> None:
-    first = Scenario(nodes=1, steps=20, hosts=("lemon",), faults=(Fault(FaultKind.SLOW_GPU, host="lemon", start_step=0),))
+    first = Scenario(
+        nodes=1,
+        steps=20,
+        hosts=("lemon",),
+        faults=(Fault(FaultKind.SLOW_GPU, host="lemon", start_step=0),),
+    )
     second = first.replace(job_id="job-b", seed=5, start_ts=first.start_ts + 100)
     messages = list(simulate(first, second))
-    jobs = {r.job_id for m in messages if isinstance(m, StepMessage) for r in m.steps if r.host == "lemon"}
+    jobs = {
+        r.job_id
+        for m in messages
+        if isinstance(m, StepMessage)
+        for r in m.steps
+        if r.host == "lemon"
+    }
     assert jobs == {"job-1", "job-b"}
     gpu_seq = [m.seq for m in messages if isinstance(m, GpuMessage)]
     assert gpu_seq == list(range(len(gpu_seq)))  # one agent per host: one sequence

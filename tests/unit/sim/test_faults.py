@@ -47,7 +47,8 @@ class Run:
     def port(self, host: str, device: str) -> list[tuple[float, PortReading]]:
         return [
             (self.t(m), next(p for p in m.ports if p.device == device))
-            for m in self.messages if isinstance(m, PortMessage) and m.host == host
+            for m in self.messages
+            if isinstance(m, PortMessage) and m.host == host
         ]
 
     def events(self, kind: EventType) -> list[EventMessage]:
@@ -91,7 +92,10 @@ def test_every_fault_kind_has_one_clear_expected_outcome(
     sc = Scenario(nodes=2, steps=50, faults=(Fault(kind, start_step=START),))
     (label,) = ground_truth(sc)
     assert (label.kind, label.detection, label.cause, label.fault_class) == (
-        kind.value, detection, cause, fault_class,
+        kind.value,
+        detection,
+        cause,
+        fault_class,
     )
     assert label.job_id == "job-1" and label.start_step == START
     assert label.start_ts > sc.start_ts
@@ -133,7 +137,12 @@ def test_power_throttle_sits_at_its_power_limit_with_the_power_cap_reason() -> N
 
 def test_nic_congestion_raises_ecn_cnp_and_xmit_wait_on_that_nic_and_its_rank_waits_least() -> None:
     r = run(FaultKind.NIC_CONGESTION, rank=10, severity=0.1)
-    assert (r.label.host, r.label.device, r.label.port, r.label.ranks) == ("node0001", "mlx5_2", 1, (10,))
+    assert (r.label.host, r.label.device, r.label.port, r.label.ranks) == (
+        "node0001",
+        "mlx5_2",
+        1,
+        (10,),
+    )
     hot, calm = r.port("node0001", "mlx5_2"), r.port("node0001", "mlx5_5")
     assert rate(hot, "np_ecn_marked_roce_packets_total", 2) > 500
     assert rate(hot, "np_cnp_sent_total", 2) > 400
@@ -141,7 +150,9 @@ def test_nic_congestion_raises_ecn_cnp_and_xmit_wait_on_that_nic_and_its_rank_wa
     assert rate(hot, "xmit_wait_total", 2) > 1e5
     assert rate(calm, "np_ecn_marked_roce_packets_total", 2) < 5
     assert rate(calm, "xmit_wait_total", 2) < 2e4
-    assert rate(hot, "np_ecn_marked_roce_packets_total", -25) < rate(hot, "np_ecn_marked_roce_packets_total", 2)
+    assert rate(hot, "np_ecn_marked_roce_packets_total", -25) < rate(
+        hot, "np_ecn_marked_roce_packets_total", 2
+    )
     t = r.table
     after = t.rows(START + 1)
     assert (t.comm_wait[after].argmin(axis=1) == 10).mean() > 0.9
@@ -152,7 +163,12 @@ def test_nic_congestion_raises_ecn_cnp_and_xmit_wait_on_that_nic_and_its_rank_wa
 def test_link_flap_goes_down_and_up_with_counters_and_a_stalled_step() -> None:
     r = run(FaultKind.LINK_FLAP, rank=10, duration_seconds=3.0)
     down, up = r.events(EventType.LINK_STATE)
-    assert (down.host, down.device, down.port, down.detail) == ("node0001", "mlx5_2", 1, "ACTIVE->DOWN")
+    assert (down.host, down.device, down.port, down.detail) == (
+        "node0001",
+        "mlx5_2",
+        1,
+        "ACTIVE->DOWN",
+    )
     assert up.detail == "DOWN->ACTIVE" and up.ts - down.ts == pytest.approx(3.0)
     samples = r.port("node0001", "mlx5_2")
     assert any(p.state == "DOWN" and p.phys_state == "Polling" for _, p in samples)
@@ -200,7 +216,9 @@ def test_dataloader_stall_shows_in_the_data_phase_with_healthy_gpus() -> None:
     t = r.table
     after = t.rows(START + 1)
     assert np.median(t.data[after][:, 8:]) > 10 * np.median(t.data[after][:, :8])
-    assert np.median(t.compute[after][:, 8:]) == pytest.approx(np.median(t.compute[after][:, :8]), rel=0.02)
+    assert np.median(t.compute[after][:, 8:]) == pytest.approx(
+        np.median(t.compute[after][:, :8]), rel=0.02
+    )
     assert (t.comm_wait[after].argmin(axis=1) >= 8).mean() > 0.9
     gpus = [g for ts, g in r.gpu("node0001", 0) if 3 < ts < 30 and g is not None]
     assert all(g.throttle_reasons == 0 or g.throttle_reasons == 0x4 for g in gpus)
@@ -249,16 +267,25 @@ def test_end_step_ends_the_fault_and_the_label_says_when() -> None:
 
 
 def test_targets_resolve_to_hosts_gpus_and_nics() -> None:
-    sc = Scenario(nodes=3, steps=30, faults=(
-        Fault(FaultKind.SLOW_GPU, host="node0002", start_step=10),  # a lemon node: every GPU
-        Fault(FaultKind.THERMAL_THROTTLE, host="node0001", gpu=4, start_step=10),
-        Fault(FaultKind.NIC_CONGESTION, host="node0000", start_step=10),  # every NIC of the host
-        Fault(FaultKind.RANK_CRASH, start_step=25),  # a rank drawn from the seed
-    ))
+    sc = Scenario(
+        nodes=3,
+        steps=30,
+        faults=(
+            Fault(FaultKind.SLOW_GPU, host="node0002", start_step=10),  # a lemon node: every GPU
+            Fault(FaultKind.THERMAL_THROTTLE, host="node0001", gpu=4, start_step=10),
+            Fault(
+                FaultKind.NIC_CONGESTION, host="node0000", start_step=10
+            ),  # every NIC of the host
+            Fault(FaultKind.RANK_CRASH, start_step=25),  # a rank drawn from the seed
+        ),
+    )
     labels = {label.kind: label for label in ground_truth(sc)}
     assert labels["slow_gpu"].ranks == tuple(range(16, 24)) and labels["slow_gpu"].rank is None
     assert labels["thermal_throttle"].rank == 12 and labels["thermal_throttle"].gpu == 4
-    assert labels["nic_congestion"].ranks == tuple(range(8)) and labels["nic_congestion"].device is None
+    assert (
+        labels["nic_congestion"].ranks == tuple(range(8))
+        and labels["nic_congestion"].device is None
+    )
     crash = labels["rank_crash"]
     assert crash.rank is not None and crash.rank == ground_truth(sc)[-1].rank  # a stable draw
     with pytest.raises(ConfigError, match="not on host"):
@@ -270,7 +297,12 @@ def test_targets_resolve_to_hosts_gpus_and_nics() -> None:
 
 
 def test_faults_after_the_job_stopped_have_no_label() -> None:
-    sc = Scenario(nodes=1, steps=60, faults=(
-        Fault(FaultKind.JOB_HANG, start_step=20), Fault(FaultKind.SLOW_GPU, rank=1, start_step=40),
-    ))
+    sc = Scenario(
+        nodes=1,
+        steps=60,
+        faults=(
+            Fault(FaultKind.JOB_HANG, start_step=20),
+            Fault(FaultKind.SLOW_GPU, rank=1, start_step=40),
+        ),
+    )
     assert [label.kind for label in ground_truth(sc)] == ["job_hang"]

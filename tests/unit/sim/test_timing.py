@@ -52,7 +52,9 @@ def test_phases_add_up_to_the_step_time() -> None:
 
 
 def test_straggler_has_most_compute_and_least_wait_and_slows_the_job() -> None:
-    sc = Scenario(nodes=4, steps=120, faults=(Fault(FaultKind.SLOW_GPU, rank=5, start_step=60),), **QUIET)
+    sc = Scenario(
+        nodes=4, steps=120, faults=(Fault(FaultKind.SLOW_GPU, rank=5, start_step=60),), **QUIET
+    )
     t = table(sc)
     before, after = t.rows(20, 60), t.rows(60)
     # (not every step: a GC pause or a noise tail on another rank can outdo it)
@@ -70,7 +72,10 @@ def test_straggler_has_most_compute_and_least_wait_and_slows_the_job() -> None:
 
 def test_pipeline_stages_differ_by_design_and_are_compared_within_stage() -> None:
     sc = Scenario(
-        nodes=4, steps=60, pipeline_stages=4, faults=(Fault(FaultKind.SLOW_GPU, rank=9, start_step=30),),
+        nodes=4,
+        steps=60,
+        pipeline_stages=4,
+        faults=(Fault(FaultKind.SLOW_GPU, rank=9, start_step=30),),
         **QUIET,
     )
     t = table(sc)
@@ -97,11 +102,19 @@ def test_warmup_is_slower_and_checkpoint_and_eval_pauses_hit_all_ranks() -> None
     assert t.steps[ckpt_rows].tolist() == [29, 59]
     assert (t.checkpoint[ckpt_rows] > 3.0).all()  # every rank pauses
     assert (t.duration[ckpt_rows] > steady + 3.0).all()
-    saves = [m for m in messages if isinstance(m, EventMessage) and m.type is EventType.CHECKPOINT_SAVE]
+    saves = [
+        m for m in messages if isinstance(m, EventMessage) and m.type is EventType.CHECKPOINT_SAVE
+    ]
     assert [m.attrs["step"] for m in saves] == [29, 59]
     from stepwatch.contract import StepMessage
 
-    evals = {r.step for m in messages if isinstance(m, StepMessage) for r in m.steps if "eval" in r.phases.extra}  # type: ignore[union-attr]
+    evals = {
+        r.step
+        for m in messages
+        if isinstance(m, StepMessage)
+        for r in m.steps
+        if "eval" in r.phases.extra
+    }  # type: ignore[union-attr]
     assert evals == {19, 39}
 
 

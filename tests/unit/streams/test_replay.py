@@ -23,8 +23,9 @@ def _write(path: Path, extra_lines: dict[int, bytes]) -> int:
     samples: list[Message] = [gpu_message(h, T0 + k) for k in range(62) for h in job.hosts()]
     messages = job.messages()
     end_ts = messages[-1].ts + 0.5
-    samples.append(event(EventType.JOB_END, "h000", end_ts, job_id=job.job_id, code=0,
-                         detail="completed"))
+    samples.append(
+        event(EventType.JOB_END, "h000", end_ts, job_id=job.job_id, code=0, detail="completed")
+    )
     lines = [encode(m) for m in interleave(messages, samples)]
     for at, bad in sorted(extra_lines.items()):
         lines.insert(at - 1, bad)
@@ -50,15 +51,21 @@ def test_replay_cli_writes_detections_and_reports_bad_lines(
     out, dlq = tmp_path / "detections.jsonl", tmp_path / "dlq.jsonl"
     rc = main(["replay", str(events), "--out", str(out), "--dlq", str(dlq)])
     assert rc == 0
-    found = [msgspec.json.decode(line, type=DetectionMessage)
-             for line in out.read_bytes().splitlines()]
-    assert [(d.type, d.state, d.rank) for d in found] == [("straggler", "open", 5),
-                                                         ("straggler", "resolved", 5)]
+    found = [
+        msgspec.json.decode(line, type=DetectionMessage) for line in out.read_bytes().splitlines()
+    ]
+    assert [(d.type, d.state, d.rank) for d in found] == [
+        ("straggler", "open", 5),
+        ("straggler", "resolved", 5),
+    ]
     assert found[0].id == found[1].id
     bad = [json.loads(line) for line in dlq.read_text().splitlines()]
     assert [(b["line"], b["reason"]) for b in bad] == [
-        (3, "malformed_json"), (10, "malformed_json"), (20, "unsupported_version"),
-        (30, "absurd_value")]
+        (3, "malformed_json"),
+        (10, "malformed_json"),
+        (20, "unsupported_version"),
+        (30, "absurd_value"),
+    ]
     assert bad[1]["payload"] == "not json at all"
     captured = capsys.readouterr()
     assert f"{name}:10: malformed_json" in captured.err
@@ -83,8 +90,12 @@ def test_replay_function_ticks_on_event_time(tmp_path: Path) -> None:
     _write(events, {})
     found: list[DetectionMessage] = []
     errors: list[int] = []
-    summary = replay(events.read_bytes().splitlines(), Engine(), found.append,
-                     lambda n, err, raw: errors.append(n))
+    summary = replay(
+        events.read_bytes().splitlines(),
+        Engine(),
+        found.append,
+        lambda n, err, raw: errors.append(n),
+    )
     assert errors == [] and summary.malformed == 0
     assert summary.kinds["step"] == 120 and summary.kinds["gpu"] == 124
     assert summary.kinds["event"] == 1

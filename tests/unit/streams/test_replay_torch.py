@@ -27,8 +27,9 @@ def detections(name: str) -> list[DetectionMessage]:
     found: list[DetectionMessage] = []
     errors: list[object] = []
     with open(FIXTURES / f"{name}.jsonl", "rb") as lines:
-        summary = replay(lines, Engine(DetectConfig()), found.append,
-                         lambda n, err, raw: errors.append((n, err)))
+        summary = replay(
+            lines, Engine(DetectConfig()), found.append, lambda n, err, raw: errors.append((n, err))
+        )
     assert errors == [] and summary.messages > 0
     return found
 
@@ -44,9 +45,13 @@ def hit(name: str, found: list[DetectionMessage]) -> DetectionMessage:
     opened within 10 steps of the fault's start."""
     label = LABELS[name]
     start = label["start_step"]
-    mine = [d for d in opened(found)
-            if d.host == label["host"] and (d.rank == label["rank"] or d.rank is None)
-            and start <= (d.first_step or 0) <= start + 10]
+    mine = [
+        d
+        for d in opened(found)
+        if d.host == label["host"]
+        and (d.rank == label["rank"] or d.rank is None)
+        and start <= (d.first_step or 0) <= start + 10
+    ]
     assert len(mine) == 1, [(d.type, d.rank, d.host, d.first_step, d.summary) for d in found]
     return mine[0]
 
@@ -57,15 +62,19 @@ def test_fixtures_are_small_and_labelled() -> None:
     assert sum(f.stat().st_size for f in files) < 2_000_000
 
 
-@pytest.mark.parametrize("name", sorted(n for n, lab in LABELS.items() if lab["fault"] == "healthy"))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, lab in LABELS.items() if lab["fault"] == "healthy")
+)
 def test_healthy_run_is_silent(name: str) -> None:
     assert opened(detections(name)) == []
 
 
 # compute_plain: the README loop without the integration (the wait stays inside
 # backward); fsdp_compute: FSDP2 with instrument_fsdp
-@pytest.mark.parametrize("name,cause", [("compute", "gpu"), ("data", "host_input"),
-                                        ("compute_plain", "gpu"), ("fsdp_compute", "gpu")])
+@pytest.mark.parametrize(
+    "name,cause",
+    [("compute", "gpu"), ("data", "host_input"), ("compute_plain", "gpu"), ("fsdp_compute", "gpu")],
+)
 def test_one_slow_rank_is_found_with_its_cause(name: str, cause: str) -> None:
     d = hit(name, detections(name))
     assert d.type == "straggler" and d.rank == LABELS[name]["rank"], d
@@ -84,7 +93,9 @@ def test_cpu_contention_is_the_cause_with_its_numbers() -> None:
     assert float(d.evidence["cpu_wait_excess_s"]) > 0, d.evidence  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("name", sorted(n for n, lab in LABELS.items() if lab["fault"] != "healthy"))
+@pytest.mark.parametrize(
+    "name", sorted(n for n, lab in LABELS.items() if lab["fault"] != "healthy")
+)
 def test_every_other_incident_of_a_fault_run_is_measured_cpu_contention(name: str) -> None:
     """Besides the fault's own incident (and detections linked to it), a run may only
     hold CPU contention the run-queue wait proves: the two emulated hosts share the

@@ -57,10 +57,16 @@ class AgentSnapshot:
 class Agent:
     """One host's agent; see the module docstring."""
 
-    def __init__(self, settings: Settings, collectors: Sequence[Collector], sink: MessageSink,
-                 *, clock: Callable[[], float] = time.monotonic,
-                 wall: Callable[[], float] = time.time,
-                 sequencer: Sequencer | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        collectors: Sequence[Collector],
+        sink: MessageSink,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+        sequencer: Sequencer | None = None,
+    ) -> None:
         self.settings = settings
         self.host = settings.host
         self.sink = sink
@@ -99,8 +105,13 @@ class Agent:
             self.sink.send(stamped)
         except Exception as err:  # the sink must not stop the loop either
             self._sink_errors += 1
-            self._log("sink", "sink failed, messages lost count=%d err=%r", len(stamped), err,
-                      level=logging.ERROR)
+            self._log(
+                "sink",
+                "sink failed, messages lost count=%d err=%r",
+                len(stamped),
+                err,
+                level=logging.ERROR,
+            )
         self.ticks += 1
         self.last_tick_seconds = self._clock() - started
         return len(stamped)
@@ -116,13 +127,23 @@ class Agent:
             return list(collector.collect(ctx))
         except Exception as err:
             self._errors[collector.name] += 1
-            self._log("collect:" + collector.name, "collector failed collector=%s err=%r",
-                      collector.name, err, level=logging.ERROR)
+            self._log(
+                "collect:" + collector.name,
+                "collector failed collector=%s err=%r",
+                collector.name,
+                err,
+                level=logging.ERROR,
+            )
             return []
 
     # ------------------------------------------------------------------ the loop
-    def run(self, stop: threading.Event, *, shutdown_timeout: float = 10.0,
-            wait: Callable[[float], bool] | None = None) -> None:
+    def run(
+        self,
+        stop: threading.Event,
+        *,
+        shutdown_timeout: float = 10.0,
+        wait: Callable[[float], bool] | None = None,
+    ) -> None:
         """Tick until ``stop`` is set, then shut down cleanly (final tick, flush, close)."""
         wait = wait or stop.wait
         period = self.settings.tick_seconds
@@ -130,8 +151,11 @@ class Agent:
         self.ready = True
         log.info(
             "agent ready host=%s inst=%s collectors=%s tick_seconds=%s socket=%s bootstrap=%s",
-            self.host, self.sequencer.inst, ",".join(c.name for c in self.collectors) or "-",
-            period, self.steps.path if self.steps else "-",
+            self.host,
+            self.sequencer.inst,
+            ",".join(c.name for c in self.collectors) or "-",
+            period,
+            self.steps.path if self.steps else "-",
             self.settings.bootstrap_servers or "-",
         )
         try:
@@ -165,11 +189,20 @@ class Agent:
             try:
                 collector.close()
             except Exception as err:
-                self._log("close:" + collector.name, "collector close failed collector=%s err=%r",
-                          collector.name, err)
-        log.info("agent stopped host=%s ticks=%d messages=%d steps_received=%d "
-                 "undelivered_in_spool=%d", self.host, self.ticks, sum(self._messages.values()),
-                 self.steps.steps_received if self.steps else 0, left)
+                self._log(
+                    "close:" + collector.name,
+                    "collector close failed collector=%s err=%r",
+                    collector.name,
+                    err,
+                )
+        log.info(
+            "agent stopped host=%s ticks=%d messages=%d steps_received=%d undelivered_in_spool=%d",
+            self.host,
+            self.ticks,
+            sum(self._messages.values()),
+            self.steps.steps_received if self.steps else 0,
+            left,
+        )
 
     # ------------------------------------------------------------------ state
     def snapshot(self) -> AgentSnapshot:
@@ -238,14 +271,18 @@ def steps_collector(settings: Settings) -> StepsCollector:
     policy = SenderPolicy(
         verify_job=VerifyJob.parse(settings.agent_verify_job),
         host_aliases=parse_aliases(settings.agent_host_aliases),
-        sender_rate=settings.agent_sender_rate, sender_burst=settings.agent_sender_burst,
-        user_rate=settings.agent_user_rate, user_burst=settings.agent_user_burst,
+        sender_rate=settings.agent_sender_rate,
+        sender_burst=settings.agent_sender_burst,
+        user_rate=settings.agent_user_rate,
+        user_burst=settings.agent_user_burst,
         proc_root=settings.proc_root,
     )
-    return StepsCollector(settings.agent_socket, gate=SenderGate(policy),
-                          group=settings.agent_socket_group,
-                          max_message_bytes=min(settings.agent_max_message_bytes,
-                                                settings.max_message_bytes))
+    return StepsCollector(
+        settings.agent_socket,
+        gate=SenderGate(policy),
+        group=settings.agent_socket_group,
+        max_message_bytes=min(settings.agent_max_message_bytes, settings.max_message_bytes),
+    )
 
 
 def build_collectors(settings: Settings) -> list[Collector]:

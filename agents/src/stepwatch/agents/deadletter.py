@@ -48,15 +48,25 @@ class DeadLetters:
     def put(self, topic: str, key: bytes, value: bytes, reason: str) -> None:
         """Keep one refused record (bounded); never raises."""
         self.counts[reason] += 1
-        log.error("record dead-lettered, not retried reason=%s topic=%s bytes=%d dir=%s",
-                  reason, topic, len(value), self.dir)
+        log.error(
+            "record dead-lettered, not retried reason=%s topic=%s bytes=%d dir=%s",
+            reason,
+            topic,
+            len(value),
+            self.dir,
+        )
         keep = max(1024, self.max_bytes // 4)
-        body = json.dumps({
-            "time": time.time(), "reason": reason, "topic": topic,
-            "key": key.decode("utf-8", "replace"), "bytes": len(value),
-            "truncated": len(value) > keep,
-            "value_b64": base64.b64encode(value[:keep]).decode(),
-        }).encode()
+        body = json.dumps(
+            {
+                "time": time.time(),
+                "reason": reason,
+                "topic": topic,
+                "key": key.decode("utf-8", "replace"),
+                "bytes": len(value),
+                "truncated": len(value) > keep,
+                "value_b64": base64.b64encode(value[:keep]).decode(),
+            }
+        ).encode()
         self._n += 1
         path = self.dir / f"{time.time_ns():020d}-{self._n:06d}.json"
         try:
@@ -64,8 +74,13 @@ class DeadLetters:
             path.write_bytes(body)
         except OSError as err:
             self.write_errors += 1
-            self._log("write", "cannot write dead letter dir=%s err=%r", self.dir, err,
-                      level=logging.ERROR)
+            self._log(
+                "write",
+                "cannot write dead letter dir=%s err=%r",
+                self.dir,
+                err,
+                level=logging.ERROR,
+            )
             return
         self._files.append((path, len(body)))
         self._bytes += len(body)

@@ -43,8 +43,14 @@ PORT_LABELS = ["host", "device", "port"]
 
 # NVML clocks-event (throttle) reasons bitmask -> label value
 THROTTLE_REASONS: dict[int, str] = {
-    0x1: "idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
-    0x10: "sync_boost", 0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "power_brake",
+    0x1: "idle",
+    0x2: "app_clocks",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal",
+    0x40: "hw_thermal",
+    0x80: "power_brake",
 }
 
 MHZ = 1e6
@@ -58,59 +64,139 @@ GPU_GAUGES: list[tuple[str, str, str, float]] = [
     ("memory_temperature_celsius", "HBM temperature (DCGM_FI_DEV_MEMORY_TEMP).", "temp_mem_c", 1.0),
     ("power_watts", "Power draw (DCGM_FI_DEV_POWER_USAGE).", "power_w", 1.0),
     ("power_limit_watts", "Enforced power limit.", "power_limit_w", 1.0),
-    ("utilization_ratio", "GPU utilisation 0..1 (DCGM_FI_DEV_GPU_UTIL / 100).", "util_gpu_pct", 0.01),
-    ("framebuffer_used_bytes", "Framebuffer memory used (DCGM_FI_DEV_FB_USED, in bytes).",
-     "fb_used_mib", MIB),
-    ("framebuffer_free_bytes", "Framebuffer memory free (DCGM_FI_DEV_FB_FREE, in bytes).",
-     "fb_free_mib", MIB),
-    ("tensor_active_ratio", "Tensor pipe active 0..1 (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
-     "tensor_active", 1.0),
-    ("remapped_rows_pending", "1 while a row remap waits for a GPU reset "
-     "(DCGM_FI_DEV_ROW_REMAP_PENDING).", "remapped_rows_pending", 1.0),
-    ("row_remap_failure", "1 when a row remap failed: no spare rows left "
-     "(DCGM_FI_DEV_ROW_REMAP_FAILURE).", "remapped_rows_failure", 1.0),
+    (
+        "utilization_ratio",
+        "GPU utilisation 0..1 (DCGM_FI_DEV_GPU_UTIL / 100).",
+        "util_gpu_pct",
+        0.01,
+    ),
+    (
+        "framebuffer_used_bytes",
+        "Framebuffer memory used (DCGM_FI_DEV_FB_USED, in bytes).",
+        "fb_used_mib",
+        MIB,
+    ),
+    (
+        "framebuffer_free_bytes",
+        "Framebuffer memory free (DCGM_FI_DEV_FB_FREE, in bytes).",
+        "fb_free_mib",
+        MIB,
+    ),
+    (
+        "tensor_active_ratio",
+        "Tensor pipe active 0..1 (DCGM_FI_PROF_PIPE_TENSOR_ACTIVE).",
+        "tensor_active",
+        1.0,
+    ),
+    (
+        "remapped_rows_pending",
+        "1 while a row remap waits for a GPU reset (DCGM_FI_DEV_ROW_REMAP_PENDING).",
+        "remapped_rows_pending",
+        1.0,
+    ),
+    (
+        "row_remap_failure",
+        "1 when a row remap failed: no spare rows left (DCGM_FI_DEV_ROW_REMAP_FAILURE).",
+        "remapped_rows_failure",
+        1.0,
+    ),
 ]
 # (metric suffix without _total, help, reading attribute); cumulative since driver load
 GPU_COUNTERS: list[tuple[str, str, str]] = [
-    ("ecc_single_bit_errors", "Corrected (single-bit) ECC errors, volatile total.", "ecc_sbe_total"),
-    ("ecc_double_bit_errors", "Uncorrected (double-bit) ECC errors, volatile total "
-     "(DCGM_FI_DEV_ECC_DBE_VOL_TOTAL).", "ecc_dbe_total"),
-    ("remapped_rows_correctable", "Rows remapped for correctable errors.",
-     "remapped_rows_correctable"),
-    ("remapped_rows_uncorrectable", "Rows remapped for uncorrectable errors "
-     "(DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS).", "remapped_rows_uncorrectable"),
+    (
+        "ecc_single_bit_errors",
+        "Corrected (single-bit) ECC errors, volatile total.",
+        "ecc_sbe_total",
+    ),
+    (
+        "ecc_double_bit_errors",
+        "Uncorrected (double-bit) ECC errors, volatile total (DCGM_FI_DEV_ECC_DBE_VOL_TOTAL).",
+        "ecc_dbe_total",
+    ),
+    (
+        "remapped_rows_correctable",
+        "Rows remapped for correctable errors.",
+        "remapped_rows_correctable",
+    ),
+    (
+        "remapped_rows_uncorrectable",
+        "Rows remapped for uncorrectable errors (DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS).",
+        "remapped_rows_uncorrectable",
+    ),
     ("pcie_replay", "PCIe replays (DCGM_FI_DEV_PCIE_REPLAY_COUNTER).", "pcie_replay_total"),
 ]
 # (metric name without _total, help, reading attribute)
 PORT_COUNTERS: list[tuple[str, str, str]] = [
-    ("infiniband_port_data_transmitted_bytes", "Bytes sent (port_xmit_data x 4).", "xmit_bytes_total"),
-    ("infiniband_port_data_received_bytes", "Bytes received (port_rcv_data x 4).", "rcv_bytes_total"),
+    (
+        "infiniband_port_data_transmitted_bytes",
+        "Bytes sent (port_xmit_data x 4).",
+        "xmit_bytes_total",
+    ),
+    (
+        "infiniband_port_data_received_bytes",
+        "Bytes received (port_rcv_data x 4).",
+        "rcv_bytes_total",
+    ),
     ("infiniband_port_packets_transmitted", "Packets sent.", "xmit_packets_total"),
     ("infiniband_port_packets_received", "Packets received.", "rcv_packets_total"),
-    ("infiniband_port_transmit_wait", "Ticks with data queued but not sent (port_xmit_wait): "
-     "congestion.", "xmit_wait_total"),
+    (
+        "infiniband_port_transmit_wait",
+        "Ticks with data queued but not sent (port_xmit_wait): congestion.",
+        "xmit_wait_total",
+    ),
     ("infiniband_symbol_error", "Minor link errors (symbol_error).", "symbol_error_total"),
     ("infiniband_link_downed", "Times the link went down (link_downed).", "link_downed_total"),
-    ("infiniband_link_error_recovery", "Successful link error recoveries.",
-     "link_error_recovery_total"),
-    ("infiniband_port_errors_received", "Received packets with errors (port_rcv_errors).",
-     "rcv_errors_total"),
-    ("infiniband_port_receive_remote_physical_errors", "Packets marked bad by the remote end.",
-     "rcv_remote_physical_errors_total"),
-    ("infiniband_port_discards_transmitted", "Packets discarded on send (port_xmit_discards).",
-     "xmit_discards_total"),
-    ("infiniband_excessive_buffer_overrun_errors", "Buffer overruns.",
-     "excessive_buffer_overrun_errors_total"),
-    ("infiniband_local_link_integrity_errors", "Local link integrity errors.",
-     "local_link_integrity_errors_total"),
-    ("roce_np_cnp_sent", "CNPs sent by this port as notification point (np_cnp_sent).",
-     "np_cnp_sent_total"),
-    ("roce_np_ecn_marked_roce_packets", "ECN-marked RoCE packets received.",
-     "np_ecn_marked_roce_packets_total"),
-    ("roce_rp_cnp_handled", "CNPs handled as reaction point (rp_cnp_handled): this port was "
-     "told to slow down.", "rp_cnp_handled_total"),
+    (
+        "infiniband_link_error_recovery",
+        "Successful link error recoveries.",
+        "link_error_recovery_total",
+    ),
+    (
+        "infiniband_port_errors_received",
+        "Received packets with errors (port_rcv_errors).",
+        "rcv_errors_total",
+    ),
+    (
+        "infiniband_port_receive_remote_physical_errors",
+        "Packets marked bad by the remote end.",
+        "rcv_remote_physical_errors_total",
+    ),
+    (
+        "infiniband_port_discards_transmitted",
+        "Packets discarded on send (port_xmit_discards).",
+        "xmit_discards_total",
+    ),
+    (
+        "infiniband_excessive_buffer_overrun_errors",
+        "Buffer overruns.",
+        "excessive_buffer_overrun_errors_total",
+    ),
+    (
+        "infiniband_local_link_integrity_errors",
+        "Local link integrity errors.",
+        "local_link_integrity_errors_total",
+    ),
+    (
+        "roce_np_cnp_sent",
+        "CNPs sent by this port as notification point (np_cnp_sent).",
+        "np_cnp_sent_total",
+    ),
+    (
+        "roce_np_ecn_marked_roce_packets",
+        "ECN-marked RoCE packets received.",
+        "np_ecn_marked_roce_packets_total",
+    ),
+    (
+        "roce_rp_cnp_handled",
+        "CNPs handled as reaction point (rp_cnp_handled): this port was told to slow down.",
+        "rp_cnp_handled_total",
+    ),
     ("roce_out_of_sequence", "Out-of-sequence packets received.", "out_of_sequence_total"),
-    ("roce_local_ack_timeout_err", "Local ACK timeouts (retransmits).", "local_ack_timeout_err_total"),
+    (
+        "roce_local_ack_timeout_err",
+        "Local ACK timeouts (retransmits).",
+        "local_ack_timeout_err_total",
+    ),
 ]
 
 
@@ -184,29 +270,39 @@ def _gpu_families(host: str, view: SeriesView) -> Iterator[Metric]:
                 cnt.add_metric([str(g.index), g.uuid, host], float(value))
         yield cnt
     throttle = GaugeMetricFamily(
-        "stepwatch_gpu_clocks_event_active", "1 while the NVML clocks-event (throttle) reason is "
+        "stepwatch_gpu_clocks_event_active",
+        "1 while the NVML clocks-event (throttle) reason is "
         "set (DCGM_FI_DEV_CLOCKS_EVENT_REASONS, one series per reason).",
-        labels=[*GPU_LABELS, "reason"])
+        labels=[*GPU_LABELS, "reason"],
+    )
     for g in view.gpus:
         if g.throttle_reasons is None:
             continue
         for bit, reason in THROTTLE_REASONS.items():
-            throttle.add_metric([str(g.index), g.uuid, host, reason],
-                                1.0 if g.throttle_reasons & bit else 0.0)
+            throttle.add_metric(
+                [str(g.index), g.uuid, host, reason], 1.0 if g.throttle_reasons & bit else 0.0
+            )
     yield throttle
     xids = CounterMetricFamily(
-        "stepwatch_gpu_xid_events", "XID events counted per GPU and XID (use increase(); "
-        "unlike DCGM_FI_DEV_XID_ERRORS this is a true counter).", labels=[*GPU_LABELS, "xid"])
+        "stepwatch_gpu_xid_events",
+        "XID events counted per GPU and XID (use increase(); "
+        "unlike DCGM_FI_DEV_XID_ERRORS this is a true counter).",
+        labels=[*GPU_LABELS, "xid"],
+    )
     for (gpu, xid), n in sorted(view.xids.items()):
         xids.add_metric(["" if gpu < 0 else str(gpu), uuids.get(gpu, ""), host, xid], float(n))
     yield xids
 
 
 def _port_families(host: str, view: SeriesView) -> Iterator[Metric]:
-    up = GaugeMetricFamily("stepwatch_infiniband_port_up", "1 when the port is ACTIVE and its "
-                           "physical link LinkUp.", labels=PORT_LABELS)
-    rate = GaugeMetricFamily("stepwatch_infiniband_rate_bytes_per_second", "Link rate.",
-                             labels=PORT_LABELS)
+    up = GaugeMetricFamily(
+        "stepwatch_infiniband_port_up",
+        "1 when the port is ACTIVE and its physical link LinkUp.",
+        labels=PORT_LABELS,
+    )
+    rate = GaugeMetricFamily(
+        "stepwatch_infiniband_rate_bytes_per_second", "Link rate.", labels=PORT_LABELS
+    )
     for p in view.ports:
         labels = [host, p.device, str(p.port)]
         if p.state or p.phys_state:
@@ -222,9 +318,11 @@ def _port_families(host: str, view: SeriesView) -> Iterator[Metric]:
             if value is not None:
                 fam.add_metric([host, p.device, str(p.port)], float(value))
         yield fam
-    changes = CounterMetricFamily("stepwatch_infiniband_link_state_changes",
-                                  "Link state changes the agent saw between ticks.",
-                                  labels=PORT_LABELS)
+    changes = CounterMetricFamily(
+        "stepwatch_infiniband_link_state_changes",
+        "Link state changes the agent saw between ticks.",
+        labels=PORT_LABELS,
+    )
     for (device, port), n in sorted(view.link_events.items()):
         changes.add_metric([host, device, str(port)], float(n))
     yield changes

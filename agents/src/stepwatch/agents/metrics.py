@@ -41,34 +41,46 @@ class AgentCollector:
     def collect(self) -> Iterator[Metric]:
         s = self._snapshot()
         yield _gauge("up", "1 while the agent process runs.", 1)
-        yield _gauge("ready", "1 once the agent loop runs (0 while starting or stopping).",
-                     int(s.ready))
+        yield _gauge(
+            "ready", "1 once the agent loop runs (0 while starting or stopping).", int(s.ready)
+        )
         info = GaugeMetricFamily(P + "info", "The agent instance.", labels=["host", "inst"])
         info.add_metric([s.host, s.inst], 1)
         yield info
         yield _counter("ticks", "Ticks run.", s.ticks)
         yield _counter("tick_overruns", "Ticks skipped because a tick ran late.", s.overruns)
-        yield _gauge("last_tick_duration_seconds", "Wall time of the last tick.",
-                     s.last_tick_seconds)
+        yield _gauge(
+            "last_tick_duration_seconds", "Wall time of the last tick.", s.last_tick_seconds
+        )
         yield from _collectors(s)
-        yield _labelled(CounterMetricFamily, "messages", "Messages handed to the publisher.",
-                        "kind", s.messages)
+        yield _labelled(
+            CounterMetricFamily, "messages", "Messages handed to the publisher.", "kind", s.messages
+        )
         yield _counter("sink_errors", "Ticks whose messages the publisher refused.", s.sink_errors)
         yield _counter("steps_received", "Step records received from ranks.", s.steps_received)
-        yield _labelled(CounterMetricFamily, "datagrams_rejected",
-                        "Datagrams from ranks rejected, by reason.", "reason", s.datagrams_rejected)
+        yield _labelled(
+            CounterMetricFamily,
+            "datagrams_rejected",
+            "Datagrams from ranks rejected, by reason.",
+            "reason",
+            s.datagrams_rejected,
+        )
         if s.sink is not None:
             yield from _publisher(s.sink)
         yield from host_families(s.host, s.series)
 
 
 def _collectors(s: AgentSnapshot) -> Iterator[Metric]:
-    state = GaugeMetricFamily(P + "collector_state",
-                              "1 for the collector's current health state.",
-                              labels=["collector", "state"])
-    errors = CounterMetricFamily(P + "collector_errors",
-                                 "Collector errors (failed reads and exceptions caught).",
-                                 labels=["collector"])
+    state = GaugeMetricFamily(
+        P + "collector_state",
+        "1 for the collector's current health state.",
+        labels=["collector", "state"],
+    )
+    errors = CounterMetricFamily(
+        P + "collector_errors",
+        "Collector errors (failed reads and exceptions caught).",
+        labels=["collector"],
+    )
     for name, health in s.health.items():
         for value in HealthState:
             state.add_metric([name, value.value], int(health.state is value))
@@ -78,36 +90,68 @@ def _collectors(s: AgentSnapshot) -> Iterator[Metric]:
 
 
 def _publisher(p: Any) -> Iterator[Metric]:
-    yield _gauge("broker_up", "1 when Kafka accepts records (0: spooling to disk).",
-                 int(p.state.value == "up"))
-    yield _gauge("kafka_ready", "1 when the publisher reaches Kafka and produces (0: it cannot "
-                 "reach it, e.g. from the start with a bad setting; records are spooled).",
-                 int(p.state.value == "up"))
-    yield _gauge("kafka_last_success_timestamp_seconds",
-                 "When Kafka last confirmed a delivery (Unix time; 0: never).", p.last_success)
-    yield _labelled(CounterMetricFamily, "messages_produced",
-                    "Messages confirmed by Kafka, by kind.", "kind", p.produced)
-    yield _labelled(CounterMetricFamily, "delivery_failures",
-                    "Delivery reports with an error, by reason (records are retried).",
-                    "reason", p.delivery_failures)
-    yield _labelled(CounterMetricFamily, "dead_letters",
-                    "Records Kafka refused for good (too_large, invalid...), kept in "
-                    "<spool_dir>/dead and never retried, by reason.", "reason",
-                    {"too_large": 0, **getattr(p, "dead_letters", {})})
-    yield _counter("batch_splits", "Times the produce batch size was halved after Kafka "
-                   "refused a batch as too large.", getattr(p, "batch_splits", 0))
+    yield _gauge(
+        "broker_up",
+        "1 when Kafka accepts records (0: spooling to disk).",
+        int(p.state.value == "up"),
+    )
+    yield _gauge(
+        "kafka_ready",
+        "1 when the publisher reaches Kafka and produces (0: it cannot "
+        "reach it, e.g. from the start with a bad setting; records are spooled).",
+        int(p.state.value == "up"),
+    )
+    yield _gauge(
+        "kafka_last_success_timestamp_seconds",
+        "When Kafka last confirmed a delivery (Unix time; 0: never).",
+        p.last_success,
+    )
+    yield _labelled(
+        CounterMetricFamily,
+        "messages_produced",
+        "Messages confirmed by Kafka, by kind.",
+        "kind",
+        p.produced,
+    )
+    yield _labelled(
+        CounterMetricFamily,
+        "delivery_failures",
+        "Delivery reports with an error, by reason (records are retried).",
+        "reason",
+        p.delivery_failures,
+    )
+    yield _labelled(
+        CounterMetricFamily,
+        "dead_letters",
+        "Records Kafka refused for good (too_large, invalid...), kept in "
+        "<spool_dir>/dead and never retried, by reason.",
+        "reason",
+        {"too_large": 0, **getattr(p, "dead_letters", {})},
+    )
+    yield _counter(
+        "batch_splits",
+        "Times the produce batch size was halved after Kafka refused a batch as too large.",
+        getattr(p, "batch_splits", 0),
+    )
     yield _counter("producer_resets", "Producers replaced after an outage.", p.producer_resets)
     yield _counter("spool_rewinds", "Rewinds to the first unacknowledged record.", p.rewinds)
     spool = p.spool
     yield _gauge("spool_records", "Records in the spool not yet confirmed by Kafka.", spool.records)
     yield _gauge("spool_bytes", "Bytes in the spool not yet confirmed by Kafka.", spool.bytes)
     yield _gauge("spool_max_bytes", "The spool's bound.", spool.max_bytes)
-    yield _labelled(CounterMetricFamily, "spool_dropped_records",
-                    "Records dropped without delivery, by reason (bound: the spool was full "
-                    "and its oldest unsent data was dropped).", "reason",
-                    {"bound": 0, **spool.dropped})
-    yield _counter("spool_torn_frames", "Torn frames truncated at start (a crash mid-write).",
-                   spool.torn_frames)
+    yield _labelled(
+        CounterMetricFamily,
+        "spool_dropped_records",
+        "Records dropped without delivery, by reason (bound: the spool was full "
+        "and its oldest unsent data was dropped).",
+        "reason",
+        {"bound": 0, **spool.dropped},
+    )
+    yield _counter(
+        "spool_torn_frames",
+        "Torn frames truncated at start (a crash mid-write).",
+        spool.torn_frames,
+    )
 
 
 def _gauge(name: str, doc: str, value: float) -> Metric:
@@ -118,14 +162,22 @@ def _counter(name: str, doc: str, value: float) -> Metric:
     return CounterMetricFamily(P + name, doc, value=value)
 
 
-def _labelled(family: type[CounterMetricFamily | GaugeMetricFamily], name: str, doc: str, label: str, values: dict[str, int]) -> Metric:
+def _labelled(
+    family: type[CounterMetricFamily | GaugeMetricFamily],
+    name: str,
+    doc: str,
+    label: str,
+    values: dict[str, int],
+) -> Metric:
     metric = family(P + name, doc, labels=[label])
     for key, value in sorted(values.items()):
         metric.add_metric([key], value)
     return metric
 
 
-def registry_for(snapshot: Callable[[], AgentSnapshot], *, process: bool = True) -> CollectorRegistry:
+def registry_for(
+    snapshot: Callable[[], AgentSnapshot], *, process: bool = True
+) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(AgentCollector(snapshot))
     if process:

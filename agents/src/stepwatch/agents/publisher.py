@@ -95,8 +95,15 @@ class _Slot:
 
     __slots__ = ("end", "gen", "key", "owner", "state", "topic", "value")
 
-    def __init__(self, owner: KafkaPublisher, end: End, topic: str, gen: int,
-                 key: bytes = b"", value: bytes = b"") -> None:
+    def __init__(
+        self,
+        owner: KafkaPublisher,
+        end: End,
+        topic: str,
+        gen: int,
+        key: bytes = b"",
+        value: bytes = b"",
+    ) -> None:
         self.owner, self.end, self.topic, self.gen = owner, end, topic, gen
         self.key, self.value = key, value
         self.state = 0  # 0 in flight, 1 delivered, 2 dropped (rejected), -1 failed
@@ -118,10 +125,17 @@ def _default_producer(config: dict[str, Any]) -> Any:
 class KafkaPublisher:
     """Spool-backed, at-least-once Kafka publisher for any number of hosts."""
 
-    def __init__(self, settings: Settings, *, spool: Spool | None = None,
-                 producer_factory: ProducerFactory | None = None, probe: Probe | None = None,
-                 probe_timeout: float = 3.0, clock: Callable[[], float] = time.monotonic,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        spool: Spool | None = None,
+        producer_factory: ProducerFactory | None = None,
+        probe: Probe | None = None,
+        probe_timeout: float = 3.0,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
         self.settings = settings
         self.topics = Topics(settings.topic_prefix)
         self._topic_of = {cls: self.topics.for_kind(kind) for cls, kind in KIND_OF.items()}
@@ -173,14 +187,20 @@ class KafkaPublisher:
         if not messages:
             return
         topic_of = self._topic_of
-        records = [(topic_of[type(m)], message_key(m), encode(m), int(m.ts * 1000))
-                   for m in messages]
+        records = [
+            (topic_of[type(m)], message_key(m), encode(m), int(m.ts * 1000)) for m in messages
+        ]
         try:
             self.spool.append(records)
         except SpoolError as err:
             self.spool.dropped["spool_error"] += len(records)
-            self._log("spool_error", "spool write failed, messages dropped count=%d err=%s",
-                      len(records), err, level=logging.ERROR)
+            self._log(
+                "spool_error",
+                "spool write failed, messages dropped count=%d err=%s",
+                len(records),
+                err,
+                level=logging.ERROR,
+            )
             return
         self._accepted.update(r[0] for r in records)
         self._wake.set()
@@ -201,8 +221,11 @@ class KafkaPublisher:
         """Flush (up to ``timeout``), stop the sender, persist the spool position."""
         left = self.flush(timeout)
         if left:
-            log.warning("publisher closing with undelivered records kept in the spool "
-                        "records=%d dir=%s", left, self.spool.dir)
+            log.warning(
+                "publisher closing with undelivered records kept in the spool records=%d dir=%s",
+                left,
+                self.spool.dir,
+            )
         self._stopping = True
         self._wake.set()
         self._thread.join(timeout=max(5.0, timeout))
@@ -337,8 +360,12 @@ class KafkaPublisher:
             self._split_gen = self._gen
             self._batch_bytes = current // 2
             self._splits += 1
-            log.warning("kafka refused a batch as too large, halving the batch size and "
-                        "resending batch_bytes=%d err=%s", self._batch_bytes, name)
+            log.warning(
+                "kafka refused a batch as too large, halving the batch size and "
+                "resending batch_bytes=%d err=%s",
+                self._batch_bytes,
+                name,
+            )
         slot.state = -1
         self._failures[name] += 1
         if self._failed is None:
@@ -369,8 +396,9 @@ class KafkaPublisher:
     # ------------------------------------------------------------------ outage handling
     def _suspect(self, reason: str) -> None:
         if self._state is BrokerState.UP:
-            log.warning("kafka unhealthy, spooling reason=%s spool_records=%d",
-                        reason, self.spool.pending())
+            log.warning(
+                "kafka unhealthy, spooling reason=%s spool_records=%d", reason, self.spool.pending()
+            )
             self._state = BrokerState.SUSPECT
             self._since_suspect = self._clock()
             self._probed = False
@@ -397,11 +425,15 @@ class KafkaPublisher:
             self._next_down_log = 0.0
         if now >= self._next_down_log:  # at once, then every DOWN_LOG_EVERY while down
             self._next_down_log = now + DOWN_LOG_EVERY
-            log.warning("kafka unreachable, spooling to disk reason=%s down_seconds=%.0f "
-                        "spool_records=%d bootstrap=%s last_success=%s", reason,
-                        now - self._down_since, self.spool.pending(),
-                        self.settings.bootstrap_servers,
-                        f"{self._last_success:.0f}" if self._last_success else "never")
+            log.warning(
+                "kafka unreachable, spooling to disk reason=%s down_seconds=%.0f "
+                "spool_records=%d bootstrap=%s last_success=%s",
+                reason,
+                now - self._down_since,
+                self.spool.pending(),
+                self.settings.bootstrap_servers,
+                f"{self._last_success:.0f}" if self._last_success else "never",
+            )
         self._drop_producer(purge=True)
         self._state = BrokerState.DOWN
         self._next_probe = now + jittered(self._backoff, self._rng)
@@ -433,8 +465,12 @@ class KafkaPublisher:
             self._resets += 1
         self._connected = True
         self._rewinds += 1 if back else 0
-        log.info("kafka ready bootstrap=%s resent_from=%d pending_records=%d",
-                 self.settings.bootstrap_servers, self.spool.acked.record, self.spool.pending())
+        log.info(
+            "kafka ready bootstrap=%s resent_from=%d pending_records=%d",
+            self.settings.bootstrap_servers,
+            self.spool.acked.record,
+            self.spool.pending(),
+        )
 
     def _drop_producer(self, purge: bool) -> None:
         """Retire the producer; remember which in-flight records did land, so the
@@ -457,8 +493,9 @@ class KafkaPublisher:
     def _producer_config(self) -> dict[str, Any]:
         from stepwatch.kafka import producer_config
 
-        config = producer_config(self.settings, error_cb=self._on_error,
-                                 logger=_RdLogger(self._rdlog))
+        config = producer_config(
+            self.settings, error_cb=self._on_error, logger=_RdLogger(self._rdlog)
+        )
         if self._batch_bytes:
             config["batch.size"] = self._batch_bytes
         return config

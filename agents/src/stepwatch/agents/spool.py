@@ -94,8 +94,9 @@ def frame(topic: str, key: bytes, value: bytes, timestamp_ms: int = 0) -> bytes:
 class Spool:
     """Append records, read them back in order, acknowledge, rewind. Thread-safe."""
 
-    def __init__(self, directory: str | os.PathLike[str], max_bytes: int,
-                 segment_bytes: int | None = None) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], max_bytes: int, segment_bytes: int | None = None
+    ) -> None:
         self.dir = Path(directory)
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes or max(64 * 1024, min(64 * 1024 * 1024, max_bytes // 16))
@@ -137,8 +138,12 @@ class Spool:
         self._cursor = self._ack
         pending = self._end().record - self._ack.record
         if pending:
-            log.info("spool resumed dir=%s pending_records=%d pending_bytes=%d",
-                     self.dir, pending, self._pending_bytes())
+            log.info(
+                "spool resumed dir=%s pending_records=%d pending_bytes=%d",
+                self.dir,
+                pending,
+                self._pending_bytes(),
+            )
 
     def _recover_tail(self, seg: _Segment) -> None:
         data = seg.path.read_bytes()
@@ -148,13 +153,17 @@ class Spool:
             end = off + _HEAD.size + blen
             if blen < _LENS.size or blen > MAX_BODY or end > len(data):
                 break
-            if zlib.crc32(data[off + _HEAD.size:end]) != crc:
+            if zlib.crc32(data[off + _HEAD.size : end]) != crc:
                 break
             off, count = end, count + 1
         if off < len(data):
             self.torn_frames += 1
-            log.warning("spool torn frame truncated segment=%s kept_bytes=%d cut_bytes=%d",
-                        seg.path.name, off, len(data) - off)
+            log.warning(
+                "spool torn frame truncated segment=%s kept_bytes=%d cut_bytes=%d",
+                seg.path.name,
+                off,
+                len(data) - off,
+            )
             with open(seg.path, "r+b") as f:
                 f.truncate(off)
         seg.size, seg.count = off, count
@@ -172,13 +181,18 @@ class Spool:
         seg = self._find(pos.segment)
         if seg is None:
             if pos.segment > start.segment:
-                log.warning("spool ack names a missing segment, replaying from the oldest pos=%s",
-                            pos)
+                log.warning(
+                    "spool ack names a missing segment, replaying from the oldest pos=%s", pos
+                )
             return start
         if not (0 <= pos.offset <= seg.size and seg.first <= pos.record <= seg.first + seg.count):
             found = self._locate(seg, pos.offset)
-            log.warning("spool ack position out of range (a cut tail?), resuming at the nearest "
-                        "record boundary pos=%s resume=%s", pos, found)
+            log.warning(
+                "spool ack position out of range (a cut tail?), resuming at the nearest "
+                "record boundary pos=%s resume=%s",
+                pos,
+                found,
+            )
             return found
         return pos
 
@@ -191,7 +205,7 @@ class Spool:
         inconsistent position inside the segment resends at most one record.
         """
         try:
-            data = seg.path.read_bytes()[:max(0, offset)]
+            data = seg.path.read_bytes()[: max(0, offset)]
         except OSError:
             return Pos(seg.first, 0, seg.first)
         off, record = 0, seg.first
@@ -226,8 +240,7 @@ class Spool:
             self._enforce_bound()
         return len(records)
 
-    def _remember(self, seg: _Segment, records: Sequence[Entry],
-                  frames: list[bytes]) -> None:
+    def _remember(self, seg: _Segment, records: Sequence[Entry], frames: list[bytes]) -> None:
         """Keep just-written records in memory while the reader is caught up with them,
         so the sender need not read them back from disk."""
         start = seg.first + seg.count
@@ -267,7 +280,11 @@ class Spool:
                 log.warning(
                     "spool full, oldest unsent data dropped segment=%s records=%d bytes=%d "
                     "max_bytes=%d dropped_total=%d",
-                    oldest.path.name, lost, oldest.size, self.max_bytes, self.dropped["bound"],
+                    oldest.path.name,
+                    lost,
+                    oldest.size,
+                    self.max_bytes,
+                    self.dropped["bound"],
                 )
 
     def _delete_oldest(self) -> None:
@@ -319,7 +336,7 @@ class Spool:
         if not chunk:
             return False
         self._rbase += self._roff
-        self._rbuf = self._rbuf[self._roff:] + chunk
+        self._rbuf = self._rbuf[self._roff :] + chunk
         self._roff = 0
         return True
 
@@ -332,25 +349,33 @@ class Spool:
             end = off + 8 + blen
             if end > size:
                 break
-            body = buf[off + 8:end]
+            body = buf[off + 8 : end]
             if blen < _LENS.size or zlib.crc32(body) != crc:
                 self._corrupt(seg, record)
                 return
             tl, kl, ts = _LENS.unpack_from(body)
             h = _LENS.size
-            raw_topic = body[h:h + tl]
+            raw_topic = body[h : h + tl]
             topic = topics.get(raw_topic) or topics.setdefault(raw_topic, raw_topic.decode())
             off, record = end, record + 1
-            out.append((topic, body[h + tl:h + tl + kl], body[h + tl + kl:],
-                        (first, base + off, record), ts))
+            out.append(
+                (
+                    topic,
+                    body[h + tl : h + tl + kl],
+                    body[h + tl + kl :],
+                    (first, base + off, record),
+                    ts,
+                )
+            )
         self._roff = off
         self._cursor = Pos(first, base + off, record)
 
     def _corrupt(self, seg: _Segment, record: int) -> None:
         lost = seg.first + seg.count - record
         self.dropped["corrupt"] += lost
-        log.error("spool segment corrupt, skipping its rest segment=%s records=%d",
-                  seg.path.name, lost)
+        log.error(
+            "spool segment corrupt, skipping its rest segment=%s records=%d", seg.path.name, lost
+        )
         self._cursor = Pos(seg.first, seg.size, seg.first + seg.count)
         self._rbuf, self._roff, self._rbase = b"", 0, seg.size
         if not self._next_segment(seg):

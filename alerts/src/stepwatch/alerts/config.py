@@ -62,8 +62,11 @@ def alertmanager_config(receivers: Receivers, *, fast: bool = False) -> str:
         cfg: dict[str, Any] = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
     except (OSError, yaml.YAMLError) as err:
         raise ConfigError(f"cannot read {ALERTMANAGER_CONFIG}: {err}") from err
-    urls = {"remediator": receivers.remediator_url, "oncall-pager": receivers.pager_url,
-            "tickets": receivers.tickets_url}
+    urls = {
+        "remediator": receivers.remediator_url,
+        "oncall-pager": receivers.pager_url,
+        "tickets": receivers.tickets_url,
+    }
     for receiver in cfg["receivers"]:
         for hook in receiver.get("webhook_configs", []):
             hook["url"] = urls[receiver["name"]]
@@ -79,12 +82,33 @@ def alertmanager_config(receivers: Receivers, *, fast: bool = False) -> str:
 
 def _add_store(cfg: dict[str, Any], receivers: Receivers) -> None:
     """Every alert to the store's receiver first (firing and resolved), then the tree as is."""
-    cfg["receivers"].append({"name": "store", "webhook_configs": [{
-        "url": receivers.store_url, "send_resolved": True, "max_alerts": 0,
-        "http_config": {"authorization": {"type": "Bearer",
-                                          "credentials_file": receivers.token_file}}}]})
-    route = {"receiver": "store", "matchers": [], "group_by": ["alertname", "job_id", "host"],
-             "group_wait": "0s", "group_interval": "10s", "repeat_interval": "4h", "continue": True}
+    cfg["receivers"].append(
+        {
+            "name": "store",
+            "webhook_configs": [
+                {
+                    "url": receivers.store_url,
+                    "send_resolved": True,
+                    "max_alerts": 0,
+                    "http_config": {
+                        "authorization": {
+                            "type": "Bearer",
+                            "credentials_file": receivers.token_file,
+                        }
+                    },
+                }
+            ],
+        }
+    )
+    route = {
+        "receiver": "store",
+        "matchers": [],
+        "group_by": ["alertname", "job_id", "host"],
+        "group_wait": "0s",
+        "group_interval": "10s",
+        "repeat_interval": "4h",
+        "continue": True,
+    }
     cfg["route"]["routes"] = [route, *cfg["route"].get("routes", [])]
 
 

@@ -54,12 +54,14 @@ def _epoch(text: Any) -> float | None:
     zone = ""
     if frac:
         digits = "".join(c for c in frac if c.isdigit())
-        zone = frac[len(digits):]
+        zone = frac[len(digits) :]
         frac = digits[:6]
     else:
         head, zone = text[:19], text[19:]
     try:
-        stamp = datetime.fromisoformat(head + (f".{frac}" if frac else "") + zone.replace("Z", "+00:00"))
+        stamp = datetime.fromisoformat(
+            head + (f".{frac}" if frac else "") + zone.replace("Z", "+00:00")
+        )
     except ValueError as err:
         raise PayloadError(f"not an RFC 3339 time: {text!r}") from err
     value = stamp.timestamp()
@@ -68,7 +70,8 @@ def _epoch(text: Any) -> float | None:
 
 def _strings(where: str, value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
         raise PayloadError(f"{where} is not a map of strings")
     return dict(value)
 
@@ -89,7 +92,11 @@ def records(body: bytes, received_at: float) -> list[AlertRecord]:
 
 def _record(index: int, raw: Any, received_at: float) -> AlertRecord:
     where = f"alerts[{index}]"
-    if not isinstance(raw, dict) or not isinstance(raw.get("fingerprint"), str) or not raw["fingerprint"]:
+    if (
+        not isinstance(raw, dict)
+        or not isinstance(raw.get("fingerprint"), str)
+        or not raw["fingerprint"]
+    ):
         raise PayloadError(f"{where} is not an alert with a fingerprint")
     status = raw.get("status")
     if status not in ("firing", "resolved"):
@@ -98,11 +105,18 @@ def _record(index: int, raw: Any, received_at: float) -> AlertRecord:
     starts = _epoch(raw.get("startsAt"))
     ends = _epoch(raw.get("endsAt"))
     return AlertRecord(
-        received_at=received_at, fingerprint=raw["fingerprint"], status=status,
-        alertname=labels.get("alertname", ""), starts_at=received_at if starts is None else starts,
-        ends_at=ends if status == "resolved" else None, severity=labels.get("severity", ""),
-        job_id=labels.get("job_id", ""), host=labels.get("host", ""), labels=labels,
-        annotations=_strings(f"{where}.annotations", raw.get("annotations") or {}))
+        received_at=received_at,
+        fingerprint=raw["fingerprint"],
+        status=status,
+        alertname=labels.get("alertname", ""),
+        starts_at=received_at if starts is None else starts,
+        ends_at=ends if status == "resolved" else None,
+        severity=labels.get("severity", ""),
+        job_id=labels.get("job_id", ""),
+        host=labels.get("host", ""),
+        labels=labels,
+        annotations=_strings(f"{where}.annotations", raw.get("annotations") or {}),
+    )
 
 
 class KafkaPublisher:
@@ -133,8 +147,14 @@ class AlertReceiver(TokenHTTPService):
 
     name = "alert receiver"
 
-    def __init__(self, publish: Publish, token: str, host: str = "127.0.0.1", port: int = 0,
-                 max_body: int = MAX_BODY) -> None:
+    def __init__(
+        self,
+        publish: Publish,
+        token: str,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body: int = MAX_BODY,
+    ) -> None:
         self.publish = publish
         self.max_body = max_body
         self.received = 0
@@ -160,8 +180,11 @@ class AlertReceiver(TokenHTTPService):
             log.error("alert records not published alerts=%d error=%s", len(batch), err)
             return 503, "alerts not recorded, retry"
         self.received += len(batch)
-        log.info("alerts recorded alerts=%d firing=%d", len(batch),
-                 sum(r.status == "firing" for r in batch))
+        log.info(
+            "alerts recorded alerts=%d firing=%d",
+            len(batch),
+            sum(r.status == "firing" for r in batch),
+        )
         return 200, f"{len(batch)} alert(s) recorded"
 
 
@@ -213,7 +236,9 @@ def build(settings: Settings, port: int | None = None) -> tuple[AlertReceiver, K
     from stepwatch.kafka import ensure_topics, producer_config
 
     if not settings.bootstrap_servers:
-        raise ConfigError("the alert receiver needs --bootstrap-servers (or STEPWATCH_BOOTSTRAP_SERVERS)")
+        raise ConfigError(
+            "the alert receiver needs --bootstrap-servers (or STEPWATCH_BOOTSTRAP_SERVERS)"
+        )
     topic = Topics(settings.topic_prefix).alerts
     ensure_topics(settings, [topic])
     publisher = KafkaPublisher(producer_config(settings, **{"linger.ms": 5}), topic)

@@ -48,10 +48,13 @@ class ReplaySummary:
             f"({rate:,.0f} messages/s), {span:.0f} s of event time",
             "  by kind: " + (", ".join(f"{k} {v}" for k, v in sorted(self.kinds.items())) or "-"),
             f"  malformed lines: {self.malformed}"
-            + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(self.errors.items())) + ")"
-               if self.errors else ""),
-            "  detections: " + (", ".join(f"{k} {v}" for k, v in sorted(self.detections.items()))
-                                or "none"),
+            + (
+                " (" + ", ".join(f"{k} {v}" for k, v in sorted(self.errors.items())) + ")"
+                if self.errors
+                else ""
+            ),
+            "  detections: "
+            + (", ".join(f"{k} {v}" for k, v in sorted(self.detections.items())) or "none"),
         ]
         for s in self.jobs:
             out.append(

@@ -22,8 +22,11 @@ from tests.support.remediator_http import alert, get, post, send, start
 
 pytestmark = pytest.mark.integration
 NODES = [f"gpu-{i:03d}" for i in range(1, 101)]
-JOBS = {"43": "gpu-[001-004]", "44": "gpu-[005-008]",
-        **{str(100 + i): f"gpu-{i:03d}" for i in range(1, 101)}}  # job 10i runs on gpu-00i
+JOBS = {
+    "43": "gpu-[001-004]",
+    "44": "gpu-[005-008]",
+    **{str(100 + i): f"gpu-{i:03d}" for i in range(1, 101)},
+}  # job 10i runs on gpu-00i
 
 
 @pytest.fixture()
@@ -41,6 +44,7 @@ def service(tmp_path):
         svc = start(tmp_path, **kwargs)
         made.append(svc)
         return svc
+
     yield make
     for svc in made:
         svc.stop()
@@ -51,15 +55,18 @@ def xid(i: int) -> dict:
     return alert(f"gpu-{i:03d}", job="", name="GpuXidFatal", scope="node")
 
 
-@pytest.mark.parametrize("host, job", [
-    ("gpu-[001-100]", "43"),  # a Slurm host-list expression: 100 nodes
-    ("gpu-010,gpu-011", "43"),  # a comma list
-    ("ALL", "43"),
-    ("gpu-001", "43,44"),  # a job-id list
-    ("gpu-001", "ALL"),
-    ("gpu-001", "101_[1-5]"),  # an array range
-    ("-h", "43"),  # an option, not a name
-])
+@pytest.mark.parametrize(
+    "host, job",
+    [
+        ("gpu-[001-100]", "43"),  # a Slurm host-list expression: 100 nodes
+        ("gpu-010,gpu-011", "43"),  # a comma list
+        ("ALL", "43"),
+        ("gpu-001", "43,44"),  # a job-id list
+        ("gpu-001", "ALL"),
+        ("gpu-001", "101_[1-5]"),  # an array range
+        ("-h", "43"),  # an option, not a name
+    ],
+)
 def test_hole1_a_name_slurm_would_expand_reaches_no_scheduler_command(fake, service, host, job):
     svc = service()
     decisions = send(svc, [alert(host, job)])
@@ -84,8 +91,12 @@ def test_hole2_approve_after_the_rate_limit_is_spent_is_refused(fake, service):
 
 def test_hole2_approve_with_the_breaker_open_is_refused(fake, service):
     with WebhookReceiver() as hooks:
-        svc = service(mode="recommend", cluster_nodes=10, page=hooks.url("/page"),
-                      guardrails={"breaker": {"max_share": 0.2, "window": "1h"}})
+        svc = service(
+            mode="recommend",
+            cluster_nodes=10,
+            page=hooks.url("/page"),
+            guardrails={"breaker": {"max_share": 0.2, "window": "1h"}},
+        )
         decisions = send(svc, [xid(1), xid(2), xid(3)])  # cap 2 of 10: the 3rd trips it
         assert [d["outcome"] for d in decisions] == ["queued", "queued", "escalated"]
         assert get(svc, "/api/breaker")["open"] and hooks.received("/page")
@@ -99,31 +110,54 @@ def test_hole2_approve_with_the_breaker_open_is_refused(fake, service):
 def test_hole2_approve_of_a_node_a_person_drained_since_is_refused(fake, service):
     svc = service(mode="recommend")
     queued = send(svc, [xid(4)])
-    subprocess.run([str(fake.folder / "scontrol"), "update", "nodename=gpu-004", "state=drain",
-                    "reason=bad fan, ticket 123"], check=True)
+    subprocess.run(
+        [
+            str(fake.folder / "scontrol"),
+            "update",
+            "nodename=gpu-004",
+            "state=drain",
+            "reason=bad fan, ticket 123",
+        ],
+        check=True,
+    )
     code, body = post(f"{svc.url}/api/approve/{queued[0]['id']}")
     assert code == 200 and body["reason"] == "drained_by_person"
     assert fake.drained() == {"gpu-004": "bad fan, ticket 123"}
 
 
 def test_hole2_the_breaker_counts_nodes_not_actions(fake, service):
-    svc = service(cluster_nodes=10, guardrails={"breaker": {"max_share": 0.2, "window": "1h"},
-                                                "cooldown": {"node": 0, "job": 0}})
+    svc = service(
+        cluster_nodes=10,
+        guardrails={
+            "breaker": {"max_share": 0.2, "window": "1h"},
+            "cooldown": {"node": 0, "job": 0},
+        },
+    )
     assert {d["outcome"] for d in send(svc, [xid(1)])} == {"acted"}
-    subprocess.run([str(fake.folder / "scontrol"), "update", "nodename=gpu-001", "state=resume"],
-                   check=True)  # a person puts it back; it fails again, another alert drains it
-    assert {d["outcome"] for d in send(svc, [alert("gpu-001", "", name="GpuXidFatal", xid="79")])} == {"acted"}
-    second = send(svc, [xid(2)])  # two drains so far, but of one node: the second node is in the cap
+    subprocess.run(
+        [str(fake.folder / "scontrol"), "update", "nodename=gpu-001", "state=resume"], check=True
+    )  # a person puts it back; it fails again, another alert drains it
+    assert {
+        d["outcome"] for d in send(svc, [alert("gpu-001", "", name="GpuXidFatal", xid="79")])
+    } == {"acted"}
+    second = send(
+        svc, [xid(2)]
+    )  # two drains so far, but of one node: the second node is in the cap
     assert second[0]["outcome"] == "acted" and not get(svc, "/api/breaker")["open"]
     third = send(svc, [xid(3)])
-    assert third[0]["reason"] == "breaker_tripped" and sorted(fake.drained()) == ["gpu-001", "gpu-002"]
+    assert third[0]["reason"] == "breaker_tripped" and sorted(fake.drained()) == [
+        "gpu-001",
+        "gpu-002",
+    ]
 
 
 def test_hole3_an_alert_naming_a_node_outside_its_job_does_nothing(fake, service):
     svc = service()
     decisions = send(svc, [alert("gpu-077", "43")])  # job 43 runs on gpu-[001-004]
-    assert {(d["action"], d["reason"]) for d in decisions} == {("drain", "node_not_in_job"),
-                                                              ("requeue", "node_not_in_job")}
+    assert {(d["action"], d["reason"]) for d in decisions} == {
+        ("drain", "node_not_in_job"),
+        ("requeue", "node_not_in_job"),
+    }
     assert fake.drained() == {} and fake.requeued() == [] and fake.acting_calls() == []
     assert ["show", "hostnames", "gpu-[001-004]"] in fake.calls()  # Slurm expanded the NodeList
     ok = send(svc, [alert("gpu-002", "43")])  # a node the job does run on: acted
@@ -153,7 +187,12 @@ def test_hole4_a_retried_webhook_is_idempotent(fake, service):
     batch = [alert("gpu-077", "43"), alert("ghost-1", "43"), alert("gpu-001", "999"), xid(9)]
     first = send(svc, batch)
     calls = len(fake.calls())
-    assert {d["reason"] for d in first} == {"node_not_in_job", "unknown_node", "job_unknown", "executed"}
+    assert {d["reason"] for d in first} == {
+        "node_not_in_job",
+        "unknown_node",
+        "job_unknown",
+        "executed",
+    }
     retry = send(svc, batch)  # Alertmanager retries a delivery it thinks failed
     assert {d["outcome"] for d in retry} == {"duplicate"}
     assert len(fake.calls()) == calls  # no scheduler call repeated
@@ -164,27 +203,51 @@ def test_hole4_user_alerts_get_bounded_plain_notifications(fake, service):
         svc = service(notify=hooks.url("/owner"))
         spam = []
         for i in range(200):
-            a = alert("gpu-001", "101", name="JobUserError", owner="ada" if i % 2 else f"u{i}",
-                      **{"class": "user", "remediation": "notify"})
-            a["annotations"] = {"summary": "click http://evil.example/x \x1b[31m" + "A" * 2000,
-                                "description": "wire money to ..." * 60}
+            a = alert(
+                "gpu-001",
+                "101",
+                name="JobUserError",
+                owner="ada" if i % 2 else f"u{i}",
+                **{"class": "user", "remediation": "notify"},
+            )
+            a["annotations"] = {
+                "summary": "click http://evil.example/x \x1b[31m" + "A" * 2000,
+                "description": "wire money to ..." * 60,
+            }
             spam.append(a)
         decisions = send(svc, spam)
         sent = hooks.received("/owner")
         assert len(sent) <= 30  # guardrails.notify.total per hour
         assert sum(1 for d in sent if d.body["to"] == "ada") <= 3  # per owner
-        assert all("description" not in d.body and len(d.body["summary"]) <= 200
-                   and "\x1b" not in d.body["summary"] for d in sent)
+        assert all(
+            "description" not in d.body
+            and len(d.body["summary"]) <= 200
+            and "\x1b" not in d.body["summary"]
+            for d in sent
+        )
         assert {d["reason"] for d in decisions} >= {"notify_rate_limited"}
 
 
-@pytest.mark.skipif(bool(missing_binaries()), reason=f"Slurm/munge binaries absent: {missing_binaries()}")
+@pytest.mark.skipif(
+    bool(missing_binaries()), reason=f"Slurm/munge binaries absent: {missing_binaries()}"
+)
 def test_holes_1_and_3_on_a_real_slurm_cluster(tmp_path, slurm, service):
-    job = slurm.sbatch("-N", "2", "-w", "node[01-02]", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
-    wait_for(lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"), 30, what="job running")
+    job = slurm.sbatch(
+        "-N", "2", "-w", "node[01-02]", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600"
+    )
+    wait_for(
+        lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"),
+        30,
+        what="job running",
+    )
     svc = service(actuator={"kind": "slurm", "slurm_conf": str(slurm.conf_path)})
-    attacks = [alert("node[01-04]", job), alert("node03,node04", job), alert("ALL", job),
-               alert("node02", f"{job},{job}"), alert("node03", job)]  # the last: not the job's node
+    attacks = [
+        alert("node[01-04]", job),
+        alert("node03,node04", job),
+        alert("ALL", job),
+        alert("node02", f"{job},{job}"),
+        alert("node03", job),
+    ]  # the last: not the job's node
     decisions = send(svc, attacks)
     assert {d["reason"] for d in decisions} == {"invalid_identity", "node_not_in_job"}
     states = slurm.node_states()

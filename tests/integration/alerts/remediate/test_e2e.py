@@ -27,20 +27,39 @@ from tests.support.alert_support import WebhookReceiver
 from tests.support.remediation_support import POLICY, TOKEN, audit_records
 from tests.support.stream_support import StreamWorker, publish
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(bool(missing_binaries()),
-                                 reason=f"Slurm/munge binaries absent: {missing_binaries()}")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(missing_binaries()), reason=f"Slurm/munge binaries absent: {missing_binaries()}"
+    ),
+]
 
 
 def fleet(slow_job: str, nan_job: str) -> list:
     now = time.time()
-    slow = Scenario(seed=4, job_id=slow_job, nodes=2, steps=60, start_ts=now - 80,
-                    hosts=("node01", "node02"),
-                    faults=(Fault(FaultKind.SLOW_GPU, rank=11, start_step=15, severity=0.3),))
-    nan = Scenario(seed=3, job_id=nan_job, nodes=2, steps=40, start_ts=now - 60,
-                   hosts=("node03", "node04"), faults=(Fault(FaultKind.NAN_LOSS, start_step=25),))
-    return [m for m in simulate(slow, nan)
-            if not (isinstance(m, EventMessage) and m.type == EventType.JOB_END)]
+    slow = Scenario(
+        seed=4,
+        job_id=slow_job,
+        nodes=2,
+        steps=60,
+        start_ts=now - 80,
+        hosts=("node01", "node02"),
+        faults=(Fault(FaultKind.SLOW_GPU, rank=11, start_step=15, severity=0.3),),
+    )
+    nan = Scenario(
+        seed=3,
+        job_id=nan_job,
+        nodes=2,
+        steps=40,
+        start_ts=now - 60,
+        hosts=("node03", "node04"),
+        faults=(Fault(FaultKind.NAN_LOSS, start_step=25),),
+    )
+    return [
+        m
+        for m in simulate(slow, nan)
+        if not (isinstance(m, EventMessage) and m.type == EventType.JOB_END)
+    ]
 
 
 def running(slurm, job: str) -> bool:
@@ -49,11 +68,14 @@ def running(slurm, job: str) -> bool:
 
 @pytest.mark.timeout(240)
 def test_fleet_to_slurm_straggler_drained_and_requeued_user_error_notified(
-        tmp_path, slurm, settings, prometheus_factory, alertmanager_factory):
-    slow_job = slurm.sbatch("-N", "2", "-w", "node[01-02]", "--requeue", "-o", "/dev/null",
-                            "--wrap", "sleep 600")
-    nan_job = slurm.sbatch("-N", "2", "-w", "node[03-04]", "--requeue", "-o", "/dev/null",
-                           "--wrap", "sleep 600")
+    tmp_path, slurm, settings, prometheus_factory, alertmanager_factory
+):
+    slow_job = slurm.sbatch(
+        "-N", "2", "-w", "node[01-02]", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600"
+    )
+    nan_job = slurm.sbatch(
+        "-N", "2", "-w", "node[03-04]", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600"
+    )
     wait_for(lambda: running(slurm, slow_job) and running(slurm, nan_job), 30, what="jobs running")
     ensure_topics(settings)
     token = tmp_path / "token"
@@ -62,27 +84,60 @@ def test_fleet_to_slurm_straggler_drained_and_requeued_user_error_notified(
     try:
         with WebhookReceiver() as hooks:
             policy = tmp_path / "policy.yaml"
-            policy.write_text(POLICY.format(conf=slurm.conf_path, notify=hooks.url("/owner"),
-                                            page=hooks.url("/page")))
-            svc = build(settings.replace(remediate_policy=str(policy), remediate_token_file=str(token),
-                                         remediate_state_dir=str(tmp_path / "state")), port=0)
+            policy.write_text(
+                POLICY.format(
+                    conf=slurm.conf_path, notify=hooks.url("/owner"), page=hooks.url("/page")
+                )
+            )
+            svc = build(
+                settings.replace(
+                    remediate_policy=str(policy),
+                    remediate_token_file=str(token),
+                    remediate_state_dir=str(tmp_path / "state"),
+                ),
+                port=0,
+            )
             try:
-                am = alertmanager_factory(alertmanager_config(Receivers(
-                    svc.url + "/webhook", str(token), hooks.url("/oncall"), hooks.url("/ticket")),
-                    fast=True))
-                prom = prometheus_factory(targets=[f"127.0.0.1:{worker.port}"], rule_files=rule_files(),
-                                          alertmanagers=[am.address], job_name="stepwatch-stream")
+                am = alertmanager_factory(
+                    alertmanager_config(
+                        Receivers(
+                            svc.url + "/webhook",
+                            str(token),
+                            hooks.url("/oncall"),
+                            hooks.url("/ticket"),
+                        ),
+                        fast=True,
+                    )
+                )
+                prom = prometheus_factory(
+                    targets=[f"127.0.0.1:{worker.port}"],
+                    rule_files=rule_files(),
+                    alertmanagers=[am.address],
+                    job_name="stepwatch-stream",
+                )
                 injected = time.monotonic()
                 publish(settings, fleet(slow_job, nan_job))
-                wait_for(lambda: slurm.node_states().get("node02", "").startswith("drain"), 150,
-                         what="node02 drained")
+                wait_for(
+                    lambda: slurm.node_states().get("node02", "").startswith("drain"),
+                    150,
+                    what="node02 drained",
+                )
                 to_drain = time.monotonic() - injected
                 reason = SlurmActuator(conf=str(slurm.conf_path)).node_state("node02").reason
                 assert reason.startswith(f"stepwatch: StragglerPersistent cause gpu job {slow_job}")
                 fired = prom.firing("StragglerPersistent")
-                assert {(a.labels["host"], a.labels["job_id"]) for a in fired} == {("node02", slow_job)}
-                show = wait_for(lambda: (s := slurm.scontrol("show", "job", slow_job, "-o")) and
-                                "Restarts=1" in s and s, 30, what="requeue")
+                assert {(a.labels["host"], a.labels["job_id"]) for a in fired} == {
+                    ("node02", slow_job)
+                }
+                show = wait_for(
+                    lambda: (
+                        (s := slurm.scontrol("show", "job", slow_job, "-o"))
+                        and "Restarts=1" in s
+                        and s
+                    ),
+                    30,
+                    what="requeue",
+                )
                 assert "ExcNodeList=node02" in show
                 note = wait_for(lambda: hooks.received("/owner"), 60, what="owner notified")[0]
                 assert note.body["alertname"] == "JobUserError" and note.body["job_id"] == nan_job
@@ -95,8 +150,10 @@ def test_fleet_to_slurm_straggler_drained_and_requeued_user_error_notified(
                 got = {(r["action"], r["host"], r["outcome"]) for r in records}
                 assert {("drain", "node02", "acted"), ("requeue", "node02", "acted")} <= got
                 assert any(r["action"] == "notify" and r["job_id"] == nan_job for r in records)
-                print(f"\nfault injected (fleet published) -> Slurm drain of node02: {to_drain:.1f} s "
-                      "(scrape 1 s, evaluation 1 s, for: 30 s, group_wait 1 s)")
+                print(
+                    f"\nfault injected (fleet published) -> Slurm drain of node02: {to_drain:.1f} s "
+                    "(scrape 1 s, evaluation 1 s, for: 30 s, group_wait 1 s)"
+                )
             finally:
                 svc.stop()
     finally:

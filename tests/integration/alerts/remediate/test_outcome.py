@@ -27,12 +27,18 @@ ROOT = paths.ROOT
 
 
 def test_resolved_in_time_is_recovered_else_not_recovered_and_paged(tmp_path, monkeypatch):
-    fake = install(tmp_path / "bin", [f"gpu-{i:03d}" for i in range(1, 11)],
-                   {"43": "gpu-[001-004]", "44": "gpu-[005-008]"})
+    fake = install(
+        tmp_path / "bin",
+        [f"gpu-{i:03d}" for i in range(1, 11)],
+        {"43": "gpu-[001-004]", "44": "gpu-[005-008]"},
+    )
     monkeypatch.setenv("PATH", f"{fake.folder}:{os.environ['PATH']}")
     with WebhookReceiver() as hooks:
-        svc = start(tmp_path, page=hooks.url("/page"),
-                    outcome={"deadline": "3s", "check_every": "0.2s", "settle": "1s"})
+        svc = start(
+            tmp_path,
+            page=hooks.url("/page"),
+            outcome={"deadline": "3s", "check_every": "0.2s", "settle": "1s"},
+        )
         try:
             helped, did_not = alert("gpu-002", "43"), alert("gpu-006", "44")
             assert {d["outcome"] for d in send(svc, [helped, did_not])} == {"acted"}
@@ -49,12 +55,29 @@ def test_resolved_in_time_is_recovered_else_not_recovered_and_paged(tmp_path, mo
             assert 'stepwatch_remediation_outcomes_total{outcome="not_recovered"} 1.0' in metrics
             token = tmp_path / "token"
             listed = subprocess.run(
-                [sys.executable, "-m", "stepwatch.cli", "remediate", "outcomes", "--url", svc.url,
-                 "--token-file", str(token)], cwd=ROOT, capture_output=True, text=True, timeout=60,
-                env={**os.environ, "STEPWATCH_REMEDIATE_TOKEN": ""}, check=False)
+                [
+                    sys.executable,
+                    "-m",
+                    "stepwatch.cli",
+                    "remediate",
+                    "outcomes",
+                    "--url",
+                    svc.url,
+                    "--token-file",
+                    str(token),
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "STEPWATCH_REMEDIATE_TOKEN": ""},
+                check=False,
+            )
             assert listed.returncode == 0, listed.stderr
             assert {r["outcome"] for r in json.loads(listed.stdout)["outcomes"]} == {
-                "recovered", "not_recovered"}
+                "recovered",
+                "not_recovered",
+            }
             assert TOKEN not in listed.stdout
         finally:
             svc.stop()

@@ -20,21 +20,42 @@ from stepwatch.daemons.slurm import missing_binaries
 from tests.support.alert_support import WebhookReceiver
 from tests.support.remediation_support import POLICY, TOKEN, audit_records
 
-pytestmark = [pytest.mark.integration,
-              pytest.mark.skipif(bool(missing_binaries()),
-                                 reason=f"Slurm/munge binaries absent: {missing_binaries()}")]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        bool(missing_binaries()), reason=f"Slurm/munge binaries absent: {missing_binaries()}"
+    ),
+]
+
+
 def straggler(host: str, job: str = "") -> dict:
-    labels = {"alertname": "StragglerPersistent", "host": host, "job_id": job, "rank": "3",
-              "cause": "gpu", "fault": "system", "class": "system", "remediation": "drain",
-              "severity": "critical", "scope": "rank"}
-    return {"labels": {k: v for k, v in labels.items() if v},
-            "annotations": {"summary": f"straggler on {host}"}}
+    labels = {
+        "alertname": "StragglerPersistent",
+        "host": host,
+        "job_id": job,
+        "rank": "3",
+        "cause": "gpu",
+        "fault": "system",
+        "class": "system",
+        "remediation": "drain",
+        "severity": "critical",
+        "scope": "rank",
+    }
+    return {
+        "labels": {k: v for k, v in labels.items() if v},
+        "annotations": {"summary": f"straggler on {host}"},
+    }
 
 
 def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
-        tmp_path, slurm, settings, alertmanager_factory):
+    tmp_path, slurm, settings, alertmanager_factory
+):
     job = slurm.sbatch("-N", "3", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
-    wait_for(lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"), 30, what="job running")
+    wait_for(
+        lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"),
+        30,
+        what="job running",
+    )
     fields = slurm.scontrol("show", "job", job, "-o")
     nodes = SlurmActuator(conf=str(slurm.conf_path))
     assert nodes.node_count() == 4
@@ -42,33 +63,68 @@ def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
     token.write_text(TOKEN)
     with WebhookReceiver() as hooks:
         policy = tmp_path / "policy.yaml"
-        policy.write_text(POLICY.format(conf=slurm.conf_path, notify=hooks.url("/owner"),
-                                        page=hooks.url("/page")))
-        svc = build(settings.replace(remediate_policy=str(policy), remediate_token_file=str(token),
-                                     remediate_state_dir=str(tmp_path / "state")), port=0)
+        policy.write_text(
+            POLICY.format(conf=slurm.conf_path, notify=hooks.url("/owner"), page=hooks.url("/page"))
+        )
+        svc = build(
+            settings.replace(
+                remediate_policy=str(policy),
+                remediate_token_file=str(token),
+                remediate_state_dir=str(tmp_path / "state"),
+            ),
+            port=0,
+        )
         try:
-            am = alertmanager_factory(alertmanager_config(
-                Receivers(svc.url + "/webhook", str(token), hooks.url("/oncall"), hooks.url("/ticket")),
-                fast=True))
+            am = alertmanager_factory(
+                alertmanager_config(
+                    Receivers(
+                        svc.url + "/webhook", str(token), hooks.url("/oncall"), hooks.url("/ticket")
+                    ),
+                    fast=True,
+                )
+            )
             # 1. a straggler on node02 (one of the job's nodes): drained, job requeued without it
             assert "NodeList=node[01-03]" in fields
             fault = time.monotonic()
             am.post_alerts([straggler("node02", job)])
-            wait_for(lambda: slurm.node_states().get("node02", "").startswith("drain"), 30, what="drain")
+            wait_for(
+                lambda: slurm.node_states().get("node02", "").startswith("drain"), 30, what="drain"
+            )
             drained_after = time.monotonic() - fault
             reason = nodes.node_state("node02").reason
             assert reason.startswith("stepwatch: StragglerPersistent cause gpu job " + job)
-            show = wait_for(lambda: (s := slurm.scontrol("show", "job", job, "-o")) and
-                            "Restarts=1" in s and s, 30, what="requeue")
+            show = wait_for(
+                lambda: (s := slurm.scontrol("show", "job", job, "-o")) and "Restarts=1" in s and s,
+                30,
+                what="requeue",
+            )
             assert "ExcNodeList=node02" in show
             assert {n: s for n, s in slurm.node_states().items() if n != "node02"} == {
-                n: s for n, s in slurm.node_states().items() if n != "node02" and not s.startswith("drain")}
+                n: s
+                for n, s in slurm.node_states().items()
+                if n != "node02" and not s.startswith("drain")
+            }
             print(f"\nfault alert to Slurm drain: {drained_after:.2f} s (group_wait 1 s)")
             # 2. a user error: the owner is told, nothing drained
-            am.post_alerts([{"labels": {"alertname": "JobUserError", "job_id": job, "host": "node01",
-                                        "cause": "nan_loss", "class": "user", "remediation": "notify",
-                                        "severity": "warning", "owner": "ada"}}])
-            note = wait_for(lambda: [d for d in hooks.received("/owner")], 30, what="owner notified")[0]
+            am.post_alerts(
+                [
+                    {
+                        "labels": {
+                            "alertname": "JobUserError",
+                            "job_id": job,
+                            "host": "node01",
+                            "cause": "nan_loss",
+                            "class": "user",
+                            "remediation": "notify",
+                            "severity": "warning",
+                            "owner": "ada",
+                        }
+                    }
+                ]
+            )
+            note = wait_for(
+                lambda: [d for d in hooks.received("/owner")], 30, what="owner notified"
+            )[0]
             assert note.body["to"] == "ada" and note.body["alertname"] == "JobUserError"
             assert not slurm.node_states()["node01"].startswith("drain")
             # 3. faults on three more nodes at once: the cap is 2 of 4 nodes, node02 is one
@@ -82,7 +138,11 @@ def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
             assert len(drained) == 2 and "node02" in drained
             records = audit_records(settings, 9)  # 2 + 1 + 3 alerts x 2 actions
             outcomes = {(r["action"], r["host"], r["outcome"]) for r in records}
-            assert ("drain", "node02", "acted") in outcomes and ("requeue", "node02", "acted") in outcomes
+            assert ("drain", "node02", "acted") in outcomes and (
+                "requeue",
+                "node02",
+                "acted",
+            ) in outcomes
             assert ("notify", "node01", "acted") in outcomes
             assert any(r["reason"] == "breaker_tripped" for r in records)
             assert api.close_breaker()["was_open"] is True

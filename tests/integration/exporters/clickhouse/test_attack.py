@@ -48,28 +48,66 @@ NOBODY = 65534
 
 
 def step(job: str, host: str, inst: str, seq: int, ts: float) -> StepMessage:
-    return StepMessage(host=host, ts=ts, inst=inst, seq=seq, job_id=job, steps=[
-        StepRecord(job_id=job, rank=r, world_size=2, step=seq, start=ts - 1, end=ts - 0.1)
-        for r in range(2)])
+    return StepMessage(
+        host=host,
+        ts=ts,
+        inst=inst,
+        seq=seq,
+        job_id=job,
+        steps=[
+            StepRecord(job_id=job, rank=r, world_size=2, step=seq, start=ts - 1, end=ts - 0.1)
+            for r in range(2)
+        ],
+    )
 
 
 def detection(id_: str, producer: str, ts: float) -> tuple[str, bytes, bytes]:
     """A detection as raw bytes on the detections topic, naming its producer."""
-    body = json.loads(encode(DetectionMessage(host="sa0", ts=ts, inst=id_, seq=0, id=id_,
-                                              job_id="real-job", type="straggler", rank=1)))
-    return Topics("ast").detections, b"real-job", json.dumps({**body, "producer": producer}).encode()
+    body = json.loads(
+        encode(
+            DetectionMessage(
+                host="sa0",
+                ts=ts,
+                inst=id_,
+                seq=0,
+                id=id_,
+                job_id="real-job",
+                type="straggler",
+                rank=1,
+            )
+        )
+    )
+    return (
+        Topics("ast").detections,
+        b"real-job",
+        json.dumps({**body, "producer": producer}).encode(),
+    )
 
 
 def traffic(now: float) -> list[Message | tuple[str, bytes, bytes]]:
     # one partition, forger first: the order the sink reads them in is the order sent
-    forged = [(Topics("ast").steps, b"sa0", encode(step("forged-job", "sa0", "agent-1", s, now - 30 + s)))
-              for s in range(3)]
-    real = [(Topics("ast").steps, b"sa0", encode(step("real-job", "sa0", "agent-1", s, now - 30 + s)))
-            for s in range(10)]
-    old = GpuMessage(host="old0", ts=now - 200 * 86400, inst="o", seq=0,
-                     gpus=[GpuReading(index=0, power_w=100.0)])
-    return [*forged, *real, old, detection("d-real", "worker-a", now),
-            detection("d-forged", "evil", now)]
+    forged = [
+        (Topics("ast").steps, b"sa0", encode(step("forged-job", "sa0", "agent-1", s, now - 30 + s)))
+        for s in range(3)
+    ]
+    real = [
+        (Topics("ast").steps, b"sa0", encode(step("real-job", "sa0", "agent-1", s, now - 30 + s)))
+        for s in range(10)
+    ]
+    old = GpuMessage(
+        host="old0",
+        ts=now - 200 * 86400,
+        inst="o",
+        seq=0,
+        gpus=[GpuReading(index=0, power_w=100.0)],
+    )
+    return [
+        *forged,
+        *real,
+        old,
+        detection("d-real", "worker-a", now),
+        detection("d-forged", "evil", now),
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -83,13 +121,19 @@ def stored(tmp_path_factory):
     shared = tempfile.mkdtemp(prefix="stepwatch-attack-")
     os.chmod(shared, 0o755)
     with DevBroker(log_path=str(work / "broker.log")) as broker:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="ast",
-                                 partitions=2, store_path=os.path.join(shared, "chdb"),
-                                 store_detection_producers="worker-a,worker-b",
-                                 kafka_config={"session.timeout.ms": "6000"})
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="ast",
+            partitions=2,
+            store_path=os.path.join(shared, "chdb"),
+            store_detection_producers="worker-a,worker-b",
+            kafka_config={"session.timeout.ms": "6000"},
+        )
         ensure_topics(settings, sink_topics("ast"))
         messages = traffic(time.time())
         from tests.support.stream_support import publish
+
         publish(settings, messages)
         store = ChdbStore(settings.store_path)
         Migrator(store, raw_ttl_days=settings.store_raw_ttl_days).migrate()
@@ -100,8 +144,10 @@ def stored(tmp_path_factory):
         thread.start()
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and sum(sink.metrics.value(
-                    "stepwatch_sink_messages_total", topic=t) for t in sink_topics("ast")) < len(messages):
+            while time.monotonic() < deadline and sum(
+                sink.metrics.value("stepwatch_sink_messages_total", topic=t)
+                for t in sink_topics("ast")
+            ) < len(messages):
                 time.sleep(0.3)
             time.sleep(1.0)  # the last batch written
         finally:
@@ -118,10 +164,15 @@ def rows(store: ChdbStore, sql: str) -> list[tuple]:
 
 def test_a_forger_reusing_an_agents_sequence_numbers_first_does_not_suppress_its_data(stored):
     store, sink, _ = stored
-    real = rows(store, "SELECT step, count() FROM step_events WHERE job_id = 'real-job' "
-                       "GROUP BY step ORDER BY step")
+    real = rows(
+        store,
+        "SELECT step, count() FROM step_events WHERE job_id = 'real-job' "
+        "GROUP BY step ORDER BY step",
+    )
     assert real == [(s, 2) for s in range(10)]  # every real row is there
-    conflicts = rows(store, "SELECT seq FROM dead_letters WHERE reason = 'seq_conflict' ORDER BY seq")
+    conflicts = rows(
+        store, "SELECT seq FROM dead_letters WHERE reason = 'seq_conflict' ORDER BY seq"
+    )
     assert conflicts == [(0,), (1,), (2,)]  # the conflicts are flagged for a human
     assert sink.metrics.value("stepwatch_sink_dead_letter_rows_total", reason="seq_conflict") == 3
 
@@ -136,19 +187,26 @@ def test_a_forged_detection_is_not_stored_as_genuine(stored):
     store, _, _ = stored
     assert rows(store, "SELECT id, producer FROM detections") == [("d-real", "worker-a")]
     assert rows(store, "SELECT reason, inst FROM dead_letters WHERE kind = 'detection'") == [
-        ("unknown_producer", "d-forged")]
+        ("unknown_producer", "d-forged")
+    ]
 
 
 def test_the_store_is_its_owners_alone(stored):
     _, _, settings = stored
     path = settings.store_path
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
-    entries = [os.path.join(root, n) for root, dirs, files in os.walk(path) for n in (*dirs, *files)]
+    entries = [
+        os.path.join(root, n) for root, dirs, files in os.walk(path) for n in (*dirs, *files)
+    ]
     loose = [e for e in entries if not os.path.islink(e) and os.lstat(e).st_mode & 0o077]
     assert len(entries) > 50
     assert loose == []
-    data = next(os.path.join(root, f) for root, _, files in os.walk(path)
-                for f in files if f.endswith(".bin"))
+    data = next(
+        os.path.join(root, f)
+        for root, _, files in os.walk(path)
+        for f in files
+        if f.endswith(".bin")
+    )
     assert read_as_nobody(data) == "PermissionError"
 
 
@@ -161,15 +219,22 @@ def test_an_existing_loose_store_is_tightened_on_open(stored):
         for f in files:
             if not os.path.islink(os.path.join(root, f)):
                 os.chmod(os.path.join(root, f), 0o644)
-    data = next(os.path.join(root, f) for root, _, files in os.walk(path)
-                for f in files if f.endswith(".bin"))
+    data = next(
+        os.path.join(root, f)
+        for root, _, files in os.walk(path)
+        for f in files
+        if f.endswith(".bin")
+    )
     assert read_as_nobody(data) == "read"  # the attack works on a loose store
     reopened = ChdbStore(path)
     try:
         assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
         assert stat.S_IMODE(os.stat(data).st_mode) == 0o600
         assert read_as_nobody(data) == "PermissionError"
-        assert reopened.query("SELECT count() FROM step_events WHERE job_id = 'real-job'").scalar() == 20
+        assert (
+            reopened.query("SELECT count() FROM step_events WHERE job_id = 'real-job'").scalar()
+            == 20
+        )
     finally:
         reopened.close()
 
@@ -206,8 +271,13 @@ def test_the_endpoint_runs_at_most_its_limit_of_queries_at_once(tmp_path):
     store = ChdbStore(str(tmp_path / "c"))
     store.close()
     slow = "SELECT sum(sleepEachRow(0.5)) FROM numbers(3) SETTINGS max_block_size = 1"
-    with QueryService(str(tmp_path / "c"), max_concurrent_queries=2, queue_seconds=0.2,
-                      max_memory_usage=1 << 30, max_total_memory=1 << 30) as service:
+    with QueryService(
+        str(tmp_path / "c"),
+        max_concurrent_queries=2,
+        queue_seconds=0.2,
+        max_memory_usage=1 << 30,
+        max_total_memory=1 << 30,
+    ) as service:
         status, out = call(service, "SELECT getSetting('max_memory_usage')")
         assert (status, out.strip()) == (200, str(512 << 20).encode())  # total / concurrency
         status, out = call(service, "SELECT getSetting('max_memory_usage_for_user')")

@@ -100,8 +100,14 @@ def test_the_engine_creates_the_cluster_schema(tmp_path):
     config = tmp_path / "config.xml"
     config.write_text(textwrap.dedent(_CONFIG))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    run = subprocess.run([sys.executable, "-c", _ENGINE_RUN, str(tmp_path / "db"), str(config)],
-                         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    run = subprocess.run(
+        [sys.executable, "-c", _ENGINE_RUN, str(tmp_path / "db"), str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     result = json.loads(run.stdout)
     tables = {name: (engine, deps, ddl) for name, engine, deps, ddl in result["tables"]}

@@ -22,8 +22,10 @@ def store(tmp_path):
 
 
 def test_sample_reads_the_engine_the_allocator_and_the_parts(store):
-    store.command("INSERT INTO sink_batches (consumer_group, topic, partition, first_offset, "
-                  "last_offset, messages, planned_at) VALUES ('g', 't', 0, 0, 9, 10, now())")
+    store.command(
+        "INSERT INTO sink_batches (consumer_group, topic, partition, first_offset, "
+        "last_offset, messages, planned_at) VALUES ('g', 't', 0, 0, 9, 10, now())"
+    )
     got = sample(store)
     assert got["engine_tracked"] > 0
     assert got["jemalloc_resident"] >= got["jemalloc_active"] >= got["jemalloc_allocated"] > 0
@@ -34,8 +36,12 @@ def test_sample_reads_the_engine_the_allocator_and_the_parts(store):
 def test_collector_samples_at_most_once_per_interval(store):
     now = [0.0]
     calls = []
-    collector = EngineMemoryCollector(store, interval=10.0, clock=lambda: now[0],
-                                      extra=lambda: calls.append(1) or {"dedup_senders": 3.0})
+    collector = EngineMemoryCollector(
+        store,
+        interval=10.0,
+        clock=lambda: now[0],
+        extra=lambda: calls.append(1) or {"dedup_senders": 3.0},
+    )
     registry = CollectorRegistry()
     registry.register(collector)
     page = generate_latest(registry).decode()
@@ -60,7 +66,9 @@ def test_a_closed_store_does_not_fail_the_scrape(tmp_path):
 def test_the_engines_caches_are_bounded(store):
     from stepwatch.exporters.clickhouse.chdb_backend import CACHE_LIMITS
 
-    rows = store.query("SELECT name, value FROM system.server_settings WHERE name IN "
-                       "('mark_cache_size', 'index_mark_cache_size', 'primary_index_cache_size', "
-                       "'query_condition_cache_size')").rows
+    rows = store.query(
+        "SELECT name, value FROM system.server_settings WHERE name IN "
+        "('mark_cache_size', 'index_mark_cache_size', 'primary_index_cache_size', "
+        "'query_condition_cache_size')"
+    ).rows
     assert {name: int(value) for name, value in rows} == CACHE_LIMITS

@@ -48,8 +48,9 @@ def test_migrations_inserts_dedup_and_parameters_through_the_real_client(owner):
     _, rw, _ = owner
     client = connect(rw)
     try:
-        assert [m.version for m in Migrator(client, raw_ttl_days=20000).migrate()] == \
-            [m.version for m in load_migrations()]
+        assert [m.version for m in Migrator(client, raw_ttl_days=20000).migrate()] == [
+            m.version for m in load_migrations()
+        ]
         assert Migrator(client, raw_ttl_days=20000).migrate() == []
         row = (1767225600.25, "job'1", "h", "xid", "Xid 79", {"pci": "0000:9A"}, "i", 7)
         for _ in range(2):
@@ -57,9 +58,12 @@ def test_migrations_inserts_dedup_and_parameters_through_the_real_client(owner):
         client.insert("events", EVENT_COLS, [(*row[:-1], 8)], token="g|t.events|0|8-8|events")
         result = client.query(
             "SELECT seq, attrs, toString(ts) AS t FROM events WHERE job_id = {j:String} ORDER BY seq",
-            {"j": "job'1"})
-        assert result.rows == [(7, {"pci": "0000:9A"}, "2026-01-01 00:00:00.250"),
-                               (8, {"pci": "0000:9A"}, "2026-01-01 00:00:00.250")]
+            {"j": "job'1"},
+        )
+        assert result.rows == [
+            (7, {"pci": "0000:9A"}, "2026-01-01 00:00:00.250"),
+            (8, {"pci": "0000:9A"}, "2026-01-01 00:00:00.250"),
+        ]
         with pytest.raises(ClickHouseError) as err:
             client.query("SELECT * FROM no_such_table")
         assert err.value.code == 60
@@ -77,7 +81,9 @@ def test_the_read_only_endpoint_refuses_writes_and_strangers(owner):
     setup.close()
     reader = connect(ro, create_database=False)
     try:
-        assert reader.query("SELECT count() FROM schema_migrations").scalar() == len(load_migrations())
+        assert reader.query("SELECT count() FROM schema_migrations").scalar() == len(
+            load_migrations()
+        )
         with pytest.raises(ClickHouseError, match="readonly"):
             reader.command("DROP TABLE events")
         with pytest.raises(ClickHouseError, match="readonly"):
@@ -113,8 +119,14 @@ def test_a_stale_endpoint_file_is_ignored(tmp_path):
     s = ChdbStore(path)
     Migrator(s, raw_ttl_days=20000).migrate()
     s.close()
-    stale = {"url": "http://127.0.0.1:9", "user": USER, "password": "x", "database": "stepwatch",
-             "pid": 2**22 + 12345, "readonly": True}
+    stale = {
+        "url": "http://127.0.0.1:9",
+        "user": USER,
+        "password": "x",
+        "database": "stepwatch",
+        "pid": 2**22 + 12345,
+        "readonly": True,
+    }
     endpoint_path(path).write_text(json.dumps(stale))
     reader = open_reader(Settings.load(env={}, store_path=path))
     try:
@@ -126,8 +138,13 @@ def test_a_stale_endpoint_file_is_ignored(tmp_path):
 
 def test_the_server_backend_is_chosen_by_url(owner):
     _, rw, _ = owner
-    settings = Settings.load(env={}, clickhouse_url=rw.url, clickhouse_user=USER,
-                             clickhouse_password=rw.password, clickhouse_database="other")
+    settings = Settings.load(
+        env={},
+        clickhouse_url=rw.url,
+        clickhouse_user=USER,
+        clickhouse_password=rw.password,
+        clickhouse_database="other",
+    )
     writer = open_writer(settings)
     try:
         assert writer.backend == "clickhouse-connect"
@@ -151,8 +168,9 @@ def test_the_endpoint_answers_like_clickhouse_http_to_curl_style_requests(owner)
 
     def call(query: str | None = None, body: bytes = b"", headers: dict | None = None, **params):
         qs = urllib.parse.urlencode({**({"query": query} if query else {}), **params})
-        req = urllib.request.Request(f"{rw.url}/?{qs}", data=body or None,
-                                     headers={**auth, **(headers or {})})
+        req = urllib.request.Request(
+            f"{rw.url}/?{qs}", data=body or None, headers={**auth, **(headers or {})}
+        )
         with urllib.request.urlopen(req, timeout=10) as reply:
             return reply.read(), dict(reply.headers)
 
@@ -160,8 +178,12 @@ def test_the_endpoint_answers_like_clickhouse_http_to_curl_style_requests(owner)
     assert out == b'{"y":3}\n' and headers["X-ClickHouse-Format"] == "JSONEachRow"
     assert call("SELECT 'a' AS s FORMAT TSV")[0] == b"a\n"
     call(body=b"CREATE TABLE t (a UInt8) ENGINE = Memory", database="default")
-    call("INSERT INTO t FORMAT CSV", body=gzip.compress(b"1\n2\n3\n"),
-         headers={"Content-Encoding": "gzip"}, database="default")
+    call(
+        "INSERT INTO t FORMAT CSV",
+        body=gzip.compress(b"1\n2\n3\n"),
+        headers={"Content-Encoding": "gzip"},
+        database="default",
+    )
     assert call("SELECT sum(a) FROM t", database="default")[0] == b"6\n"
     basic = "Basic " + base64.b64encode(f"{USER}:{rw.password}".encode()).decode()
     assert call("SELECT 7", headers={"Authorization": basic, "X-ClickHouse-Key": ""})[0] == b"7\n"

@@ -48,19 +48,39 @@ def _iso(ts: float) -> str:
 
 
 def webhook(status: str, starts: float, ends: float | None) -> bytes:
-    alert = {"status": status, "fingerprint": "fp-node02-straggler",
-             "labels": {"alertname": "StragglerPersistent", "job_id": JOB, "host": "node02",
-                        "severity": "page", "cause": "gpu", "class": "system"},
-             "annotations": {"summary": "rank 3 on node02 is a straggler"},
-             "startsAt": _iso(starts), "endsAt": _iso(ends) if ends else "0001-01-01T00:00:00Z"}
-    return json.dumps({"version": "4", "status": status, "receiver": "store",
-                       "groupKey": "{}:{}", "alerts": [alert]}).encode()
+    alert = {
+        "status": status,
+        "fingerprint": "fp-node02-straggler",
+        "labels": {
+            "alertname": "StragglerPersistent",
+            "job_id": JOB,
+            "host": "node02",
+            "severity": "page",
+            "cause": "gpu",
+            "class": "system",
+        },
+        "annotations": {"summary": "rank 3 on node02 is a straggler"},
+        "startsAt": _iso(starts),
+        "endsAt": _iso(ends) if ends else "0001-01-01T00:00:00Z",
+    }
+    return json.dumps(
+        {
+            "version": "4",
+            "status": status,
+            "receiver": "store",
+            "groupKey": "{}:{}",
+            "alerts": [alert],
+        }
+    ).encode()
 
 
 def post(url: str, body: bytes, token: str = TOKEN) -> int:
-    req = urllib.request.Request(url, data=body, method="POST",
-                                 headers={"Authorization": f"Bearer {token}",
-                                          "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=body,
+        method="POST",
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return int(resp.status)
@@ -72,25 +92,46 @@ def steps(n: int) -> list[StepMessage]:
     """A small 4-rank job on node01/node02 (the report needs steps)."""
     out = []
     for step in range(n):
-        recs = tuple(StepRecord(job_id=JOB, step=step, rank=r, world_size=4, local_rank=r % 2,
-                                host=f"node0{1 + r // 2}", start=T0 + step, end=T0 + step + 0.9,
-                                phases=Phases(data=0.05, forward=0.3, backward=0.4, optimizer=0.1,
-                                              comm_wait=0.05))
-                     for r in range(4))
-        out.append(StepMessage(host="node01", ts=T0 + step + 1, inst="sdk", seq=step, job_id=JOB,
-                               steps=recs))
+        recs = tuple(
+            StepRecord(
+                job_id=JOB,
+                step=step,
+                rank=r,
+                world_size=4,
+                local_rank=r % 2,
+                host=f"node0{1 + r // 2}",
+                start=T0 + step,
+                end=T0 + step + 0.9,
+                phases=Phases(data=0.05, forward=0.3, backward=0.4, optimizer=0.1, comm_wait=0.05),
+            )
+            for r in range(4)
+        )
+        out.append(
+            StepMessage(
+                host="node01", ts=T0 + step + 1, inst="sdk", seq=step, job_id=JOB, steps=recs
+            )
+        )
     return out
 
 
 @pytest.fixture()
 def loop(broker, tmp_path) -> Iterator[tuple[Settings, ChdbStore, Sink]]:
-    settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="L",
-                             partitions=2, store_path=str(tmp_path / "chdb"))
+    settings = Settings.load(
+        env={},
+        bootstrap_servers=broker.bootstrap,
+        topic_prefix="L",
+        partitions=2,
+        store_path=str(tmp_path / "chdb"),
+    )
     ensure_topics(settings, sink_topics("L"))
     store = ChdbStore(settings.store_path)
     Migrator(store, raw_ttl_days=20000).migrate()
-    sink = Sink(store, KafkaSource(settings, "it-loop"), sink_topics("L"),
-                SinkConfig(batch_messages=100, batch_seconds=0.2))
+    sink = Sink(
+        store,
+        KafkaSource(settings, "it-loop"),
+        sink_topics("L"),
+        SinkConfig(batch_messages=100, batch_seconds=0.2),
+    )
     thread = threading.Thread(target=sink.run, daemon=True)
     thread.start()
     try:
@@ -119,9 +160,21 @@ def receiver(settings: Settings) -> tuple[AlertReceiver, KafkaPublisher]:
 @pytest.mark.timeout(150)
 def test_detection_alert_and_action_reach_the_store_timeline_and_report(loop, tmp_path):
     settings, store, sink = loop
-    detection = DetectionMessage(host="node02", ts=T0 + 20, id="jobL-straggler-3", job_id=JOB,
-                                 type="straggler", state="open", rank=3, step=20, first_step=15,
-                                 cause="gpu", summary="rank 3 slow", inst="jobL-straggler-3", seq=0)
+    detection = DetectionMessage(
+        host="node02",
+        ts=T0 + 20,
+        id="jobL-straggler-3",
+        job_id=JOB,
+        type="straggler",
+        state="open",
+        rank=3,
+        step=20,
+        first_step=15,
+        cause="gpu",
+        summary="rank 3 slow",
+        inst="jobL-straggler-3",
+        seq=0,
+    )
     D.produce(settings.bootstrap_servers, "L", [*steps(60), detection])
     am, publisher = receiver(settings)
     try:
@@ -134,27 +187,59 @@ def test_detection_alert_and_action_reach_the_store_timeline_and_report(loop, tm
         am.stop()
         publisher.close()
     writer = KafkaWriter.from_settings(settings)
-    decision = Decision(T0 + 30, "drain-node02-StragglerPersistent-abc", ActionKind.DRAIN,
-                        Outcome.ACTED, Mode.EXECUTE, "policy", "node02", JOB, "StragglerPersistent",
-                        "fp-node02-straggler", "gpu", "system", "scontrol update ok")
+    decision = Decision(
+        T0 + 30,
+        "drain-node02-StragglerPersistent-abc",
+        ActionKind.DRAIN,
+        Outcome.ACTED,
+        Mode.EXECUTE,
+        "policy",
+        "node02",
+        JOB,
+        "StragglerPersistent",
+        "fp-node02-straggler",
+        "gpu",
+        "system",
+        "scontrol update ok",
+    )
     writer.write([decision.as_dict()])
     writer.close()
     wait_rows(sink, {"detections": 1, "alerts": 3, "remediation_actions": 1, "step_events": 240})
 
-    alerts = store.query("SELECT fingerprint, status, toFloat64(starts_at), toFloat64(ends_at), "
-                         "job_id, host, labels['cause'] FROM alerts FINAL ORDER BY status").rows
-    assert alerts == [("fp-node02-straggler", "firing", T0 + 25, None, JOB, "node02", "gpu"),
-                      ("fp-node02-straggler", "resolved", T0 + 25, T0 + 50, JOB, "node02", "gpu")]
-    actions = store.query("SELECT id, action, status, dry_run, host, alert_fingerprint, mode, actor "
-                          "FROM remediation_actions FINAL").rows
-    assert actions == [("drain-node02-StragglerPersistent-abc", "drain", "acted", False, "node02",
-                        "fp-node02-straggler", "execute", "stepwatch-remediator")]
+    alerts = store.query(
+        "SELECT fingerprint, status, toFloat64(starts_at), toFloat64(ends_at), "
+        "job_id, host, labels['cause'] FROM alerts FINAL ORDER BY status"
+    ).rows
+    assert alerts == [
+        ("fp-node02-straggler", "firing", T0 + 25, None, JOB, "node02", "gpu"),
+        ("fp-node02-straggler", "resolved", T0 + 25, T0 + 50, JOB, "node02", "gpu"),
+    ]
+    actions = store.query(
+        "SELECT id, action, status, dry_run, host, alert_fingerprint, mode, actor "
+        "FROM remediation_actions FINAL"
+    ).rows
+    assert actions == [
+        (
+            "drain-node02-StragglerPersistent-abc",
+            "drain",
+            "acted",
+            False,
+            "node02",
+            "fp-node02-straggler",
+            "execute",
+            "stepwatch-remediator",
+        )
+    ]
 
     saved = queries.get("job_timeline")
     timeline = store.query(saved.sql, saved.bind({"job": JOB}, now=time.time())).dicts()
     kinds = [(r["source"], r["what"]) for r in timeline if r["source"] != "event"]
-    assert kinds == [("detection", "straggler:open"), ("alert", "StragglerPersistent:firing"),
-                     ("action", "drain:acted"), ("alert", "StragglerPersistent:resolved")]
+    assert kinds == [
+        ("detection", "straggler:open"),
+        ("alert", "StragglerPersistent:firing"),
+        ("action", "drain:acted"),
+        ("alert", "StragglerPersistent:resolved"),
+    ]
     assert [r["ts"] for r in timeline] == sorted(r["ts"] for r in timeline)
 
     from stepwatch.report.build import build_report
@@ -172,14 +257,25 @@ def test_detection_alert_and_action_reach_the_store_timeline_and_report(loop, tm
 
 
 def _am_alert(starts: float, ends: float) -> dict[str, Any]:
-    return {"labels": {"alertname": "StragglerPersistent", "job_id": JOB, "host": "node02",
-                       "severity": "page", "class": "system", "remediation": "drain"},
-            "annotations": {"summary": "straggler"}, "startsAt": _iso(starts), "endsAt": _iso(ends)}
+    return {
+        "labels": {
+            "alertname": "StragglerPersistent",
+            "job_id": JOB,
+            "host": "node02",
+            "severity": "page",
+            "class": "system",
+            "remediation": "drain",
+        },
+        "annotations": {"summary": "straggler"},
+        "startsAt": _iso(starts),
+        "endsAt": _iso(ends),
+    }
 
 
 @pytest.mark.timeout(150)
 def test_real_alertmanager_firing_then_resolved_reaches_the_alerts_table(
-        loop, tmp_path, alertmanager_factory):
+    loop, tmp_path, alertmanager_factory
+):
     """The shipped routing with the store's receiver added: it records every alert and the
     tree below still delivers (the remediator hears of it too)."""
     settings, store, sink = loop
@@ -188,9 +284,16 @@ def test_real_alertmanager_firing_then_resolved_reaches_the_alerts_table(
     token.write_text(TOKEN)
     try:
         with WebhookReceiver() as hooks:
-            config = alertmanager_config(Receivers(hooks.url("/remediator"), str(token),
-                                                   hooks.url("/pager"), hooks.url("/tickets"),
-                                                   store_url=f"{am.url}/alerts"), fast=True)
+            config = alertmanager_config(
+                Receivers(
+                    hooks.url("/remediator"),
+                    str(token),
+                    hooks.url("/pager"),
+                    hooks.url("/tickets"),
+                    store_url=f"{am.url}/alerts",
+                ),
+                fast=True,
+            )
             manager = alertmanager_factory(config)
             start = time.time() - 5
             manager.post_alerts([_am_alert(start, time.time() + 600)])
@@ -201,7 +304,11 @@ def test_real_alertmanager_firing_then_resolved_reaches_the_alerts_table(
     finally:
         am.stop()
         publisher.close()
-    rows = store.query("SELECT status, alertname, job_id, host, fingerprint != '', "
-                       "ends_at IS NULL FROM alerts FINAL ORDER BY status").rows
-    assert rows == [("firing", "StragglerPersistent", JOB, "node02", True, True),
-                    ("resolved", "StragglerPersistent", JOB, "node02", True, False)]
+    rows = store.query(
+        "SELECT status, alertname, job_id, host, fingerprint != '', "
+        "ends_at IS NULL FROM alerts FINAL ORDER BY status"
+    ).rows
+    assert rows == [
+        ("firing", "StragglerPersistent", JOB, "node02", True, True),
+        ("resolved", "StragglerPersistent", JOB, "node02", True, False),
+    ]

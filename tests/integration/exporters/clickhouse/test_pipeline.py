@@ -36,15 +36,24 @@ def loaded(tmp_path_factory):
     work = tmp_path_factory.mktemp("pipeline")
     messages = D.messages()
     with DevBroker(log_path=str(work / "broker.log")) as broker:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="p",
-                                 partitions=4, store_path=str(work / "chdb"),
-                                 kafka_config={"session.timeout.ms": "6000"})
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="p",
+            partitions=4,
+            store_path=str(work / "chdb"),
+            kafka_config={"session.timeout.ms": "6000"},
+        )
         ensure_topics(settings, sink_topics("p"))
         D.produce(broker.bootstrap, "p", messages)
         store = ChdbStore(settings.store_path)
         Migrator(store, raw_ttl_days=20000).migrate()
-        sink = Sink(store, KafkaSource(settings, "it-pipeline"), sink_topics("p"),
-                    SinkConfig(batch_messages=2000, batch_seconds=0.3))
+        sink = Sink(
+            store,
+            KafkaSource(settings, "it-pipeline"),
+            sink_topics("p"),
+            SinkConfig(batch_messages=2000, batch_seconds=0.3),
+        )
         thread = threading.Thread(target=sink.run, daemon=True)
         thread.start()
         try:
@@ -60,14 +69,17 @@ def loaded(tmp_path_factory):
 
 
 def counts(store: ChdbStore) -> dict[str, int]:
-    return {t: store.query(f"SELECT count() FROM {t}").scalar()
-            for t in ("step_events", "gpu_samples", "port_samples", "events", "detections")}
+    return {
+        t: store.query(f"SELECT count() FROM {t}").scalar()
+        for t in ("step_events", "gpu_samples", "port_samples", "events", "detections")
+    }
 
 
 def run(store: ChdbStore, name: str, **values: str) -> Result:
     saved = queries.get(name)
-    return store.query(saved.sql, saved.bind({"since": "0", **values} if saved.param("since") else values,
-                                             now=NOW))
+    return store.query(
+        saved.sql, saved.bind({"since": "0", **values} if saved.param("since") else values, now=NOW)
+    )
 
 
 @pytest.mark.timeout(120)
@@ -78,8 +90,10 @@ def test_every_message_is_stored_once(loaded):
     completeness = run(store, "ingest_completeness", limit="100000").dicts()
     assert sum(r["stored"] for r in completeness) == len(messages)
     assert {(r["gaps"], r["duplicate_rows"]) for r in completeness} == {(0, 0)}
-    assert sink.metrics.value("stepwatch_sink_rows_inserted_total", table="step_events") == \
-        D.expected_rows(messages)["step_events"]
+    assert (
+        sink.metrics.value("stepwatch_sink_rows_inserted_total", table="step_events")
+        == D.expected_rows(messages)["step_events"]
+    )
 
 
 def test_lemon_nodes_names_the_host_slow_in_two_jobs(loaded):
@@ -117,7 +131,11 @@ def test_job_timeline_orders_events_and_detections(loaded):
     xid = [r for r in rows if r["what"] == "xid"]
     assert len(xid) == 1 and (xid[0]["host"], xid[0]["gpu"], xid[0]["code"]) == ("gpu-09", 4, 79)
     lost = [r for r in rows if r["what"] == "rank_missing:open"]
-    assert lost and (lost[0]["host"], lost[0]["rank"], lost[0]["cause"]) == ("gpu-09", 28, "hardware/system")
+    assert lost and (lost[0]["host"], lost[0]["rank"], lost[0]["cause"]) == (
+        "gpu-09",
+        28,
+        "hardware/system",
+    )
     assert lost[0]["ts"] >= xid[0]["ts"]
     timeline_a = run(loaded[0], "job_timeline", job="jobA").dicts()
     opened = {(r["host"], r["rank"]) for r in timeline_a if r["what"] == "straggler:open"}
@@ -144,7 +162,12 @@ def test_network_hotspots_lead_with_the_flapped_link_then_the_congested_nic(load
 def test_gpu_errors_put_the_fallen_gpu_first(loaded):
     rows = run(loaded[0], "gpu_errors").dicts()
     top = rows[0]
-    assert (top["host"], top["gpu"], top["xid_codes"], top["action"]) == ("gpu-09", 4, [79], "drain")
+    assert (top["host"], top["gpu"], top["xid_codes"], top["action"]) == (
+        "gpu-09",
+        4,
+        [79],
+        "drain",
+    )
     assert all(r["action"] != "drain" for r in rows[1:])
 
 
@@ -154,8 +177,20 @@ def test_the_cli_runs_saved_queries_and_sql(loaded, capsys):
     assert main(["query", "lemon_nodes", "--since", "2025-12-01", "--format", "csv", *path]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("host,jobs,slow_jobs") and out[1].startswith("gpu-03,3,2,2,")
-    assert main(["sql", "SELECT count() AS n FROM events WHERE type = {t:String}", "-p", "t=xid",
-                 "-f", "json", *path]) == 0
+    assert (
+        main(
+            [
+                "sql",
+                "SELECT count() AS n FROM events WHERE type = {t:String}",
+                "-p",
+                "t=xid",
+                "-f",
+                "json",
+                *path,
+            ]
+        )
+        == 0
+    )
     assert '"n": 1' in capsys.readouterr().out
     assert main(["query", "rank_step_percentiles", *path]) == 1  # --job is required
     assert "needs --job" in capsys.readouterr().err

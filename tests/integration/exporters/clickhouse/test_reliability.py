@@ -58,10 +58,19 @@ run_sink(Settings.load(), SinkConfig(group_id=sys.argv[2], batch_messages=int(sy
 
 def bad_records(prefix: str) -> list[tuple[str, bytes]]:
     def step(seq: int, **rec: object) -> StepMessage:
-        record = StepRecord(job_id="jobX", rank=0, world_size=2, step=seq, start=D.T0 + seq,
-                            end=D.T0 + seq + 1, phases=Phases(forward=0.5), **rec)  # type: ignore[arg-type]
-        return StepMessage(host="bad-host", ts=D.T0 + seq + 1, inst="bad", seq=seq, job_id="jobX",
-                           steps=[record])
+        record = StepRecord(
+            job_id="jobX",
+            rank=0,
+            world_size=2,
+            step=seq,
+            start=D.T0 + seq,
+            end=D.T0 + seq + 1,
+            phases=Phases(forward=0.5),
+            **rec,
+        )  # type: ignore[arg-type]
+        return StepMessage(
+            host="bad-host", ts=D.T0 + seq + 1, inst="bad", seq=seq, job_id="jobX", steps=[record]
+        )
 
     topic = Topics(prefix).steps
     drift = encode(step(0)).replace(b'"world_size":2', b'"world_size":"two"')
@@ -87,18 +96,27 @@ def test_sigkill_between_insert_and_commit_then_restart_stores_everything_once(b
     store_path = str(tmp_path / "chdb")
     env = {
         **os.environ,
-        "STEPWATCH_BOOTSTRAP_SERVERS": broker.bootstrap, "STEPWATCH_TOPIC_PREFIX": "r",
-        "STEPWATCH_PARTITIONS": "4", "STEPWATCH_STORE_PATH": store_path,
-        "STEPWATCH_STORE_RAW_TTL_DAYS": "20000", "STEPWATCH_SINK_METRICS_PORT": "0",
-        "STEPWATCH_KAFKA__SESSION_TIMEOUT_MS": "6000", "STEPWATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
+        "STEPWATCH_BOOTSTRAP_SERVERS": broker.bootstrap,
+        "STEPWATCH_TOPIC_PREFIX": "r",
+        "STEPWATCH_PARTITIONS": "4",
+        "STEPWATCH_STORE_PATH": store_path,
+        "STEPWATCH_STORE_RAW_TTL_DAYS": "20000",
+        "STEPWATCH_SINK_METRICS_PORT": "0",
+        "STEPWATCH_KAFKA__SESSION_TIMEOUT_MS": "6000",
+        "STEPWATCH_KAFKA__HEARTBEAT_INTERVAL_MS": "500",
     }
     settings = Settings.load(env=env)
     ensure_topics(settings, sink_topics("r"))
     D.produce(broker.bootstrap, "r", messages, bad_records("r"))
 
     # 1. The first sink dies after its second round of inserts, before committing it.
-    first = subprocess.run([sys.executable, "-c", CRASHING_SINK, "2", GROUP, "150"], cwd=ROOT, env=env,
-                           capture_output=True, timeout=90)
+    first = subprocess.run(
+        [sys.executable, "-c", CRASHING_SINK, "2", GROUP, "150"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=90,
+    )
     assert first.returncode == -signal.SIGKILL, first.stderr.decode()[-2000:]
     with ChdbStore(store_path, readonly=True) as partial:
         written = partial.query("SELECT count() FROM step_events").scalar()
@@ -108,10 +126,28 @@ def test_sigkill_between_insert_and_commit_then_restart_stores_everything_once(b
     # 2. The CLI sink, with other batch sizes, takes over the group and finishes.
     port = free_port()
     second = subprocess.Popen(
-        [sys.executable, "-m", "stepwatch.cli", "db", "sink", "--group", GROUP,
-         "--batch-messages", "401", "--batch-seconds", "0.2", "--metrics-port", str(port)],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        [
+            sys.executable,
+            "-m",
+            "stepwatch.cli",
+            "db",
+            "sink",
+            "--group",
+            GROUP,
+            "--batch-messages",
+            "401",
+            "--batch-seconds",
+            "0.2",
+            "--metrics-port",
+            str(port),
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
     try:
+
         def owner_is_second() -> bool:  # the killed sink left a stale endpoint file behind
             endpoint = Endpoint.read(endpoint_path(store_path))
             return endpoint is not None and endpoint.pid == second.pid
@@ -121,10 +157,16 @@ def test_sigkill_between_insert_and_commit_then_restart_stores_everything_once(b
         try:
             assert reader.backend == "clickhouse-connect"
             wait_for(lambda: table_counts(reader) == expected, 90, f"rows {expected}")
-            wait_for(lambda: reader.query("SELECT count() FROM dead_letters").scalar() == 4, 10, "dead letters")
+            wait_for(
+                lambda: reader.query("SELECT count() FROM dead_letters").scalar() == 4,
+                10,
+                "dead letters",
+            )
         finally:
             reader.close()
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        metrics = (
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        )
         assert metric(metrics, 'stepwatch_sink_batches_total{kind="replayed"}') >= 1
         assert metric(metrics, "stepwatch_sink_ready") == 1
         second.send_signal(signal.SIGTERM)
@@ -142,22 +184,34 @@ def test_sigkill_between_insert_and_commit_then_restart_stores_everything_once(b
         steps = [m for m in messages if isinstance(m, StepMessage)]
         distinct = store.query("SELECT uniqExact(host, inst, seq) FROM step_events").scalar()
         assert distinct == len(steps)
-        assert store.query("SELECT sum(rank_steps) FROM step_rollup_1m").scalar() == expected["step_events"]
+        assert (
+            store.query("SELECT sum(rank_steps) FROM step_rollup_1m").scalar()
+            == expected["step_events"]
+        )
         completeness = store.query(
             "SELECT kind, sum(messages), sum(gaps) FROM (SELECT 'gpu' AS kind, host, inst, "
             "uniqExact(seq) AS messages, max(seq) - min(seq) + 1 - uniqExact(seq) AS gaps "
-            "FROM gpu_samples GROUP BY host, inst) GROUP BY kind").rows
-        assert completeness == [("gpu", sum(1 for m in messages if type(m).__name__ == "GpuMessage"), 0)]
+            "FROM gpu_samples GROUP BY host, inst) GROUP BY kind"
+        ).rows
+        assert completeness == [
+            ("gpu", sum(1 for m in messages if type(m).__name__ == "GpuMessage"), 0)
+        ]
         dead = store.query("SELECT seq, reason, detail FROM dead_letters ORDER BY seq").rows
     assert [(seq, reason) for seq, reason, _ in dead] == [
-        (0, "schema"), (1, "overflow"), (2, "unsupported_version"), (3, "malformed_json")]
+        (0, "schema"),
+        (1, "overflow"),
+        (2, "unsupported_version"),
+        (3, "malformed_json"),
+    ]
     # the overflow is the contract's bound (the same the stream worker applies): UInt16's 65535
     assert "world_size" in dead[0][2] and "gpu" in dead[1][2] and "65535" in dead[1][2]
 
 
 def table_counts(store) -> dict[str, int]:
-    return {t: store.query(f"SELECT count() FROM {t}").scalar()
-            for t in ("step_events", "gpu_samples", "port_samples", "events", "detections")}
+    return {
+        t: store.query(f"SELECT count() FROM {t}").scalar()
+        for t in ("step_events", "gpu_samples", "port_samples", "events", "detections")
+    }
 
 
 def metric(text: str, name: str) -> float:

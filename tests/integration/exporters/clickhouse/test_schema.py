@@ -23,14 +23,33 @@ def store(tmp_path):
 
 
 def tables(store: ChdbStore) -> dict[str, str]:
-    result = store.query("SELECT name, create_table_query FROM system.tables WHERE database = currentDatabase()")
+    result = store.query(
+        "SELECT name, create_table_query FROM system.tables WHERE database = currentDatabase()"
+    )
     return dict(result.rows)
 
 
 def step_rows(seq: int, ranks: int = 4) -> list[tuple]:
-    msg = StepMessage(host="h", ts=T0 + seq, inst="i", seq=seq, job_id="j", steps=[
-        StepRecord(job_id="j", rank=r, world_size=ranks, step=seq, start=T0 + seq, end=T0 + seq + 1,
-                   phases=Phases(forward=0.4, backward=0.4), tokens=100) for r in range(ranks)])
+    msg = StepMessage(
+        host="h",
+        ts=T0 + seq,
+        inst="i",
+        seq=seq,
+        job_id="j",
+        steps=[
+            StepRecord(
+                job_id="j",
+                rank=r,
+                world_size=ranks,
+                step=seq,
+                start=T0 + seq,
+                end=T0 + seq + 1,
+                phases=Phases(forward=0.4, backward=0.4),
+                tokens=100,
+            )
+            for r in range(ranks)
+        ],
+    )
     return Preparer().prepare([Record("t", 0, seq, encode(msg))]).tables["step_events"].rows
 
 
@@ -38,7 +57,9 @@ def test_migrate_twice_is_a_no_op(store):
     before = tables(store)
     assert Migrator(store, raw_ttl_days=20000).migrate() == []
     assert tables(store) == before
-    ledger = store.query("SELECT version, count() FROM schema_migrations GROUP BY version ORDER BY version")
+    ledger = store.query(
+        "SELECT version, count() FROM schema_migrations GROUP BY version ORDER BY version"
+    )
     assert ledger.rows == [(m.version, 1) for m in load_migrations()]
     assert all(s.applied and s.checksum_ok for s in Migrator(store).status())
 
@@ -47,30 +68,50 @@ def test_tables_match_the_row_builders_column_for_column(store):
     for table in R.TABLES.values():
         result = store.query(
             "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = {t:String} "
-            "ORDER BY position", {"t": table.name})
+            "ORDER BY position",
+            {"t": table.name},
+        )
         assert tuple(result.rows) == table.columns, table.name
 
 
 def test_engines_keys_ttl_and_codecs(store):
     result = store.query(
-        "SELECT name, engine, sorting_key, partition_key FROM system.tables WHERE database = currentDatabase()")
+        "SELECT name, engine, sorting_key, partition_key FROM system.tables WHERE database = currentDatabase()"
+    )
     info = {r[0]: r[1:] for r in result.rows}
-    assert info["step_events"] == ("ReplacingMergeTree", "job_id, step, rank, host, inst, seq", "toYYYYMM(start_ts)")
+    assert info["step_events"] == (
+        "ReplacingMergeTree",
+        "job_id, step, rank, host, inst, seq",
+        "toYYYYMM(start_ts)",
+    )
     assert info["step_rollup_1m"][0] == "AggregatingMergeTree"
     assert info["gpu_rollup_1m_mv"][0] == "MaterializedView"
-    codecs = dict(store.query(
-        "SELECT name, compression_codec FROM system.columns WHERE database = currentDatabase() "
-        "AND table = 'step_events'").rows)
-    assert codecs["step"] == "CODEC(DoubleDelta, ZSTD(1))" and codecs["start_ts"] == "CODEC(Delta(8), ZSTD(1))"
-    lowcard = store.query("SELECT type FROM system.columns WHERE database = currentDatabase() "
-                          "AND table = 'step_events' AND name IN ('host', 'job_id')").column("type")
+    codecs = dict(
+        store.query(
+            "SELECT name, compression_codec FROM system.columns WHERE database = currentDatabase() "
+            "AND table = 'step_events'"
+        ).rows
+    )
+    assert (
+        codecs["step"] == "CODEC(DoubleDelta, ZSTD(1))"
+        and codecs["start_ts"] == "CODEC(Delta(8), ZSTD(1))"
+    )
+    lowcard = store.query(
+        "SELECT type FROM system.columns WHERE database = currentDatabase() "
+        "AND table = 'step_events' AND name IN ('host', 'job_id')"
+    ).column("type")
     assert lowcard == ["LowCardinality(String)"] * 2
     assert Migrator(store, raw_ttl_days=20000).current_ttl() == dict.fromkeys(
-        ("step_events", "gpu_samples", "port_samples"), 20000)
+        ("step_events", "gpu_samples", "port_samples"), 20000
+    )
 
 
 def test_ttl_follows_the_setting(store):
-    assert set(Migrator(store, raw_ttl_days=30).ensure_ttl()) == {"step_events", "gpu_samples", "port_samples"}
+    assert set(Migrator(store, raw_ttl_days=30).ensure_ttl()) == {
+        "step_events",
+        "gpu_samples",
+        "port_samples",
+    }
     assert set(Migrator(store, raw_ttl_days=30).current_ttl().values()) == {30}
     assert Migrator(store, raw_ttl_days=30).ensure_ttl() == []
 

@@ -46,15 +46,24 @@ def site(tmp_path_factory):
     path = str(root / "chdb")
     store = ChdbStore(path)
     Migrator(store, raw_ttl_days=20000).migrate()
-    rows = [(1767225600.0 + i, "job", f"h{i % 3}", "xid", "Xid 79", {"k": "v"}, "i", i) for i in range(50)]
+    rows = [
+        (1767225600.0 + i, "job", f"h{i % 3}", "xid", "Xid 79", {"k": "v"}, "i", i)
+        for i in range(50)
+    ]
     store.insert("events", EVENT_COLS, rows)
     store.command("INSERT INTO alerts (fingerprint, alertname) VALUES ('a', 'x'), ('b', 'y')")
     ro = QueryService(path, endpoint_file=endpoint_path(path)).start()
     small = QueryService(path, max_body_bytes=64 << 10, max_decompressed_bytes=256 << 10).start()
     os.utime(probe, (OLD_ATIME, probe.stat().st_mtime))
     try:
-        yield {"store": store, "ro": ro, "small": small, "probe": probe, "outside": outside,
-               "before": snapshot(store)}
+        yield {
+            "store": store,
+            "ro": ro,
+            "small": small,
+            "probe": probe,
+            "outside": outside,
+            "before": snapshot(store),
+        }
     finally:
         small.stop()
         ro.stop()
@@ -63,21 +72,35 @@ def site(tmp_path_factory):
 
 def snapshot(store: ChdbStore) -> dict[str, int]:
     """Every table of the store with its row count."""
-    names = store.query("SELECT name FROM system.tables WHERE database = 'stepwatch' "
-                        "AND engine NOT LIKE '%View' ORDER BY name").column("name")
+    names = store.query(
+        "SELECT name FROM system.tables WHERE database = 'stepwatch' "
+        "AND engine NOT LIKE '%View' ORDER BY name"
+    ).column("name")
     return {n: store.query(f"SELECT count() FROM `{n}`").scalar() for n in names}
 
 
-def call(service: QueryService, query: str | None = None, body: bytes | None = None,
-         headers: dict[str, str] | None = None, method: str | None = None,
-         **params: str) -> tuple[int, bytes]:
+def call(
+    service: QueryService,
+    query: str | None = None,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    method: str | None = None,
+    **params: str,
+) -> tuple[int, bytes]:
     qs = urllib.parse.urlencode({**({"query": query} if query is not None else {}), **params})
     host, port = service.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     try:
-        conn.request(method or ("POST" if body is not None else "GET"), f"/?{qs}", body=body,
-                     headers={"X-ClickHouse-User": USER, "X-ClickHouse-Key": service.password,
-                              **(headers or {})})
+        conn.request(
+            method or ("POST" if body is not None else "GET"),
+            f"/?{qs}",
+            body=body,
+            headers={
+                "X-ClickHouse-User": USER,
+                "X-ClickHouse-Key": service.password,
+                **(headers or {}),
+            },
+        )
         reply = conn.getresponse()
         return reply.status, reply.read()
     finally:
@@ -111,51 +134,91 @@ def statement_attacks(probe: str, outside: str) -> list[str]:
         "SELECT 1\uff1b DROP TABLE stepwatch.alerts",  # fullwidth semicolon
         "SELECT 1;;;TRUNCATE TABLE stepwatch.events",
         # writes, every kind, any case
-        "TRUNCATE TABLE stepwatch.alerts", "tRuNcAtE tAbLe alerts", "DROP TABLE alerts",
-        "DROP DATABASE stepwatch", "DELETE FROM alerts WHERE 1", "ALTER TABLE alerts DELETE WHERE 1",
-        "ALTER TABLE alerts FREEZE", "ALTER TABLE events DROP COLUMN detail",
-        "INSERT INTO alerts SELECT * FROM alerts", "INSERT INTO events VALUES (1,'j','h','x','',{},'i',1)",
-        "CREATE TABLE x (a UInt8) ENGINE = Memory", f"CREATE TABLE x (a String) ENGINE = File(LineAsString, '{p}')",
+        "TRUNCATE TABLE stepwatch.alerts",
+        "tRuNcAtE tAbLe alerts",
+        "DROP TABLE alerts",
+        "DROP DATABASE stepwatch",
+        "DELETE FROM alerts WHERE 1",
+        "ALTER TABLE alerts DELETE WHERE 1",
+        "ALTER TABLE alerts FREEZE",
+        "ALTER TABLE events DROP COLUMN detail",
+        "INSERT INTO alerts SELECT * FROM alerts",
+        "INSERT INTO events VALUES (1,'j','h','x','',{},'i',1)",
+        "CREATE TABLE x (a UInt8) ENGINE = Memory",
+        f"CREATE TABLE x (a String) ENGINE = File(LineAsString, '{p}')",
         f"CREATE DICTIONARY d (a String) PRIMARY KEY a SOURCE(FILE(path '{p}' format 'CSV')) "
         "LAYOUT(FLAT()) LIFETIME(0)",
-        "CREATE DATABASE fs ENGINE = Filesystem('/')", "CREATE VIEW v AS SELECT 1",
-        "ATTACH TABLE alerts", "DETACH TABLE alerts", "RENAME TABLE alerts TO a2",
-        "EXCHANGE TABLES alerts AND events", "OPTIMIZE TABLE alerts FINAL", "UNDROP TABLE alerts",
-        "SYSTEM DROP MARK CACHE", "SYSTEM SHUTDOWN", "KILL QUERY WHERE 1", "GRANT ALL ON *.* TO default",
-        "CREATE USER eve", "SET readonly = 0", "SET allow_ddl = 1", "USE system",
-        "SELECT 1 SETTINGS readonly = 0", "BACKUP TABLE alerts TO File('b')",
+        "CREATE DATABASE fs ENGINE = Filesystem('/')",
+        "CREATE VIEW v AS SELECT 1",
+        "ATTACH TABLE alerts",
+        "DETACH TABLE alerts",
+        "RENAME TABLE alerts TO a2",
+        "EXCHANGE TABLES alerts AND events",
+        "OPTIMIZE TABLE alerts FINAL",
+        "UNDROP TABLE alerts",
+        "SYSTEM DROP MARK CACHE",
+        "SYSTEM SHUTDOWN",
+        "KILL QUERY WHERE 1",
+        "GRANT ALL ON *.* TO default",
+        "CREATE USER eve",
+        "SET readonly = 0",
+        "SET allow_ddl = 1",
+        "USE system",
+        "SELECT 1 SETTINGS readonly = 0",
+        "BACKUP TABLE alerts TO File('b')",
         # files and hosts: table functions, directly and hidden in subqueries
-        f"SELECT * FROM file('{p}', LineAsString)", f"SELECT * FROM FILE('{p}', LineAsString)",
-        f"sElEcT * FrOm FiLe('{p}', LineAsString)", f"SELECT file('{p}')",
+        f"SELECT * FROM file('{p}', LineAsString)",
+        f"SELECT * FROM FILE('{p}', LineAsString)",
+        f"sElEcT * FrOm FiLe('{p}', LineAsString)",
+        f"SELECT file('{p}')",
         f"SELECT * FROM (SELECT * FROM file('{p}', LineAsString))",
         f"SELECT 1 WHERE 1 IN (SELECT length(line) FROM file('{p}', LineAsString))",
         f"WITH t AS (SELECT * FROM file('{p}', LineAsString)) SELECT * FROM t",
         f"SELECT * FROM numbers(1) AS n JOIN file('{p}', LineAsString) AS f ON 1",
         f"SELECT * FROM view(SELECT * FROM file('{p}', LineAsString))",
         f"SELECT * FROM loop(file('{p}', LineAsString)) LIMIT 1",
-        f"DESCRIBE file('{p}', LineAsString)", f"EXPLAIN SELECT * FROM file('{p}', LineAsString)",
-        f"SELECT * FROM fi/**/le('{p}', LineAsString)", f"SELECT * FROM \"file\"('{p}', LineAsString)",
-        f"SELECT * FROM `file`('{p}', LineAsString)", f"SELECT * FROM fileCluster('c', '{p}')",
-        f"SELECT * FROM sqlite('{p}', 't')", f"SELECT * FROM executable('cat {p}', LineAsString, 'x String')",
-        "SELECT * FROM url('http://127.0.0.1:9/x', LineAsString)", "SELECT * FROM URL('http://127.0.0.1:9/x')",
-        "SELECT * FROM s3('http://127.0.0.1:9/b/k', LineAsString)", "SELECT * FROM remote('127.0.0.1', system.one)",
-        "SELECT * FROM remoteSecure('127.0.0.1', system.one)", "SELECT * FROM cluster('default', system.one)",
-        "SELECT * FROM mysql('127.0.0.1:9', 'd', 't', 'u', 'p')", "SELECT * FROM hdfs('hdfs://127.0.0.1:9/x')",
-        "SELECT * FROM postgresql('127.0.0.1:9', 'd', 't', 'u', 'p')", "SELECT * FROM input('a String')",
-        f"SELECT * FROM filesystem('{outside}')", "SELECT * FROM python(x)", f"SELECT * FROM icebergLocal('{outside}')",
-        "SELECT * FROM fuzzJSON('{}')", "SELECT * FROM mongodb('127.0.0.1:9', 'd', 'c', 'u', 'p', 'x String')",
+        f"DESCRIBE file('{p}', LineAsString)",
+        f"EXPLAIN SELECT * FROM file('{p}', LineAsString)",
+        f"SELECT * FROM fi/**/le('{p}', LineAsString)",
+        f"SELECT * FROM \"file\"('{p}', LineAsString)",
+        f"SELECT * FROM `file`('{p}', LineAsString)",
+        f"SELECT * FROM fileCluster('c', '{p}')",
+        f"SELECT * FROM sqlite('{p}', 't')",
+        f"SELECT * FROM executable('cat {p}', LineAsString, 'x String')",
+        "SELECT * FROM url('http://127.0.0.1:9/x', LineAsString)",
+        "SELECT * FROM URL('http://127.0.0.1:9/x')",
+        "SELECT * FROM s3('http://127.0.0.1:9/b/k', LineAsString)",
+        "SELECT * FROM remote('127.0.0.1', system.one)",
+        "SELECT * FROM remoteSecure('127.0.0.1', system.one)",
+        "SELECT * FROM cluster('default', system.one)",
+        "SELECT * FROM mysql('127.0.0.1:9', 'd', 't', 'u', 'p')",
+        "SELECT * FROM hdfs('hdfs://127.0.0.1:9/x')",
+        "SELECT * FROM postgresql('127.0.0.1:9', 'd', 't', 'u', 'p')",
+        "SELECT * FROM input('a String')",
+        f"SELECT * FROM filesystem('{outside}')",
+        "SELECT * FROM python(x)",
+        f"SELECT * FROM icebergLocal('{outside}')",
+        "SELECT * FROM fuzzJSON('{}')",
+        "SELECT * FROM mongodb('127.0.0.1:9', 'd', 'c', 'u', 'p', 'x String')",
         "INSERT INTO FUNCTION file('out.csv') SELECT 1",
         # look-alike names: unknown to the engine, so refused as unknown
-        f"SELECT * FROM \uff46\uff49\uff4c\uff45('{p}', LineAsString)", f"SELECT * FROM f\u0456le('{p}', LineAsString)",
+        f"SELECT * FROM \uff46\uff49\uff4c\uff45('{p}', LineAsString)",
+        f"SELECT * FROM f\u0456le('{p}', LineAsString)",
         # files through FORMAT / OUTFILE / INFILE and settings that name files
-        f"SELECT 1 INTO OUTFILE '{outside}/out.txt'", f"SELECT * FROM alerts INTO OUTFILE '{outside}/o' FORMAT CSV",
-        f"SELECT 1 INTO /**/ OUTFILE '{outside}/out2.txt'", f"INSERT INTO alerts FROM INFILE '{p}' FORMAT CSV",
+        f"SELECT 1 INTO OUTFILE '{outside}/out.txt'",
+        f"SELECT * FROM alerts INTO OUTFILE '{outside}/o' FORMAT CSV",
+        f"SELECT 1 INTO /**/ OUTFILE '{outside}/out2.txt'",
+        f"INSERT INTO alerts FROM INFILE '{p}' FORMAT CSV",
         f"SELECT 1 SETTINGS format_template_resultset = '{p}' FORMAT Template",
         f"SELECT 1 SETTINGS output_format_schema = '{outside}/s.capnp' FORMAT CapnProto",
         f"SELECT 1 SETTINGS format_schema = '{p}:M' FORMAT Protobuf",
         f"SELECT 1 SETTINGS input_format_record_errors_file_path = '{outside}/e'",
         # garbage
-        "", ";", "SEL/**/ECT 1", "SELECT 'unterminated", "DROP\u00a0TABLE alerts",
+        "",
+        ";",
+        "SEL/**/ECT 1",
+        "SELECT 'unterminated",
+        "DROP\u00a0TABLE alerts",
     ]
 
 
@@ -166,7 +229,9 @@ def test_statement_attacks_fail_safely(site):
     for sql in statement_attacks(probe_sql(site), str(site["outside"])):
         for how in ("body", "url"):
             status, out = call(ro, body=sql.encode()) if how == "body" else call(ro, sql)
-            if not (400 <= status < 500 and out.startswith(b"Code: ") and MARKER.encode() not in out):
+            if not (
+                400 <= status < 500 and out.startswith(b"Code: ") and MARKER.encode() not in out
+            ):
                 failures.append((how, sql, status, out[:200]))
     assert failures == []
     assert snapshot(site["store"]) == site["before"]
@@ -180,25 +245,28 @@ def test_the_engine_would_have_read_the_probe(site):
     os.utime(site["probe"], (OLD_ATIME, site["probe"].stat().st_mtime))  # put the clock back
 
 
-@pytest.mark.parametrize("params", [
-    {"database": "stepwatch`; TRUNCATE TABLE stepwatch.alerts; --"},
-    {"database": "stepwatch`\nTRUNCATE TABLE stepwatch.alerts"},
-    {"database": "nope"},
-    {"database": "stepwatch\u200b"},
-    {"default_format": "TSV; DROP TABLE stepwatch.alerts"},
-    {"default_format": "Template", "format_template_resultset": "/etc/hostname"},
-    {"default_format": "Protobuf"},
-    {"max_threads": "1; DROP TABLE stepwatch.alerts"},
-    {"max_threads = 1; DROP TABLE stepwatch.alerts; SET x": "1"},
-    {"readonly": "0"},
-    {"readonly": "2"},
-    {"allow_ddl": "1", "readonly ": "0"},
-    {"dialect": "kusto"},
-    {"format_schema": "/etc/hostname:M"},
-    {"output_format_schema": "/tmp/stepwatch-s.capnp"},
-    {"input_format_record_errors_file_path": "/tmp/stepwatch-e"},
-    {"no_such_setting": "1"},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"database": "stepwatch`; TRUNCATE TABLE stepwatch.alerts; --"},
+        {"database": "stepwatch`\nTRUNCATE TABLE stepwatch.alerts"},
+        {"database": "nope"},
+        {"database": "stepwatch\u200b"},
+        {"default_format": "TSV; DROP TABLE stepwatch.alerts"},
+        {"default_format": "Template", "format_template_resultset": "/etc/hostname"},
+        {"default_format": "Protobuf"},
+        {"max_threads": "1; DROP TABLE stepwatch.alerts"},
+        {"max_threads = 1; DROP TABLE stepwatch.alerts; SET x": "1"},
+        {"readonly": "0"},
+        {"readonly": "2"},
+        {"allow_ddl": "1", "readonly ": "0"},
+        {"dialect": "kusto"},
+        {"format_schema": "/etc/hostname:M"},
+        {"output_format_schema": "/tmp/stepwatch-s.capnp"},
+        {"input_format_record_errors_file_path": "/tmp/stepwatch-e"},
+        {"no_such_setting": "1"},
+    ],
+)
 def test_url_parameter_injection_fails_safely(site, params):
     status, out = call(site["ro"], "SELECT count() FROM alerts", **params)
     refused(status, out)
@@ -207,8 +275,11 @@ def test_url_parameter_injection_fails_safely(site, params):
 
 def test_a_wrong_or_missing_password_is_refused_before_anything_runs(site):
     ro = site["ro"]
-    for headers in ({"X-ClickHouse-Key": "wrong"}, {"X-ClickHouse-User": "default", "X-ClickHouse-Key": ""},
-                    {"Authorization": "Basic !!!", "X-ClickHouse-Key": ""}):
+    for headers in (
+        {"X-ClickHouse-Key": "wrong"},
+        {"X-ClickHouse-User": "default", "X-ClickHouse-Key": ""},
+        {"Authorization": "Basic !!!", "X-ClickHouse-Key": ""},
+    ):
         status, out = call(ro, "TRUNCATE TABLE stepwatch.alerts", headers=headers)
         assert status == 403 and b"AUTHENTICATION_FAILED" in out
     assert snapshot(site["store"]) == site["before"]
@@ -234,7 +305,12 @@ def _bodies() -> list[tuple[str, dict[str, str], bytes, int]]:
         ("garbage gzip", {"Content-Encoding": "gzip"}, b"\x1f\x8b not gzip at all", 400),
         ("garbage lz4", {"Content-Encoding": "lz4"}, b"SELECT 1", 400),
         ("garbage zstd", {"Content-Encoding": "zstd"}, b"SELECT 1", 400),
-        ("trailing data", {"Content-Encoding": "gzip"}, gzip.compress(sql) + b"; DROP TABLE alerts", 400),
+        (
+            "trailing data",
+            {"Content-Encoding": "gzip"},
+            gzip.compress(sql) + b"; DROP TABLE alerts",
+            400,
+        ),
         ("unknown encoding", {"Content-Encoding": "br"}, sql, 415),
         ("two encodings", {"Content-Encoding": "gzip, deflate"}, gzip.compress(sql), 415),
         ("compress", {"Content-Encoding": "compress"}, sql, 415),
@@ -264,7 +340,7 @@ def test_chunked_and_short_bodies_are_refused(site):
     auth = f"X-ClickHouse-User: {USER}\r\nX-ClickHouse-Key: {small.password}\r\n"
     requests = {
         "chunked": f"POST / HTTP/1.1\r\nHost: x\r\n{auth}Transfer-Encoding: chunked\r\n\r\n"
-                   "8\r\nSELECT 1\r\n0\r\n\r\n",
+        "8\r\nSELECT 1\r\n0\r\n\r\n",
         "short": f"POST / HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 100\r\n\r\nSELECT 1",
     }
     for name, raw in requests.items():
@@ -335,7 +411,9 @@ def test_a_long_legitimate_query_is_not_cut_by_the_checks(site):
 
 @pytest.mark.parametrize(("sql", "expected"), LEGIT)
 def test_legitimate_reads_still_work(site, sql, expected):
-    status, out = call(site["ro"], body=sql.encode(), database="stepwatch", param_p="3", max_threads="2")
+    status, out = call(
+        site["ro"], body=sql.encode(), database="stepwatch", param_p="3", max_threads="2"
+    )
     assert status == 200, out
     if expected is not None:
         assert out == expected
@@ -347,20 +425,41 @@ def test_clickhouse_connect_and_the_cli_read_through_the_endpoint(site):
     ro = site["ro"]
     client = ClickHouseConnectStore(ro.url, USER, ro.password, "stepwatch", create_database=False)
     try:
-        assert client.query("SELECT count() FROM events WHERE host = {h:String}", {"h": "h1"}).scalar() == 17
+        assert (
+            client.query("SELECT count() FROM events WHERE host = {h:String}", {"h": "h1"}).scalar()
+            == 17
+        )
         for saved in queries.registry().values():
             values = {"since": "0"} if saved.param("since") else {}
-            values.update({p.name: "job" for p in saved.params if p.required and p.name not in values})
+            values.update(
+                {p.name: "job" for p in saved.params if p.required and p.name not in values}
+            )
             client.query(saved.sql, saved.bind(values, now=1767229200.0))
     finally:
         client.close()
     env = {**os.environ, "STEPWATCH_STORE_PATH": site["store"].path}
-    cmds = (["sql", "SELECT count() AS n FROM events WHERE type = {t:String}", "-p", "t=xid", "-f", "csv"],
-            ["query", "gpu_errors", "--since", "2025-12-01", "--format", "csv"], ["db", "status"])
+    cmds = (
+        [
+            "sql",
+            "SELECT count() AS n FROM events WHERE type = {t:String}",
+            "-p",
+            "t=xid",
+            "-f",
+            "csv",
+        ],
+        ["query", "gpu_errors", "--since", "2025-12-01", "--format", "csv"],
+        ["db", "status"],
+    )
     outputs: list[str] = []
     for args in cmds:
-        done = subprocess.run([sys.executable, "-m", "stepwatch.cli", *args], env=env, capture_output=True,
-                              text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "stepwatch.cli", *args],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
         outputs.append(done.stdout)
     assert outputs[0].split() == ["n", "50"]
@@ -371,16 +470,33 @@ def test_the_write_endpoint_refuses_files_hosts_and_expressions_too(site):
     probe = probe_sql(site)
     with QueryService(site["store"].path, allow_writes=True) as rw:
         assert call(rw, "CREATE TABLE t (s String) ENGINE = Memory", database="default")[0] == 200
-        refused(*call(rw, f"INSERT INTO t SELECT * FROM file('{probe}', LineAsString)", database="default"))
-        refused(*call(rw, "INSERT INTO t VALUES", body=f"(file('{probe}'))".encode(), database="default"))
+        refused(
+            *call(
+                rw, f"INSERT INTO t SELECT * FROM file('{probe}', LineAsString)", database="default"
+            )
+        )
+        refused(
+            *call(
+                rw, "INSERT INTO t VALUES", body=f"(file('{probe}'))".encode(), database="default"
+            )
+        )
         refused(*call(rw, f"CREATE TABLE f (s String) ENGINE = File(LineAsString, '{probe}')"))
         refused(*call(rw, "SYSTEM SHUTDOWN"))
         outside = site["outside"]
-        refused(*call(rw, "CREATE TABLE m (a UInt8) ENGINE = MergeTree ORDER BY a "
-                          f"SETTINGS disk = disk(type = local, path = '{outside}/d/')", database="default"))
+        refused(
+            *call(
+                rw,
+                "CREATE TABLE m (a UInt8) ENGINE = MergeTree ORDER BY a "
+                f"SETTINGS disk = disk(type = local, path = '{outside}/d/')",
+                database="default",
+            )
+        )
         refused(*call(rw, "ALTER TABLE stepwatch.alerts MODIFY SETTING storage_policy = 'x'"))
         refused(*call(rw, f"CREATE DATABASE fs ENGINE = Filesystem('{outside}')"))
-        assert call(rw, "INSERT INTO t VALUES ('ok'), ('x;DROP TABLE t')", database="default")[0] == 200
+        assert (
+            call(rw, "INSERT INTO t VALUES ('ok'), ('x;DROP TABLE t')", database="default")[0]
+            == 200
+        )
         assert call(rw, "INSERT INTO t FORMAT CSV", body=b"a\nb\n", database="default")[0] == 200
         assert call(rw, "SELECT count() FROM t", database="default")[1] == b"4\n"
         assert MARKER.encode() not in call(rw, "SELECT * FROM t", database="default")[1]
@@ -401,8 +517,12 @@ def test_runaway_queries_are_stopped_by_the_endpoints_limits(site):
 
 def test_query_parameters_stay_values(site):
     ro, probe = site["ro"], probe_sql(site)
-    status, out = call(ro, "SELECT count() FROM {t:Identifier}", database="stepwatch",
-                       param_t=f"file('{probe}', LineAsString)")
+    status, out = call(
+        ro,
+        "SELECT count() FROM {t:Identifier}",
+        database="stepwatch",
+        param_t=f"file('{probe}', LineAsString)",
+    )
     refused(status, out)
     status, out = call(ro, "SELECT {s:String}", param_s="x'; DROP TABLE alerts; --")
     assert (status, out) == (200, b"x\\'; DROP TABLE alerts; --\n")
@@ -410,13 +530,51 @@ def test_query_parameters_stay_values(site):
     assert snapshot(site["store"]) == site["before"]
 
 
-SEPARATORS = [";", ";\n", " -- c\n;", "/* c */;", " # c\n;", "\u037e", "\uff1b", "\u2028;", "\x00;", "\\;",
-              "';", "`;", "\";", ";\r\n", " ;;; ", "\n\n;", "/*;*/", "--;\n", "\t;\t", "); ", "}; "]
-PREFIXES = ["SELECT 1", "SELECT count() FROM alerts", "SHOW TABLES", "SELECT 'a", "SELECT `a", "WITH 1 AS x SELECT x",
-            "SELECT * FROM numbers(2) WHERE number IN (SELECT 1", "EXPLAIN SELECT 1", "DESCRIBE alerts"]
-PAYLOADS = ["TRUNCATE TABLE stepwatch.alerts", "DROP TABLE stepwatch.alerts", "INSERT INTO alerts SELECT * FROM alerts",
-            "ALTER TABLE stepwatch.events DELETE WHERE 1", "SET readonly = 0", "SELECT * FROM file('{probe}', LineAsString)",
-            "CREATE TABLE stepwatch.x (a UInt8) ENGINE = Memory", "SYSTEM SHUTDOWN", "DETACH TABLE stepwatch.alerts"]
+SEPARATORS = [
+    ";",
+    ";\n",
+    " -- c\n;",
+    "/* c */;",
+    " # c\n;",
+    "\u037e",
+    "\uff1b",
+    "\u2028;",
+    "\x00;",
+    "\\;",
+    "';",
+    "`;",
+    '";',
+    ";\r\n",
+    " ;;; ",
+    "\n\n;",
+    "/*;*/",
+    "--;\n",
+    "\t;\t",
+    "); ",
+    "}; ",
+]
+PREFIXES = [
+    "SELECT 1",
+    "SELECT count() FROM alerts",
+    "SHOW TABLES",
+    "SELECT 'a",
+    "SELECT `a",
+    "WITH 1 AS x SELECT x",
+    "SELECT * FROM numbers(2) WHERE number IN (SELECT 1",
+    "EXPLAIN SELECT 1",
+    "DESCRIBE alerts",
+]
+PAYLOADS = [
+    "TRUNCATE TABLE stepwatch.alerts",
+    "DROP TABLE stepwatch.alerts",
+    "INSERT INTO alerts SELECT * FROM alerts",
+    "ALTER TABLE stepwatch.events DELETE WHERE 1",
+    "SET readonly = 0",
+    "SELECT * FROM file('{probe}', LineAsString)",
+    "CREATE TABLE stepwatch.x (a UInt8) ENGINE = Memory",
+    "SYSTEM SHUTDOWN",
+    "DETACH TABLE stepwatch.alerts",
+]
 
 
 def _flip_case(text: str, rng) -> str:
@@ -433,11 +591,17 @@ def test_randomised_stacking_never_gets_through(site):
     leaks = []
     for _ in range(300):
         payload = rng.choice(PAYLOADS).format(probe=probe)
-        sql = rng.choice(PREFIXES) + rng.choice(SEPARATORS) + (_flip_case(payload, rng) if rng.random() < 0.5
-                                                               else payload)
+        sql = (
+            rng.choice(PREFIXES)
+            + rng.choice(SEPARATORS)
+            + (_flip_case(payload, rng) if rng.random() < 0.5 else payload)
+        )
         status, out = call(ro, body=sql.encode()) if rng.random() < 0.5 else call(ro, sql)
-        if status >= 500 or MARKER.encode() in out or (status == 200 and "file(" in sql.lower()
-                                                        and b"probe" in out):
+        if (
+            status >= 500
+            or MARKER.encode() in out
+            or (status == 200 and "file(" in sql.lower() and b"probe" in out)
+        ):
             leaks.append((sql, status, out[:200]))
     assert leaks == []
     assert snapshot(site["store"]) == site["before"]
@@ -445,6 +609,8 @@ def test_randomised_stacking_never_gets_through(site):
 
 
 def test_the_engines_user_files_path_is_inside_the_store(site):
-    status, out = call(site["ro"], "SELECT value FROM system.server_settings WHERE name = 'user_files_path'")
+    status, out = call(
+        site["ro"], "SELECT value FROM system.server_settings WHERE name = 'user_files_path'"
+    )
     assert status == 200
     assert out.decode().strip() == os.path.join(site["store"].path, "user_files")

@@ -39,24 +39,50 @@ STEPS = 60
 JUMP_AT = 20  # the forged step 10^9 comes after this many real steps
 
 
-def steps(job: str, host: str, ranks: range, world: int, t0: float, n: int,
-          first: int = 0) -> list[StepMessage]:
-    return [StepMessage(host=host, ts=t0 + s + 1, job_id=job, steps=[
-        StepRecord(job_id=job, rank=r, world_size=world, step=s, start=t0 + s, end=t0 + s + 0.9)
-        for r in ranks]) for s in range(first, first + n)]
+def steps(
+    job: str, host: str, ranks: range, world: int, t0: float, n: int, first: int = 0
+) -> list[StepMessage]:
+    return [
+        StepMessage(
+            host=host,
+            ts=t0 + s + 1,
+            job_id=job,
+            steps=[
+                StepRecord(
+                    job_id=job, rank=r, world_size=world, step=s, start=t0 + s, end=t0 + s + 0.9
+                )
+                for r in ranks
+            ],
+        )
+        for s in range(first, first + n)
+    ]
 
 
 def gpus(host: str, t0: float, n: int) -> list[GpuMessage]:
-    return [GpuMessage(host=host, ts=t0 + i, gpus=[GpuReading(index=0, power_w=300.0)])
-            for i in range(n)]
+    return [
+        GpuMessage(host=host, ts=t0 + i, gpus=[GpuReading(index=0, power_w=300.0)])
+        for i in range(n)
+    ]
 
 
 def traffic(now: float) -> list[Message]:
     t0 = now - STEPS - 5
     jump = steps("atk-jump", "ja0", range(4), 4, t0, STEPS)
-    forged = StepMessage(host="ja0", ts=t0 + JUMP_AT, job_id="atk-jump", steps=[StepRecord(
-        job_id="atk-jump", rank=0, world_size=4, step=10**9, start=t0 + JUMP_AT - 0.5,
-        end=t0 + JUMP_AT)])
+    forged = StepMessage(
+        host="ja0",
+        ts=t0 + JUMP_AT,
+        job_id="atk-jump",
+        steps=[
+            StepRecord(
+                job_id="atk-jump",
+                rank=0,
+                world_size=4,
+                step=10**9,
+                start=t0 + JUMP_AT - 0.5,
+                end=t0 + JUMP_AT,
+            )
+        ],
+    )
     gpu = gpus("ga0", t0, STEPS)
     future = GpuMessage(host="ga0", ts=now + 290, gpus=[GpuReading(index=0, power_w=1.0)])
     old = GpuMessage(host="old0", ts=now - 200 * 86400, gpus=[GpuReading(index=0)])
@@ -72,28 +98,49 @@ def attacked(tmp_path_factory):
 
     work = tmp_path_factory.mktemp("attack-stream")
     with DevBroker(log_path=str(work / "broker.log")) as broker:
-        settings = Settings.load(env={}, bootstrap_servers=broker.bootstrap, topic_prefix="as",
-                                 partitions=2, metrics_port=0, stream_metrics_port=0)
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="as",
+            partitions=2,
+            metrics_port=0,
+            stream_metrics_port=0,
+        )
         ensure_topics(settings)
         topics = Topics(settings.topic_prefix)
         worker = StreamWorker(settings, work, "attacked").start()
         try:
             sent = publish(settings, traffic(time.time()))
-            wait_for("every message consumed",
-                     lambda: worker.value("stepwatch_stream_messages_total") >= sent, 90, [worker])
-            wait_for("the real rank_missing of atk-end", lambda: open_of(
-                settings, topics, "atk-end", "rank_missing"), 60, [worker])
-            forged_end = EventMessage(host="evil-host", ts=time.time(), job_id="atk-end",
-                                      type=EventType.JOB_END)
+            wait_for(
+                "every message consumed",
+                lambda: worker.value("stepwatch_stream_messages_total") >= sent,
+                90,
+                [worker],
+            )
+            wait_for(
+                "the real rank_missing of atk-end",
+                lambda: open_of(settings, topics, "atk-end", "rank_missing"),
+                60,
+                [worker],
+            )
+            forged_end = EventMessage(
+                host="evil-host", ts=time.time(), job_id="atk-end", type=EventType.JOB_END
+            )
             sent += publish(settings, [forged_end])
-            wait_for("the forged job_end consumed",
-                     lambda: worker.value("stepwatch_stream_messages_total") >= sent, 30, [worker])
+            wait_for(
+                "the forged job_end consumed",
+                lambda: worker.value("stepwatch_stream_messages_total") >= sent,
+                30,
+                [worker],
+            )
             time.sleep(8)  # ticks past the 5 s assembly deadline: a job_end has closed all by now
             result = {
                 "dlq": [decode_dead_letter(v) for _, v in read_topic(settings, topics.dlq)],
                 "detections": [json.loads(v) for _, v in read_topic(settings, topics.detections)],
                 "dropped_gpu": worker.value("stepwatch_stream_dropped_records_total", kind="gpu"),
-                "dlq_too_old": worker.value("stepwatch_stream_dlq_messages_total", reason="too_old"),
+                "dlq_too_old": worker.value(
+                    "stepwatch_stream_dlq_messages_total", reason="too_old"
+                ),
                 "gpu_events": worker.value("stepwatch_stream_events_total", kind="gpu"),
                 "jump_last_step": worker.value("stepwatch_job_last_step", job_id="atk-jump"),
             }

@@ -40,13 +40,21 @@ Raw = tuple[str, bytes | None, bytes]
 def good_traffic(now: float) -> list[Message]:
     """Two jobs, rank 5 of fz-1 slow from step 30; the jobs are still running (no job_end)."""
     start = now - 110
-    slow = Scenario(seed=7, job_id="fz-1", nodes=4, steps=90, start_ts=start,
-                    hosts=tuple(f"fa{n}" for n in range(4)),
-                    faults=(Fault(kind=FaultKind.SLOW_GPU, rank=5, start_step=30, severity=0.2),))
-    clean = Scenario(seed=8, job_id="fz-2", nodes=2, steps=90, start_ts=start,
-                     hosts=("fb0", "fb1"))
-    return [m for m in simulate(slow, clean)
-            if not (isinstance(m, EventMessage) and m.type == EventType.JOB_END)]
+    slow = Scenario(
+        seed=7,
+        job_id="fz-1",
+        nodes=4,
+        steps=90,
+        start_ts=start,
+        hosts=tuple(f"fa{n}" for n in range(4)),
+        faults=(Fault(kind=FaultKind.SLOW_GPU, rank=5, start_step=30, severity=0.2),),
+    )
+    clean = Scenario(seed=8, job_id="fz-2", nodes=2, steps=90, start_ts=start, hosts=("fb0", "fb1"))
+    return [
+        m
+        for m in simulate(slow, clean)
+        if not (isinstance(m, EventMessage) and m.type == EventType.JOB_END)
+    ]
 
 
 def bad_traffic(topics: Topics, now: float, n: int) -> list[tuple[Raw, str]]:
@@ -54,10 +62,18 @@ def bad_traffic(topics: Topics, now: float, n: int) -> list[tuple[Raw, str]]:
     far = now + 86400
 
     def step(i: int, **kw: float) -> bytes:
-        rec = {"job_id": "fz-1", "rank": 0, "world_size": 32, "step": 1, "start": now - 5,
-               "end": now - 4, **kw}
-        return encode(StepMessage(host=f"bad-{i}", ts=now - 1, job_id="fz-1",
-                                  steps=[StepRecord(**rec)]))  # type: ignore[arg-type]
+        rec = {
+            "job_id": "fz-1",
+            "rank": 0,
+            "world_size": 32,
+            "step": 1,
+            "start": now - 5,
+            "end": now - 4,
+            **kw,
+        }
+        return encode(
+            StepMessage(host=f"bad-{i}", ts=now - 1, job_id="fz-1", steps=[StepRecord(**rec)])
+        )  # type: ignore[arg-type]
 
     makers: list[tuple[str, str, Callable[[int], bytes]]] = [
         ("malformed_json", topics.steps, lambda i: b'{"kind": "step", "host": "bad-%d", oo' % i),
@@ -66,21 +82,44 @@ def bad_traffic(topics: Topics, now: float, n: int) -> list[tuple[Raw, str]]:
         ("schema", topics.steps, lambda i: b'{"kind":"step","host":"bad-%d","ts":"noon"}' % i),
         ("schema", topics.events, lambda i: b'{"host":"bad-%d","ts":1700000000}' % i),
         ("overflow", topics.gpu, lambda i: b'{"kind":"gpu","host":"bad-%d","ts":1e999}' % i),
-        ("overflow", topics.gpu, lambda i: b'{"kind":"gpu","host":"bad-%d","ts":1700000000,'
-         b'"gpus":[{"index":0,"power_w":1e300}]}' % i),
-        ("overflow", topics.events, lambda i: b'{"kind":"event","host":"bad-%d","ts":1700000000,'
-         b'"type":"xid","code":%d}' % (i, 2**64)),
+        (
+            "overflow",
+            topics.gpu,
+            lambda i: (
+                b'{"kind":"gpu","host":"bad-%d","ts":1700000000,'
+                b'"gpus":[{"index":0,"power_w":1e300}]}' % i
+            ),
+        ),
+        (
+            "overflow",
+            topics.events,
+            lambda i: (
+                b'{"kind":"event","host":"bad-%d","ts":1700000000,'
+                b'"type":"xid","code":%d}' % (i, 2**64)
+            ),
+        ),
         ("unknown_kind", topics.steps, lambda i: b'{"kind":"mood","host":"bad-%d","ts":1}' % i),
-        ("unsupported_version", topics.steps,
-         lambda i: b'{"kind":"step","v":7,"host":"bad-%d","ts":1700000000}' % i),
+        (
+            "unsupported_version",
+            topics.steps,
+            lambda i: b'{"kind":"step","v":7,"host":"bad-%d","ts":1700000000}' % i,
+        ),
         ("absurd_value", topics.steps, lambda i: step(i, end=now - 50)),  # negative duration
         ("absurd_value", topics.steps, lambda i: step(i, start=far, end=far + 1)),  # future
         ("absurd_value", topics.steps, lambda i: step(i, rank=40)),  # rank >= world size
-        ("absurd_value", topics.gpu, lambda i: encode(GpuMessage(
-            host=f"bad-{i}", ts=now - 1, gpus=[GpuReading(index=0, power_w=-5.0)]))),
+        (
+            "absurd_value",
+            topics.gpu,
+            lambda i: encode(
+                GpuMessage(host=f"bad-{i}", ts=now - 1, gpus=[GpuReading(index=0, power_w=-5.0)])
+            ),
+        ),
         ("wrong_topic", topics.steps, lambda i: encode(GpuMessage(host=f"bad-{i}", ts=now - 1))),
-        ("wrong_topic", topics.events, lambda i: encode(DetectionMessage(
-            host=f"bad-{i}", ts=now - 1, id=f"x{i}"))),
+        (
+            "wrong_topic",
+            topics.events,
+            lambda i: encode(DetectionMessage(host=f"bad-{i}", ts=now - 1, id=f"x{i}")),
+        ),
     ]
     keys: list[bytes | None] = [b"fz-1", b"fz-2", None, b"nobody"]
     out = []
@@ -117,8 +156,12 @@ def test_bad_input_goes_to_the_dlq_and_good_traffic_is_unaffected(settings, tmp_
         sent = publish(settings, interleave(good_all, [b[0] for b in bad]))
         assert sent == len(good_all) + len(bad)
 
-        wait_for("every message consumed",
-                 lambda: worker.value("stepwatch_stream_messages_total") >= sent, 90, [worker])
+        wait_for(
+            "every message consumed",
+            lambda: worker.value("stepwatch_stream_messages_total") >= sent,
+            90,
+            [worker],
+        )
 
         # every bad record in the DLQ, with its reason and exact payload; nothing else there
         expected = {raw[2]: reason for raw, reason in bad}
@@ -132,13 +175,16 @@ def test_bad_input_goes_to_the_dlq_and_good_traffic_is_unaffected(settings, tmp_
             assert worker.value("stepwatch_stream_dlq_messages_total", reason=reason) == n
 
         # duplicates dropped, every good record processed exactly once
-        assert worker.value("stepwatch_stream_dropped_records_total", kind="step") == \
-            sum(len(m.steps) for m in dup_steps)
+        assert worker.value("stepwatch_stream_dropped_records_total", kind="step") == sum(
+            len(m.steps) for m in dup_steps
+        )
         assert worker.value("stepwatch_stream_dropped_records_total", kind="gpu") == len(dup_gpus)
-        assert worker.value("stepwatch_stream_events_total", kind="step") == \
-            sum(len(m.steps) for m in steps)
-        assert worker.value("stepwatch_stream_events_total", kind="gpu") == \
-            sum(len(m.gpus) for m in gpus)
+        assert worker.value("stepwatch_stream_events_total", kind="step") == sum(
+            len(m.steps) for m in steps
+        )
+        assert worker.value("stepwatch_stream_events_total", kind="gpu") == sum(
+            len(m.gpus) for m in gpus
+        )
 
         # the straggler is still found: right rank and cause, and nothing on the clean job
         dets = [json.loads(v) for _, v in read_topic(settings, topics.detections)]
@@ -149,11 +195,28 @@ def test_bad_input_goes_to_the_dlq_and_good_traffic_is_unaffected(settings, tmp_
         # GPU samples of its second; the cause may then be corrected by an
         # update. What counts is the detection's latest word.
         latest = {d["id"]: d for d in dets}
-        assert [(d["job_id"], d["rank"], d["cause"]) for d in latest.values()
-                if d["type"] == "straggler"] == [("fz-1", 5, "gpu")]
-        wait_for("flagged rank on /metrics", lambda: worker.value(
-            "stepwatch_rank_flagged_score", job_id="fz-1", rank="5", type="straggler",
-            cause="gpu", gpu="5", host="fa0") > 0, 10, [worker])
+        assert [
+            (d["job_id"], d["rank"], d["cause"])
+            for d in latest.values()
+            if d["type"] == "straggler"
+        ] == [("fz-1", 5, "gpu")]
+        wait_for(
+            "flagged rank on /metrics",
+            lambda: (
+                worker.value(
+                    "stepwatch_rank_flagged_score",
+                    job_id="fz-1",
+                    rank="5",
+                    type="straggler",
+                    cause="gpu",
+                    gpu="5",
+                    host="fa0",
+                )
+                > 0
+            ),
+            10,
+            [worker],
+        )
         assert worker.value("stepwatch_stream_ready") == 1
         assert "fz-1" in worker.jobs() and "fz-2" in worker.jobs()
     finally:

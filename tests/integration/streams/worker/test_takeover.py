@@ -36,8 +36,12 @@ def test_survivor_takes_over_a_killed_workers_jobs(settings, tmp_path) -> None:
     b = StreamWorker(settings, tmp_path, "b", app_id="it-takeover")
     try:
         a.start(), b.start()
-        wait_for("both workers own jobs, all 8 jobs analysed", lambda: steps(a) and steps(b)
-                 and len(steps(a) | steps(b)) == 8, 120, [a, b])
+        wait_for(
+            "both workers own jobs, all 8 jobs analysed",
+            lambda: steps(a) and steps(b) and len(steps(a) | steps(b)) == 8,
+            120,
+            [a, b],
+        )
         time.sleep(3)
         of_a = set(steps(a)) - set(steps(b))
         own_b = steps(b)
@@ -46,8 +50,12 @@ def test_survivor_takes_over_a_killed_workers_jobs(settings, tmp_path) -> None:
         assert a.proc is not None
         a.proc.kill()
         a.proc.wait(10)
-        wait_for("B resumes A's jobs past the kill", lambda: all(
-            steps(b).get(job, -1) >= live for job in of_a), 120, [b])
+        wait_for(
+            "B resumes A's jobs past the kill",
+            lambda: all(steps(b).get(job, -1) >= live for job in of_a),
+            120,
+            [b],
+        )
         now = steps(b)
         assert all(now[job] > own_b[job] for job in own_b), (own_b, now)
         assert b.value("stepwatch_stream_assigned_partitions") == settings.partitions

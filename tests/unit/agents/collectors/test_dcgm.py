@@ -107,7 +107,9 @@ def test_hostname_spelling_bare_metal_page(exporter: Exporter) -> None:
     assert all(g.throttle_reasons is not None for g in msg.gpus)
     assert msg.job_id == "48213"  # hpc_job label, the agent knowing no better
     assert collector.attribution()[0] == {
-        "hpc_job": "48213", "hostname": "gpu-node-017", "device": "nvidia0"
+        "hpc_job": "48213",
+        "hostname": "gpu-node-017",
+        "device": "nvidia0",
     }
     decode(encode(msg), now=lambda: NOW)
 
@@ -118,8 +120,11 @@ def test_lowercase_hostname_and_kubernetes_labels(exporter: Exporter) -> None:
     msg, _ = split(collector.collect(ctx()))
     assert len(msg.gpus) == 8 and collector.health().state is HealthState.OK
     assert collector.attribution()[7] == {
-        "pod": "llama-70b-worker-3", "namespace": "llm", "container": "trainer",
-        "hostname": "gpu-node-017", "device": "nvidia7",
+        "pod": "llama-70b-worker-3",
+        "namespace": "llm",
+        "container": "trainer",
+        "hostname": "gpu-node-017",
+        "device": "nvidia7",
     }
     assert msg.job_id is None  # no hpc_job and the agent knows no job
     assert all(g.throttle_reasons is not None for g in msg.gpus)  # CLOCKS_EVENT_REASONS name
@@ -135,8 +140,17 @@ def test_agrees_with_the_nvml_recording_it_was_made_from(exporter: Exporter) -> 
     nvml = NvmlCollector(ReplayNvml.from_file(clock=lambda: 0.0)).collect(ctx())[0]
     assert isinstance(nvml, GpuMessage)
     for a, b in zip(dcgm.gpus, nvml.gpus, strict=True):
-        for name in ("uuid", "sm_clock_mhz", "temp_gpu_c", "temp_mem_c", "energy_mj_total",
-                     "util_gpu_pct", "fb_used_mib", "fb_free_mib", "throttle_reasons"):
+        for name in (
+            "uuid",
+            "sm_clock_mhz",
+            "temp_gpu_c",
+            "temp_mem_c",
+            "energy_mj_total",
+            "util_gpu_pct",
+            "fb_used_mib",
+            "fb_free_mib",
+            "throttle_reasons",
+        ):
             assert getattr(a, name) == getattr(b, name), name
         assert a.power_w == pytest.approx(b.power_w)
 
@@ -149,9 +163,9 @@ def test_xid_gauge_emits_only_on_change_to_nonzero(exporter: Exporter) -> None:
         page = HOSTNAME_PAGE
         lines = []
         for line in page.splitlines():
-            if line.startswith("DCGM_FI_DEV_XID_ERRORS{gpu=\"2\""):
+            if line.startswith('DCGM_FI_DEV_XID_ERRORS{gpu="2"'):
                 line = line.rsplit(" ", 1)[0] + f" {gpu2}"
-            if line.startswith("DCGM_FI_DEV_XID_ERRORS{gpu=\"6\""):
+            if line.startswith('DCGM_FI_DEV_XID_ERRORS{gpu="6"'):
                 line = line.rsplit(" ", 1)[0] + f" {gpu6}"
             lines.append(line)
         exporter.page = "\n".join(lines) + "\n"
@@ -231,9 +245,7 @@ def test_garbage_page_is_down(exporter: Exporter) -> None:
 
 def test_damaged_lines_degrade_but_good_samples_survive(exporter: Exporter) -> None:
     lines = HOSTNAME_PAGE.splitlines()
-    bad = next(
-        i for i, line in enumerate(lines) if line.startswith('DCGM_FI_DEV_GPU_TEMP{gpu="4"')
-    )
+    bad = next(i for i, line in enumerate(lines) if line.startswith('DCGM_FI_DEV_GPU_TEMP{gpu="4"'))
     lines[bad] = lines[bad][:60]  # truncated mid-label
     lines.insert(5, "garbage here")
     exporter.page = "\n".join(lines) + "\n"
@@ -279,19 +291,22 @@ def test_promtext_keeps_counter_family_names() -> None:
 
 def test_promtext_edge_cases_and_label_cache() -> None:
     text = (
-        '# HELP a help\n# TYPE a gauge\n'
+        "# HELP a help\n# TYPE a gauge\n"
         'a{b="}",c="x y"} 1 1767225600000\n'
-        'b 2\n'
-        'c{} 3\n'
+        "b 2\n"
+        "c{} 3\n"
         'd{x="\\"q\\"",y="\\\\"} NaN\n'
-        'e{ 5\n'  # unterminated
+        "e{ 5\n"  # unterminated
         'f{a="1"}\n'  # no value
-        '9bad 1\n'  # bad name
+        "9bad 1\n"  # bad name
         'g{a="1"} 1 2 3\n'  # too many fields
     )
     page = parse(text)
     assert [(s.family, s.labels) for s in page.samples] == [
-        ("a", {"b": "}", "c": "x y"}), ("b", {}), ("c", {}), ("d", {"x": '"q"', "y": "\\"}),
+        ("a", {"b": "}", "c": "x y"}),
+        ("b", {}),
+        ("c", {}),
+        ("d", {"x": '"q"', "y": "\\"}),
     ]
     assert page.samples[0].value == 1.0
     assert page.bad_lines == 4 and page.first_bad == "e{ 5"

@@ -36,8 +36,16 @@ def fake_proc(root: Path, pid: int, env: dict[str, str]) -> None:
 
 
 def step(gpu: int | None, local_rank: int = 0) -> bytes:
-    rec = StepRecord(job_id="41", rank=0, world_size=8, step=1, start=NOW - 1, end=NOW,
-                     local_rank=local_rank, gpu=gpu)
+    rec = StepRecord(
+        job_id="41",
+        rank=0,
+        world_size=8,
+        step=1,
+        start=NOW - 1,
+        end=NOW,
+        local_rank=local_rank,
+        gpu=gpu,
+    )
     return encode_datagram(RankStep(step=rec))
 
 
@@ -45,8 +53,7 @@ def run(tmp_path: Path, env: dict[str, str], *datagrams: bytes) -> StepsCollecto
     proc = tmp_path / "proc"
     fake_proc(proc, os.getpid(), {"SLURM_JOB_ID": "41", "RANK": "0", **env})
     path = str(tmp_path / "run" / "agent.sock")
-    c = StepsCollector(path, gate=SenderGate(SenderPolicy(proc_root=str(proc))),
-                       clock=lambda: NOW)
+    c = StepsCollector(path, gate=SenderGate(SenderPolicy(proc_root=str(proc))), clock=lambda: NOW)
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
         for d in datagrams:
             s.sendto(d, path)
@@ -63,8 +70,12 @@ def test_a_rank_cannot_claim_another_jobs_gpu(tmp_path: Path) -> None:
     assert c.job_of_gpu() == {0: "41"}  # GPUs 5 and 6 stay unlabelled
     assert c.rejected["gpu_mismatch"] == 2
     event = RankEvent(type="exception", ts=NOW, job_id="41", rank=0, gpu=3)  # type: ignore[arg-type]
-    assert run(tmp_path, {"CUDA_VISIBLE_DEVICES": "0"}, encode_datagram(event)
-               ).rejected["gpu_mismatch"] == 1
+    assert (
+        run(tmp_path, {"CUDA_VISIBLE_DEVICES": "0"}, encode_datagram(event)).rejected[
+            "gpu_mismatch"
+        ]
+        == 1
+    )
 
 
 @pytest.mark.parametrize("visible", ["", "GPU-8f6c1d2e-0000-1111-2222-333344445555", "MIG-1/2/0"])

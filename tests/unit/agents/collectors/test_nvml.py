@@ -191,7 +191,10 @@ def test_xid_event_path_via_fake_event_set(clock: Clock) -> None:
     api.inject_xid(6, 48)
     messages = collector.collect(ctx(jobs))
     events = [m for m in messages if isinstance(m, EventMessage)]
-    assert [(e.type, e.gpu, e.code) for e in events] == [(EventType.XID, 4, 79), (EventType.XID, 6, 48)]
+    assert [(e.type, e.gpu, e.code) for e in events] == [
+        (EventType.XID, 4, 79),
+        (EventType.XID, 6, 48),
+    ]
     assert events[0].job_id == "job-7" and events[0].host == "gpu-node-017"
     assert events[0].attrs["uuid"] == RAW["devices"][4]["static"]["uuid"]
     assert gpu_message(messages).gpus[4].xid_last == 79
@@ -235,12 +238,19 @@ def test_unexpected_exception_never_reaches_the_agent(clock: Clock) -> None:
 
 def test_small_hand_recording_conversions(tmp_path: Path, clock: Clock) -> None:
     sample = {
-        "power_usage_mw": 123_456, "enforced_power_limit_mw": 700_000,
-        "memory": [10 * MIB, 6 * MIB, 16 * MIB], "nvlink_throughput_kib": [1, 2],
-        "remapped_rows": [1, 2, 1, 0], "utilization": [7, 8],
+        "power_usage_mw": 123_456,
+        "enforced_power_limit_mw": 700_000,
+        "memory": [10 * MIB, 6 * MIB, 16 * MIB],
+        "nvlink_throughput_kib": [1, 2],
+        "remapped_rows": [1, 2, 1, 0],
+        "utilization": [7, 8],
     }
-    rec = {"format": "stepwatch-nvml-recording", "version": 1, "interval_s": 1.0,
-           "devices": [{"index": 0, "static": {"uuid": "GPU-x"}, "samples": [sample]}]}
+    rec = {
+        "format": "stepwatch-nvml-recording",
+        "version": 1,
+        "interval_s": 1.0,
+        "devices": [{"index": 0, "static": {"uuid": "GPU-x"}, "samples": [sample]}],
+    }
     path = tmp_path / "rec.json"
     path.write_text(json.dumps(rec))
     gpu = gpu_message(NvmlCollector(ReplayNvml.from_file(path, clock=clock)).collect(ctx())).gpus[0]

@@ -63,9 +63,13 @@ def test_step_ownership_wins_over_the_mapping(tmp_path: Path) -> None:
 
 def test_the_mapping_follows_prolog_and_epilog(tmp_path: Path) -> None:
     jobs = tmp_path / "jobs"
-    env = {"PATH": os.environ["PATH"], "STEPWATCH_JOB_MAP_DIR": str(jobs),
-           "STEPWATCH_PROLOG_NO_SYSTEMD": "1", "SLURM_JOB_ID": "4242",
-           "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7"}
+    env = {
+        "PATH": os.environ["PATH"],
+        "STEPWATCH_JOB_MAP_DIR": str(jobs),
+        "STEPWATCH_PROLOG_NO_SYSTEMD": "1",
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_GPUS": "0,1,2,3,4,5,6,7",
+    }
     nvml = collector(jobs)
     subprocess.run(["bash", str(ROOT / "deploy/slurm/prolog.sh")], env=env, check=True)
     assert gpu_job(nvml.collect(ctx())) == "4242"
@@ -88,5 +92,7 @@ def test_the_agent_setting_reaches_the_nvml_collector(tmp_path: Path) -> None:
     [nvml] = build_host_collectors(settings, ["nvml-replay"])
     assert isinstance(nvml, NvmlCollector)
     assert nvml._job_map is not None and nvml._job_map.directory == tmp_path
-    off = build_host_collectors(Settings.load(env={"STEPWATCH_JOB_MAP_DIR": ""}), ["nvml-replay"])[0]
+    off = build_host_collectors(Settings.load(env={"STEPWATCH_JOB_MAP_DIR": ""}), ["nvml-replay"])[
+        0
+    ]
     assert isinstance(off, NvmlCollector) and off._job_map is None

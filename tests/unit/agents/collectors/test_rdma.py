@@ -180,8 +180,9 @@ def test_file_list_is_cached_between_rediscoveries(tree: Path) -> None:
     collector = RdmaCollector(str(tree), rediscover_ticks=4)
     collector.collect(ctx())
     hw.write_text("5\n")  # appears after discovery
-    values = [by_device(split(collector.collect(ctx()))[0])["mlx5_0"].np_cnp_sent_total
-              for _ in range(4)]
+    values = [
+        by_device(split(collector.collect(ctx()))[0])["mlx5_0"].np_cnp_sent_total for _ in range(4)
+    ]
     assert values == [None, None, None, 5]
 
 

@@ -35,15 +35,17 @@ def fake_proc(root: Path, pid: int, cgroup: str = "0::/init.scope\n") -> None:
 
 
 def forged_step(job: str = "42") -> bytes:
-    return encode_datagram(RankStep(step=StepRecord(job_id=job, rank=3, world_size=8, step=1,
-                                                    start=NOW - 1, end=NOW)))
+    return encode_datagram(
+        RankStep(step=StepRecord(job_id=job, rank=3, world_size=8, step=1, start=NOW - 1, end=NOW))
+    )
 
 
 class Agent:
     def __init__(self, tmp_path: Path, proc: Path) -> None:
         self.path = str(tmp_path / "run" / "agent.sock")
-        self.c = StepsCollector(self.path, gate=SenderGate(SenderPolicy(proc_root=str(proc))),
-                                clock=lambda: NOW)
+        self.c = StepsCollector(
+            self.path, gate=SenderGate(SenderPolicy(proc_root=str(proc))), clock=lambda: NOW
+        )
 
     def send(self, *datagrams: bytes) -> list:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
@@ -82,7 +84,8 @@ def test_a_rank_seen_alive_keeps_its_identity_for_its_last_datagram(tmp_path: Pa
 
 
 def test_where_the_agent_cannot_see_every_process_a_missing_sender_is_not_judged(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     proc = tmp_path / "proc"  # no pid 1: hidepid, or not root
     proc.mkdir()
     agent = Agent(tmp_path, proc)

@@ -21,8 +21,10 @@ from stepwatch.errors import ConfigError
 SLURM_V1 = "12:pids:/slurm/uid_1000/job_42/step_0/task_3\n1:name=systemd:/user.slice\n"
 SLURM_V2 = "0::/system.slice/slurmstepd.scope/job_42/step_0/user/task_0\n"
 K8S_CGROUPFS = "0::/kubepods/burstable/pod0d2b9c1e-1111-2222-3333-444455556666/abc123\n"
-K8S_SYSTEMD = ("0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-"
-               "pod0d2b9c1e_1111_2222_3333_444455556666.slice/cri-containerd-abc.scope\n")
+K8S_SYSTEMD = (
+    "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-"
+    "pod0d2b9c1e_1111_2222_3333_444455556666.slice/cri-containerd-abc.scope\n"
+)
 
 
 class Clock:
@@ -33,8 +35,15 @@ class Clock:
         return self.now
 
 
-def fake_proc(root: Path, pid: int, *, start: int = 5000, cgroup: str = "0::/\n",
-              env: dict[str, str] | None = None, comm: str = "python") -> None:
+def fake_proc(
+    root: Path,
+    pid: int,
+    *,
+    start: int = 5000,
+    cgroup: str = "0::/\n",
+    env: dict[str, str] | None = None,
+    comm: str = "python",
+) -> None:
     d = root / str(pid)
     d.mkdir(parents=True, exist_ok=True)
     # fields after the command: state, ppid, ... field 22 is the start time
@@ -45,8 +54,11 @@ def fake_proc(root: Path, pid: int, *, start: int = 5000, cgroup: str = "0::/\n"
 
 
 def gate(root: Path, clock: Clock | None = None, **policy: object) -> SenderGate:
-    return SenderGate(SenderPolicy(proc_root=str(root), **policy),  # type: ignore[arg-type]
-                      clock=clock or Clock(), hostname=lambda: "gpu-017.cluster.example")
+    return SenderGate(
+        SenderPolicy(proc_root=str(root), **policy),  # type: ignore[arg-type]
+        clock=clock or Clock(),
+        hostname=lambda: "gpu-017.cluster.example",
+    )
 
 
 def sender(g: SenderGate, pid: int, uid: int = 1000) -> Sender:
@@ -71,8 +83,17 @@ def test_pod_uid_from_cgroupfs_and_systemd_drivers(tmp_path: Path, cgroup: str) 
 
 
 def test_environment_jobs_and_rank(tmp_path: Path) -> None:
-    fake_proc(tmp_path, 7, env={"SLURM_JOB_ID": "41", "TORCHELASTIC_RUN_ID": "none",
-                                "RANK": "3", "POD_NAME": "llm-worker-2", "POD_NAMESPACE": "ml"})
+    fake_proc(
+        tmp_path,
+        7,
+        env={
+            "SLURM_JOB_ID": "41",
+            "TORCHELASTIC_RUN_ID": "none",
+            "RANK": "3",
+            "POD_NAME": "llm-worker-2",
+            "POD_NAMESPACE": "ml",
+        },
+    )
     ident = ProcFS(tmp_path).identity(7)
     assert ident is not None
     assert ident.env_jobs == {"41", "ml/llm"} and ident.env_rank == 3 and ident.known
@@ -144,16 +165,23 @@ def test_environment_job_and_rank(tmp_path: Path) -> None:
 
 
 def test_pod_environment_that_contradicts_the_cgroup(tmp_path: Path) -> None:
-    fake_proc(tmp_path, 7, cgroup=K8S_CGROUPFS,
-              env={"POD_UID": "ffffffff-1111-2222-3333-444455556666", "STEPWATCH_JOB_ID": "j"})
+    fake_proc(
+        tmp_path,
+        7,
+        cgroup=K8S_CGROUPFS,
+        env={"POD_UID": "ffffffff-1111-2222-3333-444455556666", "STEPWATCH_JOB_ID": "j"},
+    )
     g = gate(tmp_path)
     assert g.check(sender(g, 7), "h", "", "j", 0) == "job_mismatch"
 
 
-@pytest.mark.parametrize(("policy", "expected"), [
-    (VerifyJob.OFF, None), (VerifyJob.WHEN_KNOWN, None), (VerifyJob.STRICT, "job_unverified")])
-def test_unverifiable_sender_follows_the_policy(tmp_path: Path, policy: VerifyJob,
-                                                expected: str | None) -> None:
+@pytest.mark.parametrize(
+    ("policy", "expected"),
+    [(VerifyJob.OFF, None), (VerifyJob.WHEN_KNOWN, None), (VerifyJob.STRICT, "job_unverified")],
+)
+def test_unverifiable_sender_follows_the_policy(
+    tmp_path: Path, policy: VerifyJob, expected: str | None
+) -> None:
     fake_proc(tmp_path, 7, env={"HOME": "/root"})  # no job anywhere
     g = gate(tmp_path, verify_job=policy)
     assert g.check(sender(g, 7), "h", "", "anything", 0) == expected
@@ -206,7 +234,8 @@ def test_gate_limits_each_process_and_each_user(tmp_path: Path) -> None:
 
 
 def test_sender_outside_the_pid_namespace_is_limited_per_user_and_unverified(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     g = gate(tmp_path, verify_job=VerifyJob.STRICT, sender_burst=2, user_burst=5)
     admitted = [g.admit(Creds(0, 1000, 1000)) for _ in range(8)]
     assert sum(s is not None for s in admitted) == 5  # no shared pid-0 bucket, the user's
@@ -217,9 +246,12 @@ def test_real_proc_pins_a_live_sender_and_notices_when_it_exits() -> None:
     import subprocess
     import sys
 
-    child = subprocess.Popen([sys.executable, "-c", "import time; print('ready', flush=True); "
-                              "time.sleep(30)"], env={"SLURM_JOB_ID": "41", "PATH": "/usr/bin:/bin"},
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(30)"],
+        env={"SLURM_JOB_ID": "41", "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert child.stdout is not None and child.stdout.readline() == "ready\n"  # fully started
     cache = IdentityCache(ProcFS("/proc"))
     try:

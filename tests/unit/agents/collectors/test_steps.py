@@ -18,10 +18,26 @@ from stepwatch.errors import CollectorError
 NOW = 1_700_000_000.0
 
 
-def step(job: str, rank: int, n: int = 0, *, gpu: int | None = None, host: str = "",
-         start: float = NOW - 1.0) -> bytes:
-    record = StepRecord(job_id=job, rank=rank, world_size=16, step=n, start=start, end=NOW,
-                        local_rank=rank % 8, gpu=gpu, host=host)
+def step(
+    job: str,
+    rank: int,
+    n: int = 0,
+    *,
+    gpu: int | None = None,
+    host: str = "",
+    start: float = NOW - 1.0,
+) -> bytes:
+    record = StepRecord(
+        job_id=job,
+        rank=rank,
+        world_size=16,
+        step=n,
+        start=start,
+        end=NOW,
+        local_rank=rank % 8,
+        gpu=gpu,
+        host=host,
+    )
     return encode_datagram(RankStep(step=record))
 
 
@@ -51,8 +67,13 @@ def collect(c: StepsCollector, now: float = NOW, expect: int = 0) -> list:
 
 
 def test_steps_grouped_per_job_with_host_stamped(collector: StepsCollector, path: str) -> None:
-    send(path, step("a", 0), step("a", 1), step("b", 8, host="node07"),
-         step("c", 9, host="elsewhere"))
+    send(
+        path,
+        step("a", 0),
+        step("a", 1),
+        step("b", 8, host="node07"),
+        step("c", 9, host="elsewhere"),
+    )
     out = collect(collector, expect=4)
     by_job = {m.job_id: m for m in out if isinstance(m, StepMessage)}
     assert set(by_job) == {"a", "b"}  # c claims another host: rejected, never forwarded
@@ -66,16 +87,31 @@ def test_steps_grouped_per_job_with_host_stamped(collector: StepsCollector, path
 
 
 def test_rank_event_becomes_event_message(collector: StepsCollector, path: str) -> None:
-    event = RankEvent(type=EventType.EXCEPTION, ts=NOW - 2, job_id="a", rank=3, gpu=3,
-                      detail="CUDA out of memory", attrs={"step": 12})
+    event = RankEvent(
+        type=EventType.EXCEPTION,
+        ts=NOW - 2,
+        job_id="a",
+        rank=3,
+        gpu=3,
+        detail="CUDA out of memory",
+        attrs={"step": 12},
+    )
     send(path, encode_datagram(event))
     (msg,) = collect(collector, expect=1)
     assert isinstance(msg, EventMessage)
-    assert (msg.type, msg.job_id, msg.rank, msg.gpu, msg.ts) == (EventType.EXCEPTION, "a", 3, 3, NOW - 2)
+    assert (msg.type, msg.job_id, msg.rank, msg.gpu, msg.ts) == (
+        EventType.EXCEPTION,
+        "a",
+        3,
+        3,
+        NOW - 2,
+    )
     assert msg.attrs == {"step": 12} and msg.host == "node07"
 
 
-def test_garbage_is_counted_by_reason_and_the_rest_flows(collector: StepsCollector, path: str) -> None:
+def test_garbage_is_counted_by_reason_and_the_rest_flows(
+    collector: StepsCollector, path: str
+) -> None:
     send(
         path,
         b"not json at all",

@@ -25,8 +25,9 @@ NOW = time.time()
 
 
 def step(job: str, rank: int = 0, n: int = 0, host: str = "") -> bytes:
-    rec = StepRecord(job_id=job, rank=rank, world_size=16, step=n, start=NOW - 1, end=NOW,
-                     host=host)
+    rec = StepRecord(
+        job_id=job, rank=rank, world_size=16, step=n, start=NOW - 1, end=NOW, host=host
+    )
     return encode_datagram(RankStep(step=rec))
 
 

@@ -28,20 +28,44 @@ pytestmark = pytest.mark.unit
 RULES = [{"match": {"alertname": "StragglerPersistent"}, "actions": ["drain", "requeue"]}]
 
 
-@pytest.mark.parametrize("node, ok", [
-    ("gpu-001", True), ("node02.cluster", True), ("n_1", True), ("gpu-[001-100]", False),
-    ("a,b", False), ("ALL", False), ("all", False), ("-h", False), ("", False), ("a b", False),
-    ("a" * 63, True), ("a" * 64, False), ("gpu-01\n", False), ("{gpu}", False),
-])
+@pytest.mark.parametrize(
+    "node, ok",
+    [
+        ("gpu-001", True),
+        ("node02.cluster", True),
+        ("n_1", True),
+        ("gpu-[001-100]", False),
+        ("a,b", False),
+        ("ALL", False),
+        ("all", False),
+        ("-h", False),
+        ("", False),
+        ("a b", False),
+        ("a" * 63, True),
+        ("a" * 64, False),
+        ("gpu-01\n", False),
+        ("{gpu}", False),
+    ],
+)
 def test_node_names(node, ok):
     assert identity.node_ok(node) is ok
 
 
-@pytest.mark.parametrize("job, scheme, ok", [
-    ("43", "slurm", True), ("123_4", "slurm", True), ("43,44", "slurm", False), ("ALL", "slurm", False),
-    ("123_[1-5]", "slurm", False), ("j1", "slurm", False), ("train-7", "label", True),
-    ("j1,x!=y", "label", False), ("-j", "label", False), ("1" * 11, "slurm", False),
-])
+@pytest.mark.parametrize(
+    "job, scheme, ok",
+    [
+        ("43", "slurm", True),
+        ("123_4", "slurm", True),
+        ("43,44", "slurm", False),
+        ("ALL", "slurm", False),
+        ("123_[1-5]", "slurm", False),
+        ("j1", "slurm", False),
+        ("train-7", "label", True),
+        ("j1,x!=y", "label", False),
+        ("-j", "label", False),
+        ("1" * 11, "slurm", False),
+    ],
+)
 def test_job_ids(job, scheme, ok):
     assert identity.job_ok(job, scheme) is ok
 
@@ -53,10 +77,16 @@ def test_free_text_is_plain_and_bounded():
 
 
 def test_policy_keys_and_errors():
-    g = from_mapping({"guardrails": {"webhook": {"max_alerts": 7, "skip_memory": "1m"},
-                                     "job_check": {"jobless_drain": False, "unverifiable": "skip"},
-                                     "notify": {"per_owner": 1, "total": 2, "per": "10m"}},
-                      "outcome": {"deadline": "2m"}})
+    g = from_mapping(
+        {
+            "guardrails": {
+                "webhook": {"max_alerts": 7, "skip_memory": "1m"},
+                "job_check": {"jobless_drain": False, "unverifiable": "skip"},
+                "notify": {"per_owner": 1, "total": 2, "per": "10m"},
+            },
+            "outcome": {"deadline": "2m"},
+        }
+    )
     assert (g.guardrails.max_alerts_per_webhook, g.guardrails.skip_memory_s) == (7, 60.0)
     assert not g.guardrails.jobless_drain and g.guardrails.unverified_jobs == "skip"
     assert g.guardrails.notify_total == 2 and g.outcome.deadline_s == 120.0
@@ -69,8 +99,10 @@ def test_policy_keys_and_errors():
 def test_old_state_files_get_the_new_columns(tmp_path):
     db = sqlite3.connect(tmp_path / "remediator.sqlite3")
     db.execute("CREATE TABLE history (ts REAL, what TEXT, node TEXT, job_id TEXT)")
-    db.executemany("INSERT INTO history VALUES (?,?,?,?)", [(10, "remediation", "n1", "1"),
-                                                           (11, "remediation", "n2", "2")])
+    db.executemany(
+        "INSERT INTO history VALUES (?,?,?,?)",
+        [(10, "remediation", "n1", "1"), (11, "remediation", "n2", "2")],
+    )
     db.commit()
     db.close()
     state = State(tmp_path)
@@ -112,15 +144,32 @@ class Clock:
 
 
 def engine(tmp_path, mode: Mode = Mode.EXECUTE, tracker: bool = False, **guardrails: Any):
-    policy = from_mapping({"mode": mode.value, "rules": RULES, "cluster_nodes": 20,
-                           "guardrails": guardrails, "outcome": {"deadline": "10m"}})
+    policy = from_mapping(
+        {
+            "mode": mode.value,
+            "rules": RULES,
+            "cluster_nodes": 20,
+            "guardrails": guardrails,
+            "outcome": {"deadline": "10m"},
+        }
+    )
     state, fake, pager, clock = State(tmp_path / "s"), Fake(), Sent(), Clock()
     registry = CollectorRegistry()
     audit = Audit(Metrics(registry))
-    outcomes = OutcomeTracker(state, policy.outcome, pager, audit, mode=mode, clock=clock,
-                              registry=registry) if tracker else None
-    return Remediator(policy, state, fake, Sent(), pager, audit, clock=clock, outcomes=outcomes), \
-        fake, pager, clock, registry
+    outcomes = (
+        OutcomeTracker(
+            state, policy.outcome, pager, audit, mode=mode, clock=clock, registry=registry
+        )
+        if tracker
+        else None
+    )
+    return (
+        Remediator(policy, state, fake, Sent(), pager, audit, clock=clock, outcomes=outcomes),
+        fake,
+        pager,
+        clock,
+        registry,
+    )
 
 
 def alert(host: str = "node02", job: str = "42", fp: str = "f1", status: str = "firing") -> Alert:
@@ -132,7 +181,10 @@ def test_node_outside_its_job_and_requeue_without_a_job(tmp_path):
     eng, fake, *_ = engine(tmp_path)
     assert {d.reason for d in eng.handle([alert(host="node07")])} == {"node_not_in_job"}
     jobless = eng.handle([alert(host="node01", job="", fp="f2")])
-    assert [(d.action.value, d.reason) for d in jobless] == [("requeue", "no_job"), ("drain", "executed")]
+    assert [(d.action.value, d.reason) for d in jobless] == [
+        ("requeue", "no_job"),
+        ("drain", "executed"),
+    ]
     assert fake.calls == [("drain", "node01")]
 
 
@@ -183,11 +235,14 @@ def test_outcome_recovered_when_the_alert_resolves_in_time_and_stays_resolved(tm
     clock.now += 2  # resolved for the settle period (120 s)
     decisions = eng.outcomes.check()
     assert [(d.outcome, d.reason) for d in decisions] == [
-        (Outcome.RECOVERED, "resolved_and_stayed_resolved")]
+        (Outcome.RECOVERED, "resolved_and_stayed_resolved")
+    ]
     row = eng.state.outcomes()[0]
     assert row.outcome == "recovered" and row.action == "drain+requeue"
-    assert registry.get_sample_value("stepwatch_remediation_outcomes_total",
-                                     {"outcome": "recovered"}) == 1
+    assert (
+        registry.get_sample_value("stepwatch_remediation_outcomes_total", {"outcome": "recovered"})
+        == 1
+    )
     assert eng.outcomes is not None and eng.outcomes.check() == [] and pager.events == []
 
 
@@ -202,8 +257,12 @@ def test_outcome_not_recovered_at_the_deadline_pages(tmp_path):
     assert [d.outcome for d in late] == [Outcome.NOT_RECOVERED]
     assert pager.events[-1]["kind"] == "page" and "did not resolve" in pager.events[-1]["text"]
     assert eng.handle([alert(status="resolved")]) == []  # too late: stays not_recovered
-    assert registry.get_sample_value("stepwatch_remediation_outcomes_total",
-                                     {"outcome": "not_recovered"}) == 1
+    assert (
+        registry.get_sample_value(
+            "stepwatch_remediation_outcomes_total", {"outcome": "not_recovered"}
+        )
+        == 1
+    )
 
 
 def test_outcome_an_alert_that_fires_again_while_settling_did_not_recover(tmp_path):
@@ -221,7 +280,8 @@ def test_outcome_an_alert_that_fires_again_while_settling_did_not_recover(tmp_pa
     clock.now += 400
     late = eng.outcomes.check()
     assert [(d.outcome, d.reason) for d in late] == [
-        (Outcome.NOT_RECOVERED, "still_firing_at_deadline")]
+        (Outcome.NOT_RECOVERED, "still_firing_at_deadline")
+    ]
     assert pager.events[-1]["kind"] == "page"
 
 
@@ -247,22 +307,33 @@ def runner(answers: dict[str, str], calls: list[list[str]]):
         calls.append(list(argv))
         text = answers.get(" ".join(argv[1:3]), "")
         return subprocess.CompletedProcess(argv, 0, text, "")
+
     return run
 
 
 def test_slurm_actuator_last_checks_and_job_nodes():
     calls: list[list[str]] = []
-    slurm = SlurmActuator(runner=runner({
-        "show node": "NodeName=n1 State=IDLE\nNodeName=n2 State=IDLE\n",
-        "show job": "JobId=7 UserId=ada(1000) JobState=RUNNING NodeList=n[1-2] BatchHost=n1",
-        "show hostnames": "n1\nn2\n"}, calls))
+    slurm = SlurmActuator(
+        runner=runner(
+            {
+                "show node": "NodeName=n1 State=IDLE\nNodeName=n2 State=IDLE\n",
+                "show job": "JobId=7 UserId=ada(1000) JobState=RUNNING NodeList=n[1-2] BatchHost=n1",
+                "show hostnames": "n1\nn2\n",
+            },
+            calls,
+        )
+    )
     with pytest.raises(ActuatorError, match="not exactly that one node"):
         slurm.node_state("n1")  # two records back: the name was expanded somewhere
     assert slurm.job_nodes("7") == frozenset({"n1", "n2"})
     assert calls[-1][1:] == ["show", "hostnames", "n[1-2]"]
     before = len(calls)
-    for bad in (lambda: slurm.drain("n[1-2]", "r"), lambda: slurm.requeue("7,8", "n1"),
-                lambda: slurm.requeue("7", "ALL"), lambda: slurm.job_nodes("ALL")):
+    for bad in (
+        lambda: slurm.drain("n[1-2]", "r"),
+        lambda: slurm.requeue("7,8", "n1"),
+        lambda: slurm.requeue("7", "ALL"),
+        lambda: slurm.job_nodes("ALL"),
+    ):
         with pytest.raises(ActuatorError, match="refusing"):
             bad()
     assert len(calls) == before  # refused before any argv was built
@@ -275,6 +346,7 @@ def test_kube_actuator_job_nodes_and_label_injection():
     def list_pods(label_selector: str, **_: Any) -> Any:
         seen.append(label_selector)
         return SimpleNamespace(items=pods)
+
     kube = KubeActuator(SimpleNamespace(list_pod_for_all_namespaces=list_pods))
     assert kube.job_nodes("train-7") == frozenset({"k1", "k2"})
     assert seen == ["stepwatch.io/job-id=train-7"]
@@ -285,7 +357,9 @@ def test_kube_actuator_job_nodes_and_label_injection():
 def test_approve_in_observe_mode_acts_for_no_one(tmp_path):
     eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND)
     queued = eng.handle([alert()])
-    observer, fake2, *_ = engine(tmp_path, Mode.OBSERVE)  # the same state, restarted in observe mode
+    observer, fake2, *_ = engine(
+        tmp_path, Mode.OBSERVE
+    )  # the same state, restarted in observe mode
     done = observer.approve(queued[0].action_id)
     assert done is not None and done.reason == "observe_mode" and fake.calls == fake2.calls == []
     assert [r.id for r in observer.state.actions("queued")] != []
@@ -302,8 +376,15 @@ def test_step_time_evidence_from_prometheus_http_api():
     class Prom(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             asked.append(self.path)
-            body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-                {"metric": {}, "value": [1764086400.0, "1.25"]}]}}).encode()
+            body = json.dumps(
+                {
+                    "status": "success",
+                    "data": {
+                        "resultType": "vector",
+                        "result": [{"metric": {}, "value": [1764086400.0, "1.25"]}],
+                    },
+                }
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -336,40 +417,63 @@ def test_skips_that_may_pass_by_themselves_are_not_remembered(tmp_path):
 
     def down(node: str) -> Any:
         raise busy
+
     fake.node_state = down  # type: ignore[method-assign]
     assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
     assert {d.reason for d in eng.handle([alert(host="node01", fp="f9")])} == {"node_state_unknown"}
 
 
 def test_one_webhook_judges_an_alert_once_and_asks_the_scheduler_once_per_job(tmp_path):
-    eng, fake, *_ = engine(tmp_path, Mode.OBSERVE, cooldown={"node": 0, "job": 0},
-                           rate_limit={"actions": 100}, breaker={"max_share": 1.0})
+    eng, fake, *_ = engine(
+        tmp_path,
+        Mode.OBSERVE,
+        cooldown={"node": 0, "job": 0},
+        rate_limit={"actions": 100},
+        breaker={"max_share": 1.0},
+    )
     asked: list[str] = []
     real = fake.job_nodes
 
     def counting(job_id: str) -> frozenset[str] | None:
         asked.append(job_id)
         return real(job_id)
+
     fake.job_nodes = counting  # type: ignore[method-assign]
     decisions = eng.handle([alert()] * 50 + [alert(host="node01", fp=f"g{i}") for i in range(10)])
     assert len(decisions) == 2 * 11 and asked == ["42"]
 
 
 def test_approve_rechecks_the_rate_limit_spent_since_the_queueing(tmp_path):
-    rules = [{"match": {"alertname": "GpuXidFatal"}, "actions": ["drain"], "approval": True},
-             *RULES]
-    policy = from_mapping({"mode": "execute", "rules": rules, "cluster_nodes": 20, "guardrails": {
-        "rate_limit": {"actions": 2, "per": "1h"}, "cooldown": {"job": 0}}})
+    rules = [
+        {"match": {"alertname": "GpuXidFatal"}, "actions": ["drain"], "approval": True},
+        *RULES,
+    ]
+    policy = from_mapping(
+        {
+            "mode": "execute",
+            "rules": rules,
+            "cluster_nodes": 20,
+            "guardrails": {"rate_limit": {"actions": 2, "per": "1h"}, "cooldown": {"job": 0}},
+        }
+    )
     fake, clock = Fake(), Clock()
     fake.jobs = {"42": frozenset({"node01", "node02", "node03"})}
-    eng = Remediator(policy, State(tmp_path / "s"), fake, Sent(), Sent(),
-                     Audit(Metrics(CollectorRegistry())), clock=clock)
+    eng = Remediator(
+        policy,
+        State(tmp_path / "s"),
+        fake,
+        Sent(),
+        Sent(),
+        Audit(Metrics(CollectorRegistry())),
+        clock=clock,
+    )
     xid = Alert("x1", "firing", {"alertname": "GpuXidFatal", "host": "node05"})
     queued = eng.handle([xid])[0]
     assert queued.outcome is Outcome.QUEUED
     clock.now += 2 * 3600  # the queued drain's reservation has run out; two remediations since
-    assert {d.outcome for d in eng.handle([alert(host="node01"), alert(host="node03", fp="f3")])} == {
-        Outcome.ACTED}
+    assert {
+        d.outcome for d in eng.handle([alert(host="node01"), alert(host="node03", fp="f3")])
+    } == {Outcome.ACTED}
     refused = eng.approve(queued.action_id)
     assert refused is not None and refused.reason == "rate_limited"
     assert ("drain", "node05") not in fake.calls

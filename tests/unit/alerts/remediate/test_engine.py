@@ -18,9 +18,16 @@ from stepwatch.errors import ActuatorError
 from tests.support import paths
 
 pytestmark = pytest.mark.unit
-EXAMPLE = paths.ROOT / "alerts" / "src" / "stepwatch" / "alerts" / "remediate" / "policy.example.yaml"
-RULES = [{"match": {"alertname": "StragglerPersistent", "class": "system"}, "actions": ["drain", "requeue"]},
-         {"match": {"alertname": "GpuXidRestartApplication"}, "actions": ["requeue"], "approval": True}]
+EXAMPLE = (
+    paths.ROOT / "alerts" / "src" / "stepwatch" / "alerts" / "remediate" / "policy.example.yaml"
+)
+RULES = [
+    {
+        "match": {"alertname": "StragglerPersistent", "class": "system"},
+        "actions": ["drain", "requeue"],
+    },
+    {"match": {"alertname": "GpuXidRestartApplication"}, "actions": ["requeue"], "approval": True},
+]
 
 
 class FakeSlurm(LogActuator):
@@ -56,24 +63,50 @@ class Clock:
         return self.now
 
 
-def alert(host: str = "node02", name: str = "StragglerPersistent", fp: str = "", **labels: str) -> Alert:
-    base = {"alertname": name, "host": host, "job_id": "42", "cause": "gpu", "class": "system",
-            "remediation": "drain"}
+def alert(
+    host: str = "node02", name: str = "StragglerPersistent", fp: str = "", **labels: str
+) -> Alert:
+    base = {
+        "alertname": name,
+        "host": host,
+        "job_id": "42",
+        "cause": "gpu",
+        "class": "system",
+        "remediation": "drain",
+    }
     return Alert(fp or f"fp-{host}-{name}", "firing", {**base, **labels}, {"summary": "s"})
 
 
 @pytest.fixture()
 def make(tmp_path):
-    def build(mode: Mode = Mode.EXECUTE, guardrails: dict | None = None, nodes: int = 20,
-              state_dir: Path | None = None):
-        policy = from_mapping({"mode": mode.value, "rules": RULES, "guardrails": guardrails or {},
-                               "cluster_nodes": nodes})
+    def build(
+        mode: Mode = Mode.EXECUTE,
+        guardrails: dict | None = None,
+        nodes: int = 20,
+        state_dir: Path | None = None,
+    ):
+        policy = from_mapping(
+            {
+                "mode": mode.value,
+                "rules": RULES,
+                "guardrails": guardrails or {},
+                "cluster_nodes": nodes,
+            }
+        )
         registry = CollectorRegistry()
         fake, owner, pager = FakeSlurm(nodes), Sent(), Sent()
         clock = Clock()
-        engine = Remediator(policy, State(state_dir or tmp_path / "state"), fake, owner, pager,
-                            Audit(Metrics(registry)), clock=clock)
+        engine = Remediator(
+            policy,
+            State(state_dir or tmp_path / "state"),
+            fake,
+            owner,
+            pager,
+            Audit(Metrics(registry)),
+            clock=clock,
+        )
         return engine, fake, owner, pager, clock, registry
+
     return build
 
 
@@ -86,14 +119,20 @@ def test_example_policy_loads():
     assert policy.mode is Mode.OBSERVE and policy.guardrails.rate_limit == 3
 
 
-@pytest.mark.parametrize("raw, message", [
-    ({"mode": "yolo"}, "mode: 'yolo' is not one of observe, recommend, execute"),
-    ({"rules": [{"match": {}, "actions": ["reboot"]}]}, "rules[0].actions[0]: unknown action 'reboot'"),
-    ({"rules": [{"match": {"class": "user"}, "actions": ["drain"]}]}, "never remediated"),
-    ({"guardrails": {"breaker": {"max_share": 2}}}, "max_share: must be in (0, 1]"),
-    ({"guardrails": {"cooldown": {"node": "soon"}}}, "not a duration"),
-    ({"colour": 1}, "unknown key(s) colour"),
-])
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"mode": "yolo"}, "mode: 'yolo' is not one of observe, recommend, execute"),
+        (
+            {"rules": [{"match": {}, "actions": ["reboot"]}]},
+            "rules[0].actions[0]: unknown action 'reboot'",
+        ),
+        ({"rules": [{"match": {"class": "user"}, "actions": ["drain"]}]}, "never remediated"),
+        ({"guardrails": {"breaker": {"max_share": 2}}}, "max_share: must be in (0, 1]"),
+        ({"guardrails": {"cooldown": {"node": "soon"}}}, "not a duration"),
+        ({"colour": 1}, "unknown key(s) colour"),
+    ],
+)
 def test_policy_errors_are_one_clear_line(raw, message):
     with pytest.raises(PolicyError) as err:
         from_mapping(raw)
@@ -101,15 +140,21 @@ def test_policy_errors_are_one_clear_line(raw, message):
 
 
 def test_execute_drains_and_requeues_once_per_fingerprint(make):
-    engine, fake, *_ , registry = make()
+    engine, fake, *_, registry = make()
     first = engine.handle([alert()])
     assert outcomes(first) == [("drain", "acted", "executed"), ("requeue", "acted", "executed")]
     assert fake.calls[0][:2] == ("drain", "node02") and fake.calls[0][2].startswith("stepwatch: ")
     assert fake.calls[1] == ("requeue", "42", "node02")
     again = engine.handle([alert()])  # Alertmanager's repeat: same fingerprint
-    assert [d.outcome for d in again] == [Outcome.DUPLICATE, Outcome.DUPLICATE] and len(fake.calls) == 2
-    assert registry.get_sample_value("stepwatch_remediator_decisions_total",
-                                     {"action": "drain", "outcome": "acted"}) == 1
+    assert [d.outcome for d in again] == [Outcome.DUPLICATE, Outcome.DUPLICATE] and len(
+        fake.calls
+    ) == 2
+    assert (
+        registry.get_sample_value(
+            "stepwatch_remediator_decisions_total", {"action": "drain", "outcome": "acted"}
+        )
+        == 1
+    )
 
 
 def test_state_survives_a_restart(make, tmp_path):
@@ -135,12 +180,16 @@ def test_user_errors_only_notify_the_owner(make):
 
 def test_no_rule_is_recorded_and_nothing_done(make):
     engine, _fake, *_ = make()
-    assert outcomes(engine.handle([alert(name="JobThroughputDrop")])) == [("none", "skipped", "no_rule")]
+    assert outcomes(engine.handle([alert(name="JobThroughputDrop")])) == [
+        ("none", "skipped", "no_rule")
+    ]
 
 
 def test_breaker_opens_at_the_share_and_stays_open(make):
-    engine, fake, _owner, pager, clock, registry = make(guardrails={
-        "breaker": {"max_share": 0.1, "window": "1h"}, "rate_limit": {"actions": 100}}, nodes=20)
+    engine, fake, _owner, pager, clock, registry = make(
+        guardrails={"breaker": {"max_share": 0.1, "window": "1h"}, "rate_limit": {"actions": 100}},
+        nodes=20,
+    )
     results = [engine.handle([alert(host=f"node{i:02d}", job_id=f"j{i}")]) for i in range(1, 6)]
     drained = [c[1] for c in fake.calls if c[0] == "drain"]
     assert drained == ["node01", "node02"]  # 10 % of 20 nodes
@@ -154,9 +203,14 @@ def test_breaker_opens_at_the_share_and_stays_open(make):
 
 
 def test_cooldowns_rate_limit_and_repeat_offenders(make):
-    engine, _fake, _owner, pager, clock, _ = make(guardrails={
-        "cooldown": {"node": "1h", "job": "10m"}, "rate_limit": {"actions": 2, "per": "1h"},
-        "repeat_offender": {"count": 2, "window": "7d"}, "breaker": {"max_share": 1.0}})
+    engine, _fake, _owner, pager, clock, _ = make(
+        guardrails={
+            "cooldown": {"node": "1h", "job": "10m"},
+            "rate_limit": {"actions": 2, "per": "1h"},
+            "repeat_offender": {"count": 2, "window": "7d"},
+            "breaker": {"max_share": 1.0},
+        }
+    )
     engine.handle([alert(fp="a")])
     assert engine.handle([alert(fp="b")])[0].reason == "node_cooldown"
     assert engine.handle([alert(host="node03", fp="c")])[0].reason == "job_cooldown"
@@ -184,7 +238,11 @@ def test_approval_queue_then_approve(make):
     queued = engine.handle([alert(name="GpuXidRestartApplication")])
     assert outcomes(queued) == [("requeue", "queued", "needs_approval")] and fake.calls == []
     done = engine.approve(queued[0].action_id)
-    assert done is not None and done.outcome is Outcome.ACTED and fake.calls == [("requeue", "42", "node02")]
+    assert (
+        done is not None
+        and done.outcome is Outcome.ACTED
+        and fake.calls == [("requeue", "42", "node02")]
+    )
     assert engine.approve(queued[0].action_id) is None  # only once
 
 
@@ -194,15 +252,20 @@ def test_recommend_mode_queues_everything(make):
 
 
 def test_transient_failures_retry_within_the_budget_permanent_do_not(make, tmp_path):
-    engine, fake, *_ = make(guardrails={"attempts": {"per_node": 3}, "cooldown": {"node": 0, "job": 0}})
+    engine, fake, *_ = make(
+        guardrails={"attempts": {"per_node": 3}, "cooldown": {"node": 0, "job": 0}}
+    )
     fake.fail = ActuatorError("controller busy", transient=True)
 
     def drain(decisions):
         return next(d for d in decisions if d.action is ActionKind.DRAIN)
+
     assert drain(engine.handle([alert()])).reason == "failed_transient"  # and the requeue ran
     assert drain(engine.handle([alert()])).reason == "failed_transient"  # retried
     assert drain(engine.handle([alert()])).reason == "attempt_budget"  # 3 actuator calls on node02
-    engine2, fake2, *_ = make(guardrails={"cooldown": {"node": 0, "job": 0}}, state_dir=tmp_path / "p")
+    engine2, fake2, *_ = make(
+        guardrails={"cooldown": {"node": 0, "job": 0}}, state_dir=tmp_path / "p"
+    )
     fake2.fail = ActuatorError("Invalid node name", transient=False)
     engine2.handle([alert(host="node05")])
     # the requeue of the same alert ran; the drain is final: not tried again

@@ -29,10 +29,16 @@ TOKEN = "unit-token"
 @pytest.fixture()
 def service(tmp_path):
     policy = tmp_path / "policy.yaml"
-    policy.write_text("mode: execute\ncluster_nodes: 10\nrules:\n"
-                      "  - match: {alertname: GpuXidFatal}\n    actions: [drain]\n    approval: true\n")
-    settings = Settings.load(env={}, remediate_policy=str(policy), remediate_state_dir=str(tmp_path / "s"),
-                             remediate_token=TOKEN)
+    policy.write_text(
+        "mode: execute\ncluster_nodes: 10\nrules:\n"
+        "  - match: {alertname: GpuXidFatal}\n    actions: [drain]\n    approval: true\n"
+    )
+    settings = Settings.load(
+        env={},
+        remediate_policy=str(policy),
+        remediate_state_dir=str(tmp_path / "s"),
+        remediate_token=TOKEN,
+    )
     svc = build(settings, port=0, actuator=LogActuator(10), writers=[])
     yield svc
     svc.stop()
@@ -52,15 +58,32 @@ def oversized(base: str, size: int) -> bytes:
     """Announce a too-large body and send none of it: refused from the headers alone."""
     host, port = base.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
-        sock.sendall(f"POST /webhook HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-                     f"Content-Length: {size}\r\n\r\n".encode())
+        sock.sendall(
+            f"POST /webhook HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Content-Length: {size}\r\n\r\n".encode()
+        )
         return sock.recv(200)
 
 
 def webhook(**labels: str) -> bytes:
-    return json.dumps({"version": "4", "status": "firing", "alerts": [
-        {"status": "firing", "fingerprint": "abc", "labels": {"alertname": "GpuXidFatal", "host": "n1",
-                                                               "class": "system", **labels}}]}).encode()
+    return json.dumps(
+        {
+            "version": "4",
+            "status": "firing",
+            "alerts": [
+                {
+                    "status": "firing",
+                    "fingerprint": "abc",
+                    "labels": {
+                        "alertname": "GpuXidFatal",
+                        "host": "n1",
+                        "class": "system",
+                        **labels,
+                    },
+                }
+            ],
+        }
+    ).encode()
 
 
 def test_webhook_auth_bad_bodies_and_oversize(service):
@@ -96,15 +119,23 @@ def fake_runner(answers: dict[str, tuple[int, str]], calls: list[list[str]]):
         calls.append(list(argv))
         key = " ".join(argv[1:3])
         code, text = answers.get(key, (0, ""))
-        return subprocess.CompletedProcess(argv, code, text if code == 0 else "", text if code else "")
+        return subprocess.CompletedProcess(
+            argv, code, text if code == 0 else "", text if code else ""
+        )
+
     return run
 
 
 def test_slurm_actuator_commands_and_failure_kinds():
     calls: list[list[str]] = []
-    answers = {"show node": (0, "NodeName=n1 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 "
-                             "Reason=stepwatch: straggler cause gpu [root@2026-01-01T00:00:00]"),
-               "show job": (0, "JobId=7 UserId=ada(1000) JobState=RUNNING ExcNodeList=n4 Requeue=1")}
+    answers = {
+        "show node": (
+            0,
+            "NodeName=n1 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 "
+            "Reason=stepwatch: straggler cause gpu [root@2026-01-01T00:00:00]",
+        ),
+        "show job": (0, "JobId=7 UserId=ada(1000) JobState=RUNNING ExcNodeList=n4 Requeue=1"),
+    }
     slurm = SlurmActuator(runner=fake_runner(answers, calls))
     state = slurm.node_state("n1")
     assert state.drained_by_stepwatch and state.reason == "stepwatch: straggler cause gpu"
@@ -114,11 +145,15 @@ def test_slurm_actuator_commands_and_failure_kinds():
     slurm.requeue("7", "n2")
     assert [c[1] for c in calls[-3:]] == ["requeuehold", "update", "release"]
     assert calls[-2][2:] == ["jobid=7", "ExcNodeList=n2,n4"]
-    busy = SlurmActuator(runner=fake_runner({"update nodename=n3": (1, "Unable to contact slurm controller")}, []))
+    busy = SlurmActuator(
+        runner=fake_runner({"update nodename=n3": (1, "Unable to contact slurm controller")}, [])
+    )
     with pytest.raises(ActuatorError) as err:
         busy.drain("n3", "r")
     assert err.value.transient
-    bad = SlurmActuator(runner=fake_runner({"update nodename=n3": (1, "Invalid node name specified")}, []))
+    bad = SlurmActuator(
+        runner=fake_runner({"update nodename=n3": (1, "Invalid node name specified")}, [])
+    )
     with pytest.raises(ActuatorError) as err:
         bad.drain("n3", "r")
     assert not err.value.transient
@@ -129,8 +164,12 @@ class FakeCore:
 
     def __init__(self) -> None:
         self.api_client = client.ApiClient()
-        self.nodes = {"n1": client.V1Node(metadata=client.V1ObjectMeta(name="n1", annotations={}),
-                                          spec=client.V1NodeSpec(unschedulable=False))}
+        self.nodes = {
+            "n1": client.V1Node(
+                metadata=client.V1ObjectMeta(name="n1", annotations={}),
+                spec=client.V1NodeSpec(unschedulable=False),
+            )
+        }
         self.patches: list[tuple[str, dict]] = []
         self.deleted: list[tuple[str, str]] = []
         self.fail: ApiException | None = None
@@ -168,7 +207,9 @@ def test_kubernetes_actuator_cordons_taints_and_deletes_pods():
     kube.drain("n1", "stepwatch: xid 79")
     _name, body = core.patches[0]
     assert body["spec"]["unschedulable"] is True
-    assert body["spec"]["taints"] == [{"effect": "NoSchedule", "key": TAINT_KEY, "value": "stepwatch"}]
+    assert body["spec"]["taints"] == [
+        {"effect": "NoSchedule", "key": TAINT_KEY, "value": "stepwatch"}
+    ]
     assert body["metadata"]["annotations"] == {REASON_ANNOTATION: "stepwatch: xid 79"}
     assert kube.node_state("n1").drained_by_stepwatch
     assert "1 pod" in kube.requeue("j1", "n1") and core.deleted == [("ml", "trainer-3")]

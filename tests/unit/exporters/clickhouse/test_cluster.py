@@ -48,7 +48,9 @@ def cluster_form() -> list[str]:
 
 
 def tables_of(statements: Sequence[str]) -> set[str]:
-    return {m.group(1) for s in statements if (m := re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", s))}
+    return {
+        m.group(1) for s in statements if (m := re.match(r"CREATE TABLE IF NOT EXISTS (\w+)", s))
+    }
 
 
 def test_every_statement_runs_on_the_cluster():
@@ -75,8 +77,10 @@ def test_every_table_becomes_a_replicated_local_table_and_a_distributed_one():
 def test_engines_keep_their_kind_and_arguments():
     out = cluster_form()
     gpu = next(s for s in out if s.startswith("CREATE TABLE IF NOT EXISTS gpu_samples_local"))
-    assert "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/" \
-           "gpu_samples_local', '{replica}', ver)" in gpu
+    assert (
+        "ENGINE = ReplicatedReplacingMergeTree('/clickhouse/tables/{shard}/{database}/"
+        "gpu_samples_local', '{replica}', ver)" in gpu
+    )
     rollup = next(s for s in out if s.startswith("CREATE TABLE IF NOT EXISTS step_rollup_1m_local"))
     assert "ENGINE = ReplicatedAggregatingMergeTree(" in rollup
     assert "non_replicated" not in " ".join(out)
@@ -89,7 +93,11 @@ def test_engines_keep_their_kind_and_arguments():
 def test_views_read_and_write_the_local_tables():
     views = [m for s in cluster_form() if (m := _VIEW.match(s))]
     assert {m.group(1) for m in views} == {
-        "step_rollup_1m_mv", "gpu_rollup_1m_mv", "port_rollup_1m_mv", "rank_placement_mv"}
+        "step_rollup_1m_mv",
+        "gpu_rollup_1m_mv",
+        "port_rollup_1m_mv",
+        "rank_placement_mv",
+    }
     for match in views:
         assert match.group(2).endswith(LOCAL_SUFFIX)
         source = re.search(r" FROM (\w+) AS (\w+) ", match.string)
@@ -113,25 +121,44 @@ def test_column_changes_alter_both_tables_and_storage_changes_the_local_one():
         "ALTER TABLE detections_local ON CLUSTER 'prod' ADD COLUMN IF NOT EXISTS x String AFTER id",
         "ALTER TABLE detections ON CLUSTER 'prod' ADD COLUMN IF NOT EXISTS x String AFTER id",
     ]
-    ttl = CLUSTER.statements("ALTER TABLE step_events MODIFY TTL toDateTime(start_ts) + INTERVAL 7 DAY")
-    assert ttl == ["ALTER TABLE step_events_local ON CLUSTER 'prod' MODIFY TTL "
-                   "toDateTime(start_ts) + INTERVAL 7 DAY"]
+    ttl = CLUSTER.statements(
+        "ALTER TABLE step_events MODIFY TTL toDateTime(start_ts) + INTERVAL 7 DAY"
+    )
+    assert ttl == [
+        "ALTER TABLE step_events_local ON CLUSTER 'prod' MODIFY TTL "
+        "toDateTime(start_ts) + INTERVAL 7 DAY"
+    ]
     with pytest.raises(StoreError, match="separate statements"):
-        CLUSTER.statements("ALTER TABLE events ADD COLUMN y UInt8, MODIFY TTL toDateTime(ts) + INTERVAL 1 DAY")
+        CLUSTER.statements(
+            "ALTER TABLE events ADD COLUMN y UInt8, MODIFY TTL toDateTime(ts) + INTERVAL 1 DAY"
+        )
 
 
-@pytest.mark.parametrize(("statement", "error"), [
-    ("INSERT INTO events SELECT * FROM events", "no cluster form"),
-    ("CREATE TABLE IF NOT EXISTS m (job_id String) ENGINE = Memory", "no replicated cluster form"),
-    ("CREATE TABLE IF NOT EXISTS r (job_id String) ENGINE = ReplicatedMergeTree ORDER BY job_id",
-     "no replicated cluster form"),
-    ("CREATE TABLE IF NOT EXISTS n (x UInt8) ENGINE = MergeTree ORDER BY x", "no sharding key"),
-    ("CREATE TABLE IF NOT EXISTS other.t (job_id String) ENGINE = MergeTree ORDER BY job_id",
-     "without a database"),
-    ("CREATE MATERIALIZED VIEW IF NOT EXISTS v AS SELECT job_id FROM step_events", "needs TO"),
-    ("CREATE MATERIALIZED VIEW IF NOT EXISTS v TO r AS SELECT a.job_id FROM step_events AS a "
-     "JOIN events AS b ON a.job_id = b.job_id", "exactly one table"),
-])
+@pytest.mark.parametrize(
+    ("statement", "error"),
+    [
+        ("INSERT INTO events SELECT * FROM events", "no cluster form"),
+        (
+            "CREATE TABLE IF NOT EXISTS m (job_id String) ENGINE = Memory",
+            "no replicated cluster form",
+        ),
+        (
+            "CREATE TABLE IF NOT EXISTS r (job_id String) ENGINE = ReplicatedMergeTree ORDER BY job_id",
+            "no replicated cluster form",
+        ),
+        ("CREATE TABLE IF NOT EXISTS n (x UInt8) ENGINE = MergeTree ORDER BY x", "no sharding key"),
+        (
+            "CREATE TABLE IF NOT EXISTS other.t (job_id String) ENGINE = MergeTree ORDER BY job_id",
+            "without a database",
+        ),
+        ("CREATE MATERIALIZED VIEW IF NOT EXISTS v AS SELECT job_id FROM step_events", "needs TO"),
+        (
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS v TO r AS SELECT a.job_id FROM step_events AS a "
+            "JOIN events AS b ON a.job_id = b.job_id",
+            "exactly one table",
+        ),
+    ],
+)
 def test_what_has_no_cluster_form_is_refused(statement, error):
     with pytest.raises(StoreError, match=error):
         CLUSTER.statements(statement)
@@ -140,9 +167,12 @@ def test_what_has_no_cluster_form_is_refused(statement, error):
 def test_engine_without_arguments_and_comments_that_look_like_sql():
     out = CLUSTER.statements(
         "-- ENGINE = Log, ORDER BY nothing\nCREATE TABLE IF NOT EXISTS t (job_id String, s String "
-        "DEFAULT 'ENGINE = x') ENGINE = MergeTree() ORDER BY job_id")
-    assert "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/t_local', " \
-           "'{replica}')" in out[0]
+        "DEFAULT 'ENGINE = x') ENGINE = MergeTree() ORDER BY job_id"
+    )
+    assert (
+        "ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/t_local', "
+        "'{replica}')" in out[0]
+    )
     assert "DEFAULT 'ENGINE = x'" in out[0] and "-- ENGINE = Log" in out[0]
 
 
@@ -162,11 +192,14 @@ def test_cluster_names_are_checked(name):
 
 
 def test_macro_cluster_name_is_a_string_everywhere():
-    out = Cluster("{cluster}").statements("CREATE TABLE IF NOT EXISTS e (job_id String) "
-                                          "ENGINE = MergeTree ORDER BY job_id")
+    out = Cluster("{cluster}").statements(
+        "CREATE TABLE IF NOT EXISTS e (job_id String) ENGINE = MergeTree ORDER BY job_id"
+    )
     assert "ON CLUSTER '{cluster}'" in out[0] and "Distributed('{cluster}', " in out[1]
-    assert Cluster("{cluster}").create_database() == \
-        "CREATE DATABASE IF NOT EXISTS `stepwatch` ON CLUSTER '{cluster}'"
+    assert (
+        Cluster("{cluster}").create_database()
+        == "CREATE DATABASE IF NOT EXISTS `stepwatch` ON CLUSTER '{cluster}'"
+    )
 
 
 class FakeServer:
@@ -193,8 +226,13 @@ class FakeServer:
             return Result(("v", "c"), ("UInt32", "String"), [(v, c) for v, _, c in self.ledger])
         return Result(("name", "engine_full"), ("String", "String"), list(self.tables.items()))
 
-    def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]],
-               token: str | None = None) -> int:
+    def insert(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        token: str | None = None,
+    ) -> int:
         assert table == "schema_migrations"
         self.ledger.extend(tuple(r) for r in rows)
         return len(rows)
@@ -208,7 +246,9 @@ def test_migrator_creates_the_database_and_ledger_on_the_cluster_once():
     applied = Migrator(server, 90, cluster="prod").migrate()
     assert len(applied) == len(load_migrations())
     assert server.commands[0] == "CREATE DATABASE IF NOT EXISTS `telemetry` ON CLUSTER 'prod'"
-    assert server.commands[1].startswith("CREATE TABLE IF NOT EXISTS schema_migrations_local ON CLUSTER")
+    assert server.commands[1].startswith(
+        "CREATE TABLE IF NOT EXISTS schema_migrations_local ON CLUSTER"
+    )
     assert all(" ON CLUSTER 'prod'" in c for c in server.commands)
     assert "Distributed('prod', 'telemetry', 'step_events_local'" in " ".join(server.commands)
     server.commands.clear()
@@ -224,8 +264,10 @@ def test_migrator_changes_the_ttl_of_the_local_raw_tables():
     migrator = Migrator(server, 30, cluster="prod")
     migrator.migrate()
     assert sorted(migrator.ttl_changed) == ["gpu_samples", "port_samples", "step_events"]
-    assert all(c.startswith("ALTER TABLE ") and "_local ON CLUSTER 'prod' MODIFY TTL" in c
-               for c in server.commands)
+    assert all(
+        c.startswith("ALTER TABLE ") and "_local ON CLUSTER 'prod' MODIFY TTL" in c
+        for c in server.commands
+    )
 
 
 def test_the_embedded_store_has_no_cluster_form():

@@ -25,7 +25,9 @@ def test_https_url_means_tls_on_8443_with_settings_credentials():
 
 
 def test_http_url_with_credentials_port_path_and_tls_options():
-    args = client_args("http://bob:p%40ss@10.0.0.5:18123/proxy/ch/?verify=false&ca_cert=/etc/ca.pem")
+    args = client_args(
+        "http://bob:p%40ss@10.0.0.5:18123/proxy/ch/?verify=false&ca_cert=/etc/ca.pem"
+    )
     assert args["secure"] is False and args["port"] == 18123
     assert (args["username"], args["password"]) == ("bob", "p@ss")
     assert args["proxy_path"] == "/proxy/ch"

@@ -50,7 +50,9 @@ def test_comments_and_views_are_not_destructive():
 
 
 def test_a_destructive_file_is_refused_at_load(tmp_path: Path):
-    (tmp_path / "0001_ok.sql").write_text("CREATE TABLE IF NOT EXISTS a (x UInt8) ENGINE = Memory;\n")
+    (tmp_path / "0001_ok.sql").write_text(
+        "CREATE TABLE IF NOT EXISTS a (x UInt8) ENGINE = Memory;\n"
+    )
     (tmp_path / "0002_oops.sql").write_text("TRUNCATE TABLE a;\n")
     with pytest.raises(StoreError, match="destroy data"):
         load_migrations(tmp_path)
@@ -76,7 +78,10 @@ def test_split_statements_keeps_multiline_statements_and_drops_comment_chunks():
 
 
 def test_render_fills_placeholders_and_refuses_unknown_ones():
-    assert render("TTL x + INTERVAL {{raw_ttl_days}} DAY", {"raw_ttl_days": 7}) == "TTL x + INTERVAL 7 DAY"
+    assert (
+        render("TTL x + INTERVAL {{raw_ttl_days}} DAY", {"raw_ttl_days": 7})
+        == "TTL x + INTERVAL 7 DAY"
+    )
     with pytest.raises(StoreError, match="no value"):
         render("{{missing}}", {})
 
@@ -85,6 +90,8 @@ def test_checksum_ignores_comments_and_layout_but_not_statements():
     from stepwatch.exporters.clickhouse.migrations import Migration
 
     base = Migration(1, "a", "CREATE TABLE IF NOT EXISTS a (x UInt8) ENGINE = Memory;\n")
-    commented = Migration(1, "a", "-- why\nCREATE TABLE IF NOT EXISTS a\n  (x UInt8)   ENGINE = Memory; -- note\n")
+    commented = Migration(
+        1, "a", "-- why\nCREATE TABLE IF NOT EXISTS a\n  (x UInt8)   ENGINE = Memory; -- note\n"
+    )
     changed = Migration(1, "a", "CREATE TABLE IF NOT EXISTS a (x UInt16) ENGINE = Memory;\n")
     assert base.checksum == commented.checksum != changed.checksum

@@ -12,8 +12,14 @@ from stepwatch.exporters.clickhouse.output import render
 from stepwatch.exporters.clickhouse.store import Result
 from tests.support import paths
 
-REQUIRED = {"lemon_nodes", "rank_step_percentiles", "goodput_mfu", "job_timeline",
-            "network_hotspots", "gpu_errors"}
+REQUIRED = {
+    "lemon_nodes",
+    "rank_step_percentiles",
+    "goodput_mfu",
+    "job_timeline",
+    "network_hotspots",
+    "gpu_errors",
+}
 NOW = 1767225600.0  # 2026-01-01T00:00:00Z
 
 
@@ -79,8 +85,11 @@ def test_empty_string_default_binds_to_empty():
     assert q.bind({}, now=NOW)["job"] == ""
 
 
-RESULT = Result(("host", "n", "ratio", "jobs"), ("String", "UInt64", "Nullable(Float64)", "Array(String)"),
-                [("gpu-03", 2, 1.0963, ["a", "b"]), ("gpu-10", 12, None, [])])
+RESULT = Result(
+    ("host", "n", "ratio", "jobs"),
+    ("String", "UInt64", "Nullable(Float64)", "Array(String)"),
+    [("gpu-03", 2, 1.0963, ["a", "b"]), ("gpu-10", 12, None, [])],
+)
 
 
 def test_render_table_aligns_numbers_right():

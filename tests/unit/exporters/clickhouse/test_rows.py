@@ -27,9 +27,17 @@ NOW = 1767225600.0
 
 def step_msg(seq: int = 0, ranks: range = range(4), **rec: object) -> StepMessage:
     steps = [
-        StepRecord(job_id="j", rank=r, world_size=8, step=seq, start=NOW + seq, end=NOW + seq + 1.0,
-                   local_rank=r, phases=Phases(data=0.1, forward=0.3, backward=0.4, optimizer=0.05,
-                                               comm_wait=0.15), **rec)  # type: ignore[arg-type]
+        StepRecord(
+            job_id="j",
+            rank=r,
+            world_size=8,
+            step=seq,
+            start=NOW + seq,
+            end=NOW + seq + 1.0,
+            local_rank=r,
+            phases=Phases(data=0.1, forward=0.3, backward=0.4, optimizer=0.05, comm_wait=0.15),
+            **rec,
+        )  # type: ignore[arg-type]
         for r in ranks
     ]
     return StepMessage(host="h1", ts=NOW + seq + 1, inst="i1", seq=seq, job_id="j", steps=steps)
@@ -120,9 +128,21 @@ def test_tracker_seed_is_used_only_for_unseen_keys():
 
 # --------------------------------------------------------------------------- preparer
 def port_msg(seq: int, xmit: int, downed: int = 0) -> PortMessage:
-    return PortMessage(host="h1", ts=NOW + seq, inst="i1", seq=seq, ports=[
-        PortReading(device="mlx5_0", port=1, state="ACTIVE", xmit_bytes_total=xmit,
-                    link_downed_total=downed)])
+    return PortMessage(
+        host="h1",
+        ts=NOW + seq,
+        inst="i1",
+        seq=seq,
+        ports=[
+            PortReading(
+                device="mlx5_0",
+                port=1,
+                state="ACTIVE",
+                xmit_bytes_total=xmit,
+                link_downed_total=downed,
+            )
+        ],
+    )
 
 
 def test_preparer_computes_port_rates_between_batches():
@@ -145,13 +165,26 @@ def test_preparer_dead_letters_bad_records_with_their_reason():
     wrong_type = encode(step_msg(3)).replace(b'"world_size":8', b'"world_size":"eight"')
     absurd = step_msg(4, ranks=range(1))
     absurd = msgspec.structs.replace(absurd, ts=NOW * 10)  # far in the future
-    records = [record(good, 0), record(future, 1), record(b"{not json", 2), record(overflow, 3),
-               record(wrong_type, 4), record(absurd, 5), Record("t.steps", 0, 6, None)]
+    records = [
+        record(good, 0),
+        record(future, 1),
+        record(b"{not json", 2),
+        record(overflow, 3),
+        record(wrong_type, 4),
+        record(absurd, 5),
+        Record("t.steps", 0, 6, None),
+    ]
     out = Preparer(now=lambda: NOW + 100).prepare(records)
     assert len(out.tables["step_events"].rows) == 4
     reasons = {row[3]: row[5] for row in out.dead}  # offset -> reason
-    assert reasons == {1: "unsupported_version", 2: "malformed_json", 3: "overflow", 4: "schema",
-                       5: "absurd_value", 6: "malformed_json"}
+    assert reasons == {
+        1: "unsupported_version",
+        2: "malformed_json",
+        3: "overflow",
+        4: "schema",
+        5: "absurd_value",
+        6: "malformed_json",
+    }
     by_offset = {row[3]: row for row in out.dead}
     assert by_offset[1][8:12] == ("step", "h1", "i1", 1)  # header read leniently
     assert "samples" in by_offset[3][6] and by_offset[3][7].startswith("{")
@@ -166,8 +199,16 @@ def test_preparer_drops_a_message_seen_before():
 
 
 def test_event_and_gpu_rows_fit_their_tables():
-    ev = EventMessage(host="h1", ts=NOW, inst="i", seq=0, type=EventType.XID, gpu=3, code=79,
-                      attrs={"pci": "0000:9A:00.0", "fatal": True})
+    ev = EventMessage(
+        host="h1",
+        ts=NOW,
+        inst="i",
+        seq=0,
+        type=EventType.XID,
+        gpu=3,
+        code=79,
+        attrs={"pci": "0000:9A:00.0", "fatal": True},
+    )
     gm = GpuMessage(host="h1", ts=NOW, inst="i", seq=0, gpus=[GpuReading(index=0, ecc_sbe_total=3)])
     out = Preparer().prepare([record(ev, 0, "t.events"), record(gm, 0, "t.gpu")])
     assert not out.dead
@@ -179,11 +220,26 @@ def test_event_and_gpu_rows_fit_their_tables():
 def test_detection_rows_keep_where_a_network_or_host_incident_is() -> None:
     from stepwatch.contract import DetectionMessage
 
-    msg = DetectionMessage(host="gpu-02", ts=1_767_225_600.0, id="j-job_slowdown-1", job_id="j",
-                           type="job_slowdown", state="open", cause="network", fault="system",
-                           summary="congested NIC", device="mlx5_3", port=1, ranks=[8, 9],
-                           related="j-straggler-0")
+    msg = DetectionMessage(
+        host="gpu-02",
+        ts=1_767_225_600.0,
+        id="j-job_slowdown-1",
+        job_id="j",
+        type="job_slowdown",
+        state="open",
+        cause="network",
+        fault="system",
+        summary="congested NIC",
+        device="mlx5_3",
+        port=1,
+        ranks=[8, 9],
+        related="j-straggler-0",
+    )
     row = dict(zip(R.DETECTIONS.names, R.detection_row(msg), strict=True))
     assert (row["device"], row["port"], row["ranks"], row["related"]) == (
-        "mlx5_3", 1, [8, 9], "j-straggler-0")
+        "mlx5_3",
+        1,
+        [8, 9],
+        "j-straggler-0",
+    )
     assert row["host"] == "gpu-02"

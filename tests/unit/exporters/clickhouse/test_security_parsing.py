@@ -22,20 +22,25 @@ from stepwatch.exporters.clickhouse.sqltext import (
 pytestmark = pytest.mark.unit
 
 
-@pytest.mark.parametrize(("text", "word"), [
-    ("insert into t", "INSERT"),
-    ("  -- INSERT\nSELECT 1", "SELECT"),
-    ("/* INSERT /* nested */ */ select 1", "SELECT"),
-    ("# INSERT\n  Drop table t", "DROP"),
-    ("'INSERT'", ""),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("text", "word"),
+    [
+        ("insert into t", "INSERT"),
+        ("  -- INSERT\nSELECT 1", "SELECT"),
+        ("/* INSERT /* nested */ */ select 1", "SELECT"),
+        ("# INSERT\n  Drop table t", "DROP"),
+        ("'INSERT'", ""),
+        ("", ""),
+    ],
+)
 def test_first_word_skips_comments_and_knows_strings(text, word):
     assert first_word(text) == word
 
 
 def test_strings_and_quoted_names_hide_nothing():
-    toks = list(tokens("SELECT 'a\\'; DROP', 'it''s', `x``;`, \"q;\" -- ; DROP\n/* ; */ {p:String}"))
+    toks = list(
+        tokens("SELECT 'a\\'; DROP', 'it''s', `x``;`, \"q;\" -- ; DROP\n/* ; */ {p:String}")
+    )
     kinds = [t.kind for t in toks]
     assert Kind.PUNCT in kinds and [t.text for t in toks if t.kind is Kind.PUNCT] == [",", ",", ","]
     assert toks[-1].kind is Kind.PARAM and toks[5].name == "x`;"
@@ -45,14 +50,17 @@ def test_strings_and_quoted_names_hide_nothing():
         list(tokens("SELECT 1 /* open"))
 
 
-@pytest.mark.parametrize(("text", "data"), [
-    ("INSERT INTO t FORMAT CSV\n1,2\n", "\n1,2\n"),
-    ("INSERT INTO t (a, `FORMAT`) FORMAT JSONEachRow {\"a\": 1}", " {\"a\": 1}"),
-    ("INSERT INTO t VALUES (1); DROP TABLE t", " (1); DROP TABLE t"),
-    ("INSERT INTO t SETTINGS x = 'FORMAT CSV' VALUES (1)", " (1)"),
-    ("INSERT INTO t SELECT * FROM values('a UInt8', 1)", None),
-    ("INSERT INTO t WITH 1 AS x SELECT x", None),
-])
+@pytest.mark.parametrize(
+    ("text", "data"),
+    [
+        ("INSERT INTO t FORMAT CSV\n1,2\n", "\n1,2\n"),
+        ('INSERT INTO t (a, `FORMAT`) FORMAT JSONEachRow {"a": 1}', ' {"a": 1}'),
+        ("INSERT INTO t VALUES (1); DROP TABLE t", " (1); DROP TABLE t"),
+        ("INSERT INTO t SETTINGS x = 'FORMAT CSV' VALUES (1)", " (1)"),
+        ("INSERT INTO t SELECT * FROM values('a UInt8', 1)", None),
+        ("INSERT INTO t WITH 1 AS x SELECT x", None),
+    ],
+)
 def test_insert_data_starts_after_format_or_values(text, data):
     offset = insert_data_offset(text)
     assert (None if offset is None else text[offset:]) == data
@@ -74,8 +82,11 @@ def test_bodies_are_bounded_and_checked():
     with pytest.raises(Refused) as err:
         decompress(gzip.compress(b"\0" * 100_000), "gzip", limit=1000)
     assert err.value.status == HTTPStatus.REQUEST_ENTITY_TOO_LARGE
-    for body, encoding in ((gzip.compress(b"SELECT 1")[:-4], "gzip"), (b"plain", "gzip"),
-                           (gzip.compress(b"x") + b"tail", "gzip")):
+    for body, encoding in (
+        (gzip.compress(b"SELECT 1")[:-4], "gzip"),
+        (b"plain", "gzip"),
+        (gzip.compress(b"x") + b"tail", "gzip"),
+    ):
         with pytest.raises(Refused) as err:
             decompress(body, encoding)
         assert err.value.status == HTTPStatus.BAD_REQUEST
@@ -84,13 +95,16 @@ def test_bodies_are_bounded_and_checked():
     assert err.value.status == HTTPStatus.UNSUPPORTED_MEDIA_TYPE
 
 
-@pytest.mark.parametrize(("headers", "status"), [
-    ({"Content-Length": "10"}, None),
-    ({"Content-Length": "-1"}, HTTPStatus.BAD_REQUEST),
-    ({"Content-Length": "1e3"}, HTTPStatus.BAD_REQUEST),
-    ({"Content-Length": "1001"}, HTTPStatus.REQUEST_ENTITY_TOO_LARGE),
-    ({"Transfer-Encoding": "chunked"}, HTTPStatus.LENGTH_REQUIRED),
-])
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"Content-Length": "10"}, None),
+        ({"Content-Length": "-1"}, HTTPStatus.BAD_REQUEST),
+        ({"Content-Length": "1e3"}, HTTPStatus.BAD_REQUEST),
+        ({"Content-Length": "1001"}, HTTPStatus.REQUEST_ENTITY_TOO_LARGE),
+        ({"Transfer-Encoding": "chunked"}, HTTPStatus.LENGTH_REQUIRED),
+    ],
+)
 def test_content_length_is_checked_before_reading(headers, status):
     if status is None:
         assert content_length(headers, 1000) == 10

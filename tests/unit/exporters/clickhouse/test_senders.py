@@ -23,8 +23,14 @@ NOW = 1767225600.0
 
 
 def steps(job: str, seq: int, inst: str = "i1", ts: float = NOW) -> StepMessage:
-    return StepMessage(host="h1", ts=ts, inst=inst, seq=seq, job_id=job, steps=[
-        StepRecord(job_id=job, rank=0, world_size=1, step=seq, start=ts - 1, end=ts - 0.5)])
+    return StepMessage(
+        host="h1",
+        ts=ts,
+        inst=inst,
+        seq=seq,
+        job_id=job,
+        steps=[StepRecord(job_id=job, rank=0, world_size=1, step=seq, start=ts - 1, end=ts - 0.5)],
+    )
 
 
 def rec(message, offset: int = 0, topic: str = "t.steps") -> Record:
@@ -77,11 +83,14 @@ def test_rows_older_than_the_raw_tables_keep_are_dead_letters() -> None:
 
 def test_detections_only_from_allowed_producers() -> None:
     def det(id_: str, producer: str) -> DetectionMessage:
-        return DetectionMessage(host="h", ts=NOW, inst=id_, seq=0, id=id_, job_id="j",
-                                type="hang", producer=producer)
+        return DetectionMessage(
+            host="h", ts=NOW, inst=id_, seq=0, id=id_, job_id="j", type="hang", producer=producer
+        )
 
     prep = Preparer(producers=frozenset({"w1"}))
-    out = prep.prepare([rec(det("a", "w1"), 0, "t.detections"), rec(det("b", "evil"), 1, "t.detections")])
+    out = prep.prepare(
+        [rec(det("a", "w1"), 0, "t.detections"), rec(det("b", "evil"), 1, "t.detections")]
+    )
     assert [r[1] for r in out.tables["detections"].rows] == ["a"]
     assert [(r[3], r[5]) for r in out.dead] == [(1, "unknown_producer")]
     # a takeover re-emitting a change under another producer is a duplicate, not a conflict
@@ -90,17 +99,26 @@ def test_detections_only_from_allowed_producers() -> None:
 
 
 def test_sink_config_from_settings() -> None:
-    s = Settings.load(env={"STEPWATCH_STORE_DETECTION_PRODUCERS": "w1, w2",
-                           "STEPWATCH_STORE_RAW_TTL_DAYS": "30"})
+    s = Settings.load(
+        env={"STEPWATCH_STORE_DETECTION_PRODUCERS": "w1, w2", "STEPWATCH_STORE_RAW_TTL_DAYS": "30"}
+    )
     cfg = SinkConfig.from_settings(s)
     assert cfg.detection_producers == frozenset({"w1", "w2"}) and cfg.raw_ttl_days == 30
     assert cfg.preparer(None).max_age_seconds == 30 * 86400
 
 
 def test_kafka_security_settings_reach_the_sinks_consumer() -> None:
-    s = Settings.load(env={}, bootstrap_servers="k:9093", kafka_config={
-        "security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "stepwatch-sink", "sasl.password": "pw", "ssl.ca.location": "/ca.pem"})
+    s = Settings.load(
+        env={},
+        bootstrap_servers="k:9093",
+        kafka_config={
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "SCRAM-SHA-512",
+            "sasl.username": "stepwatch-sink",
+            "sasl.password": "pw",
+            "ssl.ca.location": "/ca.pem",
+        },
+    )
     conf = client_config(s, {"group.id": "g"}, role="sink")
     assert conf["security.protocol"] == "SASL_SSL" and conf["sasl.username"] == "stepwatch-sink"
     assert conf["sasl.mechanism"] == "SCRAM-SHA-512" and conf["ssl.ca.location"] == "/ca.pem"

@@ -45,7 +45,7 @@ class FakeSource:
     def poll(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
         for tp, records in sorted(self.log.records.items()):
-            take = records[self.pos[tp]:self.pos[tp] + max(1, max_records // 2)]
+            take = records[self.pos[tp] : self.pos[tp] + max(1, max_records // 2)]
             self.pos[tp] += len(take)
             out.extend(take)
         return out
@@ -95,11 +95,15 @@ class FakeStore:
 
     def query(self, sql, params=None) -> Result:
         if "FROM sink_batches" in sql:
-            plans = sorted({
-                (r["first_offset"], r["last_offset"]) for r in self.tables["sink_batches"]
-                if (r["consumer_group"], r["topic"], r["partition"]) == (params["g"], params["t"], params["p"])
-                and r["last_offset"] >= params["c"]
-            })
+            plans = sorted(
+                {
+                    (r["first_offset"], r["last_offset"])
+                    for r in self.tables["sink_batches"]
+                    if (r["consumer_group"], r["topic"], r["partition"])
+                    == (params["g"], params["t"], params["p"])
+                    and r["last_offset"] >= params["c"]
+                }
+            )
             return Result(("first_offset", "last_offset"), ("UInt64", "UInt64"), plans)
         return Result((), (), [])
 
@@ -110,9 +114,21 @@ class FakeStore:
 def messages(n: int = 40, ranks: int = 4) -> list[StepMessage]:
     out = []
     for seq in range(n):
-        steps = [StepRecord(job_id="j", rank=r, world_size=ranks, step=seq, start=NOW + seq,
-                            end=NOW + seq + 1, phases=Phases(forward=0.5)) for r in range(ranks)]
-        out.append(StepMessage(host="h", ts=NOW + seq + 1, inst="i", seq=seq, job_id="j", steps=steps))
+        steps = [
+            StepRecord(
+                job_id="j",
+                rank=r,
+                world_size=ranks,
+                step=seq,
+                start=NOW + seq,
+                end=NOW + seq + 1,
+                phases=Phases(forward=0.5),
+            )
+            for r in range(ranks)
+        ]
+        out.append(
+            StepMessage(host="h", ts=NOW + seq + 1, inst="i", seq=seq, job_id="j", steps=steps)
+        )
     return out
 
 
@@ -130,15 +146,22 @@ def config(**kw: Any) -> SinkConfig:
 def test_offsets_are_committed_after_the_rows_are_written():
     log, store = FakeLog(messages(10)), FakeStore()
     seen: list[tuple[int, dict]] = []
-    sink = Sink(store, FakeSource(log), TOPICS, config(),
-                after_insert=lambda b: seen.append((len(store.tables["step_events"]), dict(log.committed))))
+    sink = Sink(
+        store,
+        FakeSource(log),
+        TOPICS,
+        config(),
+        after_insert=lambda b: seen.append((len(store.tables["step_events"]), dict(log.committed))),
+    )
     sink.source.subscribe(TOPICS, sink._on_assign, sink._on_revoke)
     drain(sink)
     assert len(store.tables["step_events"]) == 40
     assert log.committed == {("t.steps", 0): 5, ("t.steps", 1): 5}
     # at every hook call the rows of the batch were in, the offsets not yet committed
     assert seen[0][0] > 0 and seen[0][1] == {}
-    assert len(store.tables["sink_batches"]) == sink.metrics.value("stepwatch_sink_batches_total", kind="new")
+    assert len(store.tables["sink_batches"]) == sink.metrics.value(
+        "stepwatch_sink_batches_total", kind="new"
+    )
 
 
 def test_crash_between_insert_and_commit_then_replay_writes_each_row_once():
@@ -151,7 +174,9 @@ def test_crash_between_insert_and_commit_then_replay_writes_each_row_once():
         if calls == 3:
             raise Crash
 
-    first = Sink(store, FakeSource(log), TOPICS, config(batch_messages=3), after_insert=crash_on_third)
+    first = Sink(
+        store, FakeSource(log), TOPICS, config(batch_messages=3), after_insert=crash_on_third
+    )
     first.source.subscribe(TOPICS, first._on_assign, first._on_revoke)
     with pytest.raises(Crash):
         drain(first)
@@ -181,7 +206,9 @@ def test_without_plans_a_replay_would_duplicate_rows():
         if calls == 3:
             raise Crash
 
-    first = Sink(store, FakeSource(log), TOPICS, config(batch_messages=3), after_insert=crash_on_third)
+    first = Sink(
+        store, FakeSource(log), TOPICS, config(batch_messages=3), after_insert=crash_on_third
+    )
     first.source.subscribe(TOPICS, first._on_assign, first._on_revoke)
     with pytest.raises(Crash):
         drain(first)
@@ -202,7 +229,10 @@ def test_a_poison_row_goes_to_the_dead_letters_and_the_rest_is_written():
     dead = store.tables["dead_letters"]
     assert len(dead) == 10 and {d["reason"] for d in dead} == {"rejected_by_store"}
     assert all("Cannot parse input" in d["detail"] for d in dead)
-    assert sink.metrics.value("stepwatch_sink_dead_letter_rows_total", reason="rejected_by_store") == 10
+    assert (
+        sink.metrics.value("stepwatch_sink_dead_letter_rows_total", reason="rejected_by_store")
+        == 10
+    )
     assert sum(log.committed.values()) == 10
 
 
@@ -219,7 +249,9 @@ def test_store_errors_are_retried_with_the_same_token():
 def test_stop_during_retries_raises_without_writing():
     store = FakeStore()
     store.failures = [ClickHouseError("Code: 210. DB::Exception: down", 210)] * 100
-    writer = Writer(store, SinkMetrics(), retry_initial=0.01, should_stop=lambda: True, sleep=lambda s: None)
+    writer = Writer(
+        store, SinkMetrics(), retry_initial=0.01, should_stop=lambda: True, sleep=lambda s: None
+    )
     with pytest.raises(StopRequested):
         writer.insert("step_events", ("a",), [(1,)], token="x")
 
@@ -283,7 +315,9 @@ def test_a_record_that_breaks_the_mapping_is_kept_as_a_dead_letter(monkeypatch):
     sink.source.subscribe(TOPICS, sink._on_assign, sink._on_revoke)
     drain(sink, polls=2)
     assert len(store.tables["step_events"]) == 8
-    assert [(d["reason"], d["seq"]) for d in store.tables["dead_letters"]] == [("internal_error", 1)]
+    assert [(d["reason"], d["seq"]) for d in store.tables["dead_letters"]] == [
+        ("internal_error", 1)
+    ]
 
 
 def test_offsets_reused_by_new_records_are_stored_not_dropped_as_duplicates():
@@ -298,8 +332,10 @@ def test_offsets_reused_by_new_records_are_stored_not_dropped_as_duplicates():
     drain(first)
     assert len(store.tables["step_events"]) == 20 * 4
     # the broker restarts empty: committed offsets are gone, the same offsets hold new records
-    fresh = [StepMessage(host="h2", ts=m.ts + 1000, inst="i2", seq=m.seq, job_id="j2",
-                         steps=m.steps) for m in messages(20)]
+    fresh = [
+        StepMessage(host="h2", ts=m.ts + 1000, inst="i2", seq=m.seq, job_id="j2", steps=m.steps)
+        for m in messages(20)
+    ]
     new = FakeLog(fresh)
     second = Sink(store, FakeSource(new), TOPICS, config(batch_messages=3))
     second.source.subscribe(TOPICS, second._on_assign, second._on_revoke)
@@ -314,8 +350,14 @@ def test_freed_memory_is_released_once_per_interval():
     log, store = FakeLog(messages(10)), FakeStore()
     now = [0.0]
     released: list[float] = []
-    sink = Sink(store, FakeSource(log), TOPICS, config(release_seconds=60.0),
-                release=lambda: released.append(now[0]), clock=lambda: now[0])
+    sink = Sink(
+        store,
+        FakeSource(log),
+        TOPICS,
+        config(release_seconds=60.0),
+        release=lambda: released.append(now[0]),
+        clock=lambda: now[0],
+    )
     sink.source.subscribe(TOPICS, sink._on_assign, sink._on_revoke)
     for t in (0.0, 30.0, 59.9, 60.0, 61.0, 119.0, 120.5):
         now[0] = t

@@ -24,7 +24,7 @@ def test_duplicates_and_out_of_order_records_give_the_same_steps() -> None:
     shuffled = list(records) + [records[i] for i in rng.integers(len(records), size=30)]
     shuffled = [shuffled[i] for i in rng.permutation(len(shuffled))]
     messy = StepAssembler(8, deadline=5.0, max_pending=64)
-    closed2 = [cs for i in range(0, len(shuffled), 5) for cs in messy.add(shuffled[i:i + 5])]
+    closed2 = [cs for i in range(0, len(shuffled), 5) for cs in messy.add(shuffled[i : i + 5])]
     assert [c.step for c in closed] == list(range(12))
     assert [c.step for c in closed2] == list(range(12))  # in order, none twice
     assert messy.duplicates + messy.late == 30
@@ -59,8 +59,10 @@ def test_step_number_going_back_after_a_pause_is_a_rewind() -> None:
     asm = StepAssembler(8, deadline=5.0, max_pending=64)
     asm.add(records)
     shift = 100.0
-    again = [msgspec.structs.replace(r, step=r.step + 4, start=r.start + shift,
-                                     end=r.end + shift) for r in records[:16]]
+    again = [
+        msgspec.structs.replace(r, step=r.step + 4, start=r.start + shift, end=r.end + shift)
+        for r in records[:16]
+    ]
     out = asm.add(again)
     assert [c.step for c in out] == [4, 5]
     (rw,) = asm.rewinds
@@ -70,8 +72,15 @@ def test_step_number_going_back_after_a_pause_is_a_rewind() -> None:
 def test_step_arrays_split_extra_sections() -> None:
     job = Job(world=4, steps=1)
     recs = _records(job)
-    ph = Phases(data=0.1, forward=0.3, backward=0.5, optimizer=0.05, comm_wait=0.02,
-                checkpoint=1.0, extra={"eval": 2.0, "comm_transfer": 0.2, "loss_scale": 0.01})
+    ph = Phases(
+        data=0.1,
+        forward=0.3,
+        backward=0.5,
+        optimizer=0.05,
+        comm_wait=0.02,
+        checkpoint=1.0,
+        extra={"eval": 2.0, "comm_transfer": 0.2, "loss_scale": 0.01},
+    )
     recs[1] = msgspec.structs.replace(recs[1], phases=ph)
     cs = build_step(0, 4, recs)
     assert cs.m[COMPUTE, 1] == pytest.approx(0.86)
@@ -87,13 +96,14 @@ def test_engine_tolerates_duplicate_and_reordered_messages() -> None:
     rng = np.random.default_rng(3)
     noisy: list[StepMessage] = []
     for i in range(0, len(messages), 6):  # swap within small windows, resend some
-        chunk = messages[i:i + 6]
+        chunk = messages[i : i + 6]
         noisy += [chunk[j] for j in rng.permutation(len(chunk))]
         noisy += [chunk[0]] if rng.random() < 0.5 else []
     engine = Engine()
     messy = drive(engine, noisy)
     assert [(d.type, d.state, d.rank, d.id) for d in messy] == [
-        (d.type, d.state, d.rank, d.id) for d in clean]
+        (d.type, d.state, d.rank, d.id) for d in clean
+    ]
     assert engine.health()["duplicates"] + engine.health()["late"] > 0
 
 
@@ -105,12 +115,22 @@ def test_the_column_reading_of_records_with_phases_matches_the_record_by_record_
     varied = []
     for i, r in enumerate(records):
         phases = msgspec.structs.replace(
-            r.phases, checkpoint=0.5 if i == 3 else None, comm_wait=None if i == 5 else 0.01,
-            extra={"eval": 0.2} if i == 7 else {})
-        varied.append(msgspec.structs.replace(
-            r, phases=phases, cpu_wait=None if i == 2 else float(rng.random()),
-            flops=None if i % 4 == 0 else float(rng.random()) * 1e12,
-            loss_nonfinite=i == 9, samples=i, tokens=3 * i))
+            r.phases,
+            checkpoint=0.5 if i == 3 else None,
+            comm_wait=None if i == 5 else 0.01,
+            extra={"eval": 0.2} if i == 7 else {},
+        )
+        varied.append(
+            msgspec.structs.replace(
+                r,
+                phases=phases,
+                cpu_wait=None if i == 2 else float(rng.random()),
+                flops=None if i % 4 == 0 else float(rng.random()) * 1e12,
+                loss_nonfinite=i == 9,
+                samples=i,
+                tokens=3 * i,
+            )
+        )
     for recs in (records, varied):
         a = _with_phases(recs, [r.phases for r in recs])
         b = _each(recs)

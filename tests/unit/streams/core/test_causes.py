@@ -55,18 +55,37 @@ def _healthy_port(k: int) -> dict:
 
 
 CASES = {
-    "thermal": ({"throttle_reasons": 0x40 | 0x20, "temp_gpu_c": 89.0,
-                 "sm_clock_mhz": 1700.0}, None, "gpu", "throttled (HwThermal)"),
+    "thermal": (
+        {"throttle_reasons": 0x40 | 0x20, "temp_gpu_c": 89.0, "sm_clock_mhz": 1700.0},
+        None,
+        "gpu",
+        "throttled (HwThermal)",
+    ),
     "low clock": ({"sm_clock_mhz": 1800.0}, None, "gpu", "SM clock below max"),
-    "power cap": ({"throttle_reasons": 0x4, "power_w": 560.0, "power_limit_w": 560.0},
-                  None, "gpu", "throttled (SwPowerCap)"),
-    "double-bit ECC": (lambda k: {"ecc_dbe_total": 1 if k > 2 else 0}, None, "hardware",
-                       "1 double-bit ECC errors"),
-    "congestion": (None, lambda k: {"np_cnp_sent_total": 10 + 5000 * k,
-                                    "xmit_wait_total": 1000 + 10**7 * k},
-                   "network", "congestion (ECN/CNP) on mlx5_5"),
-    "link errors": (None, lambda k: {"symbol_error_total": 40 * k}, "network",
-                    "link errors on mlx5_5"),
+    "power cap": (
+        {"throttle_reasons": 0x4, "power_w": 560.0, "power_limit_w": 560.0},
+        None,
+        "gpu",
+        "throttled (SwPowerCap)",
+    ),
+    "double-bit ECC": (
+        lambda k: {"ecc_dbe_total": 1 if k > 2 else 0},
+        None,
+        "hardware",
+        "1 double-bit ECC errors",
+    ),
+    "congestion": (
+        None,
+        lambda k: {"np_cnp_sent_total": 10 + 5000 * k, "xmit_wait_total": 1000 + 10**7 * k},
+        "network",
+        "congestion (ECN/CNP) on mlx5_5",
+    ),
+    "link errors": (
+        None,
+        lambda k: {"symbol_error_total": 40 * k},
+        "network",
+        "link errors on mlx5_5",
+    ),
 }
 
 
@@ -135,15 +154,36 @@ def test_link_down_in_port_samples_and_events_opens_one_link_flap() -> None:
     t = T0 + 30.2
     extra: list[Message] = [
         port_message("h001", T0 + k, {2: {"state": "DOWN"}} if 30 < k < 34 else None)
-        for k in range(60)]
-    extra.append(event(EventType.LINK_STATE, "h001", t, job_id=job.job_id, device="mlx5_2",
-                       port=1, detail="ACTIVE->DOWN"))
-    extra.append(event(EventType.LINK_STATE, "h001", t + 3, job_id=job.job_id, device="mlx5_2",
-                       port=1, detail="DOWN->ACTIVE"))
+        for k in range(60)
+    ]
+    extra.append(
+        event(
+            EventType.LINK_STATE,
+            "h001",
+            t,
+            job_id=job.job_id,
+            device="mlx5_2",
+            port=1,
+            detail="ACTIVE->DOWN",
+        )
+    )
+    extra.append(
+        event(
+            EventType.LINK_STATE,
+            "h001",
+            t + 3,
+            job_id=job.job_id,
+            device="mlx5_2",
+            port=1,
+            detail="DOWN->ACTIVE",
+        )
+    )
     found = drive(Engine(), interleave(job.messages(), extra))
     flaps = [(d.type, d.state, d.host, d.cause) for d in found]
-    assert flaps == [("link_flap", "open", "h001", "network"),
-                     ("link_flap", "resolved", "h001", "network")]
+    assert flaps == [
+        ("link_flap", "open", "h001", "network"),
+        ("link_flap", "resolved", "h001", "network"),
+    ]
     assert found[0].ts == pytest.approx(t)
 
 

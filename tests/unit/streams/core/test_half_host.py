@@ -26,7 +26,9 @@ def test_a_slow_host_that_is_half_of_a_two_host_job_is_one_host_incident(factor:
     assert d.host == "h001" and sorted(d.ranks or ()) == [4, 5, 6, 7]
     assert d.cause == "gpu", d.evidence
     assert d.first_step is not None and abs(d.first_step - 60) <= 3
-    assert not opened(found, "job_slowdown") or all(j.related for j in opened(found, "job_slowdown"))
+    assert not opened(found, "job_slowdown") or all(
+        j.related for j in opened(found, "job_slowdown")
+    )
 
 
 def test_it_stays_open_while_the_host_stays_slow() -> None:
@@ -40,8 +42,7 @@ def test_it_stays_open_while_the_host_stays_slow() -> None:
 
 
 def test_a_whole_job_slowdown_is_not_blamed_on_a_host() -> None:
-    job = Job(world=8, per_host=4, steps=140, seed=5,
-              job_factor=lambda s: 1.3 if s >= 60 else 1.0)
+    job = Job(world=8, per_host=4, steps=140, seed=5, job_factor=lambda s: 1.3 if s >= 60 else 1.0)
     found = drive(Engine(), job.messages())
     assert _host_incidents(found) == []
     assert opened(found, "job_slowdown")
@@ -55,8 +56,7 @@ def test_healthy_two_host_jobs_are_silent() -> None:
 
 def test_a_host_that_is_a_whole_pipeline_stage_is_a_group_slowdown() -> None:
     """Each host is one stage: no host has peers off it, the group slowdown names the stage."""
-    job = Job(world=8, per_host=4, stages=2, steps=140, seed=6,
-              group_factor={"pp1": (60, 1.3)})
+    job = Job(world=8, per_host=4, stages=2, steps=140, seed=6, group_factor={"pp1": (60, 1.3)})
     found = drive(Engine(), job.messages())
     assert _host_incidents(found) == []
 
@@ -74,8 +74,18 @@ def test_without_its_own_history_the_host_incident_resolves_while_still_slow() -
 
 @pytest.mark.parametrize("seed", [11, 12, 13])
 def test_the_drift_familys_half_host_under_heavy_tailed_drift(seed: int) -> None:
-    job = DriftJob(f"half-{seed}", seed, nodes=2, steps=200, step_s=1.0, ddp=bool(seed % 2),
-                   kind=Kind.HALF_HOST, start=100, severity=0.2, host=1)
+    job = DriftJob(
+        f"half-{seed}",
+        seed,
+        nodes=2,
+        steps=200,
+        step_s=1.0,
+        ddp=bool(seed % 2),
+        kind=Kind.HALF_HOST,
+        start=100,
+        severity=0.2,
+        host=1,
+    )
     (d,) = _host_incidents(drive(Engine(), list(generate(job))))
     assert d.host == job.host_name(1)
     assert d.cause == "gpu"

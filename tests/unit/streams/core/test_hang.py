@@ -15,7 +15,7 @@ def _last_end(messages: list) -> float:
 def test_no_progress_past_the_limit_is_a_hang_and_progress_resolves_it() -> None:
     job = Job(world=16, steps=40)
     messages = job.messages()
-    early, late = messages[: 2 * 30], messages[2 * 30:]
+    early, late = messages[: 2 * 30], messages[2 * 30 :]
     engine = Engine()
     silent_from = _last_end(early)
     found = drive(engine, early, until=silent_from + 59)
@@ -29,9 +29,17 @@ def test_no_progress_past_the_limit_is_a_hang_and_progress_resolves_it() -> None
     import msgspec
 
     shift = 70.0
-    resumed = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
-        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift) for r in m.steps])
-        for m in late]
+    resumed = [
+        msgspec.structs.replace(
+            m,
+            ts=m.ts + shift,
+            steps=[
+                msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
+                for r in m.steps
+            ],
+        )
+        for m in late
+    ]
     found = drive(engine, resumed)
     assert [(d.type, d.state) for d in found if d.type == "hang"] == [("hang", "resolved")]
     assert not engine.stats()[0].hung
@@ -39,8 +47,9 @@ def test_no_progress_past_the_limit_is_a_hang_and_progress_resolves_it() -> None
 
 
 def test_hang_limit_comes_from_settings() -> None:
-    cfg = DetectConfig.from_settings(Settings.load(env={}, hang_min_seconds=20.0,
-                                                   hang_step_multiple=5.0))
+    cfg = DetectConfig.from_settings(
+        Settings.load(env={}, hang_min_seconds=20.0, hang_step_multiple=5.0)
+    )
     job = Job(world=8, steps=30)
     messages = job.messages()
     found = drive(Engine(cfg), messages, until=_last_end(messages) + 21)
@@ -69,19 +78,28 @@ def test_idle_gpu_names_the_dead_rank_when_no_step_is_behind() -> None:
         samples += [gpu_message("h000", t, dead), gpu_message("h001", t)]
     found = drive(Engine(), interleave(messages, samples), until=t_stop + 65)
     assert [(d.type, d.rank, d.evidence.get("how")) for d in opened(found)] == [
-        ("rank_missing", 6, "idle_gpu")]
+        ("rank_missing", 6, "idle_gpu")
+    ]
 
 
 def test_fatal_xid_opens_rank_missing_at_once_as_hardware() -> None:
     job = Job(world=16, steps=40, stop_at=30, crashed=3)
     messages = job.messages()
     t = _last_end(messages[:-2])
-    xid = event(EventType.XID, "h000", t + 0.1, job_id=job.job_id, gpu=3, code=79,
-                detail="GPU has fallen off the bus.")
+    xid = event(
+        EventType.XID,
+        "h000",
+        t + 0.1,
+        job_id=job.job_id,
+        gpu=3,
+        code=79,
+        detail="GPU has fallen off the bus.",
+    )
     found = drive(Engine(), interleave(messages, [xid]), until=t + 90)
     missing = opened(found)
     assert [(d.type, d.rank, d.cause, d.fault) for d in missing] == [
-        ("rank_missing", 3, "hardware", "system")]
+        ("rank_missing", 3, "hardware", "system")
+    ]
     assert missing[0].ts == xid.ts  # not after the hang limit
 
 
@@ -98,7 +116,8 @@ def test_rank_absent_while_its_peers_progress() -> None:
             found += engine.tick(m.ts + 5.1)
     missing = opened(found)
     assert [(d.type, d.rank, d.evidence["how"]) for d in missing] == [
-        ("rank_missing", 12, "absent")]
+        ("rank_missing", 12, "absent")
+    ]
 
 
 def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
@@ -111,12 +130,22 @@ def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
     found = drive(engine, first, until=stop + 70)
     assert [d.type for d in opened(found)] == ["hang"]
     shift = 120.0  # the scheduler restarts it from the checkpoint at step 20
-    again = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
-        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
-        for r in m.steps]) for m in Job(world=8, steps=30).messages() if m.steps[0].step >= 20]
+    again = [
+        msgspec.structs.replace(
+            m,
+            ts=m.ts + shift,
+            steps=[
+                msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
+                for r in m.steps
+            ],
+        )
+        for m in Job(world=8, steps=30).messages()
+        if m.steps[0].step >= 20
+    ]
     found = drive(engine, again)
     assert [(d.type, d.state, d.evidence["resolved_because"]) for d in found] == [
-        ("hang", "resolved", "restarted")]
+        ("hang", "resolved", "restarted")
+    ]
     s = engine.stats()[0]
     assert not s.hung and s.badput_seconds["restart"] > 100
     assert s.badput_seconds["wasted_progress"] > 5

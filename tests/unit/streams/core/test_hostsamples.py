@@ -10,10 +10,21 @@ T0 = 1_767_225_600.0
 
 
 def _gpu(ts: float, n: int = 2, temp: float | None = 60.0) -> GpuMessage:
-    return GpuMessage(host="h", ts=ts, gpus=[
-        GpuReading(index=g, temp_gpu_c=temp, util_gpu_pct=90.0 + g, sm_clock_mhz=1500.0,
-                   sm_clock_max_mhz=2000.0, ecc_dbe_total=None if g else 3)
-        for g in range(n)])
+    return GpuMessage(
+        host="h",
+        ts=ts,
+        gpus=[
+            GpuReading(
+                index=g,
+                temp_gpu_c=temp,
+                util_gpu_pct=90.0 + g,
+                sm_clock_mhz=1500.0,
+                sm_clock_max_mhz=2000.0,
+                ecc_dbe_total=None if g else 3,
+            )
+            for g in range(n)
+        ],
+    )
 
 
 def test_rows_come_back_in_arrival_order_after_the_ring_wraps() -> None:
@@ -57,8 +68,15 @@ def test_counters_beyond_float_precision_are_kept_exactly() -> None:
     win = HostWindow("h", 8)
     big = 2**62
     for i, v in enumerate((big, big + 1, big + 3)):
-        win.add(PortMessage(host="h", ts=T0 + i, ports=[
-            PortReading(device="mlx5_0", port=1, xmit_wait_total=v, symbol_error_total=i)]))
+        win.add(
+            PortMessage(
+                host="h",
+                ts=T0 + i,
+                ports=[
+                    PortReading(device="mlx5_0", port=1, xmit_wait_total=v, symbol_error_total=i)
+                ],
+            )
+        )
     sig = win.port_signals(T0, T0 + 2)[0]
     assert sig.xmit_wait_per_s == 1.5  # (big + 3 - big) / 2 s
     assert sig.errors == {"symbol_error": 2}
@@ -75,8 +93,9 @@ def test_end_sample_rises_match_the_reading_by_reading_rule() -> None:
     w = 2**32
     x = [5, w - 10, 100, ABSENT, 7, 2**40]
     y = [9, 20, 3, 4, ABSENT, 5]
-    expected = _rises(tuple(None if v == ABSENT else v for v in x),
-                      tuple(None if v == ABSENT else v for v in y))
+    expected = _rises(
+        tuple(None if v == ABSENT else v for v in x), tuple(None if v == ABSENT else v for v in y)
+    )
     assert expected == [4, 30, 3, 0, 0, 5]
     assert _rises_of(np.array([x]), np.array([y])).tolist() == [expected]
 
@@ -96,8 +115,7 @@ def test_the_flat_conversions_read_the_values_numpy_reads() -> None:
         assert np.array_equal(got[:, 2:], want)
     floats = [tuple(float(v) for v in rng.normal(size=10)) for _ in range(50)]
     for raw_f in (floats, [*floats[:-1], (None, *floats[-1][1:])]):
-        assert np.array_equal(as_floats(raw_f, 10), np.array(raw_f, dtype=float),
-                              equal_nan=True)
+        assert np.array_equal(as_floats(raw_f, 10), np.array(raw_f, dtype=float), equal_nan=True)
 
 
 def test_gpu_series_grouped_at_once_match_the_reading_by_reading_ones() -> None:

@@ -26,8 +26,15 @@ def _incidents(found: list[DetectionMessage]) -> list[DetectionMessage]:
 
 @pytest.mark.parametrize("accounting", ["ddp", "explicit"])
 def test_host_data_stall_is_one_host_level_detection(accounting: str) -> None:
-    job = Job("hds", seed=3, nodes=4, steps=160, accounting=accounting, step_s=1.0,
-              fault=Fault(Kind.HOST_DATA, start=80, severity=0.2, host=2))
+    job = Job(
+        "hds",
+        seed=3,
+        nodes=4,
+        steps=160,
+        accounting=accounting,
+        step_s=1.0,
+        fault=Fault(Kind.HOST_DATA, start=80, severity=0.2, host=2),
+    )
     found = _run(job)
     incidents = _incidents(found)
     assert len(incidents) == 1, [d.summary for d in incidents]
@@ -41,8 +48,15 @@ def test_host_data_stall_is_one_host_level_detection(accounting: str) -> None:
 
 @pytest.mark.parametrize("accounting", ["ddp", "explicit"])
 def test_congested_nic_is_a_network_detection_with_host_device_port(accounting: str) -> None:
-    job = Job("nic", seed=5, nodes=4, steps=160, accounting=accounting, step_s=1.0,
-              fault=Fault(Kind.NIC_CONGESTION, start=80, severity=0.2, host=1, port=3))
+    job = Job(
+        "nic",
+        seed=5,
+        nodes=4,
+        steps=160,
+        accounting=accounting,
+        step_s=1.0,
+        fault=Fault(Kind.NIC_CONGESTION, start=80, severity=0.2, host=1, port=3),
+    )
     incidents = _incidents(_run(job))
     assert len(incidents) == 1, [d.summary for d in incidents]
     d = incidents[0]
@@ -53,16 +67,30 @@ def test_congested_nic_is_a_network_detection_with_host_device_port(accounting: 
 
 
 def test_pipeline_link_congestion_names_the_senders_port() -> None:
-    job = Job("pp", seed=9, nodes=4, stages=2, steps=160, step_s=1.0,
-              fault=Fault(Kind.PP_LINK, start=80, severity=0.2, host=0, port=6, stage=1))
+    job = Job(
+        "pp",
+        seed=9,
+        nodes=4,
+        stages=2,
+        steps=160,
+        step_s=1.0,
+        fault=Fault(Kind.PP_LINK, start=80, severity=0.2, host=0, port=6, stage=1),
+    )
     incidents = _incidents(_run(job))
     assert [(d.type, d.cause, d.host, d.device) for d in incidents] == [
-        ("job_slowdown", "network", job.host(0), "mlx5_6")]
+        ("job_slowdown", "network", job.host(0), "mlx5_6")
+    ]
 
 
 def test_lemon_host_is_one_incident_with_gpu_cause() -> None:
-    job = Job("lemon", seed=4, nodes=4, steps=160, step_s=1.0,
-              fault=Fault(Kind.LEMON_HOST, start=80, severity=0.2, host=3))
+    job = Job(
+        "lemon",
+        seed=4,
+        nodes=4,
+        steps=160,
+        step_s=1.0,
+        fault=Fault(Kind.LEMON_HOST, start=80, severity=0.2, host=3),
+    )
     incidents = _incidents(_run(job))
     assert [(d.rank, d.host, d.cause) for d in incidents] == [(None, job.host(3), "gpu")]
 
@@ -76,8 +104,9 @@ def test_host_incident_after_one_of_its_ranks_continues_that_incident() -> None:
     from tests.support.detect_synth import Job as SynthJob
 
     slow = {8: (20, 0.15), **{r: (45, 0.15) for r in range(9, 16)}}
-    found = opened(drive(Engine(), SynthJob(world=32, steps=90, slow_data=slow).messages()),
-                   "straggler")
+    found = opened(
+        drive(Engine(), SynthJob(world=32, steps=90, slow_data=slow).messages()), "straggler"
+    )
     first = [d for d in found if d.rank == 8]
     host = [d for d in found if d.rank is None]
     assert len(first) == 1 and len(host) == 1, [d.summary for d in found]

@@ -18,7 +18,9 @@ def test_one_straggler_is_one_detection_from_open_to_resolved() -> None:
     job.single = {(7, s): 1 / 1.2 for s in range(70, 120)}  # it recovers at step 70
     found = drive(Engine(), job.messages())
     assert [s for s in _states(found) if s[1] != "update"] == [
-        ("straggler", "open", 7), ("straggler", "resolved", 7)]
+        ("straggler", "open", 7),
+        ("straggler", "resolved", 7),
+    ]
     assert len({d.id for d in found}) == 1
     resolved = found[-1]
     assert resolved.first_step == found[0].first_step
@@ -84,9 +86,19 @@ def test_restart_from_a_checkpoint_counts_lost_progress() -> None:
     restart_at = max(r.end for m in first for r in m.steps) + 30.0
     again = Job(world=8, steps=40).messages()[: 10 * 1]  # steps 0..9 again, 30 s later
     shift = restart_at - T0
-    again = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
-        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift, step=r.step + 20)
-        for r in m.steps]) for m in again]  # resumes from step 20 (the last checkpoint)
+    again = [
+        msgspec.structs.replace(
+            m,
+            ts=m.ts + shift,
+            steps=[
+                msgspec.structs.replace(
+                    r, start=r.start + shift, end=r.end + shift, step=r.step + 20
+                )
+                for r in m.steps
+            ],
+        )
+        for m in again
+    ]  # resumes from step 20 (the last checkpoint)
     engine = Engine()
     assert drive(engine, [*first, *again]) == []
     (s,) = engine.stats()
@@ -116,9 +128,17 @@ def test_a_job_restarted_with_another_world_size_starts_afresh() -> None:
     first = Job(world=16, steps=30).messages()
     later = max(r.end for m in first for r in m.steps) + 60
     second = Job(world=8, steps=30).messages()
-    second = [msgspec.structs.replace(m, ts=m.ts + later - T0, steps=[
-        msgspec.structs.replace(r, start=r.start + later - T0, end=r.end + later - T0)
-        for r in m.steps]) for m in second]
+    second = [
+        msgspec.structs.replace(
+            m,
+            ts=m.ts + later - T0,
+            steps=[
+                msgspec.structs.replace(r, start=r.start + later - T0, end=r.end + later - T0)
+                for r in m.steps
+            ],
+        )
+        for m in second
+    ]
     engine = Engine(DetectConfig(hang_min_seconds=1e6))
     drive(engine, [*first, *second])
     (s,) = engine.stats()
@@ -142,11 +162,21 @@ def test_a_restart_resolves_the_runs_straggler_and_its_warm_up_opens_nothing() -
         return 1.0 + 0.8 * (1.0 - since / 10) ** 2 if 0 <= since < 10 else 1.0
 
     shift = max(r.end for m in first for r in m.steps) - T0 + 20.0  # back 20 s later
-    again = [msgspec.structs.replace(m, ts=m.ts + shift, steps=[
-        msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift) for r in m.steps])
-        for m in Job(world=16, steps=160, job_factor=warm).messages() if m.steps[0].step >= 75]
+    again = [
+        msgspec.structs.replace(
+            m,
+            ts=m.ts + shift,
+            steps=[
+                msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
+                for r in m.steps
+            ],
+        )
+        for m in Job(world=16, steps=160, job_factor=warm).messages()
+        if m.steps[0].step >= 75
+    ]
     found = drive(engine, again)
     resolved = [d for d in found if d.state == "resolved"]
     assert [(d.type, d.rank, d.evidence["resolved_because"]) for d in resolved] == [
-        ("straggler", 13, "job restarted from a checkpoint")]
+        ("straggler", 13, "job restarted from a checkpoint")
+    ]
     assert opened(found) == []

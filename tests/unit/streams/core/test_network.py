@@ -19,8 +19,15 @@ def _incidents(found: list[DetectionMessage]) -> list[DetectionMessage]:
 
 @pytest.mark.parametrize("accounting", ["ddp", "explicit"])
 def test_congested_port_of_a_job_that_slows_two_percent_is_reported(accounting: str) -> None:
-    job = WildJob("nic2", seed=8, nodes=4, steps=200, accounting=accounting, step_s=1.0,
-                  fault=Fault(Kind.NIC_CONGESTION, start=90, severity=0.02, host=2, port=5))
+    job = WildJob(
+        "nic2",
+        seed=8,
+        nodes=4,
+        steps=200,
+        accounting=accounting,
+        step_s=1.0,
+        fault=Fault(Kind.NIC_CONGESTION, start=90, severity=0.02, host=2, port=5),
+    )
     found = drive(Engine(), list(generate(job)))
     (d,) = _incidents(found)
     assert (d.type, d.cause, d.fault) == ("network_congestion", "network", "system")
@@ -48,4 +55,5 @@ def test_rising_symbol_errors_are_link_errors_on_that_port() -> None:
         t += 1.0
     found = _incidents(drive(Engine(), interleave(steps, samples)))
     assert [(d.type, d.host, d.device, d.cause) for d in found] == [
-        ("link_errors", "h001", "mlx5_6", "network")]
+        ("link_errors", "h001", "mlx5_6", "network")
+    ]

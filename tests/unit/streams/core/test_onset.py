@@ -35,10 +35,20 @@ def test_data_stall_cause_is_read_after_its_onset() -> None:
 
 
 def test_job_slowdown_first_step_is_its_onset() -> None:
-    job = WildJob("nic", seed=5, nodes=4, steps=160, accounting="explicit", step_s=1.0,
-                  fault=Fault(Kind.NIC_CONGESTION, start=80, severity=0.2, host=1, port=3))
-    found = [d for d in opened(drive(Engine(), list(generate(job))))
-             if d.type in ("job_slowdown", "network_congestion")]
+    job = WildJob(
+        "nic",
+        seed=5,
+        nodes=4,
+        steps=160,
+        accounting="explicit",
+        step_s=1.0,
+        fault=Fault(Kind.NIC_CONGESTION, start=80, severity=0.2, host=1, port=3),
+    )
+    found = [
+        d
+        for d in opened(drive(Engine(), list(generate(job))))
+        if d.type in ("job_slowdown", "network_congestion")
+    ]
     assert found
     for d in found:
         assert d.first_step is not None and abs(d.first_step - 80) <= 3, d.type

@@ -15,10 +15,15 @@ WORLD, PER_HOST = 16, 8
 DATA, FWD, BWD, OPT, AR = 0.02, 0.30, 0.55, 0.05, 0.08
 
 
-def ddp_job(slow: dict[int, tuple[str, float]], steps: int = 60, start: int = 20,
-            comm: bool = False, seed: int = 0,
-            cpu_wait: dict[int, float] | None = None,
-            wait_share: float = 0.02) -> list[StepMessage]:
+def ddp_job(
+    slow: dict[int, tuple[str, float]],
+    steps: int = 60,
+    start: int = 20,
+    comm: bool = False,
+    seed: int = 0,
+    cpu_wait: dict[int, float] | None = None,
+    wait_share: float = 0.02,
+) -> list[StepMessage]:
     """DDP accounting: every rank's backward ends when the slowest rank's gradients are
     reduced, so data + forward + backward + optimizer is equal on every rank.
     ``slow[rank] = (phase, seconds)`` adds work to one phase of one rank from ``start``.
@@ -28,8 +33,7 @@ def ddp_job(slow: dict[int, tuple[str, float]], steps: int = 60, start: int = 20
     rng = np.random.default_rng(seed)
     out, t = [], T0
     for s in range(steps):
-        x = np.array([DATA, FWD, BWD, OPT])[:, None] * (1 + 0.01 * rng.standard_normal((4,
-                                                                                       WORLD)))
+        x = np.array([DATA, FWD, BWD, OPT])[:, None] * (1 + 0.01 * rng.standard_normal((4, WORLD)))
         for rank, (phase, extra) in slow.items():
             if s >= start:
                 x[("data", "forward", "backward").index(phase), rank] += extra
@@ -41,16 +45,34 @@ def ddp_job(slow: dict[int, tuple[str, float]], steps: int = 60, start: int = 20
         for h in range(WORLD // PER_HOST):
             recs = []
             for r in range(h * PER_HOST, (h + 1) * PER_HOST):
-                ph = Phases(data=x[0, r], forward=x[1, r], backward=x[2, r], optimizer=x[3, r],
-                            comm_wait=float(wait[r]) if comm else None)
+                ph = Phases(
+                    data=x[0, r],
+                    forward=x[1, r],
+                    backward=x[2, r],
+                    optimizer=x[3, r],
+                    comm_wait=float(wait[r]) if comm else None,
+                )
                 cw = ct = None
                 if cpu_wait is not None:
                     ct = float(pre[r])
-                    cw = wait_share / (1 - wait_share) * ct + (cpu_wait.get(r, 0.0)
-                                                               if s >= start else 0.0)
-                recs.append(StepRecord(job_id="ddp", rank=r, world_size=WORLD, step=s, start=t,
-                                       end=end, host=f"h{h}", local_rank=r % PER_HOST,
-                                       phases=ph, cpu_wait=cw, cpu_time=ct))
+                    cw = wait_share / (1 - wait_share) * ct + (
+                        cpu_wait.get(r, 0.0) if s >= start else 0.0
+                    )
+                recs.append(
+                    StepRecord(
+                        job_id="ddp",
+                        rank=r,
+                        world_size=WORLD,
+                        step=s,
+                        start=t,
+                        end=end,
+                        host=f"h{h}",
+                        local_rank=r % PER_HOST,
+                        phases=ph,
+                        cpu_wait=cw,
+                        cpu_time=ct,
+                    )
+                )
             out.append(StepMessage(host=f"h{h}", ts=end + 0.01, job_id="ddp", steps=recs))
         t = end + 0.001
     return out

@@ -53,7 +53,8 @@ def test_slower_collectives_with_a_congested_nic_blame_the_network() -> None:
             congested = h == "h001" and t > messages[0].ts + 50
             cnp += 2000 if congested else 0
             counters: dict[int, dict[str, object]] = {
-                2: {"np_cnp_sent_total": 10 + cnp, "xmit_wait_total": 1000 + 500 * cnp}}
+                2: {"np_cnp_sent_total": 10 + cnp, "xmit_wait_total": 1000 + 500 * cnp}
+            }
             samples += [gpu_message(h, t), port_message(h, t, counters if h == "h001" else None)]
         t += 1.0
     every = opened(drive(Engine(), interleave(messages, samples)))
@@ -82,5 +83,7 @@ def _shift_after(messages, step, dt):  # type: ignore[no-untyped-def]
         s = m.steps[0].step
         if s > step:
             shift = dt * (s - step)
-            m.steps[:] = [msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
-                          for r in m.steps]
+            m.steps[:] = [
+                msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
+                for r in m.steps
+            ]

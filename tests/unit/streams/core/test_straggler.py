@@ -32,8 +32,9 @@ def test_pipeline_stages_with_unequal_compute_do_not_alert() -> None:
 
 
 def test_pipeline_straggler_is_compared_within_its_stage() -> None:
-    job = Job(world=32, steps=60, stages=4, stage_weights=(1.06, 1.0, 1.0, 1.12),
-              slow={20: (25, 1.15)})
+    job = Job(
+        world=32, steps=60, stages=4, stage_weights=(1.06, 1.0, 1.0, 1.12), slow={20: (25, 1.15)}
+    )
     found = opened(drive(Engine(), job.messages()), "straggler")
     assert [(d.rank, d.group) for d in found] == [(20, "pp2")]
 
@@ -41,8 +42,10 @@ def test_pipeline_straggler_is_compared_within_its_stage() -> None:
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_noise_pauses_and_single_slow_steps_never_alert(seed: int) -> None:
     rng = np.random.default_rng(seed)
-    single = {(int(rng.integers(16)), int(s)): float(rng.uniform(1.2, 2.5))
-              for s in rng.integers(5, 150, 40)}
+    single = {
+        (int(rng.integers(16)), int(s)): float(rng.uniform(1.2, 2.5))
+        for s in rng.integers(5, 150, 40)
+    }
     pauses = {s: 6.0 for s in range(20, 150, 25)}  # checkpoints/evaluations: every rank
     job = Job(world=16, steps=150, jitter=0.025, seed=seed, single=single, pauses=pauses)
     assert drive(Engine(), job.messages()) == []
@@ -53,8 +56,10 @@ def test_timestamps_only_fallback_says_so() -> None:
     messages = job.messages()
     # without phases a straggler is visible only if its records end later than its peers'
     for m in messages:
-        m.steps[:] = [r if r.rank != 3 or r.step < 20 else
-                      msgspec.structs.replace(r, end=r.end + 0.12) for r in m.steps]
+        m.steps[:] = [
+            r if r.rank != 3 or r.step < 20 else msgspec.structs.replace(r, end=r.end + 0.12)
+            for r in m.steps
+        ]
     found = opened(drive(Engine(), messages), "straggler")
     assert [d.rank for d in found] == [3]
     assert found[0].evidence["basis"] == "timestamps"

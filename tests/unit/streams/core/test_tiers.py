@@ -16,8 +16,9 @@ pytestmark = pytest.mark.unit
 WORLD = 8
 
 
-def optimizer_job(opt_share: float, factor: float, steps: int = 90, start: int = 20,
-                  seed: int = 3) -> list[StepMessage]:
+def optimizer_job(
+    opt_share: float, factor: float, steps: int = 90, start: int = 20, seed: int = 3
+) -> list[StepMessage]:
     """DDP with comm_wait: rank 5's optimizer step is ``factor`` x its peers' from ``start``."""
     rng = np.random.default_rng(seed)
     out, t = [], T0
@@ -28,15 +29,35 @@ def optimizer_job(opt_share: float, factor: float, steps: int = 90, start: int =
             x[3, 5] *= factor
         work = x.sum(axis=0)
         end = t + work.max() + 0.08
-        recs = [StepRecord(job_id="opt", rank=r, world_size=WORLD, step=s, start=t, end=end,
-                           host=f"h{r // 4}", local_rank=r % 4,
-                           phases=Phases(data=x[0, r], forward=x[1, r], backward=x[2, r],
-                                         optimizer=x[3, r],
-                                         comm_wait=float(end - t - work[r])))
-                for r in range(WORLD)]
+        recs = [
+            StepRecord(
+                job_id="opt",
+                rank=r,
+                world_size=WORLD,
+                step=s,
+                start=t,
+                end=end,
+                host=f"h{r // 4}",
+                local_rank=r % 4,
+                phases=Phases(
+                    data=x[0, r],
+                    forward=x[1, r],
+                    backward=x[2, r],
+                    optimizer=x[3, r],
+                    comm_wait=float(end - t - work[r]),
+                ),
+            )
+            for r in range(WORLD)
+        ]
         for h in range(2):
-            out.append(StepMessage(host=f"h{h}", ts=end + 0.01, job_id="opt",
-                                   steps=[r for r in recs if r.host == f"h{h}"]))
+            out.append(
+                StepMessage(
+                    host=f"h{h}",
+                    ts=end + 0.01,
+                    job_id="opt",
+                    steps=[r for r in recs if r.host == f"h{h}"],
+                )
+            )
         t = end + 0.001
     return out
 
@@ -62,8 +83,15 @@ def test_a_material_optimizer_excess_is_an_incident() -> None:
     assert [d.rank for d in found] == [5]
 
 
-def _healthy_rate(phi: float, drift_sd: float, df: float, jitter: float, steps: int = 6000,
-                  ranks: int = 64, kappa: float = 0.035) -> float:
+def _healthy_rate(
+    phi: float,
+    drift_sd: float,
+    df: float,
+    jitter: float,
+    steps: int = 6000,
+    ranks: int = 64,
+    kappa: float = 0.035,
+) -> float:
     """Alarms per rank-step of the CUSUM alone on heavy-tailed, autocorrelated excess."""
     rng = np.random.default_rng(1)
     c = RobustCusum((1, ranks), h=6.0, clip=2.0)
@@ -71,10 +99,15 @@ def _healthy_rate(phi: float, drift_sd: float, df: float, jitter: float, steps: 
     spread = np.full((1, ranks), 1.4826 * 0.8 * jitter)
     alarms, was = 0, np.zeros(ranks, dtype=bool)
     for _ in range(steps):
-        drift = phi * drift + rng.normal(0, np.sqrt(1 - phi ** 2) * drift_sd, ranks)
+        drift = phi * drift + rng.normal(0, np.sqrt(1 - phi**2) * drift_sd, ranks)
         e = jitter * rng.standard_t(df, ranks) + drift
-        c.update((e - np.median(e))[None, :], spread, kappa, np.zeros(ranks, np.int8),
-                 np.zeros((1, ranks), dtype=bool))
+        c.update(
+            (e - np.median(e))[None, :],
+            spread,
+            kappa,
+            np.zeros(ranks, np.int8),
+            np.zeros((1, ranks), dtype=bool),
+        )
         on = c.s[0] >= c.h
         alarms += int((on & ~was).sum())
         was = on
@@ -93,14 +126,18 @@ def test_cusum_alarms_within_a_few_steps_of_a_material_shift() -> None:
     rng = np.random.default_rng(0)
     spread = np.full((1, 4), 0.015)
     for _ in range(30):
-        c.update(rng.normal(0, 0.01, (1, 4)), spread, 0.035, np.zeros(4, np.int8),
-                 np.zeros((1, 4), dtype=bool))
+        c.update(
+            rng.normal(0, 0.01, (1, 4)),
+            spread,
+            0.035,
+            np.zeros(4, np.int8),
+            np.zeros((1, 4), dtype=bool),
+        )
     steps = 0
     while not c.alarm(2):
         e = rng.normal(0, 0.01, (1, 4))
         e[0, 2] += 0.10
-        c.update(e, spread, 0.035, np.array([0, 0, 1, 0], np.int8),
-                 np.zeros((1, 4), dtype=bool))
+        c.update(e, spread, 0.035, np.array([0, 0, 1, 0], np.int8), np.zeros((1, 4), dtype=bool))
         steps += 1
         assert steps < 20
     assert steps <= 4

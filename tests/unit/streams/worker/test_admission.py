@@ -25,11 +25,23 @@ T0 = 1_700_000_000.0
 NOW = T0 + 1000
 
 
-def msg(step: int, rank: int = 0, start: float | None = None, host: str = "h1",
-        job: str = "j", world: int = 2) -> StepMessage:
+def msg(
+    step: int,
+    rank: int = 0,
+    start: float | None = None,
+    host: str = "h1",
+    job: str = "j",
+    world: int = 2,
+) -> StepMessage:
     s = T0 + step if start is None else start
-    return StepMessage(host=host, ts=s + 1, job_id=job, steps=[StepRecord(
-        job_id=job, rank=rank, world_size=world, step=step, start=s, end=s + 0.9)])
+    return StepMessage(
+        host=host,
+        ts=s + 1,
+        job_id=job,
+        steps=[
+            StepRecord(job_id=job, rank=rank, world_size=world, step=step, start=s, end=s + 0.9)
+        ],
+    )
 
 
 def reasons(gate: Gate, m, now: float = NOW) -> list[Reason]:
@@ -96,8 +108,9 @@ def test_jobs_are_bounded() -> None:
 
 def test_the_processor_dead_letters_the_jump_and_keeps_the_ranks_real_steps() -> None:
     topics = Topics("t")
-    proc = StreamProcessor(topics, default_engine_factory(Settings.load(env={})), worker="w",
-                           clock=lambda: NOW)
+    proc = StreamProcessor(
+        topics, default_engine_factory(Settings.load(env={})), worker="w", clock=lambda: NOW
+    )
     batch = [msg(s, rank=r) for s in range(10) for r in range(2)]
     batch.insert(5, msg(10**9, start=T0 + 3))
     records = [Record(topics.steps, 0, i, b"j", encode(m)) for i, m in enumerate(batch)]
@@ -111,16 +124,20 @@ def test_the_processor_dead_letters_the_jump_and_keeps_the_ranks_real_steps() ->
 
 
 def test_settings_reach_the_admission_config() -> None:
-    cfg = admission_config(Settings.load(env={"STEPWATCH_STREAM_FUTURE_SECONDS": "30",
-                                              "STEPWATCH_STREAM_STEP_JUMP_MIN": "50"}))
+    cfg = admission_config(
+        Settings.load(
+            env={"STEPWATCH_STREAM_FUTURE_SECONDS": "30", "STEPWATCH_STREAM_STEP_JUMP_MIN": "50"}
+        )
+    )
     assert cfg.future_seconds == 30 and cfg.step_jump_min == 50
     assert cfg.max_age_seconds == Settings.load(env={}).stream_max_age_seconds
 
 
 def test_a_restart_far_back_is_analysed_not_dropped_as_stale() -> None:
     topics = Topics("t")
-    proc = StreamProcessor(topics, default_engine_factory(Settings.load(env={})), worker="w",
-                           clock=lambda: T0 + 2000)
+    proc = StreamProcessor(
+        topics, default_engine_factory(Settings.load(env={})), worker="w", clock=lambda: T0 + 2000
+    )
     run = [msg(s, rank=r) for s in range(600) for r in range(2)]
     resumed = [msg(s, rank=r, start=T0 + 700 + s) for s in range(100, 200) for r in range(2)]
     records = [Record(topics.steps, 0, i, b"j", encode(m)) for i, m in enumerate(run + resumed)]
@@ -131,22 +148,41 @@ def test_a_restart_far_back_is_analysed_not_dropped_as_stale() -> None:
 
 
 def dropped(proc: StreamProcessor) -> float:
-    return sum(s.value for m in proc.metrics.dropped.collect() for s in m.samples
-               if s.name.endswith("_total"))
+    return sum(
+        s.value
+        for m in proc.metrics.dropped.collect()
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
 
 
 def test_bounds_that_must_be_positive_are_checked() -> None:
     from stepwatch.errors import ConfigError
 
-    for name in ("STEPWATCH_STREAM_STEP_JUMP_MIN", "STEPWATCH_STORE_DEDUP_MAX_SENDERS",
-                 "STEPWATCH_STORE_ENDPOINT_MAX_CONCURRENT_QUERIES"):
+    for name in (
+        "STEPWATCH_STREAM_STEP_JUMP_MIN",
+        "STEPWATCH_STORE_DEDUP_MAX_SENDERS",
+        "STEPWATCH_STORE_ENDPOINT_MAX_CONCURRENT_QUERIES",
+    ):
         with pytest.raises(ConfigError, match="must be >= 1"):
             Settings.load(env={name: "0"})
 
 
 def _state(gate: Gate) -> list[tuple]:
-    return [(job_id, j.first_step, j.first_end, j.peak, j.peak_end, j.ceiling, j.ceiling_end,
-             sorted(j.hosts), j.world) for job_id, j in gate._jobs.items()]
+    return [
+        (
+            job_id,
+            j.first_step,
+            j.first_end,
+            j.peak,
+            j.peak_end,
+            j.ceiling,
+            j.ceiling_end,
+            sorted(j.hosts),
+            j.world,
+        )
+        for job_id, j in gate._jobs.items()
+    ]
 
 
 @pytest.mark.parametrize("max_jobs", [0, 2, 4096])
@@ -155,8 +191,14 @@ def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
     import random
 
     rng = random.Random(3)
-    cfg = AdmissionConfig(step_jump_min=50, step_jump_factor=2.0, max_jobs=max_jobs,
-                          max_world_size=8, future_seconds=120, max_age_seconds=3600)
+    cfg = AdmissionConfig(
+        step_jump_min=50,
+        step_jump_factor=2.0,
+        max_jobs=max_jobs,
+        max_world_size=8,
+        future_seconds=120,
+        max_age_seconds=3600,
+    )
     ref, fast = Gate(cfg), Gate(cfg)
     step = {"a": 0, "b": 0, "c": 0}
     for i in range(3000):
@@ -170,8 +212,16 @@ def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
             j = job if rng.random() > 0.1 else rng.choice("abc")
             start = T0 + base + (0.95 if r < 0.05 else 0) + (5_000 if r > 0.995 else 0)
             world = 4 if rng.random() < 0.97 else rng.choice([9, 6])
-            recs.append(StepRecord(job_id=j, rank=k % world, world_size=world,
-                                   step=max(s, 0), start=start, end=start + 0.9))
+            recs.append(
+                StepRecord(
+                    job_id=j,
+                    rank=k % world,
+                    world_size=world,
+                    step=max(s, 0),
+                    start=start,
+                    end=start + 0.9,
+                )
+            )
         host = rng.choice(["h1", "h1", "h2", ""])
         m = StepMessage(host=host, ts=T0 + base + 1, job_id=job, steps=recs)
         if rng.random() < 0.05:
@@ -185,5 +235,8 @@ def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
             assert not want.refusals and not want.rewound and want.message is m, i
         else:
             assert (got.message, got.refusals, got.rewound) == (
-                want.message, want.refusals, want.rewound), i
+                want.message,
+                want.refusals,
+                want.rewound,
+            ), i
         assert _state(fast) == _state(ref), i

@@ -25,11 +25,23 @@ pytestmark = pytest.mark.unit
 T0 = 1_700_000_000.0
 
 
-def msg(step: int, host: str = "gpu-001", world: int = 2, ranks: tuple[int, ...] = (0, 1),
-        start: float | None = None) -> StepMessage:
+def msg(
+    step: int,
+    host: str = "gpu-001",
+    world: int = 2,
+    ranks: tuple[int, ...] = (0, 1),
+    start: float | None = None,
+) -> StepMessage:
     s = T0 + step if start is None else start
-    return StepMessage(host=host, ts=s + 1, job_id="j", steps=[StepRecord(
-        job_id="j", rank=r, world_size=world, step=step, start=s, end=s + 0.9) for r in ranks])
+    return StepMessage(
+        host=host,
+        ts=s + 1,
+        job_id="j",
+        steps=[
+            StepRecord(job_id="j", rank=r, world_size=world, step=step, start=s, end=s + 0.9)
+            for r in ranks
+        ],
+    )
 
 
 def _det(value: bytes) -> DetectionMessage:
@@ -40,8 +52,9 @@ def _det(value: bytes) -> DetectionMessage:
 
 def _hung_job(now: float) -> tuple[StreamProcessor, Topics, list[DetectionMessage]]:
     topics = Topics("t")
-    proc = StreamProcessor(topics, default_engine_factory(Settings.load(env={})), worker="w",
-                           clock=lambda: now)
+    proc = StreamProcessor(
+        topics, default_engine_factory(Settings.load(env={})), worker="w", clock=lambda: now
+    )
     proc.process_batch([Record(topics.steps, 0, i, b"j", encode(msg(i))) for i in range(60)])
     opened: list[DetectionMessage] = []
     for k in range(1, 400, 5):
@@ -60,8 +73,9 @@ def test_a_foreign_hosts_resize_does_not_close_the_jobs_hang() -> None:
     now = T0 + 500
     proc, topics, opened = _hung_job(now)
     assert [(d.type, d.state) for d in opened] == [("hang", "open")]
-    dets, letters = _detections(proc, topics, 100, msg(1, host="evil", world=3, ranks=(0,),
-                                                        start=T0 + 460))
+    dets, letters = _detections(
+        proc, topics, 100, msg(1, host="evil", world=3, ranks=(0,), start=T0 + 460)
+    )
     assert dets == [] and letters == ["foreign_lifecycle"]
     # the job's own host may restart it with another size
     dets, letters = _detections(proc, topics, 101, msg(1, world=3, ranks=(0,), start=T0 + 461))

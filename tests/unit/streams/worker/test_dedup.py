@@ -17,8 +17,10 @@ T0 = 1_700_000_000.0
 
 
 def steps(job: str, pairs: list[tuple[int, int]]) -> StepMessage:
-    records = [StepRecord(job_id=job, rank=r, world_size=8, step=s, start=T0 + s, end=T0 + s + 1)
-               for r, s in pairs]
+    records = [
+        StepRecord(job_id=job, rank=r, world_size=8, step=s, start=T0 + s, end=T0 + s + 1)
+        for r, s in pairs
+    ]
     return StepMessage(host="h1", ts=T0, job_id=job, steps=records)
 
 
@@ -64,8 +66,10 @@ def test_host_samples_must_move_forward_in_time() -> None:
     assert d.admit(GpuMessage(host="h2", ts=T0 + 1, gpus=[])) is not None
     port = PortMessage(host="h1", ts=T0 + 1, ports=[])
     assert d.admit(port) is port  # ports of a host are ordered apart from its GPUs
-    assert d.take_dropped() == {("gpu", DropReason.DUPLICATE): 1,
-                                ("gpu", DropReason.OUT_OF_ORDER): 1}
+    assert d.take_dropped() == {
+        ("gpu", DropReason.DUPLICATE): 1,
+        ("gpu", DropReason.OUT_OF_ORDER): 1,
+    }
 
 
 def test_events_deduplicated_by_sender_sequence() -> None:

@@ -34,8 +34,9 @@ def test_pyproject_pins_the_same_series() -> None:
     assert f">={major}.{minor}" in pin and f"<{major}.{minor + 1}" in pin, pin
 
 
-def test_lean_worker_refuses_an_unsupported_faust(monkeypatch: pytest.MonkeyPatch,
-                                                  tmp_path) -> None:
+def test_lean_worker_refuses_an_unsupported_faust(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:
     from stepwatch.streams.worker import app as app_module
 
     monkeypatch.setattr(app_module, "faust_version_problem", lambda: "faust-streaming 9.9 ...")

@@ -57,8 +57,7 @@ class Msg:
 
 
 def test_raw_schema_event_and_lean_producer_match_the_app(tmp_path: Any) -> None:
-    settings = Settings.load(env={}, bootstrap_servers="127.0.0.1:9",
-                             stream_data_dir=str(tmp_path))
+    settings = Settings.load(env={}, bootstrap_servers="127.0.0.1:9", stream_data_dir=str(tmp_path))
     app = create_app(settings, StreamOptions(data_dir=str(tmp_path))).app
     msg = Msg()
     decode = RawSchema(key_type=bytes, value_type=bytes).compile(app)
@@ -66,7 +65,11 @@ def test_raw_schema_event_and_lean_producer_match_the_app(tmp_path: Any) -> None
     stock = app.create_event(msg.key, msg.value, msg.headers, msg)
     assert type(event) is type(stock)
     assert (event.key, event.value, event.headers, event.message) == (
-        stock.key, stock.value, stock.headers, stock.message)
+        stock.key,
+        stock.value,
+        stock.headers,
+        stock.message,
+    )
     buf = app.producer.buffer
     assert isinstance(buf, LeanProducerBuffer)
     assert buf.threaded is bool(app.conf.producer_threaded)

@@ -10,16 +10,34 @@ from stepwatch.streams.worker.ledger import DictStore, Ledger, LedgerEntry
 T0 = 1_700_000_000.0
 
 
-def det(id_: str, state: str = "open", type_: str = "straggler", rank: int | None = 5,
-        step: int = 40, job: str = "j") -> DetectionMessage:
-    return DetectionMessage(host="w", ts=T0 + step, id=id_, job_id=job, type=type_, state=state,
-                            rank=rank, step=step, first_step=step, opened_at=T0 + step,
-                            cause="gpu", summary="slow")
+def det(
+    id_: str,
+    state: str = "open",
+    type_: str = "straggler",
+    rank: int | None = 5,
+    step: int = 40,
+    job: str = "j",
+) -> DetectionMessage:
+    return DetectionMessage(
+        host="w",
+        ts=T0 + step,
+        id=id_,
+        job_id=job,
+        type=type_,
+        state=state,
+        rank=rank,
+        step=step,
+        first_step=step,
+        opened_at=T0 + step,
+        cause="gpu",
+        summary="slow",
+    )
 
 
 def progress(step: int, job: str = "j") -> StepMessage:
-    rec = StepRecord(job_id=job, rank=0, world_size=8, step=step, start=T0 + step,
-                     end=T0 + step + 1)
+    rec = StepRecord(
+        job_id=job, rank=0, world_size=8, step=step, start=T0 + step, end=T0 + step + 1
+    )
     return StepMessage(host="h", ts=T0 + step, job_id=job, steps=[rec])
 
 
@@ -113,9 +131,11 @@ def test_every_change_after_a_takeover_keeps_the_original_opened_at_and_first_st
     ledger = Ledger()
     first = ledger.for_partition(1).record(det("old-id", step=40))
     fresh = ledger.for_partition(1)
-    outs = [fresh.record(det("new-id", step=60)),
-            fresh.record(det("new-id", state="update", step=70)),
-            fresh.record(det("new-id", state="resolved", step=80))]
+    outs = [
+        fresh.record(det("new-id", step=60)),
+        fresh.record(det("new-id", state="update", step=70)),
+        fresh.record(det("new-id", state="resolved", step=80)),
+    ]
     assert [(o.opened_at, o.first_step) for o in outs] == [(T0 + 40, 40)] * 3
     # one identity per state change: inst = detection id, seq counts on over the takeover
     assert [(o.inst, o.seq) for o in [first, *outs]] == [("old-id", i) for i in range(4)]
@@ -123,9 +143,13 @@ def test_every_change_after_a_takeover_keeps_the_original_opened_at_and_first_st
 
 def test_changes_carry_the_detection_id_and_a_gapless_change_number() -> None:
     part = Ledger().for_partition(0)
-    outs = [part.record(det("a", step=1)), part.record(det("b", rank=6, step=1)),
-            part.record(det("a", state="update")), part.record(det("a", state="resolved")),
-            part.record(det("b", rank=6, state="resolved"))]
+    outs = [
+        part.record(det("a", step=1)),
+        part.record(det("b", rank=6, step=1)),
+        part.record(det("a", state="update")),
+        part.record(det("a", state="resolved")),
+        part.record(det("b", rank=6, state="resolved")),
+    ]
     assert [(o.inst, o.seq) for o in outs] == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("b", 1)]
 
 
@@ -133,6 +157,7 @@ def test_a_ledger_resolution_of_an_inherited_entry_is_the_next_change() -> None:
     ledger = Ledger()
     ledger.for_partition(0).record(det("x", step=40))
     fresh = ledger.for_partition(0)
-    out = fresh.observe(EventMessage(host="h", ts=T0 + 90, type=EventType.JOB_END, job_id="j"),
-                        T0 + 90)
+    out = fresh.observe(
+        EventMessage(host="h", ts=T0 + 90, type=EventType.JOB_END, job_id="j"), T0 + 90
+    )
     assert [(o.id, o.state, o.inst, o.seq) for o in out] == [("x", "resolved", "x", 1)]

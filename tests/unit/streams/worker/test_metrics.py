@@ -22,17 +22,29 @@ def det(**kw) -> DetectionMessage:
 
 
 def test_straggler_carries_rank_host_gpu_cause_and_fault() -> None:
-    text = text_of(det(type="straggler", rank=5, gpu=5, host="node02", cause="gpu",
-                       fault="system", score=0.21))
-    assert ('stepwatch_detection_score{cause="gpu",device="",fault="system",gpu="5",group="",'
-            'host="node02",job_id="j1",port="",rank="5",type="straggler"} 0.21') in text
+    text = text_of(
+        det(type="straggler", rank=5, gpu=5, host="node02", cause="gpu", fault="system", score=0.21)
+    )
+    assert (
+        'stepwatch_detection_score{cause="gpu",device="",fault="system",gpu="5",group="",'
+        'host="node02",job_id="j1",port="",rank="5",type="straggler"} 0.21'
+    ) in text
 
 
 def test_network_slowdown_is_localized_to_the_suspect_host_and_port() -> None:
-    text = text_of(det(type="job_slowdown", cause="network", fault="system", score=0.3,
-                       evidence={"suspect_host": "node03", "device": "mlx5_2", "port": 1}))
-    assert ('{cause="network",device="mlx5_2",fault="system",gpu="",group="",host="node03",'
-            'job_id="j1",port="1",rank="",type="job_slowdown"} 0.3') in text
+    text = text_of(
+        det(
+            type="job_slowdown",
+            cause="network",
+            fault="system",
+            score=0.3,
+            evidence={"suspect_host": "node03", "device": "mlx5_2", "port": 1},
+        )
+    )
+    assert (
+        '{cause="network",device="mlx5_2",fault="system",gpu="",group="",host="node03",'
+        'job_id="j1",port="1",rank="",type="job_slowdown"} 0.3'
+    ) in text
 
 
 def test_detections_without_score_read_one_and_series_go_when_resolved() -> None:

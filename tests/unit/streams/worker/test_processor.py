@@ -39,10 +39,21 @@ class FakeEngine:
                 raise RuntimeError("core bug")
             if rec.rank == 5 and rec.step in (10, 20):
                 state = "open" if rec.step == 10 else "resolved"
-                out.append(DetectionMessage(host="w", ts=rec.end, id="d5", job_id=rec.job_id,
-                                            type="straggler", state=state, rank=5, gpu=5,
-                                            cause="gpu", score=0.12,
-                                            evidence={"host": rec.host}))
+                out.append(
+                    DetectionMessage(
+                        host="w",
+                        ts=rec.end,
+                        id="d5",
+                        job_id=rec.job_id,
+                        type="straggler",
+                        state=state,
+                        rank=5,
+                        gpu=5,
+                        cause="gpu",
+                        score=0.12,
+                        evidence={"host": rec.host},
+                    )
+                )
         return out
 
     def tick(self, now: float) -> list[DetectionMessage]:
@@ -51,22 +62,46 @@ class FakeEngine:
 
     def stats(self) -> list[JobStats]:
         jobs = {r.job_id for m in self.seen for r in getattr(m, "steps", [])}
-        return [JobStats(job_id=j, last_step=20, world_size=8, step_seconds_median=1.0,
-                         samples_per_second=64.0, tokens_per_second=1e5, mfu=0.4,
-                         goodput_ratio=0.9, hung=False, open_detections=0,
-                         flagged_ranks={5: 0.12}, badput_seconds={"checkpoint": 4.0},
-                         suspect_ranks={2: 0.03, 6: 0.02}, suspects_total=3)
-                for j in sorted(jobs)]
+        return [
+            JobStats(
+                job_id=j,
+                last_step=20,
+                world_size=8,
+                step_seconds_median=1.0,
+                samples_per_second=64.0,
+                tokens_per_second=1e5,
+                mfu=0.4,
+                goodput_ratio=0.9,
+                hung=False,
+                open_detections=0,
+                flagged_ranks={5: 0.12},
+                badput_seconds={"checkpoint": 4.0},
+                suspect_ranks={2: 0.03, 6: 0.02},
+                suspects_total=3,
+            )
+            for j in sorted(jobs)
+        ]
 
 
 def step_msg(step: int, ranks: range = range(8), job: str = "j") -> bytes:
-    recs = [StepRecord(job_id=job, rank=r, world_size=8, step=step, start=T0 + step,
-                       end=T0 + step + 1, host=f"h{r // 4}") for r in ranks]
+    recs = [
+        StepRecord(
+            job_id=job,
+            rank=r,
+            world_size=8,
+            step=step,
+            start=T0 + step,
+            end=T0 + step + 1,
+            host=f"h{r // 4}",
+        )
+        for r in ranks
+    ]
     return encode(StepMessage(host="h0", ts=T0 + step + 1, job_id=job, steps=recs))
 
 
-def rec(topic: str, value: bytes, partition: int = 0, offset: int = 0,
-        key: bytes | None = b"j") -> Record:
+def rec(
+    topic: str, value: bytes, partition: int = 0, offset: int = 0, key: bytes | None = b"j"
+) -> Record:
     return Record(topic, partition, offset, key, value)
 
 
@@ -76,8 +111,9 @@ def proc() -> StreamProcessor:
 
 
 def test_valid_messages_reach_the_engine_and_detections_come_out(proc: StreamProcessor) -> None:
-    out = proc.process_batch([rec(TOPICS.steps, step_msg(s), offset=s, partition=2)
-                              for s in range(9, 12)])
+    out = proc.process_batch(
+        [rec(TOPICS.steps, step_msg(s), offset=s, partition=2) for s in range(9, 12)]
+    )
     assert len(out) == 1
     o = out[0]
     assert (o.topic, o.key, o.partition) == (TOPICS.detections, b"j", 2)
@@ -96,8 +132,16 @@ BAD = [
     (b'{"host": "h", "ts": 1700000000}', "schema"),
     (b'{"kind": "telepathy", "host": "h", "ts": 1700000000}', "unknown_kind"),
     (b'{"kind": "step", "v": 9, "host": "h", "ts": 1700000000}', "unsupported_version"),
-    (encode(StepMessage(host="h", ts=T0, steps=[StepRecord(
-        job_id="j", rank=0, world_size=1, step=1, start=T0, end=T0 - 5)])), "absurd_value"),
+    (
+        encode(
+            StepMessage(
+                host="h",
+                ts=T0,
+                steps=[StepRecord(job_id="j", rank=0, world_size=1, step=1, start=T0, end=T0 - 5)],
+            )
+        ),
+        "absurd_value",
+    ),
     (encode(StepMessage(host="h", ts=T0 + 86400, steps=[])), "absurd_value"),
     (encode(GpuMessage(host="h", ts=T0, gpus=[GpuReading(index=0)])), "wrong_topic"),
     (encode(DetectionMessage(host="h", ts=T0, id="x")), "wrong_topic"),
@@ -111,8 +155,9 @@ def test_every_bad_record_goes_to_the_dlq_with_reason_and_origin(proc: StreamPro
         batch.append(rec(TOPICS.steps, payload, offset=2 * i + 1, partition=1, key=b"k%d" % i))
     out = proc.process_batch(batch)
     letters = [decode_dead_letter(o.value) for o in out if o.topic == TOPICS.dlq]
-    assert [(x.reason, x.offset) for x in letters] == [(r, 2 * i + 1)
-                                                      for i, (_, r) in enumerate(BAD)]
+    assert [(x.reason, x.offset) for x in letters] == [
+        (r, 2 * i + 1) for i, (_, r) in enumerate(BAD)
+    ]
     for letter, (payload, _) in zip(letters, BAD, strict=True):
         assert original_payload(letter) == payload
         assert (letter.topic, letter.partition, letter.worker) == (TOPICS.steps, 1, "w1")
@@ -125,8 +170,9 @@ def test_every_bad_record_goes_to_the_dlq_with_reason_and_origin(proc: StreamPro
 
 
 def test_core_exception_is_dead_lettered_and_the_batch_goes_on(proc: StreamProcessor) -> None:
-    out = proc.process_batch([rec(TOPICS.steps, step_msg(666, job="x")),
-                              rec(TOPICS.steps, step_msg(10))])
+    out = proc.process_batch(
+        [rec(TOPICS.steps, step_msg(666, job="x")), rec(TOPICS.steps, step_msg(10))]
+    )
     assert [o.topic for o in out] == [TOPICS.dlq, TOPICS.detections]
     assert decode_dead_letter(out[0].value).reason == "processing_error"
     assert proc.metrics.errors.labels("process")._value.get() == 1
@@ -141,8 +187,12 @@ def test_duplicates_are_dropped_not_dead_lettered(proc: StreamProcessor) -> None
 
 def test_revoked_partitions_lose_their_state(proc: StreamProcessor) -> None:
     proc.assign([0, 1])
-    proc.process_batch([rec(TOPICS.steps, step_msg(1), partition=0),
-                        rec(TOPICS.steps, step_msg(1, job="k"), partition=1)])
+    proc.process_batch(
+        [
+            rec(TOPICS.steps, step_msg(1), partition=0),
+            rec(TOPICS.steps, step_msg(1, job="k"), partition=1),
+        ]
+    )
     assert set(proc.states) == {0, 1}
     proc.assign([1, 2])
     assert set(proc.states) == {1}
@@ -164,12 +214,14 @@ def test_tick_reaches_every_partition_and_refreshes_job_series(proc: StreamProce
     assert 'stepwatch_job_badput_seconds{job_id="j",reason="checkpoint"} 4.0' in text
     assert 'stepwatch_job_straggler_suspects{job_id="j"} 2.0' in text  # suspects: seen, not paged
     assert 'stepwatch_job_straggler_suspects_total{job_id="j"} 3.0' in text
-    assert ('stepwatch_rank_flagged_score{cause="gpu",gpu="5",host="h1",job_id="j",rank="5",'
-            'type="straggler"} 0.12') in text
+    assert (
+        'stepwatch_rank_flagged_score{cause="gpu",gpu="5",host="h1",job_id="j",rank="5",'
+        'type="straggler"} 0.12'
+    ) in text
     proc.process_batch([rec(TOPICS.steps, step_msg(20), partition=1)])  # resolves rank 5
     proc.tick(T0 + 51)
     assert "stepwatch_rank_flagged_score{" not in metrics_text(proc)
-    assert 'stepwatch_job_open_detections{' not in metrics_text(proc)
+    assert "stepwatch_job_open_detections{" not in metrics_text(proc)
 
 
 def test_lag_per_kind_and_partition(proc: StreamProcessor) -> None:
@@ -192,13 +244,26 @@ def test_real_engine_finds_the_simulated_straggler() -> None:
     from stepwatch.sim import Fault, FaultKind, Scenario, simulate
     from stepwatch.streams.worker.app import default_engine_factory
 
-    sc = Scenario(seed=3, job_id="sim", nodes=4, gpus_per_node=8, steps=90, start_ts=T0,
-                  faults=(Fault(kind=FaultKind.SLOW_GPU, rank=13, start_step=30, severity=0.2),))
-    proc = StreamProcessor(TOPICS, default_engine_factory(Settings.load(env={})),
-                           clock=lambda: T0 + 200)
-    records = [rec(TOPICS.for_kind(KIND_OF[type(m)]), encode(m), key=message_key(m), offset=i)
-               for i, m in enumerate(simulate(sc))]
-    out = [msgspec.json.decode(o.value) for i in range(0, len(records), 500)
-           for o in proc.process_batch(records[i:i + 500])]
+    sc = Scenario(
+        seed=3,
+        job_id="sim",
+        nodes=4,
+        gpus_per_node=8,
+        steps=90,
+        start_ts=T0,
+        faults=(Fault(kind=FaultKind.SLOW_GPU, rank=13, start_step=30, severity=0.2),),
+    )
+    proc = StreamProcessor(
+        TOPICS, default_engine_factory(Settings.load(env={})), clock=lambda: T0 + 200
+    )
+    records = [
+        rec(TOPICS.for_kind(KIND_OF[type(m)]), encode(m), key=message_key(m), offset=i)
+        for i, m in enumerate(simulate(sc))
+    ]
+    out = [
+        msgspec.json.decode(o.value)
+        for i in range(0, len(records), 500)
+        for o in proc.process_batch(records[i : i + 500])
+    ]
     opened = [d for d in out if d["state"] == "open" and d["type"] == "straggler"]
     assert [(d["rank"], d["cause"]) for d in opened] == [(13, "gpu")]

@@ -85,9 +85,7 @@ def build_host_collectors(settings: Settings, names: list[str]) -> list[Collecto
     """Build the named collectors; unknown names raise ConfigError (before any is built)."""
     unknown = [n for n in names if n not in BUILDERS and n not in AGENT_OWNED]
     if unknown:
-        raise ConfigError(
-            f"unknown collector(s): {', '.join(unknown)}; known: {', '.join(NAMES)}"
-        )
+        raise ConfigError(f"unknown collector(s): {', '.join(unknown)}; known: {', '.join(NAMES)}")
     return [BUILDERS[n](settings) for n in names if n in BUILDERS]
 
 

@@ -68,7 +68,11 @@ FAMILIES: dict[str, tuple[str, Callable[[float], Any]]] = {
 }
 
 # DCGM's "blank" sentinels (no data): int32, int64 and fp64 ranges (dcgm_structs.h).
-_BLANKS = ((0x7FFFFFF0, 0x7FFFFFFF), (0x7FFFFFFFFFFFFFF0, 0x7FFFFFFFFFFFFFFF), (2.0**47, 2.0**47 + 16))
+_BLANKS = (
+    (0x7FFFFFF0, 0x7FFFFFFF),
+    (0x7FFFFFFFFFFFFFF0, 0x7FFFFFFFFFFFFFFF),
+    (2.0**47, 2.0**47 + 16),
+)
 
 
 def fetch(url: str, timeout: float) -> str:
@@ -120,7 +124,11 @@ class DcgmCollector(TrackedCollector):
             return self._fetch(self.url, self._timeout)
         except (OSError, urllib.error.URLError, http.client.HTTPException, ValueError) as err:
             self._health.down(
-                "endpoint", "endpoint_down", "dcgm-exporter unreachable url=%s error=%s", self.url, err
+                "endpoint",
+                "endpoint_down",
+                "dcgm-exporter unreachable url=%s error=%s",
+                self.url,
+                err,
             )
             return None
 
@@ -128,8 +136,11 @@ class DcgmCollector(TrackedCollector):
         page = self._parser.parse(text)
         if page.bad_lines:
             self._health.error(
-                "page", "garbled", "dcgm-exporter page has unparsable lines url=%s first=%r",
-                self.url, page.first_bad,
+                "page",
+                "garbled",
+                "dcgm-exporter page has unparsable lines url=%s first=%r",
+                self.url,
+                page.first_bad,
             )
         gpus: dict[int, dict[str, Any]] = {}
         labels_of: dict[int, dict[str, str]] = {}
@@ -155,7 +166,9 @@ class DcgmCollector(TrackedCollector):
         index = _gpu_index(sample.labels.get("gpu", ""))
         if index is None:
             self._health.error(
-                f"label:{sample.family}", "bad_label", "dcgm sample without a usable gpu label %s",
+                f"label:{sample.family}",
+                "bad_label",
+                "dcgm sample without a usable gpu label %s",
                 sample.family,
             )
             return
@@ -164,8 +177,11 @@ class DcgmCollector(TrackedCollector):
         value = sample.value
         if not math.isfinite(value) or value < 0:
             self._health.error(
-                f"value:{sample.family}", "bad_value", "dcgm value unusable family=%s value=%r",
-                sample.family, value,
+                f"value:{sample.family}",
+                "bad_value",
+                "dcgm value unusable family=%s value=%r",
+                sample.family,
+                value,
             )
             return
         if _is_blank(value):
@@ -183,7 +199,9 @@ class DcgmCollector(TrackedCollector):
             self._xid_seen[key] = r.xid_last
             if previous is None or r.xid_last == previous or r.xid_last == 0:
                 continue
-            log.warning("XID seen on dcgm gauge gpu=%s xid=%s previous=%s", r.index, r.xid_last, previous)
+            log.warning(
+                "XID seen on dcgm gauge gpu=%s xid=%s previous=%s", r.index, r.xid_last, previous
+            )
             out.append(
                 EventMessage(
                     host=ctx.host,

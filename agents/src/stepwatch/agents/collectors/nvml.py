@@ -88,7 +88,9 @@ class NvmlCollector(TrackedCollector):
             events = self._poll_events(ctx)  # first, so xid_last is current in the readings
             readings = [self._read(gpu) for gpu in self._gpus]
             indices = [r.index for r in readings]
-            message = GpuMessage(host=ctx.host, ts=ctx.now, job_id=job_for(ctx, indices), gpus=readings)
+            message = GpuMessage(
+                host=ctx.host, ts=ctx.now, job_id=job_for(ctx, indices), gpus=readings
+            )
             return [message, *events]
         except Exception as err:  # the loop edge: never raise into the agent
             self._health.error("collect", "unexpected", "nvml collect failed: %r", err)
@@ -223,7 +225,9 @@ class NvmlCollector(TrackedCollector):
             try:
                 event = self._api.wait_event(self._event_set, 0)
             except NvmlError as err:
-                self._health.error("events", err.reason, "NVML event wait failed reason=%s", err.reason)
+                self._health.error(
+                    "events", err.reason, "NVML event wait failed reason=%s", err.reason
+                )
                 break
             if event is None:
                 break

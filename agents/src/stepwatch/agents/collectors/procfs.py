@@ -32,7 +32,9 @@ from pathlib import Path
 
 _SLURM_JOB = re.compile(r"/job_(\d+)(?:/|$)")
 # cgroupfs: .../pod0d2b9c1e-...; systemd: ...-pod0d2b9c1e_..._....slice
-_POD_UID = re.compile(r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})")
+_POD_UID = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
 _PYTORCHJOB_POD = re.compile(r"^(?P<job>.+)-(?:master|worker)-\d+$")
 MAX_READ = 256 * 1024  # environ and cgroup files are small; never read more
 
@@ -93,7 +95,7 @@ class ProcFS:
         if not raw:
             return None
         # the command name (field 2) may hold spaces and ')': split after the last ')'
-        fields = raw[raw.rfind(b")") + 2:].split()
+        fields = raw[raw.rfind(b")") + 2 :].split()
         try:
             return int(fields[19])  # field 22 overall
         except (IndexError, ValueError):
@@ -106,19 +108,24 @@ class ProcFS:
         slurm, pod = _from_cgroup(self._read(pid, "cgroup") or b"")
         raw_env = self._read(pid, "environ")
         env = _parse_environ(raw_env or b"")
-        return ProcIdentity(pid=pid, start_time=start, slurm_job=slurm, pod_uid=pod,
-                            env_jobs=env_jobs(env), env_rank=env_rank(env),
-                            env_pod_uid=env.get("POD_UID", "").strip().lower(),
-                            env_gpus=env_gpus(env),
-                            environ_readable=raw_env is not None)
+        return ProcIdentity(
+            pid=pid,
+            start_time=start,
+            slurm_job=slurm,
+            pod_uid=pod,
+            env_jobs=env_jobs(env),
+            env_rank=env_rank(env),
+            env_pod_uid=env.get("POD_UID", "").strip().lower(),
+            env_gpus=env_gpus(env),
+            environ_readable=raw_env is not None,
+        )
 
 
 def _from_cgroup(raw: bytes) -> tuple[str, str]:
     text = raw.decode("utf-8", "replace")
     slurm = _SLURM_JOB.search(text)
     pod = _POD_UID.search(text)
-    return (slurm.group(1) if slurm else "",
-            pod.group(1).replace("_", "-") if pod else "")
+    return (slurm.group(1) if slurm else "", pod.group(1).replace("_", "-") if pod else "")
 
 
 def _parse_environ(raw: bytes) -> dict[str, str]:
@@ -132,8 +139,9 @@ def _parse_environ(raw: bytes) -> dict[str, str]:
 
 def env_jobs(env: Mapping[str, str]) -> frozenset[str]:
     """Every job id the SDK could take from this environment (see sdk/identity.py)."""
-    jobs = {env.get(v, "").strip() for v in ("STEPWATCH_JOB_ID", "SLURM_JOB_ID",
-                                             "TORCHELASTIC_RUN_ID")}
+    jobs = {
+        env.get(v, "").strip() for v in ("STEPWATCH_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
+    }
     match = _PYTORCHJOB_POD.match(env.get("POD_NAME", ""))
     if match:
         namespace = env.get("POD_NAMESPACE", "")
@@ -169,8 +177,14 @@ class IdentityCache:
     again. At most ``max_entries`` pids are held (the oldest go first).
     """
 
-    def __init__(self, proc: ProcFS, *, ttl: float = 30.0, max_entries: int = 256,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        proc: ProcFS,
+        *,
+        ttl: float = 30.0,
+        max_entries: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.proc = proc
         self.ttl = ttl
         self.max_entries = max_entries

@@ -15,8 +15,14 @@ from collections.abc import Callable, Hashable
 
 
 class TokenBuckets:
-    def __init__(self, rate: float, burst: float, *, max_keys: int = 4096,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        rate: float,
+        burst: float,
+        *,
+        max_keys: int = 4096,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.rate = rate
         self.burst = max(1.0, burst)
         self.max_keys = max_keys

@@ -158,7 +158,10 @@ class RdmaCollector(TrackedCollector):
                 events.append(_link_event(ctx, port, port.last_state, state))
             port.last_state = state
         return PortReading(
-            device=port.device, port=port.port, netdev=port.netdev, link_layer=port.link_layer,
+            device=port.device,
+            port=port.port,
+            netdev=port.netdev,
+            link_layer=port.link_layer,
             **values,
         )
 
@@ -178,7 +181,12 @@ class RdmaCollector(TrackedCollector):
         except (ValueError, UnicodeDecodeError):
             reason = "empty" if not raw.strip() else "garbled"
             self._health.error(
-                path, reason, "sysfs value unusable path=%s reason=%s raw=%r", path, reason, raw[:40]
+                path,
+                reason,
+                "sysfs value unusable path=%s reason=%s raw=%r",
+                path,
+                reason,
+                raw[:40],
             )
             return None
 
@@ -211,7 +219,9 @@ class RdmaCollector(TrackedCollector):
 
     def _discover_port(self, dev_dir: str, device: str, number: int, netdevs: list[str]) -> _Port:
         base = os.path.join(dev_dir, "ports", str(number)) + os.sep
-        port = _Port(device=device, port=number, base=base, netdev=_netdev(dev_dir, number, netdevs))
+        port = _Port(
+            device=device, port=number, base=base, netdev=_netdev(dev_dir, number, netdevs)
+        )
         try:
             port.link_layer = parse_word(read_raw(base + "link_layer"))
         except (OSError, ValueError, UnicodeDecodeError):
@@ -237,7 +247,10 @@ def _netdev(dev_dir: str, port: int, netdevs: list[str]) -> str:
         return netdevs[0] if netdevs else ""
     for name in netdevs:
         try:
-            if parse_counter(read_raw(os.path.join(dev_dir, "device", "net", name, "dev_port"))) == port - 1:
+            if (
+                parse_counter(read_raw(os.path.join(dev_dir, "device", "net", name, "dev_port")))
+                == port - 1
+            ):
                 return name
         except (OSError, ValueError):
             continue
@@ -252,7 +265,11 @@ def _host_job(ctx: HostContext) -> str | None:
 
 def _link_event(ctx: HostContext, port: _Port, before: str, after: str) -> EventMessage:
     log.warning(
-        "RDMA link state change device=%s port=%s change=%s->%s", port.device, port.port, before, after
+        "RDMA link state change device=%s port=%s change=%s->%s",
+        port.device,
+        port.port,
+        before,
+        after,
     )
     return EventMessage(
         host=ctx.host,

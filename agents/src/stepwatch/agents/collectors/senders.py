@@ -64,8 +64,9 @@ class VerifyJob(enum.StrEnum):
         try:
             return cls(text.strip().lower().replace("-", "_"))
         except ValueError as err:
-            raise ConfigError(f"agent_verify_job must be off, when_known or strict, got {text!r}"
-                              ) from err
+            raise ConfigError(
+                f"agent_verify_job must be off, when_known or strict, got {text!r}"
+            ) from err
 
 
 @dataclass(frozen=True)
@@ -105,14 +106,20 @@ def machine_names(hostname: Callable[[], str] = socket.gethostname) -> frozenset
 class SenderGate:
     """Rate limits and identity checks; see the module docstring."""
 
-    def __init__(self, policy: SenderPolicy | None = None, *, proc: ProcFS | None = None,
-                 clock: Callable[[], float] | None = None,
-                 hostname: Callable[[], str] = socket.gethostname) -> None:
+    def __init__(
+        self,
+        policy: SenderPolicy | None = None,
+        *,
+        proc: ProcFS | None = None,
+        clock: Callable[[], float] | None = None,
+        hostname: Callable[[], str] = socket.gethostname,
+    ) -> None:
         self.policy = policy or SenderPolicy()
         clock = clock or time.monotonic
         self.identities = IdentityCache(proc or ProcFS(self.policy.proc_root), clock=clock)
-        self.per_sender = TokenBuckets(self.policy.sender_rate, self.policy.sender_burst,
-                                       clock=clock)
+        self.per_sender = TokenBuckets(
+            self.policy.sender_rate, self.policy.sender_burst, clock=clock
+        )
         self.per_user = TokenBuckets(self.policy.user_rate, self.policy.user_burst, clock=clock)
         self._names = machine_names(hostname) | self.policy.host_aliases
         # Whether this agent sees every process in /proc (root, no hidepid): then a sender
@@ -130,9 +137,13 @@ class SenderGate:
         visible = creds.pid > 0
         if (visible and not self.per_sender.allow(creds.pid)) or not self.per_user.allow(creds.uid):
             self.rate_limited += 1
-            self.log_once("rate_limited", creds, "datagrams over the rate limit dropped "
-                          "rate_per_process=%s burst=%s", self.policy.sender_rate,
-                          self.policy.sender_burst)
+            self.log_once(
+                "rate_limited",
+                creds,
+                "datagrams over the rate limit dropped rate_per_process=%s burst=%s",
+                self.policy.sender_rate,
+                self.policy.sender_burst,
+            )
             return None
         if self.policy.verify_job is VerifyJob.OFF or not visible:
             return Sender(creds)
@@ -140,8 +151,15 @@ class SenderGate:
         return Sender(creds, ident, gone=ident is None and self._sees_all)
 
     # ------------------------------------------------------------------ tick
-    def check(self, sender: Sender, own_host: str, host: str, job: str,
-              rank: int | None, gpu: int | None = None) -> str | None:
+    def check(
+        self,
+        sender: Sender,
+        own_host: str,
+        host: str,
+        job: str,
+        rank: int | None,
+        gpu: int | None = None,
+    ) -> str | None:
         """The reason to reject a record from ``sender`` claiming ``host/job/rank/gpu``, or None."""
         if host and host != own_host and host not in self._names:
             return "host_mismatch"
@@ -151,8 +169,13 @@ class SenderGate:
             return "sender_gone"
         reason = self._check_job(sender.identity, job, rank)
         ident = sender.identity
-        if reason is None and gpu is not None and ident is not None \
-                and ident.env_gpus is not None and gpu not in ident.env_gpus:
+        if (
+            reason is None
+            and gpu is not None
+            and ident is not None
+            and ident.env_gpus is not None
+            and gpu not in ident.env_gpus
+        ):
             return "gpu_mismatch"
         return reason
 
@@ -186,8 +209,12 @@ class SenderGate:
         if len(self._logged) > LOGGED_SENDERS:
             self._logged.popitem(last=False)
         who = f"pid={pid} uid={creds.uid} gid={creds.gid}" if creds else "pid=- uid=- gid=-"
-        log.warning("%s reason=%s %s (further ones from this sender counted, not logged)",
-                    msg % args if args else msg, reason, who)
+        log.warning(
+            "%s reason=%s %s (further ones from this sender counted, not logged)",
+            msg % args if args else msg,
+            reason,
+            who,
+        )
 
 
 def parse_aliases(text: str) -> frozenset[str]:

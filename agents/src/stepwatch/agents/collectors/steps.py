@@ -70,9 +70,17 @@ class StepsCollector:
 
     name = "steps"
 
-    def __init__(self, path: str, *, gate: SenderGate | None = None, group: str = "",
-                 max_message_bytes: int = MAX_MESSAGE_BYTES, max_buffered: int = MAX_BUFFERED,
-                 clock: Callable[[], float] = time.time, mode: int = SOCKET_MODE) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        gate: SenderGate | None = None,
+        group: str = "",
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
+        max_buffered: int = MAX_BUFFERED,
+        clock: Callable[[], float] = time.time,
+        mode: int = SOCKET_MODE,
+    ) -> None:
         self.path = path
         self.gate = gate or SenderGate()
         self._gid = resolve_group(group)
@@ -112,7 +120,13 @@ class StepsCollector:
 
     def _read_loop(self) -> None:
         """Only receive here (the kernel queue is short): decoding happens in collect()."""
-        sock, buf, limit, stop, admit = self._sock, self._buf, self._max, self._stop, self.gate.admit
+        sock, buf, limit, stop, admit = (
+            self._sock,
+            self._buf,
+            self._max,
+            self._stop,
+            self.gate.admit,
+        )
         assert sock is not None
         while not stop.is_set():
             try:
@@ -147,8 +161,12 @@ class StepsCollector:
                 check_values(_event(item, "-"), self._clock())
         except ContractError as err:
             self.rejected[err.reason] += 1
-            self._log("reject:" + err.reason, "datagram rejected reason=%s detail=%s",
-                      err.reason, err.detail[:200])
+            self._log(
+                "reject:" + err.reason,
+                "datagram rejected reason=%s detail=%s",
+                err.reason,
+                err.detail[:200],
+            )
             return None
         return item
 
@@ -177,9 +195,11 @@ class StepsCollector:
                     self._release(item.job_id)
         self.steps_received += sum(len(v) for v in by_job.values())
         self.events_received += len(events)
-        steps: list[Message] = [StepMessage(host=ctx.host, ts=ctx.now, job_id=job, steps=part)
-                                for job, recs in by_job.items()
-                                for part in _chunks(recs, self._budget)]
+        steps: list[Message] = [
+            StepMessage(host=ctx.host, ts=ctx.now, job_id=job, steps=part)
+            for job, recs in by_job.items()
+            for part in _chunks(recs, self._budget)
+        ]
         self._expire(ctx.now)
         return steps + events
 
@@ -189,7 +209,12 @@ class StepsCollector:
         claim: tuple[str, str, int | None, int | None]
         if isinstance(item, RankStep):
             rec = item.step
-            claim = (rec.host, rec.job_id, rec.rank, rec.gpu if rec.gpu is not None else rec.local_rank)
+            claim = (
+                rec.host,
+                rec.job_id,
+                rec.rank,
+                rec.gpu if rec.gpu is not None else rec.local_rank,
+            )
         else:
             claim = ("", item.job_id, item.rank, item.gpu)
         reason = self.gate.check(sender, host, *claim)
@@ -198,12 +223,17 @@ class StepsCollector:
         self.rejected[reason] += 1
         ident = sender.identity
         self.gate.log_once(
-            reason, sender.creds, "datagram rejected: claims host=%r job=%r rank=%s gpu=%s; the "
-            "sender runs slurm_job=%r env_jobs=%s env_rank=%s env_gpus=%s pod=%r", *claim,
-            ident.slurm_job if ident else "", sorted(ident.env_jobs) if ident else [],
+            reason,
+            sender.creds,
+            "datagram rejected: claims host=%r job=%r rank=%s gpu=%s; the "
+            "sender runs slurm_job=%r env_jobs=%s env_rank=%s env_gpus=%s pod=%r",
+            *claim,
+            ident.slurm_job if ident else "",
+            sorted(ident.env_jobs) if ident else [],
             ident.env_rank if ident else None,
             sorted(ident.env_gpus) if ident and ident.env_gpus is not None else None,
-            ident.pod_uid if ident else "")
+            ident.pod_uid if ident else "",
+        )
         return False
 
     def _take_overflow(self) -> None:
@@ -214,8 +244,12 @@ class StepsCollector:
         overflow, self._overflow = self._overflow, 0  # a rare race only miscounts by one
         if overflow:
             self.rejected["buffer_full"] += overflow
-            self._log("buffer_full", "steps buffer full, datagrams dropped count=%d max=%d",
-                      overflow, self._max)
+            self._log(
+                "buffer_full",
+                "steps buffer full, datagrams dropped count=%d max=%d",
+                overflow,
+                self._max,
+            )
 
     def health(self) -> CollectorHealth:
         reading = self._thread is not None and self._thread.is_alive()
@@ -268,9 +302,17 @@ class StepsCollector:
 
 
 def _event(item: RankEvent, host: str) -> EventMessage:
-    return EventMessage(host=host, ts=item.ts, type=item.type, job_id=item.job_id,
-                        rank=item.rank, gpu=item.gpu, code=item.code, detail=item.detail,
-                        attrs=dict(item.attrs))
+    return EventMessage(
+        host=host,
+        ts=item.ts,
+        type=item.type,
+        job_id=item.job_id,
+        rank=item.rank,
+        gpu=item.gpu,
+        code=item.code,
+        detail=item.detail,
+        attrs=dict(item.attrs),
+    )
 
 
 def _chunks(records: list[tuple[StepRecord, int]], budget: int) -> list[list[StepRecord]]:
@@ -306,21 +348,35 @@ def _prepare_dir(directory: Path, gid: int | None) -> None:
         os.chmod(directory, DIR_MODE)  # mkdir's mode is masked by the umask
         if gid is not None:
             os.chown(directory, -1, gid)
-        log.info("socket directory created path=%s mode=%o gid=%s", directory, DIR_MODE,
-                 gid if gid is not None else os.getegid())
+        log.info(
+            "socket directory created path=%s mode=%o gid=%s",
+            directory,
+            DIR_MODE,
+            gid if gid is not None else os.getegid(),
+        )
         return
     st = directory.stat()
     if st.st_uid not in (os.geteuid(), 0):
-        raise CollectorError(f"socket directory {directory} belongs to uid {st.st_uid}, not to "
-                             "the agent or root: refusing to listen there")
+        raise CollectorError(
+            f"socket directory {directory} belongs to uid {st.st_uid}, not to "
+            "the agent or root: refusing to listen there"
+        )
     if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-        raise CollectorError(f"socket directory {directory} is world-writable: refusing to "
-                             "listen there")
-    if gid is not None and not (st.st_gid == gid and st.st_mode & stat.S_IXGRP) \
-            and not st.st_mode & stat.S_IXOTH:
-        log.warning("socket directory does not let group gid=%s reach the socket path=%s "
-                    "mode=%o (create it 0750 of that group)", gid, directory,
-                    stat.S_IMODE(st.st_mode))
+        raise CollectorError(
+            f"socket directory {directory} is world-writable: refusing to listen there"
+        )
+    if (
+        gid is not None
+        and not (st.st_gid == gid and st.st_mode & stat.S_IXGRP)
+        and not st.st_mode & stat.S_IXOTH
+    ):
+        log.warning(
+            "socket directory does not let group gid=%s reach the socket path=%s "
+            "mode=%o (create it 0750 of that group)",
+            gid,
+            directory,
+            stat.S_IMODE(st.st_mode),
+        )
 
 
 def _bind_socket(path: str, mode: int, gid: int | None = None) -> socket.socket:

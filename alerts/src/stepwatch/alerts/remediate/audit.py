@@ -51,19 +51,35 @@ class Writer(Protocol):
 
 class Metrics:
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.decisions = Counter("stepwatch_remediator_decisions_total",
-                                 "Remediator decisions by action and outcome",
-                                 ["action", "outcome"], registry=registry)
-        self.breaker = Gauge("stepwatch_remediator_circuit_breaker_open",
-                             "1 while the circuit breaker is open (a person must close it)",
-                             registry=registry)
-        self.actuator_errors = Counter("stepwatch_remediator_actuator_errors_total",
-                                       "Failed actuator calls", ["actuator", "kind"], registry=registry)
-        self.dropped = Counter("stepwatch_remediator_audit_dropped_total",
-                               "Audit records not written (queue full or writer failing)",
-                               ["writer"], registry=registry)
-        self.rejected = Counter("stepwatch_remediator_requests_rejected_total",
-                                "Webhook/API requests refused", ["code"], registry=registry)
+        self.decisions = Counter(
+            "stepwatch_remediator_decisions_total",
+            "Remediator decisions by action and outcome",
+            ["action", "outcome"],
+            registry=registry,
+        )
+        self.breaker = Gauge(
+            "stepwatch_remediator_circuit_breaker_open",
+            "1 while the circuit breaker is open (a person must close it)",
+            registry=registry,
+        )
+        self.actuator_errors = Counter(
+            "stepwatch_remediator_actuator_errors_total",
+            "Failed actuator calls",
+            ["actuator", "kind"],
+            registry=registry,
+        )
+        self.dropped = Counter(
+            "stepwatch_remediator_audit_dropped_total",
+            "Audit records not written (queue full or writer failing)",
+            ["writer"],
+            registry=registry,
+        )
+        self.rejected = Counter(
+            "stepwatch_remediator_requests_rejected_total",
+            "Webhook/API requests refused",
+            ["code"],
+            registry=registry,
+        )
 
 
 class Audit:
@@ -89,7 +105,9 @@ class Audit:
                 self.metrics.dropped.labels(w.name).inc()
 
     def actuator_error(self, actuator: str, transient: bool) -> None:
-        self.metrics.actuator_errors.labels(actuator, "transient" if transient else "permanent").inc()
+        self.metrics.actuator_errors.labels(
+            actuator, "transient" if transient else "permanent"
+        ).inc()
 
     def breaker(self, is_open: bool) -> None:
         self.metrics.breaker.set(1 if is_open else 0)
@@ -151,7 +169,10 @@ class KafkaWriter:
         """The project's producer configuration and the contract's topic name."""
         from stepwatch.kafka import producer_config
 
-        return cls(producer_config(settings, **{"linger.ms": 5}), Topics(settings.topic_prefix).remediations)
+        return cls(
+            producer_config(settings, **{"linger.ms": 5}),
+            Topics(settings.topic_prefix).remediations,
+        )
 
     def write(self, records: list[dict[str, Any]]) -> None:
         if self._producer is None:

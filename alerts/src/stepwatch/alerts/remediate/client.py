@@ -18,9 +18,12 @@ class Client:
         self.timeout = timeout
 
     def _call(self, method: str, path: str) -> Any:
-        req = urllib.request.Request(f"{self.url}{path}", method=method, data=b"" if method == "POST" else None,
-                                     headers={"Authorization": f"Bearer {self._token}",
-                                              "X-Stepwatch-User": _user()})
+        req = urllib.request.Request(
+            f"{self.url}{path}",
+            method=method,
+            data=b"" if method == "POST" else None,
+            headers={"Authorization": f"Bearer {self._token}", "X-Stepwatch-User": _user()},
+        )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 return json.loads(resp.read())

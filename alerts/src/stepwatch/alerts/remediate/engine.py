@@ -45,15 +45,33 @@ _MAX_REASON = 200
 # skips reached through a scheduler call, or about the alert itself: remembered for a while so a
 # retried webhook is a duplicate, not the same scheduler calls again (escalations too: one page);
 # not when they may pass by themselves (a scheduler that did not answer, a pending job)
-_REMEMBER = {"invalid_identity", "no_host", "no_job", "node_state_unknown", "unknown_node",
-             "drained_by_person", "job_unknown", "job_unverifiable", "node_not_in_job"}
+_REMEMBER = {
+    "invalid_identity",
+    "no_host",
+    "no_job",
+    "node_state_unknown",
+    "unknown_node",
+    "drained_by_person",
+    "job_unknown",
+    "job_unverifiable",
+    "node_not_in_job",
+}
 
 
 class Remediator:
-    def __init__(self, policy: Policy, state: State, actuator: Actuator, owner: Notifier,
-                 pager: Notifier, audit: AuditSink, *, mode: Mode | None = None,
-                 clock: Callable[[], float] = time.time,
-                 outcomes: OutcomeTracker | None = None) -> None:
+    def __init__(
+        self,
+        policy: Policy,
+        state: State,
+        actuator: Actuator,
+        owner: Notifier,
+        pager: Notifier,
+        audit: AuditSink,
+        *,
+        mode: Mode | None = None,
+        clock: Callable[[], float] = time.time,
+        outcomes: OutcomeTracker | None = None,
+    ) -> None:
         self.policy = policy
         self.mode = mode or policy.mode
         self.state = state
@@ -97,7 +115,9 @@ class Remediator:
             kinds = (ActionKind.NOTIFY,)
         actions = [self._action(k, alert) for k in kinds]
         fresh = [a for a in actions if not self._seen(a)]
-        decisions = [self._decide(a, Outcome.DUPLICATE, "already_handled") for a in actions if a not in fresh]
+        decisions = [
+            self._decide(a, Outcome.DUPLICATE, "already_handled") for a in actions if a not in fresh
+        ]
         if not fresh:
             return decisions
         if budget[0] <= 0:
@@ -105,16 +125,23 @@ class Remediator:
         budget[0] -= 1
         problem = identity.problem(alert.host, alert.job_id, self.scheme)
         if problem:
-            return decisions + self._refuse(alert, fresh, guards.Verdict("invalid_identity", detail=problem))
+            return decisions + self._refuse(
+                alert, fresh, guards.Verdict("invalid_identity", detail=problem)
+            )
         if alert.alert_class is AlertClass.USER:
             return decisions + [self._notify_owner(a, lookups) for a in fresh]
         return decisions + self._remediate(alert, fresh, approval, lookups)
 
-    def _remediate(self, alert: Alert, actions: list[Action], approval: bool,
-                   lookups: Lookups) -> list[Decision]:
+    def _remediate(
+        self, alert: Alert, actions: list[Action], approval: bool, lookups: Lookups
+    ) -> list[Decision]:
         """A system alert's fresh actions: the job rule, the guardrails, then act or queue."""
-        jobless = [a for a in actions if not alert.job_id and
-                   (a.kind is ActionKind.REQUEUE or not self.policy.guardrails.jobless_drain)]
+        jobless = [
+            a
+            for a in actions
+            if not alert.job_id
+            and (a.kind is ActionKind.REQUEUE or not self.policy.guardrails.jobless_drain)
+        ]
         decisions = self._refuse(alert, jobless, guards.Verdict("no_job")) if jobless else []
         actions = [a for a in actions if a not in jobless]
         if not actions:
@@ -128,10 +155,16 @@ class Remediator:
 
     def _action(self, kind: ActionKind, alert: Alert) -> Action:
         host = alert.host if identity.node_ok(alert.host) else identity.word(alert.host)
-        job = alert.job_id if identity.job_ok(alert.job_id, self.scheme) else identity.word(alert.job_id)
+        job = (
+            alert.job_id
+            if identity.job_ok(alert.job_id, self.scheme)
+            else identity.word(alert.job_id)
+        )
         target = host if kind is ActionKind.DRAIN else f"{job}@{host}"
-        reason = (f"stepwatch: {identity.word(alert.name)} cause {identity.word(alert.cause) or 'unknown'} "
-                  f"job {job or '-'}")
+        reason = (
+            f"stepwatch: {identity.word(alert.name)} cause {identity.word(alert.cause) or 'unknown'} "
+            f"job {job or '-'}"
+        )
         return Action(action_id(kind, alert, target), kind, host, job, reason[:_MAX_REASON], alert)
 
     def _seen(self, action: Action) -> bool:
@@ -142,8 +175,9 @@ class Remediator:
             return self.clock() - row.updated < self.policy.guardrails.skip_memory_s
         return row.status in _FINAL
 
-    def _judge(self, alert: Alert, actions: list[Action], lookups: Lookups,
-               exclude_ref: str | None = None) -> guards.Verdict:
+    def _judge(
+        self, alert: Alert, actions: list[Action], lookups: Lookups, exclude_ref: str | None = None
+    ) -> guards.Verdict:
         g, now, host = self.policy.guardrails, self.clock(), alert.host
         if not host:
             return guards.Verdict("no_host")
@@ -153,10 +187,16 @@ class Remediator:
         try:
             node = lookups.node_state(host)
         except ActuatorError as err:
-            return guards.Verdict("node_state_unknown", detail=str(err)[:300], transient=err.transient)
+            return guards.Verdict(
+                "node_state_unknown", detail=str(err)[:300], transient=err.transient
+            )
         verdict = guards.node_checks(node)
         if verdict.skip or not alert.job_id:
-            return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
+            return (
+                verdict
+                if verdict.skip
+                else self._breaker(actions, host, node, lookups, exclude_ref)
+            )
         try:
             nodes = lookups.job_nodes(alert.job_id)
         except ActuatorError as err:
@@ -164,16 +204,33 @@ class Remediator:
         verdict = guards.job_check(g, host, alert.job_id, nodes)
         return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
 
-    def _breaker(self, actions: list[Action], host: str, node: NodeState, lookups: Lookups,
-                 exclude_ref: str | None) -> guards.Verdict:
+    def _breaker(
+        self,
+        actions: list[Action],
+        host: str,
+        node: NodeState,
+        lookups: Lookups,
+        exclude_ref: str | None,
+    ) -> guards.Verdict:
         if not any(a.kind is ActionKind.DRAIN for a in actions):
             return guards.GO
-        return guards.breaker_check(self.state, self.policy.guardrails, host, node,
-                                    cluster_nodes=lookups.cluster_nodes(), now=self.clock(),
-                                    exclude_ref=exclude_ref)
+        return guards.breaker_check(
+            self.state,
+            self.policy.guardrails,
+            host,
+            node,
+            cluster_nodes=lookups.cluster_nodes(),
+            now=self.clock(),
+            exclude_ref=exclude_ref,
+        )
 
-    def _refuse(self, alert: Alert, actions: list[Action], verdict: guards.Verdict,
-                status: str = Status.SKIPPED) -> list[Decision]:
+    def _refuse(
+        self,
+        alert: Alert,
+        actions: list[Action],
+        verdict: guards.Verdict,
+        status: str = Status.SKIPPED,
+    ) -> list[Decision]:
         if verdict.trip:
             self.state.set_breaker(True, self.clock(), verdict.detail)
             self.audit.breaker(True)
@@ -183,9 +240,14 @@ class Remediator:
         outcome = Outcome.ESCALATED if verdict.escalate else Outcome.SKIPPED
         reason = verdict.skip or ""
         for a in actions:
-            if status != Status.SKIPPED or verdict.escalate or (
-                    reason in _REMEMBER and not verdict.transient):
-                self._store(a, status, 0, f"{reason}: {verdict.detail}" if verdict.detail else reason)
+            if (
+                status != Status.SKIPPED
+                or verdict.escalate
+                or (reason in _REMEMBER and not verdict.transient)
+            ):
+                self._store(
+                    a, status, 0, f"{reason}: {verdict.detail}" if verdict.detail else reason
+                )
         return [self._decide(a, outcome, reason, verdict.detail) for a in actions]
 
     def _carry_out(self, action: Action, approval: bool) -> Decision:
@@ -196,7 +258,9 @@ class Remediator:
         if self.mode is Mode.RECOMMEND or needs:
             self._store(action, Status.QUEUED, 0, "awaiting_approval")
             self._reserve(action)
-            return self._decide(action, Outcome.QUEUED, "recommend_mode" if not needs else "needs_approval")
+            return self._decide(
+                action, Outcome.QUEUED, "recommend_mode" if not needs else "needs_approval"
+            )
         return self.execute(action)
 
     def _reserve(self, action: Action) -> None:
@@ -232,8 +296,14 @@ class Remediator:
             log.warning("action failed id=%s transient=%s error=%s", action.id, err.transient, err)
             return self._decide(action, Outcome.FAILED, status, str(err))
         if action.kind is ActionKind.DRAIN:
-            self.state.record(self.clock(), guards.DRAIN, action.node, action.job_id,
-                              alert_key(action.alert), action.id)
+            self.state.record(
+                self.clock(),
+                guards.DRAIN,
+                action.node,
+                action.job_id,
+                alert_key(action.alert),
+                action.id,
+            )
         self._store(action, Status.DONE, attempts, detail)
         took = time.monotonic() - start
         log.info("action done id=%s seconds=%.3f detail=%s", action.id, took, detail)
@@ -259,8 +329,12 @@ class Remediator:
             detail = self.notices.send(action.alert, action.reason, owner)
         except ActuatorError as err:
             self.audit.actuator_error("notify", err.transient)
-            self._store(action, Status.FAILED_TRANSIENT if err.transient else Status.FAILED_PERMANENT,
-                        1, str(err))
+            self._store(
+                action,
+                Status.FAILED_TRANSIENT if err.transient else Status.FAILED_PERMANENT,
+                1,
+                str(err),
+            )
             return self._decide(action, Outcome.FAILED, "notify_failed", str(err))
         self._store(action, Status.DONE, 1, detail)
         return self._decide(action, Outcome.ACTED, "executed", detail)
@@ -276,21 +350,54 @@ class Remediator:
         now = self.clock()
         prior = self.state.action(action.id)
         a = action.alert
-        self.state.put_action(ActionRow(
-            action.id, action.kind.value, action.node, action.job_id, identity.word(a.name),
-            identity.word(a.fingerprint), status, attempts, prior.created if prior else now, now,
-            action.reason, detail[:500],
-            json.dumps({"fingerprint": a.fingerprint, "labels": a.labels, "annotations": a.annotations})
-            if status == Status.QUEUED else ""))
+        self.state.put_action(
+            ActionRow(
+                action.id,
+                action.kind.value,
+                action.node,
+                action.job_id,
+                identity.word(a.name),
+                identity.word(a.fingerprint),
+                status,
+                attempts,
+                prior.created if prior else now,
+                now,
+                action.reason,
+                detail[:500],
+                json.dumps(
+                    {"fingerprint": a.fingerprint, "labels": a.labels, "annotations": a.annotations}
+                )
+                if status == Status.QUEUED
+                else "",
+            )
+        )
 
     def _decide(self, action: Action, outcome: Outcome, reason: str, detail: str = "") -> Decision:
         a = action.alert
-        decision = Decision(self.clock(), action.id, action.kind, outcome, self.mode, reason,
-                            action.node, action.job_id, identity.word(a.name),
-                            identity.word(a.fingerprint), identity.word(a.cause),
-                            a.alert_class.value, detail[:500])
-        log.info("decision id=%s action=%s outcome=%s reason=%s node=%s job_id=%s", action.id,
-                 action.kind.value, outcome.value, reason, action.node, action.job_id)
+        decision = Decision(
+            self.clock(),
+            action.id,
+            action.kind,
+            outcome,
+            self.mode,
+            reason,
+            action.node,
+            action.job_id,
+            identity.word(a.name),
+            identity.word(a.fingerprint),
+            identity.word(a.cause),
+            a.alert_class.value,
+            detail[:500],
+        )
+        log.info(
+            "decision id=%s action=%s outcome=%s reason=%s node=%s job_id=%s",
+            action.id,
+            action.kind.value,
+            outcome.value,
+            reason,
+            action.node,
+            action.job_id,
+        )
         self.audit.record(decision)
         return decision
 
@@ -306,8 +413,12 @@ class Remediator:
             if row is None or row.status != Status.QUEUED:
                 return None
             data = json.loads(row.alert or "{}")
-            alert = Alert(str(data.get("fingerprint", row.fingerprint)), "firing",
-                          dict(data.get("labels", {})), dict(data.get("annotations", {})))
+            alert = Alert(
+                str(data.get("fingerprint", row.fingerprint)),
+                "firing",
+                dict(data.get("labels", {})),
+                dict(data.get("annotations", {})),
+            )
             action = replace(self._action(ActionKind(row.kind), alert), id=row.id)
             if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued
                 return self._decide(action, Outcome.SKIPPED, "observe_mode")

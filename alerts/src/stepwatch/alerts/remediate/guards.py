@@ -47,8 +47,9 @@ def breaker_cap(g: Guardrails, cluster_nodes: int) -> int:
     return max(1, math.floor(g.breaker_max_share * cluster_nodes))
 
 
-def precheck(state: State, g: Guardrails, alert: Alert, *, now: float,
-             exclude_ref: str | None = None) -> Verdict:
+def precheck(
+    state: State, g: Guardrails, alert: Alert, *, now: float, exclude_ref: str | None = None
+) -> Verdict:
     """Everything that needs no scheduler call: breaker, opt-out, history and limits."""
     host, job = alert.host, alert.job_id
     if state.breaker().open:
@@ -57,11 +58,18 @@ def precheck(state: State, g: Guardrails, alert: Alert, *, now: float,
         return Verdict("opted_out")
     done = state.remediations  # alerts remediated or queued, one per alert
     if done(now - g.repeat_window_s, node=host, exclude_ref=exclude_ref) >= g.repeat_count:
-        return Verdict("repeat_offender", escalate=True,
-                       detail=f"{g.repeat_count} remediations of {host} within the window")
+        return Verdict(
+            "repeat_offender",
+            escalate=True,
+            detail=f"{g.repeat_count} remediations of {host} within the window",
+        )
     if g.node_cooldown_s and done(now - g.node_cooldown_s, node=host, exclude_ref=exclude_ref):
         return Verdict("node_cooldown")
-    if job and g.job_cooldown_s and done(now - g.job_cooldown_s, job_id=job, exclude_ref=exclude_ref):
+    if (
+        job
+        and g.job_cooldown_s
+        and done(now - g.job_cooldown_s, job_id=job, exclude_ref=exclude_ref)
+    ):
         return Verdict("job_cooldown")
     if done(now - g.rate_window_s, exclude_ref=exclude_ref) >= g.rate_limit:
         return Verdict("rate_limited")
@@ -85,21 +93,35 @@ def job_check(g: Guardrails, host: str, job_id: str, nodes: frozenset[str] | Non
             return Verdict("job_unverifiable", detail="the actuator cannot list a job's nodes")
         return GO
     if not nodes:
-        return Verdict("job_not_running", detail=f"job {job_id} runs on no node now", transient=True)
+        return Verdict(
+            "job_not_running", detail=f"job {job_id} runs on no node now", transient=True
+        )
     if host not in nodes:
         return Verdict("node_not_in_job", detail=f"job {job_id} runs on {len(nodes)} other node(s)")
     return GO
 
 
-def breaker_check(state: State, g: Guardrails, host: str, node: NodeState, *, cluster_nodes: int,
-                  now: float, exclude_ref: str | None = None) -> Verdict:
+def breaker_check(
+    state: State,
+    g: Guardrails,
+    host: str,
+    node: NodeState,
+    *,
+    cluster_nodes: int,
+    now: float,
+    exclude_ref: str | None = None,
+) -> Verdict:
     """Distinct nodes drained (or queued for a drain) in the window, this one included."""
     if node.drained:
         return GO  # draining a drained node again takes nothing more out
     drained = state.drained_nodes(now - g.breaker_window_s, exclude_ref=exclude_ref)
     cap = breaker_cap(g, cluster_nodes)
     if len(drained | {host}) > cap:
-        return Verdict("breaker_tripped", escalate=True, trip=True,
-                       detail=f"{len(drained)} of {cluster_nodes} nodes drained or queued in the "
-                              f"window, cap {cap}")
+        return Verdict(
+            "breaker_tripped",
+            escalate=True,
+            trip=True,
+            detail=f"{len(drained)} of {cluster_nodes} nodes drained or queued in the "
+            f"window, cap {cap}",
+        )
     return GO

@@ -17,7 +17,9 @@ from stepwatch.errors import ActuatorError
 NODE_MAX = 63  # a host name label (HOST_NAME_MAX 64 with the NUL)
 NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 SLURM_JOB = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?$")  # 123 or an array task 123_4
-LABEL_JOB = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")  # a Kubernetes label value
+LABEL_JOB = re.compile(
+    r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
+)  # a Kubernetes label value
 OWNER = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 _RESERVED = {"all", "none", "(null)", "localhost"}  # names the scheduler reads specially
 _TEXT = re.compile(r"[^A-Za-z0-9 _.,:/@#%+()-]+")
@@ -51,15 +53,17 @@ def problem(node: str, job_id: str, scheme: str = "slurm") -> str:
 def require_node(node: str) -> str:
     """The actuator's last check before an argv: raise (permanent) unless one plain node name."""
     if not node_ok(node):
-        raise ActuatorError(f"refusing node name {shown(node)}: not one plain node name",
-                            transient=False)
+        raise ActuatorError(
+            f"refusing node name {shown(node)}: not one plain node name", transient=False
+        )
     return node
 
 
 def require_job(job_id: str, scheme: str = "slurm") -> str:
     if not job_ok(job_id, scheme):
-        raise ActuatorError(f"refusing job id {shown(job_id)}: not one plain {scheme} job id",
-                            transient=False)
+        raise ActuatorError(
+            f"refusing job id {shown(job_id)}: not one plain {scheme} job id", transient=False
+        )
     return job_id
 
 

@@ -127,9 +127,17 @@ class Decision:
 
     def as_dict(self) -> dict[str, object]:
         return {
-            "ts": self.ts, "id": self.action_id, "action": self.action.value,
-            "outcome": self.outcome.value, "mode": self.mode.value, "reason": self.reason,
-            "host": self.node, "job_id": self.job_id, "alertname": self.alertname,
-            "fingerprint": self.fingerprint, "cause": self.cause, "class": self.alert_class,
+            "ts": self.ts,
+            "id": self.action_id,
+            "action": self.action.value,
+            "outcome": self.outcome.value,
+            "mode": self.mode.value,
+            "reason": self.reason,
+            "host": self.node,
+            "job_id": self.job_id,
+            "alertname": self.alertname,
+            "fingerprint": self.fingerprint,
+            "cause": self.cause,
+            "class": self.alert_class,
             "detail": self.detail,
         }

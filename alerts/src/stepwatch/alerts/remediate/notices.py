@@ -25,8 +25,14 @@ SUMMARY_MAX = 200
 
 
 class Notices:
-    def __init__(self, state: State, g: Guardrails, owner: Notifier, actuator: Actuator,
-                 clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        state: State,
+        g: Guardrails,
+        owner: Notifier,
+        actuator: Actuator,
+        clock: Callable[[], float],
+    ) -> None:
         self.state = state
         self.g = g
         self.notifier = owner
@@ -53,7 +59,9 @@ class Notices:
         owner = alert.labels.get("owner") or alert.labels.get("user", "")
         if owner:
             return owner if identity.OWNER.fullmatch(owner) else ""
-        if not alert.job_id or not identity.job_ok(alert.job_id, identity.scheme_of(self.actuator.name)):
+        if not alert.job_id or not identity.job_ok(
+            alert.job_id, identity.scheme_of(self.actuator.name)
+        ):
             return ""
         try:
             found = lookups.job_owner(alert.job_id)
@@ -64,6 +72,13 @@ class Notices:
 
     def event(self, kind: str, alert: Alert, text: str, to: str) -> dict[str, object]:
         """What a notifier gets: identities checked already, everything else plain and bounded."""
-        return {"kind": kind, "to": to, "alertname": identity.word(alert.name),
-                "job_id": alert.job_id, "host": alert.host, "cause": identity.word(alert.cause),
-                "summary": identity.text(alert.summary(), SUMMARY_MAX), "text": identity.text(text, 400)}
+        return {
+            "kind": kind,
+            "to": to,
+            "alertname": identity.word(alert.name),
+            "job_id": alert.job_id,
+            "host": alert.host,
+            "cause": identity.word(alert.cause),
+            "summary": identity.text(alert.summary(), SUMMARY_MAX),
+            "text": identity.text(text, 400),
+        }

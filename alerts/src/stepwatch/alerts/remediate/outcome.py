@@ -58,7 +58,9 @@ class StepTimes:
             return None
         query = urllib.parse.urlencode({"query": f'max({STEP_METRIC}{{job_id="{job_id}"}})'})
         try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/query?{query}", timeout=self.timeout) as resp:
+            with urllib.request.urlopen(
+                f"{self.url}/api/v1/query?{query}", timeout=self.timeout
+            ) as resp:
                 result = json.loads(resp.read())["data"]["result"]
             return float(result[0]["value"][1]) if result else None
         except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as err:
@@ -67,9 +69,17 @@ class StepTimes:
 
 
 class OutcomeTracker:
-    def __init__(self, state: State, settings: OutcomeSettings, pager: Notifier, audit: AuditSink,
-                 *, mode: Mode, clock: Callable[[], float] = time.time,
-                 registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self,
+        state: State,
+        settings: OutcomeSettings,
+        pager: Notifier,
+        audit: AuditSink,
+        *,
+        mode: Mode,
+        clock: Callable[[], float] = time.time,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.state = state
         self.settings = settings
         self.pager = pager
@@ -78,9 +88,16 @@ class OutcomeTracker:
         self.clock = clock
         self.step_time = StepTimes(settings.prometheus_url)
         self._lock = threading.Lock()
-        self.counter = Counter("stepwatch_remediation_outcomes_total",
-                               "Executed remediations by what became of their alert",
-                               ["outcome"], registry=registry) if registry is not None else None
+        self.counter = (
+            Counter(
+                "stepwatch_remediation_outcomes_total",
+                "Executed remediations by what became of their alert",
+                ["outcome"],
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
 
     def acted(self, alert: Alert, kind: ActionKind) -> None:
         """An action of this alert was executed: start (or extend) its outcome watch."""
@@ -93,17 +110,29 @@ class OutcomeTracker:
                 actions = "+".join(sorted(set(row.action.split("+")) | {kind.value}))
                 self.state.put_outcome(OutcomeRow(**{**row.__dict__, "action": actions}))
                 return
-            self.state.put_outcome(OutcomeRow(
-                key, alert.fingerprint, identity.word(alert.name), kind.value, alert.host,
-                alert.job_id, now, now + self.settings.deadline_s,
-                before=self.step_time(alert.job_id) if alert.job_id else None))
+            self.state.put_outcome(
+                OutcomeRow(
+                    key,
+                    alert.fingerprint,
+                    identity.word(alert.name),
+                    kind.value,
+                    alert.host,
+                    alert.job_id,
+                    now,
+                    now + self.settings.deadline_s,
+                    before=self.step_time(alert.job_id) if alert.job_id else None,
+                )
+            )
 
     def resolved(self, alert: Alert) -> list[Decision]:
         """A resolved alert: its pending remediation settles (or is judged now, settle 0)."""
         now = self.clock()
         with self._lock:
-            rows = [r for r in self.state.pending_for(alert.fingerprint)
-                    if r.key == alert_key(alert) and now <= r.deadline and not r.resolved_at]
+            rows = [
+                r
+                for r in self.state.pending_for(alert.fingerprint)
+                if r.key == alert_key(alert) and now <= r.deadline and not r.resolved_at
+            ]
             for r in rows:
                 self.state.put_outcome(OutcomeRow(**{**r.__dict__, "resolved_at": now}))
         return self.check() if rows and self.settings.settle_s <= 0 else []
@@ -121,9 +150,13 @@ class OutcomeTracker:
         help: each not recovered pages a person."""
         now = self.clock()
         with self._lock:
-            decisions = [self._judge(r, now) for r in self.state.settled(now, self.settings.settle_s)]
-            decisions += [self._decide(r, Outcome.NOT_RECOVERED, now, "still_firing_at_deadline")
-                          for r in self.state.overdue(now)]
+            decisions = [
+                self._judge(r, now) for r in self.state.settled(now, self.settings.settle_s)
+            ]
+            decisions += [
+                self._decide(r, Outcome.NOT_RECOVERED, now, "still_firing_at_deadline")
+                for r in self.state.overdue(now)
+            ]
         for d in decisions:
             if d.outcome is Outcome.NOT_RECOVERED:
                 self._page(d)
@@ -133,33 +166,64 @@ class OutcomeTracker:
         """The alert stayed resolved; with both step times known, the job must also be at
         least ``min_gain`` faster than before the action."""
         after = self.step_time(row.job_id) if row.job_id else None
-        if row.before is not None and after is not None and \
-                after > row.before * (1.0 - self.settings.min_gain):
+        if (
+            row.before is not None
+            and after is not None
+            and after > row.before * (1.0 - self.settings.min_gain)
+        ):
             return self._decide(row, Outcome.NOT_RECOVERED, now, "step_time_not_back", after)
         return self._decide(row, Outcome.RECOVERED, now, "resolved_and_stayed_resolved", after)
 
-    def _decide(self, row: OutcomeRow, outcome: Outcome, now: float, reason: str,
-                after: float | None = None) -> Decision:
+    def _decide(
+        self, row: OutcomeRow, outcome: Outcome, now: float, reason: str, after: float | None = None
+    ) -> Decision:
         if after is None:
             after = self.step_time(row.job_id) if row.job_id else None
-        self.state.put_outcome(OutcomeRow(**{**row.__dict__, "outcome": outcome.value,
-                                             "decided": now, "after": after}))
+        self.state.put_outcome(
+            OutcomeRow(**{**row.__dict__, "outcome": outcome.value, "decided": now, "after": after})
+        )
         detail = f"{row.action} at {row.acted:.0f}, {now - row.acted:.0f} s later{_steps(row.before, after)}"
         first = row.action.split("+")[0]
-        decision = Decision(now, f"outcome-{row.key}", ActionKind(first), outcome, self.mode, reason,
-                            row.node, row.job_id, row.alertname, row.fingerprint, "", "system", detail)
-        log.info("remediation outcome key=%s outcome=%s node=%s job_id=%s detail=%s", row.key,
-                 outcome.value, row.node, row.job_id, detail)
+        decision = Decision(
+            now,
+            f"outcome-{row.key}",
+            ActionKind(first),
+            outcome,
+            self.mode,
+            reason,
+            row.node,
+            row.job_id,
+            row.alertname,
+            row.fingerprint,
+            "",
+            "system",
+            detail,
+        )
+        log.info(
+            "remediation outcome key=%s outcome=%s node=%s job_id=%s detail=%s",
+            row.key,
+            outcome.value,
+            row.node,
+            row.job_id,
+            detail,
+        )
         self.audit.record(decision)
         if self.counter is not None:
             self.counter.labels(outcome.value).inc()
         return decision
 
     def _page(self, d: Decision) -> None:
-        event = {"kind": "page", "to": "on-call", "alertname": d.alertname, "job_id": d.job_id,
-                 "host": d.node, "cause": "", "summary": f"remediation did not help: {d.alertname}",
-                 "text": f"{d.action.value} of {d.node} (job {d.job_id or '-'}) did not resolve "
-                         f"{d.alertname}: {d.detail}"}
+        event = {
+            "kind": "page",
+            "to": "on-call",
+            "alertname": d.alertname,
+            "job_id": d.job_id,
+            "host": d.node,
+            "cause": "",
+            "summary": f"remediation did not help: {d.alertname}",
+            "text": f"{d.action.value} of {d.node} (job {d.job_id or '-'}) did not resolve "
+            f"{d.alertname}: {d.detail}",
+        }
         try:
             self.pager.send(event)
         except ActuatorError as err:

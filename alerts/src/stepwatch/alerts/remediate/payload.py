@@ -23,7 +23,7 @@ def parse(body: bytes) -> list[Alert]:
     if not isinstance(data, dict):
         raise PayloadError("payload is not a JSON object")
     if str(data.get("version")) != "4":
-        raise PayloadError(f"unsupported payload version {data.get('version')!r} (want \"4\")")
+        raise PayloadError(f'unsupported payload version {data.get("version")!r} (want "4")')
     alerts = data.get("alerts")
     if not isinstance(alerts, list):
         raise PayloadError("payload has no 'alerts' list")
@@ -49,6 +49,7 @@ def _alert(index: int, raw: Any) -> Alert:
 
 def _strings(index: int, name: str, value: Any) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
         raise PayloadError(f"alerts[{index}].{name} is not a map of strings")
     return dict(value)

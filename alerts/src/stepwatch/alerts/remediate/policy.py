@@ -115,16 +115,36 @@ def load(path: str | Path) -> Policy:
 
 def from_mapping(raw: Any) -> Policy:
     data = _mapping("policy", raw)
-    _known("policy", data, {"mode", "cluster_nodes", "rules", "guardrails", "actuator", "notify",
-                            "page", "audit", "outcome"})
+    _known(
+        "policy",
+        data,
+        {
+            "mode",
+            "cluster_nodes",
+            "rules",
+            "guardrails",
+            "actuator",
+            "notify",
+            "page",
+            "audit",
+            "outcome",
+        },
+    )
     return Policy(
         mode=_enum("mode", Mode, data.get("mode", "observe")),
         cluster_nodes=_int("cluster_nodes", data.get("cluster_nodes", 0), 0),
-        rules=tuple(_rule(f"rules[{i}]", r) for i, r in enumerate(_list("rules", data.get("rules", [])))),
+        rules=tuple(
+            _rule(f"rules[{i}]", r) for i, r in enumerate(_list("rules", data.get("rules", [])))
+        ),
         guardrails=_guardrails(data.get("guardrails", {})),
-        actuator=_plugin("actuator", data.get("actuator", {"kind": "slurm"}),
-                         ("slurm", "kubernetes", "command", "log")),
-        notify=_plugin("notify", data.get("notify", {"kind": "log"}), ("webhook", "command", "log")),
+        actuator=_plugin(
+            "actuator",
+            data.get("actuator", {"kind": "slurm"}),
+            ("slurm", "kubernetes", "command", "log"),
+        ),
+        notify=_plugin(
+            "notify", data.get("notify", {"kind": "log"}), ("webhook", "command", "log")
+        ),
         page=_plugin("page", data.get("page", {"kind": "log"}), ("webhook", "command", "log")),
         audit=_mapping("audit", data.get("audit", {})),
         outcome=_outcome(data.get("outcome", {})),
@@ -141,16 +161,26 @@ def _outcome(raw: Any) -> OutcomeSettings:
     gain = float(data.get("min_gain", d.min_gain))
     if not 0 <= gain < 1:
         raise PolicyError("outcome.min_gain: must be in [0, 1)")
-    return OutcomeSettings(_duration("outcome.deadline", data.get("deadline", d.deadline_s)), every,
-                           str(data.get("prometheus_url", "") or ""),
-                           _duration("outcome.settle", data.get("settle", d.settle_s)), gain)
+    return OutcomeSettings(
+        _duration("outcome.deadline", data.get("deadline", d.deadline_s)),
+        every,
+        str(data.get("prometheus_url", "") or ""),
+        _duration("outcome.settle", data.get("settle", d.settle_s)),
+        gain,
+    )
 
 
 def _rule(where: str, raw: Any) -> Rule:
     data = _mapping(where, raw)
     _known(where, data, {"match", "actions", "approval"})
-    match = {str(k): _values(f"{where}.match.{k}", v) for k, v in _mapping(f"{where}.match", data.get("match", {})).items()}
-    actions = tuple(_action(f"{where}.actions[{i}]", a) for i, a in enumerate(_list(f"{where}.actions", data.get("actions"))))
+    match = {
+        str(k): _values(f"{where}.match.{k}", v)
+        for k, v in _mapping(f"{where}.match", data.get("match", {})).items()
+    }
+    actions = tuple(
+        _action(f"{where}.actions[{i}]", a)
+        for i, a in enumerate(_list(f"{where}.actions", data.get("actions")))
+    )
     if not actions:
         raise PolicyError(f"{where}.actions: give at least one of drain, requeue, notify")
     if match.get("class") == ("user",) and set(actions) - {ActionKind.NOTIFY}:
@@ -160,8 +190,22 @@ def _rule(where: str, raw: Any) -> Rule:
 
 def _guardrails(raw: Any) -> Guardrails:
     data = _mapping("guardrails", raw)
-    _known("guardrails", data, {"breaker", "cooldown", "rate_limit", "attempts", "repeat_offender",
-                                "opt_out", "approval", "webhook", "job_check", "notify"})
+    _known(
+        "guardrails",
+        data,
+        {
+            "breaker",
+            "cooldown",
+            "rate_limit",
+            "attempts",
+            "repeat_offender",
+            "opt_out",
+            "approval",
+            "webhook",
+            "job_check",
+            "notify",
+        },
+    )
     breaker = _mapping("guardrails.breaker", data.get("breaker", {}))
     cooldown = _mapping("guardrails.cooldown", data.get("cooldown", {}))
     rate = _mapping("guardrails.rate_limit", data.get("rate_limit", {}))
@@ -177,33 +221,54 @@ def _guardrails(raw: Any) -> Guardrails:
     d = Guardrails()
     unverifiable = str(job.get("unverifiable", d.unverified_jobs))
     if unverifiable not in ("allow", "skip"):
-        raise PolicyError(f"guardrails.job_check.unverifiable: {unverifiable!r} is not one of allow, skip")
+        raise PolicyError(
+            f"guardrails.job_check.unverifiable: {unverifiable!r} is not one of allow, skip"
+        )
     share = _number("guardrails.breaker.max_share", breaker.get("max_share", d.breaker_max_share))
     if not 0 < share <= 1:
         raise PolicyError(f"guardrails.breaker.max_share: must be in (0, 1], got {share}")
     return Guardrails(
         breaker_max_share=share,
-        breaker_window_s=_duration("guardrails.breaker.window", breaker.get("window", d.breaker_window_s)),
-        node_cooldown_s=_duration("guardrails.cooldown.node", cooldown.get("node", d.node_cooldown_s)),
+        breaker_window_s=_duration(
+            "guardrails.breaker.window", breaker.get("window", d.breaker_window_s)
+        ),
+        node_cooldown_s=_duration(
+            "guardrails.cooldown.node", cooldown.get("node", d.node_cooldown_s)
+        ),
         job_cooldown_s=_duration("guardrails.cooldown.job", cooldown.get("job", d.job_cooldown_s)),
         rate_limit=_int("guardrails.rate_limit.actions", rate.get("actions", d.rate_limit), 1),
         rate_window_s=_duration("guardrails.rate_limit.per", rate.get("per", d.rate_window_s)),
-        attempts_per_node=_int("guardrails.attempts.per_node", attempts.get("per_node", d.attempts_per_node), 1),
-        attempt_window_s=_duration("guardrails.attempts.window", attempts.get("window", d.attempt_window_s)),
-        repeat_count=_int("guardrails.repeat_offender.count", repeat.get("count", d.repeat_count), 1),
-        repeat_window_s=_duration("guardrails.repeat_offender.window", repeat.get("window", d.repeat_window_s)),
+        attempts_per_node=_int(
+            "guardrails.attempts.per_node", attempts.get("per_node", d.attempts_per_node), 1
+        ),
+        attempt_window_s=_duration(
+            "guardrails.attempts.window", attempts.get("window", d.attempt_window_s)
+        ),
+        repeat_count=_int(
+            "guardrails.repeat_offender.count", repeat.get("count", d.repeat_count), 1
+        ),
+        repeat_window_s=_duration(
+            "guardrails.repeat_offender.window", repeat.get("window", d.repeat_window_s)
+        ),
         opt_out_nodes=frozenset(_values("guardrails.opt_out.nodes", opt_out.get("nodes", []))),
         opt_out_label=str(opt_out.get("label", d.opt_out_label)),
-        approval_actions=frozenset(_action(f"guardrails.approval[{i}]", a) for i, a in
-                                   enumerate(_list("guardrails.approval", data.get("approval", [])))),
-        max_alerts_per_webhook=_int("guardrails.webhook.max_alerts",
-                                    webhook.get("max_alerts", d.max_alerts_per_webhook), 1),
-        skip_memory_s=_duration("guardrails.webhook.skip_memory",
-                                webhook.get("skip_memory", d.skip_memory_s)),
-        jobless_drain=_bool("guardrails.job_check.jobless_drain",
-                            job.get("jobless_drain", d.jobless_drain)),
+        approval_actions=frozenset(
+            _action(f"guardrails.approval[{i}]", a)
+            for i, a in enumerate(_list("guardrails.approval", data.get("approval", [])))
+        ),
+        max_alerts_per_webhook=_int(
+            "guardrails.webhook.max_alerts", webhook.get("max_alerts", d.max_alerts_per_webhook), 1
+        ),
+        skip_memory_s=_duration(
+            "guardrails.webhook.skip_memory", webhook.get("skip_memory", d.skip_memory_s)
+        ),
+        jobless_drain=_bool(
+            "guardrails.job_check.jobless_drain", job.get("jobless_drain", d.jobless_drain)
+        ),
         unverified_jobs=unverifiable,
-        notify_per_owner=_int("guardrails.notify.per_owner", notify.get("per_owner", d.notify_per_owner), 0),
+        notify_per_owner=_int(
+            "guardrails.notify.per_owner", notify.get("per_owner", d.notify_per_owner), 0
+        ),
         notify_total=_int("guardrails.notify.total", notify.get("total", d.notify_total), 0),
         notify_window_s=_duration("guardrails.notify.per", notify.get("per", d.notify_window_s)),
     )
@@ -231,7 +296,9 @@ def _list(where: str, raw: Any) -> list[Any]:
 def _known(where: str, data: Mapping[str, Any], keys: set[str]) -> None:
     unknown = sorted(set(data) - keys)
     if unknown:
-        raise PolicyError(f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(keys))})")
+        raise PolicyError(
+            f"{where}: unknown key(s) {', '.join(unknown)} (known: {', '.join(sorted(keys))})"
+        )
 
 
 def _values(where: str, raw: Any) -> tuple[str, ...]:

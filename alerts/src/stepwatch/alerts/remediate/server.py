@@ -36,9 +36,16 @@ MAX_BODY = 1024 * 1024
 class RemediatorServer(TokenHTTPService):
     name = "remediator"
 
-    def __init__(self, remediator: Remediator, token: str, registry: CollectorRegistry,
-                 metrics: Metrics, host: str = "127.0.0.1", port: int = 0,
-                 max_body: int = MAX_BODY) -> None:
+    def __init__(
+        self,
+        remediator: Remediator,
+        token: str,
+        registry: CollectorRegistry,
+        metrics: Metrics,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body: int = MAX_BODY,
+    ) -> None:
         self.remediator = remediator
         self.registry = registry
         self.metrics = metrics
@@ -83,11 +90,18 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             if parts.path == "/api/actions":
                 status = parse_qs(parts.query).get("status", [None])[0]
                 rows = server.remediator.state.actions(status)
-                return self._send(200, {"actions": [
-                    {k: v for k, v in asdict(r).items() if k != "alert"} for r in rows]})
+                return self._send(
+                    200,
+                    {
+                        "actions": [
+                            {k: v for k, v in asdict(r).items() if k != "alert"} for r in rows
+                        ]
+                    },
+                )
             if parts.path == "/api/outcomes":
-                return self._send(200, {"outcomes": [
-                    asdict(r) for r in server.remediator.state.outcomes()]})
+                return self._send(
+                    200, {"outcomes": [asdict(r) for r in server.remediator.state.outcomes()]}
+                )
             if parts.path == "/api/breaker":
                 return self._send(200, asdict(server.remediator.state.breaker()))
             return self._send(404, {"error": "not found"})
@@ -123,8 +137,11 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             if server.authorized(self.headers.get("Authorization")):
                 return True
             server.metrics.rejected.labels("401").inc()
-            log.warning("request refused code=401 path=%s client=%s", urlsplit(self.path).path,
-                        self.client_address[0])
+            log.warning(
+                "request refused code=401 path=%s client=%s",
+                urlsplit(self.path).path,
+                self.client_address[0],
+            )
             self._send(401, {"error": "bearer token required"}, close=True)
             return False
 

@@ -33,8 +33,10 @@ def read_token(settings: Settings) -> str:
     else:
         token = settings.remediate_token.strip()
     if not token:
-        raise ConfigError("the remediator needs a bearer token: set remediate_token_file "
-                          "(or STEPWATCH_REMEDIATE_TOKEN)")
+        raise ConfigError(
+            "the remediator needs a bearer token: set remediate_token_file "
+            "(or STEPWATCH_REMEDIATE_TOKEN)"
+        )
     return token
 
 
@@ -72,8 +74,13 @@ class Service:
         self.state.close()
 
 
-def build(settings: Settings, *, port: int | None = None, actuator: Actuator | None = None,
-          writers: list[Writer] | None = None) -> Service:
+def build(
+    settings: Settings,
+    *,
+    port: int | None = None,
+    actuator: Actuator | None = None,
+    writers: list[Writer] | None = None,
+) -> Service:
     policy = policy_mod.load(settings.remediate_policy)
     mode = Mode(settings.remediate_mode) if settings.remediate_mode else policy.mode
     token = read_token(settings)
@@ -84,12 +91,30 @@ def build(settings: Settings, *, port: int | None = None, actuator: Actuator | N
     audit.breaker(state.breaker().open)
     pager = actuators.build_notifier(policy.page)
     tracker = OutcomeTracker(state, policy.outcome, pager, audit, mode=mode, registry=registry)
-    engine = Remediator(policy, state, actuator or actuators.build(policy.actuator),
-                        actuators.build_notifier(policy.notify), pager, audit, mode=mode,
-                        outcomes=tracker)
-    server = RemediatorServer(engine, token, registry, metrics, settings.remediate_bind,
-                              settings.remediate_port if port is None else port)
-    log.info("remediator configured mode=%s rules=%d actuator=%s state=%s", mode.value,
-             len(policy.rules), engine.actuator.name, settings.remediate_state_dir)
+    engine = Remediator(
+        policy,
+        state,
+        actuator or actuators.build(policy.actuator),
+        actuators.build_notifier(policy.notify),
+        pager,
+        audit,
+        mode=mode,
+        outcomes=tracker,
+    )
+    server = RemediatorServer(
+        engine,
+        token,
+        registry,
+        metrics,
+        settings.remediate_bind,
+        settings.remediate_port if port is None else port,
+    )
+    log.info(
+        "remediator configured mode=%s rules=%d actuator=%s state=%s",
+        mode.value,
+        len(policy.rules),
+        engine.actuator.name,
+        settings.remediate_state_dir,
+    )
     timer = OutcomeTimer(tracker, policy.outcome.check_every_s).start()
     return Service(server.start(), audit, state, timer)

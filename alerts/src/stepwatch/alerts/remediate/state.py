@@ -105,8 +105,9 @@ class State:
         path = Path(state_dir)
         try:
             path.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(path / "remediator.sqlite3", check_same_thread=False,
-                                       isolation_level=None)
+            self._db = sqlite3.connect(
+                path / "remediator.sqlite3", check_same_thread=False, isolation_level=None
+            )
             self._db.executescript(_SCHEMA)
             have = {r[1] for r in self._db.execute("PRAGMA table_info(history)")}
             for name, decl in _HISTORY_COLUMNS:  # state files from before the column
@@ -114,7 +115,9 @@ class State:
                     self._db.execute(f"ALTER TABLE history ADD COLUMN {name} {decl}")
             have = {r[1] for r in self._db.execute("PRAGMA table_info(outcomes)")}
             if "resolved_at" not in have:  # state files from before the settle period
-                self._db.execute("ALTER TABLE outcomes ADD COLUMN resolved_at REAL NOT NULL DEFAULT 0")
+                self._db.execute(
+                    "ALTER TABLE outcomes ADD COLUMN resolved_at REAL NOT NULL DEFAULT 0"
+                )
         except (OSError, sqlite3.Error) as err:
             raise RemediationError(f"cannot open the remediator state in {path}: {err}") from err
         self._lock = threading.Lock()
@@ -132,31 +135,69 @@ class State:
         sql = "SELECT * FROM actions" + (" WHERE status = ?" if status else "")
         args: tuple[object, ...] = (status,) if status else ()
         with self._lock:
-            rows = self._db.execute(sql + " ORDER BY updated DESC LIMIT ?", (*args, limit)).fetchall()
+            rows = self._db.execute(
+                sql + " ORDER BY updated DESC LIMIT ?", (*args, limit)
+            ).fetchall()
         return [ActionRow(*r) for r in rows]
 
     def put_action(self, row: ActionRow) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO actions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                             (row.id, row.kind, row.node, row.job_id, row.alertname,
-                              row.fingerprint, row.status, row.attempts, row.created,
-                              row.updated, row.reason, row.detail, row.alert))
+            self._db.execute(
+                "INSERT OR REPLACE INTO actions VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    row.id,
+                    row.kind,
+                    row.node,
+                    row.job_id,
+                    row.alertname,
+                    row.fingerprint,
+                    row.status,
+                    row.attempts,
+                    row.created,
+                    row.updated,
+                    row.reason,
+                    row.detail,
+                    row.alert,
+                ),
+            )
 
-    def record(self, ts: float, what: str, node: str = "", job_id: str = "", ref: str = "",
-               action: str = "") -> None:
+    def record(
+        self,
+        ts: float,
+        what: str,
+        node: str = "",
+        job_id: str = "",
+        ref: str = "",
+        action: str = "",
+    ) -> None:
         with self._lock:
-            self._db.execute("INSERT INTO history (ts, what, node, job_id, ref, action) "
-                             "VALUES (?,?,?,?,?,?)", (ts, what, node, job_id, ref, action))
+            self._db.execute(
+                "INSERT INTO history (ts, what, node, job_id, ref, action) VALUES (?,?,?,?,?,?)",
+                (ts, what, node, job_id, ref, action),
+            )
 
-    def count(self, what: str, since: float, *, node: str | None = None,
-              job_id: str | None = None, ref: str | None = None) -> int:
+    def count(
+        self,
+        what: str,
+        since: float,
+        *,
+        node: str | None = None,
+        job_id: str | None = None,
+        ref: str | None = None,
+    ) -> int:
         sql, args = _where((what,), since, node, job_id, None)
         if ref is not None:
             sql, args = sql + " AND ref = ?", [*args, ref]
         return self._scalar("SELECT count(*) FROM history WHERE " + sql, args)
 
-    def remediations(self, since: float, *, node: str | None = None, job_id: str | None = None,
-                     exclude_ref: str | None = None) -> int:
+    def remediations(
+        self,
+        since: float,
+        *,
+        node: str | None = None,
+        job_id: str | None = None,
+        exclude_ref: str | None = None,
+    ) -> int:
         """Alerts remediated or queued (reserved) since ``since``: one per alert key."""
         sql, args = _where(("remediation", RESERVE), since, node, job_id, exclude_ref)
         return self._scalar(f"SELECT {_DISTINCT_REF} FROM history WHERE " + sql, args)
@@ -165,21 +206,39 @@ class State:
         """Distinct nodes drained or queued for a drain since ``since`` (the breaker's count)."""
         sql, args = _where(("drain", RESERVE_DRAIN), since, None, None, exclude_ref)
         with self._lock:
-            rows = self._db.execute("SELECT DISTINCT node FROM history WHERE " + sql, args).fetchall()
+            rows = self._db.execute(
+                "SELECT DISTINCT node FROM history WHERE " + sql, args
+            ).fetchall()
         return {r[0] for r in rows}
 
     def unreserve(self, action_id: str) -> None:
         """Drop the reservations of one queued action (approved, refused or gone)."""
         with self._lock:
-            self._db.execute("DELETE FROM history WHERE action = ? AND what IN (?, ?)",
-                             (action_id, RESERVE, RESERVE_DRAIN))
+            self._db.execute(
+                "DELETE FROM history WHERE action = ? AND what IN (?, ?)",
+                (action_id, RESERVE, RESERVE_DRAIN),
+            )
 
     def put_outcome(self, row: OutcomeRow) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO outcomes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                             (row.key, row.fingerprint, row.alertname, row.action, row.node,
-                              row.job_id, row.acted, row.deadline, row.outcome, row.decided,
-                              row.before, row.after, row.resolved_at))
+            self._db.execute(
+                "INSERT OR REPLACE INTO outcomes VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    row.key,
+                    row.fingerprint,
+                    row.alertname,
+                    row.action,
+                    row.node,
+                    row.job_id,
+                    row.acted,
+                    row.deadline,
+                    row.outcome,
+                    row.decided,
+                    row.before,
+                    row.after,
+                    row.resolved_at,
+                ),
+            )
 
     def outcome(self, key: str) -> OutcomeRow | None:
         with self._lock:
@@ -196,8 +255,9 @@ class State:
 
     def settled(self, now: float, settle_s: float) -> list[OutcomeRow]:
         """Pending whose alert has stayed resolved for ``settle_s``."""
-        return self._outcome_rows("outcome = '' AND resolved_at > 0 AND resolved_at <= ?",
-                                  (now - settle_s,))
+        return self._outcome_rows(
+            "outcome = '' AND resolved_at > 0 AND resolved_at <= ?", (now - settle_s,)
+        )
 
     def outcomes(self, limit: int = 200) -> list[OutcomeRow]:
         return self._outcome_rows("1 = 1 ORDER BY acted DESC LIMIT ?", (limit,))
@@ -213,17 +273,25 @@ class State:
 
     def breaker(self) -> BreakerState:
         with self._lock:
-            row = self._db.execute("SELECT open, changed, reason FROM breaker WHERE id = 1").fetchone()
+            row = self._db.execute(
+                "SELECT open, changed, reason FROM breaker WHERE id = 1"
+            ).fetchone()
         return BreakerState(bool(row[0]), row[1], row[2]) if row else BreakerState(False, 0.0, "")
 
     def set_breaker(self, is_open: bool, ts: float, reason: str) -> None:
         with self._lock:
-            self._db.execute("INSERT OR REPLACE INTO breaker VALUES (1, ?, ?, ?)",
-                             (int(is_open), ts, reason))
+            self._db.execute(
+                "INSERT OR REPLACE INTO breaker VALUES (1, ?, ?, ?)", (int(is_open), ts, reason)
+            )
 
 
-def _where(whats: tuple[str, ...], since: float, node: str | None, job_id: str | None,
-           exclude_ref: str | None) -> tuple[str, list[object]]:
+def _where(
+    whats: tuple[str, ...],
+    since: float,
+    node: str | None,
+    job_id: str | None,
+    exclude_ref: str | None,
+) -> tuple[str, list[object]]:
     sql = f"what IN ({','.join('?' * len(whats))}) AND ts >= ?"
     args: list[object] = [*whats, since]
     for column, value in (("node", node), ("job_id", job_id)):

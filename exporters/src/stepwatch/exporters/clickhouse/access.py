@@ -36,13 +36,17 @@ def reader_settings(settings: Settings) -> Settings:
     if _present(settings.store_path):
         return settings
     if _present(DEMO_STORE_PATH):
-        log.info("no store at the default path, reading the demo's store path=%s default=%s",
-                 DEMO_STORE_PATH, settings.store_path)
+        log.info(
+            "no store at the default path, reading the demo's store path=%s default=%s",
+            DEMO_STORE_PATH,
+            settings.store_path,
+        )
         return settings.replace(store_path=DEMO_STORE_PATH)
     raise StoreError(
         f"no store at {settings.store_path} (the default) nor at {DEMO_STORE_PATH} (the demo's): "
         "pass --store-path DIR (or set STEPWATCH_STORE_PATH), --clickhouse-url for a server, "
-        "or create one with `stepwatch db migrate` / `stepwatch db sink`")
+        "or create one with `stepwatch db migrate` / `stepwatch db sink`"
+    )
 
 
 def live_endpoint(settings: Settings) -> Endpoint | None:
@@ -57,8 +61,11 @@ def open_server(settings: Settings, *, create_database: bool = True) -> Store:
     from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore
 
     return ClickHouseConnectStore(
-        settings.clickhouse_url, settings.clickhouse_user, settings.clickhouse_password,
-        settings.clickhouse_database, create_database=create_database,
+        settings.clickhouse_url,
+        settings.clickhouse_user,
+        settings.clickhouse_password,
+        settings.clickhouse_database,
+        create_database=create_database,
         settings=CLIENT_SETTINGS if settings.clickhouse_cluster else None,
     )
 
@@ -89,8 +96,13 @@ def open_reader(settings: Settings) -> Store:
         from stepwatch.exporters.clickhouse.connect_backend import ClickHouseConnectStore
 
         log.debug("reading through the owner's endpoint url=%s pid=%d", owner.url, owner.pid)
-        return ClickHouseConnectStore(owner.url, owner.user, owner.password,
-                                      settings.clickhouse_database, create_database=False)
+        return ClickHouseConnectStore(
+            owner.url,
+            owner.user,
+            owner.password,
+            settings.clickhouse_database,
+            create_database=False,
+        )
     from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 
     return ChdbStore(settings.store_path, settings.clickhouse_database, readonly=True)

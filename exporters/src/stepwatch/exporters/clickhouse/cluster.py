@@ -130,29 +130,38 @@ class Cluster:
         at = _name_at(toks, 3)
         to = at + 1
         if to + 1 >= len(toks) or toks[to].word != "TO":
-            raise StoreError(f"view {toks[at].text}: a cluster view needs TO <table> (a local target)")
+            raise StoreError(
+                f"view {toks[at].text}: a cluster view needs TO <table> (a local target)"
+            )
         target = _name_at(toks, to + 1)
         sources = [i for i, t in enumerate(toks) if t.word == "FROM"]
         if len(sources) != 1 or any(t.word == "JOIN" for t in toks):
             raise StoreError(f"view {toks[at].text}: the cluster form reads exactly one table")
         source = _name_at(toks, sources[0] + 1)
         source_name = toks[source].text
-        return _splice(sql, [
-            (toks[at], f"{toks[at].text} {self.on_cluster}"),
-            (toks[target], toks[target].text + LOCAL_SUFFIX),
-            (toks[source], f"{source_name}{LOCAL_SUFFIX} AS {source_name}"),
-        ])
+        return _splice(
+            sql,
+            [
+                (toks[at], f"{toks[at].text} {self.on_cluster}"),
+                (toks[target], toks[target].text + LOCAL_SUFFIX),
+                (toks[source], f"{source_name}{LOCAL_SUFFIX} AS {source_name}"),
+            ],
+        )
 
     def _alter_table(self, sql: str, toks: list[Token]) -> list[str]:
         at = _name_at(toks, 2)
         name = toks[at].text
         local = _splice(sql, [(toks[at], f"{name}{LOCAL_SUFFIX} {self.on_cluster}")])
-        kinds = {c in _COLUMN_COMMANDS and toks[i + 1].word == "COLUMN" for i, c in _commands(toks, at)}
+        kinds = {
+            c in _COLUMN_COMMANDS and toks[i + 1].word == "COLUMN" for i, c in _commands(toks, at)
+        }
         if kinds == {True}:  # a column change: the Distributed table has the columns too
             return [local, _splice(sql, [(toks[at], f"{name} {self.on_cluster}")])]
         if kinds == {False}:  # TTL, settings, indexes: storage only
             return [local]
-        raise StoreError(f"alter of {name}: write column and storage changes as separate statements")
+        raise StoreError(
+            f"alter of {name}: write column and storage changes as separate statements"
+        )
 
 
 def cluster_of(name: str, database: str) -> Cluster | None:
@@ -171,8 +180,10 @@ def shard_key(table: str, key_columns: Sequence[str]) -> tuple[str, ...]:
         raise StoreError(f"table {table}: no sharding key (add its key columns to SHARD_KEYS)")
     missing = [c for c in columns if c not in key_columns]
     if missing:
-        raise StoreError(f"table {table}: sharding column(s) {missing} are not in its ORDER BY "
-                         "(rows that replace each other must share a shard)")
+        raise StoreError(
+            f"table {table}: sharding column(s) {missing} are not in its ORDER BY "
+            "(rows that replace each other must share a shard)"
+        )
     return columns
 
 
@@ -210,12 +221,14 @@ def _tokens(sql: str) -> list[Token]:
 
 def _name_at(toks: Sequence[Token], i: int) -> int:
     """Index of the unqualified table name at ``toks[i]`` (after an optional IF NOT EXISTS)."""
-    if [t.word for t in toks[i:i + 3]] == ["IF", "NOT", "EXISTS"]:
+    if [t.word for t in toks[i : i + 3]] == ["IF", "NOT", "EXISTS"]:
         i += 3
     if i >= len(toks) or toks[i].kind is not Kind.WORD:
         raise StoreError("a migration statement without a plain table name")
     if i + 1 < len(toks) and toks[i + 1].text == ".":
-        raise StoreError(f"{toks[i].text}.{toks[i + 2].text}: migrations name tables without a database")
+        raise StoreError(
+            f"{toks[i].text}.{toks[i + 2].text}: migrations name tables without a database"
+        )
     return i
 
 
@@ -236,8 +249,13 @@ def _dedup_window_edits(toks: Sequence[Token]) -> list[tuple[Token, str]]:
         if tok.word == "NON_REPLICATED_DEDUPLICATION_WINDOW":
             edits.append((tok, "replicated_deduplication_window"))
             value = toks[i + 2]  # name = value
-            edits.append((value, f"{value.text}, replicated_deduplication_window_seconds = "
-                                 f"{DEDUP_WINDOW_SECONDS}"))
+            edits.append(
+                (
+                    value,
+                    f"{value.text}, replicated_deduplication_window_seconds = "
+                    f"{DEDUP_WINDOW_SECONDS}",
+                )
+            )
     return edits
 
 
@@ -257,7 +275,7 @@ def _commands(toks: Sequence[Token], at: int) -> list[tuple[int, str]]:
 def _splice(sql: str, edits: Sequence[tuple[Token, str]]) -> str:
     out, pos = [], 0
     for tok, text in sorted(edits, key=lambda e: e[0].start):
-        out.append(sql[pos:tok.start])
+        out.append(sql[pos : tok.start])
         out.append(text)
         pos = tok.end
     out.append(sql[pos:])

@@ -93,14 +93,18 @@ class ClickHouseConnectStore:
         try:
             import clickhouse_connect
         except ImportError as err:  # pragma: no cover - depends on the environment
-            raise StoreError("the server store needs clickhouse-connect: pip install 'stepwatch[store]'") from err
+            raise StoreError(
+                "the server store needs clickhouse-connect: pip install 'stepwatch[store]'"
+            ) from err
         args = client_args(url, user, password)
         if settings:
             args["settings"] = dict(settings)  # sent with every query of this client
         try:
             self._client: Any = clickhouse_connect.get_client(**args)
         except Exception as err:
-            raise StoreError(f"cannot connect to ClickHouse at {_safe(url)}: {_first(err)}") from err
+            raise StoreError(
+                f"cannot connect to ClickHouse at {_safe(url)}: {_first(err)}"
+            ) from err
         if create_database:
             self.command(f"CREATE DATABASE IF NOT EXISTS `{database}`")
         self._client.database = database

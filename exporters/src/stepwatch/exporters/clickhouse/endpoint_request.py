@@ -13,12 +13,28 @@ from dataclasses import dataclass
 from stepwatch.exporters.clickhouse.guard import Refused
 from stepwatch.exporters.clickhouse.sqltext import LexError, first_word
 
-_NOT_SETTINGS = frozenset({
-    "query", "database", "default_format", "user", "password", "quota_key", "query_id",
-    "session_id", "session_timeout", "session_check", "compress", "decompress", "buffer_size",
-    "wait_end_of_query", "client_protocol_version", "enable_http_compression",
-    "send_progress_in_http_headers", "http_headers_progress_interval_ms",
-})
+_NOT_SETTINGS = frozenset(
+    {
+        "query",
+        "database",
+        "default_format",
+        "user",
+        "password",
+        "quota_key",
+        "query_id",
+        "session_id",
+        "session_timeout",
+        "session_check",
+        "compress",
+        "decompress",
+        "buffer_size",
+        "wait_end_of_query",
+        "client_protocol_version",
+        "enable_http_compression",
+        "send_progress_in_http_headers",
+        "http_headers_progress_interval_ms",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -75,7 +91,11 @@ def parse_request(url_params: dict[str, str], body: bytes) -> Request:
         query=url_params.get("query", ""),
         body=body,
         params={k[6:]: v for k, v in url_params.items() if k.startswith("param_")},
-        settings={k: v for k, v in url_params.items() if k not in _NOT_SETTINGS and not k.startswith("param_")},
+        settings={
+            k: v
+            for k, v in url_params.items()
+            if k not in _NOT_SETTINGS and not k.startswith("param_")
+        },
         database=url_params.get("database") or "default",
         fmt=url_params.get("default_format") or "TabSeparated",
     )
@@ -86,7 +106,12 @@ def parse_request(url_params: dict[str, str], body: bytes) -> Request:
 
 def status_of(code: int | None) -> int:
     """The HTTP status ClickHouse gives an engine error (its exceptionCodeToHTTPStatus, in short)."""
-    if code in (164, 344, 497, 516):  # READONLY, SUPPORT_IS_DISABLED, ACCESS_DENIED, AUTHENTICATION_FAILED
+    if code in (
+        164,
+        344,
+        497,
+        516,
+    ):  # READONLY, SUPPORT_IS_DISABLED, ACCESS_DENIED, AUTHENTICATION_FAILED
         return 403
     if code in (60, 81, 83):  # UNKNOWN_TABLE, UNKNOWN_DATABASE, UNKNOWN_DICTIONARY (as 404)
         return 404

@@ -52,14 +52,27 @@ ENGINE_METRICS = {
 }
 _JEMALLOC = re.compile(
     r"Allocated: (\d+), active: (\d+), metadata: (\d+).*?resident: (\d+), mapped: (\d+), "
-    r"retained: (\d+)")
+    r"retained: (\d+)"
+)
 _JEMALLOC_PARTS = ("allocated", "active", "metadata", "resident", "mapped", "retained")
 
 
 class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
-        "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def _mallinfo2() -> Callable[[], _MallInfo2] | None:
@@ -103,9 +116,12 @@ def release(store: Store) -> None:
         _MALLOC_TRIM(0)
     if before:
         after = jemalloc_bytes(store)
-        log.debug("released jemalloc_resident_mib=%.1f->%.1f active_mib=%.1f",
-                  before.get("jemalloc_resident", 0) / 2**20,
-                  after.get("jemalloc_resident", 0) / 2**20, after.get("jemalloc_active", 0) / 2**20)
+        log.debug(
+            "released jemalloc_resident_mib=%.1f->%.1f active_mib=%.1f",
+            before.get("jemalloc_resident", 0) / 2**20,
+            after.get("jemalloc_resident", 0) / 2**20,
+            after.get("jemalloc_active", 0) / 2**20,
+        )
 
 
 def engine_bytes(store: Store) -> dict[str, float]:
@@ -119,7 +135,8 @@ def parts(store: Store) -> dict[str, float]:
     """Active and outdated parts of the store's database, and their primary keys' memory."""
     rows = store.query(
         "SELECT active, count(), sum(primary_key_bytes_in_memory_allocated) FROM system.parts "
-        "WHERE database = currentDatabase() GROUP BY active").rows
+        "WHERE database = currentDatabase() GROUP BY active"
+    ).rows
     out = {"active": 0.0, "outdated": 0.0, "primary_key_bytes": 0.0}
     for active, count, pk in rows:
         out["active" if int(active) else "outdated"] = float(count)
@@ -161,9 +178,13 @@ def sample(store: Store) -> dict[str, float]:
 class EngineMemoryCollector(Collector):
     """The sample on ``/metrics``, taken at most every ``interval`` seconds."""
 
-    def __init__(self, store: Store, interval: float = 10.0,
-                 extra: Callable[[], dict[str, float]] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        store: Store,
+        interval: float = 10.0,
+        extra: Callable[[], dict[str, float]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.store = store
         self.interval = interval
         self.extra = extra
@@ -186,14 +207,19 @@ class EngineMemoryCollector(Collector):
 
     def collect(self) -> Iterator[Any]:
         values = self.current()
-        mem = GaugeMetricFamily("stepwatch_sink_memory_bytes",
-                                "The sink process's memory by where it is (engine, allocator, Python)",
-                                labels=["part"])
-        parts_g = GaugeMetricFamily("stepwatch_sink_store_parts", "Parts of the embedded store",
-                                    labels=["state"])
-        counts = GaugeMetricFamily("stepwatch_sink_memory_objects",
-                                   "Counts behind the sink's memory (Python blocks, dedup senders)",
-                                   labels=["what"])
+        mem = GaugeMetricFamily(
+            "stepwatch_sink_memory_bytes",
+            "The sink process's memory by where it is (engine, allocator, Python)",
+            labels=["part"],
+        )
+        parts_g = GaugeMetricFamily(
+            "stepwatch_sink_store_parts", "Parts of the embedded store", labels=["state"]
+        )
+        counts = GaugeMetricFamily(
+            "stepwatch_sink_memory_objects",
+            "Counts behind the sink's memory (Python blocks, dedup senders)",
+            labels=["what"],
+        )
         for key, value in sorted(values.items()):
             if key in ("parts_active", "parts_outdated"):
                 parts_g.add_metric([key.removeprefix("parts_")], value)

@@ -32,38 +32,101 @@ from typing import Any, NoReturn
 from stepwatch.errors import StoreError
 from stepwatch.exporters.clickhouse.sqltext import Kind, LexError, Token, tokens
 
-SAFE_TABLE_FUNCTIONS = frozenset({
-    "numbers", "numbers_mt", "zeros", "zeros_mt", "values", "generaterandom", "generate_series",
-    "generateseries", "null", "view", "format", "merge", "primes",
-})
+SAFE_TABLE_FUNCTIONS = frozenset(
+    {
+        "numbers",
+        "numbers_mt",
+        "zeros",
+        "zeros_mt",
+        "values",
+        "generaterandom",
+        "generate_series",
+        "generateseries",
+        "null",
+        "view",
+        "format",
+        "merge",
+        "primes",
+    }
+)
 DENIED_FUNCTIONS = frozenset({"file"})  # the scalar file(path) reads a file into a string
-SAFE_ENGINES = frozenset({
-    "Memory", "Log", "TinyLog", "StripeLog", "Null", "Set", "Join", "Buffer", "Merge",
-    "GenerateRandom", "View", "MaterializedView", "Atomic", "Ordinary",
-})
-DENIED_FORMATS = frozenset({
-    "template", "templateignorespaces", "protobuf", "protobuflist", "protobufsingle", "capnproto",
-    "avro", "avroconfluent", "regexp",
-})
-DENIED_SETTINGS = frozenset({
-    "readonly", "format_schema", "format_schema_source", "output_format_schema",
-    "format_template_resultset", "format_template_row", "format_template_rows_between_delimiter",
-    "input_format_record_errors_file_path", "format_avro_schema_registry_url", "url_base",
-    "into_outfile_create_parent_directories", "s3queue_default_zookeeper_path",
-    "input_format_values_interpret_expressions", "input_format_values_deduce_templates_of_expressions",
-    "allow_introspection_functions", "dialect", "allow_experimental_kusto_dialect",
-    "allow_experimental_prql_dialect",
-    "disk", "storage_policy",  # table settings: disk(type = local, path = ...) reaches any directory
-})
+SAFE_ENGINES = frozenset(
+    {
+        "Memory",
+        "Log",
+        "TinyLog",
+        "StripeLog",
+        "Null",
+        "Set",
+        "Join",
+        "Buffer",
+        "Merge",
+        "GenerateRandom",
+        "View",
+        "MaterializedView",
+        "Atomic",
+        "Ordinary",
+    }
+)
+DENIED_FORMATS = frozenset(
+    {
+        "template",
+        "templateignorespaces",
+        "protobuf",
+        "protobuflist",
+        "protobufsingle",
+        "capnproto",
+        "avro",
+        "avroconfluent",
+        "regexp",
+    }
+)
+DENIED_SETTINGS = frozenset(
+    {
+        "readonly",
+        "format_schema",
+        "format_schema_source",
+        "output_format_schema",
+        "format_template_resultset",
+        "format_template_row",
+        "format_template_rows_between_delimiter",
+        "input_format_record_errors_file_path",
+        "format_avro_schema_registry_url",
+        "url_base",
+        "into_outfile_create_parent_directories",
+        "s3queue_default_zookeeper_path",
+        "input_format_values_interpret_expressions",
+        "input_format_values_deduce_templates_of_expressions",
+        "allow_introspection_functions",
+        "dialect",
+        "allow_experimental_kusto_dialect",
+        "allow_experimental_prql_dialect",
+        "disk",
+        "storage_policy",  # table settings: disk(type = local, path = ...) reaches any directory
+    }
+)
 # per-query limits: from the URL only, and capped by the endpoint
-CAPPED_SETTINGS = frozenset({"max_execution_time", "max_result_bytes", "max_memory_usage",
-                             "max_memory_usage_for_user"})
-READ_KINDS = frozenset({
-    "SelectWithUnionQuery", "SelectIntersectExceptQuery", "SelectQuery", "DescribeQuery", "Explain",
-})
+CAPPED_SETTINGS = frozenset(
+    {"max_execution_time", "max_result_bytes", "max_memory_usage", "max_memory_usage_for_user"}
+)
+READ_KINDS = frozenset(
+    {
+        "SelectWithUnionQuery",
+        "SelectIntersectExceptQuery",
+        "SelectQuery",
+        "DescribeQuery",
+        "Explain",
+    }
+)
 READ_KIND_PREFIXES = ("Show", "Exists")
 WRITE_KINDS = READ_KINDS | {
-    "InsertQuery", "CreateQuery", "AlterQuery", "DropQuery", "TruncateQuery", "OptimizeQuery", "Rename",
+    "InsertQuery",
+    "CreateQuery",
+    "AlterQuery",
+    "DropQuery",
+    "TruncateQuery",
+    "OptimizeQuery",
+    "Rename",
 }
 DENIED_ALTER_COMMANDS = ("FETCH", "FREEZE", "UNFREEZE")
 DEFAULT_MAX_QUERY_SIZE = 262144  # the engine's default max_query_size
@@ -73,7 +136,9 @@ _FORMAT_TAIL = re.compile(r"\sFORMAT\s+(\w+)\s*$")
 class Refused(StoreError):
     """A request the endpoint will not run; carries ClickHouse's error code and an HTTP status."""
 
-    def __init__(self, message: str, code: int, status: HTTPStatus = HTTPStatus.BAD_REQUEST) -> None:
+    def __init__(
+        self, message: str, code: int, status: HTTPStatus = HTTPStatus.BAD_REQUEST
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.status = status
@@ -86,7 +151,9 @@ class Catalog:
     settings: frozenset[str]
     table_functions: frozenset[str]  # lower-cased
     formats: frozenset[str]  # lower-cased, output and input
-    aliases: Mapping[str, str] = field(default_factory=dict)  # setting alias -> setting, lower-cased
+    aliases: Mapping[str, str] = field(
+        default_factory=dict
+    )  # setting alias -> setting, lower-cased
 
     def denied_setting(self, name: str) -> bool:
         """A setting (or an alias of one) that names files, hosts, the dialect or limits."""
@@ -101,10 +168,16 @@ class Catalog:
 
         return cls(
             settings=frozenset(names("SELECT name FROM system.settings")),
-            table_functions=frozenset(n.lower() for n in names("SELECT name FROM system.table_functions")),
+            table_functions=frozenset(
+                n.lower() for n in names("SELECT name FROM system.table_functions")
+            ),
             formats=frozenset(n.lower() for n in names("SELECT name FROM system.formats")),
-            aliases=dict(line.lower().split("\t", 1) for line in
-                         names("SELECT name, alias_for FROM system.settings WHERE alias_for != ''")),
+            aliases=dict(
+                line.lower().split("\t", 1)
+                for line in names(
+                    "SELECT name, alias_for FROM system.settings WHERE alias_for != ''"
+                )
+            ),
         )
 
 
@@ -126,7 +199,7 @@ class Statement:
     def insert_head(self) -> str:
         """The statement without its ``FORMAT`` clause, for a streaming insert."""
         match = _FORMAT_TAIL.search(self.text)
-        return self.text[:match.start()] if match else self.text
+        return self.text[: match.start()] if match else self.text
 
 
 def literal(value: str) -> str:
@@ -156,30 +229,43 @@ class Guard:
         if name not in self.catalog.settings:
             raise Refused(f"Unknown setting {name!r}. (UNKNOWN_SETTING)", 115)
         if self.catalog.denied_setting(name):
-            raise Refused(f"Setting {name!r} cannot be set through this endpoint. (ACCESS_DENIED)",
-                          497, HTTPStatus.FORBIDDEN)
+            raise Refused(
+                f"Setting {name!r} cannot be set through this endpoint. (ACCESS_DENIED)",
+                497,
+                HTTPStatus.FORBIDDEN,
+            )
         return name
 
     def output_format(self, name: str) -> str:
         if name.lower() not in self.catalog.formats:
             raise Refused(f"Unknown format {name!r}. (UNKNOWN_FORMAT)", 73)
         if name.lower() in DENIED_FORMATS:
-            raise Refused(f"Format {name!r} reads files and is not served here. (ACCESS_DENIED)",
-                          497, HTTPStatus.FORBIDDEN)
+            raise Refused(
+                f"Format {name!r} reads files and is not served here. (ACCESS_DENIED)",
+                497,
+                HTTPStatus.FORBIDDEN,
+            )
         return name
 
     def database(self, session: Any, name: str) -> str:
-        out = session.query("SELECT count() FROM system.databases WHERE name = {d:String}",
-                            "TSVRaw", params={"d": name})
+        out = session.query(
+            "SELECT count() FROM system.databases WHERE name = {d:String}",
+            "TSVRaw",
+            params={"d": name},
+        )
         if out.bytes().strip() != b"1":
-            raise Refused(f"Database {name!r} does not exist. (UNKNOWN_DATABASE)", 81, HTTPStatus.NOT_FOUND)
+            raise Refused(
+                f"Database {name!r} does not exist. (UNKNOWN_DATABASE)", 81, HTTPStatus.NOT_FOUND
+            )
         return name
 
     # -------------------------------------------------------------- statements
     def statement(self, session: Any, sql: str, params: dict[str, str] | None = None) -> Statement:
         """The one statement in ``sql``, parsed by the engine and checked; Refused otherwise."""
         wrapped = f"SELECT formatQuerySingleLine({literal(sql)})"
-        if len(wrapped) > DEFAULT_MAX_QUERY_SIZE // 2:  # the wrapper must not trip the parser's limit
+        if (
+            len(wrapped) > DEFAULT_MAX_QUERY_SIZE // 2
+        ):  # the wrapper must not trip the parser's limit
             session.query(f"SET max_query_size = {2 * len(wrapped.encode()) + 4096}")
         try:
             out = session.query(wrapped, "TSVRaw")
@@ -192,8 +278,11 @@ class Guard:
             explained = session.query(f"EXPLAIN AST {text}", "TSVRaw", params=params or None)
         except Exception as err:
             raise Refused(_engine_error(err), 62) from err
-        ast = tuple((len(line) - len(line.lstrip(" ")), line.strip())
-                    for line in explained.bytes().decode().splitlines() if line.strip())
+        ast = tuple(
+            (len(line) - len(line.lstrip(" ")), line.strip())
+            for line in explained.bytes().decode().splitlines()
+            if line.strip()
+        )
         if not ast:
             raise Refused("Empty query. (SYNTAX_ERROR)", 62)
         stmt = Statement(text=text, kind=ast[0][1].split(" ", 1)[0], ast=ast)
@@ -211,9 +300,12 @@ class Guard:
         if allowed:
             return
         if self.readonly:
-            raise Refused(f"Cannot execute query in readonly mode: {stmt.kind} is refused by the read-only "
-                          "store endpoint. (READONLY)",
-                          164, HTTPStatus.FORBIDDEN)
+            raise Refused(
+                f"Cannot execute query in readonly mode: {stmt.kind} is refused by the read-only "
+                "store endpoint. (READONLY)",
+                164,
+                HTTPStatus.FORBIDDEN,
+            )
         _deny(f"{stmt.kind}")
 
     def _check_tree(self, stmt: Statement) -> None:
@@ -228,7 +320,11 @@ class Guard:
                 self._check_engine(stmt.ast, index, depth)
             elif head == "AlterCommand" and name.startswith(DENIED_ALTER_COMMANDS):
                 _deny(f"ALTER {name}")
-            elif depth == 1 and head == "Literal" and stmt.kind in ("SelectWithUnionQuery", "InsertQuery"):
+            elif (
+                depth == 1
+                and head == "Literal"
+                and stmt.kind in ("SelectWithUnionQuery", "InsertQuery")
+            ):
                 _deny("INTO OUTFILE / FROM INFILE")
 
     def _check_function(self, name: str) -> None:
@@ -240,14 +336,15 @@ class Guard:
 
     @staticmethod
     def _check_engine(ast: tuple[tuple[int, str], ...], index: int, depth: int) -> None:
-        for child_depth, label in ast[index + 1:]:
+        for child_depth, label in ast[index + 1 :]:
             if child_depth <= depth:
                 return
             head, *words = label.split()
             if child_depth == depth + 1 and head == "Function":
                 engine = words[0] if words else ""
-                if not (engine in SAFE_ENGINES or engine.endswith("MergeTree")) or \
-                        engine.startswith("Replicated"):
+                if not (
+                    engine in SAFE_ENGINES or engine.endswith("MergeTree")
+                ) or engine.startswith("Replicated"):
                     _deny(f"engine {engine} (only local, in-store engines are served)")
                 return
 
@@ -262,15 +359,21 @@ class Guard:
             if tok.word in ("SETTINGS", "SETTING"):  # SETTING: ALTER TABLE ... MODIFY SETTING
                 for name in _settings_clause(toks, i + 1):
                     if self.catalog.denied_setting(name) or name.lower() in CAPPED_SETTINGS:
-                        _deny(f"setting {name} in the query (set it in the URL)"
-                              if name.lower() in CAPPED_SETTINGS else f"setting {name}")
+                        _deny(
+                            f"setting {name} in the query (set it in the URL)"
+                            if name.lower() in CAPPED_SETTINGS
+                            else f"setting {name}"
+                        )
             if tok.word == "FORMAT" and _is_format_clause(toks, i):
                 self.output_format(toks[i + 1].text)
+
 
 def _settings_clause(toks: list[Token], i: int) -> list[str]:
     """The setting names of a ``SETTINGS name = value, ...`` clause starting at ``toks[i]``."""
     names: list[str] = []
-    while i + 1 < len(toks) and toks[i].kind in (Kind.WORD, Kind.QUOTED) and toks[i + 1].text == "=":
+    while (
+        i + 1 < len(toks) and toks[i].kind in (Kind.WORD, Kind.QUOTED) and toks[i + 1].text == "="
+    ):
         names.append(toks[i].name)
         depth, i = 0, i + 2
         while i < len(toks):
@@ -298,4 +401,6 @@ def _is_format_clause(toks: list[Token], i: int) -> bool:
 
 
 def _deny(what: str) -> NoReturn:
-    raise Refused(f"{what} is refused by the store endpoint. (ACCESS_DENIED)", 497, HTTPStatus.FORBIDDEN)
+    raise Refused(
+        f"{what} is refused by the store endpoint. (ACCESS_DENIED)", 497, HTTPStatus.FORBIDDEN
+    )

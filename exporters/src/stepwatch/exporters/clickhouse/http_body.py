@@ -21,28 +21,39 @@ DEFAULT_MAX_DECOMPRESSED = 256 << 20
 def content_length(headers: Any, limit: int) -> int:
     """The declared body length, checked; Refused when absent-but-chunked, bad or too big."""
     if headers.get("Transfer-Encoding"):
-        raise Refused("Chunked request bodies are not accepted: send Content-Length.",
-                      0, HTTPStatus.LENGTH_REQUIRED)
+        raise Refused(
+            "Chunked request bodies are not accepted: send Content-Length.",
+            0,
+            HTTPStatus.LENGTH_REQUIRED,
+        )
     raw = (headers.get("Content-Length") or "0").strip()
     if not raw.isdigit():
         raise Refused(f"Bad Content-Length {raw[:32]!r}.", 0)
     length = int(raw)
     if length > limit:
-        raise Refused(f"Request body of {length} bytes is over the limit of {limit} bytes.",
-                      0, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+        raise Refused(
+            f"Request body of {length} bytes is over the limit of {limit} bytes.",
+            0,
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+        )
     return length
 
 
 def _too_big(limit: int) -> Refused:
-    return Refused(f"Decompressed request body is over the limit of {limit} bytes.",
-                   0, HTTPStatus.REQUEST_ENTITY_TOO_LARGE)
+    return Refused(
+        f"Decompressed request body is over the limit of {limit} bytes.",
+        0,
+        HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+    )
 
 
 def _check_end(eof: bool, unused: bytes, encoding: str) -> None:
     if not eof:
         raise Refused(f"Cannot decompress request body: truncated {encoding} stream.", 0)
     if unused:
-        raise Refused(f"Cannot decompress request body: data after the end of the {encoding} stream.", 0)
+        raise Refused(
+            f"Cannot decompress request body: data after the end of the {encoding} stream.", 0
+        )
 
 
 def _zlib(body: bytes, wbits: int, limit: int, encoding: str) -> bytes:
@@ -98,5 +109,8 @@ def decompress(body: bytes, encoding: str, limit: int = DEFAULT_MAX_DECOMPRESSED
         return _lz4(body, limit)
     if encoding == "zstd":
         return _zstd(body, limit)
-    raise Refused(f"Unsupported Content-Encoding {encoding[:32]!r}: use gzip, deflate, lz4 or zstd.",
-                  0, HTTPStatus.UNSUPPORTED_MEDIA_TYPE)
+    raise Refused(
+        f"Unsupported Content-Encoding {encoding[:32]!r}: use gzip, deflate, lz4 or zstd.",
+        0,
+        HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+    )

@@ -35,7 +35,9 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 
 
 class Source(Protocol):
-    def subscribe(self, topics: Sequence[str], on_assign: Callback, on_revoke: Callback) -> None: ...
+    def subscribe(
+        self, topics: Sequence[str], on_assign: Callback, on_revoke: Callback
+    ) -> None: ...
 
     def poll(self, max_records: int, timeout: float) -> list[Record]: ...
 
@@ -88,11 +90,15 @@ class KafkaSource:
             self._forget([(p.topic, p.partition) for p in partitions])
             on_revoke([(p.topic, p.partition) for p in partitions])
 
-        self._consumer.subscribe(list(topics), on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+        self._consumer.subscribe(
+            list(topics), on_assign=assigned, on_revoke=revoked, on_lost=revoked
+        )
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
-        skip: set[TP] = set()  # partitions read again from a gap: the rest of this poll is not theirs
+        skip: set[TP] = (
+            set()
+        )  # partitions read again from a gap: the rest of this poll is not theirs
         for message in self._consumer.consume(num_messages=max_records, timeout=timeout):
             error = message.error()
             if error is not None:
@@ -120,14 +126,25 @@ class KafkaSource:
             from confluent_kafka import TopicPartition
 
             self._reread.add((tp, expected))
-            log.warning("offset gap topic=%s partition=%d expected=%d got=%d: reading again",
-                        tp[0], tp[1], expected, offset)
+            log.warning(
+                "offset gap topic=%s partition=%d expected=%d got=%d: reading again",
+                tp[0],
+                tp[1],
+                expected,
+                offset,
+            )
             self._consumer.seek(TopicPartition(tp[0], tp[1], expected))
             self._next[tp] = expected
             return True
         self.offset_gaps += 1
-        log.warning("offset gap stayed topic=%s partition=%d from=%d to=%d (%d offsets without "
-                    "records)", tp[0], tp[1], expected, offset - 1, offset - expected)
+        log.warning(
+            "offset gap stayed topic=%s partition=%d from=%d to=%d (%d offsets without records)",
+            tp[0],
+            tp[1],
+            expected,
+            offset - 1,
+            offset - expected,
+        )
         return False
 
     def _forget(self, tps: list[TP]) -> None:
@@ -158,7 +175,11 @@ class KafkaSource:
 
     def lag(self, committed: dict[TP, int]) -> dict[TP, int]:
         """Records past the committed offset, from the last statistics (no broker request)."""
-        return {tp: max(0, self._high[tp] - offset) for tp, offset in committed.items() if tp in self._high}
+        return {
+            tp: max(0, self._high[tp] - offset)
+            for tp, offset in committed.items()
+            if tp in self._high
+        }
 
     def close(self) -> None:
         try:

@@ -69,7 +69,9 @@ class Migration:
         normal = " ".join(" ".join(c for c in code if c).split())
         return hashlib.sha256(normal.encode()).hexdigest()[:16]
 
-    def statements(self, variables: Mapping[str, object], cluster: Cluster | None = None) -> list[str]:
+    def statements(
+        self, variables: Mapping[str, object], cluster: Cluster | None = None
+    ) -> list[str]:
         """The statements to run: as written, or their cluster form."""
         single = split_statements(render(self.sql, variables))
         return single if cluster is None else [c for s in single for c in cluster.statements(s)]
@@ -93,7 +95,9 @@ def load_migrations(directory: Path = SCHEMA_DIR) -> list[Migration]:
         found.append(Migration(int(match.group(1)), match.group(2), path.read_text()))
     for expected, migration in enumerate(found, start=1):
         if migration.version != expected:
-            raise StoreError(f"migration versions must run 1..n without gaps; found {migration.version}")
+            raise StoreError(
+                f"migration versions must run 1..n without gaps; found {migration.version}"
+            )
         for statement in migration.statements({"raw_ttl_days": 1}):
             check_non_destructive(statement, migration.name)
     return found
@@ -130,21 +134,30 @@ def check_non_destructive(statement: str, where: str = "") -> None:
     code = "\n".join(ln.split("--", 1)[0] for ln in statement.splitlines())
     match = _DESTRUCTIVE.search(code)
     if match:
-        raise StoreError(f"migration {where} would destroy data ({match.group(0)!r}); write a new table instead")
+        raise StoreError(
+            f"migration {where} would destroy data ({match.group(0)!r}); write a new table instead"
+        )
 
 
 class Migrator:
     """Applies pending migrations to a store and reports their status."""
 
-    def __init__(self, store: Store, raw_ttl_days: int = 90, migrations: list[Migration] | None = None,
-                 cluster: str = ""):
+    def __init__(
+        self,
+        store: Store,
+        raw_ttl_days: int = 90,
+        migrations: list[Migration] | None = None,
+        cluster: str = "",
+    ):
         self.store = store
         self.raw_ttl_days = raw_ttl_days
         self.migrations = load_migrations() if migrations is None else migrations
         self.cluster = cluster_of(cluster, store.database)
         if self.cluster is not None and store.backend == "chdb":
-            raise ConfigError("setting clickhouse_cluster: the embedded store is one node; "
-                              "a cluster needs a server (clickhouse_url)")
+            raise ConfigError(
+                "setting clickhouse_cluster: the embedded store is one node; "
+                "a cluster needs a server (clickhouse_url)"
+            )
         self.ttl_changed: list[str] = []  # tables whose raw TTL the last migrate() changed
 
     def _ddl(self, statement: str) -> list[str]:
@@ -153,7 +166,8 @@ class Migrator:
     def _ledger_exists(self) -> bool:
         exists = self.store.query(
             "SELECT count() FROM system.tables "
-            "WHERE database = currentDatabase() AND name = 'schema_migrations'")
+            "WHERE database = currentDatabase() AND name = 'schema_migrations'"
+        )
         return bool(exists.scalar())
 
     def _create_ledger(self) -> None:
@@ -173,14 +187,21 @@ class Migrator:
             self._create_ledger()
         elif not self._ledger_exists():
             return {}
-        result = self.store.query("SELECT version, any(checksum) FROM schema_migrations GROUP BY version")
+        result = self.store.query(
+            "SELECT version, any(checksum) FROM schema_migrations GROUP BY version"
+        )
         return {int(v): str(c) for v, c in result.rows}
 
     def status(self) -> list[MigrationStatus]:
         """What is applied (read-only: works through a read-only endpoint)."""
         applied = self._applied(create=False)
         return [
-            MigrationStatus(m.version, m.name, m.version in applied, applied.get(m.version, m.checksum) == m.checksum)
+            MigrationStatus(
+                m.version,
+                m.name,
+                m.version in applied,
+                applied.get(m.version, m.checksum) == m.checksum,
+            )
             for m in self.migrations
         ]
 
@@ -193,10 +214,13 @@ class Migrator:
                 if applied[migration.version] != migration.checksum:
                     log.warning(
                         "migration changed after it was applied version=%d name=%s",
-                        migration.version, migration.name,
+                        migration.version,
+                        migration.name,
                     )
                 continue
-            for statement in migration.statements({"raw_ttl_days": self.raw_ttl_days}, self.cluster):
+            for statement in migration.statements(
+                {"raw_ttl_days": self.raw_ttl_days}, self.cluster
+            ):
                 self.store.command(statement)
             self.store.insert(
                 "schema_migrations",

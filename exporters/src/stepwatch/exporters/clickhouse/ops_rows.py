@@ -22,16 +22,41 @@ Mapper = Callable[[bytes], tuple[R.Table, tuple[Any, ...]]]
 
 
 def alert_row(rec: AlertRecord) -> tuple[Any, ...]:
-    return (rec.received_at, rec.fingerprint, rec.alertname, rec.status, rec.severity,
-            rec.starts_at, rec.ends_at, rec.job_id, rec.host, dict(rec.labels),
-            dict(rec.annotations))
+    return (
+        rec.received_at,
+        rec.fingerprint,
+        rec.alertname,
+        rec.status,
+        rec.severity,
+        rec.starts_at,
+        rec.ends_at,
+        rec.job_id,
+        rec.host,
+        dict(rec.labels),
+        dict(rec.annotations),
+    )
 
 
 def remediation_row(rec: RemediationRecord) -> tuple[Any, ...]:
     """A decision as a ``remediation_actions`` row (schema 0004 + 0006)."""
-    return (round(rec.ts, 3), rec.id, rec.action, rec.outcome, rec.outcome == DRY_RUN, rec.job_id,
-            rec.host, "", rec.fingerprint, rec.reason, rec.detail, ACTOR, rec.mode, rec.alertname,
-            rec.cause, rec.alert_class)
+    return (
+        round(rec.ts, 3),
+        rec.id,
+        rec.action,
+        rec.outcome,
+        rec.outcome == DRY_RUN,
+        rec.job_id,
+        rec.host,
+        "",
+        rec.fingerprint,
+        rec.reason,
+        rec.detail,
+        ACTOR,
+        rec.mode,
+        rec.alertname,
+        rec.cause,
+        rec.alert_class,
+    )
 
 
 def _alert(payload: bytes) -> tuple[R.Table, tuple[Any, ...]]:

@@ -47,7 +47,10 @@ def table(result: Result, max_width: int = 60) -> str:
     numeric = [_is_numeric(t) for t in result.types]
 
     def line(values: list[str]) -> str:
-        parts = [v.rjust(w) if num else v.ljust(w) for v, w, num in zip(values, widths, numeric, strict=True)]
+        parts = [
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ]
         return "  ".join(parts).rstrip()
 
     out = [line(list(result.columns)), "  ".join("-" * w for w in widths)]

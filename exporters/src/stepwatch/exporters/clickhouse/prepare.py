@@ -131,10 +131,18 @@ def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any,
         header = _scan_header(payload[:65536])
     seq = header.seq if isinstance(header.seq, int) and 0 <= header.seq < 2**64 else None
     return (
-        now, record.topic, record.partition, record.offset,
-        (record.key or b"").decode("utf-8", "replace"), reason, detail[:8192],
+        now,
+        record.topic,
+        record.partition,
+        record.offset,
+        (record.key or b"").decode("utf-8", "replace"),
+        reason,
+        detail[:8192],
         payload[:MAX_PAYLOAD].decode("utf-8", "replace"),
-        _s(header.kind), _s(header.host), _s(header.inst), seq,
+        _s(header.kind),
+        _s(header.host),
+        _s(header.inst),
+        seq,
     )
 
 
@@ -232,17 +240,27 @@ class Preparer:
             out.duplicates += 1
             return None
         if verdict is Verdict.CONFLICT:
-            out.dead.append(dead_row(record, "seq_conflict", (
-                f"{KIND_OF[type(message)].value} seq {message.seq} of host {message.host!r} inst "
-                f"{message.inst!r} was seen before with other content: both are stored"), now))
+            out.dead.append(
+                dead_row(
+                    record,
+                    "seq_conflict",
+                    (
+                        f"{KIND_OF[type(message)].value} seq {message.seq} of host {message.host!r} inst "
+                        f"{message.inst!r} was seen before with other content: both are stored"
+                    ),
+                    now,
+                )
+            )
         return message
 
     def _refusal(self, message: Message, now: float) -> tuple[str, str] | None:
         """(reason, detail) when the message must not be stored as it is."""
         if isinstance(message, DetectionMessage):
             if self.producers and message.producer not in self.producers:
-                return "unknown_producer", (f"detection from producer {message.producer!r}, not "
-                                            f"one of the {len(self.producers)} allowed")
+                return "unknown_producer", (
+                    f"detection from producer {message.producer!r}, not "
+                    f"one of the {len(self.producers)} allowed"
+                )
             return None
         if self.max_age_seconds <= 0 or isinstance(message, EventMessage):
             return None
@@ -250,8 +268,10 @@ class Preparer:
         if isinstance(message, StepMessage) and message.steps:
             oldest = min(oldest, min(r.start for r in message.steps))
         if oldest < now - self.max_age_seconds:
-            return "too_old", (f"timestamp {oldest:.3f} is {(now - oldest) / 86400:.0f} days old: "
-                               f"the raw tables keep {self.max_age_seconds / 86400:.0f} days")
+            return "too_old", (
+                f"timestamp {oldest:.3f} is {(now - oldest) / 86400:.0f} days old: "
+                f"the raw tables keep {self.max_age_seconds / 86400:.0f} days"
+            )
         return None
 
     def _map(self, record: Record, message: Message, out: Prepared) -> None:
@@ -266,10 +286,16 @@ class Preparer:
         elif isinstance(message, GpuMessage):
             for g in message.gpus:
                 change = self.gpus.update((message.host, g.index), message.ts, gpu_values(g))
-                yield R.GPUS, R.gpu_row(message, g, gpu_derived(change), int(change.known)), f"gpus[{g.index}]"
+                yield (
+                    R.GPUS,
+                    R.gpu_row(message, g, gpu_derived(change), int(change.known)),
+                    f"gpus[{g.index}]",
+                )
         elif isinstance(message, PortMessage):
             for p in message.ports:
-                change = self.ports.update((message.host, p.device, p.port), message.ts, port_values(p))
+                change = self.ports.update(
+                    (message.host, p.device, p.port), message.ts, port_values(p)
+                )
                 row = R.port_row(message, p, (change.dt, *change.rates()), int(change.known))
                 yield R.PORTS, row, f"ports[{p.device}:{p.port}]"
         elif isinstance(message, EventMessage):
@@ -296,13 +322,21 @@ class Preparer:
                     if self.ports.needs_seed(k2):
                         port_keys[k2] = min(port_keys.get(k2, m.ts), m.ts)
         self._seed_table(self.gpus, gpu_keys, "gpu_samples", ("host", "gpu"), GPU_COUNTERS)
-        self._seed_table(self.ports, port_keys, "port_samples", ("host", "device", "port"), PORT_COUNTERS)
+        self._seed_table(
+            self.ports, port_keys, "port_samples", ("host", "device", "port"), PORT_COUNTERS
+        )
 
-    def _seed_table(self, tracker: CounterTracker, wanted: dict[Any, float], table: str,
-                    key_cols: tuple[str, ...], counters: tuple[str, ...]) -> None:
+    def _seed_table(
+        self,
+        tracker: CounterTracker,
+        wanted: dict[Any, float],
+        table: str,
+        key_cols: tuple[str, ...],
+        counters: tuple[str, ...],
+    ) -> None:
         items = list(wanted.items())
         for start in range(0, len(items), SEED_CHUNK):
-            chunk = dict(items[start:start + SEED_CHUNK])
+            chunk = dict(items[start : start + SEED_CHUNK])
             try:
                 found = self._lookup(chunk, table, key_cols, counters)
             except StoreError as err:
@@ -311,8 +345,13 @@ class Preparer:
             for key in chunk:
                 tracker.seed(key, found.get(key))
 
-    def _lookup(self, chunk: dict[Any, float], table: str, key_cols: tuple[str, ...],
-                counters: tuple[str, ...]) -> dict[Any, Reading]:
+    def _lookup(
+        self,
+        chunk: dict[Any, float],
+        table: str,
+        key_cols: tuple[str, ...],
+        counters: tuple[str, ...],
+    ) -> dict[Any, Reading]:
         assert self.store is not None
         keys = ", ".join("(" + ", ".join(_lit(v) for v in k) + ")" for k in chunk)
         bounds = ", ".join(repr(float(b)) for b in chunk.values())
@@ -326,7 +365,7 @@ class Preparer:
         )
         result = self.store.query(sql)
         n = len(key_cols)
-        return {tuple(row[:n]): Reading(float(row[n]), tuple(row[n + 1:])) for row in result.rows}
+        return {tuple(row[:n]): Reading(float(row[n]), tuple(row[n + 1 :])) for row in result.rows}
 
 
 def _lit(value: Any) -> str:

@@ -77,7 +77,9 @@ class Change:
 class CounterTracker:
     """The last reading per key (bounded, least recently used dropped first)."""
 
-    def __init__(self, width: int, max_keys: int = 500_000, max_gap: float = MAX_GAP_SECONDS) -> None:
+    def __init__(
+        self, width: int, max_keys: int = 500_000, max_gap: float = MAX_GAP_SECONDS
+    ) -> None:
         self.width = width
         self.max_keys = max_keys
         self.max_gap = max_gap

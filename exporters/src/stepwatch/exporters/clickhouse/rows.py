@@ -151,7 +151,7 @@ def compile_check(type_name: str) -> tuple[Check, tuple[float, float] | None, bo
     contract's types and the row builder guarantee them.
     """
     if type_name.startswith("Nullable(") and type_name.endswith(")"):
-        return compile_check(type_name[len("Nullable("):-1])
+        return compile_check(type_name[len("Nullable(") : -1])
     match = _INT.match(type_name)
     if match:
         bits = int(match.group(2))
@@ -188,79 +188,208 @@ _TAIL = [("inst", "LowCardinality(String)"), ("seq", "UInt64")]
 _LC = "LowCardinality(String)"
 _DT6 = "DateTime64(6, 'UTC')"
 _DT3 = "DateTime64(3, 'UTC')"
-_PHASES = ("data_s", "forward_s", "backward_s", "optimizer_s", "comm_wait_s", "checkpoint_s", "compute_s")
+_PHASES = (
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "comm_wait_s",
+    "checkpoint_s",
+    "compute_s",
+)
 
-STEPS = table("step_events", [
-    ("job_id", _LC), ("step", "UInt64"), ("rank", "UInt32"), ("world_size", "UInt32"),
-    ("host", _LC), ("local_rank", "UInt32"), ("gpu", "UInt16"), ("peer_group", _LC),
-    ("start_ts", _DT6), ("end_ts", _DT6), ("duration_s", "Float32"), *_nf32(_PHASES),
-    ("phases_extra", "Map(LowCardinality(String), Float32)"), ("samples", "UInt64"),
-    ("tokens", "UInt64"), ("loss", "Nullable(Float64)"), ("flops", "Nullable(Float64)"),
-    ("timing", _LC), ("cpu_time_s", "Nullable(Float32)"), ("cpu_wait_s", "Nullable(Float32)"),
-    *_TAIL,
-])
+STEPS = table(
+    "step_events",
+    [
+        ("job_id", _LC),
+        ("step", "UInt64"),
+        ("rank", "UInt32"),
+        ("world_size", "UInt32"),
+        ("host", _LC),
+        ("local_rank", "UInt32"),
+        ("gpu", "UInt16"),
+        ("peer_group", _LC),
+        ("start_ts", _DT6),
+        ("end_ts", _DT6),
+        ("duration_s", "Float32"),
+        *_nf32(_PHASES),
+        ("phases_extra", "Map(LowCardinality(String), Float32)"),
+        ("samples", "UInt64"),
+        ("tokens", "UInt64"),
+        ("loss", "Nullable(Float64)"),
+        ("flops", "Nullable(Float64)"),
+        ("timing", _LC),
+        ("cpu_time_s", "Nullable(Float32)"),
+        ("cpu_wait_s", "Nullable(Float32)"),
+        *_TAIL,
+    ],
+)
 
 _GPU_TYPES = {
-    "uuid": "String", "name": _LC, "pci_bus_id": "String", "throttle_reasons": "Nullable(UInt64)",
-    "remapped_rows_pending": "Nullable(Bool)", "remapped_rows_failure": "Nullable(Bool)",
+    "uuid": "String",
+    "name": _LC,
+    "pci_bus_id": "String",
+    "throttle_reasons": "Nullable(UInt64)",
+    "remapped_rows_pending": "Nullable(Bool)",
+    "remapped_rows_failure": "Nullable(Bool)",
     "xid_last": "Nullable(UInt32)",
 }
-GPUS = table("gpu_samples", [
-    ("ts", _DT3), ("job_id", _LC), ("host", _LC), ("gpu", "UInt16"),
-    *[
-        (n, _GPU_TYPES.get(n, "Nullable(UInt64)" if n.endswith(("_total", "rows_correctable",
-                                                               "rows_uncorrectable"))
-                          else "Nullable(Float32)"))
-        for n in _GPU_BASE
+GPUS = table(
+    "gpu_samples",
+    [
+        ("ts", _DT3),
+        ("job_id", _LC),
+        ("host", _LC),
+        ("gpu", "UInt16"),
+        *[
+            (
+                n,
+                _GPU_TYPES.get(
+                    n,
+                    "Nullable(UInt64)"
+                    if n.endswith(("_total", "rows_correctable", "rows_uncorrectable"))
+                    else "Nullable(Float32)",
+                ),
+            )
+            for n in _GPU_BASE
+        ],
+        ("dt_s", "Nullable(Float32)"),
+        *_nu64([c for _, c in GPU_DELTAS]),
+        *[(c, "Nullable(Float64)") for _, c in GPU_RATES],
+        ("ver", "UInt8"),
+        *_TAIL,
     ],
-    ("dt_s", "Nullable(Float32)"), *_nu64([c for _, c in GPU_DELTAS]),
-    *[(c, "Nullable(Float64)") for _, c in GPU_RATES], ("ver", "UInt8"), *_TAIL,
-])
+)
 
-PORTS = table("port_samples", [
-    ("ts", _DT3), ("job_id", _LC), ("host", _LC), ("device", _LC), ("port", "UInt16"),
-    ("netdev", _LC), ("link_layer", _LC), ("state", _LC), ("phys_state", _LC),
-    ("rate_gbps", "Nullable(Float32)"), *_nu64(PORT_COUNTERS), ("dt_s", "Nullable(Float32)"),
-    *[(c, "Nullable(Float64)") for c in PORT_RATES], ("ver", "UInt8"), *_TAIL,
-])
+PORTS = table(
+    "port_samples",
+    [
+        ("ts", _DT3),
+        ("job_id", _LC),
+        ("host", _LC),
+        ("device", _LC),
+        ("port", "UInt16"),
+        ("netdev", _LC),
+        ("link_layer", _LC),
+        ("state", _LC),
+        ("phys_state", _LC),
+        ("rate_gbps", "Nullable(Float32)"),
+        *_nu64(PORT_COUNTERS),
+        ("dt_s", "Nullable(Float32)"),
+        *[(c, "Nullable(Float64)") for c in PORT_RATES],
+        ("ver", "UInt8"),
+        *_TAIL,
+    ],
+)
 
-EVENTS = table("events", [
-    ("ts", _DT3), ("job_id", _LC), ("host", _LC), ("type", _LC), ("rank", "Nullable(UInt32)"),
-    ("gpu", "Nullable(UInt16)"), ("device", _LC), ("port", "Nullable(UInt16)"),
-    ("code", "Nullable(Int64)"), ("detail", "String"), ("attrs", "Map(String, String)"), *_TAIL,
-])
+EVENTS = table(
+    "events",
+    [
+        ("ts", _DT3),
+        ("job_id", _LC),
+        ("host", _LC),
+        ("type", _LC),
+        ("rank", "Nullable(UInt32)"),
+        ("gpu", "Nullable(UInt16)"),
+        ("device", _LC),
+        ("port", "Nullable(UInt16)"),
+        ("code", "Nullable(Int64)"),
+        ("detail", "String"),
+        ("attrs", "Map(String, String)"),
+        *_TAIL,
+    ],
+)
 
-DETECTIONS = table("detections", [
-    ("ts", _DT3), ("id", "String"), ("job_id", _LC), ("type", _LC), ("state", _LC),
-    ("rank", "Nullable(UInt32)"), ("gpu", "Nullable(UInt16)"), ("peer_group", _LC),
-    ("cause", _LC), ("fault", _LC), ("score", "Nullable(Float64)"), ("step", "Nullable(UInt64)"),
-    ("first_step", "Nullable(UInt64)"), ("opened_at", f"Nullable({_DT3})"), ("summary", "String"),
-    ("evidence", "Map(String, String)"), ("subject_host", _LC), ("host", _LC),
-    ("device", _LC), ("port", "Nullable(UInt16)"), ("ranks", "Array(UInt32)"), ("related", "String"),
-    ("producer", _LC), *_TAIL,
-])
+DETECTIONS = table(
+    "detections",
+    [
+        ("ts", _DT3),
+        ("id", "String"),
+        ("job_id", _LC),
+        ("type", _LC),
+        ("state", _LC),
+        ("rank", "Nullable(UInt32)"),
+        ("gpu", "Nullable(UInt16)"),
+        ("peer_group", _LC),
+        ("cause", _LC),
+        ("fault", _LC),
+        ("score", "Nullable(Float64)"),
+        ("step", "Nullable(UInt64)"),
+        ("first_step", "Nullable(UInt64)"),
+        ("opened_at", f"Nullable({_DT3})"),
+        ("summary", "String"),
+        ("evidence", "Map(String, String)"),
+        ("subject_host", _LC),
+        ("host", _LC),
+        ("device", _LC),
+        ("port", "Nullable(UInt16)"),
+        ("ranks", "Array(UInt32)"),
+        ("related", "String"),
+        ("producer", _LC),
+        *_TAIL,
+    ],
+)
 
-DEAD_LETTERS = table("dead_letters", [
-    ("received_at", _DT3), ("topic", _LC), ("partition", "UInt32"), ("offset", "UInt64"),
-    ("kafka_key", "String"), ("reason", _LC), ("detail", "String"), ("payload", "String"),
-    ("kind", _LC), ("host", _LC), ("inst", _LC), ("seq", "Nullable(UInt64)"),
-])
+DEAD_LETTERS = table(
+    "dead_letters",
+    [
+        ("received_at", _DT3),
+        ("topic", _LC),
+        ("partition", "UInt32"),
+        ("offset", "UInt64"),
+        ("kafka_key", "String"),
+        ("reason", _LC),
+        ("detail", "String"),
+        ("payload", "String"),
+        ("kind", _LC),
+        ("host", _LC),
+        ("inst", _LC),
+        ("seq", "Nullable(UInt64)"),
+    ],
+)
 
-ALERTS = table("alerts", [
-    ("received_at", _DT3), ("fingerprint", "String"), ("alertname", _LC), ("status", _LC),
-    ("severity", _LC), ("starts_at", _DT3), ("ends_at", f"Nullable({_DT3})"), ("job_id", _LC),
-    ("host", _LC), ("labels", "Map(String, String)"), ("annotations", "Map(String, String)"),
-])
+ALERTS = table(
+    "alerts",
+    [
+        ("received_at", _DT3),
+        ("fingerprint", "String"),
+        ("alertname", _LC),
+        ("status", _LC),
+        ("severity", _LC),
+        ("starts_at", _DT3),
+        ("ends_at", f"Nullable({_DT3})"),
+        ("job_id", _LC),
+        ("host", _LC),
+        ("labels", "Map(String, String)"),
+        ("annotations", "Map(String, String)"),
+    ],
+)
 
-REMEDIATIONS = table("remediation_actions", [
-    ("ts", _DT3), ("id", "String"), ("action", _LC), ("status", _LC), ("dry_run", "Bool"),
-    ("job_id", _LC), ("host", _LC), ("detection_id", "String"), ("alert_fingerprint", "String"),
-    ("reason", "String"), ("detail", "String"), ("actor", _LC), ("mode", _LC), ("alertname", _LC),
-    ("cause", _LC), ("alert_class", _LC),
-])
+REMEDIATIONS = table(
+    "remediation_actions",
+    [
+        ("ts", _DT3),
+        ("id", "String"),
+        ("action", _LC),
+        ("status", _LC),
+        ("dry_run", "Bool"),
+        ("job_id", _LC),
+        ("host", _LC),
+        ("detection_id", "String"),
+        ("alert_fingerprint", "String"),
+        ("reason", "String"),
+        ("detail", "String"),
+        ("actor", _LC),
+        ("mode", _LC),
+        ("alertname", _LC),
+        ("cause", _LC),
+        ("alert_class", _LC),
+    ],
+)
 
-TABLES: dict[str, Table] = {t.name: t for t in (STEPS, GPUS, PORTS, EVENTS, DETECTIONS, DEAD_LETTERS,
-                                                ALERTS, REMEDIATIONS)}
+TABLES: dict[str, Table] = {
+    t.name: t for t in (STEPS, GPUS, PORTS, EVENTS, DETECTIONS, DEAD_LETTERS, ALERTS, REMEDIATIONS)
+}
 
 
 # --------------------------------------------------------------------------- values
@@ -289,11 +418,29 @@ def step_row(msg: StepMessage, rec: StepRecord) -> tuple[Any, ...]:
         compute = sum(parts) if parts else None
         extra = dict(p.extra)
     return (
-        rec.job_id or msg.job_id, rec.step, rec.rank, rec.world_size, rec.host or msg.host,
-        rec.local_rank, rec.local_rank if rec.gpu is None else rec.gpu, rec.group,
-        rec.start, rec.end, rec.end - rec.start, *phases, compute, extra, rec.samples,
-        rec.tokens, f64(rec.loss), f64(rec.flops), rec.timing, rec.cpu_time, rec.cpu_wait,
-        msg.inst, msg.seq,
+        rec.job_id or msg.job_id,
+        rec.step,
+        rec.rank,
+        rec.world_size,
+        rec.host or msg.host,
+        rec.local_rank,
+        rec.local_rank if rec.gpu is None else rec.gpu,
+        rec.group,
+        rec.start,
+        rec.end,
+        rec.end - rec.start,
+        *phases,
+        compute,
+        extra,
+        rec.samples,
+        rec.tokens,
+        f64(rec.loss),
+        f64(rec.flops),
+        rec.timing,
+        rec.cpu_time,
+        rec.cpu_wait,
+        msg.inst,
+        msg.seq,
     )
 
 
@@ -302,15 +449,39 @@ def gpu_row(msg: GpuMessage, g: GpuReading, derived: tuple[Any, ...], ver: int) 
     return (msg.ts, msg.job_id or "", msg.host, g.index, *base, *derived, ver, msg.inst, msg.seq)
 
 
-def port_row(msg: PortMessage, p: PortReading, derived: tuple[Any, ...], ver: int) -> tuple[Any, ...]:
+def port_row(
+    msg: PortMessage, p: PortReading, derived: tuple[Any, ...], ver: int
+) -> tuple[Any, ...]:
     base = tuple(getattr(p, n) for n in _PORT_BASE)
-    return (msg.ts, msg.job_id or "", msg.host, p.device, p.port, *base, *derived, ver, msg.inst, msg.seq)
+    return (
+        msg.ts,
+        msg.job_id or "",
+        msg.host,
+        p.device,
+        p.port,
+        *base,
+        *derived,
+        ver,
+        msg.inst,
+        msg.seq,
+    )
 
 
 def event_row(msg: EventMessage) -> tuple[Any, ...]:
     return (
-        msg.ts, msg.job_id or "", msg.host, msg.type.value, msg.rank, msg.gpu, msg.device or "",
-        msg.port, msg.code, msg.detail, {k: text(v) for k, v in msg.attrs.items()}, msg.inst, msg.seq,
+        msg.ts,
+        msg.job_id or "",
+        msg.host,
+        msg.type.value,
+        msg.rank,
+        msg.gpu,
+        msg.device or "",
+        msg.port,
+        msg.code,
+        msg.detail,
+        {k: text(v) for k, v in msg.attrs.items()},
+        msg.inst,
+        msg.seq,
     )
 
 
@@ -321,8 +492,29 @@ def detection_row(msg: DetectionMessage) -> tuple[Any, ...]:
     evidence = {k: text(v) for k, v in msg.evidence.items()}
     subject = evidence.get("host") or ("" if msg.host == UNATTRIBUTED_HOST else msg.host)
     return (
-        msg.ts, msg.id, msg.job_id, msg.type, msg.state, msg.rank, msg.gpu, msg.group, msg.cause,
-        msg.fault, f64(msg.score), msg.step, msg.first_step, msg.opened_at, msg.summary, evidence,
-        subject, msg.host, msg.device or "", msg.port, list(msg.ranks), msg.related, msg.producer,
-        msg.inst, msg.seq,
+        msg.ts,
+        msg.id,
+        msg.job_id,
+        msg.type,
+        msg.state,
+        msg.rank,
+        msg.gpu,
+        msg.group,
+        msg.cause,
+        msg.fault,
+        f64(msg.score),
+        msg.step,
+        msg.first_step,
+        msg.opened_at,
+        msg.summary,
+        evidence,
+        subject,
+        msg.host,
+        msg.device or "",
+        msg.port,
+        list(msg.ranks),
+        msg.related,
+        msg.producer,
+        msg.inst,
+        msg.seq,
     )

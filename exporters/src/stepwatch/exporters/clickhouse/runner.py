@@ -57,12 +57,21 @@ def run_sink(
             endpoint = Endpoint.from_settings(settings, settings.sink_metrics_port, listen)
             http = serve_metrics(metrics.registry, endpoint, name="sink")
         embedded = store.backend == "chdb"  # the engine is in this process
-        sink = Sink(store, KafkaSource(settings, config.group_id), topics, config, metrics,
-                    after_insert=after_insert,
-                    release=(lambda: release(store)) if embedded else None)
+        sink = Sink(
+            store,
+            KafkaSource(settings, config.group_id),
+            topics,
+            config,
+            metrics,
+            after_insert=after_insert,
+            release=(lambda: release(store)) if embedded else None,
+        )
         if embedded:  # say where the process's memory is
-            metrics.registry.register(EngineMemoryCollector(
-                store, extra=lambda: {"dedup_senders": float(len(sink.preparer.senders))}))
+            metrics.registry.register(
+                EngineMemoryCollector(
+                    store, extra=lambda: {"dedup_senders": float(len(sink.preparer.senders))}
+                )
+            )
         if install_signals:
             on_signals(sink.stop)
         sink.run()
@@ -75,7 +84,9 @@ def run_sink(
     return metrics
 
 
-def _open_owned(settings: Settings, open_writer: Callable[[Settings], Any], wait: float = 30.0) -> Any:
+def _open_owned(
+    settings: Settings, open_writer: Callable[[Settings], Any], wait: float = 30.0
+) -> Any:
     """Open the store to write; a reader holding the embedded path briefly is waited for."""
     deadline = time.monotonic() + wait
     while True:
@@ -92,17 +103,21 @@ def serve_store(settings: Settings, port: int = 0, allow_writes: bool = False) -
     """Start the query endpoint of the embedded store this process owns."""
     from stepwatch.exporters.clickhouse.service import QueryService, endpoint_path
 
-    return QueryService(settings.store_path, settings.clickhouse_database, port=port,
-                        allow_writes=allow_writes,
-                        endpoint_file=endpoint_path(settings.store_path),
-                        max_body_bytes=settings.store_endpoint_max_body_bytes,
-                        max_decompressed_bytes=settings.store_endpoint_max_decompressed_bytes,
-                        max_execution_time=settings.store_endpoint_max_query_seconds,
-                        max_result_bytes=settings.store_endpoint_max_result_bytes,
-                        max_memory_usage=settings.store_endpoint_max_memory_bytes,
-                        max_concurrent_queries=settings.store_endpoint_max_concurrent_queries,
-                        max_total_memory=settings.store_endpoint_max_total_memory_bytes,
-                        queue_seconds=settings.store_endpoint_queue_seconds).start()
+    return QueryService(
+        settings.store_path,
+        settings.clickhouse_database,
+        port=port,
+        allow_writes=allow_writes,
+        endpoint_file=endpoint_path(settings.store_path),
+        max_body_bytes=settings.store_endpoint_max_body_bytes,
+        max_decompressed_bytes=settings.store_endpoint_max_decompressed_bytes,
+        max_execution_time=settings.store_endpoint_max_query_seconds,
+        max_result_bytes=settings.store_endpoint_max_result_bytes,
+        max_memory_usage=settings.store_endpoint_max_memory_bytes,
+        max_concurrent_queries=settings.store_endpoint_max_concurrent_queries,
+        max_total_memory=settings.store_endpoint_max_total_memory_bytes,
+        queue_seconds=settings.store_endpoint_queue_seconds,
+    ).start()
 
 
 def on_signals(stop: Callable[[], Any]) -> None:

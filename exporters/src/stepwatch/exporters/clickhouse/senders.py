@@ -49,7 +49,9 @@ def content_digest(message: Message, raw: bytes) -> int:
 class SenderFilter:
     """Admit each (sender, seq) once per content; see the module docstring."""
 
-    def __init__(self, window: int = DEFAULT_WINDOW, max_senders: int = DEFAULT_MAX_SENDERS) -> None:
+    def __init__(
+        self, window: int = DEFAULT_WINDOW, max_senders: int = DEFAULT_MAX_SENDERS
+    ) -> None:
         self.window = window
         self.max_senders = max_senders
         self._senders: OrderedDict[tuple[str, str, str], SenderWindow] = OrderedDict()

@@ -165,8 +165,9 @@ class QueryService:
         self.limits: dict[str, float] = {
             "max_execution_time": max_execution_time,
             "max_result_bytes": max_result_bytes,
-            "max_memory_usage": per_query_memory(max_memory_usage, max_concurrent_queries,
-                                                 max_total_memory),
+            "max_memory_usage": per_query_memory(
+                max_memory_usage, max_concurrent_queries, max_total_memory
+            ),
         }
         if max_total_memory > 0:  # the engine's own bound over all statements running at once
             self.limits["max_memory_usage_for_user"] = max_total_memory
@@ -195,15 +196,20 @@ class QueryService:
 
     @property
     def endpoint(self) -> Endpoint:
-        return Endpoint(self.url, USER, self.password, self.database, os.getpid(), not self.allow_writes)
+        return Endpoint(
+            self.url, USER, self.password, self.database, os.getpid(), not self.allow_writes
+        )
 
     def start(self) -> QueryService:
-        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,),
-                                        name="store-endpoint", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.1,), name="store-endpoint", daemon=True
+        )
         self._thread.start()
         if self.endpoint_file is not None:
             self.endpoint.write(self.endpoint_file)
-        log.info("store endpoint ready url=%s path=%s writes=%s", self.url, self.path, self.allow_writes)
+        log.info(
+            "store endpoint ready url=%s path=%s writes=%s", self.url, self.path, self.allow_writes
+        )
         return self
 
     def stop(self) -> None:
@@ -222,7 +228,12 @@ class QueryService:
             timer.cancel()
             if timer.is_alive():
                 timer.join(timeout=5)
-        log.info("store endpoint stopped url=%s requests=%d errors=%d", self.url, self.requests, self.errors)
+        log.info(
+            "store endpoint stopped url=%s requests=%d errors=%d",
+            self.url,
+            self.requests,
+            self.errors,
+        )
 
     def __enter__(self) -> QueryService:
         return self.start()
@@ -234,9 +245,13 @@ class QueryService:
     def execute(self, request: Request) -> tuple[bytes, dict[str, int]]:
         """Run ``request`` in one of the ``max_concurrent`` slots; 503 when none frees in time."""
         if not self._slots.acquire(timeout=self.queue_seconds):
-            raise Refused(f"Too many simultaneous queries. Maximum: {self.max_concurrent}; none "
-                          f"finished within {self.queue_seconds:g} s, retry later. "
-                          "(TOO_MANY_SIMULTANEOUS_QUERIES)", 202, HTTPStatus.SERVICE_UNAVAILABLE)
+            raise Refused(
+                f"Too many simultaneous queries. Maximum: {self.max_concurrent}; none "
+                f"finished within {self.queue_seconds:g} s, retry later. "
+                "(TOO_MANY_SIMULTANEOUS_QUERIES)",
+                202,
+                HTTPStatus.SERVICE_UNAVAILABLE,
+            )
         with self._running_lock:
             self._running += 1
         try:
@@ -291,12 +306,21 @@ class QueryService:
             stmt = guard.statement(session, utf8(full), request.params)
             _apply(session, settings)
             result = session.query(stmt.text, fmt, params=request.params or None)
-            summary = {"read_rows": int(result.rows_read()), "written_rows": int(result.rows_written())}
+            summary = {
+                "read_rows": int(result.rows_read()),
+                "written_rows": int(result.rows_written()),
+            }
             return result.bytes() or b"", summary
 
     @staticmethod
-    def _insert(session: Any, guard: Guard, request: Request, full: bytes, offset: int,
-                settings: dict[str, str]) -> tuple[bytes, dict[str, int]]:
+    def _insert(
+        session: Any,
+        guard: Guard,
+        request: Request,
+        full: bytes,
+        offset: int,
+        settings: dict[str, str],
+    ) -> tuple[bytes, dict[str, int]]:
         """``INSERT ... FORMAT x``: the statement is checked; its data never reaches the SQL parser."""
         stmt = guard.statement(session, utf8(full[:offset]), request.params)
         fmt = stmt.insert_format
@@ -304,8 +328,10 @@ class QueryService:
             raise Refused("INSERT without a FORMAT clause takes no data. (SYNTAX_ERROR)", 62)
         guard.output_format(fmt)
         _apply(session, settings)
-        for name in ("input_format_values_interpret_expressions",
-                     "input_format_values_deduce_templates_of_expressions"):
+        for name in (
+            "input_format_values_interpret_expressions",
+            "input_format_values_deduce_templates_of_expressions",
+        ):
             session.query(f"SET {name} = 0")
         inserter = session.send_insert(stmt.insert_head, fmt)
         data = skip_data_separator(full[offset:])
@@ -318,7 +344,9 @@ class QueryService:
         with self._guard_lock:
             if self._guard_cached is None:
                 with self._session() as session:
-                    self._guard_cached = Guard(Catalog.load(session), readonly=not self.allow_writes)
+                    self._guard_cached = Guard(
+                        Catalog.load(session), readonly=not self.allow_writes
+                    )
             return self._guard_cached
 
     @contextlib.contextmanager
@@ -341,7 +369,9 @@ class _Handler(DeadlineHandler):
     server_version = "stepwatch-store"
     idle_seconds = 60.0  # seconds a connection may sit idle (and a reply's writes may take)
     request_seconds = 120.0  # to send a whole request, however slowly (bodies up to 64 MiB)
-    disable_nagle_algorithm = True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+    disable_nagle_algorithm = (
+        True  # headers and body go out in two writes: no 40 ms delayed-ACK stall
+    )
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("endpoint " + format, *args)
@@ -361,8 +391,12 @@ class _Handler(DeadlineHandler):
         url_params = dict(parse_qsl(urlsplit(self.path).query, keep_blank_values=True))
         try:
             if not self._authorized(url_params):
-                raise Refused(f"{USER}: Authentication failed: password is incorrect. "
-                              "(AUTHENTICATION_FAILED)", 516, HTTPStatus.FORBIDDEN)
+                raise Refused(
+                    f"{USER}: Authentication failed: password is incorrect. "
+                    "(AUTHENTICATION_FAILED)",
+                    516,
+                    HTTPStatus.FORBIDDEN,
+                )
             body = self._body(with_body)
             request = parse_request(url_params, body)
             started = time.perf_counter()
@@ -382,10 +416,15 @@ class _Handler(DeadlineHandler):
             self._error(status_of(wrapped.code), wrapped.code or 0, str(err).strip())
             return
         summary["elapsed_ns"] = int((time.perf_counter() - started) * 1e9)
-        self._reply(200, out, {
-            "X-ClickHouse-Format": request.fmt,
-            "X-ClickHouse-Summary": json.dumps({k: str(v) for k, v in summary.items()}),
-        }, _CONTENT_TYPES.get(request.fmt, "text/plain; charset=UTF-8"))
+        self._reply(
+            200,
+            out,
+            {
+                "X-ClickHouse-Format": request.fmt,
+                "X-ClickHouse-Summary": json.dumps({k: str(v) for k, v in summary.items()}),
+            },
+            _CONTENT_TYPES.get(request.fmt, "text/plain; charset=UTF-8"),
+        )
 
     def _body(self, with_body: bool) -> bytes:
         """The request body, within the limits, decompressed; the connection closes on refusal."""
@@ -396,12 +435,15 @@ class _Handler(DeadlineHandler):
         try:
             body = self.rfile.read(length) if length else b""
         except OSError as err:  # the client stalled past ``timeout`` or went away
-            raise Refused(f"Request body not received: {err}.", 0, HTTPStatus.REQUEST_TIMEOUT) from err
+            raise Refused(
+                f"Request body not received: {err}.", 0, HTTPStatus.REQUEST_TIMEOUT
+            ) from err
         if len(body) != length:
             raise Refused(f"Request body ended after {len(body)} of {length} bytes.", 0)
         self.close_connection = False
-        return decompress(body, self.headers.get("Content-Encoding", ""),
-                          self.service.max_decompressed_bytes)
+        return decompress(
+            body, self.headers.get("Content-Encoding", ""), self.service.max_decompressed_bytes
+        )
 
     def _authorized(self, url_params: dict[str, str]) -> bool:
         user = self.headers.get("X-ClickHouse-User") or url_params.get("user")
@@ -410,14 +452,21 @@ class _Handler(DeadlineHandler):
         if auth.lower().startswith("basic "):
             with contextlib.suppress(ValueError):
                 user, _, key = base64.b64decode(auth[6:]).decode().partition(":")
-        return user == USER and secrets.compare_digest((key or "").encode(), self.service.password.encode())
+        return user == USER and secrets.compare_digest(
+            (key or "").encode(), self.service.password.encode()
+        )
 
     def _error(self, status: int, code: int, message: str) -> None:
         text = message if message.startswith("Code:") else f"Code: {code}. DB::Exception: {message}"
         self._reply(status, (text + "\n").encode(), {"X-ClickHouse-Exception-Code": str(code)})
 
-    def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None,
-               content_type: str = "text/plain; charset=UTF-8") -> None:
+    def _reply(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        content_type: str = "text/plain; charset=UTF-8",
+    ) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

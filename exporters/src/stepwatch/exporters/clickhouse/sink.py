@@ -38,7 +38,15 @@ from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
 
-PLAN_COLUMNS = ("consumer_group", "topic", "partition", "first_offset", "last_offset", "messages", "planned_at")
+PLAN_COLUMNS = (
+    "consumer_group",
+    "topic",
+    "partition",
+    "first_offset",
+    "last_offset",
+    "messages",
+    "planned_at",
+)
 
 
 @dataclass(frozen=True)
@@ -61,19 +69,28 @@ class SinkConfig:
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
         """The sink's knobs as the one settings model gives them."""
-        producers = frozenset(p.strip() for p in settings.store_detection_producers.split(",")
-                              if p.strip())
-        return cls(group_id=settings.sink_group, batch_messages=settings.sink_batch_messages,
-                   batch_seconds=settings.sink_batch_seconds,
-                   max_message_bytes=settings.max_message_bytes,
-                   raw_ttl_days=settings.store_raw_ttl_days, detection_producers=producers,
-                   dedup_max_senders=settings.store_dedup_max_senders)
+        producers = frozenset(
+            p.strip() for p in settings.store_detection_producers.split(",") if p.strip()
+        )
+        return cls(
+            group_id=settings.sink_group,
+            batch_messages=settings.sink_batch_messages,
+            batch_seconds=settings.sink_batch_seconds,
+            max_message_bytes=settings.max_message_bytes,
+            raw_ttl_days=settings.store_raw_ttl_days,
+            detection_producers=producers,
+            dedup_max_senders=settings.store_dedup_max_senders,
+        )
 
     def preparer(self, store: Store | None, ops: dict[str, Mapper] | None = None) -> Preparer:
-        return Preparer(store, max_message_bytes=self.max_message_bytes, ops=ops,
-                        max_age_seconds=self.raw_ttl_days * 86400.0,
-                        producers=self.detection_producers,
-                        senders=SenderFilter(self.dedup_window, self.dedup_max_senders))
+        return Preparer(
+            store,
+            max_message_bytes=self.max_message_bytes,
+            ops=ops,
+            max_age_seconds=self.raw_ttl_days * 86400.0,
+            producers=self.detection_producers,
+            senders=SenderFilter(self.dedup_window, self.dedup_max_senders),
+        )
 
 
 def sink_topics(prefix: str) -> tuple[str, ...]:
@@ -105,8 +122,13 @@ class Sink:
         self._stop = threading.Event()
         self.planner = Planner(config.batch_messages, config.batch_seconds, clock)
         self.preparer = config.preparer(store, ops=ops_mappers(self.topics))
-        self.writer = Writer(store, self.metrics, retry_initial=config.retry_initial,
-                             retry_max=config.retry_max, should_stop=self._stop.is_set)
+        self.writer = Writer(
+            store,
+            self.metrics,
+            retry_initial=config.retry_initial,
+            retry_max=config.retry_max,
+            should_stop=self._stop.is_set,
+        )
         self._committed: dict[TP, int] = {}
         self._warn = LogOnce(log)
         self._last_lag = 0.0
@@ -119,8 +141,12 @@ class Sink:
         """Consume until :meth:`stop`; then flush, commit and close."""
         self.source.subscribe(self.topics, self._on_assign, self._on_revoke)
         self.metrics.ready.set(1)
-        log.info("sink ready group=%s topics=%s store=%s", self.config.group_id,
-                 ",".join(self.topics), self.store.backend)
+        log.info(
+            "sink ready group=%s topics=%s store=%s",
+            self.config.group_id,
+            ",".join(self.topics),
+            self.store.backend,
+        )
         try:
             while not self._stop.is_set():
                 self.step()
@@ -132,8 +158,15 @@ class Sink:
             self.metrics.ready.set(0)
             log.debug("sink closing the consumer")
             self.source.close()
-            log.info("sink stopped rows=%d", int(sum(
-                self.metrics.value("stepwatch_sink_rows_inserted_total", table=t) for t in R.TABLES)))
+            log.info(
+                "sink stopped rows=%d",
+                int(
+                    sum(
+                        self.metrics.value("stepwatch_sink_rows_inserted_total", table=t)
+                        for t in R.TABLES
+                    )
+                ),
+            )
 
     def stop(self) -> None:
         self._stop.set()
@@ -159,8 +192,13 @@ class Sink:
             self.planner.assign(tp, plans)
             self._committed[tp] = offset or 0
             if plans:
-                log.info("replaying planned batches topic=%s partition=%d batches=%d from=%s",
-                         tp[0], tp[1], len(plans), offset)
+                log.info(
+                    "replaying planned batches topic=%s partition=%d batches=%d from=%s",
+                    tp[0],
+                    tp[1],
+                    len(plans),
+                    offset,
+                )
 
     def _on_revoke(self, tps: list[TP]) -> None:
         try:
@@ -214,26 +252,40 @@ class Sink:
         if not batches:
             return
         now = time.time()
-        rows = [(self.config.group_id, b.topic, b.partition, b.first, b.last, len(b.records), now)
-                for b in batches]
+        rows = [
+            (self.config.group_id, b.topic, b.partition, b.first, b.last, len(b.records), now)
+            for b in batches
+        ]
         self.writer.insert("sink_batches", PLAN_COLUMNS, rows, token="")
 
     def _write_batch(self, batch: Batch) -> None:
         prepared = self.preparer.prepare(batch.records)
         self.metrics.duplicates.inc(prepared.duplicates)
-        base = (f"{self.config.group_id}|{batch.topic}|{batch.partition}|{batch.first}-{batch.last}"
-                f"|{content_fingerprint(batch.records)}")
+        base = (
+            f"{self.config.group_id}|{batch.topic}|{batch.partition}|{batch.first}-{batch.last}"
+            f"|{content_fingerprint(batch.records)}"
+        )
         now = time.time()
         for name, bucket in prepared.tables.items():
-            refused = self.writer.insert_isolating(name, bucket.table.names, bucket.rows, f"{base}|{name}")
+            refused = self.writer.insert_isolating(
+                name, bucket.table.names, bucket.rows, f"{base}|{name}"
+            )
             self.metrics.rows.labels(name).inc(len(bucket.rows) - len(refused))
             for index, error in refused:
-                prepared.dead.append(dead_row(bucket.sources[index], "rejected_by_store", error, now))
+                prepared.dead.append(
+                    dead_row(bucket.sources[index], "rejected_by_store", error, now)
+                )
         if prepared.dead:
             dl = R.DEAD_LETTERS
-            refused = self.writer.insert_isolating(dl.name, dl.names, prepared.dead, f"{base}|{dl.name}")
+            refused = self.writer.insert_isolating(
+                dl.name, dl.names, prepared.dead, f"{base}|{dl.name}"
+            )
             for index, error in refused:
-                log.error("dead letter refused by the store offset=%s error=%s", prepared.dead[index][3], error)
+                log.error(
+                    "dead letter refused by the store offset=%s error=%s",
+                    prepared.dead[index][3],
+                    error,
+                )
             for index, row in enumerate(prepared.dead):
                 if index not in {i for i, _ in refused}:
                     self.metrics.dead.labels(row[5]).inc()

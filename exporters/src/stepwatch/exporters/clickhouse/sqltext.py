@@ -123,7 +123,7 @@ def tokens(text: str) -> Iterator[Token]:
             end = text.find("}", i)
             if end < 0:
                 raise LexError(f"unterminated parameter at offset {i}")
-            yield Token(Kind.PARAM, text[i:end + 1], i, end + 1)
+            yield Token(Kind.PARAM, text[i : end + 1], i, end + 1)
             i = end + 1
         elif ch.isdigit():
             end = _word_end(text, i)

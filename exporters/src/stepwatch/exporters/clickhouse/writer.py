@@ -47,7 +47,9 @@ class Writer:
         self.should_stop = should_stop
         self.sleep = sleep
 
-    def insert(self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], token: str) -> None:
+    def insert(
+        self, table: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], token: str
+    ) -> None:
         """Insert, retrying errors that may pass; a data error is raised to the caller."""
         delay = self.retry_initial
         while True:
@@ -59,8 +61,13 @@ class Writer:
                     raise
                 self.metrics.retries.labels(table).inc()
                 wait = delay * random.uniform(0.5, 1.5)  # jitter: sinks do not retry in lockstep
-                log.warning("insert failed, retrying table=%s rows=%d delay_s=%.1f error=%s",
-                            table, len(rows), wait, err)
+                log.warning(
+                    "insert failed, retrying table=%s rows=%d delay_s=%.1f error=%s",
+                    table,
+                    len(rows),
+                    wait,
+                    err,
+                )
                 self._wait(wait)
                 delay = min(delay * 2, self.retry_max)
                 continue
@@ -74,11 +81,23 @@ class Writer:
         refused: list[tuple[int, str]] = []
         self._bisect(table, columns, rows, 0, token, refused)
         if refused:
-            log.warning("rows refused by the store table=%s refused=%d of=%d", table, len(refused), len(rows))
+            log.warning(
+                "rows refused by the store table=%s refused=%d of=%d",
+                table,
+                len(refused),
+                len(rows),
+            )
         return refused
 
-    def _bisect(self, table: str, columns: Sequence[str], rows: list[tuple[Any, ...]], base: int,
-                token: str, refused: list[tuple[int, str]]) -> None:
+    def _bisect(
+        self,
+        table: str,
+        columns: Sequence[str],
+        rows: list[tuple[Any, ...]],
+        base: int,
+        token: str,
+        refused: list[tuple[int, str]],
+    ) -> None:
         try:
             self.insert(table, columns, rows, token)
         except ClickHouseError as err:

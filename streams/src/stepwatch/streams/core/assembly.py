@@ -228,14 +228,13 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
     """Scatter the records of one step into per-rank rows (one NumPy pass)."""
     n = len(records)
     phases = [r.phases for r in records]
-    cols = _each(records) if None in phases else \
-        _with_phases(records, cast("list[Phases]", phases))
+    cols = _each(records) if None in phases else _with_phases(records, cast("list[Phases]", phases))
     a, rank_list, has_phases, has_extra, samples, tokens, flops, nonfinite = cols
     ranks = np.array(rank_list, np.intp)
     present = np.zeros(world_size, bool)
     present[ranks] = True
     rows = np.empty((ROWS, n))
-    rows[START:END + 1] = a[0:2]
+    rows[START : END + 1] = a[0:2]
     rows[DUR] = a[1] - a[0]
     if has_phases:
         nan = np.isnan(a)
@@ -243,7 +242,7 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
         parts, parts_nan = a[3:6], nan[3:6]
         xfer: np.ndarray | float = 0.0
         evals: np.ndarray | float = 0.0
-        rows[FWD:OPT + 1] = parts
+        rows[FWD : OPT + 1] = parts
         rows[EXTRA] = NAN
         if has_extra:
             other, xfer, evals = _split_extra(records)
@@ -257,14 +256,14 @@ def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedS
             rows[COMPUTE] = parts.sum(axis=0)
         rows[DATA] = a[2]
         rows[XFER] = xfer
-        rows[COMM:CKPT + 1] = a[6:8]
+        rows[COMM : CKPT + 1] = a[6:8]
         rows[PAUSE] = a0[7] + evals
         rows[BUSY] = rows[COMPUTE] + a0[2] + xfer
         rows[OTHER] = np.maximum(rows[DUR] - rows[BUSY] - a0[6] - rows[PAUSE], 0.0)
     else:
         rows[DATA:] = NAN
         rows[PAUSE] = 0.0
-    rows[CPUW:CPUT + 1] = a[8:10]
+    rows[CPUW : CPUT + 1] = a[8:10]
     if n == world_size and (ranks == np.arange(n)).all():
         m = rows  # every rank, in rank order (records sent host by host): no scatter
     else:
@@ -298,9 +297,23 @@ def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
     """:func:`_each` when every record has phases (the rule), column by column: a
     comprehension per field and one flat conversion of the times (a checkpoint, mostly
     absent, apart), the same values."""
-    times = _float_rows([(r.start, r.end, p.data, p.forward, p.backward, p.optimizer,
-                          p.comm_wait, r.cpu_wait, r.cpu_time)
-                         for r, p in zip(records, phases, strict=True)], 9)
+    times = _float_rows(
+        [
+            (
+                r.start,
+                r.end,
+                p.data,
+                p.forward,
+                p.backward,
+                p.optimizer,
+                p.comm_wait,
+                r.cpu_wait,
+                r.cpu_time,
+            )
+            for r, p in zip(records, phases, strict=True)
+        ],
+        9,
+    )
     ckpt = [p.checkpoint for p in phases]
     a = np.empty((10, len(records)))
     a[0:7] = times[:, 0:7].T
@@ -311,9 +324,16 @@ def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
     flops = 0.0
     for f in known:  # summed in order, as _each does
         flops += f
-    return (a, [r.rank for r in records], True, any(map(_EXTRA, phases)),
-            sum([r.samples for r in records]), sum([r.tokens for r in records]),
-            flops if known else None, [r.rank for r in records if r.loss_nonfinite])
+    return (
+        a,
+        [r.rank for r in records],
+        True,
+        any(map(_EXTRA, phases)),
+        sum([r.samples for r in records]),
+        sum([r.tokens for r in records]),
+        flops if known else None,
+        [r.rank for r in records if r.loss_nonfinite],
+    )
 
 
 def _float_rows(rows: list[tuple[float | None, ...]], width: int) -> np.ndarray:
@@ -342,8 +362,20 @@ def _each(records: list[StepRecord]) -> Columns:
             has_phases = True
             if p.extra:
                 has_extra = True
-        raw.append((r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
-                    p.checkpoint, r.cpu_wait, r.cpu_time))
+        raw.append(
+            (
+                r.start,
+                r.end,
+                p.data,
+                p.forward,
+                p.backward,
+                p.optimizer,
+                p.comm_wait,
+                p.checkpoint,
+                r.cpu_wait,
+                r.cpu_time,
+            )
+        )
         rank_list.append(r.rank)
         samples += r.samples
         tokens += r.tokens
@@ -352,8 +384,16 @@ def _each(records: list[StepRecord]) -> Columns:
             has_flops = True
         if r.loss_nonfinite:
             nonfinite.append(r.rank)
-    return (np.array(raw, dtype=float).T, rank_list, has_phases, has_extra, samples, tokens,
-            flops if has_flops else None, nonfinite)
+    return (
+        np.array(raw, dtype=float).T,
+        rank_list,
+        has_phases,
+        has_extra,
+        samples,
+        tokens,
+        flops if has_flops else None,
+        nonfinite,
+    )
 
 
 PAUSE_SECTIONS = frozenset({"eval", "evaluation", "validation", "val"})

@@ -91,8 +91,15 @@ class CauseFinder:
         win = self.windows.get(host)
         return win.port_signals(*self._range(t1, span)) if win else []
 
-    def for_rank(self, host: str, gpu: int | None, peer_hosts: Iterable[str], t1: float,
-                 shares: Shares = NO_SHARES, span: float | None = None) -> Attribution:
+    def for_rank(
+        self,
+        host: str,
+        gpu: int | None,
+        peer_hosts: Iterable[str],
+        t1: float,
+        shares: Shares = NO_SHARES,
+        span: float | None = None,
+    ) -> Attribution:
         """Why rank (``host``, ``gpu``) is slow, from samples of the last ``span`` seconds
         (the time the slowdown was seen, so that its symptoms are not diluted)."""
         peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
@@ -116,18 +123,27 @@ class CauseFinder:
             return net
         return by_phases(shares, self.cfg.data_share_for_input, "")
 
-    def _own_nic(self, host: str, peers: list[str], t1: float,
-                 span: float | None) -> Attribution | None:
+    def _own_nic(
+        self, host: str, peers: list[str], t1: float, span: float | None
+    ) -> Attribution | None:
         """The host's NIC, against the peers' ports and its own history (see netloc)."""
         t0, t1 = self._range(t1, span)
-        sus = localize(self.windows, [host, *peers], t0, t1, self.cfg.host_window_seconds,
-                       self.cfg, only=host)
+        sus = localize(
+            self.windows, [host, *peers], t0, t1, self.cfg.host_window_seconds, self.cfg, only=host
+        )
         if sus is None:
             return None
         return Attribution(Cause.NETWORK, Fault.SYSTEM, sus.reasons[0], sus.evidence)
 
-    def for_host(self, host: str, gpus: list[int], peer_hosts: Iterable[str], t1: float,
-                 shares: Shares = NO_SHARES, span: float | None = None) -> Attribution:
+    def for_host(
+        self,
+        host: str,
+        gpus: list[int],
+        peer_hosts: Iterable[str],
+        t1: float,
+        shares: Shares = NO_SHARES,
+        span: float | None = None,
+    ) -> Attribution:
         """Why several ranks of one host are slow: its GPUs, its NICs, its input, its compute."""
         peers = sorted(h for h in set(peer_hosts) if h != host)[:MAX_PEER_HOSTS]
         signals = self._gpus(host, t1, span)
@@ -135,8 +151,12 @@ class CauseFinder:
         for g in gpus:
             hw = hardware_reasons(signals.get(g))
             if hw:
-                return Attribution(Cause.HARDWARE, Fault.SYSTEM, f"{hw[0]} on gpu {g}",
-                                   {"hardware": ", ".join(hw), "gpu": g})
+                return Attribution(
+                    Cause.HARDWARE,
+                    Fault.SYSTEM,
+                    f"{hw[0]} on gpu {g}",
+                    {"hardware": ", ".join(hw), "gpu": g},
+                )
         host_side = by_host_side(shares, need, " of the host")
         if host_side is not None:
             return host_side
@@ -144,20 +164,34 @@ class CauseFinder:
         found = [(g, f) for g in gpus if (f := gpu_reasons(signals.get(g), peer_gpus, self.cfg))]
         if found and len(found) * 2 >= len(gpus):
             g, (reasons, ev) = found[0]
-            return Attribution(Cause.GPU, Fault.SYSTEM, f"{reasons[0]} on {len(found)} GPUs",
-                               {**ev, "gpus_with_symptoms": len(found)})
+            return Attribution(
+                Cause.GPU,
+                Fault.SYSTEM,
+                f"{reasons[0]} on {len(found)} GPUs",
+                {**ev, "gpus_with_symptoms": len(found)},
+            )
         net = self._own_nic(host, peers, t1, span)
         if net is not None:
             return net
         return by_phases(shares, need, " of the host")
 
-    def for_job(self, hosts: Iterable[str], t1: float, deltas: Mapping[str, float],
-                span: float | None = None, cpu: CpuUse | None = None,
-                cpu_host: str = "", lost: float | None = None) -> Attribution:
+    def for_job(
+        self,
+        hosts: Iterable[str],
+        t1: float,
+        deltas: Mapping[str, float],
+        span: float | None = None,
+        cpu: CpuUse | None = None,
+        cpu_host: str = "",
+        lost: float | None = None,
+    ) -> Attribution:
         """Why the whole job (or a group) got slower: the component that grew, then its host."""
         hosts = sorted(set(hosts))
-        grown = {k: v for k, v in deltas.items()
-                 if k in ("data", "compute", "transfer", "collective", "other")}
+        grown = {
+            k: v
+            for k, v in deltas.items()
+            if k in ("data", "compute", "transfer", "collective", "other")
+        }
         top = max(grown, key=lambda k: grown[k]) if grown else "step"
         ev: Evidence = {"grew": top}
         t0, t1 = self._range(t1, span)
@@ -170,15 +204,21 @@ class CauseFinder:
                 return Attribution(Cause.GPU, Fault.SYSTEM, "GPUs throttled job-wide", ev)
         contention = job_cpu_contention(cpu, deltas.get("step", 0.0) if lost is None else lost)
         if contention is not None:
-            return Attribution(Cause.HOST_INPUT, Fault.SYSTEM,
-                               f"CPU contention on {cpu_host} (waiting for a CPU)",
-                               {**ev, **contention, "suspect_host": cpu_host})
+            return Attribution(
+                Cause.HOST_INPUT,
+                Fault.SYSTEM,
+                f"CPU contention on {cpu_host} (waiting for a CPU)",
+                {**ev, **contention, "suspect_host": cpu_host},
+            )
         if top != "data":  # waits may hide in compute phases (DDP backward, pipeline forward)
             sus = localize(self.windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg)
             if sus is not None:
-                return Attribution(Cause.NETWORK, Fault.SYSTEM,
-                                   f"{sus.reasons[0]} port {sus.port} on {sus.host}",
-                                   {**ev, **sus.evidence})
+                return Attribution(
+                    Cause.NETWORK,
+                    Fault.SYSTEM,
+                    f"{sus.reasons[0]} port {sus.port} on {sus.host}",
+                    {**ev, **sus.evidence},
+                )
         if top in ("collective", "transfer"):
             return Attribution(Cause.NETWORK, Fault.UNKNOWN, "collectives slower", ev)
         if top == "data":
@@ -187,28 +227,44 @@ class CauseFinder:
             return Attribution(Cause.UNKNOWN, Fault.UNKNOWN, "compute slower", ev)
         return Attribution(Cause.UNKNOWN, Fault.UNKNOWN, f"{top} slower", ev)
 
-    def for_stop(self, host: str, gpu: int | None, rank: int | None, t1: float,
-                 span: float | None = None) -> Attribution:
+    def for_stop(
+        self, host: str, gpu: int | None, rank: int | None, t1: float, span: float | None = None
+    ) -> Attribution:
         """Why a rank (or the job) stopped: hardware, GPU, link, or an exception in user code."""
         own = self._gpus(host, t1, span).get(gpu) if gpu is not None else None
         hw = hardware_reasons(own)
         if hw:
             return Attribution(Cause.HARDWARE, Fault.SYSTEM, hw[0], {"hardware": ", ".join(hw)})
         if own is not None and any(x not in USER_XIDS for x in own.xids):
-            return Attribution(Cause.GPU, Fault.SYSTEM, f"XID {own.xids[-1]}",
-                               {"xids": ",".join(map(str, own.xids))})
+            return Attribution(
+                Cause.GPU,
+                Fault.SYSTEM,
+                f"XID {own.xids[-1]}",
+                {"xids": ",".join(map(str, own.xids))},
+            )
         down = [p for p in self._ports(host, t1, span) if p.down or p.errors.get("link_downed")]
         if down:
-            return Attribution(Cause.NETWORK, Fault.SYSTEM, f"link down on {down[0].device}",
-                               {"device": down[0].device, "port": down[0].port})
+            return Attribution(
+                Cause.NETWORK,
+                Fault.SYSTEM,
+                f"link down on {down[0].device}",
+                {"device": down[0].device, "port": down[0].port},
+            )
         win = self.windows.get(host)
         if win is not None:
             t0, _ = self._range(t1, span)
-            exc = [e for e in win.events_in(t0, t1, EventType.EXCEPTION)
-                   if rank is None or e.rank in (None, rank)]
+            exc = [
+                e
+                for e in win.events_in(t0, t1, EventType.EXCEPTION)
+                if rank is None or e.rank in (None, rank)
+            ]
             if exc:
-                return Attribution(Cause.USER, Fault.USER, "exception in user code",
-                                   {"exception": exc[-1].detail[:200]})
+                return Attribution(
+                    Cause.USER,
+                    Fault.USER,
+                    "exception in user code",
+                    {"exception": exc[-1].detail[:200]},
+                )
         return UNKNOWN
 
     def has_hardware_signal(self, hosts: Iterable[str], t1: float) -> str | None:
@@ -232,13 +288,23 @@ def by_host_side(shares: Shares, need: float, where: str) -> Attribution | None:
     excess) or its CPUs (run-queue wait holds most of it: other processes compete for
     the rank's cores). None when neither does."""
     if shares.data is not None and shares.data >= need:
-        return Attribution(Cause.HOST_INPUT, Fault.SYSTEM, f"slow data phase{where}",
-                           {"data_share_of_excess": round(shares.data, 3)})
+        return Attribution(
+            Cause.HOST_INPUT,
+            Fault.SYSTEM,
+            f"slow data phase{where}",
+            {"data_share_of_excess": round(shares.data, 3)},
+        )
     if shares.cpu is not None and shares.cpu >= CPU_SHARE_FOR_CONTENTION:
-        return Attribution(Cause.HOST_INPUT, Fault.SYSTEM,
-                           f"CPU contention{where} (waiting for a CPU)",
-                           {"cpu_wait_share_of_excess": round(shares.cpu, 3),
-                            "host_reasons": "cpu_contention", **shares.cpu_evidence})
+        return Attribution(
+            Cause.HOST_INPUT,
+            Fault.SYSTEM,
+            f"CPU contention{where} (waiting for a CPU)",
+            {
+                "cpu_wait_share_of_excess": round(shares.cpu, 3),
+                "host_reasons": "cpu_contention",
+                **shares.cpu_evidence,
+            },
+        )
     return None
 
 
@@ -248,10 +314,12 @@ def by_phases(shares: Shares, need: float, where: str) -> Attribution:
     if host_side is not None:
         return host_side
     if shares.compute is not None and shares.compute >= 0.5:
-        return Attribution(Cause.GPU, Fault.SYSTEM,
-                           f"compute longer than peers{where} (GPU telemetry healthy)",
-                           {"compute_share_of_excess": round(shares.compute, 3),
-                            "gpu_reasons": "compute"})
+        return Attribution(
+            Cause.GPU,
+            Fault.SYSTEM,
+            f"compute longer than peers{where} (GPU telemetry healthy)",
+            {"compute_share_of_excess": round(shares.compute, 3), "gpu_reasons": "compute"},
+        )
     return UNKNOWN
 
 
@@ -282,9 +350,12 @@ def job_cpu_contention(cpu: CpuUse | None, grew: float) -> Evidence | None:
     extra = extra_wait(w1, c1, w0, c0)
     if not extra >= CPU_SHARE_FOR_CONTENTION * grew:  # NaN (nothing measured): no
         return None
-    return {"host_reasons": "cpu_contention", "cpu_wait_excess_s": round(extra, 6),
-            "cpu_wait_share_baseline": round(float(waiting_share(w0, c0)), 3),
-            "cpu_wait_share_now": round(float(waiting_share(w1, c1)), 3)}
+    return {
+        "host_reasons": "cpu_contention",
+        "cpu_wait_excess_s": round(extra, 6),
+        "cpu_wait_share_baseline": round(float(waiting_share(w0, c0)), 3),
+        "cpu_wait_share_now": round(float(waiting_share(w1, c1)), 3),
+    }
 
 
 def severe_gpu(s: GpuSignals, cfg: DetectConfig) -> bool:
@@ -308,8 +379,9 @@ def hardware_reasons(s: GpuSignals | None) -> list[str]:
     return out
 
 
-def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
-                cfg: DetectConfig) -> tuple[list[str], Evidence] | None:
+def gpu_reasons(
+    own: GpuSignals | None, peers: list[GpuSignals], cfg: DetectConfig
+) -> tuple[list[str], Evidence] | None:
     """GPU symptoms of ``own`` that most ``peers`` lack, with the numbers."""
     if own is None:
         return None
@@ -325,25 +397,32 @@ def gpu_reasons(own: GpuSignals | None, peers: list[GpuSignals],
         reasons.append(f"throttled ({name})")
         ev[f"throttle_{name}_share"] = round(own.throttle_share[bit], 3)
     # like with like: the own low quartile against the peers' low quartiles
-    peer_clock = median_of([p.sm_clock_ratio_low for p in peers
-                            if p.sm_clock_ratio_low is not None])
+    peer_clock = median_of(
+        [p.sm_clock_ratio_low for p in peers if p.sm_clock_ratio_low is not None]
+    )
     low = own.sm_clock_ratio_low  # a quarter of the samples: the drop may be recent
-    if low is not None and low < cfg.low_clock_ratio and (
-        peer_clock is None or low < peer_clock - 0.02
+    if (
+        low is not None
+        and low < cfg.low_clock_ratio
+        and (peer_clock is None or low < peer_clock - 0.02)
     ):
         reasons.append("SM clock below max")
         ev["sm_clock_ratio"] = round(low, 3)
         ev["peer_sm_clock_ratio"] = None if peer_clock is None else round(peer_clock, 3)
     peer_temp = median_of([p.temp_c for p in peers if p.temp_c is not None])
-    if own.temp_c is not None and own.temp_c >= cfg.hot_temp_c and (
-        peer_temp is None or own.temp_c >= peer_temp + 10
+    if (
+        own.temp_c is not None
+        and own.temp_c >= cfg.hot_temp_c
+        and (peer_temp is None or own.temp_c >= peer_temp + 10)
     ):
         reasons.append("hot")
         ev["temp_c"] = round(own.temp_c, 1)
         ev["peer_temp_c"] = None if peer_temp is None else round(peer_temp, 1)
     peer_power = median_of([p.power_ratio for p in peers if p.power_ratio is not None])
-    if own.power_ratio is not None and own.power_ratio >= cfg.power_cap_ratio and (
-        peer_power is None or peer_power < cfg.power_cap_ratio
+    if (
+        own.power_ratio is not None
+        and own.power_ratio >= cfg.power_cap_ratio
+        and (peer_power is None or peer_power < cfg.power_cap_ratio)
     ):
         reasons.append("at power cap")
         ev["power_ratio"] = round(own.power_ratio, 3)

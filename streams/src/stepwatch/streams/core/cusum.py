@@ -51,8 +51,16 @@ class RobustCusum:
         self.zero_step[:] = -1
         self.zero_ts[:] = np.nan
 
-    def update(self, e: np.ndarray, spread: np.ndarray, kappa: float, flagged: np.ndarray,
-               excluded: np.ndarray, step: int = 0, ts: float = 0.0) -> None:
+    def update(
+        self,
+        e: np.ndarray,
+        spread: np.ndarray,
+        kappa: float,
+        flagged: np.ndarray,
+        excluded: np.ndarray,
+        step: int = 0,
+        ts: float = 0.0,
+    ) -> None:
         """``e`` and ``spread`` (dims, ranks); ``flagged`` (ranks,) leaves the own spread
         alone; ``excluded`` (dims, ranks) dimensions that are no evidence (DDP backward).
         A NaN excess (absent rank, unmeasured phase) sets S back to 0."""

@@ -68,9 +68,13 @@ class Engine:
                     return []
         except Exception as err:  # the pipeline must go on: count, log once
             self.counts["errors"] += 1
-            self._log_once(f"process:{type(err).__name__}",
-                           "detection failed on a message kind=%s error=%r",
-                           type(message).__name__, err, level=logging.ERROR)
+            self._log_once(
+                f"process:{type(err).__name__}",
+                "detection failed on a message kind=%s error=%r",
+                type(message).__name__,
+                err,
+                level=logging.ERROR,
+            )
             return []
 
     def tick(self, now: float) -> list[DetectionMessage]:
@@ -89,10 +93,16 @@ class Engine:
                     self.counts["jobs_evicted"] += 1
             except Exception as err:
                 self.counts["errors"] += 1
-                self._log_once(f"tick:{type(err).__name__}", "tick failed job_id=%s error=%r",
-                               job_id, err, level=logging.ERROR)
-        for host in [h for h, w in self.windows.items()
-                     if now - w.last_seen > self.cfg.host_silence_seconds]:
+                self._log_once(
+                    f"tick:{type(err).__name__}",
+                    "tick failed job_id=%s error=%r",
+                    job_id,
+                    err,
+                    level=logging.ERROR,
+                )
+        for host in [
+            h for h, w in self.windows.items() if now - w.last_seen > self.cfg.host_silence_seconds
+        ]:
             self.windows.pop(host).close()
         return out
 

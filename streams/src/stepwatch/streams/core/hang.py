@@ -45,9 +45,15 @@ def hang_limit(cfg: DetectConfig, cadence: float | None, pause: float = 0.0) -> 
     return max(cfg.hang_min_seconds, cfg.hang_step_multiple * (cadence or 0.0)) + pause
 
 
-def check_hang(cfg: DetectConfig, now: float, last_progress: float, cadence: float | None,
-               pause: float, ranks: RankTable,
-               windows: Mapping[str, HostWindow]) -> HangVerdict | None:
+def check_hang(
+    cfg: DetectConfig,
+    now: float,
+    last_progress: float,
+    cadence: float | None,
+    pause: float,
+    ranks: RankTable,
+    windows: Mapping[str, HostWindow],
+) -> HangVerdict | None:
     """A verdict when the job made no progress for longer than its limit."""
     limit = hang_limit(cfg, cadence, pause)
     silent = now - last_progress
@@ -66,8 +72,9 @@ def check_hang(cfg: DetectConfig, now: float, last_progress: float, cadence: flo
     return HangVerdict(silent, limit, last, (), (), "")
 
 
-def _idle_ranks(ranks: RankTable, windows: Mapping[str, HostWindow],
-                t0: float, t1: float) -> list[int]:
+def _idle_ranks(
+    ranks: RankTable, windows: Mapping[str, HostWindow], t0: float, t1: float
+) -> list[int]:
     """Ranks whose GPU is idle (or reports nothing) while most of the job's GPUs spin."""
     util: dict[int, float | None] = {}
     for host in ranks.hosts():

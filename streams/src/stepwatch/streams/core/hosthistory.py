@@ -83,8 +83,9 @@ class HostHistory:
             if ring is not None:
                 ring.clear()
 
-    def update(self, cs: ClosedStep, busy: np.ndarray, hosts: GroupIndex,
-               groups: GroupIndex) -> None:
+    def update(
+        self, cs: ClosedStep, busy: np.ndarray, hosts: GroupIndex, groups: GroupIndex
+    ) -> None:
         n = len(hosts.names)
         if not 2 <= n <= self.cfg.host_history_max_hosts or not cs.has_phases:
             return
@@ -109,7 +110,7 @@ class HostHistory:
         x = np.full((PARTS, n), np.nan)
         x[METRIC] = metric
         if watch or self._stale == REBASE_STEPS - 1:
-            x[METRIC + 1:] = _host_parts(cs, compute, hosts, self._index)
+            x[METRIC + 1 :] = _host_parts(cs, compute, hosts, self._index)
         self.recent.push(x)
         self.ratios.push(ratio)
         self.flags.push(flagged.astype(float))
@@ -156,8 +157,7 @@ class HostHistory:
         if not count.max() >= self.cfg.slowdown_persist_steps:
             return None  # the common case: no host flagged often enough
         score = nanmed(self.ratios.filled(), 0)
-        slow = np.flatnonzero((count >= self.cfg.slowdown_persist_steps)
-                              & (score > self.threshold))
+        slow = np.flatnonzero((count >= self.cfg.slowdown_persist_steps) & (score > self.threshold))
         calm = score <= self.threshold / 2
         if len(slow) != 1 or int(calm.sum()) != len(score) - 1:
             return None
@@ -185,8 +185,15 @@ class HostHistory:
         recent = self.recent.last(min(self.recent.count, back + 1))[:, :, g]
         now = nanmed(recent, 0)  # (PARTS,): the host since its onset
         base = self.base[:, g]
-        return SlowHost(self.names[g], float(score[g]), float(self.threshold[g]),
-                        float(base[METRIC]), float(now[METRIC]), back, _shares(base, now))
+        return SlowHost(
+            self.names[g],
+            float(score[g]),
+            float(self.threshold[g]),
+            float(base[METRIC]),
+            float(now[METRIC]),
+            back,
+            _shares(base, now),
+        )
 
 
 def _shares(base: np.ndarray, now: np.ndarray) -> Shares:
@@ -200,8 +207,9 @@ def _shares(base: np.ndarray, now: np.ndarray) -> Shares:
         d = float(now[i] - base[i])
         return None if d != d else max(0.0, min(1.0, d / grew))
 
-    extra = extra_wait(float(now[H_CPUW]), float(now[H_CPUT]), float(base[H_CPUW]),
-                       float(base[H_CPUT]))
+    extra = extra_wait(
+        float(now[H_CPUW]), float(now[H_CPUT]), float(base[H_CPUW]), float(base[H_CPUT])
+    )
     cpu = None if extra != extra else max(0.0, min(1.0, extra / grew))
     ev: Evidence = {} if cpu is None else {"cpu_wait_excess_s": round(extra, 6)}
     return Shares(share(H_DATA), share(H_COMPUTE), cpu, ev)
@@ -217,8 +225,9 @@ def _rank_metric(cs: ClosedStep, busy: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return busy, m[COMPUTE]
 
 
-def _host_parts(cs: ClosedStep, compute: np.ndarray, hosts: GroupIndex,
-                index: np.ndarray | None) -> np.ndarray:
+def _host_parts(
+    cs: ClosedStep, compute: np.ndarray, hosts: GroupIndex, index: np.ndarray | None
+) -> np.ndarray:
     """(PARTS - 1, hosts): each host's medians of data, compute, transfers, CPU wait and
     CPU time, in the order of H_DATA..H_CPUT."""
     m = cs.m

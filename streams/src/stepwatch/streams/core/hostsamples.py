@@ -32,10 +32,17 @@ GPU_FLOATS = ("sm_clock_ratio", "power_ratio", "temp_gpu_c", "util_gpu_pct")
 GPU_INTS = ("index", "throttle_reasons", "ecc_dbe_total", "remapped_rows_uncorrectable")
 
 # ports: the port's key id, a state other than ACTIVE, then the counters the signals read
-PORT_COUNTERS = ("np_cnp_sent_total", "rp_cnp_handled_total",
-                 "np_ecn_marked_roce_packets_total", "xmit_wait_total",
-                 "symbol_error_total", "link_downed_total", "link_error_recovery_total",
-                 "rcv_errors_total", "local_link_integrity_errors_total")
+PORT_COUNTERS = (
+    "np_cnp_sent_total",
+    "rp_cnp_handled_total",
+    "np_ecn_marked_roce_packets_total",
+    "xmit_wait_total",
+    "symbol_error_total",
+    "link_downed_total",
+    "link_error_recovery_total",
+    "rcv_errors_total",
+    "local_link_integrity_errors_total",
+)
 PORT_INTS = ("key", "bad_state", *PORT_COUNTERS)
 
 
@@ -88,8 +95,9 @@ class SampleStore:
         self.pos[slot] = self.count[slot] = 0
         self._free.append(slot)
 
-    def add(self, slot: int, ts: float, raw: Raw,
-            extra: list[tuple[int, ...]] | None = None) -> None:
+    def add(
+        self, slot: int, ts: float, raw: Raw, extra: list[tuple[int, ...]] | None = None
+    ) -> None:
         """Stage one sample: its readings' numeric tuples (and small ints per reading
         worked out by the caller; ``convert`` takes both)."""
         self._slot.append(slot)
@@ -109,8 +117,11 @@ class SampleStore:
         if not self._slot:
             return
         staged = self._slot
-        slots, ts, counts = (np.array(staged), np.array(self._ts, dtype=float),
-                             np.array(self._n, dtype=np.int64))
+        slots, ts, counts = (
+            np.array(staged),
+            np.array(self._ts, dtype=float),
+            np.array(self._n, dtype=np.int64),
+        )
         raw, extra = self._raw, self._extra
         self._slot, self._ts, self._n, self._raw, self._extra = [], [], [], [], []
         floats, ints = self.convert(raw, np.array(extra, dtype=np.int64) if extra else None)
@@ -136,8 +147,9 @@ class SampleStore:
         self.pos[seen] = (self.pos[seen] + n) % self.size
         self.count[seen] = np.minimum(self.count[seen] + n, self.size)
 
-    def _blocks(self, counts: np.ndarray, floats: np.ndarray,
-                ints: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _blocks(
+        self, counts: np.ndarray, floats: np.ndarray, ints: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The readings as whole rows (messages, width, ...), empty slots padded."""
         m, width = len(counts), self.ints.shape[2]
         block_i = np.full((m, width, self.ints.shape[3]), ABSENT, dtype=np.int64)
@@ -156,18 +168,20 @@ class SampleStore:
         extra = slots - len(self.ts)
         self.ts = np.concatenate([self.ts, np.full((extra, self.size), np.nan)])
         self.floats = np.concatenate(
-            [self.floats, np.full((extra, *self.floats.shape[1:]), np.nan)])
+            [self.floats, np.full((extra, *self.floats.shape[1:]), np.nan)]
+        )
         self.ints = np.concatenate(
-            [self.ints, np.full((extra, *self.ints.shape[1:]), ABSENT, np.int64)])
+            [self.ints, np.full((extra, *self.ints.shape[1:]), ABSENT, np.int64)]
+        )
         self.pos = np.concatenate([self.pos, np.zeros(extra, np.int64)])
         self.count = np.concatenate([self.count, np.zeros(extra, np.int64)])
 
     def _widen(self, width: int) -> None:
         a, b, w, k = self.ints.shape
-        self.ints = np.concatenate(
-            [self.ints, np.full((a, b, width - w, k), ABSENT, np.int64)], 2)
+        self.ints = np.concatenate([self.ints, np.full((a, b, width - w, k), ABSENT, np.int64)], 2)
         self.floats = np.concatenate(
-            [self.floats, np.full((a, b, width - w, self.floats.shape[3]), np.nan)], 2)
+            [self.floats, np.full((a, b, width - w, self.floats.shape[3]), np.nan)], 2
+        )
 
 
 def _occurrences(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -248,14 +262,24 @@ def exact_ints(f: np.ndarray, raw: Raw, lo: int) -> np.ndarray:
         return out
     if not (part >= EXACT).any():  # the maximum was NaN, every value is below
         return np.where(np.isnan(part), ABSENT, part).astype(np.int64)
-    return np.array([[ABSENT if v is None else v for v in r[lo:]] for r in raw],
-                    dtype=np.int64).reshape(part.shape)
+    return np.array(
+        [[ABSENT if v is None else v for v in r[lo:]] for r in raw], dtype=np.int64
+    ).reshape(part.shape)
 
 
 # a GPU reading's numeric fields: the gauges, then index, throttle reasons, counters
-_GPU_RAW = attrgetter("sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w",
-                      "temp_gpu_c", "util_gpu_pct", "index", "throttle_reasons",
-                      "ecc_dbe_total", "remapped_rows_uncorrectable")
+_GPU_RAW = attrgetter(
+    "sm_clock_mhz",
+    "sm_clock_max_mhz",
+    "power_w",
+    "power_limit_w",
+    "temp_gpu_c",
+    "util_gpu_pct",
+    "index",
+    "throttle_reasons",
+    "ecc_dbe_total",
+    "remapped_rows_uncorrectable",
+)
 _GPU_NF = 6  # floats first
 _GPU_N = _GPU_NF + len(GPU_INTS)
 
@@ -286,8 +310,9 @@ def port_raw(ports: Sequence[PortReading]) -> Raw:
     return list(map(_PORT_RAW, ports))
 
 
-def port_slots(sig: list[tuple[Any, ...]],
-               key_of: dict[tuple[str, int], int]) -> list[tuple[int, ...]]:
+def port_slots(
+    sig: list[tuple[Any, ...]], key_of: dict[tuple[str, int], int]
+) -> list[tuple[int, ...]]:
     """(key id, state other than ACTIVE) of each port of a message from its PORT_SIG
     tuples; ``key_of`` interns each (device, port) as a small number (adds new ones)."""
     out: list[tuple[int, ...]] = []
@@ -303,8 +328,9 @@ def port_convert(raw: Raw, slots: np.ndarray | None) -> tuple[np.ndarray, np.nda
     """Port readings as (no floats, ints) rows (see PORT_INTS)."""
     width = len(PORT_COUNTERS)
     try:  # every counter known and below 2**63 (the rule): read straight as int64
-        counters = np.fromiter(chain.from_iterable(raw), np.int64,
-                               len(raw) * width).reshape(-1, width)
+        counters = np.fromiter(chain.from_iterable(raw), np.int64, len(raw) * width).reshape(
+            -1, width
+        )
     except (TypeError, OverflowError):  # a None (ABSENT) or a counter past int64
         counters = exact_ints(as_floats(raw, width), raw, 0)
     ids = np.empty((0, 2), np.int64) if slots is None else slots.reshape(-1, 2)

@@ -47,11 +47,19 @@ THROTTLE_NAMES = {  # most severe first: the first one found leads the summary
     SW_THERMAL: "SwThermal",
     SW_POWER_CAP: "SwPowerCap",
 }
-CONGESTION_COUNTERS = ("np_cnp_sent_total", "rp_cnp_handled_total",
-                       "np_ecn_marked_roce_packets_total")
+CONGESTION_COUNTERS = (
+    "np_cnp_sent_total",
+    "rp_cnp_handled_total",
+    "np_ecn_marked_roce_packets_total",
+)
 ORDER_SLACK_S = 30.0  # port samples arrive at most this much out of event-time order
-ERROR_COUNTERS = ("symbol_error_total", "link_downed_total", "link_error_recovery_total",
-                  "rcv_errors_total", "local_link_integrity_errors_total")
+ERROR_COUNTERS = (
+    "symbol_error_total",
+    "link_downed_total",
+    "link_error_recovery_total",
+    "rcv_errors_total",
+    "local_link_integrity_errors_total",
+)
 ERROR_NAMES = tuple(c.removesuffix("_total") for c in ERROR_COUNTERS)
 
 
@@ -146,8 +154,16 @@ class HostWindow:
         if message.type == EventType.LINK_STATE and message.device:
             state = str(message.attrs.get("state") or message.detail.rsplit("->", 1)[-1])
             up = state.strip().upper() == "ACTIVE"
-            return [LinkIncident(self.host, message.device, message.port, message.ts, not up,
-                                 f"event {message.detail or state}")]
+            return [
+                LinkIncident(
+                    self.host,
+                    message.device,
+                    message.port,
+                    message.ts,
+                    not up,
+                    f"event {message.detail or state}",
+                )
+            ]
         return []
 
     def _link_changes(self, message: PortMessage, sig: list[tuple[Any, ...]]) -> list[LinkIncident]:
@@ -164,15 +180,30 @@ class HostWindow:
             self.links[key] = (state, p.link_downed_total)
             if prev is None:
                 if state != "ACTIVE":
-                    out.append(LinkIncident(self.host, p.device, p.port, message.ts, True,
-                                            f"state {state}"))
+                    out.append(
+                        LinkIncident(
+                            self.host, p.device, p.port, message.ts, True, f"state {state}"
+                        )
+                    )
                 continue
             was, downed = prev
             if state != was:
-                out.append(LinkIncident(self.host, p.device, p.port, message.ts,
-                                        state != "ACTIVE", f"state {was}->{state}"))
-            elif state == "ACTIVE" and downed is not None and p.link_downed_total is not None \
-                    and p.link_downed_total > downed:
+                out.append(
+                    LinkIncident(
+                        self.host,
+                        p.device,
+                        p.port,
+                        message.ts,
+                        state != "ACTIVE",
+                        f"state {was}->{state}",
+                    )
+                )
+            elif (
+                state == "ACTIVE"
+                and downed is not None
+                and p.link_downed_total is not None
+                and p.link_downed_total > downed
+            ):
                 how = f"link_downed +{p.link_downed_total - downed}"
                 out.append(LinkIncident(self.host, p.device, p.port, message.ts, True, how))
                 out.append(LinkIncident(self.host, p.device, p.port, message.ts, False, how))
@@ -189,9 +220,10 @@ class HostWindow:
         events = self.events_in(t0, t1, EventType.XID, EventType.ECC)
         out = {}
         for index in set(readings) | {e.gpu for e in events if e.gpu is not None}:
-            out[index] = _gpu_signals(readings.get(index, _GpuSeries()), [
-                e for e in events if e.gpu is None or e.gpu == index
-            ])
+            out[index] = _gpu_signals(
+                readings.get(index, _GpuSeries()),
+                [e for e in events if e.gpu is None or e.gpu == index],
+            )
         return out
 
     def _ports_in(self, t0: float, t1: float) -> list[int]:
@@ -203,7 +235,7 @@ class HostWindow:
         t = ts[newest_first]
         old = np.flatnonzero(t < t0 - ORDER_SLACK_S)
         if len(old):
-            newest_first, t = newest_first[:old[0]], t[:old[0]]
+            newest_first, t = newest_first[: old[0]], t[: old[0]]
         rows = newest_first[(t0 <= t) & (t <= t1)]
         return cast("list[int]", rows[np.argsort(ts[rows], kind="stable")].tolist())
 
@@ -215,7 +247,7 @@ class HostWindow:
         t = self.port.ts[newest_first]
         old = np.flatnonzero(t < t0 - ORDER_SLACK_S)
         if len(old):
-            newest_first, t = newest_first[:old[0]], t[:old[0]]
+            newest_first, t = newest_first[: old[0]], t[: old[0]]
         inside = (t0 <= t) & (t <= t1)
         rows, t = newest_first[inside], t[inside]
         if not len(rows):
@@ -230,32 +262,46 @@ class HostWindow:
         first, last, n = ends
         ts, ints = self.port.ts, self.port.ints
         span = float(ts[last] - ts[first])
-        downs = {(e.device, e.port) for e in self.events_in(t0, t1, EventType.LINK_STATE)
-                 if "down" in (e.detail or "").lower()}
+        downs = {
+            (e.device, e.port)
+            for e in self.events_in(t0, t1, EventType.LINK_STATE)
+            if "down" in (e.detail or "").lower()
+        }
         a, b = ints[first], ints[last]
         if np.array_equal(a[:, 0], b[:, 0]):  # the same ports in the same order (the rule)
             return self._pairs_signals(a, b, n, span, downs)
         before = {i[0]: i for i in a.tolist() if i[0] != ABSENT}
         after = {i[0]: i for i in b.tolist() if i[0] != ABSENT}
         out = []
-        for (device, port), kid in sorted((self._key_names_of(k), k)
-                                          for k in before.keys() | after.keys()):
+        for (device, port), kid in sorted(
+            (self._key_names_of(k), k) for k in before.keys() | after.keys()
+        ):
             p = after.get(kid) or before[kid]
             q = before.get(kid, p)
             rise = _rises(_counters(q), _counters(p))
             cnp = rise[0] + rise[1] + rise[2]
             errors = {ERROR_NAMES[i]: v for i, v in enumerate(rise[4:]) if v}
-            out.append(PortSignals(
-                device=device, port=port, samples=n,
-                cnp_per_s=cnp / span if span > 0 else 0.0,
-                xmit_wait_per_s=rise[3] / span if span > 0 else 0.0,
-                errors=errors,
-                down=bool(q[1] or p[1]) or (device, port) in downs or (device, None) in downs,
-            ))
+            out.append(
+                PortSignals(
+                    device=device,
+                    port=port,
+                    samples=n,
+                    cnp_per_s=cnp / span if span > 0 else 0.0,
+                    xmit_wait_per_s=rise[3] / span if span > 0 else 0.0,
+                    errors=errors,
+                    down=bool(q[1] or p[1]) or (device, port) in downs or (device, None) in downs,
+                )
+            )
         return out
 
-    def _pairs_signals(self, a: np.ndarray, b: np.ndarray, n: int, span: float,
-                       downs: set[tuple[str | None, int | None]]) -> list[PortSignals]:
+    def _pairs_signals(
+        self,
+        a: np.ndarray,
+        b: np.ndarray,
+        n: int,
+        span: float,
+        downs: set[tuple[str | None, int | None]],
+    ) -> list[PortSignals]:
         """:meth:`_ends_signals` when both ends hold the same ports in the same order: every
         counter's rise at once (:func:`_rises`, vectorised)."""
         keep = a[:, 0] != ABSENT
@@ -267,17 +313,25 @@ class HostWindow:
         has_err: list[bool] = np.asarray(errs.any(axis=1)).tolist()
         down: list[bool] = ((a[:, 1] != 0) | (b[:, 1] != 0)).tolist()  # bool(q[1] or p[1])
         out = []
-        for (device, port), i in sorted((self._key_names_of(k), i)
-                                        for i, k in enumerate(a[:, 0].tolist())):
-            errors = ({ERROR_NAMES[j]: v for j, v in enumerate(errs[i].tolist()) if v}
-                      if has_err[i] else {})
-            out.append(PortSignals(
-                device=device, port=port, samples=n,
-                cnp_per_s=cnp[i] / span if span > 0 else 0.0,
-                xmit_wait_per_s=wait[i] / span if span > 0 else 0.0,
-                errors=errors,
-                down=down[i] or (device, port) in downs or (device, None) in downs,
-            ))
+        for (device, port), i in sorted(
+            (self._key_names_of(k), i) for i, k in enumerate(a[:, 0].tolist())
+        ):
+            errors = (
+                {ERROR_NAMES[j]: v for j, v in enumerate(errs[i].tolist()) if v}
+                if has_err[i]
+                else {}
+            )
+            out.append(
+                PortSignals(
+                    device=device,
+                    port=port,
+                    samples=n,
+                    cnp_per_s=cnp[i] / span if span > 0 else 0.0,
+                    xmit_wait_per_s=wait[i] / span if span > 0 else 0.0,
+                    errors=errors,
+                    down=down[i] or (device, port) in downs or (device, None) in downs,
+                )
+            )
         return out
 
     def rise_start(self, device: str, port: int, t0: float, t1: float, level: float) -> float:
@@ -323,24 +377,29 @@ class HostWindow:
                     else:
                         got.append(i)
         span = float(self.port.ts[rows[-1]] - self.port.ts[rows[0]])
-        downs = {(e.device, e.port) for e in self.events_in(t0, t1, EventType.LINK_STATE)
-                 if "down" in (e.detail or "").lower()}
+        downs = {
+            (e.device, e.port)
+            for e in self.events_in(t0, t1, EventType.LINK_STATE)
+            if "down" in (e.detail or "").lower()
+        }
         out = []
-        for (device, port), readings in sorted((self._key_names_of(k), v)
-                                               for k, v in series.items()):
+        for (device, port), readings in sorted(
+            (self._key_names_of(k), v) for k, v in series.items()
+        ):
             cnp = sum(_rise(readings, c) for c in _CONG)
-            errors = {c.removesuffix("_total"): v for c, j in _ERRORS
-                      if (v := _rise(readings, j))}
+            errors = {c.removesuffix("_total"): v for c, j in _ERRORS if (v := _rise(readings, j))}
             down = any(i[1] for i in readings)
-            out.append(PortSignals(
-                device=device,
-                port=port,
-                samples=len(readings) if not ends_only else n,
-                cnp_per_s=cnp / span if span > 0 else 0.0,
-                xmit_wait_per_s=_rise(readings, _WAIT) / span if span > 0 else 0.0,
-                errors=errors,
-                down=down or (device, port) in downs or (device, None) in downs,
-            ))
+            out.append(
+                PortSignals(
+                    device=device,
+                    port=port,
+                    samples=len(readings) if not ends_only else n,
+                    cnp_per_s=cnp / span if span > 0 else 0.0,
+                    xmit_wait_per_s=_rise(readings, _WAIT) / span if span > 0 else 0.0,
+                    errors=errors,
+                    down=down or (device, port) in downs or (device, None) in downs,
+                )
+            )
         return out
 
     def _key_names_of(self, kid: int) -> tuple[str, int]:
@@ -367,6 +426,8 @@ _COUNTERS = slice(_COL[CONGESTION_COUNTERS[0]], None)  # congestion, xmit_wait, 
 def _counters(row: list[int]) -> tuple[int | None, ...]:
     """A port row's counters in PORT_COUNTERS order (congestion, xmit_wait, errors)."""
     return tuple(None if v == ABSENT else v for v in row[_COUNTERS])
+
+
 _CLOCK, _POWER, _TEMP, _UTIL = range(len(GPU_FLOATS))
 _THROTTLE, _DBE, _REMAP = 1, 2, 3  # GPU_INTS after the index
 
@@ -389,7 +450,8 @@ def _series_by_gpu(floats: np.ndarray, ints: np.ndarray) -> dict[int, _GpuSeries
         s = out[icols[0][a]] = _GpuSeries()
         s.reasons = icols[_THROTTLE][a:b]
         s.clocks, s.power, s.temps, s.utils = (
-            [v for v in fcols[k][a:b] if v == v] for k in (_CLOCK, _POWER, _TEMP, _UTIL))
+            [v for v in fcols[k][a:b] if v == v] for k in (_CLOCK, _POWER, _TEMP, _UTIL)
+        )
         s.dbe = [None if v == ABSENT else v for v in icols[_DBE][a:b]]
         s.remap = [None if v == ABSENT else v for v in icols[_REMAP][a:b]]
     return out
@@ -411,12 +473,17 @@ class _GpuSeries:
 
     def add(self, f: list[float], i: list[int]) -> None:
         self.reasons.append(i[_THROTTLE])
-        for value, out in ((f[_CLOCK], self.clocks), (f[_POWER], self.power),
-                           (f[_TEMP], self.temps), (f[_UTIL], self.utils)):
+        for value, out in (
+            (f[_CLOCK], self.clocks),
+            (f[_POWER], self.power),
+            (f[_TEMP], self.temps),
+            (f[_UTIL], self.utils),
+        ):
             if value == value:  # not NaN: the reading had it
                 out.append(value)
         self.dbe.append(None if i[_DBE] == ABSENT else i[_DBE])
         self.remap.append(None if i[_REMAP] == ABSENT else i[_REMAP])
+
 
 def _rises_of(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`_rises` of many counters at once (int64 arrays, ABSENT where unknown)."""
@@ -440,7 +507,6 @@ def _rises(a: tuple[int | None, ...], b: tuple[int | None, ...]) -> list[int]:
     return out
 
 
-
 def _gpu_signals(s: _GpuSeries, events: list[EventMessage]) -> GpuSignals:
     xids = tuple(int(e.code) for e in events if e.type == EventType.XID and e.code is not None)
     dbe_events = sum(1 for e in events if e.type == EventType.ECC and is_dbe(e))
@@ -451,8 +517,10 @@ def _gpu_signals(s: _GpuSeries, events: list[EventMessage]) -> GpuSignals:
     seen = 0
     for x in reasons:
         seen |= x
-    share = {bit: (sum(1 for x in reasons if x & bit) / n if seen & bit else 0.0)
-             for bit in THROTTLE_NAMES}  # a bit no sample has: 0 without a pass
+    share = {
+        bit: (sum(1 for x in reasons if x & bit) / n if seen & bit else 0.0)
+        for bit in THROTTLE_NAMES
+    }  # a bit no sample has: 0 without a pass
     clocks = s.clocks
     return GpuSignals(
         samples=n,

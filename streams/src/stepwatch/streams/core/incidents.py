@@ -39,15 +39,17 @@ class Incidents:
     def _nonfinite_loss(self, cs: ClosedStep) -> list[DetectionMessage]:
         rank = cs.nonfinite_ranks[0]
         summary = f"loss is NaN/inf at step {cs.step} on {len(cs.nonfinite_ranks)} rank(s)"
-        attr = Attribution(Cause.USER, Fault.USER, "non-finite loss",
-                           {"nonfinite_ranks": len(cs.nonfinite_ranks)})
+        attr = Attribution(
+            Cause.USER, Fault.USER, "non-finite loss", {"nonfinite_ranks": len(cs.nonfinite_ranks)}
+        )
         return self._user_error(rank, cs.step, cs.end_max, summary, attr)
 
     def _exception(self, ev: EventMessage) -> list[DetectionMessage]:
         if self.causes.has_hardware_signal([ev.host], ev.ts):
             return []  # a hardware fault killed it: reported as a system fault
-        attr = Attribution(Cause.USER, Fault.USER, "exception in user code",
-                           {"exception": ev.detail[:200]})
+        attr = Attribution(
+            Cause.USER, Fault.USER, "exception in user code", {"exception": ev.detail[:200]}
+        )
         return self._user_error(ev.rank, self.last_step, ev.ts, f"exception: {ev.detail}", attr)
 
     def _job_end(self, ev: EventMessage) -> list[DetectionMessage]:
@@ -56,22 +58,28 @@ class Incidents:
         failed = bool(ev.code) or "error" in (ev.detail or "").lower()
         if not failed or self.book.keys(T.USER_ERROR):
             return []
-        system = [o for o in self.book.open.values()
-                  if o.finding.attribution.fault == Fault.SYSTEM]
+        system = [o for o in self.book.open.values() if o.finding.attribution.fault == Fault.SYSTEM]
         if system or self.causes.has_hardware_signal(self.hosts, ev.ts):
             return []
-        attr = Attribution(Cause.USER, Fault.USER, "job failed without a hardware signal",
-                           {"exit_code": ev.code, "detail": ev.detail[:200]})
-        return self._user_error(ev.rank, self.last_step, ev.ts, f"job ended with error {ev.code}",
-                                attr)
+        attr = Attribution(
+            Cause.USER,
+            Fault.USER,
+            "job failed without a hardware signal",
+            {"exit_code": ev.code, "detail": ev.detail[:200]},
+        )
+        return self._user_error(
+            ev.rank, self.last_step, ev.ts, f"job ended with error {ev.code}", attr
+        )
 
-    def _user_error(self, rank: int | None, step: int, ts: float, summary: str,
-                    attr: Attribution) -> list[DetectionMessage]:
+    def _user_error(
+        self, rank: int | None, step: int, ts: float, summary: str, attr: Attribution
+    ) -> list[DetectionMessage]:
         if self.book.keys(T.USER_ERROR):
             return []  # one user error per job
         host = self.ranks.host[rank] if rank is not None and 0 <= rank < self.world_size else ""
-        return self.book.observe(Finding(T.USER_ERROR, None, step, ts, summary, attr, rank,
-                                         None, "", host))
+        return self.book.observe(
+            Finding(T.USER_ERROR, None, step, ts, summary, attr, rank, None, "", host)
+        )
 
     # ------------------------------------------------------------------ system faults
     def on_hardware(self, ev: EventMessage) -> list[DetectionMessage]:
@@ -87,13 +95,28 @@ class Incidents:
         if rank is None:
             return []
         what = f"XID {ev.code}" if ev.type == EventType.XID else "double-bit ECC error"
-        attr = Attribution(Cause.HARDWARE, Fault.SYSTEM, what,
-                           {"hardware": what, "detail": ev.detail[:200]})
-        summary = (f"rank {rank} ({ev.host} gpu {ev.gpu}) lost its GPU: {what}; the job will "
-                   f"hang in its next collective")
-        return self.book.observe(Finding(
-            T.RANK_MISSING, None, self.newest_step + 1, ev.ts, summary, attr, rank, ev.gpu, "",
-            ev.host, {"how": "fatal_gpu_error", "last_step": self.newest_step}))
+        attr = Attribution(
+            Cause.HARDWARE, Fault.SYSTEM, what, {"hardware": what, "detail": ev.detail[:200]}
+        )
+        summary = (
+            f"rank {rank} ({ev.host} gpu {ev.gpu}) lost its GPU: {what}; the job will "
+            f"hang in its next collective"
+        )
+        return self.book.observe(
+            Finding(
+                T.RANK_MISSING,
+                None,
+                self.newest_step + 1,
+                ev.ts,
+                summary,
+                attr,
+                rank,
+                ev.gpu,
+                "",
+                ev.host,
+                {"how": "fatal_gpu_error", "last_step": self.newest_step},
+            )
+        )
 
     def on_link(self, inc: LinkIncident) -> list[DetectionMessage]:
         """A link of one of the job's hosts went down (open) or came back (start clearing)."""
@@ -107,13 +130,32 @@ class Incidents:
         if self.book.is_open(T.LINK_FLAP, None, where):
             return []
         ranks = self.ranks.ranks_on(inc.host)
-        attr = Attribution(Cause.NETWORK, Fault.SYSTEM, f"link down on {inc.device}",
-                           {"device": inc.device, "port": inc.port, "how": inc.how})
-        summary = (f"NIC {inc.device} port {inc.port} on {inc.host} went down ({inc.how}); "
-                   f"{len(ranks)} rank(s) of the job run there")
-        return self.book.observe(Finding(
-            T.LINK_FLAP, None, self.newest_step + 1, inc.ts, summary, attr, None, None, "", inc.host,
-            {"ranks_on_host": len(ranks)}, where=where))
+        attr = Attribution(
+            Cause.NETWORK,
+            Fault.SYSTEM,
+            f"link down on {inc.device}",
+            {"device": inc.device, "port": inc.port, "how": inc.how},
+        )
+        summary = (
+            f"NIC {inc.device} port {inc.port} on {inc.host} went down ({inc.how}); "
+            f"{len(ranks)} rank(s) of the job run there"
+        )
+        return self.book.observe(
+            Finding(
+                T.LINK_FLAP,
+                None,
+                self.newest_step + 1,
+                inc.ts,
+                summary,
+                attr,
+                None,
+                None,
+                "",
+                inc.host,
+                {"ranks_on_host": len(ranks)},
+                where=where,
+            )
+        )
 
     def _links_clear(self, cs: ClosedStep) -> list[DetectionMessage]:
         out: list[DetectionMessage] = []

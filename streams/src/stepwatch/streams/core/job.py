@@ -32,13 +32,16 @@ STOP_MARGIN_SECONDS = 10.0  # look this far before the last progress for why a r
 
 
 class Job(Incidents, Stragglers, NetworkWatch):
-    def __init__(self, job_id: str, world_size: int, cfg: DetectConfig, causes: CauseFinder) -> None:
+    def __init__(
+        self, job_id: str, world_size: int, cfg: DetectConfig, causes: CauseFinder
+    ) -> None:
         self.job_id = job_id
         self.world_size = world_size
         self.cfg = cfg
         self.causes = causes
-        self.assembler = StepAssembler(world_size, cfg.assembly_deadline_seconds,
-                                       cfg.max_pending_steps)
+        self.assembler = StepAssembler(
+            world_size, cfg.assembly_deadline_seconds, cfg.max_pending_steps
+        )
         self.ranks = RankTable(world_size)
         self.straggler = StragglerTracker(world_size, cfg)
         self.slowdown = SlowdownTracker(cfg)
@@ -130,7 +133,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.last_step = cs.step
         self.step_ends.push(np.array((cs.step, cs.end_max)))
         sd = self.slowdown
-        self.throughput.on_step(cs, None if sd.baseline is None else (sd.baseline, sd.baseline_data))
+        self.throughput.on_step(
+            cs, None if sd.baseline is None else (sd.baseline, sd.baseline_data)
+        )
         cadence = self.slowdown.cadence
         if cadence is not None and cs.med[DUR] > 2 * cadence:  # a pause, not noise
             self.longest_pause = max(self.longest_pause, float(cs.med[DUR] - cadence))
@@ -164,8 +169,11 @@ class Job(Incidents, Stragglers, NetworkWatch):
             if not sd.group and self.straggler.suspicious() and _waits(sd):
                 return []  # the job waits longer, for a straggler that is reported as such
             related = self.straggler_incident()
-            if not related and self.straggler.any_rising() and (
-                    self._slowdown_defer < self.cfg.window_steps):
+            if (
+                not related
+                and self.straggler.any_rising()
+                and (self._slowdown_defer < self.cfg.window_steps)
+            ):
                 self._slowdown_defer += 1
                 return []  # a straggler incident is on its way: link to it, not a second one
         elif is_open:
@@ -173,18 +181,30 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._slowdown_defer = 0
         if not self.book.hold(key, cs.end_max):
             return []
-        attr = self._attribution(key, cs.end_max, lambda: self.causes.for_job(
-            self.hosts, cs.end_max, sd.deltas, self._onset_span(), sd.cpu, sd.cpu_host,
-            sd.score * sd.baseline_s))
+        attr = self._attribution(
+            key,
+            cs.end_max,
+            lambda: self.causes.for_job(
+                self.hosts,
+                cs.end_max,
+                sd.deltas,
+                self._onset_span(),
+                sd.cpu,
+                sd.cpu_host,
+                sd.score * sd.baseline_s,
+            ),
+        )
         if not is_open and not related and attr.cause == Cause.NETWORK:
             suspect = attr.evidence.get("suspect_host")
             related = self.network_incident(suspect if isinstance(suspect, str) else "")
         where = f"group {sd.group!r}" if sd.group else "the job"
         what = "busy time" if sd.group else "straggler-free step time"
         part = f" (part of incident {related})" if related else ""
-        summary = (f"{where} is {sd.score:.1%} slower than its own baseline ({what} "
-                   f"{sd.current_s:.3f} s vs {sd.baseline_s:.3f} s per step){part}: "
-                   f"{attr.reason}")
+        summary = (
+            f"{where} is {sd.score:.1%} slower than its own baseline ({what} "
+            f"{sd.current_s:.3f} s vs {sd.baseline_s:.3f} s per step){part}: "
+            f"{attr.reason}"
+        )
         ev: Evidence = {
             "baseline_step_s": round(sd.baseline_s, 6),
             "current_step_s": round(sd.current_s, 6),
@@ -194,11 +214,21 @@ class Job(Incidents, Stragglers, NetworkWatch):
         host = attr.evidence.get("suspect_host")
         device = attr.evidence.get("device")
         port = attr.evidence.get("port")
-        f = Finding(T.JOB_SLOWDOWN, sd.score, cs.step, cs.end_max, summary, attr,
-                    group=sd.group, host=host if isinstance(host, str) else "", evidence=ev,
-                    device=device if isinstance(device, str) else None,
-                    port=port if isinstance(port, int) else None, related=related,
-                    onset_step=None if is_open else cs.step - self.slowdown.onset_back())
+        f = Finding(
+            T.JOB_SLOWDOWN,
+            sd.score,
+            cs.step,
+            cs.end_max,
+            summary,
+            attr,
+            group=sd.group,
+            host=host if isinstance(host, str) else "",
+            evidence=ev,
+            device=device if isinstance(device, str) else None,
+            port=port if isinstance(port, int) else None,
+            related=related,
+            onset_step=None if is_open else cs.step - self.slowdown.onset_back(),
+        )
         return self.book.observe(f)
 
     def _missing(self, cs: ClosedStep) -> list[DetectionMessage]:
@@ -219,23 +249,51 @@ class Job(Incidents, Stragglers, NetworkWatch):
                 continue
             host, gpu = self.ranks.host[rank], self.ranks.gpu[rank]
             attr = self.causes.for_stop(host, gpu, rank, cs.end_max)
-            summary = (f"rank {rank} ({host}) sent no step records for {self.missing_run[rank]} "
-                       f"steps while its peers progress: {attr.reason}")
+            summary = (
+                f"rank {rank} ({host}) sent no step records for {self.missing_run[rank]} "
+                f"steps while its peers progress: {attr.reason}"
+            )
             ev: Evidence = {"absent_steps": int(self.missing_run[rank]), "how": "absent"}
-            out.extend(self.book.observe(Finding(T.RANK_MISSING, None, cs.step, cs.end_max,
-                                                 summary, attr, rank, gpu, "", host, ev)))
+            out.extend(
+                self.book.observe(
+                    Finding(
+                        T.RANK_MISSING,
+                        None,
+                        cs.step,
+                        cs.end_max,
+                        summary,
+                        attr,
+                        rank,
+                        gpu,
+                        "",
+                        host,
+                        ev,
+                    )
+                )
+            )
         return out
 
     # ------------------------------------------------------------------ hangs
     def _check_hang(self, now: float) -> list[DetectionMessage]:
-        v = check_hang(self.cfg, now, self.last_progress, self.slowdown.cadence,
-                       self.longest_pause, self.ranks, self.causes.windows)
+        v = check_hang(
+            self.cfg,
+            now,
+            self.last_progress,
+            self.slowdown.cadence,
+            self.longest_pause,
+            self.ranks,
+            self.causes.windows,
+        )
         if v is None:
             return []
         self.hung_since = self.last_progress
-        ev: Evidence = {"silent_s": round(v.silent_s, 3), "limit_s": round(v.limit_s, 3),
-                        "longest_pause_s": round(self.longest_pause, 3),
-                        "last_step": v.last_step, "how": v.how}
+        ev: Evidence = {
+            "silent_s": round(v.silent_s, 3),
+            "limit_s": round(v.limit_s, 3),
+            "longest_pause_s": round(self.longest_pause, 3),
+            "last_step": v.last_step,
+            "how": v.how,
+        }
         out: list[DetectionMessage] = []
         for rank in v.named[: self.cfg.max_named_ranks]:
             if self.book.is_open(T.RANK_MISSING, rank):
@@ -243,17 +301,38 @@ class Job(Incidents, Stragglers, NetworkWatch):
             host, gpu = self.ranks.host[rank], self.ranks.gpu[rank]
             attr = self.causes.for_stop(host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS)
             last = int(self.ranks.last_step[rank])
-            summary = (f"job hung {v.silent_s:.0f} s: rank {rank} ({host} gpu {gpu}) stopped at "
-                       f"step {last} while its peers wait in a collective: {attr.reason}")
-            out.extend(self.book.observe(Finding(
-                T.RANK_MISSING, None, v.last_step, now, summary, attr, rank, gpu, "", host,
-                {**ev, "rank_last_step": last, "named_ranks": len(v.named)})))
+            summary = (
+                f"job hung {v.silent_s:.0f} s: rank {rank} ({host} gpu {gpu}) stopped at "
+                f"step {last} while its peers wait in a collective: {attr.reason}"
+            )
+            out.extend(
+                self.book.observe(
+                    Finding(
+                        T.RANK_MISSING,
+                        None,
+                        v.last_step,
+                        now,
+                        summary,
+                        attr,
+                        rank,
+                        gpu,
+                        "",
+                        host,
+                        {**ev, "rank_last_step": last, "named_ranks": len(v.named)},
+                    )
+                )
+            )
         if not v.named:
             attr = self.causes.for_stop("", None, None, now)
-            summary = (f"job hung: no step progress for {v.silent_s:.0f} s "
-                       f"(limit {v.limit_s:.0f} s) after step {v.last_step}")
-            out.extend(self.book.observe(Finding(T.HANG, v.silent_s, v.last_step, now, summary,
-                                                 attr, evidence=ev)))
+            summary = (
+                f"job hung: no step progress for {v.silent_s:.0f} s "
+                f"(limit {v.limit_s:.0f} s) after step {v.last_step}"
+            )
+            out.extend(
+                self.book.observe(
+                    Finding(T.HANG, v.silent_s, v.last_step, now, summary, attr, evidence=ev)
+                )
+            )
         return out
 
     def _progress_resumed(self, ts: float) -> list[DetectionMessage]:
@@ -269,8 +348,12 @@ class Job(Incidents, Stragglers, NetworkWatch):
     def _on_rewinds(self) -> list[DetectionMessage]:
         out: list[DetectionMessage] = []
         for rw in self.assembler.rewinds:
-            log.info("job rewound job_id=%s from_step=%s to_step=%s", self.job_id, rw.from_step,
-                     rw.to_step)
+            log.info(
+                "job rewound job_id=%s from_step=%s to_step=%s",
+                self.job_id,
+                rw.from_step,
+                rw.to_step,
+            )
             self.throughput.on_rewind(rw, self.slowdown.cadence)
             if self.hung_since is not None:
                 self.hung_since = None
@@ -297,7 +380,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
         at = self.last_progress + max(rw.gap_seconds, 0.0)
         for type_ in (T.STRAGGLER, T.JOB_SLOWDOWN):
             for key in self.book.keys(type_):
-                out.extend(self.book.resolve(key, at, rw.to_step, "job restarted from a checkpoint"))
+                out.extend(
+                    self.book.resolve(key, at, rw.to_step, "job restarted from a checkpoint")
+                )
         return out
 
     def _finalise(self, now: float) -> list[DetectionMessage]:
@@ -335,8 +420,11 @@ class Job(Incidents, Stragglers, NetworkWatch):
         if cached is not None and ts - cached[0] < ttl:
             return cached[1]
         attr = compute()
-        if cached is not None and key in self.book.open and (
-                attr.cause == Cause.UNKNOWN and cached[1].cause != Cause.UNKNOWN):
+        if (
+            cached is not None
+            and key in self.book.open
+            and (attr.cause == Cause.UNKNOWN and cached[1].cause != Cause.UNKNOWN)
+        ):
             # the evidence of an open detection does not fade into "unknown" because the
             # port's own history (or the window) now holds the fault itself: keep the cause
             attr = cached[1]
@@ -366,8 +454,11 @@ class Job(Incidents, Stragglers, NetworkWatch):
         hang = now - self.hung_since if self.hung_since is not None else 0.0
         ratio, badput = self.throughput.goodput(now, hang)
         mfu = self.throughput.mfu()
-        flagged = {k[1]: round(o.finding.score or 0.0, 4) for k, o in self.book.open.items()
-                   if k[0] == T.STRAGGLER and k[1] is not None}
+        flagged = {
+            k[1]: round(o.finding.score or 0.0, 4)
+            for k, o in self.book.open.items()
+            if k[0] == T.STRAGGLER and k[1] is not None
+        }
         return JobStats(
             job_id=self.job_id,
             last_step=self.last_step,
@@ -392,4 +483,3 @@ def _waits(sd: Slowdown) -> bool:
     """Most of the slowdown is waiting (collectives, unexplained), not the median rank's work."""
     grew = sd.current_s - sd.baseline_s
     return sd.deltas.get("busy", 0.0) < 0.5 * grew
-

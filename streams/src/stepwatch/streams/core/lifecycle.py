@@ -100,17 +100,26 @@ class DetectionBook:
             first = f.step
             if f.onset_step is not None and (f.step is None or f.onset_step <= f.step):
                 first = f.onset_step
-            self.open[f.key] = _Open(digest, f, first, f.ts, f.ts, f.score,
-                                     f.attribution.cause, open_step=f.step, last_check=f.ts)
+            self.open[f.key] = _Open(
+                digest,
+                f,
+                first,
+                f.ts,
+                f.ts,
+                f.score,
+                f.attribution.cause,
+                open_step=f.step,
+                last_check=f.ts,
+            )
             return [self._message(self.open[f.key], State.OPEN, f)]
         cur.clear_steps = 0
         changed_cause = f.attribution.cause != cur.emitted_cause
-        changed_score = _changed(cur.emitted_score, f.score, self.cfg.update_score_change,
-                                 self.cfg.update_score_abs)
+        changed_score = _changed(
+            cur.emitted_score, f.score, self.cfg.update_score_change, self.cfg.update_score_abs
+        )
         cur.finding = f
         # a new cause is published at once; a new score at most every update_min_seconds
-        if changed_cause or (changed_score and
-                             f.ts - cur.last_emit >= self.cfg.update_min_seconds):
+        if changed_cause or (changed_score and f.ts - cur.last_emit >= self.cfg.update_min_seconds):
             cur.last_emit = f.ts
             cur.emitted_score = f.score
             cur.emitted_cause = f.attribution.cause
@@ -153,10 +162,25 @@ class DetectionBook:
         if cur is None:
             return []
         f = cur.finding
-        done = Finding(f.type, f.score, step if step is not None else f.step, ts,
-                       f"{f.summary} - resolved: {why}", f.attribution, f.rank, f.gpu,
-                       f.group, f.host, {**f.evidence, "resolved_because": why}, f.where,
-                       f.device, f.port, f.ranks, f.related, f.onset_step)
+        done = Finding(
+            f.type,
+            f.score,
+            step if step is not None else f.step,
+            ts,
+            f"{f.summary} - resolved: {why}",
+            f.attribution,
+            f.rank,
+            f.gpu,
+            f.group,
+            f.host,
+            {**f.evidence, "resolved_because": why},
+            f.where,
+            f.device,
+            f.port,
+            f.ranks,
+            f.related,
+            f.onset_step,
+        )
         return [self._message(cur, State.RESOLVED, done)]
 
     def resolve_all(self, ts: float, step: int | None, why: str) -> list[DetectionMessage]:
@@ -168,8 +192,12 @@ class DetectionBook:
     def _message(self, cur: _Open, state: State, f: Finding) -> DetectionMessage:
         self.emitted += 1
         a = f.attribution
-        evidence: Evidence = {**f.evidence, **a.evidence, "cause_reason": a.reason,
-                              "open_step": cur.open_step}
+        evidence: Evidence = {
+            **f.evidence,
+            **a.evidence,
+            "cause_reason": a.reason,
+            "open_step": cur.open_step,
+        }
         seq = cur.changes
         cur.changes += 1
         return DetectionMessage(

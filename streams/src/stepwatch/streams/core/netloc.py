@@ -37,8 +37,15 @@ class Suspect:
     errors: tuple[str, ...] = ()  # error counters that rose
 
 
-def localize(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float, t1: float,
-             history_s: float, cfg: DetectConfig, only: str | None = None) -> Suspect | None:
+def localize(
+    windows: Mapping[str, HostWindow],
+    hosts: Sequence[str],
+    t0: float,
+    t1: float,
+    history_s: float,
+    cfg: DetectConfig,
+    only: str | None = None,
+) -> Suspect | None:
     """The port most likely behind a job-wide communication slowdown in [t0, t1], or None
     (``only``: judge that host's ports alone, the others being the reference)."""
     best: Suspect | None = None
@@ -48,10 +55,17 @@ def localize(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float,
     return best
 
 
-def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: float,
-                  t1: float, history_s: float, cfg: DetectConfig,
-                  only: str | None = None, need_history: bool = False,
-                  ends_only: bool = False) -> list[Suspect]:
+def port_suspects(
+    windows: Mapping[str, HostWindow],
+    hosts: Sequence[str],
+    t0: float,
+    t1: float,
+    history_s: float,
+    cfg: DetectConfig,
+    only: str | None = None,
+    need_history: bool = False,
+    ends_only: bool = False,
+) -> list[Suspect]:
     """Every port in [t0, t1] that stands out (see :func:`localize`); ``history_s`` 0: the
     job's other ports are the only reference; ``need_history``: a port without
     ``MIN_HISTORY_SAMPLES`` samples of its own before ``t0`` is not judged; ``ends_only``:
@@ -79,9 +93,14 @@ def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: f
             if _judge(h, p, None, peers_cnp, peers_wait, cfg) is None:
                 continue  # not even above the job's other ports: its history cannot matter
             if before is None:  # the host's own history, read only for a host that stands out
-                before = {(q.device, q.port): q for q in
-                          windows[h].port_signals(t0 - history_s, t0, ends_only)} \
-                    if history_s > 0 else {}
+                before = (
+                    {
+                        (q.device, q.port): q
+                        for q in windows[h].port_signals(t0 - history_s, t0, ends_only)
+                    }
+                    if history_s > 0
+                    else {}
+                )
             old = before.get((p.device, p.port))
             if need_history and (old is None or old.samples < MIN_HISTORY_SAMPLES):
                 continue  # no history of its own yet: a port that is always busy is not news
@@ -91,8 +110,14 @@ def port_suspects(windows: Mapping[str, HostWindow], hosts: Sequence[str], t0: f
     return out
 
 
-def _judge(host: str, p: PortSignals, old: PortSignals | None, peer_cnp: float,
-           peer_wait: float, cfg: DetectConfig) -> Suspect | None:
+def _judge(
+    host: str,
+    p: PortSignals,
+    old: PortSignals | None,
+    peer_cnp: float,
+    peer_wait: float,
+    cfg: DetectConfig,
+) -> Suspect | None:
     reasons: list[str] = []
     rise = 0.0
     congested = False
@@ -103,10 +128,20 @@ def _judge(host: str, p: PortSignals, old: PortSignals | None, peer_cnp: float,
         reasons.append(f"link errors on {p.device}")
         rise = float("inf")
     for name, rate, peer, own, floor in (
-        ("congestion (ECN/CNP)", p.cnp_per_s, peer_cnp, old.cnp_per_s if old else None,
-         cfg.min_cnp_per_second),
-        ("xmit_wait", p.xmit_wait_per_s, peer_wait, old.xmit_wait_per_s if old else None,
-         cfg.min_xmit_wait_per_second),
+        (
+            "congestion (ECN/CNP)",
+            p.cnp_per_s,
+            peer_cnp,
+            old.cnp_per_s if old else None,
+            cfg.min_cnp_per_second,
+        ),
+        (
+            "xmit_wait",
+            p.xmit_wait_per_s,
+            peer_wait,
+            old.xmit_wait_per_s if old else None,
+            cfg.min_xmit_wait_per_second,
+        ),
     ):
         ref = max(peer, own if own is not None else 0.0, floor / cfg.congestion_ratio)
         if rate >= floor and rate >= cfg.congestion_ratio * ref:
@@ -129,5 +164,6 @@ def _judge(host: str, p: PortSignals, old: PortSignals | None, peer_cnp: float,
         **{f"{k}_delta": v for k, v in p.errors.items()},
         "network_reasons": ", ".join(reasons),
     }
-    return Suspect(host, p.device, p.port, rise, tuple(reasons), ev, congested,
-                   tuple(sorted(p.errors)))
+    return Suspect(
+        host, p.device, p.port, rise, tuple(reasons), ev, congested, tuple(sorted(p.errors))
+    )

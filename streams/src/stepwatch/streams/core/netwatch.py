@@ -56,8 +56,9 @@ class NetworkWatch:
     _net_since: dict[str, float]  # where -> event time it first was a suspect port
     step_at: Callable[[float], int | None]
 
-    def _network(self, windows: Mapping[str, HostWindow], now: float,
-                 step: int) -> list[DetectionMessage]:
+    def _network(
+        self, windows: Mapping[str, HostWindow], now: float, step: int
+    ) -> list[DetectionMessage]:
         if now < self._net_next or len(self.hosts) < 2:
             return []
         self._net_next = now + self.cfg.net_check_seconds
@@ -81,8 +82,9 @@ class NetworkWatch:
                 out.extend(self.book.clear(key, now, step))
         return out
 
-    def _suspects(self, windows: Mapping[str, HostWindow], t0: float,
-                  t1: float) -> dict[str, Suspect]:
+    def _suspects(
+        self, windows: Mapping[str, HostWindow], t0: float, t1: float
+    ) -> dict[str, Suspect]:
         """The suspect hosts, keyed ``net:<host>``, each with its worst port.
 
         Congestion echoes: the receivers of a congested port's traffic send CNPs, so
@@ -91,13 +93,22 @@ class NetworkWatch:
         An open detection is judged against the job's other ports only (its own history
         holds the fault by now)."""
         hosts = sorted(self.hosts)
-        found = port_suspects(windows, hosts, t0, t1, self.cfg.host_window_seconds, self.cfg,
-                              need_history=True, ends_only=True)
+        found = port_suspects(
+            windows,
+            hosts,
+            t0,
+            t1,
+            self.cfg.host_window_seconds,
+            self.cfg,
+            need_history=True,
+            ends_only=True,
+        )
         for t in NET_TYPES:
             for key in self.book.keys(t):
                 host = key[2].removeprefix("net:")
-                found += port_suspects(windows, hosts, t0, t1, 0.0, self.cfg, only=host,
-                                       ends_only=True)
+                found += port_suspects(
+                    windows, hosts, t0, t1, 0.0, self.cfg, only=host, ends_only=True
+                )
         congested = [s for s in found if s.congested]
         top = max(congested, key=lambda s: s.rise).host if congested else ""
         out: dict[str, Suspect] = {}
@@ -111,40 +122,60 @@ class NetworkWatch:
                 out[where] = sus
         return out
 
-    def _net_finding(self, sus: Suspect, where: str, step: int, now: float,
-                     first: float) -> Finding:
+    def _net_finding(
+        self, sus: Suspect, where: str, step: int, now: float, first: float
+    ) -> Finding:
         impact = self.slowdown.impact()
         key = self._net_key(sus, where)
         change = impact.get("ratio")
         collective = impact.get("collective")
         what = "congested" if key[0] == T.NETWORK_CONGESTION else "link errors"
         cost = f"{change:+.1%}" if change is not None else "unknown"
-        summary = (f"{sus.host} {sus.device} port {sus.port}: {what} "
-                   f"({sus.evidence.get('network_reasons')}); the job's step time "
-                   f"{cost} against its baseline")
+        summary = (
+            f"{sus.host} {sus.device} port {sus.port}: {what} "
+            f"({sus.evidence.get('network_reasons')}); the job's step time "
+            f"{cost} against its baseline"
+        )
         attr = Attribution(Cause.NETWORK, Fault.SYSTEM, f"{what} on {sus.device}", {})
-        ev: Evidence = {**sus.evidence, "suspect_since": round(first, 3),
-                        "step_time_change": None if change is None else round(change, 4),
-                        "delta_collective_s": collective}
+        ev: Evidence = {
+            **sus.evidence,
+            "suspect_since": round(first, 3),
+            "step_time_change": None if change is None else round(change, 4),
+            "delta_collective_s": collective,
+        }
         cur = self.book.open.get(key)
         related = cur.finding.related if cur is not None else self._same_fault(sus.host)
-        return Finding(key[0], change if change is not None else 0.0, step, now, summary, attr,
-                       host=sus.host, evidence=ev, where=where, device=sus.device,
-                       port=sus.port, related=related)
+        return Finding(
+            key[0],
+            change if change is not None else 0.0,
+            step,
+            now,
+            summary,
+            attr,
+            host=sus.host,
+            evidence=ev,
+            where=where,
+            device=sus.device,
+            port=sus.port,
+            related=related,
+        )
 
-    def _net_onset(self, windows: Mapping[str, HostWindow], sus: Suspect,
-                   now: float) -> int | None:
+    def _net_onset(self, windows: Mapping[str, HostWindow], sus: Suspect, now: float) -> int | None:
         """The step at which the port's rise began: the start of its trailing run of
         sample intervals above the geometric mean of its reference and its rate now."""
         win = windows.get(sus.host)
         ev = sus.evidence
         rate = _num(ev, "xmit_wait_per_s") + _num(ev, "cnp_per_s")
-        ref = max(_num(ev, "own_before_xmit_wait_per_s") + _num(ev, "own_before_cnp_per_s"),
-                  _num(ev, "peer_xmit_wait_per_s") + _num(ev, "peer_cnp_per_s"), 1.0)
+        ref = max(
+            _num(ev, "own_before_xmit_wait_per_s") + _num(ev, "own_before_cnp_per_s"),
+            _num(ev, "peer_xmit_wait_per_s") + _num(ev, "peer_cnp_per_s"),
+            1.0,
+        )
         if win is None or not rate > ref:
             return None
-        start = win.rise_start(sus.device, sus.port, now - self.cfg.host_window_seconds, now,
-                               math.sqrt(rate * ref))
+        start = win.rise_start(
+            sus.device, sus.port, now - self.cfg.host_window_seconds, now, math.sqrt(rate * ref)
+        )
         return self.step_at(start)
 
     def _same_fault(self, host: str) -> str:
@@ -172,8 +203,6 @@ class NetworkWatch:
                 if not host or key[2] == f"net:{host}":
                     return self.book.id_of(key)
         return ""
-
-
 
 
 def _num(ev: Evidence, key: str) -> float:

@@ -8,8 +8,9 @@ import numpy as np
 class Ring:
     """The last ``n`` rows of shape ``width``; unfilled rows hold ``fill``."""
 
-    def __init__(self, n: int, width: int | tuple[int, ...], fill: float = np.nan,
-                 dtype: type = float) -> None:
+    def __init__(
+        self, n: int, width: int | tuple[int, ...], fill: float = np.nan, dtype: type = float
+    ) -> None:
         self.n = n
         shape = (width,) if isinstance(width, int) else width
         self.rows: np.ndarray = np.full((n, *shape), fill, dtype=dtype)

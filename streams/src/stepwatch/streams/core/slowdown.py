@@ -94,13 +94,20 @@ class SlowdownTracker:
     def on_restart(self) -> None:
         """A restart from a checkpoint: the recent window and its flags belong to the old run
         (the baseline, the job's own history, is kept)."""
-        for ring in (self.recent, self.ratios, self.trail, self.flags, self.group_recent,
-                     self.cpu_recent):
+        for ring in (
+            self.recent,
+            self.ratios,
+            self.trail,
+            self.flags,
+            self.group_recent,
+            self.cpu_recent,
+        ):
             if ring is not None:
                 ring.clear()
 
-    def update(self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray,
-               hosts: GroupIndex | None = None) -> None:
+    def update(
+        self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray, hosts: GroupIndex | None = None
+    ) -> None:
         """Add a closed step; ``hosts`` (the ranks of each host) localizes CPU contention."""
         comps = _components(cs)
         gmed = _group_medians(cs, busy, groups)
@@ -194,8 +201,10 @@ class SlowdownTracker:
         score = med(self.ratios.filled()[:, 0])
         i = COMPONENTS.index("collective")
         grew = med(self.recent.filled()[:, i]) - med(self.history.filled()[:, i])
-        return {"ratio": round(score, 4) if score == score else None,
-                "collective": round(grew, 6) if grew == grew else None}
+        return {
+            "ratio": round(score, 4) if score == score else None,
+            "collective": round(grew, 6) if grew == grew else None,
+        }
 
     def _verdict(self, groups: GroupIndex, threshold: float) -> Slowdown | None:
         score = med(self.ratios.filled()[:, 0])
@@ -203,14 +212,18 @@ class SlowdownTracker:
             return None
         base = colmed(self.history.filled())
         now = colmed(self.recent.filled())
-        deltas = {name: round(float(now[i] - base[i]), 6)
-                  for i, name in enumerate(COMPONENTS) if not np.isnan(now[i] - base[i])}
+        deltas = {
+            name: round(float(now[i] - base[i]), 6)
+            for i, name in enumerate(COMPONENTS)
+            if not np.isnan(now[i] - base[i])
+        }
         cpu, cpu_host = self._cpu_use()
         group, g_base, g_now = self._slow_group(groups)
         if group:  # report the group's own busy time
             return Slowdown(score, self.threshold, group, g_base, g_now, deltas, cpu, cpu_host)
-        return Slowdown(score, self.threshold, "", self.baseline, float(now[0]), deltas, cpu,
-                        cpu_host)
+        return Slowdown(
+            score, self.threshold, "", self.baseline, float(now[0]), deltas, cpu, cpu_host
+        )
 
     def _cpu_use(self) -> tuple[CpuUse | None, str]:
         """(cpu_wait, cpu_time) at the baseline and now of the host whose waiting share
@@ -252,8 +265,9 @@ def _host_cpu(cs: ClosedStep, hosts: GroupIndex, index: np.ndarray | None) -> np
         return np.full((2, len(hosts.members)), np.nan)  # not reported by the SDK
     if index is not None:
         return nanmed(m[[CPUW, CPUT]][:, index], -1)
-    return np.array([[med(m[CPUW][idx]) for idx in hosts.members],
-                     [med(m[CPUT][idx]) for idx in hosts.members]])
+    return np.array(
+        [[med(m[CPUW][idx]) for idx in hosts.members], [med(m[CPUT][idx]) for idx in hosts.members]]
+    )
 
 
 def _components(cs: ClosedStep) -> np.ndarray:

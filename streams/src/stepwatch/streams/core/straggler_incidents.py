@@ -61,8 +61,11 @@ class Stragglers:
     def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
         out: list[DetectionMessage] = []
         found = self.straggler.candidates()
-        candidates = {c.rank: c.score for c in found if self.straggler.material(c)
-                      or self.book.is_open(T.STRAGGLER, c.rank)}
+        candidates = {
+            c.rank: c.score
+            for c in found
+            if self.straggler.material(c) or self.book.is_open(T.STRAGGLER, c.rank)
+        }
         candidates.update(self._material_hosts([c for c in found if c.rank not in candidates]))
         suspects = {c.rank: c.score for c in found if c.rank not in candidates}
         by_host: dict[str, list[int]] = defaultdict(list)
@@ -121,30 +124,51 @@ class Stragglers:
         if host and (T.STRAGGLER, None, f"host:{host}") in self.book.open:
             return True
         if host and len(ranks) == 1:
-            ranks = [*ranks, *(r for r in self.ranks.ranks_on(host)
-                               if r != ranks[0] and self.straggler.rising(r))]
+            ranks = [
+                *ranks,
+                *(
+                    r
+                    for r in self.ranks.ranks_on(host)
+                    if r != ranks[0] and self.straggler.rising(r)
+                ),
+            ]
         return self.straggler.lasted(ranks)
 
-    def _new_on_host(self, host: str, ranks: list[int], candidates: dict[int, float],
-                     cs: ClosedStep) -> list[DetectionMessage]:
+    def _new_on_host(
+        self, host: str, ranks: list[int], candidates: dict[int, float], cs: ClosedStep
+    ) -> list[DetectionMessage]:
         key: Key = (T.STRAGGLER, None, f"host:{host}")
         if key in self.book.open:
             return []  # absorbed by the host's incident
         others = [r for r in self.ranks.ranks_on(host) if r not in candidates]
         if host and len(ranks) >= 2:
-            slow = sorted({*ranks, *(r for r in self.ranks.ranks_on(host)
-                                     if r not in ranks and self.straggler.rising(r))})
+            slow = sorted(
+                {
+                    *ranks,
+                    *(
+                        r
+                        for r in self.ranks.ranks_on(host)
+                        if r not in ranks and self.straggler.rising(r)
+                    ),
+                }
+            )
             self._host_defer.pop(host, None)
             f = self._host_finding(host, slow, cs)
             # a rank of this host already reported: the host incident continues that one
-            earlier = [self.book.id_of(k) for k in self.book.keys(T.STRAGGLER)
-                       if k[1] is not None and self.ranks.host[k[1]] == host]
+            earlier = [
+                self.book.id_of(k)
+                for k in self.book.keys(T.STRAGGLER)
+                if k[1] is not None and self.ranks.host[k[1]] == host
+            ]
             f.related = earlier[0] if earlier else ""
             return self._observe(f)
         out: list[DetectionMessage] = []
         rank = ranks[0]
-        if not self.book.is_open(T.STRAGGLER, rank) and host and any(
-                self.straggler.rising(r) for r in others):
+        if (
+            not self.book.is_open(T.STRAGGLER, rank)
+            and host
+            and any(self.straggler.rising(r) for r in others)
+        ):
             waited = self._host_defer.get(host, 0)
             if waited < HOST_DEFER_STEPS:
                 self._host_defer[host] = waited + 1
@@ -153,11 +177,15 @@ class Stragglers:
             out.extend(self._observe(self._straggler_finding(rank, candidates[rank], cs)))
         return out
 
-    def _host_holds(self, key: Key, candidates: dict[int, float],
-                    cs: ClosedStep) -> list[DetectionMessage]:
+    def _host_holds(
+        self, key: Key, candidates: dict[int, float], cs: ClosedStep
+    ) -> list[DetectionMessage]:
         host = key[2].removeprefix("host:")
-        slow = [r for r in self.ranks.ranks_on(host)
-                if r in candidates or self.straggler.still_slow(r)[0]]
+        slow = [
+            r
+            for r in self.ranks.ranks_on(host)
+            if r in candidates or self.straggler.still_slow(r)[0]
+        ]
         own = None if slow else self.host_history.still_slow(host)
         if not slow and own is None:
             return self.book.clear(key, cs.end_max, cs.step)
@@ -181,8 +209,11 @@ class Stragglers:
             return []
         ranks = self.ranks.ranks_on(found.host)
         f = self._host_finding(found.host, ranks, cs, found)
-        earlier = [self.book.id_of(k) for k in self.book.keys(T.STRAGGLER)
-                   if k[1] is not None and self.ranks.host[k[1]] == found.host]
+        earlier = [
+            self.book.id_of(k)
+            for k in self.book.keys(T.STRAGGLER)
+            if k[1] is not None and self.ranks.host[k[1]] == found.host
+        ]
         f.related = earlier[0] if earlier else ""
         return self._observe(f)
 
@@ -194,15 +225,20 @@ class Stragglers:
             f.related = cur.finding.related
             return self.book.observe(f)
         js = self.book.open.get((T.JOB_SLOWDOWN, None, ""))
-        if not f.related and js is not None and not js.finding.related and (
+        if (
+            not f.related
+            and js is not None
+            and not js.finding.related
+            and (
                 js.finding.attribution.cause == f.attribution.cause
-                or (js.finding.host and js.finding.host == f.host)):
+                or (js.finding.host and js.finding.host == f.host)
+            )
+        ):
             f.related = js.id
         return self.book.observe(f)
 
     # ------------------------------------------------------------------ findings
-    def _onset(self, key: Key, ranks: list[int], cs: ClosedStep) -> tuple[int | None,
-                                                                         float | None]:
+    def _onset(self, key: Key, ranks: list[int], cs: ClosedStep) -> tuple[int | None, float | None]:
         """(estimated first step, seconds since it began) of a new incident on ``ranks``:
         the CUSUM's change point, so that its cause is read from the fault's own steps and
         samples, not from the steps before it. (None, the window's span) otherwise."""
@@ -214,14 +250,14 @@ class Stragglers:
     def _explained_elsewhere(self, host: str) -> bool:
         """A straggler incident or suspect on another host: the job waits for that one."""
         for key in self.book.keys(T.STRAGGLER):
-            where = self.ranks.host[key[1]] if key[1] is not None else key[2].removeprefix(
-                "host:")
+            where = self.ranks.host[key[1]] if key[1] is not None else key[2].removeprefix("host:")
             if where != host:
                 return True
         return any(self.ranks.host[r] != host for r in self.suspects)
 
-    def _own_onset(self, key: Key, own: SlowHost, cs: ClosedStep) -> tuple[int | None,
-                                                                             float | None]:
+    def _own_onset(
+        self, key: Key, own: SlowHost, cs: ClosedStep
+    ) -> tuple[int | None, float | None]:
         """(first step, seconds since) of a host found against its own history: the change
         point of its ratios to its baseline."""
         if key in self.book.open:
@@ -238,17 +274,33 @@ class Stragglers:
         host, gpu, group = self.ranks.host[rank], self.ranks.gpu[rank], self.ranks.group[rank]
         found = shares(ev, self.straggler.longer_phases(rank))
         attr = self._attribution(
-            key, cs.end_max,
+            key,
+            cs.end_max,
             lambda: self.causes.for_rank(host, gpu, self.hosts, cs.end_max, found, span),
         )
         what = _what(ev)
-        summary = (f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more {what} than the "
-                   f"median of its {len(members)} peers in group {group!r}: {attr.reason}")
-        return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, rank, gpu, group,
-                       host, ev, onset_step=onset)
+        summary = (
+            f"rank {rank} ({host} gpu {gpu}) has {score:.1%} more {what} than the "
+            f"median of its {len(members)} peers in group {group!r}: {attr.reason}"
+        )
+        return Finding(
+            T.STRAGGLER,
+            score,
+            cs.step,
+            cs.end_max,
+            summary,
+            attr,
+            rank,
+            gpu,
+            group,
+            host,
+            ev,
+            onset_step=onset,
+        )
 
-    def _host_finding(self, host: str, slow: list[int], cs: ClosedStep,
-                      own: SlowHost | None = None) -> Finding:
+    def _host_finding(
+        self, host: str, slow: list[int], cs: ClosedStep, own: SlowHost | None = None
+    ) -> Finding:
         groups = self.ranks.groups()
         scores = {r: self.straggler.score(r) for r in slow}
         lead = max(slow, key=lambda r: scores[r])
@@ -264,30 +316,58 @@ class Stragglers:
         # against its own history, what grew against that history (the group median moved)
         found = shares(ev, self.straggler.longer_phases(lead)) if own is None else own.shares
         gpus = [g for g in (self.ranks.gpu[r] for r in slow) if g is not None]
-        attr = self._attribution(key, cs.end_max, lambda: self.causes.for_host(
-            host, gpus, self.hosts, cs.end_max, found, span))
+        attr = self._attribution(
+            key,
+            cs.end_max,
+            lambda: self.causes.for_host(host, gpus, self.hosts, cs.end_max, found, span),
+        )
         score = sorted(scores.values())[len(scores) // 2]
         on_host = len(self.ranks.ranks_on(host))
         if own is None:
-            summary = (f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
-                       f"{score:.1%} more {_what(ev)} than their peers), one host-level "
-                       f"incident: {attr.reason}")
+            summary = (
+                f"host {host}: {len(slow)} of its {on_host} ranks are stragglers (median "
+                f"{score:.1%} more {_what(ev)} than their peers), one host-level "
+                f"incident: {attr.reason}"
+            )
         else:
             score = own.score
-            summary = (f"host {host}: its ranks' busy time is {own.score:.1%} above their own "
-                       f"baseline ({own.current_s:.3f} s vs {own.baseline_s:.3f} s per step) "
-                       f"while the job's other hosts' is not (the host is too large a part of "
-                       f"the job for its peers' median): {attr.reason}")
+            summary = (
+                f"host {host}: its ranks' busy time is {own.score:.1%} above their own "
+                f"baseline ({own.current_s:.3f} s vs {own.baseline_s:.3f} s per step) "
+                f"while the job's other hosts' is not (the host is too large a part of "
+                f"the job for its peers' median): {attr.reason}"
+            )
         groups_of = {self.ranks.group[r] for r in slow}
-        hev: Evidence = {**ev, "scope": "host", "lead_rank": lead, "ranks_on_host": on_host,
-                         "affected_ranks": ",".join(map(str, slow))}
+        hev: Evidence = {
+            **ev,
+            "scope": "host",
+            "lead_rank": lead,
+            "ranks_on_host": on_host,
+            "affected_ranks": ",".join(map(str, slow)),
+        }
         if own is not None:
-            hev.update(basis_history="own", own_baseline_s=round(own.baseline_s, 6),
-                       own_current_s=round(own.current_s, 6),
-                       own_threshold=round(own.threshold, 4))
-        return Finding(T.STRAGGLER, score, cs.step, cs.end_max, summary, attr, None, None,
-                       groups_of.pop() if len(groups_of) == 1 else "", host, hev,
-                       where=f"host:{host}", ranks=tuple(slow), onset_step=onset)
+            hev.update(
+                basis_history="own",
+                own_baseline_s=round(own.baseline_s, 6),
+                own_current_s=round(own.current_s, 6),
+                own_threshold=round(own.threshold, 4),
+            )
+        return Finding(
+            T.STRAGGLER,
+            score,
+            cs.step,
+            cs.end_max,
+            summary,
+            attr,
+            None,
+            None,
+            groups_of.pop() if len(groups_of) == 1 else "",
+            host,
+            hev,
+            where=f"host:{host}",
+            ranks=tuple(slow),
+            onset_step=onset,
+        )
 
     def straggler_incident(self) -> str:
         """The id of an open straggler incident (host-level first), "" when none."""
@@ -308,8 +388,7 @@ def shares(ev: Evidence, longer: dict[str, float]) -> Shares:
             data = longer.get("data", 0.0) / total
             compute = sum(longer.get(p, 0.0) for p in COMPUTE_PHASES) / total
             return Shares(data, compute, *_cpu_share(ev, total))
-    return Shares(_share(ev, "data", "busy"), _share(ev, "compute", "busy"),
-                  *_cpu_share(ev, 0.0))
+    return Shares(_share(ev, "data", "busy"), _share(ev, "compute", "busy"), *_cpu_share(ev, 0.0))
 
 
 def _cpu_share(ev: Evidence, longer_total: float) -> tuple[float | None, Evidence]:

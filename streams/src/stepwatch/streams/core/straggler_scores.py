@@ -66,11 +66,26 @@ from stepwatch.streams.core.stats import MAD_SIGMA, change_point, colmed, med, n
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
-_EVIDENCE_NAMES = ("busy", "data", "compute", "transfer", "comm_wait", "cpu_wait", "cpu_time",
-                   *[p for p in PHASE_NAMES if p not in ("data", "transfer")])
-_EVIDENCE_ROWS = [BUSY, DATA, COMPUTE, XFER, COMM, CPUW, CPUT,
-                  *[r for r, p in zip(PHASE_ROWS, PHASE_NAMES, strict=True)
-                    if p not in ("data", "transfer")]]
+_EVIDENCE_NAMES = (
+    "busy",
+    "data",
+    "compute",
+    "transfer",
+    "comm_wait",
+    "cpu_wait",
+    "cpu_time",
+    *[p for p in PHASE_NAMES if p not in ("data", "transfer")],
+)
+_EVIDENCE_ROWS = [
+    BUSY,
+    DATA,
+    COMPUTE,
+    XFER,
+    COMM,
+    CPUW,
+    CPUT,
+    *[r for r, p in zip(PHASE_ROWS, PHASE_NAMES, strict=True) if p not in ("data", "transfer")],
+]
 DIM_NAMES = ("busy", *PHASE_NAMES)  # dimension 0: the sum; then the phases one by one
 DIM_ROWS = [BUSY, *PHASE_ROWS]
 NDIM = len(DIM_ROWS)
@@ -111,7 +126,9 @@ class StragglerTracker:
         self._sqrt_n = float(np.sqrt(cfg.window_steps))
         self._bnoise: Ring | None = None
         self._bsigma: np.ndarray | None = None
-        self._floor2 = np.full((NDIM, 1), cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio)
+        self._floor2 = np.full(
+            (NDIM, 1), cfg.straggler_min_excess * cfg.straggler_phase_floor_ratio
+        )
         self._floor2[0] = cfg.straggler_min_excess
         self._thr_scale = cfg.straggler_z * 1.25 / float(np.sqrt(cfg.window_steps))
         self._batch_version = -1
@@ -124,8 +141,9 @@ class StragglerTracker:
         self._busy_share = Ring(n, 1)
         self._ratio = float("nan")  # the window's median of _busy_share (this step)
         self.spread = np.full((NDIM, world_size), np.nan)  # group's typical spread per rank
-        self.cusum = RobustCusum((NDIM, world_size), cfg.straggler_cusum_h,
-                                 cfg.straggler_cusum_clip)
+        self.cusum = RobustCusum(
+            (NDIM, world_size), cfg.straggler_cusum_h, cfg.straggler_cusum_clip
+        )
 
     def reset(self) -> None:
         for ring in (self.excess, self.flags, self.steps, self._busy_share):
@@ -170,8 +188,9 @@ class StragglerTracker:
         self._busy_share.push(center / step_s if step_s > 0 else np.nan)
         ratio = self._ratio = med(self._busy_share.filled()[:, 0])
         kappa = self.cfg.straggler_material_share / (ratio if ratio > 0 else 1.0)
-        self.cusum.update(excess, self.spread, kappa, flagged, np.isinf(self.threshold),
-                          cs.step, cs.end_max)
+        self.cusum.update(
+            excess, self.spread, kappa, flagged, np.isinf(self.threshold), cs.step, cs.end_max
+        )
         self.step = cs.step
         if basis != "phases":
             self.steps.rows[self.steps.pos - 1, BUSY] = busy
@@ -227,16 +246,21 @@ class StragglerTracker:
             thr[_BWD_DIM] = np.inf
         self.threshold[:, idx] = thr[:, None]
 
-    def _score_batch(self, groups: GroupIndex, x: np.ndarray, comm: np.ndarray,
-                     excess: np.ndarray, flagged: np.ndarray) -> bool:
+    def _score_batch(
+        self,
+        groups: GroupIndex,
+        x: np.ndarray,
+        comm: np.ndarray,
+        excess: np.ndarray,
+        flagged: np.ndarray,
+    ) -> bool:
         """Every group at once when they have the same size and every rank reported (the
         common case): the same numbers as :meth:`_score_group`, one partition per step."""
         if self._batch_version != groups.version:
             self._batch_version = groups.version
             n = len(groups.members[0])
             same = all(len(m) == n for m in groups.members) and n >= self.cfg.min_group_size
-            self._batch = (np.concatenate(groups.members), len(groups.members), n) if same \
-                else None
+            self._batch = (np.concatenate(groups.members), len(groups.members), n) if same else None
         if self._batch is None:
             return False
         order, n_groups, n = self._batch
@@ -316,8 +340,16 @@ class StragglerTracker:
         for rank in np.flatnonzero(self.count >= k).tolist():
             score, thr = self._best(rank, 1.0)
             if score > thr:
-                out.append(Candidate(rank, score, int(self.count[rank]), thr, self.cost(score),
-                                     self.cusum.level(rank)))
+                out.append(
+                    Candidate(
+                        rank,
+                        score,
+                        int(self.count[rank]),
+                        thr,
+                        self.cost(score),
+                        self.cusum.level(rank),
+                    )
+                )
         return out
 
     def cost(self, score: float) -> float:
@@ -335,8 +367,7 @@ class StragglerTracker:
         lead = max(ranks, key=self.score)
         score = self.score(lead)
         scores = self._scores(lead)
-        d = int(np.nanargmax(np.where(np.isnan(scores), -np.inf, scores -
-                                      self.threshold[:, lead])))
+        d = int(np.nanargmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
         calm = np.setdiff1d(members[self.count[members] == 0], ranks)
         if not len(calm):
             return self.cost(score)
@@ -377,8 +408,7 @@ class StragglerTracker:
         of one host: one fault) began at least ``straggler_min_seconds`` ago."""
         began = self.since[ranks]
         began = began[~np.isnan(began)]
-        return bool(len(began)) and self.now - float(began.min()) >= \
-            self.cfg.straggler_min_seconds
+        return bool(len(began)) and self.now - float(began.min()) >= self.cfg.straggler_min_seconds
 
     def _best(self, rank: int, ratio: float) -> tuple[float, float]:
         """The dimension most over its threshold: (its score, its threshold x ratio)."""
@@ -424,8 +454,13 @@ class StragglerTracker:
                 out[DIM_NAMES[d]] = round(float(s), 4)
         return out
 
-    def evidence(self, rank: int, members: np.ndarray, since: int | None = None,
-                 peers_of: np.ndarray | None = None) -> Evidence:
+    def evidence(
+        self,
+        rank: int,
+        members: np.ndarray,
+        since: int | None = None,
+        peers_of: np.ndarray | None = None,
+    ) -> Evidence:
         """The numbers behind a rank's score: its medians against its group's, in seconds,
         over the window's steps from ``since`` on (the estimated onset; at least 3 steps);
         ``peers_of``: the ranks to compare with (default: the group's calm ranks)."""

@@ -53,8 +53,9 @@ class Throughput:
         dur = float(m[DUR])
         if dur != dur:
             return
-        split = split_step(dur, _num(m[DATA]), _num(m[CKPT]), _num(m[PAUSE]),
-                           *(baseline or (None, 0.0)))
+        split = split_step(
+            dur, _num(m[DATA]), _num(m[CKPT]), _num(m[PAUSE]), *(baseline or (None, 0.0))
+        )
         self.productive += split.productive
         self.badput[Badput.DATA_LOADING] += split.data_loading
         self.badput[Badput.CHECKPOINT] += split.checkpoint
@@ -103,7 +104,9 @@ class Throughput:
             return None
         return float(flops.sum()) / got[1] / self.peak_flops_total
 
-    def goodput(self, now: float, hang_seconds: float = 0.0) -> tuple[float | None, dict[str, float]]:
+    def goodput(
+        self, now: float, hang_seconds: float = 0.0
+    ) -> tuple[float | None, dict[str, float]]:
         """Goodput ratio and badput seconds by category, at event time ``now``."""
         if self.first_start is None:
             return None, dict(self.badput)

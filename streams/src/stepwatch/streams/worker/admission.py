@@ -87,8 +87,16 @@ def _unless_plain(admission: Admission) -> Admission | None:
 class _Job:
     """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``: this run's."""
 
-    __slots__ = ("ceiling", "ceiling_end", "first_end", "first_step", "hosts", "peak", "peak_end",
-                 "world")
+    __slots__ = (
+        "ceiling",
+        "ceiling_end",
+        "first_end",
+        "first_step",
+        "hosts",
+        "peak",
+        "peak_end",
+        "world",
+    )
 
     def __init__(self, rec: StepRecord) -> None:
         self.first_step = self.ceiling = self.peak = rec.step
@@ -168,8 +176,12 @@ class Gate:
                 if rec.job_id != job_id or job is None:
                     job_id, job = rec.job_id, self._job(rec)
                 step = rec.step
-                if (rec.world_size != job.world or step > job.peak or step != job.ceiling
-                        or (host and host not in job.hosts)):
+                if (
+                    rec.world_size != job.world
+                    or step > job.peak
+                    or step != job.ceiling
+                    or (host and host not in job.hosts)
+                ):
                     if out is None:
                         out = Admission(message)
                     refusal = self._judge(job, rec, host, out)
@@ -196,11 +208,17 @@ class Gate:
                 newest = max(newest, r.end)
                 oldest = min(oldest, r.start)
         if cfg.future_seconds > 0 and newest > now + cfg.future_seconds:
-            return Refusal(Reason.FUTURE, f"timestamp {newest:.3f} is {newest - now:.0f} s ahead "
-                           f"of the worker's clock (tolerance {cfg.future_seconds:.0f} s)")
+            return Refusal(
+                Reason.FUTURE,
+                f"timestamp {newest:.3f} is {newest - now:.0f} s ahead "
+                f"of the worker's clock (tolerance {cfg.future_seconds:.0f} s)",
+            )
         if cfg.max_age_seconds > 0 and oldest < now - cfg.max_age_seconds:
-            return Refusal(Reason.TOO_OLD, f"timestamp {oldest:.3f} is {now - oldest:.0f} s old "
-                           f"(limit {cfg.max_age_seconds:.0f} s)")
+            return Refusal(
+                Reason.TOO_OLD,
+                f"timestamp {oldest:.3f} is {now - oldest:.0f} s old "
+                f"(limit {cfg.max_age_seconds:.0f} s)",
+            )
         return None
 
     def _steps(self, message: StepMessage) -> Admission:
@@ -221,24 +239,34 @@ class Gate:
 
     def _step(self, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
         if 0 < self.cfg.max_world_size < rec.world_size:
-            return Refusal(Reason.WORLD_SIZE, f"job {rec.job_id} rank {rec.rank}: world_size "
-                           f"{rec.world_size} is over {self.cfg.max_world_size}")
+            return Refusal(
+                Reason.WORLD_SIZE,
+                f"job {rec.job_id} rank {rec.rank}: world_size "
+                f"{rec.world_size} is over {self.cfg.max_world_size}",
+            )
         return self._judge(self._job(rec), rec, host, out)
 
     def _judge(self, job: _Job, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
         """One record against its job (looked up by the caller): refusal, or the job moved on."""
         if rec.world_size != job.world:
             if job.hosts and host not in job.hosts:
-                return Refusal(Reason.FOREIGN_LIFECYCLE, (
-                    f"job {rec.job_id} rank {rec.rank}: world_size {rec.world_size} (the job has "
-                    f"{job.world}) from host {host!r}, which sent none of its steps"))
+                return Refusal(
+                    Reason.FOREIGN_LIFECYCLE,
+                    (
+                        f"job {rec.job_id} rank {rec.rank}: world_size {rec.world_size} (the job has "
+                        f"{job.world}) from host {host!r}, which sent none of its steps"
+                    ),
+                )
             job.world = rec.world_size
         if rec.step > job.peak:
             limit = job.allowance(rec.end, self.cfg)
             if rec.step - job.peak > limit:
-                return Refusal(Reason.STEP_JUMP, f"job {rec.job_id} rank {rec.rank} step {rec.step}: "
-                               f"{rec.step - job.peak} beyond the job's step {job.peak} "
-                               f"(allowed {limit:.0f})")
+                return Refusal(
+                    Reason.STEP_JUMP,
+                    f"job {rec.job_id} rank {rec.rank} step {rec.step}: "
+                    f"{rec.step - job.peak} beyond the job's step {job.peak} "
+                    f"(allowed {limit:.0f})",
+                )
             job.peak, job.peak_end = rec.step, max(rec.end, job.peak_end)
         if rec.step > job.ceiling:
             job.ceiling, job.ceiling_end = rec.step, max(rec.end, job.ceiling_end)
@@ -267,9 +295,18 @@ class Gate:
             if job is not None and ev.type == EventType.JOB_END:
                 del self._jobs[ev.job_id or ""]
             return Admission(ev)
-        return Admission(None, [Refusal(Reason.FOREIGN_LIFECYCLE, (
-            f"{ev.type} for job {ev.job_id} from host {ev.host!r}, which sent none of its steps "
-            f"(hosts: {', '.join(sorted(job.hosts)[:8])})"))])
+        return Admission(
+            None,
+            [
+                Refusal(
+                    Reason.FOREIGN_LIFECYCLE,
+                    (
+                        f"{ev.type} for job {ev.job_id} from host {ev.host!r}, which sent none of its steps "
+                        f"(hosts: {', '.join(sorted(job.hosts)[:8])})"
+                    ),
+                )
+            ],
+        )
 
     def __len__(self) -> int:
         return len(self._jobs)

@@ -94,9 +94,12 @@ class StreamOptions:
     def from_settings(cls, settings: Settings) -> StreamOptions:
         """The worker's options as the one settings model gives them."""
         return cls(
-            app_id=settings.stream_app_id, worker_name=settings.stream_worker_name,
-            data_dir=settings.stream_data_dir, web_port=settings.stream_web_port,
-            batch_max=settings.stream_batch, batch_within=settings.stream_batch_within,
+            app_id=settings.stream_app_id,
+            worker_name=settings.stream_worker_name,
+            data_dir=settings.stream_data_dir,
+            web_port=settings.stream_web_port,
+            batch_max=settings.stream_batch,
+            batch_within=settings.stream_batch_within,
             tick_seconds=settings.stream_tick_seconds,
             standby_replicas=settings.stream_standby_replicas,
             grace_steps=settings.stream_restore_grace_steps,
@@ -148,15 +151,22 @@ class TableStore:
         topic = self.table.changelog_topic
         while self.pending:
             key, value, partition = self.pending[0]
-            sent = await topic.send(key=key, value=value, partition=partition,
-                                    key_serializer="raw", value_serializer="raw")
+            sent = await topic.send(
+                key=key,
+                value=value,
+                partition=partition,
+                key_serializer="raw",
+                value_serializer="raw",
+            )
             await sent
             self.pending.pop(0)
 
 
 class _StreamApp(faust.App):
     lean_consumer = True
-    aligned_topics: frozenset[str] | None = None  # read by stepwatch.streams.worker.transport.LeanConsumer
+    aligned_topics: frozenset[str] | None = (
+        None  # read by stepwatch.streams.worker.transport.LeanConsumer
+    )
 
     def _new_transport(self) -> Any:
         if not self.lean_consumer:
@@ -215,27 +225,38 @@ def create_app(
     app.aligned_topics = frozenset(Topics(settings.topic_prefix).telemetry())
     worker = options.resolved_worker()
     metrics = metrics or StreamMetrics()
-    table = app.Table(LEDGER_TABLE, key_type=bytes, value_type=bytes,
-                      partitions=settings.partitions,
-                      help="Open detections by id (stepwatch ledger)")
+    table = app.Table(
+        LEDGER_TABLE,
+        key_type=bytes,
+        value_type=bytes,
+        partitions=settings.partitions,
+        help="Open detections by id (stepwatch ledger)",
+    )
     store = TableStore(table)
     ledger = Ledger(store, options.grace_steps)
-    processor = StreamProcessor(Topics(settings.topic_prefix),
-                                engine_factory or default_engine_factory(settings),
-                                metrics, ledger, worker, silence_seconds=options.silence_seconds,
-                                max_message_bytes=settings.max_message_bytes,
-                                admission=admission_config(settings))
+    processor = StreamProcessor(
+        Topics(settings.topic_prefix),
+        engine_factory or default_engine_factory(settings),
+        metrics,
+        ledger,
+        worker,
+        silence_seconds=options.silence_seconds,
+        max_message_bytes=settings.max_message_bytes,
+        admission=admission_config(settings),
+    )
     _wire(app, settings, options, processor, metrics, store, worker)
     return StreamService(app, processor, metrics, table, store, worker)
 
 
 def admission_config(settings: Settings) -> AdmissionConfig:
     """The admission bounds (stepwatch.streams.worker.admission) as the settings give them."""
-    return AdmissionConfig(future_seconds=settings.stream_future_seconds,
-                           max_age_seconds=settings.stream_max_age_seconds,
-                           step_jump_min=settings.stream_step_jump_min,
-                           step_jump_factor=settings.stream_step_jump_factor,
-                           max_world_size=settings.stream_max_world_size)
+    return AdmissionConfig(
+        future_seconds=settings.stream_future_seconds,
+        max_age_seconds=settings.stream_max_age_seconds,
+        step_jump_min=settings.stream_step_jump_min,
+        step_jump_factor=settings.stream_step_jump_factor,
+        max_world_size=settings.stream_max_world_size,
+    )
 
 
 def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for faust.App
@@ -273,13 +294,22 @@ def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _wire(app: faust.App, settings: Settings, options: StreamOptions,
-          processor: StreamProcessor, metrics: StreamMetrics, store: TableStore,
-          worker: str) -> None:
+def _wire(
+    app: faust.App,
+    settings: Settings,
+    options: StreamOptions,
+    processor: StreamProcessor,
+    metrics: StreamMetrics,
+    store: TableStore,
+    worker: str,
+) -> None:
     topics = Topics(settings.topic_prefix)
     telemetry = set(topics.telemetry())
-    channel = app.topic(*topics.telemetry(), schema=RawSchema(key_type=bytes, value_type=bytes),
-                        partitions=settings.partitions)
+    channel = app.topic(
+        *topics.telemetry(),
+        schema=RawSchema(key_type=bytes, value_type=bytes),
+        partitions=settings.partitions,
+    )
     publisher = _Publisher(app, metrics, store)
     state = {"ready": False}
 
@@ -348,12 +378,17 @@ class _Publisher:
     async def publish(self, outputs: list[Output]) -> None:
         for out in outputs:
             try:
-                await self.app.producer.send(out.topic, out.key, out.value, out.partition,
-                                             None, None)
+                await self.app.producer.send(
+                    out.topic, out.key, out.value, out.partition, None, None
+                )
             except Exception as err:
                 self.metrics.errors.labels("produce").inc()
-                self.log_once(f"produce:{type(err).__name__}", "produce failed topic=%s "
-                              "error=%r", out.topic, err)
+                self.log_once(
+                    f"produce:{type(err).__name__}",
+                    "produce failed topic=%s error=%r",
+                    out.topic,
+                    err,
+                )
         if self.store.pending:
             # before the batch that caused them is acknowledged: a committed
             # offset never runs ahead of its ledger entry
@@ -361,5 +396,9 @@ class _Publisher:
                 await self.store.flush()
             except Exception as err:
                 self.metrics.errors.labels("table").inc()
-                self.log_once(f"table:{type(err).__name__}", "ledger write failed pending=%d "
-                              "error=%r", len(self.store.pending), err)
+                self.log_once(
+                    f"table:{type(err).__name__}",
+                    "ledger write failed pending=%d error=%r",
+                    len(self.store.pending),
+                    err,
+                )

@@ -65,13 +65,27 @@ _STRINGS = {
     "compression.type": "producer_compression_type",
 }
 _CREDENTIAL_KEYS = {
-    "security.protocol", "sasl.mechanism", "sasl.mechanisms", "sasl.username", "sasl.password",
-    "sasl.kerberos.service.name", "ssl.ca.location", "ssl.certificate.location",
-    "ssl.key.location", "ssl.key.password", "ssl.endpoint.identification.algorithm",
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.mechanisms",
+    "sasl.username",
+    "sasl.password",
+    "sasl.kerberos.service.name",
+    "ssl.ca.location",
+    "ssl.certificate.location",
+    "ssl.key.location",
+    "ssl.key.password",
+    "ssl.endpoint.identification.algorithm",
     "enable.ssl.certificate.verification",
 }
-_OFFSET_RESET = {"earliest": "earliest", "smallest": "earliest", "beginning": "earliest",
-                 "latest": "latest", "largest": "latest", "end": "latest"}
+_OFFSET_RESET = {
+    "earliest": "earliest",
+    "smallest": "earliest",
+    "beginning": "earliest",
+    "latest": "latest",
+    "largest": "latest",
+    "end": "latest",
+}
 
 
 @dataclass(frozen=True)
@@ -114,8 +128,13 @@ def faust_kafka(bootstrap_servers: str, kafka_config: Mapping[str, str]) -> Faus
             group_id = value
         elif key not in _CREDENTIAL_KEYS and key != "bootstrap.servers":
             ignored.append(key)
-    return FaustKafka(broker_urls(bootstrap_servers), conf, credentials(kafka_config),
-                      group_id, tuple(sorted(ignored)))
+    return FaustKafka(
+        broker_urls(bootstrap_servers),
+        conf,
+        credentials(kafka_config),
+        group_id,
+        tuple(sorted(ignored)),
+    )
 
 
 def _number(key: str, value: str) -> float:
@@ -137,8 +156,9 @@ def credentials(kafka_config: Mapping[str, str]) -> Any:
     context = ssl_context(kafka_config) if protocol in {"SSL", "SASL_SSL"} else None
     if protocol == "SSL":
         return faust.SSLCredentials(context)
-    mechanism = str(kafka_config.get("sasl.mechanism")
-                    or kafka_config.get("sasl.mechanisms") or "GSSAPI").upper()
+    mechanism = str(
+        kafka_config.get("sasl.mechanism") or kafka_config.get("sasl.mechanisms") or "GSSAPI"
+    ).upper()
     if mechanism == "GSSAPI":
         return faust.GSSAPICredentials(
             kerberos_service_name=str(kafka_config.get("sasl.kerberos.service.name", "kafka")),
@@ -151,8 +171,10 @@ def credentials(kafka_config: Mapping[str, str]) -> Any:
             ssl_context=context,
             mechanism=mechanism,
         )
-    raise ConfigError(f"sasl.mechanism {mechanism} cannot be configured from strings for the "
-                      "Faust worker (OAUTHBEARER needs a token provider)")
+    raise ConfigError(
+        f"sasl.mechanism {mechanism} cannot be configured from strings for the "
+        "Faust worker (OAUTHBEARER needs a token provider)"
+    )
 
 
 def ssl_context(kafka_config: Mapping[str, str]) -> ssl.SSLContext:
@@ -164,8 +186,11 @@ def ssl_context(kafka_config: Mapping[str, str]) -> ssl.SSLContext:
             context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=ca or None)
         cert = kafka_config.get("ssl.certificate.location")
         if cert:
-            context.load_cert_chain(cert, kafka_config.get("ssl.key.location") or None,
-                                    kafka_config.get("ssl.key.password") or None)
+            context.load_cert_chain(
+                cert,
+                kafka_config.get("ssl.key.location") or None,
+                kafka_config.get("ssl.key.password") or None,
+            )
     except (OSError, ssl.SSLError) as err:
         raise ConfigError(f"cannot build the TLS context for Kafka: {err}") from err
     if str(kafka_config.get("ssl.endpoint.identification.algorithm", "https")).lower() == "none":

@@ -137,8 +137,9 @@ class PartitionLedger:
         if det.id in self._alias:
             alias = self._alias.pop(det.id) if det.state == "resolved" else self._alias[det.id]
             old = self.open[alias]
-            det = msgspec.structs.replace(det, id=alias, opened_at=old.opened_at,
-                                          first_step=old.first_step)
+            det = msgspec.structs.replace(
+                det, id=alias, opened_at=old.opened_at, first_step=old.first_step
+            )
         det = self._identified(det)
         self._write(det)
         return det
@@ -180,8 +181,11 @@ class PartitionLedger:
                 progress.first_step = top
             progress.max_step = top if progress.max_step is None else max(progress.max_step, top)
             return self._expire(job, progress, now)
-        if (isinstance(message, EventMessage) and message.type == EventType.JOB_END
-                and message.job_id in self._progress):
+        if (
+            isinstance(message, EventMessage)
+            and message.type == EventType.JOB_END
+            and message.job_id in self._progress
+        ):
             return self._resolve_job(message.job_id, now, "job ended")
         return []
 
@@ -225,7 +229,10 @@ class PartitionLedger:
         det_id = self.inherited.pop(key)
         det = self.open[det_id]
         resolved = msgspec.structs.replace(
-            det, state="resolved", ts=now, summary=f"{det.summary} — resolved: {why}".strip(),
+            det,
+            state="resolved",
+            ts=now,
+            summary=f"{det.summary} — resolved: {why}".strip(),
         )
         resolved = self._identified(resolved)
         self._write(resolved)

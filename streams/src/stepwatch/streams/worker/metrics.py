@@ -39,8 +39,18 @@ log = logging.getLogger(__name__)
 
 NS = "stepwatch"
 RANK_LABELS = ("job_id", "rank", "host", "gpu", "type", "cause")
-DETECTION_LABELS = ("job_id", "type", "cause", "fault", "rank", "host", "gpu", "group", "device",
-                    "port")
+DETECTION_LABELS = (
+    "job_id",
+    "type",
+    "cause",
+    "fault",
+    "rank",
+    "host",
+    "gpu",
+    "group",
+    "device",
+    "port",
+)
 
 
 @dataclass(frozen=True)
@@ -73,17 +83,36 @@ def _gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
 
 def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
     spec: list[tuple[str, str, str]] = [
-        ("job_step_seconds", "Step time: median wall time of the job's recent steps (each step: "
-         "the median over its ranks; waiting for a straggler included).", "step_seconds_median"),
-        ("job_step_baseline_seconds", "Straggler-free baseline step time: the job's own step time "
-         "over the steps no slowdown was flagged in (the detector's baseline).",
-         "step_seconds_baseline"),
-        ("job_samples_per_second", "Training samples per second (all ranks).", "samples_per_second"),
+        (
+            "job_step_seconds",
+            "Step time: median wall time of the job's recent steps (each step: "
+            "the median over its ranks; waiting for a straggler included).",
+            "step_seconds_median",
+        ),
+        (
+            "job_step_baseline_seconds",
+            "Straggler-free baseline step time: the job's own step time "
+            "over the steps no slowdown was flagged in (the detector's baseline).",
+            "step_seconds_baseline",
+        ),
+        (
+            "job_samples_per_second",
+            "Training samples per second (all ranks).",
+            "samples_per_second",
+        ),
         ("job_tokens_per_second", "Tokens per second (all ranks).", "tokens_per_second"),
-        ("job_mfu_ratio", "Model FLOPs utilisation (0..1); absent unless the steps carry flops "
-         "and the GPUs' peak FLOP/s is known (" + MFU_UNKNOWN + ").", "mfu"),
-        ("job_goodput_ratio", "Share of the job's wall time spent in productive step time at the "
-         "straggler-free pace (0..1); the rest is job_badput_seconds.", "goodput_ratio"),
+        (
+            "job_mfu_ratio",
+            "Model FLOPs utilisation (0..1); absent unless the steps carry flops "
+            "and the GPUs' peak FLOP/s is known (" + MFU_UNKNOWN + ").",
+            "mfu",
+        ),
+        (
+            "job_goodput_ratio",
+            "Share of the job's wall time spent in productive step time at the "
+            "straggler-free pace (0..1); the rest is job_badput_seconds.",
+            "goodput_ratio",
+        ),
         ("job_last_step", "Last closed step of the job.", "last_step"),
         ("job_world_size", "Ranks in the job.", "world_size"),
     ]
@@ -94,20 +123,31 @@ def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
             if value is not None and math.isfinite(value):
                 fam.add_metric([job.job_id], float(value))
         yield fam
-    badput = _gauge("job_badput_seconds", "Wall time lost by the job since it started, by reason ("
-                    + ", ".join(b.value for b in Badput) + "; stepwatch.contract.goodput).",
-                    ["job_id", "reason"])
+    badput = _gauge(
+        "job_badput_seconds",
+        "Wall time lost by the job since it started, by reason ("
+        + ", ".join(b.value for b in Badput)
+        + "; stepwatch.contract.goodput).",
+        ["job_id", "reason"],
+    )
     for job in jobs:
         for reason, seconds in sorted(getattr(job, "badput_seconds", {}).items()):
             badput.add_metric([job.job_id, reason], float(seconds))
     yield badput
     hung = _gauge("job_hung", "1 while the job makes no progress (hang detected).", ["job_id"])
     stragglers = _gauge("job_stragglers", "Ranks currently flagged as stragglers.", ["job_id"])
-    suspects = _gauge("job_straggler_suspects", "Ranks slower than their peers now, but not (yet) "
-                      "material or lasting enough to be an incident: never paged "
-                      "(docs/detection.md, two tiers).", ["job_id"])
-    became = CounterMetricFamily("stepwatch_job_straggler_suspects", "Ranks that became "
-                                 "straggler suspects since the job started.", labels=["job_id"])
+    suspects = _gauge(
+        "job_straggler_suspects",
+        "Ranks slower than their peers now, but not (yet) "
+        "material or lasting enough to be an incident: never paged "
+        "(docs/detection.md, two tiers).",
+        ["job_id"],
+    )
+    became = CounterMetricFamily(
+        "stepwatch_job_straggler_suspects",
+        "Ranks that became straggler suspects since the job started.",
+        labels=["job_id"],
+    )
     for job in jobs:
         hung.add_metric([job.job_id], 1.0 if job.hung else 0.0)
         stragglers.add_metric([job.job_id], float(len(job.flagged_ranks)))
@@ -124,7 +164,9 @@ def _detection_families(snap: Snapshot) -> Iterator[Metric]:
     for det in snap.open:
         key = (det.job_id, det.type)
         by_type[key] = by_type.get(key, 0) + 1
-    opened = _gauge("job_open_detections", "Open detections of the job by type.", ["job_id", "type"])
+    opened = _gauge(
+        "job_open_detections", "Open detections of the job by type.", ["job_id", "type"]
+    )
     for (job, type_), n in sorted(by_type.items()):
         opened.add_metric([job, type_], float(n))
     yield opened
@@ -172,10 +214,18 @@ def detection_labels(det: DetectionMessage) -> tuple[str, ...]:
     ev = det.evidence or {}
     host = ev.get("suspect_host") or ev.get("host") or (det.host if det.host != "stepwatch" else "")
     port = ev.get("port")
-    return (det.job_id, det.type, det.cause, det.fault,
-            "" if det.rank is None else str(det.rank), str(host or ""),
-            "" if det.gpu is None else str(det.gpu), det.group, str(ev.get("device") or ""),
-            "" if port is None else str(port))
+    return (
+        det.job_id,
+        det.type,
+        det.cause,
+        det.fault,
+        "" if det.rank is None else str(det.rank),
+        str(host or ""),
+        "" if det.gpu is None else str(det.gpu),
+        det.group,
+        str(ev.get("device") or ""),
+        "" if port is None else str(port),
+    )
 
 
 class StreamMetrics:
@@ -184,36 +234,71 @@ class StreamMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.events = Counter(f"{NS}_stream_events", "Telemetry records consumed "
-                              "(step records, GPU readings, port readings, events).",
-                              ["kind"], registry=r)
-        self.messages = Counter(f"{NS}_stream_messages", "Kafka messages consumed.",
-                                ["kind"], registry=r)
-        self.dlq = Counter(f"{NS}_stream_dlq_messages", "Messages sent to the dead-letter topic.",
-                           ["reason"], registry=r)
-        self.dropped = Counter(f"{NS}_stream_dropped_records", "Valid records dropped "
-                               "(duplicate, out_of_order, stale).", ["kind", "reason"], registry=r)
-        self.detections = Counter(f"{NS}_stream_detections", "Detection state changes emitted.",
-                                  ["type", "state"], registry=r)
-        self.errors = Counter(f"{NS}_stream_errors", "Errors caught at the worker's loop edges.",
-                              ["where"], registry=r)
-        self.lag = Gauge(f"{NS}_stream_consumer_lag_messages", "Messages behind the high "
-                         "watermark, per input kind and partition.", ["kind", "partition"],
-                         registry=r)
-        self.ready = Gauge(f"{NS}_stream_ready", "1 when partitions are assigned, tables "
-                           "recovered and the worker is consuming.", registry=r)
-        self.partitions = Gauge(f"{NS}_stream_assigned_partitions", "Partitions (of each "
-                                "input topic) this worker owns.", registry=r)
+        self.events = Counter(
+            f"{NS}_stream_events",
+            "Telemetry records consumed (step records, GPU readings, port readings, events).",
+            ["kind"],
+            registry=r,
+        )
+        self.messages = Counter(
+            f"{NS}_stream_messages", "Kafka messages consumed.", ["kind"], registry=r
+        )
+        self.dlq = Counter(
+            f"{NS}_stream_dlq_messages",
+            "Messages sent to the dead-letter topic.",
+            ["reason"],
+            registry=r,
+        )
+        self.dropped = Counter(
+            f"{NS}_stream_dropped_records",
+            "Valid records dropped (duplicate, out_of_order, stale).",
+            ["kind", "reason"],
+            registry=r,
+        )
+        self.detections = Counter(
+            f"{NS}_stream_detections",
+            "Detection state changes emitted.",
+            ["type", "state"],
+            registry=r,
+        )
+        self.errors = Counter(
+            f"{NS}_stream_errors",
+            "Errors caught at the worker's loop edges.",
+            ["where"],
+            registry=r,
+        )
+        self.lag = Gauge(
+            f"{NS}_stream_consumer_lag_messages",
+            "Messages behind the high watermark, per input kind and partition.",
+            ["kind", "partition"],
+            registry=r,
+        )
+        self.ready = Gauge(
+            f"{NS}_stream_ready",
+            "1 when partitions are assigned, tables recovered and the worker is consuming.",
+            registry=r,
+        )
+        self.partitions = Gauge(
+            f"{NS}_stream_assigned_partitions",
+            "Partitions (of each input topic) this worker owns.",
+            registry=r,
+        )
         self.jobs = Gauge(f"{NS}_stream_jobs", "Jobs analysed by this worker.", registry=r)
-        self.batch = Histogram(f"{NS}_stream_batch_seconds", "Processing time of one batch.",
-                               buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5), registry=r)
+        self.batch = Histogram(
+            f"{NS}_stream_batch_seconds",
+            "Processing time of one batch.",
+            buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5),
+            registry=r,
+        )
         self.job_collector = JobCollector()
         r.register(self.job_collector)
 
     def count_batch(self, counts: Mapping[tuple[str, str], int]) -> None:
         """Add a batch's tallies: keys (family, label) as produced by the worker."""
         families: dict[str, Any] = {
-            "events": self.events, "messages": self.messages, "dlq": self.dlq,
+            "events": self.events,
+            "messages": self.messages,
+            "dlq": self.dlq,
         }
         for (family, label), n in counts.items():
             families[family].labels(label).inc(n)

@@ -96,8 +96,13 @@ class Record:
 class PartitionState:
     """Everything the worker holds for one partition number."""
 
-    def __init__(self, partition: int, engine: Analyzer, ledger: PartitionLedger,
-                 admission: AdmissionConfig | None = None) -> None:
+    def __init__(
+        self,
+        partition: int,
+        engine: Analyzer,
+        ledger: PartitionLedger,
+        admission: AdmissionConfig | None = None,
+    ) -> None:
         self.partition = partition
         self.engine = engine
         self.ledger = ledger
@@ -134,8 +139,9 @@ class StreamProcessor:
         self.clock = clock
         self.silence_seconds = silence_seconds
         self.max_message_bytes = max_message_bytes
-        self.kind_of_topic = {topics.for_kind(k): k.value for k in
-                              (Kind.STEP, Kind.GPU, Kind.PORT, Kind.EVENT)}
+        self.kind_of_topic = {
+            topics.for_kind(k): k.value for k in (Kind.STEP, Kind.GPU, Kind.PORT, Kind.EVENT)
+        }
         self.states: dict[int, PartitionState] = {}
         self.assigned: set[int] = set()
         self.positions: dict[tuple[str, int], int] = {}
@@ -159,12 +165,20 @@ class StreamProcessor:
     def state(self, partition: int) -> PartitionState:
         st = self.states.get(partition)
         if st is None:
-            st = PartitionState(partition, self.engine_factory(),
-                                self.ledger.for_partition(partition), self.admission)
+            st = PartitionState(
+                partition,
+                self.engine_factory(),
+                self.ledger.for_partition(partition),
+                self.admission,
+            )
             self.states[partition] = st
             if st.ledger.inherited:
-                log.info("detections inherited partition=%d open=%d worker=%s",
-                         partition, len(st.ledger.inherited), self.worker)
+                log.info(
+                    "detections inherited partition=%d open=%d worker=%s",
+                    partition,
+                    len(st.ledger.inherited),
+                    self.worker,
+                )
         return st
 
     # ------------------------------------------------------------------ the hot path
@@ -216,8 +230,9 @@ class StreamProcessor:
             if admitted is None:
                 continue
             attr = _RECORDS.get(cls)
-            events[kind] = events.get(kind, 0) + (1 if attr is None else
-                                                  len(getattr(admitted, attr)))
+            events[kind] = events.get(kind, 0) + (
+                1 if attr is None else len(getattr(admitted, attr))
+            )
             if admitted.ts > st.last_event_ts:
                 st.last_event_ts = admitted.ts
             try:
@@ -239,12 +254,16 @@ class StreamProcessor:
         self.metrics.batch.observe(time.perf_counter() - started)
         return out
 
-    def _failed(self, rec: RawRecord, err: Exception,
-                tally: dict[tuple[str, str], int]) -> Output:
+    def _failed(self, rec: RawRecord, err: Exception, tally: dict[tuple[str, str], int]) -> Output:
         self.metrics.errors.labels("process").inc()
-        self._log_once(f"process:{type(err).__name__}", "detection core failed "
-                       "partition=%d offset=%d error=%r", rec.partition, rec.offset, err,
-                       level=logging.ERROR)
+        self._log_once(
+            f"process:{type(err).__name__}",
+            "detection core failed partition=%d offset=%d error=%r",
+            rec.partition,
+            rec.offset,
+            err,
+            level=logging.ERROR,
+        )
         return self._dead(rec, DlqReason.PROCESSING_ERROR, repr(err), tally)
 
     @staticmethod
@@ -252,13 +271,19 @@ class StreamProcessor:
         if message.type == EventType.JOB_END and message.job_id:
             st.dedup.forget_job(message.job_id)
 
-    def _gated(self, st: PartitionState, rec: RawRecord, gated: Admission,
-               tally: dict[tuple[str, str], int]) -> list[Output]:
+    def _gated(
+        self,
+        st: PartitionState,
+        rec: RawRecord,
+        gated: Admission,
+        tally: dict[tuple[str, str], int],
+    ) -> list[Output]:
         """Restarted jobs' duplicate windows are forgotten; refusals become one dead letter."""
         for job_id in gated.rewound:
             st.dedup.forget_job(job_id)
-            log.info("job restarted from an earlier step job_id=%s partition=%d", job_id,
-                     rec.partition)
+            log.info(
+                "job restarted from an earlier step job_id=%s partition=%d", job_id, rec.partition
+            )
         if not gated.refusals:
             return []
         first = gated.refusals[0]
@@ -267,12 +292,21 @@ class StreamProcessor:
             detail += f"; and {len(gated.refusals) - 20} more"
         return [self._dead(rec, DlqReason(first.reason.value), detail, tally)]
 
-    def _dead(self, rec: RawRecord, reason: DlqReason, detail: str,
-              tally: dict[tuple[str, str], int]) -> Output:
+    def _dead(
+        self, rec: RawRecord, reason: DlqReason, detail: str, tally: dict[tuple[str, str], int]
+    ) -> Output:
         tally[("dlq", reason.value)] = tally.get(("dlq", reason.value), 0) + 1
-        letter = dead_letter(reason, detail, topic=rec.topic, partition=rec.partition,
-                             offset=rec.offset, key=rec.key, payload=rec.value,
-                             worker=self.worker, now=self.clock())
+        letter = dead_letter(
+            reason,
+            detail,
+            topic=rec.topic,
+            partition=rec.partition,
+            offset=rec.offset,
+            key=rec.key,
+            payload=rec.value,
+            worker=self.worker,
+            now=self.clock(),
+        )
         return Output(self.topics.dlq, rec.key, encode_dead_letter(letter), rec.partition)
 
     def _publish(self, st: PartitionState, det: DetectionMessage) -> Output:
@@ -281,8 +315,15 @@ class StreamProcessor:
             det = msgspec.structs.replace(det, producer=self.worker)
         self.metrics.detections.labels(det.type, det.state).inc()
         if det.state == "open":
-            log.info("detection opened id=%s job_id=%s type=%s rank=%s cause=%s score=%s",
-                     det.id, det.job_id, det.type, det.rank, det.cause, det.score)
+            log.info(
+                "detection opened id=%s job_id=%s type=%s rank=%s cause=%s score=%s",
+                det.id,
+                det.job_id,
+                det.type,
+                det.rank,
+                det.cause,
+                det.score,
+            )
         return Output(self.topics.detections, det.job_id.encode(), encode(det), st.partition)
 
     def _flush_tally(self, tally: dict[tuple[str, str], int]) -> None:
@@ -302,8 +343,13 @@ class StreamProcessor:
                 found.extend(st.ledger.expire_silent(now, self.silence_seconds))
             except Exception as err:
                 self.metrics.errors.labels("tick").inc()
-                self._log_once(f"tick:{type(err).__name__}", "tick failed partition=%d "
-                               "error=%r", st.partition, err, level=logging.ERROR)
+                self._log_once(
+                    f"tick:{type(err).__name__}",
+                    "tick failed partition=%d error=%r",
+                    st.partition,
+                    err,
+                    level=logging.ERROR,
+                )
                 continue
             out.extend(self._publish(st, det) for det in found)
         self.refresh_snapshot()
@@ -344,4 +390,3 @@ class StreamProcessor:
                 if pos is not None:
                     out[(kind, p)] = max(0, high - (pos + 1))
         return out
-

@@ -47,10 +47,13 @@ from faust.transport.producer import ProducerBuffer
 from faust.transport.utils import DefaultSchedulingStrategy
 
 #: aiokafka modules that bind ``lz4_decode`` at import (the C record reader first)
-_LZ4_USERS = ("aiokafka.record._crecords.default_records",
-              "aiokafka.record._crecords.legacy_records",
-              "aiokafka.record.default_records", "aiokafka.record.legacy_records",
-              "aiokafka.protocol.message")
+_LZ4_USERS = (
+    "aiokafka.record._crecords.default_records",
+    "aiokafka.record._crecords.legacy_records",
+    "aiokafka.record.default_records",
+    "aiokafka.record.legacy_records",
+    "aiokafka.protocol.message",
+)
 
 
 # The faust-streaming series whose consumer internals this module copies
@@ -65,11 +68,13 @@ def faust_version_problem(version: str | None = None) -> str | None:
     if parts == SUPPORTED_FAUST:
         return None
     want = ".".join(map(str, SUPPORTED_FAUST))
-    return (f"faust-streaming {found} is installed but the lean consumer "
-            f"(stepwatch.streams.worker.transport) copies the internals of {want}.x: install the "
-            f"locked version (bash scripts/setup.sh, or pip install 'faust-streaming=={want}.*'), "
-            f"or run the worker with --stock-consumer; to support {found}, re-read Faust's "
-            f"Consumer._drain_messages and update LeanConsumer and SUPPORTED_FAUST together")
+    return (
+        f"faust-streaming {found} is installed but the lean consumer "
+        f"(stepwatch.streams.worker.transport) copies the internals of {want}.x: install the "
+        f"locked version (bash scripts/setup.sh, or pip install 'faust-streaming=={want}.*'), "
+        f"or run the worker with --stock-consumer; to support {found}, re-read Faust's "
+        f"Consumer._drain_messages and update LeanConsumer and SUPPORTED_FAUST together"
+    )
 
 
 class LeanConsumer(faust_aiokafka.Consumer):
@@ -77,8 +82,9 @@ class LeanConsumer(faust_aiokafka.Consumer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.aligner = EventTimeAligner(self.app, getattr(self.app, "aligned_topics", None),
-                                        self._lagging)
+        self.aligner = EventTimeAligner(
+            self.app, getattr(self.app, "aligned_topics", None), self._lagging
+        )
         self.scheduler = self.aligner
 
     def _lagging(self) -> list[Any]:
@@ -278,10 +284,16 @@ class EventTimeAligner(DefaultSchedulingStrategy):
         self.rounds = self.rounds + 1 if self.held else 0
         return heapq.merge(*streams, key=_timestamp)
 
-    def _cutoff(self, records: Mapping[Any, list[Any]], pending: dict[Any, list[Any]]) -> float | None:
+    def _cutoff(
+        self, records: Mapping[Any, list[Any]], pending: dict[Any, list[Any]]
+    ) -> float | None:
         """The newest timestamp every aligned partition has reached (None: release all)."""
-        if (not pending or not records or self.rounds >= self.max_rounds
-                or sum(map(len, pending.values())) > self.max_held):
+        if (
+            not pending
+            or not records
+            or self.rounds >= self.max_rounds
+            or sum(map(len, pending.values())) > self.max_held
+        ):
             return None  # caught up, stuck for too long, or too much held
         fronts: list[float] = [recs[-1].timestamp for recs in pending.values()]
         for tp in self.lagging() if self.lagging is not None else ():
@@ -326,8 +338,9 @@ class QuietMonitor(Monitor):
     def on_stream_event_in(self, tp: Any, offset: int, stream: Any, event: Any) -> None:
         return None
 
-    def on_stream_event_out(self, tp: Any, offset: int, stream: Any, event: Any,
-                            state: Any = None) -> None:
+    def on_stream_event_out(
+        self, tp: Any, offset: int, stream: Any, event: Any, state: Any = None
+    ) -> None:
         return None
 
     def on_message_out(self, tp: Any, offset: int, message: Any) -> None:

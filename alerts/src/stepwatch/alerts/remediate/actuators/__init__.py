@@ -26,21 +26,27 @@ __all__ = ["Actuator", "Notifier", "build", "build_notifier"]
 def build(spec: Mapping[str, Any]) -> Actuator:
     kind = spec.get("kind")
     if kind == "slurm":
-        return SlurmActuator(scontrol=str(spec.get("scontrol", "scontrol")),
-                             sinfo=str(spec.get("sinfo", "sinfo")),
-                             timeout=float(spec.get("timeout", 20.0)),
-                             conf=str(spec.get("slurm_conf", "")))
+        return SlurmActuator(
+            scontrol=str(spec.get("scontrol", "scontrol")),
+            sinfo=str(spec.get("sinfo", "sinfo")),
+            timeout=float(spec.get("timeout", 20.0)),
+            conf=str(spec.get("slurm_conf", "")),
+        )
     if kind == "kubernetes":
         from stepwatch.alerts.remediate.actuators.kube import KubeActuator
 
         return KubeActuator.from_config(spec)
     if kind == "command":
-        return CommandActuator(argv=[str(a) for a in spec.get("argv", [])],
-                               timeout=float(spec.get("timeout", 30.0)),
-                               nodes=int(spec.get("nodes", 0)))
+        return CommandActuator(
+            argv=[str(a) for a in spec.get("argv", [])],
+            timeout=float(spec.get("timeout", 30.0)),
+            nodes=int(spec.get("nodes", 0)),
+        )
     if kind == "log":
         jobs = spec.get("jobs")
-        return LogActuator(nodes=int(spec.get("nodes", 0)), jobs=jobs if isinstance(jobs, Mapping) else None)
+        return LogActuator(
+            nodes=int(spec.get("nodes", 0)), jobs=jobs if isinstance(jobs, Mapping) else None
+        )
     raise ConfigError(f"unknown actuator kind {kind!r}")
 
 
@@ -49,8 +55,9 @@ def build_notifier(spec: Mapping[str, Any], token: str = "") -> Notifier:
     if kind == "webhook":
         return WebhookNotifier(url=str(spec["url"]), timeout=float(spec.get("timeout", 10.0)))
     if kind == "command":
-        return CommandNotifier(argv=[str(a) for a in spec.get("argv", [])],
-                               timeout=float(spec.get("timeout", 30.0)))
+        return CommandNotifier(
+            argv=[str(a) for a in spec.get("argv", [])], timeout=float(spec.get("timeout", 30.0))
+        )
     if kind == "log":
         from stepwatch.alerts.remediate.actuators.base import LogNotifier
 

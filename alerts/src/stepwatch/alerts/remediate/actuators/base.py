@@ -9,7 +9,9 @@ from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
 
-REASON_PREFIX = "stepwatch"  # every drain reason starts with this: how we tell our drains from a person's
+REASON_PREFIX = (
+    "stepwatch"  # every drain reason starts with this: how we tell our drains from a person's
+)
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,9 @@ class LogActuator:
     def __init__(self, nodes: int = 0, jobs: Mapping[str, Any] | None = None) -> None:
         self.nodes = nodes
         self.drained: dict[str, str] = {}
-        self.jobs = None if jobs is None else {str(k): frozenset(map(str, v)) for k, v in jobs.items()}
+        self.jobs = (
+            None if jobs is None else {str(k): frozenset(map(str, v)) for k, v in jobs.items()}
+        )
 
     def node_state(self, node: str) -> NodeState:
         return NodeState(True, node in self.drained, self.drained.get(node, ""))
@@ -95,5 +99,9 @@ class LogActuator:
 
 class LogNotifier:
     def send(self, event: Mapping[str, Any]) -> None:
-        log.warning("notification kind=%s to=%s summary=%s", event.get("kind"), event.get("to"),
-                    event.get("summary"))
+        log.warning(
+            "notification kind=%s to=%s summary=%s",
+            event.get("kind"),
+            event.get("to"),
+            event.get("summary"),
+        )

@@ -28,7 +28,9 @@ def run_template(argv: Sequence[str], values: Mapping[str, str], timeout: float)
     try:
         cmd = [a.format(**values) for a in argv]
     except (KeyError, IndexError) as err:
-        raise ActuatorError(f"command template has an unknown field {err}", transient=False) from err
+        raise ActuatorError(
+            f"command template has an unknown field {err}", transient=False
+        ) from err
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
     except FileNotFoundError as err:
@@ -36,8 +38,10 @@ def run_template(argv: Sequence[str], values: Mapping[str, str], timeout: float)
     except subprocess.TimeoutExpired as err:
         raise ActuatorError(f"{cmd[0]} timed out after {timeout:.0f} s", transient=True) from err
     if done.returncode != 0:
-        raise ActuatorError(f"{cmd[0]} exited {done.returncode}: {done.stderr.strip()[:300]}",
-                            transient=done.returncode == EX_TEMPFAIL)
+        raise ActuatorError(
+            f"{cmd[0]} exited {done.returncode}: {done.stderr.strip()[:300]}",
+            transient=done.returncode == EX_TEMPFAIL,
+        )
     return done.stdout.strip()[:300]
 
 
@@ -58,12 +62,23 @@ class CommandActuator:
         return self.nodes
 
     def drain(self, node: str, reason: str) -> str:
-        return run_template(self.argv, {"action": "drain", "node": require_node(node), "job_id": "",
-                                        "reason": reason}, self.timeout)
+        return run_template(
+            self.argv,
+            {"action": "drain", "node": require_node(node), "job_id": "", "reason": reason},
+            self.timeout,
+        )
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
-        return run_template(self.argv, {"action": "requeue", "node": require_node(exclude_node),
-                                        "job_id": require_job(job_id), "reason": ""}, self.timeout)
+        return run_template(
+            self.argv,
+            {
+                "action": "requeue",
+                "node": require_node(exclude_node),
+                "job_id": require_job(job_id),
+                "reason": "",
+            },
+            self.timeout,
+        )
 
     def job_nodes(self, job_id: str) -> frozenset[str] | None:
         return None  # a command backend cannot see the scheduler
@@ -97,15 +112,21 @@ class WebhookNotifier:
         post_json(self.url, event, self.timeout)
 
 
-def post_json(url: str, body: Mapping[str, Any], timeout: float,
-              headers: Mapping[str, str] | None = None) -> bytes:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **(headers or {})})
+def post_json(
+    url: str, body: Mapping[str, Any], timeout: float, headers: Mapping[str, str] | None = None
+) -> bytes:
+    req = urllib.request.Request(
+        url,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return bytes(resp.read())
     except urllib.error.HTTPError as err:
-        raise ActuatorError(f"POST {url}: HTTP {err.code}",
-                            transient=err.code >= 500 or err.code == 429) from err
+        raise ActuatorError(
+            f"POST {url}: HTTP {err.code}", transient=err.code >= 500 or err.code == 429
+        ) from err
     except (urllib.error.URLError, OSError) as err:
         raise ActuatorError(f"POST {url}: {err}", transient=True) from err

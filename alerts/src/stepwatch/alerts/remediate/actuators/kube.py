@@ -41,9 +41,13 @@ class KubeActuator:
             if spec.get("in_cluster"):
                 config.load_incluster_config()
             else:
-                config.load_kube_config(config_file=spec.get("kubeconfig"), context=spec.get("context"))
+                config.load_kube_config(
+                    config_file=spec.get("kubeconfig"), context=spec.get("context")
+                )
         except Exception as err:  # the client raises several unrelated types
-            raise ActuatorError(f"cannot load the Kubernetes config: {err}", transient=False) from err
+            raise ActuatorError(
+                f"cannot load the Kubernetes config: {err}", transient=False
+            ) from err
         return cls(client.CoreV1Api(), str(spec.get("job_label", "stepwatch.io/job-id")))
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -53,7 +57,9 @@ class KubeActuator:
             return fn(*args, **kwargs)
         except ApiException as err:
             transient = err.status in (429, 0) or (err.status or 0) >= 500
-            raise ActuatorError(f"kubernetes {what}: {err.status} {err.reason}", transient=transient) from err
+            raise ActuatorError(
+                f"kubernetes {what}: {err.status} {err.reason}", transient=transient
+            ) from err
         except OSError as err:  # urllib3 connection errors derive from OSError
             raise ActuatorError(f"kubernetes {what}: {err}", transient=True) from err
 
@@ -66,8 +72,10 @@ class KubeActuator:
         except ApiException as err:
             if err.status == 404:
                 return NodeState(False, False)
-            raise ActuatorError(f"kubernetes read node {node}: {err.status} {err.reason}",
-                                transient=err.status == 429 or (err.status or 0) >= 500) from err
+            raise ActuatorError(
+                f"kubernetes read node {node}: {err.status} {err.reason}",
+                transient=err.status == 429 or (err.status or 0) >= 500,
+            ) from err
         annotations = obj.metadata.annotations or {}
         return NodeState(True, bool(obj.spec.unschedulable), annotations.get(REASON_ANNOTATION, ""))
 
@@ -80,9 +88,13 @@ class KubeActuator:
         obj = self._call("read node", self.core.read_node, require_node(node))
         taints = [t for t in (obj.spec.taints or []) if t.key != TAINT_KEY]
         taints.append(client.V1Taint(key=TAINT_KEY, value="stepwatch", effect="NoSchedule"))
-        body = {"spec": {"unschedulable": True, "taints": [self.core.api_client.sanitize_for_serialization(t)
-                                                           for t in taints]},
-                "metadata": {"annotations": {REASON_ANNOTATION: reason}}}
+        body = {
+            "spec": {
+                "unschedulable": True,
+                "taints": [self.core.api_client.sanitize_for_serialization(t) for t in taints],
+            },
+            "metadata": {"annotations": {REASON_ANNOTATION: reason}},
+        }
         self._call("patch node", self.core.patch_node, node, body)
         return f"cordoned and tainted {node}"
 
@@ -91,15 +103,25 @@ class KubeActuator:
 
     def job_nodes(self, job_id: str) -> frozenset[str] | None:
         """The nodes the job's pods are scheduled on (label ``job_label``)."""
-        pods = self._call("list pods", self.core.list_pod_for_all_namespaces,
-                          label_selector=f"{self.job_label}={require_job(job_id, 'label')}").items
+        pods = self._call(
+            "list pods",
+            self.core.list_pod_for_all_namespaces,
+            label_selector=f"{self.job_label}={require_job(job_id, 'label')}",
+        ).items
         return frozenset(p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name)
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
-        pods = self._call("list pods", self.core.list_pod_for_all_namespaces,
-                          label_selector=f"{self.job_label}={require_job(job_id, 'label')}",
-                          field_selector=f"spec.nodeName={require_node(exclude_node)}").items
+        pods = self._call(
+            "list pods",
+            self.core.list_pod_for_all_namespaces,
+            label_selector=f"{self.job_label}={require_job(job_id, 'label')}",
+            field_selector=f"spec.nodeName={require_node(exclude_node)}",
+        ).items
         for pod in pods:
-            self._call("delete pod", self.core.delete_namespaced_pod, pod.metadata.name,
-                       pod.metadata.namespace)
+            self._call(
+                "delete pod",
+                self.core.delete_namespaced_pod,
+                pod.metadata.name,
+                pod.metadata.namespace,
+            )
         return f"deleted {len(pods)} pod(s) of job {job_id} on {exclude_node}"

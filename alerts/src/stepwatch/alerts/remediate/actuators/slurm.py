@@ -32,31 +32,57 @@ from stepwatch.errors import ActuatorError
 
 log = logging.getLogger(__name__)
 
-Runner = Callable[[Sequence[str], float, "Mapping[str, str] | None"], "subprocess.CompletedProcess[str]"]
-_TRANSIENT = ("unable to contact slurm controller", "socket timed out", "temporarily unavailable",
-              "slurm_persist_conn", "connection refused", "resource busy", "try again",
-              "zero bytes were transmitted or received", "communication connection failure",
-              "transport endpoint is not connected", "connection reset")
+Runner = Callable[
+    [Sequence[str], float, "Mapping[str, str] | None"], "subprocess.CompletedProcess[str]"
+]
+_TRANSIENT = (
+    "unable to contact slurm controller",
+    "socket timed out",
+    "temporarily unavailable",
+    "slurm_persist_conn",
+    "connection refused",
+    "resource busy",
+    "try again",
+    "zero bytes were transmitted or received",
+    "communication connection failure",
+    "transport endpoint is not connected",
+    "connection reset",
+)
 _FIELD = re.compile(r"(\w+)=")
 _HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontrol prints it
 
 
-def run_command(argv: Sequence[str], timeout: float,
-                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, check=False,
-                          env=None if env is None else dict(env))
+def run_command(
+    argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env=None if env is None else dict(env),
+    )
 
 
 class SlurmActuator:
     name = "slurm"
 
-    def __init__(self, scontrol: str = "scontrol", sinfo: str = "sinfo", timeout: float = 20.0,
-                 runner: Runner = run_command, conf: str = "") -> None:
+    def __init__(
+        self,
+        scontrol: str = "scontrol",
+        sinfo: str = "sinfo",
+        timeout: float = 20.0,
+        runner: Runner = run_command,
+        conf: str = "",
+    ) -> None:
         self.scontrol = scontrol
         self.sinfo = sinfo
         self.timeout = timeout
         self.runner = runner
-        self.env = {**os.environ, "SLURM_CONF": conf} if conf else None  # else the default slurm.conf
+        self.env = (
+            {**os.environ, "SLURM_CONF": conf} if conf else None
+        )  # else the default slurm.conf
 
     def _run(self, argv: Sequence[str]) -> str:
         try:
@@ -64,13 +90,15 @@ class SlurmActuator:
         except FileNotFoundError as err:
             raise ActuatorError(f"{argv[0]} not found", transient=False) from err
         except subprocess.TimeoutExpired as err:
-            raise ActuatorError(f"{' '.join(argv[:3])} timed out after {self.timeout:.0f} s",
-                                transient=True) from err
+            raise ActuatorError(
+                f"{' '.join(argv[:3])} timed out after {self.timeout:.0f} s", transient=True
+            ) from err
         if done.returncode != 0:
             text = (done.stderr or done.stdout or "").strip()
             transient = any(t in text.lower() for t in _TRANSIENT)
-            raise ActuatorError(f"{' '.join(argv[:3])} failed ({done.returncode}): {text}",
-                                transient=transient)
+            raise ActuatorError(
+                f"{' '.join(argv[:3])} failed ({done.returncode}): {text}", transient=transient
+            )
         return done.stdout
 
     def node_state(self, node: str) -> NodeState:
@@ -84,8 +112,10 @@ class SlurmActuator:
         records = [line for line in out.splitlines() if line.strip()]
         fields = parse_fields(records[0]) if records else {}
         if len(records) != 1 or fields.get("NodeName") != node:
-            raise ActuatorError(f"scontrol show node {node}: not exactly that one node "
-                                f"({len(records)} record(s))", transient=False)
+            raise ActuatorError(
+                f"scontrol show node {node}: not exactly that one node ({len(records)} record(s))",
+                transient=False,
+            )
         states = set(fields.get("State", "").upper().replace("*", "").split("+"))
         drained = bool(states & {"DRAIN", "DRAINED", "DRAINING"})
         reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", fields.get("Reason", "")).strip()
@@ -96,8 +126,15 @@ class SlurmActuator:
         return len({line.strip() for line in out.splitlines() if line.strip()})
 
     def drain(self, node: str, reason: str) -> str:
-        self._run([self.scontrol, "update", f"nodename={require_node(node)}", "state=drain",
-                   f"reason={reason}"])
+        self._run(
+            [
+                self.scontrol,
+                "update",
+                f"nodename={require_node(node)}",
+                "state=drain",
+                f"reason={reason}",
+            ]
+        )
         return f"scontrol drained {node}"
 
     def job_owner(self, job_id: str) -> str:
@@ -111,7 +148,9 @@ class SlurmActuator:
             if not listed or listed == "(null)":
                 continue  # pending: on no node
             if not _HOSTLIST.fullmatch(listed):
-                raise ActuatorError(f"scontrol show job {job_id}: unexpected NodeList", transient=False)
+                raise ActuatorError(
+                    f"scontrol show job {job_id}: unexpected NodeList", transient=False
+                )
             out = self._run([self.scontrol, "show", "hostnames", listed])
             nodes.update(n.strip() for n in out.splitlines() if n.strip())
         return frozenset(nodes)
@@ -130,7 +169,14 @@ class SlurmActuator:
         else:
             self._run([self.scontrol, "hold", job_id])
         try:
-            self._run([self.scontrol, "update", f"jobid={job_id}", f"ExcNodeList={','.join(sorted(excluded))}"])
+            self._run(
+                [
+                    self.scontrol,
+                    "update",
+                    f"jobid={job_id}",
+                    f"ExcNodeList={','.join(sorted(excluded))}",
+                ]
+            )
         finally:
             self._run([self.scontrol, "release", job_id])
         return f"job {job_id} requeued from {state.lower()} excluding {','.join(sorted(excluded))}"
@@ -147,5 +193,5 @@ def parse_fields(text: str) -> dict[str, str]:
     matches = list(_FIELD.finditer(text))
     for i, found in enumerate(matches):
         end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
-        out.setdefault(found.group(1), text[found.end():end].strip())
+        out.setdefault(found.group(1), text[found.end() : end].strip())
     return out

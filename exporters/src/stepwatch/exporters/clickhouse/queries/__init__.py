@@ -103,7 +103,9 @@ def parse_time(text: str, now: float) -> float:
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as err:
-        raise ConfigError(f"cannot read {text!r} as a time (30d, 2026-01-31, 2026-01-31T12:00Z)") from err
+        raise ConfigError(
+            f"cannot read {text!r} as a time (30d, 2026-01-31, 2026-01-31T12:00Z)"
+        ) from err
     if parsed.tzinfo is None:
         parsed = parsed.replace(tzinfo=UTC)
     return parsed.timestamp()
