@@ -141,3 +141,21 @@ def test_gpu_series_grouped_at_once_match_the_reading_by_reading_ones() -> None:
     for g, series in want.items():
         for name in _GpuSeries.__slots__:
             assert getattr(got[g], name) == getattr(series, name), (g, name)
+
+
+def test_a_silent_host_window_goes_at_the_first_tick_past_its_silence() -> None:
+    from stepwatch.streams.core import DetectConfig, Engine
+
+    engine = Engine(DetectConfig(host_silence_seconds=10.0))
+    silence = engine.cfg.host_silence_seconds
+    for ts in range(0, 30):  # h1 reports every second, h2 stops at 5
+        engine.process(GpuMessage(host="h1", ts=T0 + ts, gpus=[GpuReading(index=0)]))
+        if ts <= 5:
+            engine.process(GpuMessage(host="h2", ts=T0 + ts, gpus=[GpuReading(index=0)]))
+        engine.tick(T0 + ts)
+        assert ("h2" in engine.windows) == (ts - 5 <= silence), ts
+    # a new host whose first sample is already older than the silence: gone at the next tick
+    engine.process(GpuMessage(host="h3", ts=T0 + 29 - silence - 1, gpus=[GpuReading(index=0)]))
+    assert "h3" in engine.windows
+    engine.tick(T0 + 29)
+    assert "h3" not in engine.windows and "h1" in engine.windows

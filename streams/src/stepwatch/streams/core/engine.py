@@ -11,6 +11,7 @@ grace period or a long silence.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 
 from stepwatch.contract import (
@@ -44,6 +45,7 @@ class Engine:
         self.stores = HostStores(self.cfg.host_samples)  # every host's GPU and port samples
         self.causes = CauseFinder(self.cfg, self.windows)
         self.now = 0.0  # event time: the largest timestamp seen or ticked
+        self._seen_floor = -math.inf  # no host window was last seen before this
         self.counts: Counter[str] = Counter()
         self._log_once = LogOnce(log)
 
@@ -100,11 +102,19 @@ class Engine:
                     err,
                     level=logging.ERROR,
                 )
-        for host in [
-            h for h, w in self.windows.items() if now - w.last_seen > self.cfg.host_silence_seconds
-        ]:
-            self.windows.pop(host).close()
+        self._forget_silent_hosts(now)
         return out
+
+    def _forget_silent_hosts(self, now: float) -> None:
+        """Host windows silent for ``host_silence_seconds`` go. Each window's ``last_seen``
+        only grows, so the oldest one found by the last look bounds them all: the
+        windows are looked at only once that bound is old enough (or a new one came)."""
+        silence = self.cfg.host_silence_seconds
+        if now - self._seen_floor <= silence:
+            return
+        for host in [h for h, w in self.windows.items() if now - w.last_seen > silence]:
+            self.windows.pop(host).close()
+        self._seen_floor = min((w.last_seen for w in self.windows.values()), default=now)
 
     def stats(self) -> list[JobStats]:
         return [job.stats(self.now) for job in self.jobs.values()]
@@ -201,6 +211,7 @@ class Engine:
         win = self.windows.get(host)
         if win is None:
             win = self.windows[host] = HostWindow(host, self.cfg.host_samples, self.stores)
+            self._seen_floor = -math.inf  # its first sample may be older than the others
         return win
 
     def _expired(self, job: Job, now: float) -> str:
