@@ -1,4 +1,5 @@
-"""Where each part of the one ``stepwatch`` package lives (docs/architecture.md, "One identity per module").
+"""Where each part of the one ``stepwatch`` package lives (docs/architecture.md,
+"One identity per module").
 
 The core is ``stepwatch/``; each service folder holds its subpackage in the
 OpenTelemetry layout, ``<folder>/src/stepwatch/<folder>/`` (agents, streams,

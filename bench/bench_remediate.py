@@ -200,7 +200,8 @@ def main() -> int:
     print(f"fault-to-action, median of {len(rows)} (real Alertmanager, remediator, 4-node Slurm):")
     print(f"  detection       {detect:7.2f} s  configured (core persistence, --detect-s)")
     print(
-        f"  rule evaluation {rule:7.2f} s  configured (for: {rule - args.eval_interval:.0f} s + one "
+        f"  rule evaluation {rule:7.2f} s  configured "
+        f"(for: {rule - args.eval_interval:.0f} s + one "
         f"evaluation interval {args.eval_interval:.0f} s, worst case)"
     )
     print(f"  AM grouping     {med[0]:7.3f} s  measured (group_wait {args.group_wait})")

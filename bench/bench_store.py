@@ -279,7 +279,8 @@ def main() -> int:
     args = parser.parse_args()
     load = os.getloadavg()[0]
     print(
-        f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start (other work slows every figure)"
+        f"machine: {os.cpu_count()} CPUs, load average {load:.2f} at start "
+        "(other work slows every figure)"
     )
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
         work = Path(tmp)
@@ -297,7 +298,8 @@ def main() -> int:
             print(f"   ratio sink / raw insert: {raw_s / sink_s:.2f}")
         rows = args.ranks * args.steps
         print(
-            f"2. per-rank percentiles, one job of {args.ranks} ranks x {args.steps} steps ({rows:,} rows)"
+            f"2. per-rank percentiles, one job of {args.ranks} ranks x {args.steps} steps "
+            f"({rows:,} rows)"
         )
         q = bench_query(args.ranks, args.steps, args.repeat, work)
         engine_rate = q["rows"] / q["generate_s"]
@@ -310,10 +312,12 @@ def main() -> int:
             print(f"   generated at {engine_rate:,.0f} rows/s (INSERT SELECT numbers)")
         print(
             f"   rank_step_percentiles (exact quantiles):        {q['query_s'] * 1000:8.0f} ms  "
-            f"(goal < 1000 ms; straggler found: rank {q['slowest_rank']:.0f} at {q['slowest_ratio']:.3f})"
+            "(goal < 1000 ms; straggler found: "
+            f"rank {q['slowest_rank']:.0f} at {q['slowest_ratio']:.3f})"
         )
         print(
-            f"   same with FINAL:                                {q['with_final_s'] * 1000:8.0f} ms  "
+            "   same with FINAL:                                "
+            f"{q['with_final_s'] * 1000:8.0f} ms  "
             f"(FINAL costs {q['with_final_s'] / q['query_s']:.2f} x)"
         )
         print(
@@ -322,7 +326,8 @@ def main() -> int:
         )
         print(
             f"3. storage: {q['bytes_per_row']:.2f} bytes per step row compressed "
-            f"({q['raw_bytes_per_row']:.1f} uncompressed, {q['raw_bytes_per_row'] / q['bytes_per_row']:.1f} x; "
+            f"({q['raw_bytes_per_row']:.1f} uncompressed, "
+            f"{q['raw_bytes_per_row'] / q['bytes_per_row']:.1f} x; "
             f"{q['parts']:.0f} parts)"
         )
     return 0

@@ -61,14 +61,16 @@ def main() -> int:
             session.query("USE stepwatch")
             print(f"store endpoint, median of {args.repeat} requests (ms)")
             print(
-                f"{'statement':26} {'engine':>8} {'checks':>8} {'endpoint':>9} {'checks/endpoint':>16}"
+                f"{'statement':26} {'engine':>8} {'checks':>8} "
+                f"{'endpoint':>9} {'checks/endpoint':>16}"
             )
             for name, (sql, params) in statements.items():
                 engine = median_ms(partial(store.query, sql, params), args.repeat)
                 checks = median_ms(partial(guard.statement, session, sql, params), args.repeat)
                 endpoint = median_ms(partial(client.query, sql, params), args.repeat)
                 print(
-                    f"{name:26} {engine:8.2f} {checks:8.2f} {endpoint:9.2f} {checks / endpoint:16.2f}"
+                    f"{name:26} {engine:8.2f} {checks:8.2f} "
+                    f"{endpoint:9.2f} {checks / endpoint:16.2f}"
                 )
             session.close()
             client.close()

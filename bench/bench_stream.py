@@ -334,7 +334,8 @@ def main() -> None:
             f"worker/raw-consume ratio {rate / raw:.3f}"
         )
         print(
-            f"goals: >= {GOAL_EVENTS:,} events/s per core: {'met' if rate >= GOAL_EVENTS else 'NOT met'}; "
+            f"goals: >= {GOAL_EVENTS:,} events/s per core: "
+            f"{'met' if rate >= GOAL_EVENTS else 'NOT met'}; "
             f"ratio >= {GOAL_RATIO}: {'met' if rate / raw >= GOAL_RATIO else 'NOT met'}"
         )
     finally:

@@ -439,7 +439,8 @@ def run(args: argparse.Namespace) -> int:
         fleet.broker.stop()
     print(f"chaos audit seed={args.seed} agents={args.agents} workdir={workdir}")
     print(
-        f"re-driven after broker loss {fleet.redriven} records (window {args.redrive_seconds:.0f} s)"
+        f"re-driven after broker loss {fleet.redriven} records "
+        f"(window {args.redrive_seconds:.0f} s)"
     )
     print_report(report, fleet.faults, fleet.takeovers)
     if args.soak:

@@ -316,7 +316,8 @@ ORDER BY time"""
                 "XID events",
                 "short",
                 (
-                    f"sum by (host, gpu, xid) (increase(stepwatch_gpu_xid_events_total{{{GPU_HOST}}}[{RATE}]))",
+                    "sum by (host, gpu, xid) "
+                    f"(increase(stepwatch_gpu_xid_events_total{{{GPU_HOST}}}[{RATE}]))",
                     GPU + " xid {{xid}}",
                 ),
                 desc="Counted XID events per interval (not dcgm's last-XID gauge).",
@@ -430,7 +431,8 @@ ORDER BY xmit_wait_ticks DESC LIMIT 20"""
     # fabric's, whichever host is selected; the saved query port_findings)
     findings = """
 SELECT subject_host AS host, device, port, uniqExact(job_id) AS jobs,
-       uniqExact(id) AS detections, arrayStringConcat(arraySort(groupUniqArray(type)), ',') AS types,
+       uniqExact(id) AS detections, \
+arrayStringConcat(arraySort(groupUniqArray(type)), ',') AS types,
        max(ts) AS last_seen
 FROM detections FINAL
 WHERE $__timeFilter(ts) AND state = 'open' AND device != ''
@@ -605,7 +607,8 @@ def pipeline() -> Dashboard:
                 "Insert time p99",
                 "s",
                 (
-                    f"histogram_quantile(0.99, sum by (le, table) (rate(stepwatch_sink_insert_seconds_bucket{{{C}}}[{RATE}])))",
+                    "histogram_quantile(0.99, sum by (le, table) "
+                    f"(rate(stepwatch_sink_insert_seconds_bucket{{{C}}}[{RATE}])))",
                     "{{table}}",
                 ),
             )
@@ -616,7 +619,8 @@ def pipeline() -> Dashboard:
                 "Remediator decisions",
                 "short",
                 (
-                    f"sum by (action, outcome) (increase(stepwatch_remediator_decisions_total{{{C}}}[1h]))",
+                    "sum by (action, outcome) "
+                    f"(increase(stepwatch_remediator_decisions_total{{{C}}}[1h]))",
                     "{{action}} {{outcome}}",
                 ),
                 fault_only=True,
@@ -637,7 +641,8 @@ def pipeline() -> Dashboard:
                 "Actuator errors",
                 "short",
                 (
-                    f"sum by (actuator, kind) (increase(stepwatch_remediator_actuator_errors_total{{{C}}}[1h]))",
+                    "sum by (actuator, kind) "
+                    f"(increase(stepwatch_remediator_actuator_errors_total{{{C}}}[1h]))",
                     "{{actuator}} {{kind}}",
                 ),
                 fault_only=True,

@@ -113,7 +113,8 @@ def prom_table(
     fault_only: bool = False,
     links: dict[str, str] | None = None,
 ) -> table.Panel:
-    """An instant table; ``links``: title -> URL of a data link on every cell (``${__data.fields.X}``)."""
+    """An instant table; ``links``: title -> URL of a data link on every cell
+    (``${__data.fields.X}``)."""
     q = prom(expr).instant().format(PromQueryFormat.TABLE)
     p = (
         table.Panel()

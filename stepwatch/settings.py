@@ -8,11 +8,12 @@ explicitly (CLI flags do this), or by the environment variable
 are the field names without the section prefix, e.g. ``[stream] batch = 2000``
 for ``stream_batch``; a ``[kafka_config]`` table holds librdkafka keys), or falls
 back to the default below. A bad value is a :class:`ConfigError` naming the
-setting. :attr:`Settings.sources` says where each value came from. Kafka client settings are passed through untouched: explicit
-``kafka_config`` entries win over ``STEPWATCH_KAFKA__<KEY>`` variables, where
-``KEY`` is the librdkafka key with ``.`` written as ``_`` (for example
-``STEPWATCH_KAFKA__SECURITY_PROTOCOL=SASL_SSL``). Secrets are masked in
-``repr`` and in :meth:`Settings.describe`.
+setting. :attr:`Settings.sources` says where each value came from. Kafka client
+settings are passed through untouched: explicit ``kafka_config`` entries win
+over ``STEPWATCH_KAFKA__<KEY>`` variables, where ``KEY`` is the librdkafka key
+with ``.`` written as ``_`` (for example
+``STEPWATCH_KAFKA__SECURITY_PROTOCOL=SASL_SSL``). Secrets are masked in ``repr``
+and in :meth:`Settings.describe`.
 """
 
 from __future__ import annotations
@@ -118,7 +119,8 @@ class Settings:
     clickhouse_user: str = "default"
     clickhouse_password: str = ""
     clickhouse_database: str = "stepwatch"
-    # a remote_servers cluster: tables ON CLUSTER, replicated, behind Distributed ones (docs/store.md)
+    # a remote_servers cluster: tables ON CLUSTER, replicated, behind Distributed ones
+    # (docs/store.md)
     clickhouse_cluster: str = ""
     store_path: str = "var/chdb"
     store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)

@@ -154,7 +154,8 @@ def run_migrate(args: argparse.Namespace) -> int:
     print(f"migrations applied: {names}")
     if migrator.ttl_changed:
         print(
-            f"raw-row TTL set to {settings.store_raw_ttl_days} days on: {', '.join(migrator.ttl_changed)}"
+            f"raw-row TTL set to {settings.store_raw_ttl_days} days on: "
+            f"{', '.join(migrator.ttl_changed)}"
         )
     return 0
 
@@ -185,7 +186,8 @@ def run_status(args: argparse.Namespace) -> int:
             "SELECT t.name AS table, t.engine AS engine, p.rows AS rows, p.bytes AS bytes_on_disk, "
             "p.parts AS parts FROM system.tables AS t LEFT JOIN (SELECT table, sum(rows) AS rows, "
             "sum(bytes_on_disk) AS bytes, count() AS parts FROM system.parts "
-            "WHERE active AND database = currentDatabase() GROUP BY table) AS p ON t.name = p.table "
+            "WHERE active AND database = currentDatabase() GROUP BY table) "
+            "AS p ON t.name = p.table "
             "WHERE t.database = currentDatabase() AND t.engine NOT LIKE '%View' ORDER BY t.name"
         )
         sys.stdout.write(render(result))

@@ -55,7 +55,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--fault",
         action="append",
         default=None,
-        help=f"fault to inject, KIND[:key=value]... (default {DEFAULT_FAULT}); 'none' for a healthy run",
+        help=f"fault to inject, KIND[:key=value]... (default {DEFAULT_FAULT}); "
+        "'none' for a healthy run",
     )
     p.add_argument(
         "--duration",

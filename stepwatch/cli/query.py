@@ -1,7 +1,7 @@
 """``stepwatch query``: run a saved query over the historical store.
 
-Saved queries live in exporters/src/stepwatch/exporters/clickhouse/queries/*.sql and are documented in
-docs/queries.md. ``--since`` takes an age (30d, 12h), a date or a time (UTC).
+Saved queries live in exporters/src/stepwatch/exporters/clickhouse/queries/*.sql and are
+documented in docs/queries.md. ``--since`` takes an age (30d, 12h), a date or a time (UTC).
 """
 
 from __future__ import annotations

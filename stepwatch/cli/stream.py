@@ -112,14 +112,16 @@ def register(sub: Any) -> None:
         dest="stream_restore_grace_steps",
         type=int,
         help="steps a job must advance before an inherited open detection the "
-        f"restarted core did not confirm is resolved (default {default_of('stream_restore_grace_steps')})",
+        "restarted core did not confirm is resolved "
+        f"(default {default_of('stream_restore_grace_steps')})",
     )
     g.add_argument(
         "--session-timeout",
         dest="stream_session_timeout",
         type=float,
         help="consumer-group session timeout in seconds: a crashed worker's "
-        f"partitions move after it (default {default_of('stream_session_timeout')}, Kafka's smallest allowed; heartbeat "
+        f"partitions move after it (default {default_of('stream_session_timeout')}, "
+        "Kafka's smallest allowed; heartbeat "
         "every 1/6 of it; docs/streams.md, Availability)",
     )
     g.add_argument(
@@ -132,7 +134,8 @@ def register(sub: Any) -> None:
     g.add_argument(
         "--faust-log-level",
         dest="stream_faust_log_level",
-        help=f"log level of Faust, mode and aiokafka (default {default_of('stream_faust_log_level')})",
+        help="log level of Faust, mode and aiokafka "
+        f"(default {default_of('stream_faust_log_level')})",
     )
     g.add_argument(
         "--stock-consumer",

@@ -40,7 +40,10 @@ Code = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
 # control characters (C0, DEL, C1, line separators, bidi overrides), so a job id
 # cannot forge a log line or repaint a terminal.
 NAME_MAX = 256
-NAME_PATTERN = "^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*(?![\\s\\S])"  # not "$": it also matches before a final newline
+NAME_PATTERN = (
+    "^[^\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*"
+    "(?![\\s\\S])"  # not "$": it also matches before a final newline
+)
 Name = Annotated[str, msgspec.Meta(max_length=NAME_MAX, pattern=NAME_PATTERN)]
 
 

@@ -26,7 +26,8 @@ ALERTS = "alerts"
 
 
 def unprefixed(topic: str) -> str | None:
-    """A topic's name after its prefix (``"<prefix>.alerts"`` -> :data:`ALERTS`); None without one."""
+    """A topic's name after its prefix (``"<prefix>.alerts"`` -> :data:`ALERTS`); None
+    without one."""
     _, dot, name = topic.rpartition(".")
     return name if dot else None
 

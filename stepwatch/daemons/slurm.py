@@ -4,12 +4,13 @@ One ``slurmctld`` and one ``slurmd -N nodeNN`` per node, all on this host
 (``NodeHostname`` = this host's name, a distinct port per node), with
 ``proctrack/linuxproc`` and ``task/none`` so no cgroups are needed; the config
 lives in a temporary directory, with a private ``munged`` on its own socket
-(clusters side by side never share one; it needs the key in ``/etc/munge``). Commands see the cluster through
-:meth:`SlurmCluster.env` (``SLURM_CONF``). Needs root (slurmd runs jobs as
-their user). Daemons run in their own sessions (a terminal's Ctrl-C reaches
-the caller, which cancels the jobs first). Stops cleanly: jobs cancelled, every
-daemon SIGTERM then SIGKILL, and any process still carrying this cluster's
-``SLURM_CONF`` (an orphaned ``slurmstepd`` and its job) stopped too.
+(clusters side by side never share one; it needs the key in ``/etc/munge``).
+Commands see the cluster through :meth:`SlurmCluster.env` (``SLURM_CONF``).
+Needs root (slurmd runs jobs as their user). Daemons run in their own sessions
+(a terminal's Ctrl-C reaches the caller, which cancels the jobs first). Stops
+cleanly: jobs cancelled, every daemon SIGTERM then SIGKILL, and any process
+still carrying this cluster's ``SLURM_CONF`` (an orphaned ``slurmstepd`` and
+its job) stopped too.
 """
 
 from __future__ import annotations

@@ -374,11 +374,14 @@ class Demo:
         report = self.tap.audit.report()
         opened = [d for d in self.tap.detections if d.state == "open"]
         self.ok = report.missing == 0 and undelivered == 0
+        faults = (
+            self.torch_job.fault if self.torch_job else ", ".join(self.options.faults) or "none"
+        )
         lines = [
             "",
             f"published {self.fleet.sent} messages; arrived {report.messages}; "
             f"missing {report.missing}; duplicates {report.duplicates}; undelivered {undelivered}",
-            f"faults injected: {self.torch_job.fault if self.torch_job else ', '.join(self.options.faults) or 'none'}",
+            f"faults injected: {faults}",
             f"detections opened: {len(opened)}",
         ]
         if self.first_detection_s is not None:

@@ -1,4 +1,5 @@
-"""``stepwatch demo --torch``: a real PyTorch DDP job (examples/ddp_train.py) instead of the simulator.
+"""``stepwatch demo --torch``: a real PyTorch DDP job (examples/ddp_train.py)
+instead of the simulator.
 
 A node agent (``stepwatch agent``, steps collector) per node receives the
 ranks' step datagrams and publishes them; the example runs 4 ranks with gloo
@@ -265,7 +266,8 @@ class TorchJob:
     # ------------------------------------------------------------------ the demo's view
     @property
     def sent(self) -> int:
-        """Messages the agents had confirmed by Kafka (their /metrics; the last count once stopped)."""
+        """Messages the agents had confirmed by Kafka (their /metrics; the last count
+        once stopped)."""
         if not any(agent.alive for agent in self.agents):
             return self._sent
         total = 0

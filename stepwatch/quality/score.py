@@ -251,7 +251,8 @@ def report_lines(f: dict[str, Any], verbose: bool = False, micro_only: bool = Fa
         return _micro_lines(f)
     s = f.get("suite", {})
     out = [
-        f"detection quality: family {s.get('family', 'sim')}, {s.get('mode')} suite, seed {s.get('seed')}, {s.get('cases')} "
+        f"detection quality: family {s.get('family', 'sim')}, {s.get('mode')} suite, "
+        f"seed {s.get('seed')}, {s.get('cases')} "
         f"jobs, {f['messages']} messages, {f['records']} step records, "
         f"{s.get('seconds')} s (engine+simulator)",
         "",

@@ -48,9 +48,10 @@ def node_line(n):
     state = ("ALLOCATED" if any(n in expand(j["nodes"]) for j in st["jobs"].values()) else "IDLE")
     state += "+DRAIN" if drained is not None else ""
     reason = f" Reason={{drained}} [root@2026-11-25T15:58:21]" if drained is not None else ""
-    return (f"NodeName={{n}} Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 CPUEfctv=1 CPUTot=1 CPULoad=0.36 "
-            f"AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) NodeAddr={{n}} NodeHostName={{n}} "
-            f"Version=22.05.8 OS=Linux 6.1.0 #1 SMP  RealMemory=1 AllocMem=0 FreeMem=22548 Sockets=1 "
+    return (f"NodeName={{n}} Arch=x86_64 CoresPerSocket=1  CPUAlloc=1 CPUEfctv=1 CPUTot=1 "
+            f"CPULoad=0.36 AvailableFeatures=(null) ActiveFeatures=(null) Gres=(null) "
+            f"NodeAddr={{n}} NodeHostName={{n}} Version=22.05.8 OS=Linux 6.1.0 #1 SMP  "
+            f"RealMemory=1 AllocMem=0 FreeMem=22548 Sockets=1 "
             f"Boards=1 State={{state}} ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A "
             f"Partitions=debug  BootTime=2026-11-25T15:47:20 SlurmdStartTime=2026-11-25T15:58:21 "
             f"LastBusyTime=2026-11-25T15:58:21 CfgTRES=cpu=1,mem=1M,billing=1 AllocTRES=cpu=1 "
@@ -60,8 +61,8 @@ def node_line(n):
 def job_line(jid, j):
     return (f"JobId={{jid}} JobName=wrap UserId={{j.get('user', 'ada')}}(1000) GroupId=ada(1000) "
             f"MCS_label=N/A Priority=4294901759 Nice=0 Account=(null) QOS=(null) JobState=RUNNING "
-            f"Reason=None Dependency=(null) Requeue=1 Restarts={{j.get('restarts', 0)}} BatchFlag=1 "
-            f"Reboot=0 ExitCode=0:0 RunTime=00:00:01 TimeLimit=UNLIMITED TimeMin=N/A "
+            f"Reason=None Dependency=(null) Requeue=1 Restarts={{j.get('restarts', 0)}} "
+            f"BatchFlag=1 Reboot=0 ExitCode=0:0 RunTime=00:00:01 TimeLimit=UNLIMITED TimeMin=N/A "
             f"Partition=debug AllocNode:Sid=localhost:3599 ReqNodeList=(null) "
             f"ExcNodeList={{j.get('exclude') or '(null)'}} NodeList={{j['nodes']}} BatchHost=x "
             f"NumNodes=2 NumCPUs=2 NumTasks=2 CPUs/Task=1 TRES=cpu=2,node=2,billing=2")

@@ -1,4 +1,5 @@
-"""One configuration model: flag > env > config file > default, one-line errors, stepwatch config."""
+"""One configuration model: flag > env > config file > default, one-line errors,
+stepwatch config."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
-"""Where stepwatch's alert rules and Alertmanager routing live, and a deployable copy of the routing.
+"""Where stepwatch's alert rules and Alertmanager routing live, and a deployable
+copy of the routing.
 
 The files are data shipped with the package (``alerts/src/stepwatch/alerts/rules/*.yml``,
-``alerts/src/stepwatch/alerts/alertmanager/alertmanager.yml``, ``alerts/src/stepwatch/alerts/tests/*.yml`` for promtool).
+``alerts/src/stepwatch/alerts/alertmanager/alertmanager.yml``,
+``alerts/src/stepwatch/alerts/tests/*.yml`` for promtool).
 :func:`alertmanager_config` returns the routing with the receivers pointed at
 real endpoints, for the demo, the integration tests and a quick deployment:
 the tree, grouping and inhibition stay exactly as shipped.

@@ -151,7 +151,8 @@ def test_fleet_to_slurm_straggler_drained_and_requeued_user_error_notified(
                 assert {("drain", "node02", "acted"), ("requeue", "node02", "acted")} <= got
                 assert any(r["action"] == "notify" and r["job_id"] == nan_job for r in records)
                 print(
-                    f"\nfault injected (fleet published) -> Slurm drain of node02: {to_drain:.1f} s "
+                    "\nfault injected (fleet published) -> Slurm drain of node02: "
+                    f"{to_drain:.1f} s "
                     "(scrape 1 s, evaluation 1 s, for: 30 s, group_wait 1 s)"
                 )
             finally:

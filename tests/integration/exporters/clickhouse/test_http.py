@@ -57,7 +57,8 @@ def test_migrations_inserts_dedup_and_parameters_through_the_real_client(owner):
             client.insert("events", EVENT_COLS, [row], token="g|t.events|0|7-7|events")
         client.insert("events", EVENT_COLS, [(*row[:-1], 8)], token="g|t.events|0|8-8|events")
         result = client.query(
-            "SELECT seq, attrs, toString(ts) AS t FROM events WHERE job_id = {j:String} ORDER BY seq",
+            "SELECT seq, attrs, toString(ts) AS t FROM events "
+            "WHERE job_id = {j:String} ORDER BY seq",
             {"j": "job'1"},
         )
         assert result.rows == [

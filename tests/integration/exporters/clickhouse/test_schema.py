@@ -67,7 +67,8 @@ def test_migrate_twice_is_a_no_op(store):
 def test_tables_match_the_row_builders_column_for_column(store):
     for table in R.TABLES.values():
         result = store.query(
-            "SELECT name, type FROM system.columns WHERE database = currentDatabase() AND table = {t:String} "
+            "SELECT name, type FROM system.columns "
+            "WHERE database = currentDatabase() AND table = {t:String} "
             "ORDER BY position",
             {"t": table.name},
         )
@@ -76,7 +77,8 @@ def test_tables_match_the_row_builders_column_for_column(store):
 
 def test_engines_keys_ttl_and_codecs(store):
     result = store.query(
-        "SELECT name, engine, sorting_key, partition_key FROM system.tables WHERE database = currentDatabase()"
+        "SELECT name, engine, sorting_key, partition_key FROM system.tables "
+        "WHERE database = currentDatabase()"
     )
     info = {r[0]: r[1:] for r in result.rows}
     assert info["step_events"] == (

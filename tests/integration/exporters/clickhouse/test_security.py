@@ -37,7 +37,8 @@ OLD_ATIME = 1_000_000_000  # 2001: older than the probe's mtime, so relatime upd
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory):
-    """A store with rows, its read-only endpoint, a small-limit endpoint, and a probe file outside."""
+    """A store with rows, its read-only endpoint, a small-limit endpoint, and a probe file
+    outside."""
     root = tmp_path_factory.mktemp("sec")
     outside = root / "outside"
     outside.mkdir()

@@ -1,4 +1,5 @@
-"""Who sent a step datagram: fake /proc trees, the identity cache, the gate's checks, rate limits."""
+"""Who sent a step datagram: fake /proc trees, the identity cache, the gate's checks,
+rate limits."""
 
 from __future__ import annotations
 

@@ -317,7 +317,9 @@ def test_slurm_actuator_last_checks_and_job_nodes():
         runner=runner(
             {
                 "show node": "NodeName=n1 State=IDLE\nNodeName=n2 State=IDLE\n",
-                "show job": "JobId=7 UserId=ada(1000) JobState=RUNNING NodeList=n[1-2] BatchHost=n1",
+                "show job": (
+                    "JobId=7 UserId=ada(1000) JobState=RUNNING NodeList=n[1-2] BatchHost=n1"
+                ),
                 "show hostnames": "n1\nn2\n",
             },
             calls,

@@ -1,4 +1,5 @@
-"""The remediator's HTTP face and actuators: auth, bad bodies, API; Slurm and Kubernetes backends."""
+"""The remediator's HTTP face and actuators: auth, bad bodies, API; Slurm and Kubernetes
+backends."""
 
 from __future__ import annotations
 

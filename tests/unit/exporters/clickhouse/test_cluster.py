@@ -143,7 +143,8 @@ def test_column_changes_alter_both_tables_and_storage_changes_the_local_one():
             "no replicated cluster form",
         ),
         (
-            "CREATE TABLE IF NOT EXISTS r (job_id String) ENGINE = ReplicatedMergeTree ORDER BY job_id",
+            "CREATE TABLE IF NOT EXISTS r (job_id String) "
+            "ENGINE = ReplicatedMergeTree ORDER BY job_id",
             "no replicated cluster form",
         ),
         ("CREATE TABLE IF NOT EXISTS n (x UInt8) ENGINE = MergeTree ORDER BY x", "no sharding key"),
@@ -153,7 +154,8 @@ def test_column_changes_alter_both_tables_and_storage_changes_the_local_one():
         ),
         ("CREATE MATERIALIZED VIEW IF NOT EXISTS v AS SELECT job_id FROM step_events", "needs TO"),
         (
-            "CREATE MATERIALIZED VIEW IF NOT EXISTS v TO r AS SELECT a.job_id FROM step_events AS a "
+            "CREATE MATERIALIZED VIEW IF NOT EXISTS v TO r "
+            "AS SELECT a.job_id FROM step_events AS a "
             "JOIN events AS b ON a.job_id = b.job_id",
             "exactly one table",
         ),

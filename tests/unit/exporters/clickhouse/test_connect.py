@@ -57,7 +57,10 @@ def test_error_codes_decide_between_bisect_and_retry():
 
 def test_rows_go_as_json_compact_each_row_and_results_parse_back():
     assert encode_rows([(1, "a", None), (2, "b\n", [1.5])]) == b'[1,"a",null]\n[2,"b\\n",[1.5]]'
-    body = b'{"meta":[{"name":"n","type":"UInt64"},{"name":"s","type":"String"}],"data":[[1,"x"]],"rows":1}'
+    body = (
+        b'{"meta":[{"name":"n","type":"UInt64"},{"name":"s","type":"String"}],'
+        b'"data":[[1,"x"]],"rows":1}'
+    )
     result = parse_json_compact(body)
     assert result.columns == ("n", "s") and result.rows == [(1, "x")] and result.scalar() == 1
     assert parse_json_compact(b"").rows == []

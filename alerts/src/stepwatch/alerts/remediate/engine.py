@@ -162,7 +162,8 @@ class Remediator:
         )
         target = host if kind is ActionKind.DRAIN else f"{job}@{host}"
         reason = (
-            f"stepwatch: {identity.word(alert.name)} cause {identity.word(alert.cause) or 'unknown'} "
+            f"stepwatch: {identity.word(alert.name)} "
+            f"cause {identity.word(alert.cause) or 'unknown'} "
             f"job {job or '-'}"
         )
         return Action(action_id(kind, alert, target), kind, host, job, reason[:_MAX_REASON], alert)

@@ -26,7 +26,8 @@ DRAIN, REMEDIATION, ATTEMPT, NOTIFY = "drain", "remediation", "attempt", "notify
 
 @dataclass(frozen=True)
 class Verdict:
-    """``skip``: why not to act (None: go ahead). ``escalate``: page a person. ``trip``: open the breaker.
+    """``skip``: why not to act (None: go ahead). ``escalate``: page a person.
+    ``trip``: open the breaker.
 
     ``transient``: the reason may pass by itself (the scheduler did not answer, the
     job is pending): such a skip is not remembered, the next webhook asks again.
@@ -43,7 +44,8 @@ GO = Verdict()
 
 
 def breaker_cap(g: Guardrails, cluster_nodes: int) -> int:
-    """Nodes that may be drained within the breaker window: the share of the cluster, at least one."""
+    """Nodes that may be drained within the breaker window: the share of the cluster,
+    at least one."""
     return max(1, math.floor(g.breaker_max_share * cluster_nodes))
 
 

@@ -31,7 +31,8 @@ def node_ok(node: str) -> bool:
 
 
 def job_ok(job_id: str, scheme: str = "slurm") -> bool:
-    """``scheme`` "slurm": a Slurm job id; "label": a plain label value (Kubernetes, command, log)."""
+    """``scheme`` "slurm": a Slurm job id; "label": a plain label value (Kubernetes,
+    command, log)."""
     pattern = SLURM_JOB if scheme == "slurm" else LABEL_JOB
     return bool(pattern.fullmatch(job_id)) and job_id.lower() not in _RESERVED
 

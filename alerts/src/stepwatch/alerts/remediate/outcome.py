@@ -182,7 +182,10 @@ class OutcomeTracker:
         self.state.put_outcome(
             OutcomeRow(**{**row.__dict__, "outcome": outcome.value, "decided": now, "after": after})
         )
-        detail = f"{row.action} at {row.acted:.0f}, {now - row.acted:.0f} s later{_steps(row.before, after)}"
+        detail = (
+            f"{row.action} at {row.acted:.0f}, {now - row.acted:.0f} s later"
+            f"{_steps(row.before, after)}"
+        )
         first = row.action.split("+")[0]
         decision = Decision(
             now,

@@ -27,7 +27,8 @@ class PolicyError(ConfigError):
 
 @dataclass(frozen=True)
 class Rule:
-    """Alerts whose labels match ``match`` (a value or a list of accepted values) get ``actions``."""
+    """Alerts whose labels match ``match`` (a value or a list of accepted values) get
+    ``actions``."""
 
     match: Mapping[str, tuple[str, ...]]
     actions: tuple[ActionKind, ...]
@@ -85,7 +86,8 @@ class Policy:
     outcome: OutcomeSettings = field(default_factory=OutcomeSettings)
 
     def actions_for(self, alert: Alert) -> tuple[tuple[ActionKind, ...], bool]:
-        """The first matching rule's actions (user-class alerts: notify only) and its approval flag."""
+        """The first matching rule's actions (user-class alerts: notify only) and its
+        approval flag."""
         for rule in self.rules:
             if rule.matches(alert):
                 actions = rule.actions

@@ -105,7 +105,8 @@ def parse_request(url_params: dict[str, str], body: bytes) -> Request:
 
 
 def status_of(code: int | None) -> int:
-    """The HTTP status ClickHouse gives an engine error (its exceptionCodeToHTTPStatus, in short)."""
+    """The HTTP status ClickHouse gives an engine error (its exceptionCodeToHTTPStatus,
+    in short)."""
     if code in (
         164,
         344,

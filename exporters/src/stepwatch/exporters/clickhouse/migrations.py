@@ -258,7 +258,8 @@ class Migrator:
                 continue
             column = RAW_TTL_COLUMNS[table]
             for statement in self._ddl(
-                f"ALTER TABLE {table} MODIFY TTL toDateTime({column}) + INTERVAL {self.raw_ttl_days} DAY"
+                f"ALTER TABLE {table} MODIFY TTL toDateTime({column}) "
+                f"+ INTERVAL {self.raw_ttl_days} DAY"
             ):
                 self.store.command(statement)
             log.info("ttl changed table=%s days=%d previous=%d", table, self.raw_ttl_days, days)

@@ -245,8 +245,9 @@ class Preparer:
                     record,
                     "seq_conflict",
                     (
-                        f"{KIND_OF[type(message)].value} seq {message.seq} of host {message.host!r} inst "
-                        f"{message.inst!r} was seen before with other content: both are stored"
+                        f"{KIND_OF[type(message)].value} seq {message.seq} "
+                        f"of host {message.host!r} inst {message.inst!r} "
+                        "was seen before with other content: both are stored"
                     ),
                     now,
                 )

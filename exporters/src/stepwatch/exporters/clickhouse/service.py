@@ -321,7 +321,8 @@ class QueryService:
         offset: int,
         settings: dict[str, str],
     ) -> tuple[bytes, dict[str, int]]:
-        """``INSERT ... FORMAT x``: the statement is checked; its data never reaches the SQL parser."""
+        """``INSERT ... FORMAT x``: the statement is checked; its data never reaches the
+        SQL parser."""
         stmt = guard.statement(session, utf8(full[:offset]), request.params)
         fmt = stmt.insert_format
         if fmt is None:

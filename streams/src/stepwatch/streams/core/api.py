@@ -1,9 +1,10 @@
 """The interface between the detection core and whatever drives it.
 
-The Faust workers (``stepwatch.streams.worker.app``) and the offline replay (``stepwatch.streams.replay``)
-both drive an :class:`Analyzer`: feed it every valid telemetry message of the
-jobs they own, call :meth:`Analyzer.tick` regularly, publish what comes back.
-The core is pure Python/NumPy: no Kafka, no Faust, no Prometheus in it.
+The Faust workers (``stepwatch.streams.worker.app``) and the offline replay
+(``stepwatch.streams.replay``) both drive an :class:`Analyzer`: feed it every
+valid telemetry message of the jobs they own, call :meth:`Analyzer.tick`
+regularly, publish what comes back. The core is pure Python/NumPy: no Kafka,
+no Faust, no Prometheus in it.
 """
 
 from __future__ import annotations

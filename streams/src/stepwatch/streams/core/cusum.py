@@ -9,13 +9,14 @@ clipped::
 
 ``kappa`` is the smallest excess worth an incident (the material share
 converted into busy-time units): the statistic drifts down while the rank's
-excess stays below it, and climbs only while the rank costs the step more. ``scale`` is the larger of the group's typical spread
-and the rank's *own* spread (1.25 x an exponentially weighted mean absolute
-excess, updated only on unflagged steps): a rank whose speed wanders (slow
-per-rank drift, ragged batches) needs proportionally more evidence. Clipping
-bounds what one heavy-tailed step can add (at most ``clip``), so at least
-``ceil(h / clip)`` steps far above the reference are needed, and a run of
-ordinary steps pulls ``S`` back to 0. The alarm is ``S >= h``.
+excess stays below it, and climbs only while the rank costs the step more.
+``scale`` is the larger of the group's typical spread and the rank's *own*
+spread (1.25 x an exponentially weighted mean absolute excess, updated only on
+unflagged steps): a rank whose speed wanders (slow per-rank drift, ragged
+batches) needs proportionally more evidence. Clipping bounds what one
+heavy-tailed step can add (at most ``clip``), so at least ``ceil(h / clip)``
+steps far above the reference are needed, and a run of ordinary steps pulls
+``S`` back to 0. The alarm is ``S >= h``.
 
 False alarms: for independent increments with a negative mean, the chance that
 one excursion of ``S`` from 0 reaches ``h`` is at most ``exp(-theta h)``, where

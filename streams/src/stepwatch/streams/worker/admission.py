@@ -15,8 +15,9 @@ record cannot move a high-water mark that real data is then judged against:
   admitted): more than ``max(step_jump_min, step_jump_factor x cadence x
   elapsed event time)``. A job's first record may start anywhere (a job
   resumed from a checkpoint); a step going *back* is always admitted, and when
-  it starts after the run's latest step ended it is a restart (:attr:`Admission.rewound` names the job so that the duplicate
-  filter forgets its window).
+  it starts after the run's latest step ended it is a restart
+  (:attr:`Admission.rewound` names the job so that the duplicate filter
+  forgets its window).
 * ``foreign_lifecycle`` — a ``job_end`` from a host that sent no step record
   of that job; likewise a step record with another ``world_size`` than the
   job's from such a host (the detection core takes a new size for a restart
@@ -85,7 +86,8 @@ def _unless_plain(admission: Admission) -> Admission | None:
 
 
 class _Job:
-    """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``: this run's."""
+    """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``:
+    this run's."""
 
     __slots__ = (
         "ceiling",
@@ -253,8 +255,9 @@ class Gate:
                 return Refusal(
                     Reason.FOREIGN_LIFECYCLE,
                     (
-                        f"job {rec.job_id} rank {rec.rank}: world_size {rec.world_size} (the job has "
-                        f"{job.world}) from host {host!r}, which sent none of its steps"
+                        f"job {rec.job_id} rank {rec.rank}: world_size {rec.world_size} "
+                        f"(the job has {job.world}) from host {host!r}, "
+                        "which sent none of its steps"
                     ),
                 )
             job.world = rec.world_size
@@ -301,7 +304,8 @@ class Gate:
                 Refusal(
                     Reason.FOREIGN_LIFECYCLE,
                     (
-                        f"{ev.type} for job {ev.job_id} from host {ev.host!r}, which sent none of its steps "
+                        f"{ev.type} for job {ev.job_id} from host {ev.host!r}, "
+                        "which sent none of its steps "
                         f"(hosts: {', '.join(sorted(job.hosts)[:8])})"
                     ),
                 )

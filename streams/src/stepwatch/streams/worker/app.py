@@ -74,7 +74,8 @@ def tune_gc(gen0: int = GC_GEN0_THRESHOLD) -> None:
 
 @dataclass(frozen=True)
 class StreamOptions:
-    """The worker's knobs, derived from :class:`Settings` (``from_settings``); tests build them directly."""
+    """The worker's knobs, derived from :class:`Settings` (``from_settings``); tests build
+    them directly."""
 
     app_id: str = ""  # the consumer group; default "stepwatch-stream.<topic prefix>"
     worker_name: str = ""  # in logs and dead letters; default host:pid

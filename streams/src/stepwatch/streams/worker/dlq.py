@@ -39,7 +39,8 @@ class DlqReason(enum.StrEnum):
     TOO_LARGE = "too_large"
     WRONG_TOPIC = "wrong_topic"
     PROCESSING_ERROR = "processing_error"
-    # admission (stepwatch.streams.worker.admission): valid alone, refused against the job's progress
+    # admission (stepwatch.streams.worker.admission): valid alone, refused against the
+    # job's progress
     FUTURE_TIMESTAMP = "future_timestamp"
     TOO_OLD = "too_old"
     STEP_JUMP = "step_jump"
