@@ -152,13 +152,23 @@ class StepAssembler:
         """Add records of this job; return the steps that closed, in order."""
         pending = self._pending
         ready = False
+        # a message's records are mostly of one step: its entry is looked up once per run
+        last_closed, need = self.last_closed, self.world_size - len(self.absent)
+        p, p_step = _Pending(), -1
         for rec in records:
             step = rec.step
-            if step <= self.last_closed and not self._late_or_rewind(rec):
-                continue
-            p = pending.get(step)
-            if p is None:
-                p = pending[step] = _Pending()
+            if step <= last_closed:
+                rewound = self._late_or_rewind(rec)
+                # either may change the absent set; a rewind drops the open steps
+                last_closed, need = self.last_closed, self.world_size - len(self.absent)
+                p_step = -1
+                if not rewound:
+                    continue
+            if step != p_step:
+                got = pending.get(step)
+                if got is None:
+                    got = pending[step] = _Pending()
+                p, p_step = got, step
             rank = rec.rank
             if rank in p.ranks:
                 self.duplicates += 1
@@ -167,7 +177,7 @@ class StepAssembler:
             p.records.append(rec)
             if rec.end > p.max_end:
                 p.max_end = rec.end
-            if len(p.ranks) >= self.world_size - len(self.absent):
+            if len(p.ranks) >= need:
                 ready = True
         if ready or len(pending) > self.max_pending:
             return self._drain(None)
