@@ -258,7 +258,12 @@ def test_plain_loop_without_integration_finds_the_slow_forward(pipeline) -> None
     """The README loop, phases only: the wait stays inside backward, busy sums are equal."""
     fault = Fault("compute", 1, 2.5, START, options=("--plain",))
     d = hit(run_and_detect(pipeline, "compute_plain", fault), fault)
-    assert (d["type"], d["rank"], d["cause"]) == ("straggler", 1, "gpu"), d
+    # On this 2-core machine the two ranks of an emulated host share its cores: the slow
+    # rank's extra compute can slow its neighbour enough to be material too (one run in
+    # three, before and after this round's changes), and the detector then reports the
+    # host with the slow rank as its lead. Either names the rank that is slow.
+    assert (d["type"], d["cause"]) == ("straggler", "gpu"), d
+    assert d["rank"] == 1 or (d["rank"] is None and _evidence(d).get("lead_rank") == 1), d
 
 
 @full
