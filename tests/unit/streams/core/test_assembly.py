@@ -6,9 +6,17 @@ import msgspec
 import numpy as np
 import pytest
 
-from stepwatch.contract import Phases, StepMessage
+from stepwatch.contract import Phases, StepMessage, StepRecord
 from stepwatch.streams.core import Engine
-from stepwatch.streams.core.assembly import BUSY, COMPUTE, PAUSE, XFER, StepAssembler, build_step
+from stepwatch.streams.core.assembly import (
+    BUSY,
+    COMPUTE,
+    PAUSE,
+    XFER,
+    Columns,
+    StepAssembler,
+    build_step,
+)
 from tests.support.detect_synth import Job, drive
 
 
@@ -107,8 +115,59 @@ def test_engine_tolerates_duplicate_and_reordered_messages() -> None:
     assert engine.health()["duplicates"] + engine.health()["late"] > 0
 
 
-def test_the_column_reading_of_records_with_phases_matches_the_record_by_record_one() -> None:
-    from stepwatch.streams.core.assembly import _each, _with_phases
+def _record_by_record(records: list[StepRecord]) -> Columns:
+    """The columns read record by record: the reference for build_step's column reading."""
+    has_phases = has_extra = False
+    raw = []
+    rank_list = []
+    samples = tokens = 0
+    flops = 0.0
+    has_flops = False
+    nonfinite: list[int] = []
+    for r in records:
+        p = r.phases
+        if p is None:
+            p = Phases()
+        else:
+            has_phases = True
+            if p.extra:
+                has_extra = True
+        raw.append(
+            (
+                r.start,
+                r.end,
+                p.data,
+                p.forward,
+                p.backward,
+                p.optimizer,
+                p.comm_wait,
+                p.checkpoint,
+                r.cpu_wait,
+                r.cpu_time,
+            )
+        )
+        rank_list.append(r.rank)
+        samples += r.samples
+        tokens += r.tokens
+        if r.flops is not None:
+            flops += r.flops  # the same sum as sum() over these values
+            has_flops = True
+        if r.loss_nonfinite:
+            nonfinite.append(r.rank)
+    return (
+        np.array(raw, dtype=float).T,
+        rank_list,
+        has_phases,
+        has_extra,
+        samples,
+        tokens,
+        flops if has_flops else None,
+        nonfinite,
+    )
+
+
+def test_the_column_reading_of_records_matches_the_record_by_record_one() -> None:
+    from stepwatch.streams.core.assembly import _columns
 
     rng = np.random.default_rng(5)
     records = _records(Job(world=16, steps=1))
@@ -131,9 +190,11 @@ def test_the_column_reading_of_records_with_phases_matches_the_record_by_record_
                 tokens=3 * i,
             )
         )
-    for recs in (records, varied):
-        a = _with_phases(recs, [r.phases for r in recs])
-        b = _each(recs)
+    no_phases = [msgspec.structs.replace(r, phases=None) for r in varied]
+    mixed = [r if i % 3 else msgspec.structs.replace(r, phases=None) for i, r in enumerate(varied)]
+    for recs in (records, varied, no_phases, mixed):
+        a = _columns(recs)
+        b = _record_by_record(recs)
         assert np.array_equal(a[0], b[0], equal_nan=True)
         assert a[1:] == b[1:]
     whole = build_step(0, 16, varied)

@@ -237,9 +237,7 @@ class StepAssembler:
 def build_step(step: int, world_size: int, records: list[StepRecord]) -> ClosedStep:
     """Scatter the records of one step into per-rank rows (one NumPy pass)."""
     n = len(records)
-    phases = [r.phases for r in records]
-    cols = _each(records) if None in phases else _with_phases(records, cast("list[Phases]", phases))
-    a, rank_list, has_phases, has_extra, samples, tokens, flops, nonfinite = cols
+    a, rank_list, has_phases, has_extra, samples, tokens, flops, nonfinite = _columns(records)
     ranks = np.array(rank_list, np.intp)
     present = np.zeros(world_size, bool)
     present[ranks] = True
@@ -303,10 +301,13 @@ Columns = tuple[np.ndarray, list[int], bool, bool, int, int, float | None, list[
 _EXTRA = attrgetter("extra")
 
 
-def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
-    """:func:`_each` when every record has phases (the rule), column by column: a
-    comprehension per field and one flat conversion of the times (a checkpoint, mostly
-    absent, apart), the same values."""
+def _columns(records: list[StepRecord]) -> Columns:
+    """The records' fields column by column: a comprehension per field and one flat
+    conversion of the times (a checkpoint, mostly absent, apart). A record without
+    phases reads as one whose phases are all unmeasured."""
+    given = [r.phases for r in records]
+    missing = given.count(None)
+    phases = [_EMPTY_PHASES if p is None else p for p in given] if missing else given
     times = _float_rows(
         [
             (
@@ -320,11 +321,11 @@ def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
                 r.cpu_wait,
                 r.cpu_time,
             )
-            for r, p in zip(records, phases, strict=True)
+            for r, p in zip(records, cast("list[Phases]", phases), strict=True)
         ],
         9,
     )
-    ckpt = [p.checkpoint for p in phases]
+    ckpt = [p.checkpoint for p in cast("list[Phases]", phases)]
     a = np.empty((10, len(records)))
     a[0:7] = times[:, 0:7].T
     a[7] = NAN if ckpt.count(None) == len(ckpt) else np.array(ckpt, dtype=float)
@@ -332,12 +333,12 @@ def _with_phases(records: list[StepRecord], phases: list[Phases]) -> Columns:
     flops_of = [r.flops for r in records]
     known = [f for f in flops_of if f is not None]
     flops = 0.0
-    for f in known:  # summed in order, as _each does
+    for f in known:  # summed in order
         flops += f
     return (
         a,
         [r.rank for r in records],
-        True,
+        missing < len(records),
         any(map(_EXTRA, phases)),
         sum([r.samples for r in records]),
         sum([r.tokens for r in records]),
@@ -353,57 +354,6 @@ def _float_rows(rows: list[tuple[float | None, ...]], width: int) -> np.ndarray:
         return np.fromiter(chain.from_iterable(rows), float, len(rows) * width).reshape(-1, width)
     except TypeError:
         return np.array(rows, dtype=float).reshape(-1, width)
-
-
-def _each(records: list[StepRecord]) -> Columns:
-    """The columns record by record (some records without phases)."""
-    has_phases = has_extra = False
-    raw = []
-    rank_list = []
-    samples = tokens = 0
-    flops = 0.0
-    has_flops = False
-    nonfinite: list[int] = []
-    for r in records:
-        p = r.phases
-        if p is None:
-            p = _EMPTY_PHASES
-        else:
-            has_phases = True
-            if p.extra:
-                has_extra = True
-        raw.append(
-            (
-                r.start,
-                r.end,
-                p.data,
-                p.forward,
-                p.backward,
-                p.optimizer,
-                p.comm_wait,
-                p.checkpoint,
-                r.cpu_wait,
-                r.cpu_time,
-            )
-        )
-        rank_list.append(r.rank)
-        samples += r.samples
-        tokens += r.tokens
-        if r.flops is not None:
-            flops += r.flops  # the same sum as sum() over these values
-            has_flops = True
-        if r.loss_nonfinite:
-            nonfinite.append(r.rank)
-    return (
-        np.array(raw, dtype=float).T,
-        rank_list,
-        has_phases,
-        has_extra,
-        samples,
-        tokens,
-        flops if has_flops else None,
-        nonfinite,
-    )
 
 
 PAUSE_SECTIONS = frozenset({"eval", "evaluation", "validation", "val"})
