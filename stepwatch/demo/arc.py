@@ -104,7 +104,9 @@ class Arc:
             if d.state == "open" and d.fault == "system":
                 self.detection_id = d.id
                 where = f"rank {d.rank} " if d.rank is not None else ""
-                return self.reach("found", at, f"{d.type} {where}host={d.host} cause={d.cause}")
+                why = d.evidence.get("host_reasons") or d.evidence.get("gpu_reasons")
+                said = f"{d.type} {where}host={d.host} cause={d.cause}"
+                return self.reach("found", at, f"{said} ({why})" if why else said)
         return None
 
     def _actions(self, at: float, actions: Sequence[Mapping[str, Any]]) -> list[Stage | None]:

@@ -132,7 +132,10 @@ def step_datagram(job: str, n: int, rank: int = 0, host: str = "") -> bytes:
 
 def sdk_child(path: str, env: dict[str, str], init_args: str, steps: int = 3) -> None:
     """A real training process: the real SDK, its own environment, a few steps."""
+    # it lives on a second after its last send, as a rank does: the agent checks a sender
+    # in /proc, and one that exited before its datagram was read is ``sender_gone``
     script = textwrap.dedent(f"""
+        import time
         import stepwatch
         sw = stepwatch.init({init_args + ", " if init_args else ""}job_events=False, cpu_wait=False)
         for _ in range({steps}):
@@ -140,6 +143,7 @@ def sdk_child(path: str, env: dict[str, str], init_args: str, steps: int = 3) ->
                 pass
         sw.close()
         assert sw.sent == {steps}, sw.stats()
+        time.sleep(1.0)
     """)
     base = {
         k: v
@@ -341,15 +345,19 @@ def test_d_poison_record_left_in_an_old_spool_is_passed_on_restart(
 
 
 # ---------------------------------------------------------------------- (e) other users
+# The probe stays alive until its stdin closes, as a rank does: a sender that exits before
+# the agent reads its datagram is rejected as ``sender_gone`` (see the sender gate), which
+# on a loaded machine a send-and-exit probe sometimes was.
 PROBE = """
 import socket, sys
 s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 try:
     s.sendto(bytes.fromhex(sys.argv[2]), sys.argv[1])
 except PermissionError:
-    print("refused")
+    print("refused", flush=True)
 else:
-    print("sent")
+    print("sent", flush=True)
+sys.stdin.read()
 """
 NOBODY = 65534
 
@@ -361,25 +369,34 @@ def test_e_another_user_cannot_send_unless_in_the_socket_group(
 ) -> None:
     python = shutil.which("python3", path="/usr/bin:/bin") or sys.executable
     agent = start_agent("--socket-group", "users")
+    probes: list[subprocess.Popen[bytes]] = []
 
     def as_nobody(groups: list[int], payload: bytes) -> str:
-        run = subprocess.run(
+        probe = subprocess.Popen(
             [python, "-c", PROBE, agent.socket, payload.hex()],
             user=NOBODY,
             group=NOBODY,
             extra_groups=groups,
-            capture_output=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             cwd="/",
             env={"PATH": "/usr/bin:/bin"},
-            timeout=30,
-            check=False,
         )
-        assert run.returncode == 0, run.stderr.decode()
-        return run.stdout.decode().strip()
+        probes.append(probe)
+        assert probe.stdout is not None
+        said = probe.stdout.readline().decode().strip()
+        assert said, probe.communicate(timeout=30)[1].decode()
+        return said
 
     users = 100
-    assert as_nobody([], step_datagram("job-e", 1)) == "refused"
-    assert as_nobody([users], step_datagram("job-e", 2)) == "sent"
-    assert wait_metric(agent, "stepwatch_agent_steps_received_total", 1) == 1
+    try:
+        assert as_nobody([], step_datagram("job-e", 1)) == "refused"
+        assert as_nobody([users], step_datagram("job-e", 2)) == "sent"
+        assert wait_metric(agent, "stepwatch_agent_steps_received_total", 1) == 1
+    finally:
+        for probe in probes:
+            _, err = probe.communicate(timeout=30)  # closes its stdin: it exits
+            assert probe.returncode == 0, err.decode()
     agent.stop()
     assert [(r.job_id, r.step) for _, r in steps_on_broker(settings)] == [("job-e", 2)]

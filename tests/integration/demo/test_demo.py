@@ -206,7 +206,14 @@ def test_torch_demo_closes_the_loop(tmp_path) -> None:
         f"\ndemo --torch: the loop closed in {loop_s:.0f} s; "
         + "; ".join(f"{k.lower()} {v}" for k, v in stages.items())
     )
-    assert "rank 3 host=node02 cause=gpu" in stages["FOUND"], stages
+    # The demo's slow "GPU" is extra forward compute on a CPU, on 2 cores shared with the
+    # whole stack: when the other processes keep that compute waiting for a CPU for most of
+    # its excess, the detector names what it measured, CPU contention. Any other cause
+    # (a slow data phase, the network, unknown) is wrong.
+    found = re.search(r"rank 3 host=node02 cause=(\S+)(?: \(([^)]*)\))?", stages["FOUND"])
+    assert found is not None, stages
+    cause, why = found.groups()
+    assert cause == "gpu" or (cause, why) == ("host_input", "cpu_contention"), stages
     assert "drain node02" in stages["DRAINED"] and "requeue job" in stages["REQUEUED"], stages
     again = re.search(r"from step (\d+) on (\S+)", stages["RUNNING AGAIN"])
     assert again is not None and "node02" not in again.group(2), stages

@@ -122,6 +122,24 @@ def test_the_arc_goes_forward_once_with_event_times() -> None:
     assert arc.observe(95.0, steps=160, detections=resolved, incarnations=runs) == []
 
 
+@pytest.mark.parametrize(
+    ("evidence", "said"),
+    [
+        ({}, "straggler rank 13 host=node02 cause=gpu"),
+        ({"gpu_reasons": "compute"}, "straggler rank 13 host=node02 cause=gpu (compute)"),
+        (
+            {"host_reasons": "cpu_contention"},
+            "straggler rank 13 host=node02 cause=host_input (cpu_contention)",
+        ),
+    ],
+)
+def test_the_found_stage_says_the_cause_and_its_reason(evidence: dict, said: str) -> None:  # type: ignore[type-arg]
+    arc = Arc(wall0=1000.0)
+    cause = "host_input" if "host_reasons" in evidence else "gpu"
+    arc.observe(5.0, steps=90, detections=[detection("open", cause=cause, evidence=evidence)])
+    assert arc.reached["found"].detail == said
+
+
 def test_plain_output_prints_changes_only_and_a_status_now_and_then() -> None:
     changes = Changes(status_every=10.0)
     first = changes.lines(0.0, {"slurm job": "1 RUNNING"}, "steps=0")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepwatch.streams.core.stats import colmed, med, nanmed
+from stepwatch.streams.core.stats import colmed, med, nanlowmed, nanmed
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -31,3 +31,19 @@ def test_nanmed_edges() -> None:
     assert nanmed(np.array([[1.0, 2.0, 3.0, 4.0]]), 1)[0] == 2.5
     rows = np.array([[1.0, np.nan], [3.0, np.nan], [2.0, 5.0]])
     assert np.array_equal(colmed(rows), [2.0, 5.0])
+
+
+def test_nanlowmed_is_the_smaller_middle_value_of_what_is_measured() -> None:
+    a = np.array(
+        [
+            [1.0, 9.0, np.nan, np.nan],  # two values: the smaller
+            [4.0, 1.0, 3.0, 2.0],  # four: the second smallest
+            [5.0, np.nan, 1.0, 3.0],  # three: the middle one
+            [np.nan, np.nan, np.nan, np.nan],  # none: NaN
+        ]
+    )
+    got = nanlowmed(a)
+    assert got[:3].tolist() == [1.0, 2.0, 3.0] and np.isnan(got[3])
+    cube = np.random.default_rng(1).normal(size=(3, 5, 7))
+    want = np.sort(cube, axis=-1)[..., 3]
+    assert np.array_equal(nanlowmed(cube), want)

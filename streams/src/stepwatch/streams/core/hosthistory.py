@@ -4,9 +4,9 @@ Peer comparison needs a majority of healthy peers. In a job of two hosts, a
 slow host is half of every peer group: it moves the group median half way to
 itself, and the group's spread swells with the split, so neither half stands
 out. Each host's own history still does: the host's busy time per step (the
-median over its ranks) is compared with its own baseline, the median of
-earlier steps on which that host was not flagged, exactly as the job's own
-history is (:mod:`stepwatch.streams.core.slowdown`).
+lower median over its ranks: it grows only when most of them slow) is compared
+with its own baseline, the median of earlier steps on which that host was not
+flagged, exactly as the job's own history is (:mod:`stepwatch.streams.core.slowdown`).
 
 A host is *slow* when it was flagged in ``slowdown_persist_steps`` of the last
 ``window_steps`` steps, its median ratio over them is above its threshold
@@ -41,7 +41,7 @@ from stepwatch.streams.core.causes import Evidence, Shares, extra_wait
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import MAD_SIGMA, change_point, nanmed
+from stepwatch.streams.core.stats import MAD_SIGMA, change_point, nanlowmed, nanmed
 
 REBASE_STEPS = 4
 # what each host's row holds: its metric, then the parts its cause is read from
@@ -54,7 +54,7 @@ class SlowHost:
     host: str
     score: float  # median ratio to its own baseline over the window - 1
     threshold: float
-    baseline_s: float  # the host's busy time per step (median over its ranks), before
+    baseline_s: float  # the host's busy time per step (lower median over its ranks), before
     current_s: float  # ... and now
     onset_back: int  # steps before the last one the host's slowdown began
     shares: Shares  # where the extra time sits, against the host's own baseline
@@ -235,7 +235,9 @@ def _host_parts(
 
 
 def _medians(rows: np.ndarray, hosts: GroupIndex, index: np.ndarray | None) -> np.ndarray:
-    """(rows, hosts): the median of each row over each host's ranks."""
+    """(rows, hosts): the lower median of each row over each host's ranks: it grows only
+    when most of the host's ranks do (one slow rank of a host of two moves a plain median,
+    their mean, half way; that rank is a straggler against its peers, not a slow host)."""
     if index is not None:
-        return nanmed(rows[:, index], -1)
-    return np.stack([nanmed(rows[:, idx], -1) for idx in hosts.members], axis=1)
+        return nanlowmed(rows[:, index])
+    return np.stack([nanlowmed(rows[:, idx]) for idx in hosts.members], axis=1)

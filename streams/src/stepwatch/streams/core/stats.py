@@ -61,6 +61,20 @@ def nanmed(a: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.where(count == 0, NAN, mid).reshape(shape)
 
 
+def nanlowmed(a: np.ndarray) -> np.ndarray:
+    """Lower median along the last axis, NaN skipped (NaN where none): the value that at
+    least half of each lane's values reach, the smaller middle one of an even count (of
+    two values, the smaller). A lane's lower median rises only when most of it does."""
+    s = np.sort(a, axis=-1)  # NaN sorts last
+    shape, n = s.shape[:-1], s.shape[-1]
+    if n == 0:
+        return np.full(shape, NAN)
+    s = s.reshape(-1, n)
+    count = n - np.isnan(s).sum(axis=1)
+    low = s[np.arange(s.shape[0]), np.maximum((count - 1) // 2, 0)]
+    return np.where(count == 0, NAN, low).reshape(shape)
+
+
 def nmin(x: np.ndarray) -> float:
     v = x[~np.isnan(x)]
     return float(v.min()) if v.size else NAN

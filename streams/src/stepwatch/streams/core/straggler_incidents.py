@@ -140,42 +140,42 @@ class Stragglers:
         key: Key = (T.STRAGGLER, None, f"host:{host}")
         if key in self.book.open:
             return []  # absorbed by the host's incident
-        others = [r for r in self.ranks.ranks_on(host) if r not in candidates]
-        if host and len(ranks) >= 2:
-            slow = sorted(
-                {
-                    *ranks,
-                    *(
-                        r
-                        for r in self.ranks.ranks_on(host)
-                        if r not in ranks and self.straggler.rising(r)
-                    ),
-                }
-            )
-            self._host_defer.pop(host, None)
-            f = self._host_finding(host, slow, cs)
-            # a rank of this host already reported: the host incident continues that one
-            earlier = [
-                self.book.id_of(k)
-                for k in self.book.keys(T.STRAGGLER)
-                if k[1] is not None and self.ranks.host[k[1]] == host
-            ]
-            f.related = earlier[0] if earlier else ""
-            return self._observe(f)
-        out: list[DetectionMessage] = []
-        rank = ranks[0]
-        if (
-            not self.book.is_open(T.STRAGGLER, rank)
-            and host
-            and any(self.straggler.rising(r) for r in others)
+        if not host or len(ranks) < 2:
+            return self._new_rank(host, ranks[0], candidates, cs)
+        alike = self.straggler.alike(ranks)
+        if len(alike) < 2:  # slowed in different ways: each rank is its own straggler
+            return [m for r in ranks for m in self._new_rank(host, r, candidates, cs)]
+        rising = (
+            r for r in self.ranks.ranks_on(host) if r not in ranks and self.straggler.rising(r)
+        )
+        slow = sorted(self.straggler.alike([*alike, *rising]))
+        self._host_defer.pop(host, None)
+        f = self._host_finding(host, slow, cs)
+        # a rank of this host already reported: the host incident continues that one
+        earlier = [
+            self.book.id_of(k)
+            for k in self.book.keys(T.STRAGGLER)
+            if k[1] is not None and self.ranks.host[k[1]] == host
+        ]
+        f.related = earlier[0] if earlier else ""
+        return self._observe(f)
+
+    def _new_rank(
+        self, host: str, rank: int, candidates: dict[int, float], cs: ClosedStep
+    ) -> list[DetectionMessage]:
+        """One rank's straggler incident; deferred a few steps while another rank of its
+        host is rising (one host incident, not two rank incidents, when it gets there)."""
+        others = [r for r in self.ranks.ranks_on(host) if r not in candidates] if host else []
+        if not self.book.is_open(T.STRAGGLER, rank) and any(
+            self.straggler.rising(r) for r in others
         ):
             waited = self._host_defer.get(host, 0)
             if waited < HOST_DEFER_STEPS:
                 self._host_defer[host] = waited + 1
-                return out  # a second rank of the host is on its way: one incident
+                return []  # a second rank of the host is on its way: one incident
         if self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
-            out.extend(self._observe(self._straggler_finding(rank, candidates[rank], cs)))
-        return out
+            return self._observe(self._straggler_finding(rank, candidates[rank], cs))
+        return []
 
     def _host_holds(
         self, key: Key, candidates: dict[int, float], cs: ClosedStep

@@ -61,11 +61,23 @@ from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.cusum import RobustCusum
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
-from stepwatch.streams.core.stats import MAD_SIGMA, change_point, colmed, med, nanmed, opt, rowmed
+from stepwatch.streams.core.stats import (
+    MAD_SIGMA,
+    change_point,
+    colmed,
+    med,
+    nanlowmed,
+    nanmed,
+    opt,
+    rowmed,
+)
 
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
+# a rank joins its host's lead in one host-level incident when its excess in the lead's
+# dimension is at least this share of the lead's (see StragglerScores.alike)
+ALIKE_SHARE = 0.25
 _EVIDENCE_NAMES = (
     "busy",
     "data",
@@ -363,11 +375,14 @@ class StragglerTracker:
         When a large share of a group is slow (half the job on one of two hosts), the
         group median sits between the slow and the healthy ranks and each slow rank's
         excess over it is about half the real one; the calm peers' median excess in the
-        lead rank's dimension (negative there) is added back."""
+        lead rank's dimension (negative there) is added back. The host's excess is that
+        of its typical slow rank (the lower median of the ranks' excesses in that
+        dimension), not its lead's: one slow rank beside a neighbour that noise made a
+        candidate is a rank straggler, which must persist on its own (CUSUM) to count."""
         lead = max(ranks, key=self.score)
-        score = self.score(lead)
-        scores = self._scores(lead)
-        d = int(np.nanargmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
+        d = self._dim(lead)
+        each = np.array([self._scores(r)[d] for r in ranks])
+        score = float(nanlowmed(np.where(np.isnan(each), 0.0, each)))
         calm = np.setdiff1d(members[self.count[members] == 0], ranks)
         if not len(calm):
             return self.cost(score)
@@ -410,15 +425,28 @@ class StragglerTracker:
         began = began[~np.isnan(began)]
         return bool(len(began)) and self.now - float(began.min()) >= self.cfg.straggler_min_seconds
 
+    def _dim(self, rank: int, ratio: float = 1.0) -> int:
+        """The dimension of ``rank`` most over its threshold x ``ratio``."""
+        scores = self._scores(rank)
+        with np.errstate(invalid="ignore"):
+            margin = np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, rank] * ratio)
+        return int(np.argmax(margin))
+
     def _best(self, rank: int, ratio: float) -> tuple[float, float]:
         """The dimension most over its threshold: (its score, its threshold x ratio)."""
-        scores = self._scores(rank)
-        thr = self.threshold[:, rank] * ratio
-        with np.errstate(invalid="ignore"):
-            margin = np.where(np.isnan(scores), -np.inf, scores - thr)
-        d = int(np.argmax(margin))
-        score = float(scores[d])  # finite or NaN (not measured): NaN counts as 0
-        return (score if score == score else 0.0), float(thr[d])
+        d = self._dim(rank, ratio)
+        score = float(self._scores(rank)[d])  # finite or NaN (not measured): NaN counts as 0
+        return (score if score == score else 0.0), float(self.threshold[d, rank] * ratio)
+
+    def alike(self, ranks: list[int]) -> list[int]:
+        """The ranks slowed like the slowest of them (its lead): their excess in the lead's
+        dimension is at least ``ALIKE_SHARE`` of the lead's. One host-level fault slows
+        its ranks in the same way; a rank 80 % slower in its data phase beside a
+        neighbour 10 % slower in its compute are two things, not one host."""
+        lead = max(ranks, key=self.score)
+        d = self._dim(lead)
+        floor = ALIKE_SHARE * self.score(lead)
+        return [r for r in ranks if r == lead or float(self._scores(r)[d]) >= floor]
 
     def score(self, rank: int) -> float:
         return self._best(rank, 1.0)[0]
