@@ -152,12 +152,7 @@ class Stragglers:
         self._host_defer.pop(host, None)
         f = self._host_finding(host, slow, cs)
         # a rank of this host already reported: the host incident continues that one
-        earlier = [
-            self.book.id_of(k)
-            for k in self.book.keys(T.STRAGGLER)
-            if k[1] is not None and self.ranks.host[k[1]] == host
-        ]
-        f.related = earlier[0] if earlier else ""
+        f.related = next(iter(self._open_on_host(host)), "")
         return self._observe(f)
 
     def _new_rank(
@@ -173,9 +168,21 @@ class Stragglers:
             if waited < HOST_DEFER_STEPS:
                 self._host_defer[host] = waited + 1
                 return []  # a second rank of the host is on its way: one incident
-        if self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
-            return self._observe(self._straggler_finding(rank, candidates[rank], cs))
-        return []
+        if not self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
+            return []
+        f = self._straggler_finding(rank, candidates[rank], cs)
+        if not self.book.is_open(T.STRAGGLER, rank):
+            # another rank of this host already reported: the host's incident, one page
+            f.related = next(iter(self._open_on_host(host, but=rank)), "")
+        return self._observe(f)
+
+    def _open_on_host(self, host: str, but: int | None = None) -> list[str]:
+        """Ids of the open rank-level straggler incidents on ``host`` (not ``but``'s)."""
+        return [
+            self.book.id_of(k)
+            for k in self.book.keys(T.STRAGGLER)
+            if k[1] is not None and k[1] != but and host and self.ranks.host[k[1]] == host
+        ]
 
     def _host_holds(
         self, key: Key, candidates: dict[int, float], cs: ClosedStep
@@ -209,12 +216,7 @@ class Stragglers:
             return []
         ranks = self.ranks.ranks_on(found.host)
         f = self._host_finding(found.host, ranks, cs, found)
-        earlier = [
-            self.book.id_of(k)
-            for k in self.book.keys(T.STRAGGLER)
-            if k[1] is not None and self.ranks.host[k[1]] == found.host
-        ]
-        f.related = earlier[0] if earlier else ""
+        f.related = next(iter(self._open_on_host(found.host)), "")
         return self._observe(f)
 
     def _observe(self, f: Finding) -> list[DetectionMessage]:
