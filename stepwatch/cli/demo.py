@@ -26,12 +26,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stepwatch.errors import ConfigError
+
 # A GPU straggler on the second node after a short healthy period: warm-up is
 # 10 steps and the detector needs a baseline and k-of-n persistence, so with
 # 1 s steps the first detection arrives within about a minute of the start.
 JOB = "demo-job"
 DEFAULT_FAULT = "slow_gpu:rank=13:start=20:severity=0.3"
 STEPS, TORCH_STEPS = 600, 3000
+NODES = 8
+SIMULATOR_ONLY = ("nodes", "step_seconds", "fault")  # the --torch job is fixed
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -42,7 +46,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")
-    p.add_argument("--nodes", type=int, default=8, help="simulated nodes (x 8 GPUs x 8 NICs)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help=f"simulated nodes (x 8 GPUs x 8 NICs; default {NODES})",
+    )
     p.add_argument(
         "--steps",
         type=int,
@@ -50,7 +59,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help=f"training steps to run (default {STEPS}; with --torch {TORCH_STEPS}, "
         "about 5 minutes on 2 cores)",
     )
-    p.add_argument("--step-seconds", type=float, default=1.0, help="nominal step time")
+    p.add_argument(
+        "--step-seconds", type=float, default=None, help="simulated step time (default 1.0 s)"
+    )
     p.add_argument(
         "--fault",
         action="append",
@@ -102,12 +113,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from stepwatch.demo.runner import Demo, DemoOptions
 
+    given = [f"--{o.replace('_', '-')}" for o in SIMULATOR_ONLY if getattr(args, o) is not None]
+    if args.torch and given:
+        raise ConfigError(
+            f"{', '.join(given)}: options of the simulated job; the --torch job is fixed "
+            "(4 ranks on 2 nodes, its second node's second rank slowed): leave them out"
+        )
     faults = args.fault or [DEFAULT_FAULT]
     options = DemoOptions(
         bootstrap=args.bootstrap_servers or "",
-        nodes=args.nodes,
+        nodes=NODES if args.nodes is None else args.nodes,
         steps=args.steps or (TORCH_STEPS if args.torch else STEPS),
-        step_seconds=args.step_seconds,
+        step_seconds=1.0 if args.step_seconds is None else args.step_seconds,
         faults=tuple(f for f in faults if f != "none"),
         duration=_duration(args.duration),
         workers=args.workers,

@@ -75,3 +75,21 @@ def test_default_of_formats_like_the_flags_read() -> None:
     assert default_of("spool_max_bytes") == "512M"
     assert default_of("agent_max_message_bytes") == "256K"
     assert parse_size(default_of("spool_max_bytes")) == Settings().spool_max_bytes
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--nodes", "4"],
+        ["--step-seconds", "0.5"],
+        ["--fault", "none"],
+        ["--nodes", "2", "--fault", "x"],
+    ],
+)
+def test_demo_refuses_simulator_options_with_torch(
+    extra: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The --torch job is fixed: an option it would ignore is an error, before anything starts."""
+    assert main(["demo", "--torch", *extra]) == 1
+    err = capsys.readouterr().err
+    assert "the --torch job is fixed" in err and extra[0] in err, err
