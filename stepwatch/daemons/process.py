@@ -14,9 +14,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,11 +31,27 @@ log = logging.getLogger(__name__)
 LOOPBACK = "127.0.0.1"
 
 
+RECENT_PORTS = 4096  # ports handed out lately, never handed out again meanwhile
+_handed_out: OrderedDict[int, None] = OrderedDict()
+_ports_lock = threading.Lock()
+
+
 def free_port(host: str = LOOPBACK) -> int:
-    """A TCP port that is free on ``host`` right now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A TCP port that is free on ``host`` right now (the OS picks it), and not one this
+    process handed out lately: once its probe socket is closed the OS may pick the same
+    port again, and two daemons configured in a row (a slurmctld and a slurmd) then got
+    one port, and the second could not bind it."""
+    with _ports_lock:
+        for _ in range(64):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                sock.bind((host, 0))
+                port = int(sock.getsockname()[1])
+            if port not in _handed_out:
+                _handed_out[port] = None
+                if len(_handed_out) > RECENT_PORTS:
+                    _handed_out.popitem(last=False)
+                return port
+    raise DaemonError(f"no free TCP port on {host} that was not handed out lately")
 
 
 def find_binary(name: str, candidates: Sequence[str] = ()) -> str:

@@ -61,3 +61,38 @@ def test_exit_at_start_reports_the_log(tmp_path) -> None:
 def test_missing_binary_names_the_package() -> None:
     with pytest.raises(DaemonError, match="apt-get install no-such-daemon"):
         find_binary("no-such-daemon")
+
+
+class _ScriptedSocket:
+    """A socket whose bind to port 0 gets the next port of a script (what the OS picks)."""
+
+    script: list[int] = []
+
+    def __init__(self, *_: object) -> None:
+        self.port = 0
+
+    def __enter__(self) -> _ScriptedSocket:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def bind(self, _: tuple[str, int]) -> None:
+        self.port = self.script.pop(0)
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+
+def test_free_port_never_hands_out_a_port_twice_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The OS may pick the same port again once the probe socket is closed: a slurmctld and
+    a slurmd configured in a row once got one port, and the slurmd could not bind it."""
+    import stepwatch.daemons.process as process
+
+    monkeypatch.setattr(process.socket, "socket", _ScriptedSocket)
+    monkeypatch.setattr(process, "_handed_out", process.OrderedDict())
+    _ScriptedSocket.script = [40001, 40001, 40001, 40002, 40001, 40003]
+    assert [free_port(), free_port(), free_port()] == [40001, 40002, 40003]
+    _ScriptedSocket.script = [40003] * 64
+    with pytest.raises(DaemonError, match="no free TCP port"):
+        free_port()
