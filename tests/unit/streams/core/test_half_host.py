@@ -159,3 +159,28 @@ def test_a_hosts_own_history_grows_only_when_most_of_its_ranks_do(per_host: int)
     drive(engine, all_slow.messages())
     found = engine.jobs[all_slow.job_id].host_history.slow_host(1.0)
     assert found is not None and found.host == "h001", found
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_host_slowing_after_one_of_its_ranks_stalled_is_a_host_incident_beside_it(
+    seed: int,
+) -> None:
+    """Rank 9's data loader stalls at step 40; at step 100 the whole host computes 30 %
+    slower. The stalled rank stays its own incident (host_input); the seven ranks slowed
+    alike become one host-level incident (gpu) linked to it, not seven rank incidents and
+    not one host incident with the data stall's cause."""
+    job = Job(
+        world=16,
+        per_host=8,
+        steps=200,
+        slow_data={9: (40, 0.6)},
+        slow={r: (100, 1.3) for r in range(8, 16)},
+        seed=seed,
+    )
+    found = opened(drive(Engine(), job.messages()), "straggler")
+    (rank9,) = [d for d in found if d.rank == 9]
+    assert rank9.cause == "host_input" and not rank9.related, rank9.summary
+    (host,) = [d for d in found if d.rank is None]
+    assert sorted(host.ranks or ()) == [8, 10, 11, 12, 13, 14, 15], host.summary
+    assert host.cause == "gpu" and host.related == rank9.id, host.summary
+    assert len(found) == 2, [d.summary for d in found]

@@ -142,13 +142,40 @@ class Stragglers:
             return []  # absorbed by the host's incident
         if not host or len(ranks) < 2:
             return self._new_rank(host, ranks[0], candidates, cs)
-        alike = self.straggler.alike(ranks)
-        if len(alike) < 2:  # slowed in different ways: each rank is its own straggler
-            return [m for r in ranks for m in self._new_rank(host, r, candidates, cs)]
-        rising = (
-            r for r in self.ranks.ranks_on(host) if r not in ranks and self.straggler.rising(r)
-        )
-        slow = sorted(self.straggler.alike([*alike, *rising]))
+        # ranks slowed in different ways are different faults: the first set of ranks
+        # slowed alike is the host's incident, the others each a rank's
+        alike = self._alike_sets(ranks)
+        together = next((a for a in alike if len(a) >= 2), [])
+        out = [
+            m
+            for a in alike
+            if a is not together
+            for r in a
+            for m in self._new_rank(host, r, candidates, cs)
+        ]
+        if together:
+            out.extend(self._new_host(host, together, ranks, cs))
+        return out
+
+    def _alike_sets(self, ranks: list[int]) -> list[list[int]]:
+        """``ranks`` split into sets slowed alike (StragglerScores.alike), the slowest first."""
+        out: list[list[int]] = []
+        rest = list(ranks)
+        while rest:
+            alike = self.straggler.alike(rest)
+            out.append(alike)
+            rest = [r for r in rest if r not in alike]
+        return out
+
+    def _new_host(
+        self, host: str, alike: list[int], candidates: list[int], cs: ClosedStep
+    ) -> list[DetectionMessage]:
+        """One host-level incident for ranks of ``host`` slowed alike, with the host's
+        rising ranks (not yet candidates) slowed like them."""
+        rising = [
+            r for r in self.ranks.ranks_on(host) if r not in candidates and self.straggler.rising(r)
+        ]
+        slow = sorted(self.straggler.alike([*alike, *rising]) if rising else alike)
         self._host_defer.pop(host, None)
         f = self._host_finding(host, slow, cs)
         # a rank of this host already reported: the host incident continues that one
