@@ -184,3 +184,53 @@ def test_a_host_slowing_after_one_of_its_ranks_stalled_is_a_host_incident_beside
     assert sorted(host.ranks or ()) == [8, 10, 11, 12, 13, 14, 15], host.summary
     assert host.cause == "gpu" and host.related == rank9.id, host.summary
     assert len(found) == 2, [d.summary for d in found]
+
+
+@pytest.mark.parametrize("world", [16, 32])
+def test_a_host_slowed_unevenly_by_one_cause_is_one_host_incident(world: int) -> None:
+    """Eight ranks of one host compute 10 % to 40 % slower: one fault however uneven (ranks
+    are alike by how they are slow, not by how much)."""
+    slow = {8 + i: (60, 1.10 + 0.3 * i / 7) for i in range(8)}
+    for seed in (1, 2, 3):
+        job = Job(world=world, per_host=8, steps=140, slow=slow, seed=seed)
+        found = [d for d in opened(drive(Engine(), job.messages()), "straggler") if not d.related]
+        assert len(found) == 1, [d.summary for d in found]
+        (d,) = found
+        assert d.rank is None and d.cause == "gpu" and len(d.ranks or ()) >= 6, d.summary
+
+
+@pytest.mark.parametrize("extra", [0.2, 0.6])
+def test_a_data_stall_beside_a_host_compute_slowdown_is_its_own_incident(extra: float) -> None:
+    """Ranks 4 and 5 compute 20-40 % slower while rank 6's data loader stalls: the host
+    incident holds the two slowed alike (gpu), rank 6 is its own (host_input), linked."""
+    factor = 1.4 if extra < 0.5 else 1.2
+    job = Job(
+        world=16,
+        per_host=4,
+        steps=140,
+        slow={4: (60, factor), 5: (60, factor)},
+        slow_data={6: (60, extra)},
+        seed=1,
+    )
+    found = opened(drive(Engine(), job.messages()), "straggler")
+    (host,) = [d for d in found if d.rank is None]
+    (rank6,) = [d for d in found if d.rank == 6]
+    assert sorted(host.ranks or ()) == [4, 5] and host.cause == "gpu", host.summary
+    assert rank6.cause == "host_input" and rank6.related == host.id, rank6.summary
+
+
+def test_a_host_incident_keeps_to_the_ranks_slowed_its_way() -> None:
+    """Its updates do not take in a rank slowed another way, which has its own incident."""
+    job = Job(
+        world=16,
+        per_host=8,
+        steps=200,
+        slow_data={9: (40, 0.6)},
+        slow={r: (100, 1.3) for r in range(8, 16)},
+        seed=1,
+    )
+    found = drive(Engine(), job.messages())
+    (host,) = [d for d in opened(found, "straggler") if d.rank is None]
+    for d in found:
+        if d.id == host.id:
+            assert 9 not in (d.ranks or ()) and d.cause == "gpu", (d.state, d.step, d.summary)

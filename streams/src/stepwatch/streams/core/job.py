@@ -63,6 +63,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.links_down: set[str] = set()
         self._attr_cache: dict[Key, tuple[float, Attribution]] = {}
         self._host_defer: dict[str, int] = {}  # host -> steps a rank-level opening waited
+        self._host_way: dict[str, str | None] = {}  # host -> how its host incident's ranks are slow
         self._slowdown_defer = 0  # steps a job_slowdown waited for its straggler incident
         self.suspects: dict[int, float] = {}
         self._net_next = 0.0  # event time of the next check of the job's ports

@@ -50,6 +50,7 @@ class Stragglers:
     causes: CauseFinder
     hosts: set[str]
     _host_defer: dict[str, int]
+    _host_way: dict[str, str | None]
     cfg: DetectConfig
     suspects: dict[int, float]  # rank -> score of the current suspects
     suspects_total: int  # suspects seen (a rank entering the set counts once)
@@ -139,22 +140,22 @@ class Stragglers:
     ) -> list[DetectionMessage]:
         key: Key = (T.STRAGGLER, None, f"host:{host}")
         if key in self.book.open:
-            return []  # absorbed by the host's incident
+            # absorbed by the host's incident, unless slowed another way: its own, linked
+            way = self._host_way.get(host)
+            other = [
+                r for r in ranks if way is not None and self.straggler.way(r) not in (way, None)
+            ]
+            return [m for r in other for m in self._new_rank(host, r, candidates, cs)]
         if not host or len(ranks) < 2:
             return self._new_rank(host, ranks[0], candidates, cs)
         # ranks slowed in different ways are different faults: the first set of ranks
-        # slowed alike is the host's incident, the others each a rank's
+        # slowed alike is the host's incident, the others each a rank's (linked to it)
         alike = self._alike_sets(ranks)
         together = next((a for a in alike if len(a) >= 2), [])
-        out = [
-            m
-            for a in alike
-            if a is not together
-            for r in a
-            for m in self._new_rank(host, r, candidates, cs)
-        ]
-        if together:
-            out.extend(self._new_host(host, together, ranks, cs))
+        out = self._new_host(host, together, ranks, cs) if together else []
+        for a in alike:
+            if a is not together:
+                out.extend(m for r in a for m in self._new_rank(host, r, candidates, cs))
         return out
 
     def _alike_sets(self, ranks: list[int]) -> list[list[int]]:
@@ -171,12 +172,14 @@ class Stragglers:
         self, host: str, alike: list[int], candidates: list[int], cs: ClosedStep
     ) -> list[DetectionMessage]:
         """One host-level incident for ranks of ``host`` slowed alike, with the host's
-        rising ranks (not yet candidates) slowed like them."""
+        rising ranks (not yet candidates) slowed the same way."""
+        way = self.straggler.way(max(alike, key=self.straggler.score))
         rising = [
             r for r in self.ranks.ranks_on(host) if r not in candidates and self.straggler.rising(r)
         ]
-        slow = sorted(self.straggler.alike([*alike, *rising]) if rising else alike)
+        slow = sorted([*alike, *self.straggler.alike(rising, way)] if rising else alike)
         self._host_defer.pop(host, None)
+        self._host_way[host] = way
         f = self._host_finding(host, slow, cs)
         # a rank of this host already reported: the host incident continues that one
         f.related = next(iter(self._open_on_host(host)), "")
@@ -204,28 +207,39 @@ class Stragglers:
         return self._observe(f)
 
     def _open_on_host(self, host: str, but: int | None = None) -> list[str]:
-        """Ids of the open rank-level straggler incidents on ``host`` (not ``but``'s)."""
-        return [
+        """Ids of the open straggler incidents on ``host``: its host-level one first, then
+        its ranks' (not ``but``'s)."""
+        if not host:
+            return []
+        ids = [self.book.id_of(k) for k in self.book.keys(T.STRAGGLER) if k[2] == f"host:{host}"]
+        return ids + [
             self.book.id_of(k)
             for k in self.book.keys(T.STRAGGLER)
-            if k[1] is not None and k[1] != but and host and self.ranks.host[k[1]] == host
+            if k[1] is not None and k[1] != but and self.ranks.host[k[1]] == host
         ]
 
     def _host_holds(
         self, key: Key, candidates: dict[int, float], cs: ClosedStep
     ) -> list[DetectionMessage]:
         host = key[2].removeprefix("host:")
+        way = self._host_way.get(host)
+        # its ranks still slow the way it found them (a rank slowed another way is its
+        # own incident: see _new_on_host)
         slow = [
             r
             for r in self.ranks.ranks_on(host)
-            if r in candidates or self.straggler.still_slow(r)[0]
+            if (r in candidates or self.straggler.still_slow(r)[0])
+            and (way is None or self.straggler.way(r) in (way, None))
         ]
         own = None if slow else self.host_history.still_slow(host)
         if not slow and own is None:
             return self.book.clear(key, cs.end_max, cs.step)
         if self.book.hold(key, cs.end_max):
             if own is not None:  # its evidence holds: slower than its own history
-                return self._observe(self._host_finding(host, self.ranks.ranks_on(host), cs, own))
+                ranks = self.ranks.ranks_on(host)
+                if way is not None:  # not a rank slowed another way (its own incident)
+                    ranks = [r for r in ranks if self.straggler.way(r) in (way, None)] or ranks
+                return self._observe(self._host_finding(host, ranks, cs, own))
             return self._observe(self._host_finding(host, slow, cs))
         return []
 

@@ -75,9 +75,15 @@ from stepwatch.streams.core.stats import (
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
-# a rank joins its host's lead in one host-level incident when its excess in the lead's
-# dimension is at least this share of the lead's (see StragglerScores.alike)
-ALIKE_SHARE = 0.25
+# the way a rank is slow (see StragglerScores.way): the kind of work its phases do
+_WAY_OF_PHASE = {
+    "data": "input",
+    "forward": "compute",
+    "backward": "compute",
+    "optimizer": "compute",
+    "other": "compute",
+    "transfer": "transfer",
+}
 _EVIDENCE_NAMES = (
     "busy",
     "data",
@@ -438,15 +444,28 @@ class StragglerTracker:
         score = float(self._scores(rank)[d])  # finite or NaN (not measured): NaN counts as 0
         return (score if score == score else 0.0), float(self.threshold[d, rank] * ratio)
 
-    def alike(self, ranks: list[int]) -> list[int]:
-        """The ranks slowed like the slowest of them (its lead): their excess in the lead's
-        dimension is at least ``ALIKE_SHARE`` of the lead's. One host-level fault slows
-        its ranks in the same way; a rank 80 % slower in its data phase beside a
-        neighbour 10 % slower in its compute are two things, not one host."""
-        lead = max(ranks, key=self.score)
-        d = self._dim(lead)
-        floor = ALIKE_SHARE * self.score(lead)
-        return [r for r in ranks if r == lead or float(self._scores(r)[d]) >= floor]
+    def way(self, rank: int) -> str | None:
+        """How ``rank`` is slow: the kind of work (``input``: its data phase, ``compute``:
+        forward, backward, optimizer, other; ``transfer``) whose phase has its largest
+        excess over its peers. None without phases (timestamps only) or without excess."""
+        scores = self._scores(rank)
+        best, way = 0.0, None
+        for d, name in enumerate(DIM_NAMES[1:], start=1):
+            s = float(scores[d])
+            if s == s and s > best:
+                best, way = s, _WAY_OF_PHASE[name]
+        return way
+
+    def alike(self, ranks: list[int], way: str | None = None) -> list[int]:
+        """The ranks slowed in the same way as the slowest of them (its lead), or as
+        ``way``: one host-level fault slows its ranks in one way, by however much each.
+        A rank whose data phase stalls beside a neighbour that computes slower are two
+        faults, not one host. A rank whose way is unknown (no phases) goes with any."""
+        if way is None:
+            way = self.way(max(ranks, key=self.score))
+        if way is None:
+            return list(ranks)
+        return [r for r in ranks if self.way(r) in (way, None)]
 
     def score(self, rank: int) -> float:
         return self._best(rank, 1.0)[0]
