@@ -161,6 +161,19 @@ def test_a_hosts_own_history_grows_only_when_most_of_its_ranks_do(per_host: int)
     assert found is not None and found.host == "h001", found
 
 
+def _stall_then_host(seed: int) -> Job:
+    """Rank 9's data loader stalls at step 40; from step 100 its whole host (ranks 8-15)
+    computes 30 % slower."""
+    return Job(
+        world=16,
+        per_host=8,
+        steps=200,
+        slow_data={9: (40, 0.6)},
+        slow={r: (100, 1.3) for r in range(8, 16)},
+        seed=seed,
+    )
+
+
 @pytest.mark.parametrize("seed", [1, 2])
 def test_a_host_slowing_after_one_of_its_ranks_stalled_is_a_host_incident_beside_it(
     seed: int,
@@ -169,15 +182,7 @@ def test_a_host_slowing_after_one_of_its_ranks_stalled_is_a_host_incident_beside
     slower. The stalled rank stays its own incident (host_input); the seven ranks slowed
     alike become one host-level incident (gpu) linked to it, not seven rank incidents and
     not one host incident with the data stall's cause."""
-    job = Job(
-        world=16,
-        per_host=8,
-        steps=200,
-        slow_data={9: (40, 0.6)},
-        slow={r: (100, 1.3) for r in range(8, 16)},
-        seed=seed,
-    )
-    found = opened(drive(Engine(), job.messages()), "straggler")
+    found = opened(drive(Engine(), _stall_then_host(seed).messages()), "straggler")
     (rank9,) = [d for d in found if d.rank == 9]
     assert rank9.cause == "host_input" and not rank9.related, rank9.summary
     (host,) = [d for d in found if d.rank is None]
@@ -221,15 +226,7 @@ def test_a_data_stall_beside_a_host_compute_slowdown_is_its_own_incident(extra: 
 
 def test_a_host_incident_keeps_to_the_ranks_slowed_its_way() -> None:
     """Its updates do not take in a rank slowed another way, which has its own incident."""
-    job = Job(
-        world=16,
-        per_host=8,
-        steps=200,
-        slow_data={9: (40, 0.6)},
-        slow={r: (100, 1.3) for r in range(8, 16)},
-        seed=1,
-    )
-    found = drive(Engine(), job.messages())
+    found = drive(Engine(), _stall_then_host(1).messages())
     (host,) = [d for d in opened(found, "straggler") if d.rank is None]
     for d in found:
         if d.id == host.id:
