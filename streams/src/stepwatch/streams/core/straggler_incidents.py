@@ -256,6 +256,7 @@ class Stragglers:
         if not self.book.hold(key, cs.end_max):
             return []
         ranks = self.ranks.ranks_on(found.host)
+        self._host_way[found.host] = None  # found on the host's own history: any way
         f = self._host_finding(found.host, ranks, cs, found)
         f.related = next(iter(self._open_on_host(found.host)), "")
         return self._observe(f)
