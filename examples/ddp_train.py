@@ -81,6 +81,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--nproc", type=int, default=4, help="ranks to spawn without torchrun (default 4)"
     )
+    p.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="on CUDA: NCCL when each local rank has a GPU of its own, else gloo "
+        "(several ranks share a GPU); on CPU always gloo",
+    )
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--width", type=int, default=768, help="hidden width of the MLP")
@@ -229,9 +236,13 @@ def compete(cores: set[int], count: int) -> list[subprocess.Popen[bytes]]:
 
 def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
     if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", rank))
+        gpus = torch.cuda.device_count()
+        local = int(os.environ.get("LOCAL_RANK", rank)) % gpus
         torch.cuda.set_device(local)
-        device, backend = torch.device("cuda", local), "nccl"
+        here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        # NCCL refuses two ranks on one GPU; gloo all-reduces CUDA tensors through the host
+        backend = args.backend if args.backend != "auto" else ("nccl" if here <= gpus else "gloo")
+        device = torch.device("cuda", local)
     else:
         device, backend = torch.device("cpu"), "gloo"
         torch.set_num_threads(1)

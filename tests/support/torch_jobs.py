@@ -77,6 +77,7 @@ class Agents:
     settings: Settings
     workdir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    collectors: dict[str, str] = field(default_factory=dict)  # host -> list; default "steps"
 
     def socket_template(self) -> str:
         return str(self.workdir / "agent-{host}.sock")
@@ -98,7 +99,7 @@ class Agents:
                 "--host",
                 host,
                 "--collectors",
-                "steps",
+                self.collectors.get(host, "steps"),
                 "--tick",
                 "0.5",
                 "--socket",
@@ -165,7 +166,7 @@ def run_job(
     ]
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
         "STEPWATCH_AGENT_SOCKET": agents.socket_template(),
     }
     env.pop("RANK", None)

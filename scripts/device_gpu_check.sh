@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The checks that need a real NVIDIA GPU, in one go (a lent GPU machine, or any
+# GPU host with PyTorch): the gpu-marked tests (NVML collector through the real
+# pynvml), an NVML recording across idle -> loaded -> idle, real DDP jobs on the
+# GPU through the SDK (CUDA-event timing), agents (one with the nvml collector)
+# and the broker, and the SDK's cost on a CUDA training loop.
+#
+#   OUT=some/dir bash scripts/device_gpu_check.sh
+#
+# Missing Python packages may come as wheels in .whl/ (installed to /tmp/site).
+# The service folders are linked into stepwatch/ when stepwatch is not installed.
+set -uo pipefail
+OUT=${OUT:-gpu-check}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site
+fi
+if ! python3 -c "import stepwatch.agents" 2>/dev/null; then
+  for s in agents streams exporters alerts; do ln -sfn "../$s/src/stepwatch/$s" "stepwatch/$s"; done
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,compute_mode --format=csv
+python3 -c "import torch, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+
+echo "== gpu-marked tests"
+timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/agents/collectors/test_nvml_gpu.py
+
+echo "== NVML recording: idle, then bf16 matmuls for 8 s from 3 s in, then idle"
+python3 - <<'PY' &
+import time, torch
+time.sleep(3)
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+end = time.monotonic() + 8
+while time.monotonic() < end:
+    for _ in range(20):
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+PY
+timeout 60 python3 tests/fixtures/nvml/record.py --samples 32 --interval 0.5 -o "$OUT/nvml_idle_busy.json"
+wait
+
+echo "== SDK cost on a CUDA training loop"
+timeout 150 python3 bench/bench_sdk_cuda.py
+
+echo "== real DDP jobs on the GPU through SDK, agents and broker"
+timeout 400 python3 tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
+echo "== done"
