@@ -26,7 +26,7 @@ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max
 python3 -c "import torch, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
 echo "== gpu-marked tests"
-timeout 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/agents/collectors/test_nvml_gpu.py
+timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/agents/collectors/test_nvml_gpu.py
 
 echo "== NVML recording: idle, then bf16 matmuls for 8 s from 3 s in, then idle"
 python3 - <<'PY' &
@@ -43,8 +43,8 @@ timeout 60 python3 tests/fixtures/nvml/record.py --samples 32 --interval 0.5 -o 
 wait
 
 echo "== SDK cost on a CUDA training loop"
-timeout 150 python3 bench/bench_sdk_cuda.py
+timeout 100 python3 bench/bench_sdk_cuda.py
 
 echo "== real DDP jobs on the GPU through SDK, agents and broker"
-timeout 400 python3 tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
+timeout 280 python3 tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
 echo "== done"
