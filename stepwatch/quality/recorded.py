@@ -5,9 +5,9 @@ per line, as the agents published them: ``stepwatch replay`` reads the same
 files) and a ``labels.json`` that says, per file stem, what was done to the
 job: ``{"fault": "compute" | "data" | "cpu" | "healthy", "rank": r, "ranks":
 [...], "host": "...", "start_step": s, ...}``. ``tests/fixtures/torch`` holds
-six real PyTorch DDP/FSDP runs recorded this way (see
-``tests/integration/integrations/test_torch_ddp.py``; ``STEPWATCH_TORCH_RECORD=1`` records
-new ones)::
+real PyTorch DDP/FSDP runs recorded this way: on CPU by
+``tests/integration/integrations/test_torch_ddp.py`` (``STEPWATCH_TORCH_RECORD=1`` records
+new ones), on a GPU by ``tests/fixtures/torch/record_gpu.py``::
 
     stepwatch bench detect --recorded tests/fixtures/torch
 

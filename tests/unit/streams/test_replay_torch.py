@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from stepwatch.contract import DetectionMessage
+from stepwatch.contract import DetectionMessage, decode
 from stepwatch.streams.core import DetectConfig, Engine
 from stepwatch.streams.replay import replay
 from tests.support import paths
@@ -70,10 +70,17 @@ def test_healthy_run_is_silent(name: str) -> None:
 
 
 # compute_plain: the README loop without the integration (the wait stays inside
-# backward); fsdp_compute: FSDP2 with instrument_fsdp
+# backward); fsdp_compute: FSDP2 with instrument_fsdp; gpu_compute: on a real H200,
+# CUDA-event timing (tests/fixtures/torch/record_gpu.py)
 @pytest.mark.parametrize(
     "name,cause",
-    [("compute", "gpu"), ("data", "host_input"), ("compute_plain", "gpu"), ("fsdp_compute", "gpu")],
+    [
+        ("compute", "gpu"),
+        ("data", "host_input"),
+        ("compute_plain", "gpu"),
+        ("fsdp_compute", "gpu"),
+        ("gpu_compute", "gpu"),
+    ],
 )
 def test_one_slow_rank_is_found_with_its_cause(name: str, cause: str) -> None:
     d = hit(name, detections(name))
@@ -107,3 +114,21 @@ def test_every_other_incident_of_a_fault_run_is_measured_cpu_contention(name: st
     for d in others:
         assert d.evidence.get("host_reasons") == "cpu_contention", d
         assert float(d.evidence["cpu_wait_excess_s"]) > 0, d.evidence  # type: ignore[arg-type]
+
+
+def test_gpu_runs_are_timed_with_cuda_events_and_show_the_extra_forward() -> None:
+    """The runs recorded on a real GPU carry CUDA-event phase times (``timing="cuda"``),
+    and the slowed rank's forward is about the factor (3) times its peers' after the
+    fault's start: the extra kernels as the device ran them, not their launch time."""
+    label = LABELS["gpu_compute"]
+    for name in ("gpu_healthy", "gpu_compute"):
+        lines = (FIXTURES / f"{name}.jsonl").read_bytes().splitlines()
+        steps = [r for line in lines for r in decode(line).steps]  # type: ignore[union-attr]
+        assert {r.timing for r in steps} == {"cuda"}, name
+    forward: dict[int, list[float]] = {}
+    for r in steps:  # gpu_compute's
+        if r.step >= label["start_step"] + 5 and r.phases is not None:
+            forward.setdefault(r.rank, []).append(r.phases.forward or 0.0)
+    med = {rank: sorted(v)[len(v) // 2] for rank, v in forward.items()}
+    slow = med.pop(label["rank"])
+    assert 2.5 < slow / max(med.values()) < 3.5, (slow, med)
