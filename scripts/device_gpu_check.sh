@@ -6,7 +6,9 @@
 # and the broker, and the SDK's cost on a CUDA training loop.
 #
 #   OUT=some/dir bash scripts/device_gpu_check.sh
+#   PARTS="record" RECORD_ARGS="--jobs data" bash scripts/device_gpu_check.sh
 #
+# PARTS (default: all four) picks among tests, nvml, bench and record.
 # Missing Python packages may come as wheels in .whl/ (installed to /tmp/site).
 # The service folders are linked into stepwatch/ when stepwatch is not installed.
 set -uo pipefail
@@ -25,9 +27,13 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,compute_mode --format=csv
 python3 -c "import torch, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
-echo "== gpu-marked tests"
+PARTS=" ${PARTS:-tests nvml bench record} "
+part() { [[ $PARTS == *" $1 "* ]]; }
+
+part tests && echo "== gpu-marked tests" &&
 timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/agents/collectors/test_nvml_gpu.py
 
+if part nvml; then
 echo "== NVML recording: idle, then bf16 matmuls for 8 s from 3 s in, then idle"
 python3 - <<'PY' &
 import time, torch
@@ -41,10 +47,10 @@ while time.monotonic() < end:
 PY
 timeout 60 python3 tests/fixtures/nvml/record.py --samples 32 --interval 0.5 -o "$OUT/nvml_idle_busy.json"
 wait
+fi
 
-echo "== SDK cost on a CUDA training loop"
-timeout 100 python3 bench/bench_sdk_cuda.py
+part bench && echo "== SDK cost on a CUDA training loop" && timeout 100 python3 bench/bench_sdk_cuda.py
 
-echo "== real DDP jobs on the GPU through SDK, agents and broker"
-timeout 280 python3 tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
+part record && echo "== real DDP jobs on the GPU through SDK, agents and broker" &&
+  timeout 330 python3 tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
 echo "== done"
