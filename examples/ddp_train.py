@@ -336,11 +336,18 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
                     if data.delay > 0:
                         time.sleep(data.delay)  # a stalled reader: storage, decode, augmentation
                     x, y = (t.to(device, non_blocking=True) for t in next(batches))
+                # the slowed rank measures its forward before the fault (to size a data
+                # stall); on CUDA that needs the kernels finished, not only launched
+                sync = slow and step < args.slow_from and device.type == "cuda"
+                if sync:
+                    torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 with s.phase("forward"):
                     loss = nn.functional.mse_loss(model(x), y)
                     if slow and args.slow_kind == "compute" and step >= args.slow_from:
                         extra_forward(local_copy, x, args.slow_factor - 1.0)
+                if sync:
+                    torch.cuda.synchronize()
                 forward_times.append(time.perf_counter() - t0)
                 with s.phase("backward"):
                     loss.backward()
