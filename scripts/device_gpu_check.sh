@@ -3,12 +3,13 @@
 # GPU host with PyTorch): the gpu-marked tests (NVML collector through the real
 # pynvml), an NVML recording across idle -> loaded -> idle, real DDP jobs on the
 # GPU through the SDK (CUDA-event timing), agents (one with the nvml collector)
-# and the broker, and the SDK's cost on a CUDA training loop.
+# and the broker, the SDK's cost on a CUDA training loop, and the torch
+# integrations on NCCL (one rank per GPU).
 #
 #   OUT=some/dir bash scripts/device_gpu_check.sh
 #   PARTS="record" RECORD_ARGS="--jobs data" bash scripts/device_gpu_check.sh
 #
-# PARTS (default: all four) picks among tests, nvml, bench and record.
+# PARTS (default: all five) picks among tests, nvml, bench, nccl and record.
 # Missing Python packages may come as wheels in .whl/ (installed to /tmp/site).
 # The service folders are linked into stepwatch/ when stepwatch is not installed.
 set -uo pipefail
@@ -27,7 +28,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,compute_mode --format=csv
 python3 -c "import torch, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
-PARTS=" ${PARTS:-tests nvml bench record} "
+PARTS=" ${PARTS:-tests nvml bench nccl record} "
 part() { [[ $PARTS == *" $1 "* ]]; }
 
 part tests && echo "== gpu-marked tests" &&
@@ -50,6 +51,9 @@ wait
 fi
 
 part bench && echo "== SDK cost on a CUDA training loop" && timeout 100 python3 bench/bench_sdk_cuda.py
+
+part nccl && echo "== DDP and FSDP2 on NCCL, one rank per GPU" &&
+  timeout 200 python3 scripts/gpu_nccl_check.py
 
 part record && echo "== real DDP jobs on the GPU through SDK, agents and broker" &&
   timeout 330 python3 tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
