@@ -4,7 +4,8 @@ CPU (gloo), 4 ranks, started by the script itself::
 
     python examples/ddp_train.py --nproc 4 --steps 200
 
-or by torchrun, on CPU or GPUs (the backend follows the device: NCCL on CUDA)::
+or by torchrun, on CPU or GPUs (the backend follows the device: NCCL on CUDA when
+each rank has a GPU of its own, gloo when ranks share one; ``--backend`` overrides)::
 
     torchrun --nproc-per-node 4 --rdzv-id my-job examples/ddp_train.py --steps 200
 
