@@ -235,14 +235,24 @@ def compete(cores: set[int], count: int) -> list[subprocess.Popen[bytes]]:
     return procs
 
 
+def backend_for(requested: str, gpus: int, ranks_here: int) -> str:
+    """The process group's backend: NCCL refuses two ranks on one GPU, so ``auto`` is
+    NCCL only when each of this node's ranks has a GPU of its own; gloo otherwise (it
+    all-reduces CUDA tensors through the host, and is the only choice without a GPU)."""
+    if gpus <= 0:
+        return "gloo"
+    if requested != "auto":
+        return requested
+    return "nccl" if ranks_here <= gpus else "gloo"
+
+
 def setup_rank(args: argparse.Namespace, rank: int, world: int) -> torch.device:
     if torch.cuda.is_available():
         gpus = torch.cuda.device_count()
         local = int(os.environ.get("LOCAL_RANK", rank)) % gpus
         torch.cuda.set_device(local)
         here = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        # NCCL refuses two ranks on one GPU; gloo all-reduces CUDA tensors through the host
-        backend = args.backend if args.backend != "auto" else ("nccl" if here <= gpus else "gloo")
+        backend = backend_for(args.backend, gpus, here)
         device = torch.device("cuda", local)
     else:
         device, backend = torch.device("cpu"), "gloo"
