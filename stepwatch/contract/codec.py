@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import msgspec
 
+from stepwatch.contract.names import check_names, may_break_names
 from stepwatch.contract.records import (
     CONTRACT_VERSION,
     EventMessage,
@@ -96,6 +97,8 @@ def decode_unchecked(data: bytes | str) -> Message:
         pass
     else:
         if 1 <= message.v <= CONTRACT_VERSION:
+            if may_break_names(data):
+                check_names(message)
             return message
     return _decode_with_header(data)
 
@@ -119,11 +122,13 @@ def _decode_with_header(data: bytes | str) -> Message:
     if header.v is not None and header.v < 1:
         raise ContractError("schema", f"version must be >= 1, got {header.v}")
     try:
-        return _decoder.decode(data)
+        message = _decoder.decode(data)
     except msgspec.ValidationError as err:
         raise ContractError(_validation_reason(err), str(err)) from err
     except msgspec.DecodeError as err:
         raise ContractError("malformed_json", str(err)) from err
+    check_names(message)
+    return message
 
 
 def _validation_reason(err: msgspec.ValidationError) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from stepwatch.contract.names import check_names, may_break_names
 from stepwatch.contract.records import EventType, Name, StepRecord
 from stepwatch.errors import ContractError
 
@@ -64,4 +65,9 @@ def decode_datagram(data: bytes) -> Datagram:
         raise ContractError("malformed_json", f"datagram: {err}") from err
     if item.v > WIRE_VERSION:
         raise ContractError("unsupported_version", f"datagram v{item.v} > v{WIRE_VERSION}")
+    if may_break_names(data):
+        try:
+            check_names(item)
+        except ContractError as err:
+            raise ContractError("schema", f"datagram: {err.detail}") from err
     return item

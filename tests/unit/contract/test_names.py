@@ -104,3 +104,65 @@ def test_the_agent_drops_a_datagram_whose_job_id_forges_a_log_line(tmp_path) -> 
         c.close()
     assert [m.job_id for m in out if isinstance(m, StepMessage)] == ["42"]
     assert c.rejected["schema"] == 1
+
+
+# ---------------------------------------------------------------------------
+# The rule is checked after decoding (stepwatch.contract.names), only when the
+# raw bytes could hold a forbidden character: the same verdicts either way.
+
+
+def _raw(field: str, value: str) -> bytes:
+    """As _message, with non-ASCII characters sent raw (UTF-8), not \\u-escaped."""
+    return json.dumps(json.loads(_message(field, value)), ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("field", ["host", "inst", "job_id", "job", "group"])
+@pytest.mark.parametrize("value", BAD)
+def test_raw_utf8_names_are_refused_too(field: str, value: str) -> None:
+    with pytest.raises(ContractError) as err:
+        decode(_raw(field, value))
+    assert err.value.reason == "schema"
+    with pytest.raises(ContractError):
+        decode(_raw(field, value).decode())  # a str in, as well as bytes
+
+
+def test_the_refusal_says_which_name_and_where() -> None:
+    with pytest.raises(ContractError) as err:
+        decode(_raw("group", "\u202e24"))
+    assert err.value.detail.startswith("Expected `str` matching regex '^[^")
+    assert err.value.detail.endswith("- at `$.steps[0].group`")
+
+
+def test_the_byte_screen_passes_only_what_cannot_break_the_rule() -> None:
+    from stepwatch.contract.names import may_break_names
+
+    assert not may_break_names(b'{"job_id":"run-7f3a.b_c:1"}')
+    assert not may_break_names('{"job_id":"plain"}')
+    for data in (b'{"a":"\\n"}', b'{"a":"\x7f"}', '{"a":"ö"}'.encode(), b'{"a":"\\u0041"}'):
+        assert may_break_names(data) and may_break_names(data.decode())
+
+
+def test_random_names_get_the_patterns_verdict_whatever_the_encoding() -> None:
+    """Names drawn from plain, non-ASCII and forbidden characters: refused exactly when
+    the pattern (records.NAME_PATTERN, as msgspec applied it) refuses them."""
+    import random
+    import re
+
+    from stepwatch.contract.records import NAME_PATTERN
+
+    alphabet = "ab9-_.:[]ö€𝄞 \t\n\r\x00\x1b\x7f\x85\x9f\u2028\u2029\u202a\u202e\u2066\u2069\u200f"
+    rng = random.Random(7)
+    refused = 0
+    for _ in range(400):
+        name = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 6)))
+        ok = re.match(NAME_PATTERN, name) is not None
+        for data in (_message("job", name), _raw("job", name)):
+            try:
+                decode(data)
+                got = True
+            except ContractError as err:
+                assert err.reason == "schema", err
+                got = False
+            assert got == ok, (name, data)
+        refused += not ok
+    assert 50 < refused < 350  # both verdicts were exercised

@@ -1,0 +1,93 @@
+"""The control-character rule on names (``records.Name``), checked after decoding.
+
+A name a sender chooses must hold no control character (C0, DEL, C1, line
+separators, bidi overrides; see ``records.NAME_PATTERN``). msgspec could check
+the pattern while decoding, but it then runs a regular expression on every name
+of every record: about a third of the decode time of a step message. The rule
+is checked here instead, only when the raw message *could* hold such a
+character, which a scan of the bytes decides at memchr speed:
+
+* JSON allows no raw C0 character in a string (msgspec refuses them as
+  malformed), so a C0 character can only arrive escaped, behind a backslash;
+* DEL is the one ASCII byte left (0x7f);
+* every other forbidden character is outside ASCII.
+
+So a message that is ASCII and holds neither a backslash nor DEL cannot break
+the rule, and skips the check. Otherwise every name field is walked and the
+first one that breaks the rule raises :class:`~stepwatch.errors.ContractError`
+(``schema``) with the words msgspec used for it, path included.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import typing
+from typing import Any
+
+import msgspec
+
+from stepwatch.contract.records import NAME_PATTERN, Name
+from stepwatch.errors import ContractError
+
+_NAME_RE = re.compile(NAME_PATTERN)
+_TEXT = f"Expected `str` matching regex {NAME_PATTERN!r}"
+
+
+def may_break_names(data: bytes | str) -> bool:
+    """False only when no string in ``data`` can hold a forbidden character."""
+    if isinstance(data, str):
+        return not data.isascii() or "\\" in data or "\x7f" in data
+    return not data.isascii() or b"\\" in data or b"\x7f" in data
+
+
+def check_names(obj: msgspec.Struct, path: str = "$") -> None:
+    """Raise ContractError at the first name of ``obj`` (and of the structs it holds)
+    that breaks the rule."""
+    for field, kind in _plan(type(obj)):
+        value = getattr(obj, field)
+        if value is None:
+            continue
+        where = f"{path}.{field}"
+        if kind == "name":
+            if _NAME_RE.match(value) is None:
+                raise ContractError("schema", f"{_TEXT} - at `{where}`")
+        elif kind == "struct":
+            check_names(value, where)
+        else:  # a list of structs
+            for i, item in enumerate(value):
+                if isinstance(item, msgspec.Struct):
+                    check_names(item, f"{where}[{i}]")
+
+
+@functools.cache
+def _plan(cls: type) -> tuple[tuple[str, str], ...]:
+    """The fields of ``cls`` to look at: names, structs, lists of structs (in field order)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    out: list[tuple[str, str]] = []
+    for field in cls.__struct_fields__:  # type: ignore[attr-defined]
+        kind = _kind(hints[field])
+        if kind:
+            out.append((field, kind))
+    return tuple(out)
+
+
+def _kind(hint: Any) -> str:
+    if hint == Name:
+        return "name"
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, _union_type()) and len(args) == 1:
+        return _kind(args[0])  # Optional[...]
+    if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
+        return "struct" if _plan(hint) else ""
+    item = args[0] if origin is list and args else None
+    if isinstance(item, type) and issubclass(item, msgspec.Struct) and _plan(item):
+        return "list"
+    return ""
+
+
+def _union_type() -> Any:
+    import types
+
+    return types.UnionType
