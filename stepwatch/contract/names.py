@@ -38,7 +38,9 @@ def may_break_names(data: bytes | str) -> bool:
     """False only when no string in ``data`` can hold a forbidden character."""
     if isinstance(data, str):
         return not data.isascii() or "\\" in data or "\x7f" in data
-    return not data.isascii() or b"\\" in data or b"\x7f" in data
+    if isinstance(data, bytes | bytearray):
+        return not data.isascii() or b"\\" in data or b"\x7f" in data
+    return True  # another buffer type: check every name
 
 
 def check_names(obj: msgspec.Struct, path: str = "$") -> None:

@@ -138,6 +138,8 @@ def test_the_byte_screen_passes_only_what_cannot_break_the_rule() -> None:
 
     assert not may_break_names(b'{"job_id":"run-7f3a.b_c:1"}')
     assert not may_break_names('{"job_id":"plain"}')
+    assert not may_break_names(bytearray(b'{"job_id":"plain"}'))
+    assert may_break_names(memoryview(b'{"job_id":"plain"}'))  # type: ignore[arg-type]
     for data in (b'{"a":"\\n"}', b'{"a":"\x7f"}', '{"a":"ö"}'.encode(), b'{"a":"\\u0041"}'):
         assert may_break_names(data) and may_break_names(data.decode())
 
