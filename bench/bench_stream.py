@@ -58,6 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
 GOAL_EVENTS = 150_000  # events per worker CPU-second
 GOAL_RATIO = 0.3  # worker / raw consume, same run
+# the worker's series the benchmark reads: name, labels (summed over), value
+SERIES = re.compile(r"(stepwatch_stream_(?:messages_total|events_total|ready))(?:\{\S*\})? (\S+)")
 
 
 @dataclass
@@ -196,7 +198,7 @@ def scrape(port: int) -> dict[str, float]:
         return {}
     out: dict[str, float] = {}
     for line in text.decode().splitlines():
-        m = re.match(r"(stepwatch_stream_(?:messages_total|events_total|ready))(?:\{\S*\})? (\S+)", line)
+        m = SERIES.match(line)
         if m:
             out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
     return out
