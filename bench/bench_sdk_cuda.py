@@ -12,7 +12,14 @@ Correctness: the ``forward`` phase the SDK reports with CUDA timing is compared
 with the same forward timed by a pair of CUDA events of our own (synchronized),
 and with what wall timing reports (kernel launches only, on an async device).
 
-    python bench/bench_sdk_cuda.py [--blocks 8] [--steps 40] [--width 4096]
+``--part nccl``: the torch integrations on NCCL, one rank per GPU.
+``examples/ddp_train.py`` runs with as many ranks as GPUs, once with DDP +
+``instrument_ddp`` and once with FSDP2 + ``instrument_fsdp``, against the same
+listening socket; printed: the step records received, their timing source and
+each phase's median. Exits 1 when a run failed, or a record is missing, not
+CUDA-timed, or (DDP) has no ``comm_wait``.
+
+    python bench/bench_sdk_cuda.py [--part cost|nccl|all] [--blocks 8] [--steps 40]
 """
 
 from __future__ import annotations
@@ -21,15 +28,21 @@ import argparse
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import stepwatch
 from stepwatch.contract.wire import RankStep, decode_datagram
+
+ROOT = Path(__file__).resolve().parents[1]
+PHASES = ("data", "forward", "backward", "comm_wait", "optimizer")
 
 
 class Reader:
@@ -60,22 +73,38 @@ class Reader:
         self.sock.close()
 
 
-def main() -> None:
+def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--part", choices=("cost", "nccl", "all"), default="all")
     p.add_argument("--blocks", type=int, default=8, help="blocks per variant")
     p.add_argument("--steps", type=int, default=40, help="steps per block")
     p.add_argument("--width", type=int, default=4096)
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--batch", type=int, default=4096)
+    p.add_argument("--nccl-steps", type=int, default=60, help="steps of each NCCL job")
     args = p.parse_args()
     try:
         import torch
     except ImportError:
         print("torch is not installed: nothing measured")
-        return
+        return 0
     if not torch.cuda.is_available():
         print("no CUDA device: nothing measured")
-        return
+        return 0
+    if args.part in ("cost", "all"):
+        sdk_cost(args)
+    if args.part in ("nccl", "all"):
+        gpus = torch.cuda.device_count()
+        with tempfile.TemporaryDirectory(prefix="sw-nccl-") as folder:
+            ok = [on_nccl(p, args.nccl_steps, gpus, folder) for p in ("ddp", "fsdp")]
+        return 0 if all(ok) else 1
+    return 0
+
+
+def sdk_cost(args: argparse.Namespace) -> None:
+    """The three variants interleaved, and the forward each timing reports."""
+    import torch
+
     dev = torch.device("cuda", 0)
     layers: list[torch.nn.Module] = []
     for _ in range(args.layers):
@@ -176,5 +205,36 @@ def main() -> None:
             )
 
 
+def on_nccl(parallel: str, steps: int, gpus: int, folder: str) -> bool:
+    """One NCCL job of the example (``ddp`` or ``fsdp``): what the SDK sent, and whether
+    every step came, CUDA-timed (and, for DDP, with its comm_wait)."""
+    path = os.path.join(folder, f"{parallel}.sock")
+    reader = Reader(path)
+    cmd = [sys.executable, str(ROOT / "examples" / "ddp_train.py"), "--nproc", str(gpus)]
+    cmd += ["--steps", str(steps), "--parallel", parallel, "--job-id", f"nccl-{parallel}"]
+    cmd += ["--width", "2048", "--layers", "8", "--batch", "8192"]
+    env = {**os.environ, "STEPWATCH_AGENT_SOCKET": path}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    time.sleep(0.5)
+    reader.close()
+    if proc.returncode != 0:
+        print(f"{parallel}: the job failed rc={proc.returncode}\n{proc.stderr[-3000:]}")
+        return False
+    records = reader.steps
+    timing = sorted({r.timing for r in records})
+    print(f"{parallel}: {len(records)} step records of {steps * gpus}, timing={timing}")
+    medians = {}
+    for name in PHASES:
+        vals = [getattr(r.phases, name) for r in records if r.phases is not None]
+        vals = [v for v in vals if v is not None]
+        medians[name] = round(statistics.median(vals) * 1e3, 3) if vals else None
+    print(f"  phase medians (ms): {medians}")
+    ok = len(records) == steps * gpus and timing == ["cuda"]
+    if parallel == "ddp":
+        ok = ok and medians["comm_wait"] is not None
+    print(f"  {'ok' if ok else 'NOT ok'}")
+    return ok
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

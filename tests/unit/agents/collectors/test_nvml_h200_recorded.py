@@ -21,15 +21,14 @@ import json
 from typing import Any
 
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from stepwatch.agents.collectors.base import HealthState, HostContext
 from stepwatch.agents.collectors.nvml import NvmlCollector
 from stepwatch.agents.collectors.nvml_replay import ReplayNvml, load_recording
-from stepwatch.agents.host_series import HostSeries, families
+from stepwatch.agents.host_series import HostSeries
 from stepwatch.contract import GpuMessage, GpuReading, decode, encode
 from tests.support import paths
+from tests.support.host_metrics import render_series, value
 
 pytestmark = pytest.mark.unit
 RECORDING = paths.FIXTURES / "nvml" / "h200_1gpu_idle_busy.json"
@@ -98,35 +97,16 @@ def test_idle_then_loaded_then_idle_in_base_units() -> None:
     assert energy[i + 1] - energy[i] == pytest.approx(0.5 * nn(rs[i].power_w) * 1000, rel=0.2)
 
 
-def metric(text: str, name: str, **labels: str) -> float | None:
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return None
-
-
-def render(msg: GpuMessage) -> str:
-    series = HostSeries()
-    series.observe([msg])
-
-    class C:
-        def collect(self) -> Any:
-            return families("h200-node", series.view())
-
-    reg = CollectorRegistry(auto_describe=False)
-    reg.register(C())
-    return generate_latest(reg).decode()
-
-
 def test_full_load_shows_as_power_cap_which_no_alert_treats_as_a_fault() -> None:
     rs = readings()
     busy = next(r for r in rs if r.throttle_reasons == SW_POWER_CAP)
-    text = render(GpuMessage(host="h200-node", ts=1.79e9, gpus=[busy]))
+    series = HostSeries()
+    series.observe([GpuMessage(host="h200-node", ts=1.79e9, gpus=[busy])])
+    text = render_series(series, "h200-node")
     active = "stepwatch_gpu_clocks_event_active"
-    assert metric(text, active, gpu="0", reason="sw_power_cap") == 1
+    assert value(text, active, gpu="0", reason="sw_power_cap") == 1
     for reason in ("hw_slowdown", "hw_thermal", "sw_thermal", "power_brake", "idle"):
-        assert metric(text, active, gpu="0", reason=reason) == 0, reason
+        assert value(text, active, gpu="0", reason=reason) == 0, reason
     alerts = (
         paths.ROOT / "alerts" / "src" / "stepwatch" / "alerts" / "rules" / "gpu.yml"
     ).read_text()
