@@ -81,3 +81,22 @@ def test_a_job_slowdowns_onset_is_the_start_of_its_trailing_run() -> None:
     assert trailing_run(x, 0.05, gap=0) == 2
     assert trailing_run(np.array([0.2, 0.2]), 0.05) == 1
     assert trailing_run(np.array([0.0, np.nan, 0.0]), 0.05) == 0
+
+
+def test_a_steady_detection_builds_a_finding_per_cause_refresh_not_per_step() -> None:
+    cfg = DetectConfig()
+    book = DetectionBook("j", cfg)
+    book.observe(_finding(Cause.GPU, 100.0, score=0.2))
+    key = (DetectionType.STRAGGLER, 1, "")
+    late = 100.0 + cfg.update_min_seconds + 5.0  # old, past the score's rate limit
+    assert book.hold(key, late, 0.2) is True  # the cause is due for its look
+    book.observe(_finding(Cause.GPU, late, score=0.2))  # nothing to publish: same score
+    # the same score on the next steps: no Finding to build, no message could follow
+    assert [book.hold(key, late + dt, 0.21) for dt in (1.0, 2.0, 3.0)] == [False] * 3
+    assert book.open[key].score_now == 0.21  # the live view still sees the score now
+    assert book.hold(key, late + 4.0, 0.4) is True  # moved enough for an update
+    (m,) = book.observe(_finding(Cause.GPU, late + 4.0, score=0.4))
+    assert m.state == "update" and m.score == 0.4
+    assert book.hold(key, late + 5.0) is False  # rate limit of the score again
+    assert book.hold(key, late + 4.0 + cfg.update_min_seconds) is True  # and its cause
+    assert book.hold(key, late + 4.0 + 2 * cfg.update_min_seconds, 0.4) is True

@@ -180,7 +180,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         elif is_open:
             related = self.book.open[key].finding.related
         self._slowdown_defer = 0
-        if not self.book.hold(key, cs.end_max):
+        if not self.book.hold(key, cs.end_max, sd.score):
             return []
         attr = self._attribution(
             key,
@@ -456,7 +456,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         ratio, badput = self.throughput.goodput(now, hang)
         mfu = self.throughput.mfu()
         flagged = {
-            k[1]: round(o.finding.score or 0.0, 4)
+            k[1]: round(o.score_now or 0.0, 4)
             for k, o in self.book.open.items()
             if k[0] == T.STRAGGLER and k[1] is not None
         }

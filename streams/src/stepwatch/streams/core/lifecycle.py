@@ -65,6 +65,7 @@ class _Open:
     changes: int = 0  # state changes emitted so far: the next message's ``seq``
     open_step: int | None = None  # the step it opened at (first_step is the onset)
     last_check: float = 0.0  # event time a finding was last built for it (cause refresh)
+    score_now: float | None = None  # its score at the latest step it held (see hold)
 
 
 class DetectionBook:
@@ -110,9 +111,11 @@ class DetectionBook:
                 f.attribution.cause,
                 open_step=f.step,
                 last_check=f.ts,
+                score_now=f.score,
             )
             return [self._message(self.open[f.key], State.OPEN, f)]
         cur.clear_steps = 0
+        cur.score_now = f.score
         changed_cause = f.attribution.cause != cur.emitted_cause
         changed_score = _changed(
             cur.emitted_score, f.score, self.cfg.update_score_change, self.cfg.update_score_abs
@@ -126,18 +129,24 @@ class DetectionBook:
             return [self._message(cur, State.UPDATE, f)]
         return []
 
-    def hold(self, key: Key, ts: float) -> bool:
+    def hold(self, key: Key, ts: float, score: float | None = None) -> bool:
         """The condition of an open detection still holds (its clearing restarts).
 
-        True when an update may be due: the score's rate limit passed, or the cause is
-        due for a fresh look (every ``cause_refresh_seconds`` during the detection's first
-        ``update_min_seconds``, every ``update_min_seconds`` after): only then is it worth
-        building a new :class:`Finding` for :meth:`observe`.
+        True when an update may be due: the cause is due for a fresh look (every
+        ``cause_refresh_seconds`` during the detection's first ``update_min_seconds``,
+        every ``update_min_seconds`` after), or the score's rate limit passed and its
+        ``score`` now (when the caller knows it before building a :class:`Finding`) moved
+        enough for an update: only then is it worth building a new Finding for
+        :meth:`observe`. A detection that holds steadily is looked at once per cause
+        refresh, not at every step; its resolution carries the Finding of that last look
+        (``score_now`` keeps the latest score for the live view).
         """
         cur = self.open.get(key)
         if cur is None:
             return True
         cur.clear_steps = 0
+        if score is not None:
+            cur.score_now = score
         # young detections are re-decided often (their first cause may have been read
         # early), older ones at the score's pace
         young = ts - cur.opened_at < self.cfg.update_min_seconds
@@ -145,7 +154,11 @@ class DetectionBook:
         if ts - cur.last_check >= every:
             cur.last_check = ts
             return True
-        return ts - cur.last_emit >= self.cfg.update_min_seconds
+        if ts - cur.last_emit < self.cfg.update_min_seconds:
+            return False
+        return score is None or _changed(
+            cur.emitted_score, score, self.cfg.update_score_change, self.cfg.update_score_abs
+        )
 
     def clear(self, key: Key, ts: float, step: int | None) -> list[DetectionMessage]:
         """The condition did not hold this step; resolve after ``resolve_steps`` such steps."""

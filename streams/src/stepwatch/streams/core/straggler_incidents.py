@@ -89,7 +89,7 @@ class Stragglers:
                 continue
             holds, score = self.straggler.still_slow(r)
             if holds:
-                if self.book.hold(key, cs.end_max):
+                if self.book.hold(key, cs.end_max, score):
                     out.extend(self._observe(self._straggler_finding(r, score, cs)))
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
@@ -198,7 +198,7 @@ class Stragglers:
             if waited < HOST_DEFER_STEPS:
                 self._host_defer[host] = waited + 1
                 return []  # a second rank of the host is on its way: one incident
-        if not self.book.hold((T.STRAGGLER, rank, ""), cs.end_max):
+        if not self.book.hold((T.STRAGGLER, rank, ""), cs.end_max, candidates[rank]):
             return []
         f = self._straggler_finding(rank, candidates[rank], cs)
         if not self.book.is_open(T.STRAGGLER, rank):
@@ -234,7 +234,7 @@ class Stragglers:
         own = None if slow else self.host_history.still_slow(host)
         if not slow and own is None:
             return self.book.clear(key, cs.end_max, cs.step)
-        if self.book.hold(key, cs.end_max):
+        if self.book.hold(key, cs.end_max, own.score if own is not None else self._median(slow)):
             if own is not None:  # its evidence holds: slower than its own history
                 ranks = self.ranks.ranks_on(host)
                 if way is not None:  # not a rank slowed another way (its own incident)
@@ -365,7 +365,7 @@ class Stragglers:
             cs.end_max,
             lambda: self.causes.for_host(host, gpus, self.hosts, cs.end_max, found, span),
         )
-        score = sorted(scores.values())[len(scores) // 2]
+        score = self._median(slow)
         on_host = len(self.ranks.ranks_on(host))
         if own is None:
             summary = (
@@ -412,6 +412,11 @@ class Stragglers:
             ranks=tuple(slow),
             onset_step=onset,
         )
+
+    def _median(self, ranks: list[int]) -> float:
+        """A host incident's score: the median (upper) of its ranks' scores."""
+        scores = sorted(self.straggler.score(r) for r in ranks)
+        return scores[len(scores) // 2]
 
     def straggler_incident(self) -> str:
         """The id of an open straggler incident (host-level first), "" when none."""
