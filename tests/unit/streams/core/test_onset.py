@@ -28,6 +28,16 @@ def test_straggler_first_step_is_the_onset_and_open_step_is_kept(start: int) -> 
     assert d.step is not None and d.step > d.first_step
 
 
+@pytest.mark.parametrize("seed", range(1, 7))
+def test_one_slow_step_just_before_the_fault_does_not_pull_the_onset(seed: int) -> None:
+    # the window at the open holds the step 2.5x slow 3 steps before a 1.4x fault: the
+    # least-squares split took it for the change (first_step 37 in each of these)
+    job = Job(world=16, steps=70, jitter=0.04, seed=seed, slow={3: (40, 1.4)})
+    job.single = {(3, 37): 2.5}
+    (d,) = opened(drive(Engine(), job.messages()), "straggler")
+    assert d.rank == 3 and d.first_step == 40
+
+
 def test_data_stall_cause_is_read_after_its_onset() -> None:
     (d,) = opened(drive(Engine(), ddp_job({3: ("data", 0.15)}, start=30)), "straggler")
     assert d.cause == "host_input"

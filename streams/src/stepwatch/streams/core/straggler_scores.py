@@ -63,9 +63,9 @@ from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.stats import (
     MAD_SIGMA,
-    change_point,
     colmed,
     med,
+    median_change_point,
     nanlowmed,
     nanmed,
     opt,
@@ -75,6 +75,9 @@ from stepwatch.streams.core.stats import (
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
+# a window holds the onset when the step in its excess is this many standard errors
+# (StragglerTracker._holds_jump): a weak fault's noisy window is left to the CUSUM
+ONSET_Z = 3.0
 # the way a rank is slow (see StragglerScores.way): the kind of work its phases do
 _WAY_OF_PHASE = {
     "data": "input",
@@ -397,17 +400,19 @@ class StragglerTracker:
 
     def onset(self, ranks: list[int]) -> tuple[int, float] | None:
         """(first step, its start time) of the change on ``ranks``: a change point in the
-        lead rank's excess over the window when the window holds the jump (the excess
-        before it under half the excess after it), else the CUSUM's (the last step its S
-        was 0), which also reaches back before the window."""
+        lead rank's excess over the window (the least-absolute-deviations split: one noisy
+        step does not pull it onto itself) when the window holds the jump (the median
+        excess before it under half the median after it, the step between them
+        significant against the group's typical spread), else the CUSUM's (the last step
+        its S was 0), which also reaches back before the window."""
         lead = max(ranks, key=self.score)
         scores = self._scores(lead)
         d = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
         rows = self.excess.last(self.excess.count)
         series = rows[:, d, lead]
-        k = change_point(series) if not np.isnan(series).any() else 0
+        k = median_change_point(series) if not np.isnan(series).any() else 0
         # the window holds the jump only when the excess before it is small beside after it
-        if k > 0 and np.nanmean(series[:k]) < 0.5 * np.nanmean(series[k:]):
+        if k > 0 and self._holds_jump(series, k, self.spread[d, lead]):
             starts = self.steps.last(self.steps.count)[:, START, lead]
             return self.step - len(rows) + 1 + k, float(starts[k])
         est = self.cusum.onset(ranks)
@@ -418,6 +423,17 @@ class StragglerTracker:
             return None
         first = min(began, key=lambda r: int(self.since_step[r]))
         return int(self.since_step[first]), float(self.since[first])
+
+    @staticmethod
+    def _holds_jump(series: np.ndarray, k: int, spread: float) -> bool:
+        """Whether ``series`` split at ``k`` holds the fault's jump: the median excess before
+        it under half the median after it, and the step between the medians significant
+        (``ONSET_Z`` standard errors: a median of m steps has about 1.25 spread / sqrt(m);
+        an unknown spread, NaN, does not refuse it)."""
+        n = len(series)
+        before, after = med(series[:k]), med(series[k:])
+        error = 1.25 * spread * float(np.sqrt(1.0 / k + 1.0 / (n - k)))
+        return before < 0.5 * after and not after - before < ONSET_Z * error
 
     def material(self, c: Candidate) -> bool:
         """Whether a candidate is incident grade: its excess costs the step enough and its
