@@ -119,15 +119,14 @@ def change_point(x: np.ndarray) -> int:
     return best + 1 if gain[best] > 0 else 0
 
 
-
-
 def median_change_point(x: np.ndarray) -> int:
     """Index of the first value after a single upward change in ``x`` (0: none): the
     least-absolute-deviations split, the ``k`` whose two parts lie closest to their own
     medians (the sum of ``|value - its part's median|`` smallest), the part after the
     split having the higher median. :func:`change_point` is the same with squares and
     means; one outlying value there weighs by its square and pulls the split onto
-    itself, here it weighs by its distance, as any value does. NaN values are skipped."""
+    itself, here it weighs by its distance, as any value does. NaN values are skipped
+    (the index then counts the other values only)."""
     v = x[~np.isnan(x)]
     n = len(v)
     best, cost = 0, float("inf")
@@ -138,4 +137,3 @@ def median_change_point(x: np.ndarray) -> int:
         if mb > ma and c < cost:
             best, cost = k, c
     return best
-

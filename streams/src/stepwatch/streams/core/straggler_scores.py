@@ -63,6 +63,7 @@ from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.stats import (
     MAD_SIGMA,
+    change_point,
     colmed,
     med,
     median_change_point,
@@ -75,8 +76,8 @@ from stepwatch.streams.core.stats import (
 Evidence = dict[str, str | float | int | bool | None]
 
 NOISE_STEPS = 64
-# a window holds the onset when the step in its excess is this many standard errors
-# (StragglerTracker._holds_jump): a weak fault's noisy window is left to the CUSUM
+# the window's median split is kept when its jump is this many standard errors
+# (StragglerTracker._window_split)
 ONSET_Z = 3.0
 # the way a rank is slow (see StragglerScores.way): the kind of work its phases do
 _WAY_OF_PHASE = {
@@ -399,20 +400,20 @@ class StragglerTracker:
         return self.cost(score - min(base, 0.0)) if base == base else self.cost(score)
 
     def onset(self, ranks: list[int]) -> tuple[int, float] | None:
-        """(first step, its start time) of the change on ``ranks``: a change point in the
-        lead rank's excess over the window (the least-absolute-deviations split: one noisy
-        step does not pull it onto itself) when the window holds the jump (the median
-        excess before it under half the median after it, the step between them
-        significant against the group's typical spread), else the CUSUM's (the last step
-        its S was 0), which also reaches back before the window."""
+        """(first step, its start time) of the change on ``ranks``. When the window holds
+        the jump, a change point in the lead rank's excess over it: the
+        least-absolute-deviations split when its jump is significant (one noisy step does
+        not pull it onto itself), else the least-squares split when the mean excess
+        before it is under half the mean after it (what a small jump needs). Else the
+        CUSUM's estimate (the last step its S was 0), which also reaches back before the
+        window; else the start of the rank's run of flags."""
         lead = max(ranks, key=self.score)
         scores = self._scores(lead)
         d = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
         rows = self.excess.last(self.excess.count)
         series = rows[:, d, lead]
-        k = median_change_point(series) if not np.isnan(series).any() else 0
-        # the window holds the jump only when the excess before it is small beside after it
-        if k > 0 and self._holds_jump(series, k, self.spread[d, lead]):
+        k = self._window_split(series, float(self.spread[d, lead]))
+        if k > 0:
             starts = self.steps.last(self.steps.count)[:, START, lead]
             return self.step - len(rows) + 1 + k, float(starts[k])
         est = self.cusum.onset(ranks)
@@ -425,15 +426,30 @@ class StragglerTracker:
         return int(self.since_step[first]), float(self.since[first])
 
     @staticmethod
-    def _holds_jump(series: np.ndarray, k: int, spread: float) -> bool:
-        """Whether ``series`` split at ``k`` holds the fault's jump: the median excess before
-        it under half the median after it, and the step between the medians significant
-        (``ONSET_Z`` standard errors: a median of m steps has about 1.25 spread / sqrt(m);
-        an unknown spread, NaN, does not refuse it)."""
+    def _window_split(series: np.ndarray, spread: float) -> int:
+        """Where the window's excess jumps (0: the window does not hold the jump).
+
+        First the least-absolute-deviations split, kept when the median before it is
+        under half the median after it and the step between the medians is ``ONSET_Z``
+        standard errors (a median of m steps has about 1.25 x ``spread`` / sqrt(m); an
+        unknown spread, NaN, refuses nothing): a large value weighs there by its distance,
+        not its square. A jump too small for that test is judged as before this split
+        existed: the least-squares split, kept when the mean before it is under half the
+        mean after it (a noisy window of a weak fault fails both and goes to the CUSUM).
+        """
+        if np.isnan(series).any():
+            return 0
         n = len(series)
-        before, after = med(series[:k]), med(series[k:])
-        error = 1.25 * spread * float(np.sqrt(1.0 / k + 1.0 / (n - k)))
-        return before < 0.5 * after and not after - before < ONSET_Z * error
+        k = median_change_point(series)
+        if k > 0:
+            before, after = med(series[:k]), med(series[k:])
+            error = 1.25 * spread * float(np.sqrt(1.0 / k + 1.0 / (n - k)))
+            if before < 0.5 * after and not after - before < ONSET_Z * error:
+                return k
+        k = change_point(series)
+        if k > 0 and float(np.mean(series[:k])) < 0.5 * float(np.mean(series[k:])):
+            return k
+        return 0
 
     def material(self, c: Candidate) -> bool:
         """Whether a candidate is incident grade: its excess costs the step enough and its
