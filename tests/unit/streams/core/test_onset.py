@@ -110,3 +110,15 @@ def test_a_steady_detection_builds_a_finding_per_cause_refresh_not_per_step() ->
     assert book.hold(key, late + 5.0) is False  # rate limit of the score again
     assert book.hold(key, late + 4.0 + cfg.update_min_seconds) is True  # and its cause
     assert book.hold(key, late + 4.0 + 2 * cfg.update_min_seconds, 0.4) is True
+
+
+@pytest.mark.parametrize(("world", "gap", "seed"), [(8, 12, 4), (16, 40, 2)])
+def test_a_fault_that_returns_gets_its_own_onset(world: int, gap: int, seed: int) -> None:
+    # a review's case: the median split alone sent the second window (jump ~3 spreads)
+    # to a CUSUM whose S had stayed above 0 since the first incident: first_step 40
+    back = 100 + gap
+    job = Job(world=world, steps=back + 80, jitter=0.05, seed=seed)
+    job.single = {(3, s): 1.15 for s in [*range(40, 100), *range(back, back + 80)]}
+    first, second = opened(drive(Engine(), job.messages()), "straggler")
+    assert first.first_step is not None and abs(first.first_step - 40) <= 3
+    assert second.first_step is not None and abs(second.first_step - back) <= 3
