@@ -38,6 +38,30 @@ def test_one_slow_step_just_before_the_fault_does_not_pull_the_onset(seed: int) 
     assert d.rank == 3 and d.first_step == 40
 
 
+@pytest.mark.parametrize(
+    ("world", "jitter", "factor", "seed", "after"),
+    [
+        (8, 0.03, 1.08, 1, 5),
+        (8, 0.05, 1.15, 2, 5),
+        (8, 0.05, 1.15, 2, 7),
+        (16, 0.05, 1.08, 2, 7),
+        (16, 0.05, 1.15, 4, 5),
+        (16, 0.05, 1.15, 4, 7),
+    ],
+)
+def test_one_slow_step_after_the_fault_began_does_not_pull_the_onset(
+    world: int, jitter: float, factor: float, seed: int, after: int
+) -> None:
+    # a weak fault from step 40, one step 2.5x slow a few steps later: the open falls on
+    # or just after that step, and a split that left that step alone after itself took
+    # it for the change (first_step 45 or 47 in each of these)
+    job = Job(world=world, steps=90, jitter=jitter, seed=seed)
+    job.single = {(3, s): factor for s in range(40, 90)}
+    job.single[(3, 40 + after)] = factor * 2.5
+    (d,) = opened(drive(Engine(), job.messages()), "straggler")
+    assert d.rank == 3 and d.first_step is not None and abs(d.first_step - 40) <= 1
+
+
 def test_data_stall_cause_is_read_after_its_onset() -> None:
     (d,) = opened(drive(Engine(), ddp_job({3: ("data", 0.15)}, start=30)), "straggler")
     assert d.cause == "host_input"

@@ -84,6 +84,22 @@ def test_the_median_split_finds_the_jump(series: list[float], k: int) -> None:
     assert median_change_point(np.array(series, dtype=float)) == k
 
 
+# a fault from index 2 on, then one step 2.5x slow at the open (the window's last step)
+SPIKE_AT_OPEN = [0.01, -0.02, 0.6, 0.58, 0.63, 0.61, 0.59, 3.0]
+
+
+def test_a_split_keeps_the_part_after_it_at_least_min_after_long() -> None:
+    x = np.array(SPIKE_AT_OPEN)
+    # alone, the slow last step is a cheaper split than the two calm steps
+    assert median_change_point(x) == 7
+    assert change_point(x) == 7
+    # a CUSUM that needs 3 changed steps to alarm cannot have seen a change that short
+    assert median_change_point(x, min_after=3) == 2
+    assert change_point(x, min_after=3) == len(x) - 3  # still pulled, as far as it may go
+    assert median_change_point(np.array([0.0, 0.0, 0.0, 0.5]), min_after=3) == 0
+    assert change_point(np.array([0.0, 0.0, 0.5]), min_after=3) == 0
+
+
 def test_the_median_split_on_random_jumps_with_one_outlier_before() -> None:
     rng = np.random.default_rng(3)
     near = {"median": 0, "least squares": 0}  # within 2 steps of the jump

@@ -27,6 +27,8 @@ heavy-tailed, autocorrelated noise is measured by
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 OWN_ALPHA = 1.0 / 32  # weight of a new step in the rank's own mean absolute excess
@@ -79,6 +81,12 @@ class RobustCusum:
         new = self.own + OWN_ALPHA * (a - self.own)
         np.copyto(new, a, where=np.isnan(self.own))
         np.copyto(self.own, new, where=calm)
+
+    @property
+    def min_run(self) -> int:
+        """The fewest steps a change needs to take S from 0 to the alarm (each adds at
+        most ``clip``)."""
+        return max(1, math.ceil(self.h / self.clip))
 
     def alarm(self, rank: int) -> bool:
         return bool(self.s[:, rank].max() >= self.h)

@@ -101,13 +101,14 @@ def rowmed(a: np.ndarray) -> np.ndarray:
     return (p[:, h - 1] + p[:, h]) * 0.5
 
 
-def change_point(x: np.ndarray) -> int:
+def change_point(x: np.ndarray, min_after: int = 1) -> int:
     """Index of the first value after a single upward change in ``x`` (0: the whole
     series is after it): the split that maximises ``k (n - k) / n x (mean after - mean
-    before)^2``, the least-squares change-point estimate; NaN values are skipped."""
+    before)^2``, the least-squares change-point estimate, with at least ``min_after``
+    values after it; NaN values are skipped."""
     v = x[~np.isnan(x)]
     n = len(v)
-    if n < 2:
+    if n < 1 + max(min_after, 1):
         return 0
     csum = np.cumsum(v)
     k = np.arange(1, n)
@@ -115,22 +116,24 @@ def change_point(x: np.ndarray) -> int:
     after = (csum[-1] - csum[:-1]) / (n - k)
     gain = k * (n - k) / n * (after - before) ** 2
     gain[after <= before] = 0.0
+    gain[n - k < min_after] = 0.0
     best = int(np.argmax(gain))
     return best + 1 if gain[best] > 0 else 0
 
 
-def median_change_point(x: np.ndarray) -> int:
+def median_change_point(x: np.ndarray, min_after: int = 1) -> int:
     """Index of the first value after a single upward change in ``x`` (0: none): the
     least-absolute-deviations split, the ``k`` whose two parts lie closest to their own
     medians (the sum of ``|value - its part's median|`` smallest), the part after the
     split having the higher median. :func:`change_point` is the same with squares and
     means; one outlying value there weighs by its square and pulls the split onto
-    itself, here it weighs by its distance, as any value does. NaN values are skipped
-    (the index then counts the other values only)."""
+    itself, here it weighs by its distance, as any value does. At least ``min_after``
+    values lie after the split. NaN values are skipped (the index then counts the
+    other values only)."""
     v = x[~np.isnan(x)]
     n = len(v)
     best, cost = 0, float("inf")
-    for k in range(1, n):
+    for k in range(1, n - max(min_after, 1) + 1):
         a, b = v[:k], v[k:]
         ma, mb = med(a), med(b)
         c = float(np.abs(a - ma).sum() + np.abs(b - mb).sum())

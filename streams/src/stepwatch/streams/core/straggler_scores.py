@@ -412,7 +412,7 @@ class StragglerTracker:
         d = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
         rows = self.excess.last(self.excess.count)
         series = rows[:, d, lead]
-        k = self._window_split(series, float(self.spread[d, lead]))
+        k = self._window_split(series, float(self.spread[d, lead]), self.cusum.min_run)
         if k > 0:
             starts = self.steps.last(self.steps.count)[:, START, lead]
             return self.step - len(rows) + 1 + k, float(starts[k])
@@ -426,7 +426,7 @@ class StragglerTracker:
         return int(self.since_step[first]), float(self.since[first])
 
     @staticmethod
-    def _window_split(series: np.ndarray, spread: float) -> int:
+    def _window_split(series: np.ndarray, spread: float, min_after: int = 1) -> int:
         """Where the window's excess jumps (0: the window does not hold the jump).
 
         First the least-absolute-deviations split, kept when the median before it is
@@ -440,14 +440,18 @@ class StragglerTracker:
         if np.isnan(series).any():
             return 0
         n = len(series)
-        k = median_change_point(series)
+        k = median_change_point(series, min_after)
         if k > 0:
             before, after = med(series[:k]), med(series[k:])
             error = 1.25 * spread * float(np.sqrt(1.0 / k + 1.0 / (n - k)))
             if before < 0.5 * after and not after - before < ONSET_Z * error:
                 return k
-        k = change_point(series)
-        if k > 0 and float(np.mean(series[:k])) < 0.5 * float(np.mean(series[k:])):
+        k = change_point(series, min_after)
+        if (
+            k > 0
+            and float(np.mean(series[:k])) < 0.5 * float(np.mean(series[k:]))
+            and med(series[:k]) < 0.5 * med(series[k:])
+        ):
             return k
         return 0
 
