@@ -151,6 +151,10 @@ class Settings:
     stream_step_jump_min: int = 1000  # a step jump beyond max(this, factor x cadence x elapsed)
     stream_step_jump_factor: float = 100.0
     stream_max_world_size: int = 65536  # a larger world_size is refused (world_size); <= 0: off
+    # what one worker's detection cores hold: the jobs' world sizes summed, and hosts; a new
+    # job or host past them is refused (capacity) unless a quiet one can give its place up
+    stream_max_ranks: int = 131072  # <= 0: off
+    stream_max_hosts: int = 16384  # <= 0: off
     # --- store endpoint limits (the embedded store's query endpoint) ------------
     store_endpoint_max_body_bytes: int = 64 * 1024 * 1024  # a request body as sent
     store_endpoint_max_decompressed_bytes: int = 256 * 1024 * 1024  # after Content-Encoding

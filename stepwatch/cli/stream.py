@@ -179,8 +179,23 @@ def register(sub: Any) -> None:
         "--max-world-size",
         dest="stream_max_world_size",
         type=int,
-        help="refuse step records claiming a larger world_size "
+        help="refuse step records and job_start events claiming a larger world_size "
         f"(default {default_of('stream_max_world_size')}; 0: off)",
+    )
+    a.add_argument(
+        "--max-ranks",
+        dest="stream_max_ranks",
+        type=int,
+        help="the ranks (jobs' world sizes summed) this worker's detection holds; a new "
+        "job past them is refused unless a quiet one gives its place up "
+        f"(default {default_of('stream_max_ranks')}; 0: off)",
+    )
+    a.add_argument(
+        "--max-hosts",
+        dest="stream_max_hosts",
+        type=int,
+        help="the hosts whose samples this worker's detection holds; likewise "
+        f"(default {default_of('stream_max_hosts')}; 0: off)",
     )
     p.set_defaults(func=run)
 

@@ -180,13 +180,18 @@ def _state(gate: Gate) -> list[tuple]:
             j.ceiling_end,
             sorted(j.hosts),
             j.world,
+            j.stepless,
         )
         for job_id, j in gate._jobs.items()
-    ]
+    ] + [(gate.capacity.ranks, gate.capacity.hosts, list(gate._hosts.items()))]
 
 
-@pytest.mark.parametrize("max_jobs", [0, 2, 4096])
-def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
+@pytest.mark.parametrize(
+    ("max_jobs", "max_ranks", "max_hosts"), [(0, 0, 0), (2, 12, 2), (4096, 0, 0)]
+)
+def test_check_decides_and_moves_exactly_as_admit(
+    max_jobs: int, max_ranks: int, max_hosts: int
+) -> None:
     """The worker's hot path (Gate.check) against the reference (Gate.admit), message by message."""
     import random
 
@@ -195,11 +200,16 @@ def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
         step_jump_min=50,
         step_jump_factor=2.0,
         max_jobs=max_jobs,
+        max_ranks=max_ranks,
+        max_hosts=max_hosts,
+        job_idle_seconds=200,
+        host_idle_seconds=100,
         max_world_size=8,
         future_seconds=120,
         max_age_seconds=3600,
     )
     ref, fast = Gate(cfg), Gate(cfg)
+    seen: set[Reason] = set()
     step = {"a": 0, "b": 0, "c": 0}
     for i in range(3000):
         job = rng.choice("abc")
@@ -227,9 +237,23 @@ def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
         if rng.random() < 0.05:
             m = EventMessage(host=host, ts=T0 + base, type=EventType.JOB_END, job_id=job)
         elif rng.random() < 0.05:
-            m = GpuMessage(host=host, ts=T0 + base + rng.choice([0, 200, -5000]))
+            world = rng.choice([4, 6, 9])
+            other = rng.choice("abcdef")
+            m = EventMessage(
+                host=host,
+                ts=T0 + base,
+                type=EventType.JOB_START,
+                job_id=other,
+                attrs={"world_size": world},
+            )
+        elif rng.random() < 0.1:
+            m = GpuMessage(
+                host=rng.choice(["h1", "h2", "h3", "h4"]),
+                ts=T0 + base + rng.choice([0, 0, 200, -5000]),
+            )
         now = T0 + base + 60
         want = ref.admit(m, now)
+        seen.update(r.reason for r in want.refusals)
         got = fast.check(m, now)
         if got is None:
             assert not want.refusals and not want.rewound and want.message is m, i
@@ -240,3 +264,4 @@ def test_check_decides_and_moves_exactly_as_admit(max_jobs: int) -> None:
                 want.rewound,
             ), i
         assert _state(fast) == _state(ref), i
+    assert (Reason.CAPACITY in seen) == bool(max_ranks), seen  # the bounds were reached

@@ -87,5 +87,10 @@ def test_a_world_size_over_the_bound_is_refused() -> None:
     refused = gate.admit(msg(1, world=1 << 20, ranks=(0,)), T0 + 10)
     assert refused.message is None and [r.reason.value for r in refused.refusals] == ["world_size"]
     assert gate.admit(msg(1, world=16384, ranks=(0,)), T0 + 10).refusals == []
-    off = Gate(admission_config(Settings.load(env={"STEPWATCH_STREAM_MAX_WORLD_SIZE": "0"})))
+    no_world = {"STEPWATCH_STREAM_MAX_WORLD_SIZE": "0"}
+    off = Gate(admission_config(Settings.load(env=no_world)))
+    # the worker's rank budget (stream_max_ranks) still bounds it
+    refused = off.admit(msg(1, world=1 << 20, ranks=(0,)), T0 + 10)
+    assert [r.reason.value for r in refused.refusals] == ["capacity"]
+    off = Gate(admission_config(Settings.load(env={**no_world, "STEPWATCH_STREAM_MAX_RANKS": "0"})))
     assert off.admit(msg(1, world=1 << 20, ranks=(0,)), T0 + 10).refusals == []

@@ -23,12 +23,20 @@ record cannot move a high-water mark that real data is then judged against:
   job's from such a host (the detection core takes a new size for a restart
   and closes the job's open detections). A job this worker has no step from
   yet is not judged.
-* ``world_size`` — a ``world_size`` above ``max_world_size``: the detection
-  core's memory per job grows with the size a record claims, not with the
-  ranks that report (one record of 2^20 ranks cost the worker ~2 GiB).
+* ``world_size`` — a ``world_size`` above ``max_world_size``, in a step record
+  or a ``job_start``'s ``attrs``: the detection core's memory per job grows with
+  the size a record claims, not with the ranks that report (one record of 2^20
+  ranks cost the worker ~2 GiB).
+* ``capacity`` — a new job, or a new host's samples and events, when the
+  worker's detection cores already hold what :class:`Capacity` allows: the sum
+  of the jobs' world sizes (``max_ranks``), the hosts (``max_hosts``), and
+  ``max_jobs`` jobs per partition. A job or host quiet for its idle time (the
+  core's own silence limits) gives its place up first; one still active is
+  never pushed out, so a flood of new job ids or host names is refused instead
+  of evicting the real jobs' state (the checks above would then pass anything
+  for them) or growing the core's memory without bound.
 
-Memory: one small entry per job, at most ``max_jobs`` (least recently seen
-evicted).
+Memory: one small entry per job and per host, bounded as above.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ import msgspec
 
 from stepwatch.contract import EventMessage, EventType, Message, StepMessage, StepRecord
 
-LIFECYCLE = frozenset({EventType.JOB_END})
+LIFECYCLE = frozenset({EventType.JOB_END, EventType.JOB_START})
 _NO_LIMIT = float("inf")
 
 
@@ -51,6 +59,7 @@ class Reason(enum.StrEnum):
     STEP_JUMP = "step_jump"
     FOREIGN_LIFECYCLE = "foreign_lifecycle"
     WORLD_SIZE = "world_size"
+    CAPACITY = "capacity"
 
 
 @dataclass(frozen=True)
@@ -59,8 +68,34 @@ class AdmissionConfig:
     max_age_seconds: float = 86400.0  # behind the worker's clock; <= 0: no check
     step_jump_min: int = 1000
     step_jump_factor: float = 100.0
-    max_jobs: int = 4096
+    max_jobs: int = 4096  # per partition; <= 0: no check
     max_world_size: int = 65536  # 4x a 16,384-GPU job; <= 0: no check
+    max_ranks: int = 131072  # the worker's jobs' world sizes summed; <= 0: no check
+    max_hosts: int = 16384  # hosts whose samples the worker keeps; <= 0: no check
+    job_idle_seconds: float = 3600.0  # a job this quiet gives its place up (core: the same)
+    host_idle_seconds: float = 900.0  # a host this quiet gives its place up (core: the same)
+
+
+class Capacity:
+    """What the detection cores of one worker may hold, shared by its partitions' gates:
+    ranks (the jobs' world sizes summed) and hosts. A gate takes before it admits a new
+    job or host and gives back when it lets one go."""
+
+    def __init__(self, max_ranks: int, max_hosts: int) -> None:
+        self.max_ranks = max_ranks if max_ranks > 0 else None
+        self.max_hosts = max_hosts if max_hosts > 0 else None
+        self.ranks = 0
+        self.hosts = 0
+
+    @classmethod
+    def of(cls, cfg: AdmissionConfig) -> Capacity:
+        return cls(cfg.max_ranks, cfg.max_hosts)
+
+    def room_for_ranks(self, n: int) -> bool:
+        return self.max_ranks is None or self.ranks + n <= self.max_ranks
+
+    def room_for_host(self) -> bool:
+        return self.max_hosts is None or self.hosts < self.max_hosts
 
 
 @dataclass(frozen=True)
@@ -97,14 +132,29 @@ class _Job:
         "hosts",
         "peak",
         "peak_end",
+        "stepless",
         "world",
     )
 
-    def __init__(self, rec: StepRecord) -> None:
+    def __init__(self, rec: StepRecord | None, world: int, ts: float) -> None:
+        """From the job's first step record; or (``rec`` None) from its ``job_start``:
+        then its first step record, whenever it comes, may start anywhere."""
+        self.stepless = rec is None
+        step = -1 if rec is None else rec.step
+        end = ts if rec is None else rec.end
+        self.first_step = self.ceiling = self.peak = step
+        self.first_end = self.ceiling_end = self.peak_end = end
+        self.hosts: set[str] = set()
+        self.world = world
+
+    def first(self, rec: StepRecord) -> None:
+        """The first step record of a job known until now from its ``job_start``."""
+        self.stepless = False
         self.first_step = self.ceiling = self.peak = rec.step
         self.first_end = self.ceiling_end = self.peak_end = rec.end
-        self.hosts: set[str] = set()
-        self.world = rec.world_size
+
+    def quiet_since(self) -> float:
+        return max(self.peak_end, self.ceiling_end)
 
     def allowance(self, end: float, cfg: AdmissionConfig) -> float:
         span = self.peak_end - self.first_end
@@ -116,19 +166,28 @@ class _Job:
 class Gate:
     """Per-partition admission state: each job's step ceiling, cadence and hosts."""
 
-    def __init__(self, config: AdmissionConfig | None = None) -> None:
+    def __init__(
+        self, config: AdmissionConfig | None = None, capacity: Capacity | None = None
+    ) -> None:
         self.cfg = config or AdmissionConfig()
+        self.capacity = capacity or Capacity.of(self.cfg)
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        self._hosts: OrderedDict[str, float] = OrderedDict()  # host -> its newest message
+        self._now = 0.0  # the clock of the message being judged
         # the clock bounds as plain numbers (<= 0: no check) for :meth:`check`
         self._future = self.cfg.future_seconds if self.cfg.future_seconds > 0 else _NO_LIMIT
         self._max_age = self.cfg.max_age_seconds if self.cfg.max_age_seconds > 0 else _NO_LIMIT
 
     def admit(self, message: Message, now: float) -> Admission:
+        self._now = now
         refusal = self._clock(message, now)
         if refusal is not None:
             return Admission(None, [refusal])
         if isinstance(message, StepMessage):
             return self._steps(message)
+        refusal = self._host(message.host, message.ts)
+        if refusal is not None:
+            return Admission(None, [refusal])
         if isinstance(message, EventMessage) and message.type in LIFECYCLE:
             return self._lifecycle(message)
         return Admission(message)
@@ -140,7 +199,7 @@ class Gate:
         an :class:`Admission` (two lists) per message: one is built only when a
         record is refused or a job restarted. The common case, a step message of
         one job whose records all pass, looks the job up once per run of
-        records and keeps no list.
+        records and keeps no list; a sample of a known host, the host once.
         """
         if isinstance(message, StepMessage):
             return self._check_steps(message, now)
@@ -149,9 +208,18 @@ class Gate:
         ts = message.ts
         if ts > now + self._future or ts < now - self._max_age:
             return self.admit(message, now)  # refused: the precise reason
+        hosts = self._hosts
+        host = message.host
+        seen = hosts.get(host)
+        if seen is None:
+            return _unless_plain(self.admit(message, now))  # a new host: room for it?
+        hosts.move_to_end(host)
+        if ts > seen:
+            hosts[host] = ts
         return None
 
     def _check_steps(self, message: StepMessage, now: float) -> Admission | None:
+        self._now = now
         steps = message.steps
         newest = oldest = message.ts
         for r in steps:  # _clock's extremes: plain comparisons, no max()/min() calls
@@ -160,10 +228,8 @@ class Gate:
             if r.start < oldest:
                 oldest = r.start
         cfg = self.cfg
-        if newest > now + self._future or oldest < now - self._max_age or cfg.max_jobs < 1:
-            # refused whole by the clock (no state touched); or no job is kept from one
-            # record to the next, which the one look-up per run below assumes
-            return _unless_plain(self.admit(message, now))
+        if newest > now + self._future or oldest < now - self._max_age:
+            return _unless_plain(self.admit(message, now))  # refused whole by the clock
         max_world = cfg.max_world_size if cfg.max_world_size > 0 else _NO_LIMIT
         host = message.host
         out: Admission | None = None
@@ -178,7 +244,9 @@ class Gate:
                 if rec.job_id != job_id or job is None:
                     job_id, job = rec.job_id, self._job(rec)
                 step = rec.step
-                if (
+                if job is None:
+                    refusal = self._no_room(rec)
+                elif (
                     rec.world_size != job.world
                     or step > job.peak
                     or step != job.ceiling
@@ -241,12 +309,17 @@ class Gate:
 
     def _step(self, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
         if 0 < self.cfg.max_world_size < rec.world_size:
-            return Refusal(
-                Reason.WORLD_SIZE,
-                f"job {rec.job_id} rank {rec.rank}: world_size "
-                f"{rec.world_size} is over {self.cfg.max_world_size}",
-            )
-        return self._judge(self._job(rec), rec, host, out)
+            return self._too_large(rec.job_id, f"rank {rec.rank}: ", rec.world_size)
+        job = self._job(rec)
+        if job is None:
+            return self._no_room(rec)
+        return self._judge(job, rec, host, out)
+
+    def _too_large(self, job_id: str, what: str, world: int) -> Refusal:
+        return Refusal(
+            Reason.WORLD_SIZE,
+            f"job {job_id} {what}world_size {world} is over {self.cfg.max_world_size}",
+        )
 
     def _judge(self, job: _Job, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
         """One record against its job (looked up by the caller): refusal, or the job moved on."""
@@ -260,6 +333,10 @@ class Gate:
                         "which sent none of its steps"
                     ),
                 )
+            grow = rec.world_size - job.world
+            if grow > 0 and not self._room_for_ranks(grow):
+                return self._no_room(rec, f"{job.world} ranks to {rec.world_size}")
+            self.capacity.ranks += grow
             job.world = rec.world_size
         if rec.step > job.peak:
             limit = job.allowance(rec.end, self.cfg)
@@ -281,22 +358,103 @@ class Gate:
             job.hosts.add(host)
         return None
 
-    def _job(self, rec: StepRecord) -> _Job:
+    def _job(self, rec: StepRecord) -> _Job | None:
+        """The record's job, a new one when there is room for it (None: there is not)."""
         jobs = self._jobs
         job = jobs.get(rec.job_id)
         if job is None:
-            job = jobs[rec.job_id] = _Job(rec)
-            if len(jobs) > self.cfg.max_jobs:
-                jobs.popitem(last=False)
+            if not self._room_for_job(rec.world_size):
+                return None
+            job = jobs[rec.job_id] = _Job(rec, rec.world_size, rec.end)
+            self.capacity.ranks += rec.world_size
         else:
             jobs.move_to_end(rec.job_id)
+            if job.stepless:
+                job.first(rec)
         return job
 
+    # ------------------------------------------------------------------ capacity
+    def _room_for_job(self, world: int) -> bool:
+        """Room for one more job of ``world`` ranks, after letting quiet jobs go."""
+        most = self.cfg.max_jobs
+        while 0 < most <= len(self._jobs) or not self.capacity.room_for_ranks(world):
+            if not self._let_quiet_job_go():
+                return False
+        return True
+
+    def _room_for_ranks(self, n: int) -> bool:
+        while not self.capacity.room_for_ranks(n):
+            if not self._let_quiet_job_go():
+                return False
+        return True
+
+    def _let_quiet_job_go(self) -> bool:
+        """Forget the least recently seen job if it has been quiet for its idle time (the
+        core forgets it then too); never one still active."""
+        if not self._jobs:
+            return False
+        job_id, job = next(iter(self._jobs.items()))
+        if self._now - job.quiet_since() <= self.cfg.job_idle_seconds:
+            return False
+        self._forget_job(job_id)
+        return True
+
+    def _forget_job(self, job_id: str) -> None:
+        job = self._jobs.pop(job_id, None)
+        if job is not None:
+            self.capacity.ranks -= job.world
+
+    def _no_room(self, rec: StepRecord, what: str = "") -> Refusal:
+        cap = self.capacity
+        return Refusal(
+            Reason.CAPACITY,
+            f"job {rec.job_id} rank {rec.rank}: no room "
+            f"{'to grow from ' + what if what else 'for a new job'} "
+            f"(jobs {len(self._jobs)} of {self.cfg.max_jobs} in this partition, "
+            f"ranks {cap.ranks} of {cap.max_ranks} in this worker; none quiet for "
+            f"{self.cfg.job_idle_seconds:.0f} s)",
+        )
+
+    def _host(self, host: str, ts: float) -> Refusal | None:
+        """A sample's or event's host: known, or new with room for it (quiet hosts go)."""
+        hosts = self._hosts
+        seen = hosts.get(host)
+        if seen is not None:
+            hosts.move_to_end(host)
+            if ts > seen:
+                hosts[host] = ts
+            return None
+        cap = self.capacity
+        while not cap.room_for_host():
+            oldest = next(iter(hosts.items()), None)
+            if oldest is None or self._now - oldest[1] <= self.cfg.host_idle_seconds:
+                return Refusal(
+                    Reason.CAPACITY,
+                    f"host {host!r}: no room for a new host (hosts {cap.hosts} of "
+                    f"{cap.max_hosts} in this worker; none quiet for "
+                    f"{self.cfg.host_idle_seconds:.0f} s)",
+                )
+            del hosts[oldest[0]]
+            cap.hosts -= 1
+        hosts[host] = ts
+        cap.hosts += 1
+        return None
+
+    def release(self) -> None:
+        """The partition is gone: give its jobs' and hosts' places back to the worker."""
+        self.capacity.ranks -= sum(j.world for j in self._jobs.values())
+        self.capacity.hosts -= len(self._hosts)
+        self._jobs.clear()
+        self._hosts.clear()
+
+    # ------------------------------------------------------------------ lifecycle
     def _lifecycle(self, ev: EventMessage) -> Admission:
+        if ev.type == EventType.JOB_START:
+            return self._job_start(ev)
         job = self._jobs.get(ev.job_id or "")
         if job is None or not job.hosts or ev.host in job.hosts:
             if job is not None and ev.type == EventType.JOB_END:
-                del self._jobs[ev.job_id or ""]
+                self._forget_job(ev.job_id or "")
             return Admission(ev)
         return Admission(
             None,
@@ -311,6 +469,28 @@ class Gate:
                 )
             ],
         )
+
+    def _job_start(self, ev: EventMessage) -> Admission:
+        """A ``job_start`` whose ``attrs`` give a ``world_size`` makes the core keep a job
+        of that size before any step: bounded and counted like a step record's."""
+        world = ev.attrs.get("world_size")
+        if not ev.job_id or not isinstance(world, int) or isinstance(world, bool) or world < 1:
+            return Admission(ev)  # the core keeps no job for it
+        if 0 < self.cfg.max_world_size < world:
+            return Admission(None, [self._too_large(ev.job_id, "job_start: ", world)])
+        if ev.job_id in self._jobs:
+            return Admission(ev)
+        if not self._room_for_job(world):
+            cap = self.capacity
+            detail = (
+                f"job {ev.job_id} job_start: no room for a new job of {world} ranks (jobs "
+                f"{len(self._jobs)} of {self.cfg.max_jobs} in this partition, ranks "
+                f"{cap.ranks} of {cap.max_ranks} in this worker)"
+            )
+            return Admission(None, [Refusal(Reason.CAPACITY, detail)])
+        self._jobs[ev.job_id] = _Job(None, world, ev.ts)
+        self.capacity.ranks += world
+        return Admission(ev)
 
     def __len__(self) -> int:
         return len(self._jobs)

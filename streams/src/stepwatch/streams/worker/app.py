@@ -250,13 +250,21 @@ def create_app(
 
 
 def admission_config(settings: Settings) -> AdmissionConfig:
-    """The admission bounds (stepwatch.streams.worker.admission) as the settings give them."""
+    """The admission bounds (stepwatch.streams.worker.admission) as the settings give them;
+    jobs and hosts give their places up after the detection core's own silence limits."""
+    from stepwatch.streams.core import DetectConfig
+
+    detect = DetectConfig.from_settings(settings)
     return AdmissionConfig(
         future_seconds=settings.stream_future_seconds,
         max_age_seconds=settings.stream_max_age_seconds,
         step_jump_min=settings.stream_step_jump_min,
         step_jump_factor=settings.stream_step_jump_factor,
         max_world_size=settings.stream_max_world_size,
+        max_ranks=settings.stream_max_ranks,
+        max_hosts=settings.stream_max_hosts,
+        job_idle_seconds=detect.job_silence_seconds,
+        host_idle_seconds=detect.host_silence_seconds,
     )
 
 

@@ -46,6 +46,7 @@ class DlqReason(enum.StrEnum):
     STEP_JUMP = "step_jump"
     FOREIGN_LIFECYCLE = "foreign_lifecycle"
     WORLD_SIZE = "world_size"
+    CAPACITY = "capacity"
 
     @classmethod
     def of(cls, err: ContractError) -> DlqReason:

@@ -42,7 +42,7 @@ from stepwatch.contract.codec import MAX_MESSAGE_BYTES
 from stepwatch.errors import ContractError
 from stepwatch.logs import LogOnce
 from stepwatch.streams.core.api import Analyzer, JobStats
-from stepwatch.streams.worker.admission import Admission, AdmissionConfig, Gate
+from stepwatch.streams.worker.admission import Admission, AdmissionConfig, Capacity, Gate
 from stepwatch.streams.worker.dedup import Deduplicator
 from stepwatch.streams.worker.dlq import DlqReason, dead_letter, encode_dead_letter
 from stepwatch.streams.worker.ledger import Ledger, PartitionLedger
@@ -102,11 +102,12 @@ class PartitionState:
         engine: Analyzer,
         ledger: PartitionLedger,
         admission: AdmissionConfig | None = None,
+        capacity: Capacity | None = None,
     ) -> None:
         self.partition = partition
         self.engine = engine
         self.ledger = ledger
-        self.gate = Gate(admission)
+        self.gate = Gate(admission, capacity)
         self.dedup = Deduplicator()
         self.last_event_ts = 0.0
 
@@ -132,6 +133,7 @@ class StreamProcessor:
     ) -> None:
         self.topics = topics
         self.admission = admission or AdmissionConfig()
+        self.capacity = Capacity.of(self.admission)  # the worker's, shared by its partitions
         self.engine_factory = engine_factory
         self.metrics = metrics or StreamMetrics()
         self.ledger = ledger or Ledger()
@@ -152,7 +154,7 @@ class StreamProcessor:
         """The new assignment: forget every partition not in it."""
         self.assigned = set(partitions)
         for p in [p for p in self.states if p not in self.assigned]:
-            del self.states[p]
+            self.states.pop(p).gate.release()
             log.info("partition dropped partition=%d worker=%s", p, self.worker)
         self.positions = {tp: o for tp, o in self.positions.items() if tp[1] in self.assigned}
         self.metrics.partitions.set(len(self.assigned))
@@ -170,6 +172,7 @@ class StreamProcessor:
                 self.engine_factory(),
                 self.ledger.for_partition(partition),
                 self.admission,
+                self.capacity,
             )
             self.states[partition] = st
             if st.ledger.inherited:
