@@ -24,6 +24,7 @@ from stepwatch.contract.records import (
     PortReading,
     StepMessage,
     StepRecord,
+    clip_text,
 )
 from stepwatch.contract.topics import Topics, message_key
 
@@ -45,6 +46,7 @@ __all__ = [
     "Topics",
     "check_step",
     "check_values",
+    "clip_text",
     "decode",
     "decode_unchecked",
     "encode",

@@ -1,4 +1,5 @@
-"""The control-character rule on names (``records.Name``), checked after decoding.
+"""The control-character rule on names (``records.Name``) and free text
+(``records.Text``: tabs and line breaks allowed), checked after decoding.
 
 A name a sender chooses must hold no control character (C0, DEL, C1, line
 separators, bidi overrides; see ``records.NAME_PATTERN``). msgspec could check
@@ -28,11 +29,14 @@ from typing import Any
 
 import msgspec
 
-from stepwatch.contract.records import NAME_PATTERN, Name
+from stepwatch.contract.records import NAME_PATTERN, TEXT_PATTERN, Name, Text
 from stepwatch.errors import ContractError
 
-_NAME_RE = re.compile(NAME_PATTERN)
-_TEXT = f"Expected `str` matching regex {NAME_PATTERN!r}"
+# per kind of field: its rule, and the words msgspec would use for a breach
+_RULES = {
+    "name": (re.compile(NAME_PATTERN), f"Expected `str` matching regex {NAME_PATTERN!r}"),
+    "text": (re.compile(TEXT_PATTERN), f"Expected `str` matching regex {TEXT_PATTERN!r}"),
+}
 
 
 def may_break_names(data: bytes | str) -> bool:
@@ -52,9 +56,10 @@ def check_names(obj: msgspec.Struct, path: str = "$") -> None:
         if value is None:
             continue
         where = f"{path}.{field}"
-        if kind == "name":
-            if _NAME_RE.match(value) is None:
-                raise ContractError("schema", f"{_TEXT} - at `{where}`")
+        rule = _RULES.get(kind)
+        if rule is not None:
+            if rule[0].match(value) is None:
+                raise ContractError("schema", f"{rule[1]} - at `{where}`")
         elif kind == "struct":
             check_names(value, where)
         else:  # a list of structs
@@ -78,6 +83,8 @@ def _plan(cls: type) -> tuple[tuple[str, str], ...]:
 def _kind(hint: Any) -> str:
     if hint == Name:
         return "name"
+    if hint == Text:
+        return "text"
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType) and len(args) == 1:

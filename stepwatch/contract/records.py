@@ -49,6 +49,22 @@ NAME_PATTERN = (
 Name = Annotated[
     str, msgspec.Meta(max_length=NAME_MAX, extra_json_schema={"pattern": NAME_PATTERN})
 ]
+# Identifiers a device or driver gives (GPU uuid and model, NIC device, port state, a
+# detection's type and cause) follow the same rule: they reach the same places.
+# Free text (an event's detail, a detection's summary) may hold tabs and line breaks
+# (a traceback), nothing else of the above, and is bounded too.
+TEXT_MAX = 4096
+TEXT_PATTERN = "^[^\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]*(?![\\s\\S])"
+Text = Annotated[
+    str, msgspec.Meta(max_length=TEXT_MAX, extra_json_schema={"pattern": TEXT_PATTERN})
+]
+
+
+def clip_text(text: str) -> str:
+    """``text`` cut to ``TEXT_MAX`` characters (an ellipsis at the cut): what a producer
+    writes into a ``Text`` field it builds from other fields (a summary quoting an
+    event's detail) must stay valid for every reader."""
+    return text if len(text) <= TEXT_MAX else text[: TEXT_MAX - 1] + "\u2026"
 
 
 class Kind(enum.StrEnum):
@@ -132,9 +148,9 @@ class GpuReading(_Base, frozen=True):
     """One GPU at one instant. Counters are cumulative since driver load."""
 
     index: Index16
-    uuid: str = ""
-    name: str = ""
-    pci_bus_id: str = ""
+    uuid: Name = ""
+    name: Name = ""
+    pci_bus_id: Name = ""
     util_gpu_pct: NonNeg | None = None
     util_mem_pct: NonNeg | None = None
     fb_used_mib: NonNeg | None = None
@@ -167,12 +183,12 @@ class GpuReading(_Base, frozen=True):
 class PortReading(_Base, frozen=True):
     """One RDMA port at one instant. Byte counters are already in bytes (sysfs x4)."""
 
-    device: str
+    device: Name
     port: Index16
-    netdev: str = ""
-    link_layer: str = ""  # InfiniBand / Ethernet
-    state: str = ""  # e.g. ACTIVE
-    phys_state: str = ""  # e.g. LinkUp
+    netdev: Name = ""
+    link_layer: Name = ""  # InfiniBand / Ethernet
+    state: Name = ""  # e.g. ACTIVE
+    phys_state: Name = ""  # e.g. LinkUp
     rate_gbps: NonNeg | None = None
     xmit_bytes_total: Count | None = None
     rcv_bytes_total: Count | None = None
@@ -246,10 +262,10 @@ class EventMessage(_Message, frozen=True, tag="event"):
     job_id: Name | None = None
     rank: Index32 | None = None
     gpu: Index16 | None = None
-    device: str | None = None
+    device: Name | None = None
     port: Index16 | None = None
     code: Code | None = None  # XID number, ECC count, exit code ...
-    detail: str = ""
+    detail: Text = ""
     attrs: dict[str, str | float | int | bool] = {}
 
 
@@ -264,26 +280,26 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     job_id: Name = ""
     # straggler | job_slowdown | hang | rank_missing | link_flap | network_congestion |
     # link_errors | throughput | user_error
-    type: str = ""
-    state: str = "open"  # open | update | resolved
+    type: Name = ""
+    state: Name = "open"  # open | update | resolved
     rank: Index32 | None = None
     gpu: Index16 | None = None
     group: Name = ""
-    cause: str = "unknown"  # gpu | network | host_input | hardware | user | unknown
-    fault: str = "unknown"  # system | user | unknown
+    cause: Name = "unknown"  # gpu | network | host_input | hardware | user | unknown
+    fault: Name = "unknown"  # system | user | unknown
     score: float | None = None
     step: Count | None = None
     first_step: Count | None = None
     opened_at: Epoch | None = None
-    summary: str = ""
+    summary: Text = ""
     evidence: dict[str, str | float | int | bool | None] = {}
     # v1 additions (defaults keep older messages valid): where a host- or
     # network-level incident is (``host`` in the header names the host), the
     # ranks it touches, and the id of the incident a linked detection belongs to.
-    device: str | None = None  # NIC device (network detections), e.g. mlx5_3
+    device: Name | None = None  # NIC device (network detections), e.g. mlx5_3
     port: Index16 | None = None  # NIC port number
     ranks: list[Index32] = []  # affected ranks of a host-level detection
-    related: str = ""  # id of the incident this detection belongs to ("" = its own)
+    related: Name = ""  # id of the incident this detection belongs to ("" = its own)
     producer: Name = ""  # the stream worker that produced it (its name, default host:pid)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from stepwatch.agents.collectors.base import HostContext
 from stepwatch.agents.collectors.steps import StepsCollector
-from stepwatch.contract import StepMessage, decode
+from stepwatch.contract import KIND_OF, StepMessage, decode
 from stepwatch.contract.wire import decode_datagram
 from stepwatch.errors import ContractError
 
@@ -162,3 +162,61 @@ def test_random_names_get_the_patterns_verdict_whatever_the_encoding() -> None:
             assert got == ok, (name, data)
         refused += not ok
     assert 50 < refused < 350  # both verdicts were exercised
+
+
+# Identifiers a device or driver gives, and free text, reach the same logs, summaries,
+# labels and terminals. Before: a NIC device "\x1b[2J\r\nlevel=INFO msg=..." + 300 "A"
+# passed the contract and came out in a published detection's evidence and summary,
+# and a device of 200,000 characters broke the sink's counter-seed query.
+IDENTIFIERS = [
+    ("gpu", "gpus", {"index": 0}, "uuid"),
+    ("gpu", "gpus", {"index": 0}, "name"),
+    ("gpu", "gpus", {"index": 0}, "pci_bus_id"),
+    ("port", "ports", {"device": "mlx5_0", "port": 1}, "device"),
+    ("port", "ports", {"device": "mlx5_0", "port": 1}, "netdev"),
+    ("port", "ports", {"device": "mlx5_0", "port": 1}, "state"),
+    ("port", "ports", {"device": "mlx5_0", "port": 1}, "phys_state"),
+    ("port", "ports", {"device": "mlx5_0", "port": 1}, "link_layer"),
+    ("event", None, {"type": "link_state"}, "device"),
+    ("detection", None, {}, "type"),
+    ("detection", None, {}, "cause"),
+    ("detection", None, {}, "device"),
+    ("detection", None, {}, "related"),
+]
+
+
+def _with(kind: str, items: str | None, base: dict, field: str, value: str) -> bytes:
+    msg: dict = {"kind": kind, "v": 1, "host": "h", "ts": NOW}
+    if items is None:
+        msg.update(base)
+        msg[field] = value
+    else:
+        msg[items] = [{**base, field: value}]
+    return json.dumps(msg, ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize(("kind", "items", "base", "field"), IDENTIFIERS)
+def test_device_and_driver_identifiers_follow_the_name_rule(
+    kind: str, items: str | None, base: dict, field: str
+) -> None:
+    forged = "\x1b[2J\r\nlevel=INFO msg=remediation executed node=gpu-002\u202e" + "A" * 300
+    for value in (forged, "mlx5\x1b[31m", "x" * (NAME_MAX + 1), "mlx5_0\n"):
+        with pytest.raises(ContractError) as err:
+            decode(_with(kind, items, base, field, value))
+        assert err.value.reason == "schema"
+    assert KIND_OF[type(decode(_with(kind, items, base, field, "mlx5_0 ö")))] == kind
+
+
+@pytest.mark.parametrize(
+    ("kind", "field", "extra"),
+    [("event", "detail", {"type": "exception"}), ("detection", "summary", {})],
+)
+def test_free_text_keeps_line_breaks_and_tabs_but_no_other_control_character(
+    kind: str, field: str, extra: dict
+) -> None:
+    traceback = 'Traceback (most recent call last):\n\tFile "train.py", line 3\nRuntimeError: x'
+    assert getattr(decode(_with(kind, None, extra, field, traceback)), field) == traceback
+    for value in ("ok\x1b[2Jrepainted", "ok\r", "ok\x00", "\u202eok", "x" * 4097):
+        with pytest.raises(ContractError) as err:
+            decode(_with(kind, None, extra, field, value))
+        assert err.value.reason == "schema"

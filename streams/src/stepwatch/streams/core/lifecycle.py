@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from stepwatch.contract import DetectionMessage
+from stepwatch.contract import DetectionMessage, clip_text
 from stepwatch.streams.core.causes import Attribution, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.kinds import Cause, DetectionType, State
@@ -231,7 +231,7 @@ class DetectionBook:
             step=f.step,
             first_step=cur.first_step,
             opened_at=cur.opened_at,
-            summary=f.summary,
+            summary=clip_text(f.summary),
             evidence=evidence,
             device=f.device,
             port=f.port,

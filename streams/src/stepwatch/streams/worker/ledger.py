@@ -33,7 +33,14 @@ from typing import Protocol
 
 import msgspec
 
-from stepwatch.contract import DetectionMessage, EventMessage, EventType, Message, StepMessage
+from stepwatch.contract import (
+    DetectionMessage,
+    EventMessage,
+    EventType,
+    Message,
+    StepMessage,
+    clip_text,
+)
 
 NaturalKey = tuple[str, str, int | None, str]  # job, type, rank, group
 HANG = "hang"
@@ -232,7 +239,7 @@ class PartitionLedger:
             det,
             state="resolved",
             ts=now,
-            summary=f"{det.summary} — resolved: {why}".strip(),
+            summary=clip_text(f"{det.summary} — resolved: {why}".strip()),
         )
         resolved = self._identified(resolved)
         self._write(resolved)
