@@ -11,6 +11,7 @@ downstream (see :mod:`stepwatch.contract.counters`).
 from __future__ import annotations
 
 import enum
+import re
 from typing import Annotated
 
 import msgspec
@@ -65,6 +66,16 @@ def clip_text(text: str) -> str:
     writes into a ``Text`` field it builds from other fields (a summary quoting an
     event's detail) must stay valid for every reader."""
     return text if len(text) <= TEXT_MAX else text[: TEXT_MAX - 1] + "\u2026"
+
+
+_NOT_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def plain_text(text: str) -> str:
+    """``text`` made a valid ``Text``: line ends as ``\\n``, every other forbidden
+    character as U+FFFD, clipped. For producers of free text they do not control (an
+    exception's message with colour codes): the event is kept, its text made safe."""
+    return clip_text(_NOT_TEXT.sub("\ufffd", text.replace("\r\n", "\n")))
 
 
 class Kind(enum.StrEnum):

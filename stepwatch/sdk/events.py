@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from stepwatch.contract.records import EventType
+from stepwatch.contract.records import EventType, plain_text
 from stepwatch.contract.wire import RankEvent
 from stepwatch.sdk.identity import Identity
 
@@ -104,7 +104,7 @@ def _event(
         job_id=identity.job_id,
         rank=identity.rank,
         gpu=identity.gpu if identity.gpu is not None else identity.local_rank,
-        detail=detail,
+        detail=plain_text(detail),  # colour codes and the like: kept as U+FFFD, not refused
         attrs=attrs,
         code=code,
     )

@@ -16,7 +16,7 @@ import pytest
 
 from stepwatch.agents.collectors.base import HostContext
 from stepwatch.agents.collectors.steps import StepsCollector
-from stepwatch.contract import KIND_OF, StepMessage, decode
+from stepwatch.contract import KIND_OF, EventMessage, EventType, StepMessage, decode, encode
 from stepwatch.contract.wire import decode_datagram
 from stepwatch.errors import ContractError
 
@@ -220,3 +220,27 @@ def test_free_text_keeps_line_breaks_and_tabs_but_no_other_control_character(
         with pytest.raises(ContractError) as err:
             decode(_with(kind, None, extra, field, value))
         assert err.value.reason == "schema"
+
+
+def test_an_exception_text_with_colour_codes_is_kept_made_plain_not_refused(tmp_path) -> None:
+    # an SDK (ours or another) sends an exception's text as it came: colour codes, CRLF
+    coloured = "\x1b[31mCUDA error: out of memory\x1b[0m\r\nat step 7"
+    event = {"kind": "rank_event", "type": "exception", "ts": NOW, "job_id": "42"}
+    c = StepsCollector(str(tmp_path / "s" / "agent.sock"), clock=lambda: NOW)
+    try:
+        c.feed(json.dumps({**event, "detail": coloured}).encode())
+        (out,) = c.collect(HostContext("node07", NOW, {}))
+    finally:
+        c.close()
+    back = decode(encode(out))  # as the worker and the sink read it
+    assert isinstance(back, EventMessage)
+    assert back.detail == "\ufffd[31mCUDA error: out of memory\ufffd[0m\nat step 7"
+
+
+def test_the_sdk_sends_exception_text_already_plain() -> None:
+    from stepwatch.sdk.events import custom_event
+    from stepwatch.sdk.identity import Identity
+
+    ident = Identity(job_id="42", rank=0, world_size=1)
+    ev = custom_event(ident, EventType.EXCEPTION, "boom\x1b[0m\u202e", {})
+    assert ev.detail == "boom\ufffd[0m\ufffd"

@@ -48,6 +48,7 @@ from stepwatch.contract import (
     StepRecord,
     check_step,
     check_values,
+    plain_text,
 )
 from stepwatch.contract.wire import MAX_DATAGRAM_BYTES, RankEvent, RankStep, decode_datagram
 from stepwatch.errors import CollectorError, ConfigError, ContractError
@@ -310,7 +311,7 @@ def _event(item: RankEvent, host: str) -> EventMessage:
         rank=item.rank,
         gpu=item.gpu,
         code=item.code,
-        detail=item.detail,
+        detail=plain_text(item.detail),  # another SDK's text made safe, not refused
         attrs=dict(item.attrs),
     )
 
