@@ -171,8 +171,14 @@ class Settings:
     remediate_bind: str = "127.0.0.1"
     remediate_policy: str = "alerts/src/stepwatch/alerts/remediate/policy.example.yaml"
     remediate_state_dir: str = "var/remediate"
-    remediate_token: str = ""  # the bearer token; prefer remediate_token_file
+    remediate_token: str = ""  # the webhook's bearer token; prefer remediate_token_file
     remediate_token_file: str = ""
+    # the service: one "name:token" line per operator (approve, close-breaker, the API);
+    # unset, no operator endpoint answers. The webhook token is never an operator's
+    remediate_operators_file: str = ""
+    # the CLI's operator commands: your own operator token; prefer the file
+    remediate_operator_token: str = ""
+    remediate_operator_token_file: str = ""
     remediate_mode: str = ""  # observe | recommend | execute; empty: the policy's mode
     remediate_url: str = "http://127.0.0.1:9469"  # where the CLI finds the running service
     # the alert receiver (`stepwatch alerts receive`): Alertmanager -> <prefix>.alerts -> the store;

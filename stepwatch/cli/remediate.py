@@ -22,8 +22,11 @@ approve ID     run a queued action now, after every check again (refused when
                by a person, the node no longer runs the job, ...)
 close-breaker  close the circuit breaker after a person has looked
 
-The operator commands talk to the running service at --url with the bearer
-token (--token-file or STEPWATCH_REMEDIATE_TOKEN). See docs/remediation.md.
+The operator commands talk to the running service at --url with your own
+operator token (--token-file, STEPWATCH_REMEDIATE_OPERATOR_TOKEN_FILE or
+STEPWATCH_REMEDIATE_OPERATOR_TOKEN), one of the service's --operators-file; the
+service records you as the operator who acted. The webhook token (Alertmanager's)
+is refused there. See docs/remediation.md.
 """
 
 
@@ -58,7 +61,15 @@ def register(subparsers: Any) -> None:
     )
     serve.add_argument("--state-dir", dest="remediate_state_dir", help="where the state file lives")
     serve.add_argument(
-        "--token-file", dest="remediate_token_file", help="file holding the bearer token"
+        "--token-file",
+        dest="remediate_token_file",
+        help="file holding the webhook's bearer token (Alertmanager's; the webhook only)",
+    )
+    serve.add_argument(
+        "--operators-file",
+        dest="remediate_operators_file",
+        help="file of name:token lines, one per operator (approve, close-breaker, list); "
+        "unset: the operator commands are refused",
     )
     serve.add_argument(
         "--bootstrap-servers",
@@ -83,7 +94,9 @@ def register(subparsers: Any) -> None:
             help=f"the service (default {default_of('remediate_url')})",
         )
         c.add_argument(
-            "--token-file", dest="remediate_token_file", help="file holding the bearer token"
+            "--token-file",
+            dest="remediate_operator_token_file",
+            help="file holding your operator token (env STEPWATCH_REMEDIATE_OPERATOR_TOKEN_FILE)",
         )
         if name == "list":
             c.add_argument(
@@ -133,11 +146,11 @@ def run_check(args: argparse.Namespace) -> int:
 
 def run_client(args: argparse.Namespace) -> int:
     from stepwatch.alerts.remediate.client import Client
-    from stepwatch.alerts.remediate.service import read_token
+    from stepwatch.alerts.remediate.service import read_operator_token
     from stepwatch.cli.common import settings_from_args
 
     settings = settings_from_args(args)
-    client = Client(settings.remediate_url, read_token(settings))
+    client = Client(settings.remediate_url, read_operator_token(settings))
     if args.remediate_command == "list":
         result: Any = client.actions(args.status)
     elif args.remediate_command == "outcomes":

@@ -85,6 +85,8 @@ class AlertingStack:
     pager: Pager | None = None
     alert_receiver: Child | None = None
     _token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
+    # the live view reads the remediator's API as an operator, with a token of its own
+    _operator_token: str = field(default_factory=lambda: secrets.token_hex(16), repr=False)
     _client: Any = None
 
     # ------------------------------------------------------------------ lifecycle
@@ -186,6 +188,9 @@ class AlertingStack:
         if outcomes_supported():
             text += OUTCOME.format(prometheus=prometheus)
         policy.write_text(text)
+        operators = (self.workdir / "remediator.operators").resolve()
+        operators.write_text(f"demo:{self._operator_token}\n")
+        operators.chmod(0o600)
         self.remediator = Child(
             "remediator",
             [
@@ -202,6 +207,8 @@ class AlertingStack:
                 str(self.workdir / "remediator"),
                 "--token-file",
                 str(token_file),
+                "--operators-file",
+                str(operators),
                 "--bootstrap-servers",
                 self.bootstrap,
                 "--topic-prefix",
@@ -303,7 +310,7 @@ class AlertingStack:
         if self._client is None:
             from stepwatch.alerts.remediate.client import Client
 
-            self._client = Client(self.remediator_url, self._token, timeout=2.0)
+            self._client = Client(self.remediator_url, self._operator_token, timeout=2.0)
         return getattr(self._client, what)()
 
 

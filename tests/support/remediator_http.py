@@ -1,9 +1,11 @@
 """The real remediator service over HTTP for the attack and outcome tests.
 
 :func:`start` builds the service exactly as ``stepwatch remediate serve``
-does (policy file, bearer token, state dir), with the Slurm actuator calling
-whatever ``scontrol`` is first on PATH. :func:`webhook` makes an
-Alertmanager-v4 body as Alertmanager 0.25 sends it.
+does (policy file, webhook token, operators file, state dir), with the Slurm
+actuator calling whatever ``scontrol`` is first on PATH. :func:`webhook` makes an
+Alertmanager-v4 body as Alertmanager 0.25 sends it. ``TOKEN`` is the webhook's
+(Alertmanager's) token; ``OPERATOR_TOKEN`` is operator ``OPERATOR``'s, what the
+API (:func:`get`, approvals, close-breaker) needs.
 """
 
 from __future__ import annotations
@@ -21,12 +23,17 @@ from stepwatch.alerts.remediate.service import Service, build
 from stepwatch.settings import Settings
 
 TOKEN = "attack-suite-token"
+OPERATOR, OPERATOR_TOKEN = "alice", "attack-suite-operator-alice"
 RULES = [
     {
         "match": {"alertname": "StragglerPersistent", "class": "system", "remediation": "drain"},
         "actions": ["drain", "requeue"],
     },
-    {"match": {"alertname": "GpuXidFatal", "class": "system"}, "actions": ["drain"]},
+    {
+        "match": {"alertname": "GpuXidFatal", "class": "system"},
+        "actions": ["drain"],
+        "scope": "node",
+    },
     {"match": {"class": "user"}, "actions": ["notify"]},
 ]
 
@@ -59,10 +66,13 @@ def start(
     path.write_text(yaml.safe_dump(doc))
     token = tmp / "token"
     token.write_text(TOKEN)
+    operators = tmp / "operators"
+    operators.write_text(f"{OPERATOR}:{OPERATOR_TOKEN}\n")
     settings = Settings.load(
         env={},
         remediate_policy=str(path),
         remediate_token_file=str(token),
+        remediate_operators_file=str(operators),
         remediate_state_dir=str(tmp / "state"),
     )
     return build(settings, port=0, writers=[])
@@ -141,7 +151,9 @@ def send(svc: Service, alerts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def get(svc: Service, path: str) -> Any:
-    req = urllib.request.Request(svc.url + path, headers={"Authorization": f"Bearer {TOKEN}"})
+    """The API as the operator (``/metrics`` needs no token)."""
+    headers = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    req = urllib.request.Request(svc.url + path, headers=headers)
     with urllib.request.urlopen(req, timeout=30) as resp:
         raw = resp.read()
     return raw.decode() if path == "/metrics" else json.loads(raw)

@@ -35,10 +35,15 @@ def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_serve_answers_the_operator_commands_and_stops_on_sigterm(tmp_path):
     token = tmp_path / "token"
     token.write_text("cli-token\n")
+    operators, mine = tmp_path / "operators", tmp_path / "operator.token"
+    operators.write_text("ada:cli-operator-token\n")
+    mine.write_text("cli-operator-token\n")
     port = free_port()
     env = {
         **os.environ,
         "STEPWATCH_REMEDIATE_TOKEN_FILE": str(token),
+        "STEPWATCH_REMEDIATE_OPERATORS_FILE": str(operators),
+        "STEPWATCH_REMEDIATE_OPERATOR_TOKEN_FILE": str(mine),
         "STEPWATCH_REMEDIATE_URL": f"http://127.0.0.1:{port}",
         "STEPWATCH_BOOTSTRAP_SERVERS": "",
     }
@@ -73,14 +78,20 @@ def test_serve_answers_the_operator_commands_and_stops_on_sigterm(tmp_path):
         assert json.loads(closed.stdout) == {"was_open": False, "open": False}
         wrong = cli(
             "list",
-            env={**env, "STEPWATCH_REMEDIATE_TOKEN_FILE": "", "STEPWATCH_REMEDIATE_TOKEN": "x"},
+            env={
+                **env,
+                "STEPWATCH_REMEDIATE_OPERATOR_TOKEN_FILE": "",
+                "STEPWATCH_REMEDIATE_OPERATOR_TOKEN": "x",
+            },
         )
         assert "401" in wrong.stderr
+        webhook = cli("close-breaker", "--token-file", str(token), env=env)
+        assert webhook.returncode != 0 and "403" in webhook.stderr  # the webhook token
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
     assert proc.returncode == 0, out
-    assert "cli-token" not in out  # the token is never logged
+    assert "cli-token" not in out and "cli-operator-token" not in out  # tokens never logged
 
 
 def test_a_bad_policy_is_one_line(tmp_path):

@@ -9,8 +9,12 @@ the remediator before the fix (docs/security.md, "Boundary 3").
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
+import urllib.error
+import urllib.request
+from typing import Any
 
 import pytest
 
@@ -18,7 +22,16 @@ from stepwatch.daemons.prometheus import wait_for
 from stepwatch.daemons.slurm import missing_binaries
 from tests.support.alert_support import WebhookReceiver
 from tests.support.fake_slurm import FakeSlurm, install
-from tests.support.remediator_http import alert, get, post, send, start
+from tests.support.remediator_http import (
+    OPERATOR,
+    OPERATOR_TOKEN,
+    TOKEN,
+    alert,
+    get,
+    post,
+    send,
+    start,
+)
 
 pytestmark = pytest.mark.integration
 NODES = [f"gpu-{i:03d}" for i in range(1, 101)]
@@ -51,7 +64,7 @@ def service(tmp_path):
 
 
 def xid(i: int) -> dict:
-    """A node-scoped fatal XID alert (no job: drain only) for gpu-00i."""
+    """A node-scoped fatal XID alert (no job: drain only, by the scope: node rule) for gpu-00i."""
     return alert(f"gpu-{i:03d}", job="", name="GpuXidFatal", scope="node")
 
 
@@ -82,7 +95,7 @@ def test_hole2_approve_after_the_rate_limit_is_spent_is_refused(fake, service):
     assert [d["outcome"] for d in queued] == ["queued"] * 3 + ["skipped"] * 3
     assert {d["reason"] for d in queued[3:]} == {"rate_limited"}
     for d in queued:
-        post(f"{svc.url}/api/approve/{d['id']}")
+        post(f"{svc.url}/api/approve/{d['id']}", token=OPERATOR_TOKEN)
     assert len(fake.drained()) == 3
     more = send(svc, [xid(i) for i in range(7, 10)])  # the limit is spent: nothing more queued
     assert {d["reason"] for d in more} == {"rate_limited"}
@@ -101,7 +114,7 @@ def test_hole2_approve_with_the_breaker_open_is_refused(fake, service):
         assert [d["outcome"] for d in decisions] == ["queued", "queued", "escalated"]
         assert get(svc, "/api/breaker")["open"] and hooks.received("/page")
         for d in decisions[:2]:
-            code, body = post(f"{svc.url}/api/approve/{d['id']}")
+            code, body = post(f"{svc.url}/api/approve/{d['id']}", token=OPERATOR_TOKEN)
             assert code == 200 and body["reason"] == "breaker_open", body
         assert fake.drained() == {}
         assert get(svc, "/api/actions?status=queued")["actions"] == []  # refused, not left queued
@@ -120,7 +133,7 @@ def test_hole2_approve_of_a_node_a_person_drained_since_is_refused(fake, service
         ],
         check=True,
     )
-    code, body = post(f"{svc.url}/api/approve/{queued[0]['id']}")
+    code, body = post(f"{svc.url}/api/approve/{queued[0]['id']}", token=OPERATOR_TOKEN)
     assert code == 200 and body["reason"] == "drained_by_person"
     assert fake.drained() == {"gpu-004": "bad fan, ticket 123"}
 
@@ -226,6 +239,73 @@ def test_hole4_user_alerts_get_bounded_plain_notifications(fake, service):
             for d in sent
         )
         assert {d["reason"] for d in decisions} >= {"notify_rate_limited"}
+
+
+def test_c4_a_straggler_with_its_job_id_left_out_drains_nothing(fake, service):
+    """Without job_id the "node runs the alert's job" check has nothing to check: the sender
+    leaves it out (and calls the alert node-scoped) to drain a node outside any job of its."""
+    svc = service()
+    jobless = send(svc, [alert("gpu-077", job="", scope="node")])
+    assert {(d["action"], d["outcome"], d["reason"]) for d in jobless} == {
+        ("drain", "skipped", "no_job"),
+        ("requeue", "skipped", "no_job"),
+    }
+    assert fake.drained() == {} and fake.acting_calls() == []
+    # a node's own hardware fault names no job: the policy's scope: node rule drains it
+    assert {d["outcome"] for d in send(svc, [xid(9)])} == {"acted"}
+    assert list(fake.drained()) == ["gpu-009"]
+
+
+def test_c5_the_webhook_token_neither_approves_nor_closes_the_breaker(fake, service):
+    """The sender holds Alertmanager's token and poses as the on-call in a header."""
+    svc = service(
+        mode="recommend",
+        cluster_nodes=10,
+        guardrails={"breaker": {"max_share": 0.2, "window": "1h"}},
+    )
+    first, _, tripped = send(svc, [xid(1), xid(2), xid(3)])  # the 3rd trips the breaker
+    assert first["outcome"] == "queued" and tripped["reason"] == "breaker_tripped"
+    posing = {"X-Stepwatch-User": "oncall-alice"}
+    code, answer = _post(f"{svc.url}/api/close-breaker", TOKEN, posing)
+    assert code == 403 and "not an operator credential" in answer["error"]
+    code, _ = _post(f"{svc.url}/api/approve/{first['id']}", TOKEN, posing)
+    assert code == 403 and get(svc, "/api/breaker")["open"] and fake.drained() == {}
+    # the operator's own token closes it, recorded under the operator's name, not the header
+    code, _ = _post(f"{svc.url}/api/close-breaker", OPERATOR_TOKEN, {"X-Stepwatch-User": "eve"})
+    breaker = get(svc, "/api/breaker")
+    assert code == 200 and not breaker["open"] and breaker["reason"] == f"closed by {OPERATOR}"
+    code, done = _post(f"{svc.url}/api/approve/{first['id']}", OPERATOR_TOKEN, posing)
+    assert code == 200 and done["outcome"] == "acted", done
+    assert done["detail"].startswith(f"approval by {OPERATOR}: ")
+    assert list(fake.drained()) == ["gpu-001"]
+
+
+def test_c6_a_forged_alert_does_not_pre_empt_the_real_one(fake, service):
+    """The sender posts the real alert's fingerprint first with an identity it knows is
+    refused (job_id ALL), hoping the refusal is remembered for the real alert that follows."""
+    svc = service()
+    real = alert("gpu-002", "43")
+    forged = dict(alert("gpu-002", "ALL"), fingerprint=real["fingerprint"])
+    assert {d["reason"] for d in send(svc, [forged])} == {"invalid_identity"}
+    acted = send(svc, [real])
+    assert {(d["action"], d["outcome"]) for d in acted} == {
+        ("drain", "acted"),
+        ("requeue", "acted"),
+    }, acted
+    assert list(fake.drained()) == ["gpu-002"] and fake.requeued() == ["43"]
+    assert {d["outcome"] for d in send(svc, [forged])} == {"duplicate"}  # its retry: remembered
+    assert {d["outcome"] for d in send(svc, [real])} == {"duplicate"}  # and the real one's
+
+
+def _post(url: str, token: str, headers: dict[str, str]) -> tuple[int, Any]:
+    req = urllib.request.Request(
+        url, data=b"", method="POST", headers={"Authorization": f"Bearer {token}", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")
 
 
 @pytest.mark.skipif(

@@ -20,7 +20,7 @@ from stepwatch.daemons.prometheus import wait_for
 from tests.support import paths
 from tests.support.alert_support import WebhookReceiver
 from tests.support.fake_slurm import install
-from tests.support.remediator_http import TOKEN, alert, get, send, start
+from tests.support.remediator_http import OPERATOR_TOKEN, TOKEN, alert, get, send, start
 
 pytestmark = pytest.mark.integration
 ROOT = paths.ROOT
@@ -53,7 +53,8 @@ def test_resolved_in_time_is_recovered_else_not_recovered_and_paged(tmp_path, mo
             metrics = get(svc, "/metrics")
             assert 'stepwatch_remediation_outcomes_total{outcome="recovered"} 1.0' in metrics
             assert 'stepwatch_remediation_outcomes_total{outcome="not_recovered"} 1.0' in metrics
-            token = tmp_path / "token"
+            token = tmp_path / "operator.token"
+            token.write_text(OPERATOR_TOKEN)
             listed = subprocess.run(
                 [
                     sys.executable,
@@ -70,7 +71,7 @@ def test_resolved_in_time_is_recovered_else_not_recovered_and_paged(tmp_path, mo
                 capture_output=True,
                 text=True,
                 timeout=60,
-                env={**os.environ, "STEPWATCH_REMEDIATE_TOKEN": ""},
+                env={**os.environ, "STEPWATCH_REMEDIATE_OPERATOR_TOKEN": ""},
                 check=False,
             )
             assert listed.returncode == 0, listed.stderr
@@ -78,6 +79,6 @@ def test_resolved_in_time_is_recovered_else_not_recovered_and_paged(tmp_path, mo
                 "recovered",
                 "not_recovered",
             }
-            assert TOKEN not in listed.stdout
+            assert TOKEN not in listed.stdout and OPERATOR_TOKEN not in listed.stdout
         finally:
             svc.stop()

@@ -20,6 +20,8 @@ from stepwatch.daemons.slurm import missing_binaries
 from tests.support.alert_support import WebhookReceiver
 from tests.support.remediation_support import POLICY, TOKEN, audit_records
 
+OPERATOR_TOKEN = "integration-operator-token"
+
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(
@@ -47,6 +49,27 @@ def straggler(host: str, job: str = "") -> dict:
     }
 
 
+def xid(host: str) -> dict:
+    """A node-scoped fatal XID alert: it names no job, only a ``scope: node`` rule drains."""
+    labels = {
+        "alertname": "GpuXidFatal",
+        "host": host,
+        "xid": "79",
+        "class": "system",
+        "remediation": "drain",
+        "severity": "critical",
+        "scope": "node",
+    }
+    return {"labels": labels, "annotations": {"summary": f"XID 79 on {host}"}}
+
+
+NODE_RULE = """rules:
+  - match: {alertname: GpuXidFatal, class: system}
+    actions: [drain]
+    scope: node
+"""
+
+
 def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
     tmp_path, slurm, settings, alertmanager_factory
 ):
@@ -61,15 +84,20 @@ def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
     assert nodes.node_count() == 4
     token = tmp_path / "token"
     token.write_text(TOKEN)
+    operators = tmp_path / "operators"
+    operators.write_text(f"oncall:{OPERATOR_TOKEN}\n")
     with WebhookReceiver() as hooks:
         policy = tmp_path / "policy.yaml"
         policy.write_text(
-            POLICY.format(conf=slurm.conf_path, notify=hooks.url("/owner"), page=hooks.url("/page"))
+            POLICY.format(
+                conf=slurm.conf_path, notify=hooks.url("/owner"), page=hooks.url("/page")
+            ).replace("rules:\n", NODE_RULE, 1)
         )
         svc = build(
             settings.replace(
                 remediate_policy=str(policy),
                 remediate_token_file=str(token),
+                remediate_operators_file=str(operators),
                 remediate_state_dir=str(tmp_path / "state"),
             ),
             port=0,
@@ -127,16 +155,16 @@ def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
             )[0]
             assert note.body["to"] == "ada" and note.body["alertname"] == "JobUserError"
             assert not slurm.node_states()["node01"].startswith("drain")
-            # 3. faults on three more nodes at once: the cap is 2 of 4 nodes, node02 is one
-            # (no job named: a drain only, the requeues are skipped as no_job)
-            am.post_alerts([straggler(n) for n in ("node01", "node03", "node04")])
-            api = Client(svc.url, TOKEN)
+            # 3. node faults on three more nodes at once: the cap is 2 of 4 nodes, node02 is
+            # one (no job named: only the scope: node rule's drain may go ahead)
+            am.post_alerts([xid(n) for n in ("node01", "node03", "node04")])
+            api = Client(svc.url, OPERATOR_TOKEN)
             wait_for(lambda: api.breaker()["open"], 30, what="breaker open")
             wait_for(lambda: hooks.received("/page"), 30, what="the page")
             time.sleep(3)  # let every group arrive; nothing more may be drained
             drained = sorted(n for n, s in slurm.node_states().items() if s.startswith("drain"))
             assert len(drained) == 2 and "node02" in drained
-            records = audit_records(settings, 9)  # 2 + 1 + 3 alerts x 2 actions
+            records = audit_records(settings, 6)  # 2 + 1 + 3 drain-only alerts
             outcomes = {(r["action"], r["host"], r["outcome"]) for r in records}
             assert ("drain", "node02", "acted") in outcomes and (
                 "requeue",

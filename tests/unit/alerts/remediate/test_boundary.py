@@ -18,14 +18,16 @@ from stepwatch.alerts.remediate.actuators.kube import KubeActuator
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
 from stepwatch.alerts.remediate.audit import Audit, Metrics
 from stepwatch.alerts.remediate.engine import Remediator
-from stepwatch.alerts.remediate.model import Alert, Mode, Outcome
+from stepwatch.alerts.remediate.model import ActionKind, Alert, Mode, Outcome, action_id
 from stepwatch.alerts.remediate.outcome import OutcomeTracker
-from stepwatch.alerts.remediate.policy import PolicyError, from_mapping
+from stepwatch.alerts.remediate.policy import PolicyError, from_mapping, load
 from stepwatch.alerts.remediate.state import RESERVE, State
 from stepwatch.errors import ActuatorError
+from tests.support import paths
 
 pytestmark = pytest.mark.unit
 RULES = [{"match": {"alertname": "StragglerPersistent"}, "actions": ["drain", "requeue"]}]
+XID_RULE = {"match": {"alertname": "GpuXidFatal"}, "actions": ["drain", "requeue"], "scope": "node"}
 
 
 @pytest.mark.parametrize(
@@ -143,11 +145,17 @@ class Clock:
         return self.now
 
 
-def engine(tmp_path, mode: Mode = Mode.EXECUTE, tracker: bool = False, **guardrails: Any):
+def engine(
+    tmp_path,
+    mode: Mode = Mode.EXECUTE,
+    tracker: bool = False,
+    rules: list[dict[str, Any]] | None = None,
+    **guardrails: Any,
+):
     policy = from_mapping(
         {
             "mode": mode.value,
-            "rules": RULES,
+            "rules": RULES if rules is None else rules,
             "cluster_nodes": 20,
             "guardrails": guardrails,
             "outcome": {"deadline": "10m"},
@@ -172,15 +180,21 @@ def engine(tmp_path, mode: Mode = Mode.EXECUTE, tracker: bool = False, **guardra
     )
 
 
-def alert(host: str = "node02", job: str = "42", fp: str = "f1", status: str = "firing") -> Alert:
-    labels = {"alertname": "StragglerPersistent", "host": host, "job_id": job, "cause": "gpu"}
+def alert(
+    host: str = "node02",
+    job: str = "42",
+    fp: str = "f1",
+    status: str = "firing",
+    name: str = "StragglerPersistent",
+) -> Alert:
+    labels = {"alertname": name, "host": host, "job_id": job, "cause": "gpu"}
     return Alert(fp, status, {k: v for k, v in labels.items() if v})
 
 
 def test_node_outside_its_job_and_requeue_without_a_job(tmp_path):
-    eng, fake, *_ = engine(tmp_path)
+    eng, fake, *_ = engine(tmp_path, rules=[*RULES, XID_RULE])
     assert {d.reason for d in eng.handle([alert(host="node07")])} == {"node_not_in_job"}
-    jobless = eng.handle([alert(host="node01", job="", fp="f2")])
+    jobless = eng.handle([alert(host="node01", job="", fp="f2", name="GpuXidFatal")])
     assert [(d.action.value, d.reason) for d in jobless] == [
         ("requeue", "no_job"),
         ("drain", "executed"),
@@ -189,8 +203,9 @@ def test_node_outside_its_job_and_requeue_without_a_job(tmp_path):
 
 
 def test_jobless_drain_can_be_refused(tmp_path):
-    eng, fake, *_ = engine(tmp_path, job_check={"jobless_drain": False})
-    assert {d.reason for d in eng.handle([alert(job="")])} == {"no_job"} and fake.calls == []
+    eng, fake, *_ = engine(tmp_path, rules=[XID_RULE], job_check={"jobless_drain": False})
+    jobless = eng.handle([alert(job="", name="GpuXidFatal")])
+    assert {d.reason for d in jobless} == {"no_job"} and fake.calls == []
 
 
 def test_approving_both_actions_of_one_alert_is_one_remediation(tmp_path):
@@ -447,7 +462,12 @@ def test_one_webhook_judges_an_alert_once_and_asks_the_scheduler_once_per_job(tm
 
 def test_approve_rechecks_the_rate_limit_spent_since_the_queueing(tmp_path):
     rules = [
-        {"match": {"alertname": "GpuXidFatal"}, "actions": ["drain"], "approval": True},
+        {
+            "match": {"alertname": "GpuXidFatal"},
+            "actions": ["drain"],
+            "approval": True,
+            "scope": "node",
+        },
         *RULES,
     ]
     policy = from_mapping(
@@ -479,3 +499,132 @@ def test_approve_rechecks_the_rate_limit_spent_since_the_queueing(tmp_path):
     refused = eng.approve(queued.action_id)
     assert refused is not None and refused.reason == "rate_limited"
     assert ("drain", "node05") not in fake.calls
+
+
+# --- C4: a drain without job identity only for rules declared node-scoped --------------------
+
+EXAMPLE = (
+    paths.ROOT / "alerts" / "src" / "stepwatch" / "alerts" / "remediate" / "policy.example.yaml"
+)
+# the shipped alerts whose remediation can be drain: the node's own hardware, or a job's rank/port
+NODE_FAULTS = {
+    "GpuXidFatal",
+    "GpuXidNeedsReset",
+    "GpuEccDoubleBit",
+    "GpuRowRemapFailure",
+    "RdmaLinkDown",
+    "RdmaLinkFlapping",
+}
+JOB_FAULTS = {"StragglerPersistent", "NetworkFaultLocalized", "RankStopped"}
+
+
+def test_a_drain_without_job_id_needs_a_rule_declared_scope_node(tmp_path):
+    """The attacker leaves job_id out so that "the node runs the alert's job" is never asked,
+    and labels the alert scope=node: node07 (outside job 42) must not be drained."""
+    eng, fake, *_ = engine(tmp_path, rules=[*RULES, XID_RULE])
+    forged = Alert(
+        "fp-forged",
+        "firing",
+        {"alertname": "StragglerPersistent", "host": "node07", "cause": "gpu", "scope": "node"},
+    )
+    decisions = eng.handle([forged])
+    assert [(d.action.value, d.outcome, d.reason) for d in decisions] == [
+        ("drain", Outcome.SKIPPED, "no_job"),
+        ("requeue", Outcome.SKIPPED, "no_job"),
+    ]
+    assert "scope: node" in decisions[0].detail
+    assert fake.calls == [] and fake.drained == {}
+    xid = eng.handle([alert(host="node07", job="", fp="x1", name="GpuXidFatal")])
+    assert [(d.action.value, d.reason) for d in xid] == [
+        ("requeue", "no_job"),
+        ("drain", "executed"),
+    ]  # a node's own hardware fault names no job: its rule says scope: node
+    assert fake.calls == [("drain", "node07")]
+
+
+def test_approve_applies_the_same_jobless_rule(tmp_path):
+    """A queued straggler drain whose stored labels lost their job_id (the state file is an
+    input too) is refused at approval; a node-scoped rule's jobless drain is approved."""
+    eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND, rules=[*RULES, XID_RULE])
+    drain = next(d for d in eng.handle([alert()]) if d.action is ActionKind.DRAIN)
+    row = eng.state.action(drain.action_id)
+    assert row is not None and drain.outcome is Outcome.QUEUED
+    tampered = json.loads(row.alert)
+    del tampered["labels"]["job_id"]
+    eng.state.put_action(row.__class__(**{**row.__dict__, "alert": json.dumps(tampered)}))
+    refused = eng.approve(drain.action_id, by="alice")
+    assert refused is not None and refused.reason == "no_job" and fake.calls == []
+    assert "scope: node" in refused.detail and refused.detail.startswith("approval by alice")
+    xid = eng.handle([alert(host="node05", job="", fp="x1", name="GpuXidFatal")])
+    queued = next(d for d in xid if d.action is ActionKind.DRAIN)
+    done = eng.approve(queued.action_id, by="alice")
+    assert done is not None and done.outcome is Outcome.ACTED
+    assert fake.calls == [("drain", "node05")]
+
+
+def test_rule_scope_is_strict_and_the_example_marks_only_node_faults():
+    with pytest.raises(PolicyError, match=r"rules\[0\]\.scope: 'rack' is not one of job, node"):
+        from_mapping({"rules": [{"match": {}, "actions": ["drain"], "scope": "rack"}]})
+    with pytest.raises(PolicyError, match=r"rules\[0\]\.scope"):
+        from_mapping({"rules": [{"match": {}, "actions": ["drain"], "scope": ["node"]}]})
+    assert from_mapping({"rules": [{"match": {}, "actions": ["drain"]}]}).rules[0].scope == "job"
+    shipped = _drain_alerts()
+    assert shipped == NODE_FAULTS | JOB_FAULTS, "classify every shipped drain alert"
+    example = load(EXAMPLE)
+    for name in sorted(shipped):
+        labels = {"alertname": name, "class": "system", "remediation": "drain", "host": "n1"}
+        jobless_ok = example.jobless_drain(Alert("f", "firing", labels))
+        assert jobless_ok is (name in NODE_FAULTS), name
+
+
+def _drain_alerts() -> set[str]:
+    """The shipped alert rules whose remediation label can be drain."""
+    import yaml
+
+    from stepwatch.alerts.config import rule_files
+
+    names = set()
+    for path in rule_files():
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                if "drain" in str(rule.get("labels", {}).get("remediation", "")):
+                    names.add(rule["alert"])
+    return names
+
+
+# --- C6: a forged alert must not use up the real alert's de-duplication memory ---------------
+
+
+@pytest.mark.parametrize(
+    "forged_job, why",
+    [
+        ("ALL", "invalid_identity"),  # an expression Slurm would expand
+        ("4,2", "invalid_identity"),  # made plain, it reads like the real array task 4_2
+        ("43", "node_not_in_job"),  # a real job the node does not run
+        ("", "no_job"),  # no job: a straggler rule's drain is refused
+    ],
+)
+def test_an_alert_refused_for_its_input_does_not_pre_empt_the_real_one(tmp_path, forged_job, why):
+    eng, fake, *_ = engine(tmp_path)
+    fake.jobs = {"4_2": frozenset({"node01", "node02"}), "43": frozenset({"node05"})}
+    forged = eng.handle([alert(job=forged_job, fp="fp-real")])  # the real alert's fingerprint
+    assert {d.reason for d in forged} == {why} and fake.calls == []
+    real = eng.handle([alert(job="4_2", fp="fp-real")])
+    assert [(d.action.value, d.outcome) for d in real] == [
+        ("drain", Outcome.ACTED),
+        ("requeue", Outcome.ACTED),
+    ]
+    assert fake.calls == [("drain", "node02"), ("requeue", "4_2")]
+    again = eng.handle([alert(job=forged_job, fp="fp-real")])  # the forged one's retry
+    assert {d.outcome for d in again} == {Outcome.DUPLICATE}  # its own skip is remembered
+
+
+def test_a_drain_id_names_the_job_and_long_targets_stay_apart(tmp_path):
+    eng, *_ = engine(tmp_path)
+    assert eng.handle([alert()])[0].action_id.startswith("drain-42_node02-StragglerPersistent-")
+    a = alert()
+    job = "j" * 63  # a Kubernetes job label at its longest: the host came after the old cut
+    one, two = (
+        action_id(ActionKind.DRAIN, a, f"{job}@gpu-rack-17-node-{n}") for n in ("0001", "0002")
+    )
+    assert one != two and len(one) == len(two) <= 80 + len("drain--StragglerPersistent-") + 12

@@ -25,6 +25,7 @@ from stepwatch.settings import Settings
 
 pytestmark = pytest.mark.unit
 TOKEN = "unit-token"
+OPERATOR_TOKEN = "unit-operator-token"
 
 
 @pytest.fixture()
@@ -33,12 +34,16 @@ def service(tmp_path):
     policy.write_text(
         "mode: execute\ncluster_nodes: 10\nrules:\n"
         "  - match: {alertname: GpuXidFatal}\n    actions: [drain]\n    approval: true\n"
+        "    scope: node\n"
     )
+    operators = tmp_path / "operators"
+    operators.write_text(f"ops:{OPERATOR_TOKEN}\n")
     settings = Settings.load(
         env={},
         remediate_policy=str(policy),
         remediate_state_dir=str(tmp_path / "s"),
         remediate_token=TOKEN,
+        remediate_operators_file=str(operators),
     )
     svc = build(settings, port=0, actuator=LogActuator(10), writers=[])
     yield svc
@@ -104,7 +109,7 @@ def test_webhook_auth_bad_bodies_and_oversize(service):
 
 def test_cli_client_lists_approves_and_closes_the_breaker(service):
     post(service.url + "/webhook", webhook())
-    api = Client(service.url, TOKEN)
+    api = Client(service.url, OPERATOR_TOKEN)
     queued = api.actions("queued")["actions"]
     assert [a["kind"] for a in queued] == ["drain"]
     assert api.approve(queued[0]["id"])["outcome"] == "acted"

@@ -1,8 +1,11 @@
-"""The operator's client for the running remediator's API (used by the CLI and tests)."""
+"""The operator's client for the running remediator's API (used by the CLI and tests).
+
+``token`` is the operator's own token (``remediate_operator_token_file``): the
+service records the operator it belongs to; the webhook token is refused there.
+"""
 
 from __future__ import annotations
 
-import getpass
 import json
 import urllib.error
 import urllib.request
@@ -22,7 +25,7 @@ class Client:
             f"{self.url}{path}",
             method=method,
             data=b"" if method == "POST" else None,
-            headers={"Authorization": f"Bearer {self._token}", "X-Stepwatch-User": _user()},
+            headers={"Authorization": f"Bearer {self._token}"},
         )
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
@@ -47,10 +50,3 @@ class Client:
 
     def breaker(self) -> Any:
         return self._call("GET", "/api/breaker")
-
-
-def _user() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):
-        return "unknown"

@@ -31,6 +31,7 @@ from stepwatch.alerts.remediate.model import (
     Outcome,
     action_id,
     alert_key,
+    labels_key,
 )
 from stepwatch.alerts.remediate.notices import Notices
 from stepwatch.alerts.remediate.outcome import OutcomeTracker
@@ -42,6 +43,10 @@ log = logging.getLogger(__name__)
 
 _FINAL = {Status.DONE, Status.QUEUED, Status.DRY_RUN, Status.FAILED_PERMANENT, Status.REJECTED}
 _MAX_REASON = 200
+_JOBLESS_DRAIN = (
+    "a drain without the job_id label is allowed only for a policy rule with scope: node "
+    "(and guardrails.job_check.jobless_drain: true)"
+)
 # skips reached through a scheduler call, or about the alert itself: remembered for a while so a
 # retried webhook is a duplicate, not the same scheduler calls again (escalations too: one page);
 # not when they may pass by themselves (a scheduler that did not answer, a pending job)
@@ -56,6 +61,18 @@ _REMEMBER = {
     "job_unverifiable",
     "node_not_in_job",
 }
+
+
+def _memory_id(action: Action) -> str:
+    """Where a skip for the alert's input is remembered: the action id and the digest of the
+    alert's exact labels. An alert refused for what it said (a forged one reusing a real
+    alert's fingerprint) so never makes the real alert's action a duplicate."""
+    return f"{action.id}.{labels_key(action.alert)}"
+
+
+def _noted(note: str, detail: str) -> str:
+    """A detail led by who asked for it (an approval), when someone did."""
+    return f"{note}: {detail}" if note and detail else note or detail
 
 
 class Remediator:
@@ -136,14 +153,9 @@ class Remediator:
         self, alert: Alert, actions: list[Action], approval: bool, lookups: Lookups
     ) -> list[Decision]:
         """A system alert's fresh actions: the job rule, the guardrails, then act or queue."""
-        jobless = [
-            a
-            for a in actions
-            if not alert.job_id
-            and (a.kind is ActionKind.REQUEUE or not self.policy.guardrails.jobless_drain)
-        ]
-        decisions = self._refuse(alert, jobless, guards.Verdict("no_job")) if jobless else []
-        actions = [a for a in actions if a not in jobless]
+        judged = [(a, self._no_job(alert, a)) for a in actions]
+        decisions = [d for a, v in judged if v.skip for d in self._refuse(alert, [a], v)]
+        actions = [a for a, v in judged if not v.skip]
         if not actions:
             return decisions
         verdict = self._judge(alert, actions, lookups)
@@ -153,6 +165,17 @@ class Remediator:
         self._acted(alert, [d for d in decisions if d.outcome is Outcome.ACTED])
         return decisions
 
+    def _no_job(self, alert: Alert, action: Action) -> guards.Verdict:
+        """An action without the alert's job_id: a requeue never; a drain only for a rule
+        declared ``scope: node`` (the same answer at queue time and at approval)."""
+        if alert.job_id:
+            return guards.GO
+        if action.kind is ActionKind.REQUEUE:
+            return guards.Verdict("no_job", detail="a requeue needs the job_id label")
+        if action.kind is not ActionKind.DRAIN or self.policy.jobless_drain(alert):
+            return guards.GO
+        return guards.Verdict("no_job", detail=_JOBLESS_DRAIN)
+
     def _action(self, kind: ActionKind, alert: Alert) -> Action:
         host = alert.host if identity.node_ok(alert.host) else identity.word(alert.host)
         job = (
@@ -160,7 +183,7 @@ class Remediator:
             if identity.job_ok(alert.job_id, self.scheme)
             else identity.word(alert.job_id)
         )
-        target = host if kind is ActionKind.DRAIN else f"{job}@{host}"
+        target = f"{job}@{host}" if job or kind is not ActionKind.DRAIN else host
         reason = (
             f"stepwatch: {identity.word(alert.name)} "
             f"cause {identity.word(alert.cause) or 'unknown'} "
@@ -169,12 +192,19 @@ class Remediator:
         return Action(action_id(kind, alert, target), kind, host, job, reason[:_MAX_REASON], alert)
 
     def _seen(self, action: Action) -> bool:
+        """Done, queued or refused for good; or skipped lately, for this very input."""
         row = self.state.action(action.id)
-        if row is None:
-            return False
-        if row.status == Status.SKIPPED:
-            return self.clock() - row.updated < self.policy.guardrails.skip_memory_s
-        return row.status in _FINAL
+        if row is not None and row.status != Status.SKIPPED:
+            return row.status in _FINAL
+        return self._recent(row) or self._recent(self.state.action(_memory_id(action)))
+
+    def _recent(self, row: ActionRow | None) -> bool:
+        """A skip remembered within ``webhook.skip_memory``."""
+        return (
+            row is not None
+            and row.status == Status.SKIPPED
+            and self.clock() - row.updated < self.policy.guardrails.skip_memory_s
+        )
 
     def _judge(
         self, alert: Alert, actions: list[Action], lookups: Lookups, exclude_ref: str | None = None
@@ -231,6 +261,7 @@ class Remediator:
         actions: list[Action],
         verdict: guards.Verdict,
         status: str = Status.SKIPPED,
+        note: str = "",
     ) -> list[Decision]:
         if verdict.trip:
             self.state.set_breaker(True, self.clock(), verdict.detail)
@@ -240,16 +271,13 @@ class Remediator:
             self._page(alert, verdict.skip or "", verdict.detail)
         outcome = Outcome.ESCALATED if verdict.escalate else Outcome.SKIPPED
         reason = verdict.skip or ""
+        detail = _noted(note, f"{reason}: {verdict.detail}" if verdict.detail else reason)
         for a in actions:
-            if (
-                status != Status.SKIPPED
-                or verdict.escalate
-                or (reason in _REMEMBER and not verdict.transient)
-            ):
-                self._store(
-                    a, status, 0, f"{reason}: {verdict.detail}" if verdict.detail else reason
-                )
-        return [self._decide(a, outcome, reason, verdict.detail) for a in actions]
+            if status != Status.SKIPPED or verdict.escalate:
+                self._store(a, status, 0, detail)  # final, or one page per action
+            elif reason in _REMEMBER and not verdict.transient:
+                self._store(a, status, 0, detail, row_id=_memory_id(a))  # this input only
+        return [self._decide(a, outcome, reason, _noted(note, verdict.detail)) for a in actions]
 
     def _carry_out(self, action: Action, approval: bool) -> Decision:
         if self.mode is Mode.OBSERVE:
@@ -281,8 +309,9 @@ class Remediator:
             for d in acted:
                 self.outcomes.acted(alert, d.action)
 
-    def execute(self, action: Action) -> Decision:
-        """Run the action through the actuator now (execute mode or a person's approval)."""
+    def execute(self, action: Action, note: str = "") -> Decision:
+        """Run the action through the actuator now (execute mode or a person's approval,
+        ``note`` then names the person in the detail)."""
         now = self.clock()
         prior = self.state.action(action.id)
         attempts = (prior.attempts if prior else 0) + 1
@@ -293,9 +322,9 @@ class Remediator:
         except ActuatorError as err:
             status = Status.FAILED_TRANSIENT if err.transient else Status.FAILED_PERMANENT
             self.audit.actuator_error(self.actuator.name, err.transient)
-            self._store(action, status, attempts, str(err))
+            self._store(action, status, attempts, _noted(note, str(err)))
             log.warning("action failed id=%s transient=%s error=%s", action.id, err.transient, err)
-            return self._decide(action, Outcome.FAILED, status, str(err))
+            return self._decide(action, Outcome.FAILED, status, _noted(note, str(err)))
         if action.kind is ActionKind.DRAIN:
             self.state.record(
                 self.clock(),
@@ -305,10 +334,12 @@ class Remediator:
                 alert_key(action.alert),
                 action.id,
             )
-        self._store(action, Status.DONE, attempts, detail)
+        self._store(action, Status.DONE, attempts, _noted(note, detail))
         took = time.monotonic() - start
         log.info("action done id=%s seconds=%.3f detail=%s", action.id, took, detail)
-        return self._decide(action, Outcome.ACTED, "executed", f"{detail} ({took:.3f} s)")
+        return self._decide(
+            action, Outcome.ACTED, "executed", _noted(note, f"{detail} ({took:.3f} s)")
+        )
 
     def _act(self, action: Action) -> str:
         if action.kind is ActionKind.DRAIN:
@@ -347,13 +378,15 @@ class Remediator:
             self.audit.actuator_error("pager", err.transient)
             log.error("page failed reason=%s error=%s", reason, err)
 
-    def _store(self, action: Action, status: str, attempts: int, detail: str) -> None:
+    def _store(
+        self, action: Action, status: str, attempts: int, detail: str, row_id: str = ""
+    ) -> None:
         now = self.clock()
-        prior = self.state.action(action.id)
+        prior = self.state.action(row_id or action.id)
         a = action.alert
         self.state.put_action(
             ActionRow(
-                action.id,
+                row_id or action.id,
                 action.kind.value,
                 action.node,
                 action.job_id,
@@ -402,13 +435,16 @@ class Remediator:
         self.audit.record(decision)
         return decision
 
-    def approve(self, action_id_: str) -> Decision | None:
-        """Run a queued action (a person approved it), after every check again.
+    def approve(self, action_id_: str, by: str = "") -> Decision | None:
+        """Run a queued action (operator ``by`` approved it), after every check again.
 
         None when no such queued action. The queued row's labels came from the
-        webhook: identity, guardrails (without this alert's own reservation),
-        the node's state and the job's nodes are all checked again now.
+        webhook: identity, the job rule (a drain without a job only for a
+        ``scope: node`` rule), guardrails (without this alert's own reservation),
+        the node's state and the job's nodes are all checked again now. The
+        decision's detail (audit record and state row) names the operator.
         """
+        note = f"approval by {identity.word(by) or 'unknown'}"
         with self._lock:
             row = self.state.action(action_id_)
             if row is None or row.status != Status.QUEUED:
@@ -422,13 +458,14 @@ class Remediator:
             )
             action = replace(self._action(ActionKind(row.kind), alert), id=row.id)
             if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued
-                return self._decide(action, Outcome.SKIPPED, "observe_mode")
+                return self._decide(action, Outcome.SKIPPED, "observe_mode", note)
             self.state.unreserve(row.id)
             verdict = self._recheck(alert, action)
             if verdict.skip:
-                log.warning("approval refused id=%s reason=%s", row.id, verdict.skip)
-                return self._refuse(alert, [action], verdict, Status.REJECTED)[0]
-            decision = self.execute(action)
+                log.warning("approval refused id=%s reason=%s by=%s", row.id, verdict.skip, by)
+                return self._refuse(alert, [action], verdict, Status.REJECTED, note)[0]
+            log.info("approval id=%s by=%s", row.id, by)
+            decision = self.execute(action, note)
             self._acted(alert, [decision] if decision.outcome is Outcome.ACTED else [])
             return decision
 
@@ -436,17 +473,20 @@ class Remediator:
         problem = identity.problem(alert.host, alert.job_id, self.scheme)
         if problem:
             return guards.Verdict("invalid_identity", detail=problem)
-        jobless_ok = action.kind is ActionKind.DRAIN and self.policy.guardrails.jobless_drain
-        if not alert.job_id and not jobless_ok:
-            return guards.Verdict("no_job")
+        verdict = self._no_job(alert, action)
+        if verdict.skip:
+            return verdict
         lookups = Lookups(self.actuator, self.policy.cluster_nodes)
         return self._judge(alert, [action], lookups, exclude_ref=alert_key(alert))
 
     def close_breaker(self, who: str) -> bool:
+        """Close the breaker in operator ``who``'s name (the state's reason and the log)."""
         with self._lock:
             was = self.state.breaker().open
-            self.state.set_breaker(False, self.clock(), f"closed by {identity.word(who)}")
+            name = identity.word(who) or "unknown"
+            self.state.set_breaker(False, self.clock(), f"closed by {name}")
             self.audit.breaker(False)
+            log.warning("circuit breaker closed by=%s was_open=%s", name, was)
             return was
 
     def node_state(self, node: str) -> NodeState:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -78,6 +79,7 @@ class Alert:
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+_TARGET_MAX = 80
 
 
 def alert_key(alert: Alert) -> str:
@@ -85,10 +87,23 @@ def alert_key(alert: Alert) -> str:
     return hashlib.sha256(f"{alert.name}|{alert.fingerprint}".encode()).hexdigest()[:12]
 
 
+def labels_key(alert: Alert) -> str:
+    """The alert's exact labels as a short stable key: two alerts that share a fingerprint
+    (the sender chooses it) but not their labels get different keys."""
+    text = json.dumps(sorted(alert.labels.items()), separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def action_id(kind: ActionKind, alert: Alert, target: str) -> str:
-    """A stable id from action + target + alert: a retried webhook finds the earlier action."""
-    target = _SAFE.sub("_", target)[:80] or "none"
-    return f"{kind.value}-{target}-{_SAFE.sub('_', alert.name)[:64]}-{alert_key(alert)}"
+    """A stable id from action + target + alert: a retried webhook finds the earlier action.
+
+    A target too long for the id keeps its head and a digest of the whole: two targets
+    that differ only past the cut (a long job id, then the host) get different ids."""
+    safe = _SAFE.sub("_", target) or "none"
+    if len(safe) > _TARGET_MAX:
+        digest = hashlib.sha256(target.encode()).hexdigest()[:8]
+        safe = f"{safe[: _TARGET_MAX - 9]}.{digest}"
+    return f"{kind.value}-{safe}-{_SAFE.sub('_', alert.name)[:64]}-{alert_key(alert)}"
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,16 @@ class PolicyError(ConfigError):
     """The policy file is missing or invalid."""
 
 
+class Scope(StrEnum):
+    """What a rule's alerts are about: a job's rank or port (``job``, the default) or the
+    node's own hardware (``node``: XID, ECC, row remap, link down). Only a ``node`` rule
+    may drain a node whose alert names no job; the alert's own ``scope`` label is the
+    sender's text and decides nothing."""
+
+    JOB = "job"
+    NODE = "node"
+
+
 @dataclass(frozen=True)
 class Rule:
     """Alerts whose labels match ``match`` (a value or a list of accepted values) get
@@ -33,6 +44,7 @@ class Rule:
     match: Mapping[str, tuple[str, ...]]
     actions: tuple[ActionKind, ...]
     approval: bool = False  # queue these actions for a person even in execute mode
+    scope: Scope = Scope.JOB  # node: a drain may go ahead without the alert's job_id
 
     def matches(self, alert: Alert) -> bool:
         return all(alert.labels.get(k, "") in accepted for k, accepted in self.match.items())
@@ -55,7 +67,7 @@ class Guardrails:
     approval_actions: frozenset[ActionKind] = frozenset()
     max_alerts_per_webhook: int = 100  # the rest of a larger webhook is skipped (webhook_cap)
     skip_memory_s: float = 600.0  # a skip is remembered this long: a retry is a duplicate
-    jobless_drain: bool = True  # node-scoped alerts (XID 79, link down) name no job
+    jobless_drain: bool = True  # false: no drain without a job_id, even for scope: node rules
     unverified_jobs: str = "allow"  # backends that cannot list a job's nodes: allow | skip
     notify_per_owner: int = 3  # notifications to one owner per notify window
     notify_total: int = 30  # notifications to all owners per notify window
@@ -85,15 +97,30 @@ class Policy:
     audit: Mapping[str, Any] = field(default_factory=dict)
     outcome: OutcomeSettings = field(default_factory=OutcomeSettings)
 
+    def rule_for(self, alert: Alert) -> Rule | None:
+        """The first rule whose ``match`` the alert's labels satisfy."""
+        return next((rule for rule in self.rules if rule.matches(alert)), None)
+
+    def jobless_drain(self, alert: Alert) -> bool:
+        """Whether a drain for this alert may go ahead without a job_id: only when the
+        matching rule says ``scope: node`` and ``job_check.jobless_drain`` allows it."""
+        rule = self.rule_for(alert)
+        return (
+            self.guardrails.jobless_drain
+            and rule is not None
+            and rule.scope is Scope.NODE
+            and alert.alert_class is AlertClass.SYSTEM
+        )
+
     def actions_for(self, alert: Alert) -> tuple[tuple[ActionKind, ...], bool]:
         """The first matching rule's actions (user-class alerts: notify only) and its
         approval flag."""
-        for rule in self.rules:
-            if rule.matches(alert):
-                actions = rule.actions
-                if alert.alert_class is AlertClass.USER:
-                    actions = tuple(a for a in actions if a is ActionKind.NOTIFY)
-                return actions, rule.approval
+        rule = self.rule_for(alert)
+        if rule is not None:
+            actions = rule.actions
+            if alert.alert_class is AlertClass.USER:
+                actions = tuple(a for a in actions if a is ActionKind.NOTIFY)
+            return actions, rule.approval
         if alert.alert_class is AlertClass.USER:
             return (ActionKind.NOTIFY,), False
         return (), False
@@ -174,7 +201,7 @@ def _outcome(raw: Any) -> OutcomeSettings:
 
 def _rule(where: str, raw: Any) -> Rule:
     data = _mapping(where, raw)
-    _known(where, data, {"match", "actions", "approval"})
+    _known(where, data, {"match", "actions", "approval", "scope"})
     match = {
         str(k): _values(f"{where}.match.{k}", v)
         for k, v in _mapping(f"{where}.match", data.get("match", {})).items()
@@ -187,7 +214,8 @@ def _rule(where: str, raw: Any) -> Rule:
         raise PolicyError(f"{where}.actions: give at least one of drain, requeue, notify")
     if match.get("class") == ("user",) and set(actions) - {ActionKind.NOTIFY}:
         raise PolicyError(f"{where}: class=user alerts are never remediated: notify only")
-    return Rule(match, actions, bool(data.get("approval", False)))
+    scope = _enum(f"{where}.scope", Scope, data.get("scope", Scope.JOB.value))
+    return Rule(match, actions, bool(data.get("approval", False)), scope)
 
 
 def _guardrails(raw: Any) -> Guardrails:

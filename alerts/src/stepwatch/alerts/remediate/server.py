@@ -2,14 +2,19 @@
 
 - ``POST /webhook`` (or ``/``): Alertmanager webhook, payload version 4.
 - ``GET /api/actions[?status=queued]``, ``GET /api/outcomes``, ``POST /api/approve/<id>``,
-  ``POST /api/close-breaker``, ``GET /api/breaker``: the CLI's API.
+  ``POST /api/close-breaker``, ``GET /api/breaker``: the operators' API (the CLI's).
 - ``GET /metrics`` (Prometheus text), ``GET /healthz``.
 
-Everything but ``/metrics`` and ``/healthz`` needs ``Authorization: Bearer
-<token>``; the token is compared in constant time and never logged. A body
-over ``max_body`` bytes is refused with 413 before it is read; bad JSON is 400;
-connections are capped and a request must arrive whole in time (:mod:`stepwatch.httpd`);
-any other failure is 500 and logged — the server keeps serving.
+Two credentials, each accepted in one place only (:mod:`.operators`): the
+webhook needs ``Authorization: Bearer <webhook token>`` (what Alertmanager
+holds); every ``/api/`` path needs an operator's own token, and the operator
+recorded for an approval or a breaker close is the one whose token it is. The
+webhook token on ``/api/`` is 403; with no operators configured every ``/api/``
+request is 403 with the setting to fix. Tokens are compared in constant time
+and never logged. A body over ``max_body`` bytes is refused with 413 before it
+is read; bad JSON is 400; connections are capped and a request must arrive
+whole in time (:mod:`stepwatch.httpd`); any other failure is 500 and logged —
+the server keeps serving.
 """
 
 from __future__ import annotations
@@ -25,12 +30,18 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 
 from stepwatch.alerts.remediate.audit import Metrics
 from stepwatch.alerts.remediate.engine import Remediator
+from stepwatch.alerts.remediate.operators import Operators
 from stepwatch.alerts.remediate.payload import PayloadError, parse
 from stepwatch.httpd import DeadlineHandler, TokenHTTPService
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024
+API = "/api/"
+NO_OPERATORS = (
+    "no operator credentials are configured on the remediator: set remediate_operators_file "
+    "(STEPWATCH_REMEDIATE_OPERATORS_FILE); the webhook token is not accepted here"
+)
 
 
 class RemediatorServer(TokenHTTPService):
@@ -45,8 +56,11 @@ class RemediatorServer(TokenHTTPService):
         host: str = "127.0.0.1",
         port: int = 0,
         max_body: int = MAX_BODY,
+        *,
+        operators: Operators | None = None,
     ) -> None:
         self.remediator = remediator
+        self.operators = operators or Operators()
         self.registry = registry
         self.metrics = metrics
         self.max_body = max_body
@@ -85,7 +99,9 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             if parts.path == "/metrics":
                 body = generate_latest(server.registry)
                 return self._raw(200, body, CONTENT_TYPE_LATEST)
-            if not self._auth():
+            if not parts.path.startswith(API):
+                return self._send(404, {"error": "not found"})
+            if self._operator() is None:
                 return None
             if parts.path == "/api/actions":
                 status = parse_qs(parts.query).get("status", [None])[0]
@@ -108,41 +124,69 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
 
         def _post(self) -> None:
             path = urlsplit(self.path).path
+            if path.startswith(API):
+                return self._operate(path)
+            if path not in ("/", "/webhook"):
+                return self._send(404, {"error": "not found"})
             if not self._auth():
                 return None
             body = self._body()
             if body is None:
                 return None
-            if path in ("/", "/webhook"):
-                try:
-                    alerts = parse(body)
-                except PayloadError as err:
-                    server.metrics.rejected.labels("400").inc()
-                    log.warning("webhook refused code=400 error=%s", err)
-                    return self._send(400, {"error": str(err)})
-                decisions = server.remediator.handle(alerts)
-                return self._send(200, {"decisions": [d.as_dict() for d in decisions]})
+            try:
+                alerts = parse(body)
+            except PayloadError as err:
+                server.metrics.rejected.labels("400").inc()
+                log.warning("webhook refused code=400 error=%s", err)
+                return self._send(400, {"error": str(err)})
+            decisions = server.remediator.handle(alerts)
+            return self._send(200, {"decisions": [d.as_dict() for d in decisions]})
+
+        def _operate(self, path: str) -> None:
+            """An operator's action, in the name of the operator whose token came."""
+            who = self._operator()
+            if who is None or self._body() is None:
+                return None
             if path.startswith("/api/approve/"):
-                decision = server.remediator.approve(path.rsplit("/", 1)[1])
+                decision = server.remediator.approve(path.rsplit("/", 1)[1], by=who)
                 if decision is None:
                     return self._send(404, {"error": "no queued action with that id"})
                 return self._send(200, decision.as_dict())
             if path == "/api/close-breaker":
-                who = self.headers.get("X-Stepwatch-User", "unknown")
                 was = server.remediator.close_breaker(who)
                 return self._send(200, {"was_open": was, "open": False})
             return self._send(404, {"error": "not found"})
 
         def _auth(self) -> bool:
+            """The webhook's credential: Alertmanager's token, and no other."""
             if server.authorized(self.headers.get("Authorization")):
                 return True
-            server.metrics.rejected.labels("401").inc()
+            return self._refuse(401, "bearer token required")
+
+        def _operator(self) -> str | None:
+            """The operator whose own token came; None (answered 401/403) for any other."""
+            header = self.headers.get("Authorization")
+            if not server.operators.configured:
+                self._refuse(403, NO_OPERATORS)
+                return None
+            who = server.operators.who(header)
+            if who is not None:
+                return who
+            if server.authorized(header):
+                self._refuse(403, "the webhook token is not an operator credential")
+            else:
+                self._refuse(401, "operator token required")
+            return None
+
+        def _refuse(self, code: int, error: str) -> bool:
+            server.metrics.rejected.labels(str(code)).inc()
             log.warning(
-                "request refused code=401 path=%s client=%s",
+                "request refused code=%d path=%s client=%s",
+                code,
                 urlsplit(self.path).path,
                 self.client_address[0],
             )
-            self._send(401, {"error": "bearer token required"}, close=True)
+            self._send(code, {"error": error}, close=True)
             return False
 
         def _body(self) -> bytes | None:

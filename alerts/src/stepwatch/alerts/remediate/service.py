@@ -1,4 +1,4 @@
-"""Wire the remediator from settings: policy, token, state, actuators, audit, server."""
+"""Wire the remediator from settings: policy, tokens, state, actuators, audit, server."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from stepwatch.alerts.remediate import actuators
+from stepwatch.alerts.remediate import operators as operators_mod
 from stepwatch.alerts.remediate import policy as policy_mod
 from stepwatch.alerts.remediate.actuators.base import Actuator
 from stepwatch.alerts.remediate.audit import Audit, KafkaWriter, Metrics, Writer
 from stepwatch.alerts.remediate.engine import Remediator
 from stepwatch.alerts.remediate.model import Mode
+from stepwatch.alerts.remediate.operators import Operators
 from stepwatch.alerts.remediate.outcome import OutcomeTimer, OutcomeTracker
 from stepwatch.alerts.remediate.server import RemediatorServer
 from stepwatch.alerts.remediate.state import State
@@ -24,20 +26,59 @@ log = logging.getLogger(__name__)
 
 
 def read_token(settings: Settings) -> str:
-    """The bearer token: ``remediate_token_file`` (first line) else ``remediate_token``."""
-    if settings.remediate_token_file:
-        try:
-            token = Path(settings.remediate_token_file).read_text().strip()
-        except OSError as err:
-            raise ConfigError(f"remediate_token_file: cannot read: {err.strerror}") from err
-    else:
-        token = settings.remediate_token.strip()
+    """The webhook's bearer token (what Alertmanager holds): ``remediate_token_file`` else
+    ``remediate_token``."""
+    token = _secret("remediate_token_file", settings.remediate_token_file, settings.remediate_token)
     if not token:
         raise ConfigError(
             "the remediator needs a bearer token: set remediate_token_file "
             "(or STEPWATCH_REMEDIATE_TOKEN)"
         )
     return token
+
+
+def read_operator_token(settings: Settings) -> str:
+    """The CLI operator's own token: ``remediate_operator_token_file`` else
+    ``remediate_operator_token``. The webhook token is not one (the service refuses it)."""
+    token = _secret(
+        "remediate_operator_token_file",
+        settings.remediate_operator_token_file,
+        settings.remediate_operator_token,
+    )
+    if not token:
+        raise ConfigError(
+            "the operator commands need your operator token: set remediate_operator_token_file "
+            "(--token-file, or STEPWATCH_REMEDIATE_OPERATOR_TOKEN); the webhook token is not one"
+        )
+    return token
+
+
+def read_operators(settings: Settings, webhook_token: str) -> Operators:
+    """The operators file (``remediate_operators_file``); none: no operator endpoint answers.
+    An operator token equal to the webhook token is refused: the credentials stay apart."""
+    if not settings.remediate_operators_file:
+        log.warning(
+            "no operators configured: approve, close-breaker and the API refuse every request "
+            "(set remediate_operators_file)"
+        )
+        return Operators()
+    found = operators_mod.load(settings.remediate_operators_file)
+    if found.holds(webhook_token):
+        raise ConfigError(
+            "remediate_operators_file: an operator's token is the webhook token; "
+            "give each operator a token of their own"
+        )
+    return found
+
+
+def _secret(name: str, path: str, value: str) -> str:
+    """A secret from a file (stripped) when its path is set, else the value itself."""
+    if not path:
+        return value.strip()
+    try:
+        return Path(path).read_text().strip()
+    except OSError as err:
+        raise ConfigError(f"{name}: cannot read: {err.strerror}") from err
 
 
 def audit_writers(settings: Settings) -> list[Writer]:
@@ -84,6 +125,7 @@ def build(
     policy = policy_mod.load(settings.remediate_policy)
     mode = Mode(settings.remediate_mode) if settings.remediate_mode else policy.mode
     token = read_token(settings)
+    operators = read_operators(settings, token)
     registry = CollectorRegistry()
     metrics = Metrics(registry)
     audit = Audit(metrics, audit_writers(settings) if writers is None else writers)
@@ -108,13 +150,15 @@ def build(
         metrics,
         settings.remediate_bind,
         settings.remediate_port if port is None else port,
+        operators=operators,
     )
     log.info(
-        "remediator configured mode=%s rules=%d actuator=%s state=%s",
+        "remediator configured mode=%s rules=%d actuator=%s state=%s operators=%s",
         mode.value,
         len(policy.rules),
         engine.actuator.name,
         settings.remediate_state_dir,
+        ",".join(operators.names()) or "-",
     )
     timer = OutcomeTimer(tracker, policy.outcome.check_every_s).start()
     return Service(server.start(), audit, state, timer)
