@@ -45,3 +45,4 @@ echo "setup: installing torch 2.13.0 (CPU) for the real training jobs"
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q --no-deps -e .
 echo "setup: done. Next: make demo   (or .venv/bin/stepwatch demo);   make test"
+echo "setup: for the stepwatch command in this shell: source .venv/bin/activate"

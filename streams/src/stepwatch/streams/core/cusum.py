@@ -54,6 +54,13 @@ class RobustCusum:
         self.zero_step[:] = -1
         self.zero_ts[:] = np.nan
 
+    def forget(self, ranks: np.ndarray) -> None:
+        """Start ``ranks`` afresh (as at the job's start)."""
+        self.s[:, ranks] = 0.0
+        self.own[:, ranks] = np.nan
+        self.zero_step[:, ranks] = -1
+        self.zero_ts[:, ranks] = np.nan
+
     def update(
         self,
         e: np.ndarray,

@@ -69,6 +69,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._net_next = 0.0  # event time of the next check of the job's ports
         self._net_since: dict[str, float] = {}  # net:<host> -> suspect since
         self.step_ends = Ring(2 * cfg.baseline_steps, 2)  # (step, end time) of recent steps
+        self._moved: set[int] = set()  # ranks that changed host since the last closed step
+        self._settling = False  # restarted, its first step not closed yet: moves expected
         self.suspects_total = 0
 
     # ------------------------------------------------------------------ input
@@ -82,6 +84,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.hosts.update(new_hosts)
             self.throughput.peak_flops_total = None  # placement changed: recompute the peak
         out: list[DetectionMessage] = []
+        if self.ranks.moved:
+            out.extend(self._ranks_moved(records, ts))
         newest, step = records[0].end, records[0].step
         for r in records:  # both maxima in one plain loop (per message)
             if r.end > newest:
@@ -129,6 +133,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
 
     # ------------------------------------------------------------------ per step
     def _analyse(self, cs: ClosedStep) -> list[DetectionMessage]:
+        self._moved.clear()
+        self._settling = False
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
         self.last_step = cs.step
@@ -355,7 +361,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
                 rw.from_step,
                 rw.to_step,
             )
-            self.throughput.on_rewind(rw, self.slowdown.cadence)
+            self.throughput.on_rewind(rw, self.slowdown.cadence, self.cfg.restart_warmup_steps)
             if self.hung_since is not None:
                 self.hung_since = None
                 restarted_at = self.last_progress + max(rw.gap_seconds, 0.0)
@@ -364,6 +370,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
                         out.extend(self.book.resolve(key, restarted_at, rw.to_step, "restarted"))
             out.extend(self._restarted(rw))
         self.assembler.rewinds.clear()
+        self._settling = True
         self.warm = 0
         self._warmup = self.cfg.restart_warmup_steps
         self.straggler.reset()
@@ -371,6 +378,34 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.host_history.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
         self.newest_step = self.assembler.last_closed + 1
+        return out
+
+    def _ranks_moved(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
+        """Ranks now reporting from another host than before: their history is another
+        machine's. Half the job or more since the last closed step is a restart on a new
+        allocation (a requeue that resumed right after its checkpoint, so that no step
+        number went back): handled as a rewind. Fewer: each moved rank's stragglers
+        resolve, never carried over to its new host, and its straggler state starts
+        afresh."""
+        moved, self.ranks.moved = self.ranks.moved, []
+        last = self.assembler.last_closed
+        if self._settling or min(r.step for r in records) <= last:
+            return []  # a restart being handled, or a step going back (the assembler's)
+        self._moved.update(rank for rank, _ in moved)
+        if 2 * len(self._moved) >= self.ranks.world_size and last >= 0:
+            start = min(r.start for r in records)
+            gap = start - self.assembler.last_closed_end
+            self.assembler.rewinds.append(Rewind(last, max(last + 1, records[0].step), gap))
+            self._moved.clear()
+            return []  # handled with the assembler's rewinds (_on_rewinds), below
+        out: list[DetectionMessage] = []
+        for rank, before in moved:
+            why = f"rank {rank} moved from {before} to {self.ranks.host[rank]}"
+            for key in self.book.keys(T.STRAGGLER):
+                gone = key[2].removeprefix("host:") if key[1] is None else None
+                if key[1] == rank or (gone == before and not self.ranks.ranks_on(before)):
+                    out.extend(self.book.resolve(key, ts, self.last_step, why))
+        self.straggler.forget(np.array([rank for rank, _ in moved]))
         return out
 
     def _restarted(self, rw: Rewind) -> list[DetectionMessage]:

@@ -34,9 +34,11 @@ class RankTable:
         self._by_host: GroupIndex | None = None
         self._on_host: dict[str, list[int]] | None = None  # host -> its ranks, ascending
         self._hosts: set[str] = set()
+        self.moved: list[tuple[int, str]] = []  # (rank, its former host) since last taken
 
     def observe(self, records: list[StepRecord]) -> list[str]:
         """Record where each rank ran; return hosts this table had not seen before.
+        A rank that reported from another host before is noted in :attr:`moved`.
 
         The group index goes stale when a rank's group changes.
         """
@@ -45,6 +47,8 @@ class RankTable:
         for r in records:
             i = r.rank
             if host[i] != r.host:
+                if host[i] and r.host:
+                    self.moved.append((i, host[i]))
                 host[i] = r.host
                 self._by_host = self._on_host = None
                 if r.host not in self._hosts:

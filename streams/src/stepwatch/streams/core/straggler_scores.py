@@ -175,6 +175,18 @@ class StragglerTracker:
         self.since[:] = np.nan
         self._score_cache.clear()
 
+    def forget(self, ranks: np.ndarray) -> None:
+        """Start ``ranks`` afresh (they moved to another host: their window was another
+        machine's): their rows read as absent until they report again, their CUSUM and
+        runs of flags start from 0."""
+        self.excess.rows[..., ranks] = np.nan
+        self.steps.rows[..., ranks] = np.nan
+        self.flags.rows[:, ranks] = 0
+        self.count[ranks] = 0
+        self.since[ranks] = np.nan
+        self.cusum.forget(ranks)
+        self._score_cache.clear()
+
     def update(self, cs: ClosedStep, groups: GroupIndex) -> None:
         """Score one closed step."""
         self._score_cache.clear()

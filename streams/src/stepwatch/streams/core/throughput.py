@@ -38,6 +38,7 @@ class Throughput:
         self.badput = dict.fromkeys(BADPUT, 0.0)
         self.peak_flops_total: float | None = None  # sum over ranks, set by the job
         self.step_seconds: float | None = None
+        self._skip = 0  # steps after a restart left out of the step time (warm-up)
 
     def on_start(self, ts: float) -> None:
         if self.first_start is None or ts < self.first_start:
@@ -61,6 +62,9 @@ class Throughput:
         self.badput[Badput.CHECKPOINT] += split.checkpoint
         self.badput[Badput.STRAGGLER] += split.straggler
         self.step_seconds = dur
+        if self._skip > 0:  # a restart's warm-up: not the job's step time
+            self._skip -= 1
+            return
         self.durations.push(dur)
 
     def step_median(self) -> float | None:
@@ -68,7 +72,13 @@ class Throughput:
         rows = self.durations.filled()
         return float(np.median(rows[:, 0])) if len(rows) else None
 
-    def on_rewind(self, rw: Rewind, step_seconds: float | None) -> None:
+    def on_rewind(self, rw: Rewind, step_seconds: float | None, warmup: int = 0) -> None:
+        """A restart: its gap and the progress it redoes are badput; the step time starts
+        over with the new run, after its ``warmup`` steps (the old run's steps, a
+        straggler's included, are not the new run's step time: a remediation's outcome
+        reads it)."""
+        self.durations.clear()
+        self._skip = warmup
         self.badput[Badput.RESTART] += max(0.0, rw.gap_seconds)
         lost = max(0, rw.from_step - rw.to_step + 1) * (step_seconds or 0.0)
         lost = min(lost, self.productive)
