@@ -4,7 +4,8 @@ The sink consumes a real broker into a chdb store it owns; afterwards the test
 reads what the store really holds. The attacks (docs/security.md, "Boundary 2"
 and "The store"):
 
-* a sender reusing an agent's (host, inst, seq) with other content, first;
+* a sender reusing an agent's (host, inst, seq) with other content, first (the
+  first content accepted stays; the agent's messages are dead letters, kept);
 * a message 200 days old (the raw tables' TTL would drop it silently);
 * a detection forged by a producer outside the allow-list;
 * the store's files read by another local user (nobody);
@@ -162,18 +163,25 @@ def rows(store: ChdbStore, sql: str) -> list[tuple]:
     return [tuple(r) for r in store.query(sql).rows]
 
 
-def test_a_forger_reusing_an_agents_sequence_numbers_first_does_not_suppress_its_data(stored):
+def test_a_forger_reusing_an_agents_sequence_numbers_first_cannot_make_its_data_vanish(stored):
     store, sink, _ = stored
-    real = rows(
+    stored_rows = rows(
         store,
-        "SELECT step, count() FROM step_events WHERE job_id = 'real-job' "
-        "GROUP BY step ORDER BY step",
+        "SELECT job_id, step, count() FROM step_events FINAL "
+        "GROUP BY job_id, step ORDER BY job_id, step",
     )
-    assert real == [(s, 2) for s in range(10)]  # every real row is there
+    # the first content accepted for a number stays (a replay can never replace it) ...
+    assert stored_rows == [
+        *[("forged-job", s, 2) for s in range(3)],
+        *[("real-job", s, 2) for s in range(3, 10)],
+    ]
+    # ... and the agent's messages it shadowed are flagged for a human, payload and all
     conflicts = rows(
-        store, "SELECT seq FROM dead_letters WHERE reason = 'seq_conflict' ORDER BY seq"
+        store,
+        "SELECT seq, JSONExtractString(payload, 'job_id') FROM dead_letters "
+        "WHERE reason = 'seq_conflict' ORDER BY seq",
     )
-    assert conflicts == [(0,), (1,), (2,)]  # the conflicts are flagged for a human
+    assert conflicts == [(0, "real-job"), (1, "real-job"), (2, "real-job")]
     assert sink.metrics.value("stepwatch_sink_dead_letter_rows_total", reason="seq_conflict") == 3
 
 
@@ -233,7 +241,7 @@ def test_an_existing_loose_store_is_tightened_on_open(stored):
         assert read_as_nobody(data) == "PermissionError"
         assert (
             reopened.query("SELECT count() FROM step_events WHERE job_id = 'real-job'").scalar()
-            == 20
+            == 14
         )
     finally:
         reopened.close()

@@ -86,7 +86,7 @@ def test_engines_keep_their_kind_and_arguments():
     assert "non_replicated" not in " ".join(out)
     windows = [s for s in out if "replicated_deduplication_window = 10000" in s]
     single = [s for s in single_node() if "non_replicated_deduplication_window = 10000" in code(s)]
-    assert len(windows) == len(single) == 12  # every table with a window on one node has it here
+    assert len(windows) == len(single) == 13  # every table with a window on one node has it here
     assert all("replicated_deduplication_window_seconds = 604800" in s for s in windows)
 
 
@@ -265,7 +265,12 @@ def test_migrator_changes_the_ttl_of_the_local_raw_tables():
     server.commands.clear()
     migrator = Migrator(server, 30, cluster="prod")
     migrator.migrate()
-    assert sorted(migrator.ttl_changed) == ["gpu_samples", "port_samples", "step_events"]
+    assert sorted(migrator.ttl_changed) == [
+        "gpu_samples",
+        "port_samples",
+        "sender_seqs",
+        "step_events",
+    ]
     assert all(
         c.startswith("ALTER TABLE ") and "_local ON CLUSTER 'prod' MODIFY TTL" in c
         for c in server.commands

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import Any
 
 import pytest
 
 from stepwatch.contract import DetectionMessage, GpuMessage, StepMessage, StepRecord, encode
 from stepwatch.contract.seen import SenderWindow, Verdict
+from stepwatch.exporters.clickhouse.accepted import lookup_accepted, sender_key
 from stepwatch.exporters.clickhouse.permissions import secure_store_dir
 from stepwatch.exporters.clickhouse.prepare import Preparer, Record
-from stepwatch.exporters.clickhouse.senders import SenderFilter
+from stepwatch.exporters.clickhouse.senders import SenderFilter, content_digest
 from stepwatch.exporters.clickhouse.service import per_query_memory
 from stepwatch.exporters.clickhouse.sink import SinkConfig
+from stepwatch.exporters.clickhouse.store import Result
 from stepwatch.kafka import client_config
 from stepwatch.settings import Settings
 
@@ -61,15 +64,41 @@ def test_the_filter_is_bounded_by_senders_not_messages() -> None:
     assert len(f) == 100 and f.evicted == 100
 
 
-def test_a_forger_sending_first_does_not_suppress_the_real_message() -> None:
+def test_a_replay_with_other_content_is_dead_lettered_and_the_first_content_stays() -> None:
     prep = Preparer()
-    forged = prep.prepare([rec(steps("forged", 0))])
-    real = prep.prepare([rec(steps("real", 0), 1)])
-    again = prep.prepare([rec(steps("real", 0), 2)])
-    assert len(forged.tables["step_events"].rows) == 1
-    assert len(real.tables["step_events"].rows) == 1  # stored too
-    assert [row[5] for row in real.dead] == ["seq_conflict"]
-    assert again.duplicates == 1 and not again.tables  # a true repeat is still dropped
+    real = prep.prepare([rec(steps("real", 0), 0)])
+    forged = prep.prepare([rec(steps("forged", 0), 1)])
+    forged_again = prep.prepare([rec(steps("forged", 0), 2)])
+    real_again = prep.prepare([rec(steps("real", 0), 3)])
+    assert [r[0] for r in real.tables["step_events"].rows] == ["real"]
+    assert not forged.tables and not forged_again.tables  # never inserted: FINAL, rollups
+    assert [(row[3], row[5]) for row in forged.dead] == [(1, "seq_conflict")]
+    assert "not stored" in forged.dead[0][6] and '"forged"' in forged.dead[0][7]
+    assert [row[5] for row in forged_again.dead] == ["seq_conflict"]  # each try is flagged
+    assert real_again.duplicates == 1 and not real_again.tables and not real_again.dead
+    assert [a[1:5] for a in real.accepted] == [("h1", "i1", "step", 0)]  # noted for the store
+    assert not forged.accepted and not real_again.accepted
+
+
+def test_a_conflict_in_one_batch_keeps_the_first_of_the_batch() -> None:
+    out = Preparer().prepare([rec(steps("real", 7), 0), rec(steps("forged", 7), 1)])
+    assert [r[0] for r in out.tables["step_events"].rows] == ["real"]
+    assert [(row[3], row[5]) for row in out.dead] == [(1, "seq_conflict")]
+
+
+def test_the_filter_keeps_the_first_content_and_defers_to_the_store() -> None:
+    f = SenderFilter(window=8)
+    real, forged = steps("real", 3), steps("forged", 3)
+    assert f.admit(real, encode(real)) is Verdict.NEW
+    assert f.admit(forged, encode(forged)) is Verdict.CONFLICT
+    assert f.admit(forged, encode(forged)) is Verdict.CONFLICT  # the slot kept the first
+    assert f.admit(real, encode(real)) is Verdict.DUPLICATE
+    # a fresh filter (a restarted sink) told what the store accepted for the number
+    fresh = SenderFilter(window=8)
+    stored = frozenset({content_digest(real, encode(real))})
+    assert fresh.admit(forged, encode(forged), stored) is Verdict.CONFLICT
+    assert fresh.admit(real, encode(real), stored) is Verdict.DUPLICATE
+    assert fresh.admit(forged, encode(forged)) is Verdict.CONFLICT  # memory learnt the first
 
 
 def test_rows_older_than_the_raw_tables_keep_are_dead_letters() -> None:
@@ -144,3 +173,38 @@ def test_an_existing_store_is_tightened(tmp_path) -> None:
     fresh = tmp_path / "fresh"
     secure_store_dir(str(fresh), create=True)
     assert stat.S_IMODE(os.stat(fresh).st_mode) == 0o700
+
+
+class LedgerStore:
+    """A store whose sender_seqs holds the given rows (key, host, inst, kind, seq, digest)."""
+
+    backend = "fake"
+    database = "t"
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def query(self, sql: str, params: Any = None) -> Result:
+        if "FROM sender_seqs" not in sql:
+            return Result((), (), [])
+        asked = {int(k) for k in sql.split("IN (")[1].rstrip(")").split(", ")}
+        return Result((), (), [r[1:6] for r in self.rows if r[0] in asked])
+
+
+def test_a_restarted_sink_asks_the_store_what_was_accepted() -> None:
+    real, forged = steps("real", 4), steps("forged", 4)
+    noted = Preparer().prepare([rec(real)]).accepted  # what the first sink wrote
+    restarted = Preparer(LedgerStore([r[:6] for r in noted]))  # type: ignore[arg-type]
+    out = restarted.prepare([rec(forged, 1), rec(real, 2)])
+    assert not out.tables and out.duplicates == 1  # nothing inserted
+    assert [(row[3], row[5]) for row in out.dead] == [(1, "seq_conflict")]
+
+
+def test_a_key_collision_in_the_store_is_not_taken_for_the_number() -> None:
+    real = steps("real", 4)
+    (row,) = Preparer().prepare([rec(real)]).accepted
+    collision = (row[0], "other-host", "i1", "step", 4 + (1 << 24), 99)  # same key, not the number
+    assert sender_key(("other-host", "i1", "step", 4)) != row[0]
+    prep = Preparer(LedgerStore([collision]))  # type: ignore[arg-type]
+    assert len(prep.prepare([rec(real)]).tables["step_events"].rows) == 1
+    assert lookup_accepted(LedgerStore([collision]), [row[1:5]]).found == {}  # type: ignore[arg-type]

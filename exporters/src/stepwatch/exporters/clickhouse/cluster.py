@@ -44,6 +44,7 @@ SHARD_KEYS: Mapping[str, tuple[str, ...]] = {
     "schema_migrations": ("version",),
     "dead_letters": ("topic", "partition"),
     "sink_batches": ("consumer_group", "topic", "partition"),
+    "sender_seqs": ("key",),  # a number's contents on one shard
     "alerts": ("fingerprint",),
     "remediation_actions": ("id",),
 }

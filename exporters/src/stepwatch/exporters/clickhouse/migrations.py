@@ -40,7 +40,12 @@ _DESTRUCTIVE = re.compile(
     r"DELETE\s+FROM|CLEAR\s+COLUMN|RENAME\s+TABLE|EXCHANGE\s+TABLES)\b",
     re.IGNORECASE,
 )
-RAW_TTL_COLUMNS = {"step_events": "start_ts", "gpu_samples": "ts", "port_samples": "ts"}
+RAW_TTL_COLUMNS = {
+    "step_events": "start_ts",
+    "gpu_samples": "ts",
+    "port_samples": "ts",
+    "sender_seqs": "accepted_at",  # the sink's ledger of accepted numbers lives as long
+}
 _TTL = re.compile(r"TTL toDateTime\((\w+)\) \+ toIntervalDay\((\d+)\)")
 
 LEDGER_DDL = """

@@ -4,14 +4,19 @@ For each record: decode and validate against the contract (a bad record
 becomes a dead letter with the contract's reason: ``malformed_json``,
 ``schema``, ``unknown_kind``, ``unsupported_version``, ``absurd_value``,
 ``overflow``, ``too_large``: the contract's bounds, the same as the stream worker's);
-drop a message already seen by its (host, inst, kind, seq) *and content*
-(:mod:`stepwatch.exporters.clickhouse.senders`: the same number with other
-content is stored and flagged ``seq_conflict``); dead-letter raw rows older
+drop a message already seen by its (host, inst, kind, seq) *and content*, in
+memory or in the store's ``sender_seqs``
+(:mod:`stepwatch.exporters.clickhouse.senders`,
+:mod:`stepwatch.exporters.clickhouse.accepted`: the same number with other
+content is not stored, it is dead-lettered ``seq_conflict``); dead-letter raw rows older
 than the store keeps them (``too_old``: the raw tables' TTL would drop them
 silently) and detections from a producer outside the allow-list
 (``unknown_producer``); map it to rows; check each row against its column
 types (``overflow``, ``invalid_value``).
 Counter rates are computed here (:mod:`stepwatch.exporters.clickhouse.rates`).
+Both lookups in the store (accepted numbers, counter seeds) go in bounded
+chunks, so one absurd key costs only its own answer
+(:mod:`stepwatch.exporters.clickhouse.lookups`).
 """
 
 from __future__ import annotations
@@ -37,8 +42,10 @@ from stepwatch.contract import (
 )
 from stepwatch.contract.codec import MAX_MESSAGE_BYTES
 from stepwatch.contract.seen import Verdict
-from stepwatch.errors import ContractError, StoreError
+from stepwatch.errors import ContractError
 from stepwatch.exporters.clickhouse import rows as R
+from stepwatch.exporters.clickhouse.accepted import accepted_row, lookup_accepted
+from stepwatch.exporters.clickhouse.lookups import Key, Lookup, lookup, tuple_literal
 from stepwatch.exporters.clickhouse.ops_rows import Mapper
 from stepwatch.exporters.clickhouse.rates import (
     GPU_COUNTERS,
@@ -50,14 +57,18 @@ from stepwatch.exporters.clickhouse.rates import (
     gpu_values,
     port_values,
 )
-from stepwatch.exporters.clickhouse.senders import SenderFilter
+from stepwatch.exporters.clickhouse.senders import (
+    SenderFilter,
+    SenderSeq,
+    content_digest,
+    sender_seq,
+)
 from stepwatch.exporters.clickhouse.store import Store
 from stepwatch.logs import LogOnce
 
 log = logging.getLogger(__name__)
 
 MAX_PAYLOAD = 1 << 20
-SEED_CHUNK = 2000
 
 
 @dataclass(frozen=True)
@@ -85,12 +96,23 @@ class TableRows:
         self.wheres = [self.wheres[i] for i in keep]
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """A message that passed the sender filter, and its ``sender_seqs`` row (None: no inst)."""
+
+    record: Record
+    message: Message
+    accepted: tuple[Any, ...] | None
+
+
 @dataclass
 class Prepared:
     tables: dict[str, TableRows] = field(default_factory=dict)
     dead: list[tuple[Any, ...]] = field(default_factory=list)
     messages: int = 0
     duplicates: int = 0
+    # sender_seqs rows of the messages mapped: written after the tables (accepted.py)
+    accepted: list[tuple[Any, ...]] = field(default_factory=list)
 
     def add(self, table: R.Table, row: tuple[Any, ...], source: Record, where: str) -> None:
         bucket = self.tables.setdefault(table.name, TableRows(table))
@@ -173,7 +195,7 @@ class Preparer:
         self.now = now
         self.gpus = CounterTracker(len(GPU_COUNTERS))
         self.ports = CounterTracker(len(PORT_COUNTERS))
-        self.senders = senders or SenderFilter()
+        self.senders = senders or SenderFilter()  # memory; the store has sender_seqs
         self.max_message_bytes = max_message_bytes
         self.max_age_seconds = max_age_seconds  # raw rows older than this: too_old; 0: no limit
         self.producers = producers  # detections accepted only from these; empty: from any
@@ -190,13 +212,17 @@ class Preparer:
             message = self._decode(record, out, now)
             if message is not None:
                 decoded.append((record, message))
-        self._seed(decoded)
-        for record, message in decoded:
+        admitted = self._admit(decoded, out, now)
+        self._seed([a.message for a in admitted])
+        for a in admitted:
             try:
-                self._map(record, message, out)
+                self._map(a.record, a.message, out)
             except Exception as err:  # a bug must not stall the partition: keep the record
                 self._warn("map", "cannot map a record error=%r", err, level=logging.ERROR)
-                out.dead.append(dead_row(record, "internal_error", repr(err), now))
+                out.dead.append(dead_row(a.record, "internal_error", repr(err), now))
+                continue
+            if a.accepted is not None:
+                out.accepted.append(a.accepted)
         self._check(out, now)
         return out
 
@@ -235,24 +261,56 @@ class Preparer:
         if refused is not None:
             out.dead.append(dead_row(record, refused[0], refused[1], now))
             return None
-        verdict = self.senders.admit(message, record.value)
-        if verdict is Verdict.DUPLICATE:
-            out.duplicates += 1
-            return None
-        if verdict is Verdict.CONFLICT:
-            out.dead.append(
-                dead_row(
-                    record,
-                    "seq_conflict",
-                    (
-                        f"{KIND_OF[type(message)].value} seq {message.seq} "
-                        f"of host {message.host!r} inst {message.inst!r} "
-                        "was seen before with other content: both are stored"
-                    ),
-                    now,
-                )
-            )
         return message
+
+    # ------------------------------------------------------------------ senders
+    def _admit(
+        self, decoded: list[tuple[Record, Message]], out: Prepared, now: float
+    ) -> list[Admitted]:
+        """Drop duplicates, dead-letter conflicts; the store's answer first, then memory's."""
+        keys = [sender_seq(m) for _, m in decoded]
+        accepted = self._accepted([k for k in keys if k is not None])
+        admitted: list[Admitted] = []
+        for (record, message), key in zip(decoded, keys, strict=True):
+            if key is None:  # an unstamped sender: not filtered
+                admitted.append(Admitted(record, message, None))
+                continue
+            digest = content_digest(message, record.value or b"")
+            verdict = self.senders.judge(key, digest, accepted.get(key, ()))
+            if verdict is Verdict.DUPLICATE:
+                out.duplicates += 1
+            elif verdict is Verdict.CONFLICT:
+                out.dead.append(dead_row(record, "seq_conflict", conflict_detail(message), now))
+            else:
+                admitted.append(Admitted(record, message, accepted_row(key, digest, now)))
+        return admitted
+
+    def _accepted(self, keys: list[SenderSeq]) -> dict[Key, frozenset[int]]:
+        """What the store accepted for these sender numbers (nothing known without a store)."""
+        if self.store is None or not keys:
+            return {}
+        found = lookup_accepted(self.store, keys)
+        self._incomplete("accepted", "sender_seqs", found)
+        return found.found
+
+    def _incomplete(self, what: str, table: str, found: Lookup[Any]) -> None:
+        if found.skipped:
+            self._warn(
+                f"{what}-skipped",
+                "store lookup skipped keys it cannot ask about table=%s keys=%d first=%.80r why=%s",
+                table,
+                len(found.skipped),
+                found.skipped[0],
+                found.error or "longer than a lookup query may hold",
+            )
+        if found.unasked:
+            self._warn(
+                f"{what}-failed",
+                "store lookup failed table=%s keys=%d error=%s",
+                table,
+                len(found.unasked),
+                found.error,
+            )
 
     def _refusal(self, message: Message, now: float) -> tuple[str, str] | None:
         """(reason, detail) when the message must not be stored as it is."""
@@ -305,13 +363,13 @@ class Preparer:
             yield R.DETECTIONS, R.detection_row(message), "detection"
 
     # ------------------------------------------------------------------ seeding
-    def _seed(self, decoded: list[tuple[Record, Message]]) -> None:
+    def _seed(self, messages: list[Message]) -> None:
         """Fetch the last stored reading of counter keys this process has not seen."""
         if self.store is None:
             return
         gpu_keys: dict[Any, float] = {}
         port_keys: dict[Any, float] = {}
-        for _, m in decoded:
+        for m in messages:
             if isinstance(m, GpuMessage):
                 for g in m.gpus:
                     k = (m.host, g.index)
@@ -335,16 +393,21 @@ class Preparer:
         key_cols: tuple[str, ...],
         counters: tuple[str, ...],
     ) -> None:
-        items = list(wanted.items())
-        for start in range(0, len(items), SEED_CHUNK):
-            chunk = dict(items[start : start + SEED_CHUNK])
-            try:
-                found = self._lookup(chunk, table, key_cols, counters)
-            except StoreError as err:
-                self._warn("seed", "counter seed lookup failed table=%s error=%s", table, err)
-                return
-            for key in chunk:
-                tracker.seed(key, found.get(key))
+        """Seed each key the store answered about; a key it cannot be asked about has no seed.
+
+        A key left unasked (the store did not answer) stays unseeded: the next
+        batch asks again.
+        """
+        if not wanted:
+            return
+        keys = list(wanted)
+        found = lookup(
+            keys,
+            lambda chunk: self._lookup({k: wanted[k] for k in chunk}, table, key_cols, counters),
+        )
+        self._incomplete(f"seed-{table}", table, found)
+        for key in [*found.answered(keys), *found.skipped]:
+            tracker.seed(key, found.found.get(key))
 
     def _lookup(
         self,
@@ -354,7 +417,7 @@ class Preparer:
         counters: tuple[str, ...],
     ) -> dict[Any, Reading]:
         assert self.store is not None
-        keys = ", ".join("(" + ", ".join(_lit(v) for v in k) + ")" for k in chunk)
+        keys = ", ".join(tuple_literal(k) for k in chunk)
         bounds = ", ".join(repr(float(b)) for b in chunk.values())
         cols = ", ".join(key_cols)
         sql = (
@@ -369,7 +432,9 @@ class Preparer:
         return {tuple(row[:n]): Reading(float(row[n]), tuple(row[n + 1 :])) for row in result.rows}
 
 
-def _lit(value: Any) -> str:
-    if isinstance(value, int):
-        return str(value)
-    return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+def conflict_detail(message: Message) -> str:
+    return (
+        f"{KIND_OF[type(message)].value} seq {message.seq} "
+        f"of host {message.host!r} inst {message.inst!r} "
+        "was accepted before with other content: not stored (the content accepted first stays)"
+    )

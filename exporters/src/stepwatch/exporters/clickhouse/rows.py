@@ -348,6 +348,20 @@ DEAD_LETTERS = table(
     ],
 )
 
+# The sink's ledger of accepted sender numbers (schema/0010_sender_seqs.sql).
+SENDER_SEQS = table(
+    "sender_seqs",
+    [
+        ("key", "UInt64"),
+        ("host", _LC),
+        ("inst", _LC),
+        ("kind", _LC),
+        ("seq", "UInt64"),
+        ("digest", "UInt64"),
+        ("accepted_at", _DT3),
+    ],
+)
+
 ALERTS = table(
     "alerts",
     [
@@ -388,7 +402,18 @@ REMEDIATIONS = table(
 )
 
 TABLES: dict[str, Table] = {
-    t.name: t for t in (STEPS, GPUS, PORTS, EVENTS, DETECTIONS, DEAD_LETTERS, ALERTS, REMEDIATIONS)
+    t.name: t
+    for t in (
+        STEPS,
+        GPUS,
+        PORTS,
+        EVENTS,
+        DETECTIONS,
+        DEAD_LETTERS,
+        SENDER_SEQS,
+        ALERTS,
+        REMEDIATIONS,
+    )
 }
 
 

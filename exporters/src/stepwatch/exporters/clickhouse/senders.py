@@ -9,14 +9,18 @@ content hash per slot (:class:`stepwatch.contract.seen.SenderWindow`):
 * a number seen before with the same content is a ``duplicate``: dropped;
 * a number seen before with *other* content is a ``conflict``: someone reuses
   another sender's identity (or a sender restarted without a new ``inst``).
-  Both are stored (the forger who sends first cannot suppress the real data)
-  and the later one is also written to ``dead_letters`` with reason
-  ``seq_conflict`` so the conflict is visible; the slot then remembers the
-  later content (a repeat of it is a duplicate);
+  It is not stored: it goes to ``dead_letters`` with reason ``seq_conflict``
+  (payload and all), and the slot keeps the content accepted first, so a
+  replay can never replace what the store holds, in the raw tables (read
+  with ``FINAL``) or in the rollups (filled at insert);
 * a number further behind the high-water mark than the window is stored (a
-  late spool replay must not be lost; the tables' ReplacingMergeTree
-  collapses a true repeat);
+  late spool replay must not be lost);
 * a message without ``inst`` (an unstamped sender) is not filtered.
+
+Memory forgets (a restart, the window, an evicted sender); the store does not:
+the sink looks a batch's numbers up in ``sender_seqs`` first
+(:mod:`stepwatch.exporters.clickhouse.prepare`) and passes what the store
+accepted for a number to :meth:`SenderFilter.judge`, which then decides.
 
 Memory: at most ``max_senders`` senders (least recently seen evicted), each
 ``window`` x 8 bytes of hashes plus two integers: with the defaults (window
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Collection
 
 import msgspec
 
@@ -46,8 +51,21 @@ def content_digest(message: Message, raw: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(raw, digest_size=8).digest(), "little")
 
 
+SenderSeq = tuple[str, str, str, int]  # (host, inst, kind, seq): one sender number
+
+
+_KINDS = {cls: kind.value for cls, kind in KIND_OF.items()}
+
+
+def sender_seq(message: Message) -> SenderSeq | None:
+    """The message's sender number; None for an unstamped sender (no ``inst``)."""
+    if not message.inst:
+        return None
+    return (message.host, message.inst, _KINDS[type(message)], message.seq)
+
+
 class SenderFilter:
-    """Admit each (sender, seq) once per content; see the module docstring."""
+    """Admit each (sender, seq) once, with the content first accepted; see the module docstring."""
 
     def __init__(
         self, window: int = DEFAULT_WINDOW, max_senders: int = DEFAULT_MAX_SENDERS
@@ -57,20 +75,49 @@ class SenderFilter:
         self._senders: OrderedDict[tuple[str, str, str], SenderWindow] = OrderedDict()
         self.evicted = 0
 
-    def admit(self, message: Message, raw: bytes) -> Verdict:
-        if not message.inst:
+    def admit(self, message: Message, raw: bytes, accepted: Collection[int] = ()) -> Verdict:
+        key = sender_seq(message)
+        if key is None:
             return Verdict.NEW
-        key = (message.host, message.inst, KIND_OF[type(message)].value)
+        return self.judge(key, content_digest(message, raw), accepted)
+
+    def judge(self, key: SenderSeq, digest: int, accepted: Collection[int] = ()) -> Verdict:
+        """The verdict on sender number ``key`` with content ``digest``.
+
+        ``accepted``: the digests the store already holds for this sender
+        number (empty: none, or not known); the store decides where it knows.
+        """
+        win = self._window(key[:3])
+        if accepted:
+            known = digest in accepted
+            keep_first(win, key[3], digest if known else min(accepted))
+            return Verdict.DUPLICATE if known else Verdict.CONFLICT
+        return keep_first(win, key[3], digest)
+
+    def _window(self, sender: tuple[str, str, str]) -> SenderWindow:
         senders = self._senders
-        win = senders.get(key)
+        win = senders.get(sender)
         if win is None:
-            win = senders[key] = SenderWindow(self.window)
+            win = senders[sender] = SenderWindow(self.window)
             if len(senders) > self.max_senders:
                 senders.popitem(last=False)
                 self.evicted += 1
         else:
-            senders.move_to_end(key)
-        return win.admit(message.seq, content_digest(message, raw))
+            senders.move_to_end(sender)
+        return win
 
     def __len__(self) -> int:
         return len(self._senders)
+
+
+def keep_first(win: SenderWindow, n: int, digest: int) -> Verdict:
+    """``win.admit``, except that after a conflict the slot keeps the content seen first.
+
+    (``SenderWindow`` remembers the later content; the sink stores the first.)
+    """
+    slot = n % win.window
+    first = win.hashes[slot]
+    verdict = win.admit(n, digest)
+    if verdict is Verdict.CONFLICT:
+        win.hashes[slot] = first
+    return verdict

@@ -2,14 +2,17 @@
 
 Loop: consume -> buffer per partition -> cut batches (size or age) -> record
 each new batch's offsets in ``sink_batches`` -> insert its rows with a
-deterministic ``insert_deduplication_token`` per (batch, table) -> write dead
-letters -> commit the offsets. Offsets are committed only after the inserts
+deterministic ``insert_deduplication_token`` per (batch, table) -> note the
+accepted sender numbers in ``sender_seqs`` -> write dead letters -> commit
+the offsets. Offsets are committed only after the inserts
 succeeded. After a crash the restarted sink replays from the committed offset,
 cuts its first batches at the recorded offsets again, and ClickHouse drops the
 inserts it already has (tables *and* rollups); a duplicate message from
-upstream is dropped by its (host, inst, kind, seq) and content
-(:mod:`stepwatch.exporters.clickhouse.senders`) and, failing that, collapsed
-by ReplacingMergeTree. See docs/store.md.
+upstream is dropped by its (host, inst, kind, seq) and content, in memory
+(:mod:`stepwatch.exporters.clickhouse.senders`) or in ``sender_seqs``
+(:mod:`stepwatch.exporters.clickhouse.accepted`), and, failing that,
+collapsed by ReplacingMergeTree; the same number with other content is
+dead-lettered, never inserted. See docs/store.md.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from stepwatch.contract import Topics
 from stepwatch.errors import StepwatchError, TransportError
@@ -275,6 +279,7 @@ class Sink:
                 prepared.dead.append(
                     dead_row(bucket.sources[index], "rejected_by_store", error, now)
                 )
+        self._note_accepted(prepared.accepted, base)
         if prepared.dead:
             dl = R.DEAD_LETTERS
             refused = self.writer.insert_isolating(
@@ -289,6 +294,22 @@ class Sink:
             for index, row in enumerate(prepared.dead):
                 if index not in {i for i, _ in refused}:
                     self.metrics.dead.labels(row[5]).inc()
+
+    def _note_accepted(self, rows: list[tuple[Any, ...]], base: str) -> None:
+        """The batch's accepted sender numbers, after its rows (see accepted.py)."""
+        if not rows:
+            return
+        table = R.SENDER_SEQS
+        refused = self.writer.insert_isolating(
+            table.name, table.names, rows, f"{base}|{table.name}"
+        )
+        for index, error in refused:
+            self._warn(
+                "sender_seqs",
+                "accepted sender number refused by the store number=%.120r error=%s",
+                rows[index][1:5],
+                error,
+            )
 
     def _commit(self, offsets: dict[TP, int]) -> None:
         try:
