@@ -72,6 +72,9 @@ class _NoEngine:
     def tick(self, now: float) -> list:
         return []
 
+    def forget(self, job_id: str, now: float, why: str) -> list:
+        return []
+
     def stats(self) -> list:
         return []
 

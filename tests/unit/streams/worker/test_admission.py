@@ -181,9 +181,14 @@ def _state(gate: Gate) -> list[tuple]:
             sorted(j.hosts),
             j.world,
             j.stepless,
+            j.n_seen,
+            j.seen is None,
         )
         for job_id, j in gate._jobs.items()
-    ] + [(gate.capacity.ranks, gate.capacity.hosts, list(gate._hosts.items()))]
+    ] + [
+        (gate.capacity.ranks, gate.capacity.hosts, list(gate._hosts.items())),
+        (list(gate._unconfirmed), list(gate.evicted)),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -156,3 +156,28 @@ def test_a_partition_taken_away_gives_its_places_back() -> None:
     assert (w.proc.capacity.ranks, w.proc.capacity.hosts) == (96, 1)
     w.proc.assign([0])
     assert (w.proc.capacity.ranks, w.proc.capacity.hosts) == (64, 0)
+
+
+def test_a_claim_no_ranks_back_gives_its_place_up_to_a_real_job() -> None:
+    # Before this, two messages claiming 65,536 + 30,000 ranks (one rank reporting each)
+    # held the worker's whole budget for an hour: every real new job was refused.
+    clock = Clock(T0 + 10)
+    w = Worker(clock, AdmissionConfig(max_ranks=65536 + 30000, confirm_seconds=120))
+    assert w.send(steps("claim1", 1, world=65536, ranks=1, host="evil")) == []
+    assert w.send(steps("claim2", 1, world=30000, ranks=1, host="evil")) == []
+    real = steps("real", 1, world=16, ranks=16)
+    assert w.send(real) == ["capacity"]  # the claims are young: no room yet
+    clock.now = T0 + 200  # older than confirm_seconds, still fewer than half their ranks
+    assert w.send(steps("real", 150, world=16, ranks=16, t=T0 + 190)) == []
+    assert sorted(w.engine().jobs) == ["claim2", "real"]  # the oldest claim went, core too
+    assert w.proc.capacity.ranks == 30000 + 16
+
+
+def test_a_job_whose_ranks_reported_is_never_let_go_for_a_new_one() -> None:
+    clock = Clock(T0 + 10)
+    w = Worker(clock, AdmissionConfig(max_ranks=100, confirm_seconds=120))
+    assert w.send(steps("a", 1, world=64, ranks=64)) == []
+    clock.now = T0 + 500
+    assert w.send(steps("a", 480, world=64, ranks=64, t=T0 + 490)) == []
+    assert w.send(steps("b", 1, world=64, ranks=64, t=T0 + 495)) == ["capacity"]
+    assert list(w.engine().jobs) == ["a"]

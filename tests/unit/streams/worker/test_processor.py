@@ -60,6 +60,9 @@ class FakeEngine:
         self.ticks.append(now)
         return []
 
+    def forget(self, job_id: str, now: float, why: str) -> list[DetectionMessage]:
+        return []
+
     def stats(self) -> list[JobStats]:
         jobs = {r.job_id for m in self.seen for r in getattr(m, "steps", [])}
         return [

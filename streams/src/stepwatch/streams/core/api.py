@@ -50,4 +50,9 @@ class Analyzer(Protocol):
         """Time passes: close step windows past their deadline, check for hangs."""
         ...
 
+    def forget(self, job_id: str, now: float, why: str) -> list[DetectionMessage]:
+        """Drop a job's state now (the driver's admission let it go to make room);
+        return its open detections, resolved."""
+        ...
+
     def stats(self) -> list[JobStats]: ...

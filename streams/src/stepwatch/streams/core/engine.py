@@ -105,6 +105,15 @@ class Engine:
         self._forget_silent_hosts(now)
         return out
 
+    def forget(self, job_id: str, now: float, why: str) -> list[DetectionMessage]:
+        """Drop a job's state now (its driver's admission let it go to make room): its
+        open detections resolve with ``why``."""
+        job = self.jobs.pop(job_id, None)
+        if job is None:
+            return []
+        self.counts["jobs_evicted"] += 1
+        return job.finish(now, f"job forgotten: {why}")
+
     def _forget_silent_hosts(self, now: float) -> None:
         """Host windows silent for ``host_silence_seconds`` go. Each window's ``last_seen``
         only grows, so the oldest one found by the last look bounds them all: the

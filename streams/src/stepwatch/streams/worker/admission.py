@@ -73,6 +73,9 @@ class AdmissionConfig:
     max_ranks: int = 131072  # the worker's jobs' world sizes summed; <= 0: no check
     max_hosts: int = 16384  # hosts whose samples the worker keeps; <= 0: no check
     job_idle_seconds: float = 3600.0  # a job this quiet gives its place up (core: the same)
+    # a job fewer than half of whose ranks reported this long after its first record gives
+    # its place up to a new job when the worker is full (a claim of many ranks, unbacked)
+    confirm_seconds: float = 120.0
     host_idle_seconds: float = 900.0  # a host this quiet gives its place up (core: the same)
 
 
@@ -125,13 +128,16 @@ class _Job:
     this run's."""
 
     __slots__ = (
+        "born",
         "ceiling",
         "ceiling_end",
         "first_end",
         "first_step",
         "hosts",
+        "n_seen",
         "peak",
         "peak_end",
+        "seen",
         "stepless",
         "world",
     )
@@ -146,6 +152,26 @@ class _Job:
         self.first_end = self.ceiling_end = self.peak_end = end
         self.hosts: set[str] = set()
         self.world = world
+        self.born = end
+        self.seen: bytearray | None = bytearray(world)  # ranks that reported (None: confirmed)
+        self.n_seen = 0
+
+    def saw(self, rank: int) -> bool:
+        """Note a rank that reported; True when the job has just become confirmed (half
+        of its ranks or more reported)."""
+        seen = self.seen
+        if seen is None or rank >= len(seen) or seen[rank]:
+            return False
+        seen[rank] = 1
+        self.n_seen += 1
+        if 2 * self.n_seen < self.world:
+            return False
+        self.seen = None
+        return True
+
+    def resized(self, world: int) -> None:
+        self.world = world
+        self.seen, self.n_seen = bytearray(world), 0  # to be confirmed again at its new size
 
     def first(self, rec: StepRecord) -> None:
         """The first step record of a job known until now from its ``job_start``."""
@@ -173,6 +199,8 @@ class Gate:
         self.capacity = capacity or Capacity.of(self.cfg)
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
         self._hosts: OrderedDict[str, float] = OrderedDict()  # host -> its newest message
+        self._unconfirmed: OrderedDict[str, None] = OrderedDict()  # oldest first
+        self.evicted: list[tuple[str, str]] = []  # (job, why) let go: the core forgets them
         self._now = 0.0  # the clock of the message being judged
         # the clock bounds as plain numbers (<= 0: no check) for :meth:`check`
         self._future = self.cfg.future_seconds if self.cfg.future_seconds > 0 else _NO_LIMIT
@@ -256,6 +284,8 @@ class Gate:
                         out = Admission(message)
                     refusal = self._judge(job, rec, host, out)
             if refusal is None:
+                if job is not None and job.seen is not None and job.saw(rec.rank):
+                    self._unconfirmed.pop(rec.job_id, None)
                 if kept is not None:
                     kept.append(rec)
                 continue
@@ -313,7 +343,10 @@ class Gate:
         job = self._job(rec)
         if job is None:
             return self._no_room(rec)
-        return self._judge(job, rec, host, out)
+        refusal = self._judge(job, rec, host, out)
+        if refusal is None and job.seen is not None and job.saw(rec.rank):
+            self._unconfirmed.pop(rec.job_id, None)
+        return refusal
 
     def _too_large(self, job_id: str, what: str, world: int) -> Refusal:
         return Refusal(
@@ -337,7 +370,8 @@ class Gate:
             if grow > 0 and not self._room_for_ranks(grow):
                 return self._no_room(rec, f"{job.world} ranks to {rec.world_size}")
             self.capacity.ranks += grow
-            job.world = rec.world_size
+            job.resized(rec.world_size)
+            self._unconfirmed[rec.job_id] = None
         if rec.step > job.peak:
             limit = job.allowance(rec.end, self.cfg)
             if rec.step - job.peak > limit:
@@ -367,6 +401,7 @@ class Gate:
                 return None
             job = jobs[rec.job_id] = _Job(rec, rec.world_size, rec.end)
             self.capacity.ranks += rec.world_size
+            self._unconfirmed[rec.job_id] = None
         else:
             jobs.move_to_end(rec.job_id)
             if job.stepless:
@@ -375,17 +410,36 @@ class Gate:
 
     # ------------------------------------------------------------------ capacity
     def _room_for_job(self, world: int) -> bool:
-        """Room for one more job of ``world`` ranks, after letting quiet jobs go."""
+        """Room for one more job of ``world`` ranks, after letting quiet or unconfirmed
+        jobs go."""
         most = self.cfg.max_jobs
         while 0 < most <= len(self._jobs) or not self.capacity.room_for_ranks(world):
-            if not self._let_quiet_job_go():
+            if not (self._let_quiet_job_go() or self._let_unconfirmed_job_go()):
                 return False
         return True
 
     def _room_for_ranks(self, n: int) -> bool:
         while not self.capacity.room_for_ranks(n):
-            if not self._let_quiet_job_go():
+            if not (self._let_quiet_job_go() or self._let_unconfirmed_job_go()):
                 return False
+        return True
+
+    def _let_unconfirmed_job_go(self) -> bool:
+        """Forget the oldest job fewer than half of whose ranks reported within
+        ``confirm_seconds`` of its first record (a claim no ranks back); never a job
+        whose ranks did report."""
+        if not self._unconfirmed:
+            return False
+        job_id = next(iter(self._unconfirmed))
+        job = self._jobs.get(job_id)
+        if job is None:  # forgotten another way
+            del self._unconfirmed[job_id]
+            return True
+        if self._now - job.born <= self.cfg.confirm_seconds:
+            return False
+        self._forget_job(job_id)
+        age = self._now - job.born
+        self.evicted.append((job_id, f"{job.n_seen} of its {job.world} ranks in {age:.0f} s"))
         return True
 
     def _let_quiet_job_go(self) -> bool:
@@ -397,12 +451,20 @@ class Gate:
         if self._now - job.quiet_since() <= self.cfg.job_idle_seconds:
             return False
         self._forget_job(job_id)
+        self.evicted.append((job_id, f"quiet for {self.cfg.job_idle_seconds:.0f} s"))
         return True
 
     def _forget_job(self, job_id: str) -> None:
         job = self._jobs.pop(job_id, None)
+        self._unconfirmed.pop(job_id, None)
         if job is not None:
             self.capacity.ranks -= job.world
+
+    def take_evicted(self) -> list[tuple[str, str]]:
+        """The jobs let go to make room since the last call, and why: the detection core
+        forgets them too (it holds their memory)."""
+        out, self.evicted = self.evicted, []
+        return out
 
     def _no_room(self, rec: StepRecord, what: str = "") -> Refusal:
         cap = self.capacity
@@ -446,6 +508,7 @@ class Gate:
         self.capacity.hosts -= len(self._hosts)
         self._jobs.clear()
         self._hosts.clear()
+        self._unconfirmed.clear()
 
     # ------------------------------------------------------------------ lifecycle
     def _lifecycle(self, ev: EventMessage) -> Admission:
@@ -490,6 +553,7 @@ class Gate:
             return Admission(None, [Refusal(Reason.CAPACITY, detail)])
         self._jobs[ev.job_id] = _Job(None, world, ev.ts)
         self.capacity.ranks += world
+        self._unconfirmed[ev.job_id] = None
         return Admission(ev)
 
     def __len__(self) -> int:

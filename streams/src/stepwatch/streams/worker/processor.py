@@ -223,6 +223,8 @@ class StreamProcessor:
                 continue
             st = states.get(partition) or self.state(partition)
             gated = st.gate.check(message, now)
+            if st.gate.evicted:
+                out.extend(self._let_go(st, now))
             if gated is not None:
                 if gated.refusals or gated.rewound:
                     out.extend(self._gated(st, rec, gated, tally))
@@ -273,6 +275,21 @@ class StreamProcessor:
     def _after_event(st: PartitionState, message: EventMessage) -> None:
         if message.type == EventType.JOB_END and message.job_id:
             st.dedup.forget_job(message.job_id)
+
+    def _let_go(self, st: PartitionState, now: float) -> list[Output]:
+        """Jobs the gate let go to make room: the core and the duplicate filter forget
+        them too (the core holds their memory); their open detections resolve."""
+        out: list[Output] = []
+        for job_id, why in st.gate.take_evicted():
+            log.warning(
+                "job forgotten to make room job_id=%s partition=%d why=%s",
+                job_id,
+                st.partition,
+                why,
+            )
+            st.dedup.forget_job(job_id)
+            out.extend(self._publish(st, det) for det in st.engine.forget(job_id, now, why))
+        return out
 
     def _gated(
         self,
