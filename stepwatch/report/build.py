@@ -31,7 +31,7 @@ class Written:
 
 def render(data: ReportData, b: Breakdown | None = None) -> dict[str, bytes]:
     """Figure title -> PNG bytes, in report order (every time axis in UTC)."""
-    b = b or breakdown(data.steps, data.detections)
+    b = b or breakdown(data.steps, data.detections, data.events)
     out = {
         "Compute time heat map (rank x time)": F.heat_map(data),
         "Step time and throughput": F.step_time(data, b),
@@ -60,7 +60,7 @@ def build_report(
     if not data.steps:
         raise NoSuchJob(f"the store holds no steps of job {job!r}")
     stage("computing goodput")
-    b = breakdown(data.steps, data.detections)
+    b = breakdown(data.steps, data.detections, data.events)
     stage("rendering figures")
     figs = render(data, b)
     stage("writing files")

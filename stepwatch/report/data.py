@@ -27,8 +27,22 @@ GROUP BY rank, step_bucket
 ORDER BY rank, step_bucket
 """
 
+# The lowest rank's steps in time order: where its step numbers go back a new run of the
+# job (a restart from a checkpoint, a requeue) begins (run_starts).
+RUNS = """
+SELECT step, toFloat64(start_ts) AS start, toFloat64(end_ts) AS end
+FROM step_events FINAL
+WHERE job_id = {job:String}
+  AND rank = (SELECT min(rank) FROM step_events WHERE job_id = {job:String})
+ORDER BY start_ts, step
+"""
+
+# One row per step of each run: a step run again after a restart is a row of its own
+# (run: how many of run_starts' times lie at or before its start), so a step never spans
+# the outage between two runs. hosts: a key of the step's set of hosts.
 STEPS = """
-SELECT step, toFloat64(min(start_ts)) AS start, toFloat64(max(end_ts)) AS end,
+SELECT arrayCount(b -> b <= toFloat64(e.start_ts), {runs:Array(Float64)}) AS run, step,
+       toFloat64(min(start_ts)) AS start, toFloat64(max(end_ts)) AS end,
        median(duration_s) AS step_s, max(duration_s) AS step_max_s,
        sum(tokens) AS tokens, sum(samples) AS samples, max(world_size) AS world,
        sum(duration_s) AS rank_s, sum(ifNull(data_s, 0)) AS data_s,
@@ -37,21 +51,43 @@ SELECT step, toFloat64(min(start_ts)) AS start, toFloat64(max(end_ts)) AS end,
        median(ifNull(e.checkpoint_s, 0)) AS ckpt_med, argMax(rank, duration_s) AS slowest_rank,
        if(count(flops) = count(), sum(flops), NULL) AS flops,
        if(count(e.comm_wait_s) = count(), median(e.comm_wait_s) - min(e.comm_wait_s), NULL)
-           AS wait_excess
+           AS wait_excess,
+       toString(cityHash64(arraySort(groupUniqArray(toString(e.host))))) AS hosts
 FROM step_events AS e FINAL
 WHERE job_id = {job:String}
-GROUP BY step
-ORDER BY step
+GROUP BY run, step
+ORDER BY run, step
 """
 
+# A rank-only detection's host: where the rank ran when the detection opened (a requeued
+# rank has a placement per allocation): of its placements that had started by then, the
+# one running then (or that ran last), the latest to start.
 DETECTIONS = """
-SELECT toFloat64(ts) AS ts, id, type, state, rank, gpu, cause, fault, score, step,
-       first_step, summary, evidence,
-       if(subject_host != '', subject_host,
-          ifNull((SELECT any(host) FROM rank_placement p
-                  WHERE p.job_id = {job:String} AND p.rank = d.rank), '')) AS host
+WITH placed AS (
+    SELECT d.rank AS rank, d.at AS at,
+           argMax(p.host, (p.first_seen <= d.at, least(d.at, p.last_seen), p.first_seen)) AS host
+    FROM
+    (
+        SELECT DISTINCT rank, ifNull(opened_at, ts) AS at
+        FROM detections
+        WHERE job_id = {job:String} AND rank IS NOT NULL
+    ) AS d
+    INNER JOIN
+    (
+        SELECT rank, host, min(first_seen) AS first_seen, max(last_seen) AS last_seen
+        FROM rank_placement
+        WHERE job_id = {job:String}
+        GROUP BY rank, host
+    ) AS p ON d.rank = p.rank
+    GROUP BY rank, at
+)
+SELECT toFloat64(d.ts) AS ts, d.id AS id, d.type AS type, d.state AS state, d.rank AS rank,
+       d.gpu AS gpu, d.cause AS cause, d.fault AS fault, d.score AS score, d.step AS step,
+       d.first_step AS first_step, d.summary AS summary, d.evidence AS evidence,
+       if(d.subject_host != '', toString(d.subject_host), ifNull(p.host, '')) AS host
 FROM detections AS d FINAL
-WHERE job_id = {job:String}
+LEFT JOIN placed AS p ON d.rank = p.rank AND ifNull(d.opened_at, d.ts) = p.at
+WHERE d.job_id = {job:String}
 ORDER BY ts, id
 """
 
@@ -71,8 +107,13 @@ WHERE job_id = {job:String}
 ORDER BY ts
 """
 
+# duration_s: a checkpoint event's (the SDK's duration_s, the simulator's seconds), and
+# started: when it began (the SDK's start; else it ended at ts).
 EVENTS = """
-SELECT toFloat64(ts) AS ts, host, type, gpu, device, port, code, detail
+SELECT toFloat64(ts) AS ts, host, type, gpu, device, port, code, detail,
+       toFloat64OrNull(if(attrs['duration_s'] != '', attrs['duration_s'], attrs['seconds']))
+           AS duration_s,
+       toFloat64OrNull(attrs['start']) AS started
 FROM events FINAL
 WHERE job_id = {job:String}
 ORDER BY ts
@@ -153,7 +194,8 @@ def load(store: Store, job: str) -> ReportData:
     detections = _rows(store, DETECTIONS, p)
     hosts = sorted({d["host"] for d in detections if d.get("host")})
     host_params = {"job": job, "hosts": "[" + ",".join(_quote(h) for h in hosts) + "]"}
-    steps = _rows(store, STEPS, p)
+    starts = run_starts(_rows(store, RUNS, p))
+    steps = _rows(store, STEPS, {"job": job, "runs": "[" + ",".join(map(repr, starts)) + "]"})
     span = float(steps[-1]["end"]) - float(steps[0]["start"]) if steps else 0.0
     bucket = max(1, int(span // MAX_PEER_POINTS) + 1)
     return ReportData(
@@ -171,6 +213,22 @@ def load(store: Store, job: str) -> ReportData:
         },
         gpu_model=str(store.query(GPU_MODEL, p).scalar() or ""),
     )
+
+
+def run_starts(rows: Rows) -> list[float]:
+    """Where each run after the first begins, from one rank's steps in time order: a step
+    numbered at most the run's highest so far that starts after every earlier step ended
+    is a restart (an earlier start is a late or repeated record). The boundary is the
+    middle of the outage, so every rank's steps fall on the right side of it."""
+    starts: list[float] = []
+    top, last_end = -1, float("-inf")
+    for r in rows:
+        step, start = int(r["step"]), float(r["start"])
+        if step <= top and start >= last_end:
+            starts.append((last_end + start) / 2)
+            top = step
+        top, last_end = max(top, step), max(last_end, float(r["end"]))
+    return starts
 
 
 def _quote(text: str) -> str:

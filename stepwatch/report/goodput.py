@@ -14,14 +14,24 @@ straggler time (above the straggler-free baseline), times the world size
   data phase likewise;
 * the first ``BASELINE_AFTER_STEPS`` steps count no straggler time (the worker
   has no baseline yet either: a slow step then is warm-up);
-* steps run again (more rows than ranks) are **wasted progress**;
-* a gap between steps longer than ``GAP_FACTOR`` x the step time is a **restart**
-  when the step numbers went back after it, else a **hang**;
+* each run of the job (the first, then one per restart or requeue: report.data's
+  ``run``) has its own steps: a step that a later run ran again is **wasted
+  progress** (its productive time was redone; so are extra rows of a step within
+  one run, more rows than ranks);
+* the gap between two runs is a **restart**, whatever its length; any other gap
+  between steps longer than ``GAP_FACTOR`` x the step time is a **restart** too
+  when the job's hosts changed across it (a requeue that resumed right after its
+  checkpoint) or a ``restart`` or ``job_start`` event lies in it, else a **hang**;
+* ``checkpoint_save`` and ``checkpoint_load`` events outside every step (a
+  checkpoint written between steps: its duration, from its start) are
+  **checkpoint** time; inside a step the step's checkpoint phase already holds it.
+  That time is taken out of the gap it lies in, so it is not a hang or a restart too;
 * the rest (short gaps, start-up, evaluation pauses) is **other**.
 """
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
@@ -40,10 +50,37 @@ from stepwatch.contract.goodput import (
 GAP_FACTOR = 3.0
 WARMUP = 5  # first steps: not part of the baseline (the worker's warmup_steps)
 SLOW_TYPES = ("straggler", "job_slowdown")
+CHECKPOINT_EVENTS = ("checkpoint_save", "checkpoint_load")
+RESTART_EVENTS = ("restart", "job_start")
 OPEN_END = 1 << 62
 CATEGORIES: tuple[str, ...] = (PRODUCTIVE, *(b.value for b in Badput))
 
-__all__ = ["CATEGORIES", "LABELS", "Breakdown", "baseline", "breakdown", "slowed_steps"]
+__all__ = [
+    "CATEGORIES",
+    "LABELS",
+    "Breakdown",
+    "Gap",
+    "baseline",
+    "breakdown",
+    "checkpoint_spans",
+    "gaps",
+    "slowed_steps",
+]
+
+Span = tuple[float, float]  # (start, end) in epoch seconds
+
+
+@dataclass(frozen=True)
+class Gap:
+    """Time between two steps of the job with no step running."""
+
+    start: float
+    end: float
+    restart: bool  # else a hang
+
+    @property
+    def seconds(self) -> float:
+        return max(self.end - self.start, 0.0)
 
 
 @dataclass(frozen=True)
@@ -101,9 +138,12 @@ def _covered(step: Mapping[str, Any], spans: Sequence[tuple[int, int]]) -> bool:
 
 
 def breakdown(
-    steps: Sequence[Mapping[str, Any]], detections: Iterable[Mapping[str, Any]] = ()
+    steps: Sequence[Mapping[str, Any]],
+    detections: Iterable[Mapping[str, Any]] = (),
+    events: Iterable[Mapping[str, Any]] = (),
 ) -> Breakdown:
-    """The split of one job's rank-seconds; ``steps``: one row per step (report.data.STEPS)."""
+    """The split of one job's rank-seconds; ``steps``: one row per step of each run
+    (report.data.STEPS), in run and step order; ``events``: report.data.EVENTS."""
     out = dict.fromkeys(CATEGORIES, 0.0)
     if not steps:
         return Breakdown(0.0, out)
@@ -111,8 +151,24 @@ def breakdown(
     available = world * max(
         max(float(s["end"]) for s in steps) - min(float(s["start"]) for s in steps), 0.0
     )
-    detections = list(detections)
-    base, base_data = baseline(steps, detections)
+    base, base_data = baseline(steps, list(detections))
+    _add_steps(out, steps, world, base, base_data)
+    median = step_time(float(s["step_s"]) for s in steps) or 0.0
+    _add_between_steps(out, steps, world, median, list(events))
+    out[Badput.OTHER] = max(available - sum(out.values()), 0.0)
+    return Breakdown(available, out, median or None, base)
+
+
+def _add_steps(
+    out: dict[str, float],
+    steps: Sequence[Mapping[str, Any]],
+    world: int,
+    base: float | None,
+    base_data: float,
+) -> None:
+    """Each step's split (contract.goodput.split_step), in rank-seconds; the productive
+    time of a step run again later is wasted progress."""
+    redone = _redone(steps)
     for i, s in enumerate(steps):  # before the baseline exists (warm-up) no step is a straggler's
         part = split_step(
             float(s["step_s"]),
@@ -126,30 +182,122 @@ def breakdown(
         out[Badput.DATA_LOADING] += world * part.data_loading
         out[Badput.CHECKPOINT] += world * part.checkpoint
         out[Badput.STRAGGLER] += world * part.straggler
-        if int(s["rows"]) > int(s["ranks"]):  # the step ran more than once: one run was wasted
-            wasted = float(s["rank_s"]) * (1 - int(s["ranks"]) / int(s["rows"]))
-            out[Badput.WASTED_PROGRESS] += wasted
-            out[PRODUCTIVE] = max(out[PRODUCTIVE] - wasted, 0.0)
-    median = step_time(float(s["step_s"]) for s in steps) or 0.0
-    hang, restart = _gaps(steps, median)
-    out[Badput.HANG] += world * hang
-    out[Badput.RESTART] += world * restart
-    out[Badput.OTHER] = max(available - sum(out.values()), 0.0)
-    return Breakdown(available, out, median or None, base)
+        wasted = world * part.productive if i in redone else _extra_rows(s)
+        out[Badput.WASTED_PROGRESS] += wasted
+        out[PRODUCTIVE] = max(out[PRODUCTIVE] - wasted, 0.0)
 
 
-def _gaps(steps: Sequence[Mapping[str, Any]], median: float) -> tuple[float, float]:
-    """Seconds of long gaps between consecutive steps: (hangs, restarts)."""
+def _add_between_steps(
+    out: dict[str, float],
+    steps: Sequence[Mapping[str, Any]],
+    world: int,
+    median: float,
+    events: Sequence[Mapping[str, Any]],
+) -> None:
+    """Checkpoints written between steps, then the gaps (hang, restart) less them."""
+    outside = checkpoint_spans(events, steps)
+    out[Badput.CHECKPOINT] += world * sum(b - a for a, b in outside)
+    restarts = [float(e["ts"]) for e in events if e.get("type") in RESTART_EVENTS]
+    for gap in gaps(steps, median, restarts):
+        idle = max(gap.seconds - _overlap((gap.start, gap.end), outside), 0.0)
+        out[Badput.RESTART if gap.restart else Badput.HANG] += world * idle
+
+
+def _redone(steps: Sequence[Mapping[str, Any]]) -> set[int]:
+    """Indexes of the steps a later run ran again (restarted from an earlier checkpoint)."""
+    last_run: dict[int, int] = {}
+    for s in steps:
+        step = int(s["step"])
+        last_run[step] = max(last_run.get(step, 0), _run(s))
+    return {i for i, s in enumerate(steps) if _run(s) < last_run[int(s["step"])]}
+
+
+def _extra_rows(step: Mapping[str, Any]) -> float:
+    """Rank-seconds of a step's rows beyond one per rank (the step ran more than once
+    within what the store tells apart as one run: one run was wasted)."""
+    rows, ranks = int(step["rows"]), int(step["ranks"])
+    return float(step["rank_s"]) * (1 - ranks / rows) if rows > ranks else 0.0
+
+
+def gaps(
+    steps: Sequence[Mapping[str, Any]], median: float, restarts: Iterable[float] = ()
+) -> list[Gap]:
+    """The gaps between consecutive steps that are not "other": every gap between two
+    runs, and the longer than ``GAP_FACTOR`` x ``median`` ones; ``restarts``: times of
+    restart and job start events."""
     ordered = sorted(steps, key=lambda s: float(s["start"]))
-    hang = restart = 0.0
+    marks = sorted(restarts)
+    out: list[Gap] = []
     for prev, cur in itertools.pairwise(ordered):
-        gap = float(cur["start"]) - float(prev["end"])
-        if gap > GAP_FACTOR * median:
-            if int(cur["step"]) <= int(prev["step"]) or int(cur["rows"]) > int(cur["ranks"]):
-                restart += gap
-            else:
-                hang += gap
-    return hang, restart
+        start, end = float(prev["end"]), float(cur["start"])
+        new_run = _run(cur) != _run(prev)
+        if not new_run and end - start <= GAP_FACTOR * median:
+            continue
+        restart = (
+            new_run
+            or int(cur["step"]) <= int(prev["step"])
+            or int(cur["rows"]) > int(cur["ranks"])
+            or cur.get("hosts", "") != prev.get("hosts", "")
+            or bisect.bisect_right(marks, end) > bisect.bisect_left(marks, start)
+        )
+        out.append(Gap(start, end, restart))
+    return out
+
+
+def checkpoint_spans(
+    events: Iterable[Mapping[str, Any]], steps: Sequence[Mapping[str, Any]]
+) -> list[Span]:
+    """The parts of checkpoint save and load events that lie between the job's steps
+    (outside every step, within the job's wall time), merged."""
+    covered = _merged((float(s["start"]), float(s["end"])) for s in steps)
+    if not covered:
+        return []
+    first, last = covered[0][0], covered[-1][1]
+    saves = _merged(_event_span(e) for e in events if e.get("type") in CHECKPOINT_EVENTS)
+    clipped = [(max(a, first), min(b, last)) for a, b in saves]
+    return [piece for span in clipped if span[1] > span[0] for piece in _minus(span, covered)]
+
+
+def _event_span(event: Mapping[str, Any]) -> Span:
+    seconds = max(_f(event, "duration_s"), 0.0)
+    started = event.get("started")
+    start = float(started) if started is not None else float(event["ts"]) - seconds
+    return start, start + seconds
+
+
+def _merged(spans: Iterable[Span]) -> list[Span]:
+    """Non-empty spans sorted and joined where they overlap."""
+    out: list[Span] = []
+    for a, b in sorted(s for s in spans if s[1] > s[0]):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _minus(span: Span, covered: Sequence[Span]) -> list[Span]:
+    """The parts of ``span`` outside the merged spans ``covered``."""
+    a, b = span
+    out: list[Span] = []
+    for c, d in covered[max(bisect.bisect_left(covered, (a,)) - 1, 0) :]:
+        if c >= b:
+            break
+        if c > a:
+            out.append((a, c))
+        a = max(a, d)
+    if a < b:
+        out.append((a, b))
+    return out
+
+
+def _overlap(span: Span, pieces: Sequence[Span]) -> float:
+    a, b = span
+    return sum(max(min(b, d) - max(a, c), 0.0) for c, d in pieces)
+
+
+def _run(step: Mapping[str, Any]) -> int:
+    return int(step.get("run") or 0)
 
 
 def _f(row: Mapping[str, Any], name: str) -> float:

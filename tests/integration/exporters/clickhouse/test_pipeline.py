@@ -5,6 +5,10 @@ NIC congestion on gpu-02 mlx5_5 in jobA, a link flap on gpu-06 mlx5_2 in jobB,
 XID 79 on gpu-09 GPU 4 hanging jobC. The detections are the detection core's
 (stepwatch.streams.core.Engine) on the same telemetry, published on the detections topic
 as the stream workers publish them (the Faust workers themselves are not run).
+
+A requeued job (jobR, written straight into a database of its own in the same store):
+rank 5 slow on rq-node02, drained; the job restarts from its checkpoint at step 30
+on rq-node01 and rq-node00, where rank 5 is healthy.
 """
 
 from __future__ import annotations
@@ -25,6 +29,21 @@ from stepwatch.kafka import ensure_topics
 from tests.support import store_testdata as D
 
 NOW = D.T0 + 86400
+
+REQUEUED = "jobR"
+SLOW_RANK, SLOW_HOST, SPARE = 5, "rq-node02", "rq-node00"
+RUN1 = ("rq-node01", SLOW_HOST)  # ranks 0-3, 4-7; steps 0..39
+RUN2 = ("rq-node01", SPARE)  # steps 30..99, 12 s after run 1 ended
+RUN2_START = D.T0 + 40 * 1.4 + 12
+STEP_COLUMNS = (
+    "job_id", "step", "rank", "world_size", "host", "local_rank", "gpu", "peer_group",
+    "start_ts", "end_ts", "duration_s", "data_s", "comm_wait_s", "compute_s", "samples",
+    "tokens", "timing", "inst", "seq",
+)  # fmt: skip
+DETECTION_COLUMNS = (
+    "ts", "id", "job_id", "type", "state", "rank", "peer_group", "cause", "fault", "step",
+    "first_step", "opened_at", "summary", "subject_host", "host", "inst", "seq",
+)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +84,51 @@ def loaded(tmp_path_factory):
             sink.stop()
             thread.join(15)
     yield store, messages, settings, sink
+    store.close()
+
+
+def requeue_steps() -> list[tuple]:
+    """jobR's step rows: 8 ranks, 4 per host; run 1 with rank 5 30 % slow in compute (its
+    peers wait for it), run 2 on a new allocation, all healthy."""
+    rows: list[tuple] = []
+    runs = ((RUN1, range(40), D.T0, 1.4), (RUN2, range(30, 100), RUN2_START, 1.05))
+    for hosts, steps, t0, period in runs:
+        for i, step in enumerate(steps):
+            start = t0 + i * period
+            for rank in range(8):
+                slow = hosts is RUN1 and rank == SLOW_RANK
+                compute = 1.3 if slow else 1.0
+                row = (REQUEUED, step, rank, 8, hosts[rank // 4], rank % 4, rank % 4, "all")
+                row += (start, start + period, period, 0.02, period - 0.02 - compute, compute)
+                rows.append((*row, 8, 1024, "wall", f"i{hosts[rank // 4]}", len(rows)))
+    return rows
+
+
+def rank_detection(ts: float, id_: str, type_: str, state: str, step: int, opened: float) -> tuple:
+    """A detection of rank 5 that names no host (its host comes from rank_placement)."""
+    head = (ts, id_, REQUEUED, type_, state, SLOW_RANK, "all", "gpu", "system", step, step)
+    return (*head, opened, f"rank {SLOW_RANK}", "", "stepwatch", "w1", int(ts))
+
+
+def requeue_detections() -> list[tuple]:
+    """A straggler of rank 5 opened in run 1 (resolved at the restart, on the new
+    allocation's time) and a throughput detection of rank 5 opened in run 2."""
+    opened, in_run2 = D.T0 + 21 * 1.4, RUN2_START + 30 * 1.05
+    return [
+        rank_detection(opened, "s5", "straggler", "open", 15, opened),
+        rank_detection(RUN2_START, "s5", "straggler", "resolved", 30, opened),
+        rank_detection(in_run2, "t5", "throughput", "open", 60, in_run2),
+    ]
+
+
+@pytest.fixture(scope="module")
+def requeued(loaded):
+    """jobR in a database of its own in the pipeline's store (one store per process)."""
+    store = ChdbStore(loaded[2].store_path, database="requeue")
+    Migrator(store, raw_ttl_days=20000).migrate()
+    store.insert("step_events", STEP_COLUMNS, requeue_steps(), token="requeue|steps")
+    store.insert("detections", DETECTION_COLUMNS, requeue_detections(), token="requeue|det")
+    yield store
     store.close()
 
 
@@ -194,3 +258,40 @@ def test_the_cli_runs_saved_queries_and_sql(loaded, capsys):
     assert '"n": 1' in capsys.readouterr().out
     assert main(["query", "rank_step_percentiles", *path]) == 1  # --job is required
     assert "needs --job" in capsys.readouterr().err
+
+
+def test_rank_percentiles_keep_a_requeued_straggler_on_its_slow_host(requeued):
+    """A rank's steps on two allocations are two rows: the slow one stands out on its
+    host (one row per rank mixed them: rank 5 showed healthy, its slow host nowhere)."""
+    rows = run(requeued, "rank_step_percentiles", job=REQUEUED).dicts()
+    placed = {(r["rank"], r["host"]): r for r in rows}
+    assert len(rows) == 12  # ranks 0-3 stayed on rq-node01; ranks 4-7 moved
+    slow = {key for key, r in placed.items() if r["compute_vs_group"] > 1.2}
+    assert slow == {(SLOW_RANK, SLOW_HOST)}
+    assert placed[(SLOW_RANK, SLOW_HOST)]["compute_p50_s"] == pytest.approx(1.3, abs=0.01)
+    assert (placed[(SLOW_RANK, SLOW_HOST)]["steps"], placed[(SLOW_RANK, SPARE)]["steps"]) == (
+        40,
+        70,
+    )
+    assert placed[(SLOW_RANK, SPARE)]["compute_vs_group"] == pytest.approx(1.0, abs=0.01)
+    assert (placed[(SLOW_RANK, SPARE)]["first_step"], placed[(SLOW_RANK, SPARE)]["last_step"]) == (
+        30,
+        99,
+    )
+    assert [r["host"] for r in rows if r["rank"] == SLOW_RANK] == [
+        SLOW_HOST,
+        SPARE,
+    ]  # in time order
+
+
+def test_job_timeline_and_lemon_nodes_place_a_requeued_rank_where_it_ran(requeued):
+    """A rank-only detection gets the host the rank ran on when it opened."""
+    rows = run(requeued, "job_timeline", job=REQUEUED).dicts()
+    placed = [(r["what"], r["host"]) for r in rows if r["source"] == "detection"]
+    assert placed == [
+        ("straggler:open", SLOW_HOST),
+        ("straggler:resolved", SLOW_HOST),  # resolved after the move, opened before it
+        ("throughput:open", SPARE),
+    ]
+    lemons = run(requeued, "lemon_nodes", min_jobs="1").dicts()
+    assert [(r["host"], r["flagged_jobs"]) for r in lemons] == [(SLOW_HOST, 1)]

@@ -6,7 +6,9 @@
 -- cause and fault class, every alert state change Alertmanager sent (firing
 -- at its start, resolved at its end; host-level alerts of the job's hosts
 -- while it ran) and every remediation decision (source 'action': what, the
--- outcome, why). One time axis: source says which kind a row is.
+-- outcome, why). One time axis: source says which kind a row is. A detection
+-- that names a rank only gets the host the rank ran on when it opened (after a
+-- requeue, the allocation of that time).
 -- @param job String  the job
 -- @param limit UInt32 = 10000  rows at most
 WITH
@@ -31,8 +33,23 @@ FROM
     FROM detections AS d FINAL
     LEFT JOIN
     (
-        SELECT rank, any(host) AS host FROM rank_placement WHERE job_id = {job:String} GROUP BY rank
-    ) AS p ON d.rank = p.rank
+        -- where the rank ran when the detection opened (a requeued rank has a placement
+        -- per allocation): of its placements started by then, the one running then (or
+        -- that ran last), the latest to start
+        SELECT q.rank AS rank, q.at AS at,
+               argMax(r.host, (r.first_seen <= q.at, least(q.at, r.last_seen), r.first_seen)) AS host
+        FROM
+        (
+            SELECT DISTINCT rank, ifNull(opened_at, ts) AS at FROM detections
+            WHERE job_id = {job:String} AND rank IS NOT NULL
+        ) AS q
+        INNER JOIN
+        (
+            SELECT rank, host, min(first_seen) AS first_seen, max(last_seen) AS last_seen
+            FROM rank_placement WHERE job_id = {job:String} GROUP BY rank, host
+        ) AS r ON q.rank = r.rank
+        GROUP BY rank, at
+    ) AS p ON d.rank = p.rank AND ifNull(d.opened_at, d.ts) = p.at
     WHERE d.job_id = {job:String}
     UNION ALL
     SELECT if(status = 'resolved', ifNull(ends_at, received_at), starts_at) AS ts, 'alert' AS source,

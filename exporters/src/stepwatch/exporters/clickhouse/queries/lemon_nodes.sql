@@ -3,9 +3,10 @@
 -- For each job, every host's median compute time per step (forward + backward
 -- + optimizer, checkpoint steps left out) is divided by the job's median over
 -- its hosts; a ratio of at least slow_ratio counts the job as slow on that
--- host. Straggler detections count too: a detection names a rank, placed on
--- its host through rank_placement (or the host in its evidence). A lemon is
--- slow or flagged in at least min_jobs jobs. Synchronous training equalises
+-- host. Straggler detections count too: a detection names its host, or a
+-- rank, placed through rank_placement on the host the rank ran on when the
+-- detection opened (a requeued rank has a placement per allocation). A lemon
+-- is slow or flagged in at least min_jobs jobs. Synchronous training equalises
 -- step *wall* time, so compute, not total step time, is what is compared.
 -- @param since DateTime64(3, 'UTC') = -30d  steps and detections from this time on
 -- @param min_jobs UInt32 = 2  jobs a host must be slow (or flagged) in
@@ -31,15 +32,28 @@ ratios AS (
     INNER JOIN per_job AS j ON h.job_id = j.job_id
 ),
 placement AS (
-    SELECT job_id, rank, any(host) AS host
+    SELECT job_id, rank, host, min(first_seen) AS first_seen, max(last_seen) AS last_seen
     FROM rank_placement
-    GROUP BY job_id, rank
+    GROUP BY job_id, rank, host
+),
+placed AS (
+    SELECT q.job_id AS job_id, q.rank AS rank, q.at AS at,
+           argMax(p.host, (p.first_seen <= q.at, least(q.at, p.last_seen), p.first_seen)) AS host
+    FROM
+    (
+        SELECT DISTINCT job_id, rank, ifNull(opened_at, ts) AS at
+        FROM detections
+        WHERE type = 'straggler' AND ts >= {since:DateTime64(3, 'UTC')} AND rank IS NOT NULL
+    ) AS q
+    INNER JOIN placement AS p ON q.job_id = p.job_id AND q.rank = p.rank
+    GROUP BY job_id, rank, at
 ),
 flagged AS (
     SELECT if(d.subject_host != '', d.subject_host, p.host) AS host,
            uniqExact(d.job_id) AS flagged_jobs
     FROM detections AS d FINAL
-    LEFT JOIN placement AS p ON d.job_id = p.job_id AND d.rank = p.rank
+    LEFT JOIN placed AS p
+        ON d.job_id = p.job_id AND d.rank = p.rank AND ifNull(d.opened_at, d.ts) = p.at
     WHERE d.type = 'straggler' AND d.ts >= {since:DateTime64(3, 'UTC')}
     GROUP BY host
     HAVING host != ''

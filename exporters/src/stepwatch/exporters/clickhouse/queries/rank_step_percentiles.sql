@@ -1,9 +1,14 @@
 -- rank_step_percentiles: per-rank step-time and compute percentiles of one job
 --
--- Step wall time is nearly equal on every rank of a synchronous job; the
--- straggler shows in compute (high) and comm_wait (low), and its peers in
--- comm_wait (high). compute_vs_group is the rank's median compute over the
--- median of its peer group (same pipeline stage): 1.10 means 10 % slower.
+-- One row per placement of a rank (rank, host, GPU, peer group): a job
+-- requeued on other nodes has a row for each allocation a rank ran on, so a
+-- slow GPU keeps its own row (on its host) instead of being averaged with the
+-- rank's steps elsewhere. Step wall time is nearly equal on every rank of a
+-- synchronous job; the straggler shows in compute (high) and comm_wait (low),
+-- and its peers in comm_wait (high). compute_vs_group is the row's median
+-- compute over the median of the rows of its peer group (same pipeline
+-- stage): 1.10 means 10 % slower. first_step and last_step: the steps the
+-- rank ran there.
 -- Reads without FINAL: the sink never writes a row twice, an upstream
 -- re-send it missed is one row among thousands per rank, which moves no
 -- percentile, and FINAL costs up to 2x on a big job.
@@ -16,6 +21,8 @@ SELECT
     gpu,
     peer_group,
     steps,
+    first_step,
+    last_step,
     round(step_q[1], 4) AS step_p50_s,
     round(step_q[2], 4) AS step_p90_s,
     round(step_q[3], 4) AS step_p99_s,
@@ -29,17 +36,20 @@ FROM
 (
     SELECT
         rank,
-        any(host) AS host,
-        any(gpu) AS gpu,
-        any(peer_group) AS peer_group,
+        host,
+        gpu,
+        peer_group,
         count() AS steps,
+        min(step) AS first_step,
+        max(step) AS last_step,
+        min(start_ts) AS first_start,
         quantilesExact(0.5, 0.9, 0.99)(duration_s) AS step_q,
         quantilesExact(0.5, 0.9, 0.99)(compute_s) AS compute_q,
         quantileExact(0.5)(comm_wait_s) AS comm_wait_p50,
         quantileExact(0.5)(data_s) AS data_p50
     FROM step_events
     WHERE job_id = {job:String} AND start_ts >= {since:DateTime64(3, 'UTC')}
-    GROUP BY rank
+    GROUP BY rank, host, gpu, peer_group
 )
-ORDER BY rank
+ORDER BY rank, first_start, host, gpu
 LIMIT {limit:UInt32}
