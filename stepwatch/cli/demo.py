@@ -147,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
     print(summary)
     print(_closing(demo, options.report))
     print(f"demo ran {time.monotonic() - started:.0f} s; logs in {demo.options.workdir}")
+    if not demo.ok:
+        print(f"demo failed: {'; '.join(demo.failures)} (exit status 1)")
     return 0 if demo.ok else 1
 
 

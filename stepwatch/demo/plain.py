@@ -45,10 +45,11 @@ def snapshot(
     alerting: AlertView | None,
     slurm: Mapping[str, str],
     job: str,
-    services: Mapping[str, bool],
+    services: Mapping[str, str],
 ) -> dict[str, str]:
-    """What plain mode watches for changes, as ``name -> value``."""
-    out = {f"service {name}": ("up" if up else "DOWN") for name, up in services.items()}
+    """What plain mode watches for changes, as ``name -> value`` (a service: ``up``, or
+    ``DOWN (how it ended, when; its log)``)."""
+    out = {f"service {name}": state for name, state in services.items()}
     for stage in stages:
         out[f"== {stage.name.upper()} =="] = stage.detail
     for d in detections:  # the last state of each detection wins

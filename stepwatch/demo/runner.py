@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from stepwatch.daemons.broker import DevBroker
 from stepwatch.demo.alerting import AlertingStack, AlertView
 from stepwatch.demo.arc import Arc
+from stepwatch.demo.ledger import STATE_FILE, Recorder, clear_previous
 from stepwatch.demo.plain import Changes, snapshot
 from stepwatch.demo.scrape import scrape_jobs
 from stepwatch.demo.services import Child, become_subreaper, child_env, children, stop_descendants
@@ -22,6 +23,7 @@ from stepwatch.demo.tap import Tap
 from stepwatch.demo.torchjob import HOSTS as TORCH_HOSTS
 from stepwatch.demo.torchjob import TorchJob
 from stepwatch.demo.view import render
+from stepwatch.demo.watch import Probed, Service, Watch, verdict
 from stepwatch.errors import StepwatchError
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
@@ -75,18 +77,35 @@ class Demo:
         self.torch_job: TorchJob | None = None
         self.arc = Arc(wall0=time.time())
         self._changes = Changes()
+        self.watch = Watch()  # the services that died while the demo ran
+        self.failures: list[str] = []  # why the run failed (set by the summary)
+        self._recorder: Recorder | None = None
+        self._looped = False  # the live loop ended by itself (not by Ctrl-C)
 
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> None:
-        from stepwatch.agents.publisher import KafkaPublisher
-        from stepwatch.demo.fleet import FleetDriver
+        self._prepare()
+        self._start()
+        self._loop()
 
+    def _prepare(self) -> None:
+        """A fresh workdir (what a killed run left running stopped first); supervision on."""
         opts = self.options
         if opts.workdir.exists():
+            # a killed run's processes would go on writing into the folder deleted here
+            clear_previous(opts.workdir, _say)
             shutil.rmtree(opts.workdir)
         opts.workdir.mkdir(parents=True)
         signal.signal(signal.SIGTERM, self._on_signal)
         become_subreaper()  # what a daemon leaves behind comes back to us, to be stopped
+        self._recorder = Recorder(opts.workdir / STATE_FILE, names=self._names).start()
+
+    def _start(self) -> None:
+        """The broker, the services, the alerting stack, the tap and the job."""
+        from stepwatch.agents.publisher import KafkaPublisher
+        from stepwatch.demo.fleet import FleetDriver
+
+        opts = self.options
         bootstrap = opts.bootstrap or self._start_broker()
         settings = Settings.load(
             bootstrap_servers=bootstrap,
@@ -112,7 +131,6 @@ class Demo:
         else:
             follow = self.alerting.allocation() if self.alerting is not None else None
             self.fleet = FleetDriver(self._scenarios(hosts), self.publisher, follow=follow).start()
-        self._loop()
 
     def _torch_job(self, settings: Settings, hosts: tuple[str, ...] | None) -> TorchJob:
         """The DDP job: on the Slurm job's nodes (an agent on every node) when Slurm runs."""
@@ -198,6 +216,7 @@ class Demo:
                 self.first_detection_s = now - self._started
                 log.info("first detection seconds_from_start=%.1f", self.first_detection_s)
             if now >= next_draw:
+                self._check_services(now - self._started)
                 self._refresh_alerting(now)
                 self._observe(now - self._started)
                 self._draw()
@@ -207,6 +226,32 @@ class Demo:
                 break
             if self.fleet.finished.is_set() and self._caught_up():
                 break
+        self._looped = True
+
+    def _services(self) -> list[Service]:
+        """What the demo watches: its services, the job's agents, the broker."""
+        agents: list[Child] = list(getattr(self.fleet, "agents", []))
+        out: list[Service] = [*self._all_children(), *agents]
+        if self.broker is not None:
+            out.append(Probed("broker", self.options.workdir / "broker.log", self._broker_runs))
+        return out
+
+    def _broker_runs(self) -> bool:
+        return self.broker is not None and self.broker.running
+
+    def _names(self) -> dict[int, str]:
+        """The pids of the services the demo started, by name (for its state file)."""
+        agents: list[Child] = list(getattr(self.fleet, "agents", []))
+        return {c.proc.pid: c.name for c in [*self._all_children(), *agents] if c.proc}
+
+    def _check_services(self, at: float) -> None:
+        """Note the services that died since the last check (none while the demo stops)."""
+        if self._stop:
+            return
+        for death in self.watch.check(self._services(), at):
+            log.warning(
+                "demo: service died name=%s how=%s log=%s", death.name, death.how, death.log
+            )
 
     def _refresh_alerting(self, now: float) -> None:
         if self.alerting is None:
@@ -263,7 +308,7 @@ class Demo:
         report = self.tap.audit.report()
         alerting = self._alert_view if self.alerting is not None else None
         slurm = self.alerting.slurm_nodes() if self.alerting is not None else {}
-        services = {c.name: c.alive for c in self._all_children()}
+        services = self.watch.states(self._services())
         job = self._job_line()
         if not self.options.redraw:
             snap = snapshot(
@@ -278,6 +323,7 @@ class Demo:
                 f"steps={report.by_kind.get('step', 0)} arrived={report.messages} "
                 f"missing={report.missing} duplicates={report.duplicates} "
                 f"firing={len(alerting.firing) if alerting else 0} job={job or '-'}"
+                f"{self.watch.status()}"
             )
             for line in self._changes.lines(elapsed, snap, status):
                 sys.stdout.write(line + "\n")
@@ -339,6 +385,8 @@ class Demo:
     def _shutdown(self) -> str:
         if self._live is not None:
             self._live.stop()
+        if self._looped:  # what died after the last refresh, before anything is stopped
+            self._check_services(time.monotonic() - self._started)
         if self.fleet is not None:
             self.fleet.stop()
         undelivered = self.publisher.flush(15.0) if self.publisher is not None else 0
@@ -360,6 +408,8 @@ class Demo:
         left = stop_descendants()
         if left:
             log.warning("demo: stopped processes left behind pids=%s", left)
+        if self._recorder is not None:
+            self._recorder.close()  # everything it listed has stopped
         return summary
 
     @property
@@ -373,7 +423,10 @@ class Demo:
             return "demo did not start"
         report = self.tap.audit.report()
         opened = [d for d in self.tap.detections if d.state == "open"]
-        self.ok = report.missing == 0 and undelivered == 0
+        self.failures = verdict(
+            deaths=list(self.watch.deaths), missing=report.missing, undelivered=undelivered
+        )
+        self.ok = not self.failures
         faults = (
             self.torch_job.fault if self.torch_job else ", ".join(self.options.faults) or "none"
         )
@@ -407,4 +460,10 @@ class Demo:
                 f"  {d.type} job={d.job_id} rank={d.rank} host={d.host} cause={d.cause} "
                 f"at step {d.step}: {d.summary}"
             )
+        lines += self.watch.summary()
         return "\n".join(lines)
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()

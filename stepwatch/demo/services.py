@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stepwatch.daemons.process import free_port
+from stepwatch.demo.watch import how_it_ended
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,11 @@ class Child:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def ended(self) -> str | None:
+        """How it ended (``killed by SIGKILL``); None while it runs or before it started."""
+        code = None if self.proc is None else self.proc.poll()
+        return None if code is None else how_it_ended(code)
 
     def stop(self, timeout: float = 20.0) -> None:
         if not self.alive or self.proc is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -296,6 +297,26 @@ class TorchJob:
         self.sent  # noqa: B018 - read the agents' count while they still answer
         for agent in self.agents:  # SIGTERM: each agent flushes its spool to Kafka first
             agent.stop()
+        final = [final_count(agent.log_path) for agent in self.agents]
+        if final and all(n is not None for n in final):  # what they sent, flush included
+            self._sent = max(self._sent, sum(n for n in final if n is not None))
+
+
+# an agent's last log line: "agent stopped host=... messages=N ... undelivered_in_spool=K"
+STOPPED = re.compile(r"agent stopped host=\S+ .*\bmessages=(\d+) .*\bundelivered_in_spool=(\d+)")
+
+
+def final_count(log_path: Path) -> int | None:
+    """The messages an agent delivered, from its log once it stopped (None: no such line)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return None
+    found = STOPPED.findall(text)
+    if not found:
+        return None
+    messages, undelivered = found[-1]
+    return int(messages) - int(undelivered)
 
 
 def group_pids(pgid: int) -> set[int]:

@@ -56,7 +56,7 @@ def render(
     spool: dict[str, int | str],
     detections: list[DetectionMessage],
     dlq: int,
-    services: dict[str, bool],
+    services: Mapping[str, str],
     jobs: Sequence[JobFigures] = (),
     alerting: AlertView | None = None,
     slurm: dict[str, str] | None = None,
@@ -66,7 +66,8 @@ def render(
 ) -> str:
     lines = [
         f"stepwatch demo   t={elapsed:6.1f}s   broker state={spool.get('state', '?')}   "
-        + "   ".join(f"{name}={'up' if up else 'DOWN'}" for name, up in services.items()),
+        + "   ".join(f"{name}={state.split(' ')[0]}" for name, state in services.items()),
+        *(f"  {name} {state}" for name, state in services.items() if state != "up"),
         "",
         "arrived in Kafka: "
         + "  ".join(f"{k}={report.by_kind.get(k, 0)}" for k in KINDS)

@@ -246,3 +246,57 @@ def test_the_torch_job_keeps_its_fault_on_its_node_and_resumes_after_the_first_r
     job.checkpoints.mkdir()
     (job.checkpoints / "checkpoint.json").write_text('{"step": 75}\n')
     assert job.checkpoint_step() == 75
+
+
+def test_the_torch_jobs_count_is_read_after_its_agents_stopped_and_flushed(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from types import SimpleNamespace
+
+    from stepwatch.demo.services import Child
+    from stepwatch.demo.torchjob import TorchJob
+    from stepwatch.settings import Settings
+
+    job = TorchJob(Settings.load(env={}), tmp_path, "7", SimpleNamespace(steps=300))
+    for host, messages, left in (("node01", 405, 0), ("node02", 407, 2)):
+        log = tmp_path / f"agent-{host}.log"
+        log.write_text(
+            'ts=1 level=INFO logger=stepwatch.agents.agent msg="agent stopping host=x"\n'
+            f'ts=2 level=INFO logger=stepwatch.agents.agent msg="agent stopped host={host} '
+            f'ticks=9 messages={messages} steps_received=300 undelivered_in_spool={left}"\n'
+        )
+        job.agents.append(Child(f"agent-{host}", ["true"], log))
+    job._sent = 808  # the count the agents' /metrics gave before their last flush
+    job.stop()
+    assert job.sent == 810
+
+
+def test_an_outcome_says_when_its_action_ran_in_utc(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from typing import Any, cast
+
+    from stepwatch.alerts.remediate.model import ActionKind, Alert, Mode
+    from stepwatch.alerts.remediate.outcome import OutcomeTracker
+    from stepwatch.alerts.remediate.policy import OutcomeSettings
+    from stepwatch.alerts.remediate.state import State
+
+    now = [1795690395.0]
+    audit = SimpleAudit()
+    tracker = OutcomeTracker(
+        State(tmp_path / "state"),
+        OutcomeSettings(settle_s=0.0),
+        cast(Any, None),
+        cast(Any, audit),
+        mode=Mode.EXECUTE,
+        clock=lambda: now[0],
+    )
+    alert = Alert("f1", "firing", {"alertname": "StragglerPersistent", "host": "node02"})
+    tracker.acted(alert, ActionKind.DRAIN)
+    now[0] += 42
+    [decision] = tracker.resolved(Alert("f1", "resolved", alert.labels))
+    assert decision.detail == "drain at 2026-11-26T10:53:15Z, 42 s later", decision.detail
+
+
+class SimpleAudit:
+    def __init__(self) -> None:
+        self.records: list[object] = []
+
+    def record(self, decision: object) -> None:
+        self.records.append(decision)

@@ -183,7 +183,8 @@ class OutcomeTracker:
             OutcomeRow(**{**row.__dict__, "outcome": outcome.value, "decided": now, "after": after})
         )
         detail = (
-            f"{row.action} at {row.acted:.0f}, {now - row.acted:.0f} s later"
+            f"{row.action} at {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(row.acted))}, "
+            f"{now - row.acted:.0f} s later"
             f"{_steps(row.before, after)}"
         )
         first = row.action.split("+")[0]
