@@ -107,6 +107,27 @@ def test_webhook_auth_bad_bodies_and_oversize(service):
     assert code == 200 and body["decisions"][0]["outcome"] == "queued"
 
 
+def test_a_chunked_body_is_refused_not_left_to_be_read_as_the_next_request(service):
+    # before: no Content-Length, so 0 bytes were read and the chunked body that followed
+    # on the kept-alive connection was parsed as a second request
+    host, port = service.url.removeprefix("http://").split(":")
+    smuggled = f"GET /api/actions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
+    chunk = f"{len(smuggled):x}\r\n{smuggled}\r\n0\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            f"POST /webhook HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n{chunk}".encode()
+        )
+        sock.settimeout(5)
+        reply = b""
+        while True:
+            part = sock.recv(4096)
+            if not part:
+                break
+            reply += part
+    assert reply.startswith(b"HTTP/1.1 411") and reply.count(b"HTTP/1.1 ") == 1
+
+
 def test_cli_client_lists_approves_and_closes_the_breaker(service):
     post(service.url + "/webhook", webhook())
     api = Client(service.url, OPERATOR_TOKEN)

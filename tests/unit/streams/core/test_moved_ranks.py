@@ -88,3 +88,44 @@ def test_a_rank_moved_off_its_slow_host_takes_no_straggler_with_it(seed: int) ->
     after = [d for d in dets if d.ts > found.ts]
     assert [d.state for d in after if d.id == found.id] == ["resolved"]
     assert not [d for d in after if d.host == "n000"]
+
+
+def _renamed(m: StepMessage, host: str, ranks: set[int] | None = None) -> StepMessage:
+    steps = [
+        msgspec.structs.replace(r, host=host) for r in m.steps if ranks is None or r.rank in ranks
+    ]
+    return msgspec.structs.replace(m, host=host, steps=steps)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_node_swapped_without_a_restart_takes_no_straggler_with_it(seed: int) -> None:
+    # 4 hosts; from step 50 the slow host's 8 ranks report from n000 (a quarter of the
+    # job, no gap): after MOVE_STEPS steps from there, their stragglers resolve
+    job = Job(world=32, steps=90, jitter=0.02, seed=seed)
+    job.single = {(3, s): 1.5 for s in range(20, 50)}  # the slow GPU stays behind on h000
+    msgs = [
+        _renamed(m, "n000") if m.host == "h000" and m.steps[0].step >= 50 else m
+        for m in job.messages()
+    ]
+    dets = drive(Engine(), msgs)
+    (found,) = opened(dets, "straggler")
+    assert found.rank == 3 and found.host == "h000"
+    (done,) = [d for d in dets if d.id == found.id and d.state == "resolved"]
+    assert done.step is not None and 50 <= done.step <= 53
+    assert "moved from h000 to n000" in done.summary
+    assert not [d for d in dets if d.host == "n000"]
+
+
+@pytest.mark.parametrize("forged", [{3}, set(range(8, 16))])
+def test_forged_records_from_another_host_resolve_no_real_straggler(forged: set[int]) -> None:
+    # one record of the slow rank, or half the job, from "evil" at step 60, sent first (the
+    # real records of that step are then duplicates), no gap: the real records that follow
+    # come from the real hosts again, so nothing moved and nothing restarted
+    msgs = Job(world=16, steps=90, jitter=0.02, seed=1, slow={3: (20, 1.5)}).messages()
+    at = next(i for i, m in enumerate(msgs) if m.steps[0].step == 60)
+    fakes = [_renamed(m, "evil", forged) for m in msgs[at : at + 2]]
+    dets = drive(Engine(), [*msgs[:at], *[f for f in fakes if f.steps], *msgs[at:]])
+    (found,) = opened(dets, "straggler")
+    assert found.rank == 3
+    assert not [d for d in dets if d.id == found.id and d.state == "resolved"]  # still open
+    assert not [d for d in dets if d.host == "evil"]

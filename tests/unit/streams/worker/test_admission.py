@@ -99,6 +99,20 @@ def test_job_end_only_from_a_host_that_runs_the_job() -> None:
     assert reasons(gate, real) == []
 
 
+def test_one_forged_step_record_does_not_make_a_host_the_jobs() -> None:
+    # before: one admitted step record from "evil" made it one of the job's hosts, and its
+    # job_end then closed the job's real detections
+    gate = Gate()
+    for s in range(5):
+        assert reasons(gate, msg(s, host="h1")) == []
+    assert reasons(gate, msg(5, host="evil")) == []  # admitted: it may be a new host ...
+    end = EventMessage(host="evil", ts=NOW, job_id="j", type=EventType.JOB_END)
+    assert reasons(gate, end) == [Reason.FOREIGN_LIFECYCLE]  # ... but not the job's yet
+    for s in (6, 7):
+        assert reasons(gate, msg(s, host="evil")) == []
+    assert reasons(gate, end) == []  # records of 3 steps: now one of the job's hosts
+
+
 def test_jobs_are_bounded() -> None:
     gate = Gate(AdmissionConfig(max_jobs=3))
     for i in range(10):
@@ -179,6 +193,7 @@ def _state(gate: Gate) -> list[tuple]:
             j.ceiling,
             j.ceiling_end,
             sorted(j.hosts),
+            sorted(j.newcomers.items()),
             j.world,
             j.stepless,
             j.n_seen,

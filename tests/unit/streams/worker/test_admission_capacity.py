@@ -10,6 +10,7 @@ ids evicted a real job from the admission gate, after which a foreign
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from stepwatch.contract import (
@@ -181,3 +182,16 @@ def test_a_job_whose_ranks_reported_is_never_let_go_for_a_new_one() -> None:
     assert w.send(steps("a", 480, world=64, ranks=64, t=T0 + 490)) == []
     assert w.send(steps("b", 1, world=64, ranks=64, t=T0 + 495)) == ["capacity"]
     assert list(w.engine().jobs) == ["a"]
+
+
+def test_a_message_mixing_world_sizes_of_one_job_is_counted_as_the_core_builds_it() -> None:
+    # before: [rank 0 of 65,536, rank 0 of 1] grew the gate's job to 65,536 and shrank it
+    # to 1, while the core (one size a message: the first) built it at 65,536; 8 such
+    # messages of 286 bytes: the gate counted 8 ranks, the core held 524,288 (~1 GiB)
+    w = Worker(Clock(T0 + 10))
+    for i in range(8):
+        big, small = steps(f"mix{i}", 1, world=65536, ranks=1), steps(f"mix{i}", 1, world=1)
+        mixed = msgspec.structs.replace(big, steps=[*big.steps, *small.steps])
+        w.send(mixed)
+    held = sum(j.world_size for j in w.engine().jobs.values())
+    assert held == w.proc.capacity.ranks <= 131072

@@ -190,6 +190,10 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             return False
 
         def _body(self) -> bytes | None:
+            if self.headers.get("Transfer-Encoding"):  # unread, it would be the next request
+                server.metrics.rejected.labels("411").inc()
+                self._send(411, {"error": "send Content-Length, not a chunked body"}, close=True)
+                return None
             try:
                 size = int(self.headers.get("Content-Length") or 0)
             except ValueError:

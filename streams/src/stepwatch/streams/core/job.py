@@ -18,6 +18,7 @@ from stepwatch.streams.core.hosthistory import HostHistory
 from stepwatch.streams.core.incidents import Incidents
 from stepwatch.streams.core.kinds import Cause, DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
+from stepwatch.streams.core.moves import Moves
 from stepwatch.streams.core.netwatch import NetworkWatch
 from stepwatch.streams.core.ranks import RankTable
 from stepwatch.streams.core.ring import Ring
@@ -69,7 +70,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._net_next = 0.0  # event time of the next check of the job's ports
         self._net_since: dict[str, float] = {}  # net:<host> -> suspect since
         self.step_ends = Ring(2 * cfg.baseline_steps, 2)  # (step, end time) of recent steps
-        self._moved: set[int] = set()  # ranks that changed host since the last closed step
+        self.moves = Moves()  # ranks that report from another host (streams.core.moves)
         self._settling = False  # restarted, its first step not closed yet: moves expected
         self.suspects_total = 0
 
@@ -85,7 +86,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.throughput.peak_flops_total = None  # placement changed: recompute the peak
         out: list[DetectionMessage] = []
         if self.ranks.moved:
-            out.extend(self._ranks_moved(records, ts))
+            self._ranks_moved(records)
         newest, step = records[0].end, records[0].step
         for r in records:  # both maxima in one plain loop (per message)
             if r.end > newest:
@@ -133,8 +134,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
 
     # ------------------------------------------------------------------ per step
     def _analyse(self, cs: ClosedStep) -> list[DetectionMessage]:
-        self._moved.clear()
+        self.moves.burst.clear()
         self._settling = False
+        out_moves = self._settle_moves(cs.step, cs.end_max) if self.moves.candidates else []
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
         self.last_step = cs.step
@@ -146,7 +148,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
         cadence = self.slowdown.cadence
         if cadence is not None and cs.med[DUR] > 2 * cadence:  # a pause, not noise
             self.longest_pause = max(self.longest_pause, float(cs.med[DUR] - cadence))
-        out = self._nonfinite_loss(cs) if cs.nonfinite_ranks else []
+        out = out_moves
+        if cs.nonfinite_ranks:
+            out.extend(self._nonfinite_loss(cs))
         out.extend(self._missing(cs))
         if self.book.open:
             out.extend(self._links_clear(cs))
@@ -370,6 +374,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
                         out.extend(self.book.resolve(key, restarted_at, rw.to_step, "restarted"))
             out.extend(self._restarted(rw))
         self.assembler.rewinds.clear()
+        self.moves.clear()
         self._settling = True
         self.warm = 0
         self._warmup = self.cfg.restart_warmup_steps
@@ -380,32 +385,38 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.newest_step = self.assembler.last_closed + 1
         return out
 
-    def _ranks_moved(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
-        """Ranks now reporting from another host than before: their history is another
-        machine's. Half the job or more since the last closed step is a restart on a new
-        allocation (a requeue that resumed right after its checkpoint, so that no step
-        number went back): handled as a rewind. Fewer: each moved rank's stragglers
-        resolve, never carried over to its new host, and its straggler state starts
-        afresh."""
+    def _ranks_moved(self, records: list[StepRecord]) -> None:
+        """Ranks now reporting from another host than before (stepwatch.streams.core.moves):
+        half the job or more since the last closed step, after a gap, is a restart on a
+        new allocation (a requeue that resumed right after its checkpoint, so that no
+        step number went back): handled as a rewind. Other moves wait for evidence
+        (:meth:`_settle_moves`)."""
         moved, self.ranks.moved = self.ranks.moved, []
         last = self.assembler.last_closed
-        if self._settling or min(r.step for r in records) <= last:
-            return []  # a restart being handled, or a step going back (the assembler's)
-        self._moved.update(rank for rank, _ in moved)
-        if 2 * len(self._moved) >= self.ranks.world_size and last >= 0:
-            start = min(r.start for r in records)
-            gap = start - self.assembler.last_closed_end
-            self.assembler.rewinds.append(Rewind(last, max(last + 1, records[0].step), gap))
-            self._moved.clear()
-            return []  # handled with the assembler's rewinds (_on_rewinds), below
+        step = min(r.step for r in records)
+        if self._settling or step <= last:
+            return  # a restart being handled, or a step going back (the assembler's)
+        self.moves.note(moved, self.ranks.host, step)
+        if 2 * len(self.moves.burst) < self.ranks.world_size or last < 0:
+            return
+        gap = min(r.start for r in records) - self.assembler.last_closed_end
+        if gap >= self.moves.restart_gap(self.slowdown.cadence):
+            self.assembler.rewinds.append(Rewind(last, max(last + 1, step), gap))
+            self.moves.clear()  # handled with the assembler's rewinds (_on_rewinds)
+
+    def _settle_moves(self, step: int, ts: float) -> list[DetectionMessage]:
+        """Ranks that reported from their new host long enough: their stragglers resolve,
+        never carried over to the new host, and their straggler state starts afresh."""
+        settled = self.moves.settled(self.ranks.host, step)
         out: list[DetectionMessage] = []
-        for rank, before in moved:
+        for rank, before in settled:
             why = f"rank {rank} moved from {before} to {self.ranks.host[rank]}"
             for key in self.book.keys(T.STRAGGLER):
                 gone = key[2].removeprefix("host:") if key[1] is None else None
                 if key[1] == rank or (gone == before and not self.ranks.ranks_on(before)):
                     out.extend(self.book.resolve(key, ts, self.last_step, why))
-        self.straggler.forget(np.array([rank for rank, _ in moved]))
+        if settled:
+            self.straggler.forget(np.array([rank for rank, _ in settled]))
         return out
 
     def _restarted(self, rw: Rewind) -> list[DetectionMessage]:

@@ -50,6 +50,8 @@ import msgspec
 from stepwatch.contract import EventMessage, EventType, Message, StepMessage, StepRecord
 
 LIFECYCLE = frozenset({EventType.JOB_END, EventType.JOB_START})
+HOST_STEPS = 3  # distinct steps a host's records must cover before it is one of the job's
+MAX_NEWCOMERS = 4096  # hosts of a job still short of HOST_STEPS, at most
 _NO_LIMIT = float("inf")
 
 
@@ -123,6 +125,17 @@ def _unless_plain(admission: Admission) -> Admission | None:
     return None
 
 
+def _mixed(rec: StepRecord, first: int) -> Refusal:
+    """A record whose world_size differs from its job's earlier record in the same message:
+    the detection core takes one size a message (the first), so the gate must too (else it
+    counted the job at one size while the core built it at the other)."""
+    return Refusal(
+        Reason.WORLD_SIZE,
+        f"job {rec.job_id} rank {rec.rank}: world_size {rec.world_size}, but {first} "
+        "in an earlier record of the same message",
+    )
+
+
 class _Job:
     """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``:
     this run's."""
@@ -135,6 +148,7 @@ class _Job:
         "first_step",
         "hosts",
         "n_seen",
+        "newcomers",
         "peak",
         "peak_end",
         "seen",
@@ -150,11 +164,33 @@ class _Job:
         end = ts if rec is None else rec.end
         self.first_step = self.ceiling = self.peak = step
         self.first_end = self.ceiling_end = self.peak_end = end
-        self.hosts: set[str] = set()
+        self.hosts: set[str] = set()  # hosts that sent records of HOST_STEPS steps or more
+        self.newcomers: dict[str, tuple[int, int]] = {}  # other hosts: (steps, the last one)
         self.world = world
         self.born = end
         self.seen: bytearray | None = bytearray(world)  # ranks that reported (None: confirmed)
         self.n_seen = 0
+
+    def note_host(self, host: str, step: int) -> None:
+        """A host sent an admitted record of ``step``: one of the job's hosts once it has
+        sent records of ``HOST_STEPS`` distinct steps (one forged record makes no host
+        the job's, whose ``job_end`` or resize would then pass)."""
+        steps, last = self.newcomers.get(host, (0, -1))
+        if step != last:
+            steps += 1
+        if steps >= HOST_STEPS:
+            self.newcomers.pop(host, None)
+            self.hosts.add(host)
+        elif host in self.newcomers or len(self.newcomers) < MAX_NEWCOMERS:
+            self.newcomers[host] = (steps, step)
+
+    def foreign(self, host: str) -> bool:
+        """Whether ``host`` is not one of the job's hosts: those that sent records of
+        ``HOST_STEPS`` steps; while none has, those that sent any (a young job). A job
+        with no host yet judges none foreign."""
+        if self.hosts:
+            return host not in self.hosts
+        return bool(self.newcomers) and host not in self.newcomers
 
     def saw(self, rank: int) -> bool:
         """Note a rank that reported; True when the job has just become confirmed (half
@@ -169,15 +205,16 @@ class _Job:
         self.seen = None
         return True
 
-    def resized(self, world: int) -> None:
+    def resized(self, world: int, end: float) -> None:
         self.world = world
         self.seen, self.n_seen = bytearray(world), 0  # to be confirmed again at its new size
+        self.born = end  # ... given the same time to be
 
     def first(self, rec: StepRecord) -> None:
         """The first step record of a job known until now from its ``job_start``."""
         self.stepless = False
         self.first_step = self.ceiling = self.peak = rec.step
-        self.first_end = self.ceiling_end = self.peak_end = rec.end
+        self.first_end = self.ceiling_end = self.peak_end = self.born = rec.end
 
     def quiet_since(self) -> float:
         return max(self.peak_end, self.ceiling_end)
@@ -264,16 +301,21 @@ class Gate:
         kept: list[StepRecord] | None = None
         job_id: str | None = None
         job: _Job | None = None
+        firsts: dict[str, int] = {}  # each job's first admitted world_size in this message
         for i, rec in enumerate(steps):
             refusal: Refusal | None = None
+            first: int | None = None
             if rec.world_size > max_world:
-                refusal = self._step(rec, host, out or Admission(message))  # the precise refusal
+                refusal = self._step(rec, host, out or Admission(message), firsts)  # precise
             else:
                 if rec.job_id != job_id or job is None:
                     job_id, job = rec.job_id, self._job(rec)
                 step = rec.step
+                first = firsts.get(rec.job_id)
                 if job is None:
                     refusal = self._no_room(rec)
+                elif first is not None and first != rec.world_size:
+                    refusal = _mixed(rec, first)
                 elif (
                     rec.world_size != job.world
                     or step > job.peak
@@ -284,6 +326,8 @@ class Gate:
                         out = Admission(message)
                     refusal = self._judge(job, rec, host, out)
             if refusal is None:
+                if first is None:
+                    firsts[rec.job_id] = rec.world_size
                 if job is not None and job.seen is not None and job.saw(rec.rank):
                     self._unconfirmed.pop(rec.job_id, None)
                 if kept is not None:
@@ -324,8 +368,9 @@ class Gate:
     def _steps(self, message: StepMessage) -> Admission:
         out = Admission(message)
         kept: list[StepRecord] | None = None
+        firsts: dict[str, int] = {}
         for i, rec in enumerate(message.steps):
-            refusal = self._step(rec, message.host, out)
+            refusal = self._step(rec, message.host, out, firsts)
             if refusal is None:
                 if kept is not None:
                     kept.append(rec)
@@ -337,15 +382,23 @@ class Gate:
             out.message = msgspec.structs.replace(message, steps=kept) if kept else None
         return out
 
-    def _step(self, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
+    def _step(
+        self, rec: StepRecord, host: str, out: Admission, firsts: dict[str, int]
+    ) -> Refusal | None:
+        """One record (``firsts``: each job's first admitted world_size in the message)."""
         if 0 < self.cfg.max_world_size < rec.world_size:
             return self._too_large(rec.job_id, f"rank {rec.rank}: ", rec.world_size)
         job = self._job(rec)
         if job is None:
             return self._no_room(rec)
+        first = firsts.get(rec.job_id)
+        if first is not None and first != rec.world_size:
+            return _mixed(rec, first)
         refusal = self._judge(job, rec, host, out)
-        if refusal is None and job.seen is not None and job.saw(rec.rank):
-            self._unconfirmed.pop(rec.job_id, None)
+        if refusal is None:
+            firsts.setdefault(rec.job_id, rec.world_size)
+            if job.seen is not None and job.saw(rec.rank):
+                self._unconfirmed.pop(rec.job_id, None)
         return refusal
 
     def _too_large(self, job_id: str, what: str, world: int) -> Refusal:
@@ -357,20 +410,20 @@ class Gate:
     def _judge(self, job: _Job, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
         """One record against its job (looked up by the caller): refusal, or the job moved on."""
         if rec.world_size != job.world:
-            if job.hosts and host not in job.hosts:
+            if job.foreign(host):
                 return Refusal(
                     Reason.FOREIGN_LIFECYCLE,
                     (
                         f"job {rec.job_id} rank {rec.rank}: world_size {rec.world_size} "
                         f"(the job has {job.world}) from host {host!r}, "
-                        "which sent none of its steps"
+                        "which is not one of its hosts (records of 3 steps make one)"
                     ),
                 )
             grow = rec.world_size - job.world
             if grow > 0 and not self._room_for_ranks(grow):
                 return self._no_room(rec, f"{job.world} ranks to {rec.world_size}")
             self.capacity.ranks += grow
-            job.resized(rec.world_size)
+            job.resized(rec.world_size, rec.end)
             self._unconfirmed[rec.job_id] = None
         if rec.step > job.peak:
             limit = job.allowance(rec.end, self.cfg)
@@ -388,8 +441,8 @@ class Gate:
             job.ceiling, job.ceiling_end = rec.step, rec.end  # a restart from a checkpoint
             if rec.job_id not in out.rewound:
                 out.rewound.append(rec.job_id)
-        if host:
-            job.hosts.add(host)
+        if host and host not in job.hosts:
+            job.note_host(host, rec.step)
         return None
 
     def _job(self, rec: StepRecord) -> _Job | None:
@@ -515,7 +568,7 @@ class Gate:
         if ev.type == EventType.JOB_START:
             return self._job_start(ev)
         job = self._jobs.get(ev.job_id or "")
-        if job is None or not job.hosts or ev.host in job.hosts:
+        if job is None or not job.foreign(ev.host):
             if job is not None and ev.type == EventType.JOB_END:
                 self._forget_job(ev.job_id or "")
             return Admission(ev)
@@ -526,8 +579,8 @@ class Gate:
                     Reason.FOREIGN_LIFECYCLE,
                     (
                         f"{ev.type} for job {ev.job_id} from host {ev.host!r}, "
-                        "which sent none of its steps "
-                        f"(hosts: {', '.join(sorted(job.hosts)[:8])})"
+                        "which is not one of its hosts (records of 3 steps make one) "
+                        f"(hosts: {', '.join(sorted(job.hosts or job.newcomers)[:8])})"
                     ),
                 )
             ],
