@@ -55,7 +55,8 @@ def messages(sc: Scenario) -> list[Message]:
     for m in telemetry:
         found.extend(engine.process(m))
     found.extend(engine.tick(telemetry[-1].ts + 600))
-    stamped = [Sequencer("worker-1").stamp(d) for d in found]
+    seq = Sequencer("worker-1")  # one sender: its numbers run on, as a worker's do
+    stamped = [seq.stamp(d) for d in found]
     return sorted([*telemetry, *stamped], key=lambda m: m.ts)
 
 
