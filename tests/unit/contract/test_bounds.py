@@ -75,6 +75,9 @@ class _NoEngine:
     def forget(self, job_id: str, now: float, why: str) -> list:
         return []
 
+    def forget_host(self, host: str) -> None:
+        pass
+
     def stats(self) -> list:
         return []
 

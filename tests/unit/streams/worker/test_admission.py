@@ -202,7 +202,8 @@ def _state(gate: Gate) -> list[tuple]:
         for job_id, j in gate._jobs.items()
     ] + [
         (gate.capacity.ranks, gate.capacity.hosts, list(gate._hosts.items())),
-        (list(gate._unconfirmed), list(gate.evicted)),
+        (list(gate._unconfirmed), list(gate.evicted), sorted(gate._backing.items())),
+        list(gate.evicted_hosts),
     ]
 
 

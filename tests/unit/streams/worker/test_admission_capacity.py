@@ -195,3 +195,19 @@ def test_a_message_mixing_world_sizes_of_one_job_is_counted_as_the_core_builds_i
         w.send(mixed)
     held = sum(j.world_size for j in w.engine().jobs.values())
     assert held == w.proc.capacity.ranks <= 131072
+
+
+def test_a_flood_of_host_names_gives_way_to_the_hosts_of_a_job() -> None:
+    # before: 16,384 made-up host names (~1.6 MB) held every host place for 15 minutes,
+    # and a new node's samples and XID events were refused all that time
+    clock = Clock(T0 + 10)
+    w = Worker(clock, AdmissionConfig(max_hosts=10))
+    for i in range(10):
+        assert w.send(gpu(f"evil{i}", T0 + 1)) == []
+    assert w.send(gpu("node07", T0 + 2)) == ["capacity"]  # no step of it yet: no room
+    for s in range(1, 4):  # its job's step records: records of 3 steps make it the job's
+        assert w.send(steps("real", s, world=8, ranks=8, host="node07")) == []
+    assert w.send(gpu("node07", T0 + 5)) == []  # a made-up host gave way
+    assert "node07" in w.engine().windows and "evil0" not in w.engine().windows
+    assert len(w.engine().windows) == 10 and w.proc.capacity.hosts == 10
+    assert w.send(gpu("evil99", T0 + 6)) == ["capacity"]  # made-up names still wait

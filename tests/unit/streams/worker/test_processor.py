@@ -63,6 +63,9 @@ class FakeEngine:
     def forget(self, job_id: str, now: float, why: str) -> list[DetectionMessage]:
         return []
 
+    def forget_host(self, host: str) -> None:
+        pass
+
     def stats(self) -> list[JobStats]:
         jobs = {r.job_id for m in self.seen for r in getattr(m, "steps", [])}
         return [

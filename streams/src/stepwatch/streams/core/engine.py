@@ -114,6 +114,12 @@ class Engine:
         self.counts["jobs_evicted"] += 1
         return job.finish(now, f"job forgotten: {why}")
 
+    def forget_host(self, host: str) -> None:
+        """Drop a host's samples and events now (its driver's admission let it go)."""
+        win = self.windows.pop(host, None)
+        if win is not None:
+            win.close()
+
     def _forget_silent_hosts(self, now: float) -> None:
         """Host windows silent for ``host_silence_seconds`` go. Each window's ``last_seen``
         only grows, so the oldest one found by the last look bounds them all: the

@@ -171,18 +171,21 @@ class _Job:
         self.seen: bytearray | None = bytearray(world)  # ranks that reported (None: confirmed)
         self.n_seen = 0
 
-    def note_host(self, host: str, step: int) -> None:
+    def note_host(self, host: str, step: int) -> bool:
         """A host sent an admitted record of ``step``: one of the job's hosts once it has
         sent records of ``HOST_STEPS`` distinct steps (one forged record makes no host
-        the job's, whose ``job_end`` or resize would then pass)."""
+        the job's, whose ``job_end`` or resize would then pass). True when it just
+        became one."""
         steps, last = self.newcomers.get(host, (0, -1))
         if step != last:
             steps += 1
         if steps >= HOST_STEPS:
             self.newcomers.pop(host, None)
             self.hosts.add(host)
-        elif host in self.newcomers or len(self.newcomers) < MAX_NEWCOMERS:
+            return True
+        if host in self.newcomers or len(self.newcomers) < MAX_NEWCOMERS:
             self.newcomers[host] = (steps, step)
+        return False
 
     def foreign(self, host: str) -> bool:
         """Whether ``host`` is not one of the job's hosts: those that sent records of
@@ -237,7 +240,9 @@ class Gate:
         self._jobs: OrderedDict[str, _Job] = OrderedDict()
         self._hosts: OrderedDict[str, float] = OrderedDict()  # host -> its newest message
         self._unconfirmed: OrderedDict[str, None] = OrderedDict()  # oldest first
+        self._backing: dict[str, int] = {}  # host -> jobs here it is a host of
         self.evicted: list[tuple[str, str]] = []  # (job, why) let go: the core forgets them
+        self.evicted_hosts: list[str] = []  # hosts let go: the core forgets their samples
         self._now = 0.0  # the clock of the message being judged
         # the clock bounds as plain numbers (<= 0: no check) for :meth:`check`
         self._future = self.cfg.future_seconds if self.cfg.future_seconds > 0 else _NO_LIMIT
@@ -441,8 +446,8 @@ class Gate:
             job.ceiling, job.ceiling_end = rec.step, rec.end  # a restart from a checkpoint
             if rec.job_id not in out.rewound:
                 out.rewound.append(rec.job_id)
-        if host and host not in job.hosts:
-            job.note_host(host, rec.step)
+        if host and host not in job.hosts and job.note_host(host, rec.step):
+            self._backing[host] = self._backing.get(host, 0) + 1
         return None
 
     def _job(self, rec: StepRecord) -> _Job | None:
@@ -512,6 +517,17 @@ class Gate:
         self._unconfirmed.pop(job_id, None)
         if job is not None:
             self.capacity.ranks -= job.world
+            for host in job.hosts:
+                left = self._backing.get(host, 0) - 1
+                if left > 0:
+                    self._backing[host] = left
+                else:
+                    self._backing.pop(host, None)
+
+    def take_evicted_hosts(self) -> list[str]:
+        """The hosts let go to make room since the last call: the core forgets them too."""
+        out, self.evicted_hosts = self.evicted_hosts, []
+        return out
 
     def take_evicted(self) -> list[tuple[str, str]]:
         """The jobs let go to make room since the last call, and why: the detection core
@@ -541,19 +557,35 @@ class Gate:
             return None
         cap = self.capacity
         while not cap.room_for_host():
-            oldest = next(iter(hosts.items()), None)
-            if oldest is None or self._now - oldest[1] <= self.cfg.host_idle_seconds:
+            gone = self._host_to_let_go(host)
+            if gone is None:
                 return Refusal(
                     Reason.CAPACITY,
                     f"host {host!r}: no room for a new host (hosts {cap.hosts} of "
                     f"{cap.max_hosts} in this worker; none quiet for "
-                    f"{self.cfg.host_idle_seconds:.0f} s)",
+                    f"{self.cfg.host_idle_seconds:.0f} s, and none that runs no job here "
+                    "for a host of a job)",
                 )
-            del hosts[oldest[0]]
+            del hosts[gone]
             cap.hosts -= 1
+            self.evicted_hosts.append(gone)
         hosts[host] = ts
         cap.hosts += 1
         return None
+
+    def _host_to_let_go(self, new: str) -> str | None:
+        """The least recently seen host if it is quiet; else, for a new host that is one of
+        a job's hosts here (its step records say so), the least recently seen host that
+        is no job's (a flood of made-up host names gives way to real ones)."""
+        hosts = self._hosts
+        oldest = next(iter(hosts.items()), None)
+        if oldest is None:
+            return None
+        if self._now - oldest[1] > self.cfg.host_idle_seconds:
+            return oldest[0]
+        if not self._backing.get(new):
+            return None
+        return next((h for h in hosts if h not in self._backing), None)
 
     def release(self) -> None:
         """The partition is gone: give its jobs' and hosts' places back to the worker."""
@@ -562,6 +594,7 @@ class Gate:
         self._jobs.clear()
         self._hosts.clear()
         self._unconfirmed.clear()
+        self._backing.clear()
 
     # ------------------------------------------------------------------ lifecycle
     def _lifecycle(self, ev: EventMessage) -> Admission:

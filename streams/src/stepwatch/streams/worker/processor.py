@@ -223,7 +223,7 @@ class StreamProcessor:
                 continue
             st = states.get(partition) or self.state(partition)
             gated = st.gate.check(message, now)
-            if st.gate.evicted:
+            if st.gate.evicted or st.gate.evicted_hosts:
                 out.extend(self._let_go(st, now))
             if gated is not None:
                 if gated.refusals or gated.rewound:
@@ -289,6 +289,11 @@ class StreamProcessor:
             )
             st.dedup.forget_job(job_id)
             out.extend(self._publish(st, det) for det in st.engine.forget(job_id, now, why))
+        for host in st.gate.take_evicted_hosts():
+            log.warning(
+                "host forgotten to make room host=%s partition=%d", host, st.partition
+            )
+            st.engine.forget_host(host)
         return out
 
     def _gated(
