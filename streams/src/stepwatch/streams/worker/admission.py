@@ -48,10 +48,12 @@ from dataclasses import dataclass, field
 import msgspec
 
 from stepwatch.contract import EventMessage, EventType, Message, StepMessage, StepRecord
+from stepwatch.streams.worker.capacity import Capacity
+from stepwatch.streams.worker.gatejob import GateJob
+
+__all__ = ["Admission", "AdmissionConfig", "Capacity", "Gate", "Reason", "Refusal"]
 
 LIFECYCLE = frozenset({EventType.JOB_END, EventType.JOB_START})
-HOST_STEPS = 3  # distinct steps a host's records must cover before it is one of the job's
-MAX_NEWCOMERS = 4096  # hosts of a job still short of HOST_STEPS, at most
 _NO_LIMIT = float("inf")
 
 
@@ -79,28 +81,6 @@ class AdmissionConfig:
     # its place up to a new job when the worker is full (a claim of many ranks, unbacked)
     confirm_seconds: float = 120.0
     host_idle_seconds: float = 900.0  # a host this quiet gives its place up (core: the same)
-
-
-class Capacity:
-    """What the detection cores of one worker may hold, shared by its partitions' gates:
-    ranks (the jobs' world sizes summed) and hosts. A gate takes before it admits a new
-    job or host and gives back when it lets one go."""
-
-    def __init__(self, max_ranks: int, max_hosts: int) -> None:
-        self.max_ranks = max_ranks if max_ranks > 0 else None
-        self.max_hosts = max_hosts if max_hosts > 0 else None
-        self.ranks = 0
-        self.hosts = 0
-
-    @classmethod
-    def of(cls, cfg: AdmissionConfig) -> Capacity:
-        return cls(cfg.max_ranks, cfg.max_hosts)
-
-    def room_for_ranks(self, n: int) -> bool:
-        return self.max_ranks is None or self.ranks + n <= self.max_ranks
-
-    def room_for_host(self) -> bool:
-        return self.max_hosts is None or self.hosts < self.max_hosts
 
 
 @dataclass(frozen=True)
@@ -136,99 +116,6 @@ def _mixed(rec: StepRecord, first: int) -> Refusal:
     )
 
 
-class _Job:
-    """``peak``: the highest step admitted (jumps are judged against it); ``ceiling``:
-    this run's."""
-
-    __slots__ = (
-        "born",
-        "ceiling",
-        "ceiling_end",
-        "first_end",
-        "first_step",
-        "hosts",
-        "n_seen",
-        "newcomers",
-        "peak",
-        "peak_end",
-        "seen",
-        "stepless",
-        "world",
-    )
-
-    def __init__(self, rec: StepRecord | None, world: int, ts: float) -> None:
-        """From the job's first step record; or (``rec`` None) from its ``job_start``:
-        then its first step record, whenever it comes, may start anywhere."""
-        self.stepless = rec is None
-        step = -1 if rec is None else rec.step
-        end = ts if rec is None else rec.end
-        self.first_step = self.ceiling = self.peak = step
-        self.first_end = self.ceiling_end = self.peak_end = end
-        self.hosts: set[str] = set()  # hosts that sent records of HOST_STEPS steps or more
-        self.newcomers: dict[str, tuple[int, int]] = {}  # other hosts: (steps, the last one)
-        self.world = world
-        self.born = end
-        self.seen: bytearray | None = bytearray(world)  # ranks that reported (None: confirmed)
-        self.n_seen = 0
-
-    def note_host(self, host: str, step: int) -> bool:
-        """A host sent an admitted record of ``step``: one of the job's hosts once it has
-        sent records of ``HOST_STEPS`` distinct steps (one forged record makes no host
-        the job's, whose ``job_end`` or resize would then pass). True when it just
-        became one."""
-        steps, last = self.newcomers.get(host, (0, -1))
-        if step != last:
-            steps += 1
-        if steps >= HOST_STEPS:
-            self.newcomers.pop(host, None)
-            self.hosts.add(host)
-            return True
-        if host in self.newcomers or len(self.newcomers) < MAX_NEWCOMERS:
-            self.newcomers[host] = (steps, step)
-        return False
-
-    def foreign(self, host: str) -> bool:
-        """Whether ``host`` is not one of the job's hosts: those that sent records of
-        ``HOST_STEPS`` steps; while none has, those that sent any (a young job). A job
-        with no host yet judges none foreign."""
-        if self.hosts:
-            return host not in self.hosts
-        return bool(self.newcomers) and host not in self.newcomers
-
-    def saw(self, rank: int) -> bool:
-        """Note a rank that reported; True when the job has just become confirmed (half
-        of its ranks or more reported)."""
-        seen = self.seen
-        if seen is None or rank >= len(seen) or seen[rank]:
-            return False
-        seen[rank] = 1
-        self.n_seen += 1
-        if 2 * self.n_seen < self.world:
-            return False
-        self.seen = None
-        return True
-
-    def resized(self, world: int, end: float) -> None:
-        self.world = world
-        self.seen, self.n_seen = bytearray(world), 0  # to be confirmed again at its new size
-        self.born = end  # ... given the same time to be
-
-    def first(self, rec: StepRecord) -> None:
-        """The first step record of a job known until now from its ``job_start``."""
-        self.stepless = False
-        self.first_step = self.ceiling = self.peak = rec.step
-        self.first_end = self.ceiling_end = self.peak_end = self.born = rec.end
-
-    def quiet_since(self) -> float:
-        return max(self.peak_end, self.ceiling_end)
-
-    def allowance(self, end: float, cfg: AdmissionConfig) -> float:
-        span = self.peak_end - self.first_end
-        rate = (self.peak - self.first_step) / span if span > 0 else 0.0
-        elapsed = max(end - self.peak_end, 1.0)
-        return max(float(cfg.step_jump_min), cfg.step_jump_factor * rate * elapsed)
-
-
 class Gate:
     """Per-partition admission state: each job's step ceiling, cadence and hosts."""
 
@@ -237,7 +124,7 @@ class Gate:
     ) -> None:
         self.cfg = config or AdmissionConfig()
         self.capacity = capacity or Capacity.of(self.cfg)
-        self._jobs: OrderedDict[str, _Job] = OrderedDict()
+        self._jobs: OrderedDict[str, GateJob] = OrderedDict()
         self._hosts: OrderedDict[str, float] = OrderedDict()  # host -> its newest message
         self._unconfirmed: OrderedDict[str, None] = OrderedDict()  # oldest first
         self._backing: dict[str, int] = {}  # host -> jobs here it is a host of
@@ -305,7 +192,7 @@ class Gate:
         out: Admission | None = None
         kept: list[StepRecord] | None = None
         job_id: str | None = None
-        job: _Job | None = None
+        job: GateJob | None = None
         firsts: dict[str, int] = {}  # each job's first admitted world_size in this message
         for i, rec in enumerate(steps):
             refusal: Refusal | None = None
@@ -412,7 +299,7 @@ class Gate:
             f"job {job_id} {what}world_size {world} is over {self.cfg.max_world_size}",
         )
 
-    def _judge(self, job: _Job, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
+    def _judge(self, job: GateJob, rec: StepRecord, host: str, out: Admission) -> Refusal | None:
         """One record against its job (looked up by the caller): refusal, or the job moved on."""
         if rec.world_size != job.world:
             if job.foreign(host):
@@ -450,14 +337,14 @@ class Gate:
             self._backing[host] = self._backing.get(host, 0) + 1
         return None
 
-    def _job(self, rec: StepRecord) -> _Job | None:
+    def _job(self, rec: StepRecord) -> GateJob | None:
         """The record's job, a new one when there is room for it (None: there is not)."""
         jobs = self._jobs
         job = jobs.get(rec.job_id)
         if job is None:
             if not self._room_for_job(rec.world_size):
                 return None
-            job = jobs[rec.job_id] = _Job(rec, rec.world_size, rec.end)
+            job = jobs[rec.job_id] = GateJob(rec, rec.world_size, rec.end)
             self.capacity.ranks += rec.world_size
             self._unconfirmed[rec.job_id] = None
         else:
@@ -637,7 +524,7 @@ class Gate:
                 f"{cap.ranks} of {cap.max_ranks} in this worker)"
             )
             return Admission(None, [Refusal(Reason.CAPACITY, detail)])
-        self._jobs[ev.job_id] = _Job(None, world, ev.ts)
+        self._jobs[ev.job_id] = GateJob(None, world, ev.ts)
         self.capacity.ranks += world
         self._unconfirmed[ev.job_id] = None
         return Admission(ev)

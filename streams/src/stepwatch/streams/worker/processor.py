@@ -42,7 +42,8 @@ from stepwatch.contract.codec import MAX_MESSAGE_BYTES
 from stepwatch.errors import ContractError
 from stepwatch.logs import LogOnce
 from stepwatch.streams.core.api import Analyzer, JobStats
-from stepwatch.streams.worker.admission import Admission, AdmissionConfig, Capacity, Gate
+from stepwatch.streams.worker.admission import Admission, AdmissionConfig, Gate
+from stepwatch.streams.worker.capacity import Capacity
 from stepwatch.streams.worker.dedup import Deduplicator
 from stepwatch.streams.worker.dlq import DlqReason, dead_letter, encode_dead_letter
 from stepwatch.streams.worker.ledger import Ledger, PartitionLedger
@@ -290,9 +291,7 @@ class StreamProcessor:
             st.dedup.forget_job(job_id)
             out.extend(self._publish(st, det) for det in st.engine.forget(job_id, now, why))
         for host in st.gate.take_evicted_hosts():
-            log.warning(
-                "host forgotten to make room host=%s partition=%d", host, st.partition
-            )
+            log.warning("host forgotten to make room host=%s partition=%d", host, st.partition)
             st.engine.forget_host(host)
         return out
 
