@@ -20,7 +20,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -249,13 +251,42 @@ def clear_previous(workdir: Path, say: Callable[[str], None], grace: float = GRA
         return 0
     ledger = read(path)
     assert ledger is not None
+    dirs = run_dirs(found)  # read before they stop: their command lines name them
     left = stop_survivors(found, ledger.boot, say, grace)
     if left:
         pids = ", ".join(str(e.pid) for e in left)
         raise StepwatchError(f"the previous demo run's processes {pids} would not stop")
     count = f"{len(found)} process{'es' if len(found) > 1 else ''}"
     say(f"previous demo run: stopped {count} it left running")
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
+        say(f"previous demo run: removed its private Slurm/munge folder {d}")
     return len(found)
+
+
+RUN_DIR_PREFIX = "swslurm-"  # stepwatch.daemons.slurm's private folder (munge socket, spool)
+
+
+def run_dirs(found: Sequence[Recorded]) -> list[Path]:
+    """The private Slurm/munge folders (``<tmp>/swslurm-*``) that ``found`` name on their
+    command lines: a killed demo never removed them. Only such folders, directly in the
+    temporary directory."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    out: set[Path] = set()
+    for entry in found:
+        try:
+            args = Path(f"/proc/{entry.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for arg in args:
+            text = arg.decode(errors="replace").split("=", 1)[-1]
+            if RUN_DIR_PREFIX not in text:
+                continue
+            path = Path(text)
+            for folder in (path, *path.parents):
+                if folder.parent == tmp and folder.name.startswith(RUN_DIR_PREFIX):
+                    out.add(folder)
+    return sorted(out)
 
 
 class Recorder:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -103,6 +105,30 @@ def test_a_new_run_stops_the_previous_runs_survivors(
         "previous demo run: stopped 1 process it left running",
     ]
     assert clear_previous(tmp_path, said.append) == 0  # nothing alive any more
+
+
+def test_a_killed_runs_private_slurm_folder_is_removed_with_its_processes(
+    tmp_path: Path,
+) -> None:
+    # before: a demo killed with SIGKILL left <tmp>/swslurm-* (munge seed, Slurm spool)
+    run_dir = Path(tempfile.mkdtemp(prefix="swslurm-"))
+    (run_dir / "sock").write_text("")
+    munged = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", f"--socket={run_dir}/sock"],
+        start_new_session=True,
+    )
+    try:
+        entry = Recorded(munged.pid, started(munged.pid), "munged", leader=True)
+        write(tmp_path / STATE_FILE, Ledger(boot_id(), gone(), (entry,)))
+        said: list[str] = []
+        assert clear_previous(tmp_path, said.append, grace=5.0) == 1
+        assert not run_dir.exists()
+        assert said[-1] == f"previous demo run: removed its private Slurm/munge folder {run_dir}"
+    finally:
+        if munged.poll() is None:
+            munged.kill()
+        munged.wait(5)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def test_a_previous_demo_still_running_is_left_alone(

@@ -23,6 +23,7 @@ from stepwatch.contract import (
 )
 from stepwatch.contract.records import TEXT_MAX
 from stepwatch.streams.core import Engine
+from tests.support.detect_synth import Job, drive, opened
 
 pytestmark = pytest.mark.unit
 
@@ -45,3 +46,11 @@ def test_an_exception_of_the_longest_detail_opens_a_detection_every_reader_accep
     back = decode(encode(det))  # as the sink reads it
     assert isinstance(back, DetectionMessage) and back.type == "user_error"
     assert len(back.summary) == TEXT_MAX and back.summary.startswith("exception: Traceback")
+
+
+def test_a_compute_straggler_without_gpu_telemetry_does_not_call_it_healthy() -> None:
+    # the torch demo (no GPU collector): "compute longer than peers (GPU telemetry
+    # healthy)" named a GPU no sample had been read from
+    (d,) = opened(drive(Engine(), Job(world=16, steps=60, slow={3: (20, 1.5)}).messages()))
+    assert d.cause == "gpu" and "compute longer than peers" in d.summary
+    assert "no GPU telemetry" in d.summary and "healthy" not in d.summary

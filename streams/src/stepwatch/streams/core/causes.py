@@ -121,7 +121,7 @@ class CauseFinder:
         net = self._own_nic(host, peers, t1, span)
         if net is not None:
             return net
-        return by_phases(shares, self.cfg.data_share_for_input, "")
+        return by_phases(shares, self.cfg.data_share_for_input, "", own is not None)
 
     def _own_nic(
         self, host: str, peers: list[str], t1: float, span: float | None
@@ -173,7 +173,7 @@ class CauseFinder:
         net = self._own_nic(host, peers, t1, span)
         if net is not None:
             return net
-        return by_phases(shares, need, " of the host")
+        return by_phases(shares, need, " of the host", bool(signals))
 
     def for_job(
         self,
@@ -308,8 +308,9 @@ def by_host_side(shares: Shares, need: float, where: str) -> Attribution | None:
     return None
 
 
-def by_phases(shares: Shares, need: float, where: str) -> Attribution:
-    """The phase evidence alone: input pipeline, CPU, compute on the GPU, or nowhere."""
+def by_phases(shares: Shares, need: float, where: str, gpu_seen: bool = True) -> Attribution:
+    """The phase evidence alone: input pipeline, CPU, compute on the GPU, or nowhere.
+    ``gpu_seen``: whether the GPU's samples were there to find nothing in."""
     host_side = by_host_side(shares, need, where)
     if host_side is not None:
         return host_side
@@ -317,7 +318,8 @@ def by_phases(shares: Shares, need: float, where: str) -> Attribution:
         return Attribution(
             Cause.GPU,
             Fault.SYSTEM,
-            f"compute longer than peers{where} (GPU telemetry healthy)",
+            f"compute longer than peers{where} "
+            f"({'GPU telemetry healthy' if gpu_seen else 'no GPU telemetry to say more'})",
             {"compute_share_of_excess": round(shares.compute, 3), "gpu_reasons": "compute"},
         )
     return UNKNOWN
