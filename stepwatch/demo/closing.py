@@ -14,7 +14,7 @@ TRY_QUERIES: tuple[tuple[str, str], ...] = (
     ("goodput_mfu", "--job {job}"),
     ("network_hotspots", "--job {job}"),
     ("gpu_errors", "--job {job}"),
-    ("lemon_nodes", ""),
+    ("lemon_nodes", "-p min_jobs=1"),  # the demo's store holds one job: 1, not the default 2
 )
 
 
@@ -52,7 +52,7 @@ def closing_note(store: Path | None, job: str, report: Path | None) -> str:
             lines.append(f"  {cmd} query {name}{more} --store-path {shlex.quote(_short(store))}")
         lines.append(
             f"  {cmd} sql --store-path {shlex.quote(_short(store))} "
-            '"SELECT type, host, rank, cause FROM detections LIMIT 10"'
+            '"SELECT type, state, host, rank, cause FROM detections ORDER BY ts LIMIT 10"'
         )
     if report is not None:
         lines.append(f"post-mortem report: {report}")

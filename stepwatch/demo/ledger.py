@@ -210,7 +210,8 @@ def stop_survivors(
     _signal_all(found, boot, signal.SIGTERM)
     left = _wait_gone(found, boot, grace)
     if left:
-        say(f"previous demo run: {len(left)} did not stop on SIGTERM in {grace:.0f} s: SIGKILL")
+        which = ", ".join(f"{e.what} (pid {e.pid})" for e in left)
+        say(f"previous demo run: {which} did not stop on SIGTERM in {grace:.0f} s: SIGKILL")
         _signal_all(left, boot, signal.SIGKILL)
         left = _wait_gone(left, boot, 5.0)
     return left

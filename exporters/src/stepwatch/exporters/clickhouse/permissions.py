@@ -24,7 +24,7 @@ def private_umask() -> None:
     """Files this process creates from now on are not readable by group or others."""
     old = os.umask(PRIVATE_UMASK)
     if old & PRIVATE_UMASK != PRIVATE_UMASK:
-        log.info("store owner umask set umask=%03o was=%03o", PRIVATE_UMASK, old)
+        log.debug("store owner umask set umask=%03o was=%03o", PRIVATE_UMASK, old)
 
 
 def secure_store_dir(path: str, *, create: bool) -> int:
