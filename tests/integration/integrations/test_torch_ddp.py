@@ -201,7 +201,18 @@ full = pytest.mark.skipif(
 
 
 def test_healthy_ddp_job_is_silent(pipeline) -> None:  # type: ignore[no-untyped-def]
-    assert opened(run_and_detect(pipeline, "healthy", Fault("healthy"))) == []
+    """As on the busy machine below: a CI run on a loaded 2-core machine once opened a real
+    CPU-contention straggler (rank 0 waiting for a CPU 0.30 s a step against its peers'
+    0.27 s; cause host_input, host_reasons=cpu_contention). Such an incident may happen
+    once and must not come back in a second run; anything else fails at once."""
+    for attempt in range(2):
+        incidents = opened(run_and_detect(pipeline, f"healthy{attempt}", Fault("healthy")))
+        if not incidents:
+            return
+        assert all(_evidence(d).get("host_reasons") == "cpu_contention" for d in incidents), (
+            incidents
+        )
+    assert incidents == []
 
 
 @full
