@@ -165,15 +165,9 @@ class Gate:
         ts = message.ts
         if ts > now + self._future or ts < now - self._max_age:
             return self.admit(message, now)  # refused: the precise reason
-        hosts = self._hosts
-        host = message.host
-        seen = hosts.get(host)
-        if seen is None:
-            return _unless_plain(self.admit(message, now))  # a new host: room for it?
-        hosts.move_to_end(host)
-        if ts > seen:
-            hosts[host] = ts
-        return None
+        self._now = now
+        refusal = self._host(message.host, ts)
+        return None if refusal is None else Admission(None, [refusal])
 
     def _check_steps(self, message: StepMessage, now: float) -> Admission | None:
         self._now = now
