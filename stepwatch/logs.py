@@ -10,13 +10,27 @@ from collections.abc import Callable
 FORMAT = 'ts=%(asctime)s level=%(levelname)s logger=%(name)s msg="%(message)s"'
 
 
+class StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record comes, not the stream it was at
+    set-up: a caller that swaps it (a test runner capturing output, then closing it) never
+    leaves the handler writing to a closed file."""
+
+    @property
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: object) -> None:
+        pass
+
+
 def configure(level: str = "INFO") -> None:
     """Configure the root logger once for a CLI process."""
     root = logging.getLogger()
     if getattr(configure, "_done", False):
         root.setLevel(level.upper())
         return
-    handler = logging.StreamHandler(sys.stderr)
+    handler = StderrHandler()
     handler.setFormatter(logging.Formatter(FORMAT))
     root.addHandler(handler)
     root.setLevel(level.upper())
