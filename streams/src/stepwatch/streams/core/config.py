@@ -70,6 +70,11 @@ class DetectConfig:
     # k for the job's own history: global transients (a congestion burst of a few steps
     # next to a GC or evaluation pause) move it, while peer comparison cancels them
     slowdown_persist_steps: int = 6
+    # ... and the slow run of steps must have lasted this long (event time): Falcon's
+    # slowdowns last tens of seconds or more, while a loaded machine's few-second dips slow
+    # every rank of a fast job alike (a healthy 0.24 s-step DDP job on a loaded CI machine
+    # opened one, cause unknown). Jobs of steps over ~1.7 s are not delayed by it.
+    slowdown_min_seconds: float = 10.0
     # jobs of at most this many hosts also compare each host with its own history: a slow
     # host that is half of the job has no majority of peers to stand out against
     host_history_max_hosts: int = 8
@@ -116,6 +121,8 @@ class DetectConfig:
         for name in ("assembly_deadline_seconds", "hang_min_seconds", "hang_step_multiple"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be > 0")
+        if not self.slowdown_min_seconds >= 0:
+            raise ConfigError("slowdown_min_seconds must be >= 0")
         if self.min_group_size < 2 or self.resolve_steps < 1:
             raise ConfigError("min_group_size must be >= 2 and resolve_steps >= 1")
 

@@ -90,6 +90,7 @@ class SlowdownTracker:
         self._host_names: tuple[str, ...] = ()
         self._host_index: np.ndarray | None = None  # (hosts, ranks) when hosts are equal
         self.group_base: np.ndarray | None = None  # baseline median busy time per group
+        self._run = SlowRun()
 
     def on_restart(self) -> None:
         """A restart from a checkpoint: the recent window and its flags belong to the old run
@@ -104,6 +105,7 @@ class SlowdownTracker:
         ):
             if ring is not None:
                 ring.clear()
+        self._run = SlowRun()
 
     def update(
         self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray, hosts: GroupIndex | None = None
@@ -140,6 +142,7 @@ class SlowdownTracker:
             if worst > ratio:
                 ratio = float(worst)
         flagged = bool(ratio > self.threshold)
+        self._run.update(ratio > self.threshold / 2, cs.end_max)
         self.ratios.push(ratio)
         self.trail.push(ratio)
         self.flags.push(1.0 if flagged else 0.0)
@@ -172,8 +175,11 @@ class SlowdownTracker:
         self.threshold = max(self.cfg.slowdown_min_excess, self.cfg.slowdown_z * spread)
 
     def candidate(self, groups: GroupIndex) -> Slowdown | None:
-        """A slowdown when k of the last n steps were flagged and their median ratio is high."""
+        """A slowdown when k of the last n steps were flagged, their median ratio is high and
+        the run of slow steps has lasted ``slowdown_min_seconds`` of the job's time."""
         if self.baseline is None or self.flags.filled().sum() < self.cfg.slowdown_persist_steps:
+            return None
+        if self._run.seconds() < self.cfg.slowdown_min_seconds:
             return None
         return self._verdict(groups, self.threshold)
 
@@ -253,6 +259,35 @@ class SlowdownTracker:
             g = int(slow[0])
             return groups.names[g], float(base[g]), float(now[g])
         return "", 0.0, 0.0
+
+
+class SlowRun:
+    """How long the trailing run of slow steps has lasted, in event time: the same run as
+    :func:`trailing_run` (one step back at or below the level does not end it), kept as the
+    steps come so that it can outlast the ratio rings."""
+
+    __slots__ = ("below", "last_ts", "now", "start_ts")
+
+    def __init__(self) -> None:
+        self.start_ts: float | None = None  # when the run's first step began
+        self.last_ts: float | None = None  # the end of the step before this one
+        self.now = 0.0
+        self.below = 0
+
+    def update(self, slow: bool, ts: float) -> None:
+        if slow:
+            if self.start_ts is None:
+                self.start_ts = ts if self.last_ts is None else self.last_ts
+            self.below = 0
+        elif self.start_ts is not None:
+            self.below += 1
+            if self.below > 1:
+                self.start_ts = None
+        self.last_ts = ts
+        self.now = ts
+
+    def seconds(self) -> float:
+        return 0.0 if self.start_ts is None else self.now - self.start_ts
 
 
 def _host_cpu(cs: ClosedStep, hosts: GroupIndex, index: np.ndarray | None) -> np.ndarray:
