@@ -124,7 +124,10 @@ def run_and_detect(
                 d["host"],
                 d["cause"],
                 d.get("first_step"),
+                d.get("step"),
                 d.get("related"),
+                d.get("summary"),
+                _evidence(d),
             )
             for d in found
         ],
