@@ -155,7 +155,7 @@ class Arc:
 def _step_times(o: Mapping[str, Any]) -> str:
     before, after = o.get("before"), o.get("after")
     if isinstance(before, int | float) and isinstance(after, int | float):
-        return f" (job step time {before:.2f} s before, {after:.2f} s after)"
+        return f" (job step time {before:.3f} s before, {after:.3f} s after)"
     return ""
 
 
