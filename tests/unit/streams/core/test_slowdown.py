@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from stepwatch.contract import Message
 from stepwatch.streams.core import Engine
+from stepwatch.streams.core.slowdown import SlowRun
 from tests.support.detect_synth import (
     Job,
     drive,
@@ -98,3 +99,20 @@ def _shift_after(messages, step, dt):  # type: ignore[no-untyped-def]
                 msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
                 for r in m.steps
             ]
+
+
+def test_a_slow_run_outlasts_the_steps_a_qualifying_window_may_hold_back() -> None:
+    """A bursty slowdown (two normal steps now and then, as a window of 6 of 8 flagged
+    allows) is one run; three normal steps in a row end it."""
+    run = SlowRun(gap=2)
+    run.update(False, 9.0)  # a normal step: not a run
+    assert run.seconds() == 0.0
+    pattern = [True, True, True, False, False, True, True, True, False, False, True]
+    for i, slow in enumerate(pattern):
+        run.update(slow, 10.0 + i)
+    assert run.seconds() == 11.0  # from the end of the step before the first slow one
+    for i in range(3):
+        run.update(False, 21.0 + i)
+    assert run.seconds() == 0.0
+    run.update(True, 30.0)
+    assert run.seconds() == 7.0  # a new run, from the last step's end

@@ -90,7 +90,7 @@ class SlowdownTracker:
         self._host_names: tuple[str, ...] = ()
         self._host_index: np.ndarray | None = None  # (hosts, ranks) when hosts are equal
         self.group_base: np.ndarray | None = None  # baseline median busy time per group
-        self._run = SlowRun()
+        self._run = SlowRun(_run_gap(cfg))
 
     def on_restart(self) -> None:
         """A restart from a checkpoint: the recent window and its flags belong to the old run
@@ -105,7 +105,7 @@ class SlowdownTracker:
         ):
             if ring is not None:
                 ring.clear()
-        self._run = SlowRun()
+        self._run = SlowRun(self._run.gap)
 
     def update(
         self, cs: ClosedStep, groups: GroupIndex, busy: np.ndarray, hosts: GroupIndex | None = None
@@ -261,14 +261,21 @@ class SlowdownTracker:
         return "", 0.0, 0.0
 
 
+def _run_gap(cfg: DetectConfig) -> int:
+    """Steps back at or below the level that do not end a slow run: as many as a window
+    that qualifies (k of n flagged) may hold, so such a window never splits a run."""
+    return max(1, cfg.window_steps - cfg.slowdown_persist_steps)
+
+
 class SlowRun:
-    """How long the trailing run of slow steps has lasted, in event time: the same run as
-    :func:`trailing_run` (one step back at or below the level does not end it), kept as the
-    steps come so that it can outlast the ratio rings."""
+    """How long the trailing run of slow steps has lasted, in event time, kept as the steps
+    come so that it can outlast the ratio rings: up to ``gap`` consecutive steps at or
+    below the level do not end it (as in :func:`trailing_run`)."""
 
-    __slots__ = ("below", "last_ts", "now", "start_ts")
+    __slots__ = ("below", "gap", "last_ts", "now", "start_ts")
 
-    def __init__(self) -> None:
+    def __init__(self, gap: int = 1) -> None:
+        self.gap = gap
         self.start_ts: float | None = None  # when the run's first step began
         self.last_ts: float | None = None  # the end of the step before this one
         self.now = 0.0
@@ -281,7 +288,7 @@ class SlowRun:
             self.below = 0
         elif self.start_ts is not None:
             self.below += 1
-            if self.below > 1:
+            if self.below > self.gap:
                 self.start_ts = None
         self.last_ts = ts
         self.now = ts
