@@ -5,9 +5,9 @@ A node agent (``stepwatch agent``, steps collector) per node receives the
 ranks' step datagrams and publishes them; the example runs 4 ranks with gloo
 on CPU, pinned two to a core, as two emulated hosts, and one rank on the
 job's second node does 5x the forward work from step 60 on (on 2 busy cores the
-forward is a small part of a step: at 2.5x the job was only ~9 % slower, and the
-remediator rightly judged the drain's outcome not_recovered; at 5x about 20 %).
-Rank 0 saves a checkpoint every 100 steps.
+forward is a small part of a step: at 2.5x the job hardly slowed, and the
+remediator rightly judged the drain's outcome not_recovered by the step times it
+prints). Rank 0 saves a checkpoint every 100 steps.
 
 With ``follow`` (the demo's Slurm job, :mod:`stepwatch.demo.allocation`) the
 hosts are the allocation's nodes and the job follows its scheduler job as the

@@ -272,18 +272,18 @@ class SlowRun:
     come so that it can outlast the ratio rings: up to ``gap`` consecutive steps at or
     below the level do not end it (as in :func:`trailing_run`)."""
 
-    __slots__ = ("below", "gap", "last_ts", "now", "start_ts")
+    __slots__ = ("below", "gap", "last_ts", "start_ts")
 
     def __init__(self, gap: int = 1) -> None:
         self.gap = gap
         self.start_ts: float | None = None  # when the run's first step began
-        self.last_ts: float | None = None  # the end of the step before this one
-        self.now = 0.0
+        self.last_ts: float | None = None  # the end of the latest step
         self.below = 0
 
     def update(self, slow: bool, ts: float) -> None:
+        """The step that ended at ``ts``: slow or not."""
         if slow:
-            if self.start_ts is None:
+            if self.start_ts is None:  # it began when the step before it ended
                 self.start_ts = ts if self.last_ts is None else self.last_ts
             self.below = 0
         elif self.start_ts is not None:
@@ -291,10 +291,11 @@ class SlowRun:
             if self.below > self.gap:
                 self.start_ts = None
         self.last_ts = ts
-        self.now = ts
 
     def seconds(self) -> float:
-        return 0.0 if self.start_ts is None else self.now - self.start_ts
+        if self.start_ts is None or self.last_ts is None:
+            return 0.0
+        return self.last_ts - self.start_ts
 
 
 def _host_cpu(cs: ClosedStep, hosts: GroupIndex, index: np.ndarray | None) -> np.ndarray:
