@@ -66,7 +66,7 @@ def sink_reasons(max_bytes: int = 1 << 20) -> tuple[dict[int, str], int]:
 
 
 class _NoEngine:
-    def process(self, message: object) -> list:
+    def process(self, message: object, arrived: float | None = None) -> list:
         return []
 
     def tick(self, now: float) -> list:

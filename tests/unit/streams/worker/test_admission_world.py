@@ -52,13 +52,16 @@ def _det(value: bytes) -> DetectionMessage:
 
 def _hung_job(now: float) -> tuple[StreamProcessor, Topics, list[DetectionMessage]]:
     topics = Topics("t")
+    clock = [T0 + 61]  # the worker's clock: records arrive as they are sent, then time passes
     proc = StreamProcessor(
-        topics, default_engine_factory(Settings.load(env={})), worker="w", clock=lambda: now
+        topics, default_engine_factory(Settings.load(env={})), worker="w", clock=lambda: clock[0]
     )
     proc.process_batch([Record(topics.steps, 0, i, b"j", encode(msg(i))) for i in range(60)])
     opened: list[DetectionMessage] = []
     for k in range(1, 400, 5):
-        opened += [_det(o.value) for o in proc.tick(T0 + 60 + k) if o.topic == topics.detections]
+        clock[0] = T0 + 60 + k
+        opened += [_det(o.value) for o in proc.tick(clock[0]) if o.topic == topics.detections]
+    clock[0] = now
     return proc, topics, opened
 
 

@@ -29,10 +29,12 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.seen: list[Message] = []
+        self.arrivals: list[float | None] = []
         self.ticks: list[float] = []
 
-    def process(self, message: Message) -> list[DetectionMessage]:
+    def process(self, message: Message, arrived: float | None = None) -> list[DetectionMessage]:
         self.seen.append(message)
+        self.arrivals.append(arrived)
         out = []
         for rec in getattr(message, "steps", []):
             if rec.step == 666:
@@ -127,6 +129,9 @@ def test_valid_messages_reach_the_engine_and_detections_come_out(proc: StreamPro
     assert isinstance(d, DetectionMessage) and (d.rank, d.cause, d.state) == (5, "gpu", "open")
     engine = proc.states[2].engine
     assert isinstance(engine, FakeEngine) and len(engine.seen) == 3
+    # each message arrives on the worker's clock, the one it ticks on (docs/detection.md,
+    # "Clocks"), not at the timestamp its host wrote
+    assert engine.arrivals == [T0 + 10_000] * 3
     assert proc.metrics.events.labels("step")._value.get() == 24
     assert proc.metrics.messages.labels("step")._value.get() == 3
 

@@ -42,8 +42,10 @@ class JobStats:
 
 
 class Analyzer(Protocol):
-    def process(self, message: Message) -> list[DetectionMessage]:
-        """Feed one valid message (any kind); return detection state changes."""
+    def process(self, message: Message, arrived: float | None = None) -> list[DetectionMessage]:
+        """Feed one valid message (any kind) that came at ``arrived`` on the driver's
+        clock (the clock ``tick`` is given; None: event time, the message's ``ts``);
+        return detection state changes."""
         ...
 
     def tick(self, now: float) -> list[DetectionMessage]:

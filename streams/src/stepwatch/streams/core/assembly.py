@@ -4,8 +4,10 @@ Step records of one job arrive from many hosts, out of order and sometimes
 twice (at-least-once delivery). :class:`StepAssembler` keeps the open steps of
 one job, drops duplicates by (rank, step), and hands out :class:`ClosedStep`
 arrays (indexed by rank, NaN where a rank is missing) strictly in step order:
-a step closes when every expected rank reported, or when the event-time clock
-passes its latest record's end plus the deadline. A step number going back with
+a step closes when every expected rank reported, or when the engine's clock
+passes the arrival of its latest record plus the deadline (replay: the clock is
+event time and a record arrives at its message's timestamp; the live worker:
+its own clock, so hosts' clock offsets do not close steps early). A step number going back with
 records that start after the last closed step ended is a restart from a
 checkpoint (a *rewind*), not a late record.
 """
@@ -118,6 +120,7 @@ class _Pending:
     ranks: set[int] = field(default_factory=set)
     records: list[StepRecord] = field(default_factory=list)
     max_end: float = 0.0
+    arrived: float = 0.0  # the engine's clock when its latest record came
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,8 +151,9 @@ class StepAssembler:
     def pending_steps(self) -> int:
         return len(self._pending)
 
-    def add(self, records: list[StepRecord]) -> list[ClosedStep]:
-        """Add records of this job; return the steps that closed, in order."""
+    def add(self, records: list[StepRecord], arrived: float | None = None) -> list[ClosedStep]:
+        """Add records of this job that came at ``arrived`` on the engine's clock (None:
+        at the latest record's end); return the steps that closed, in order."""
         pending = self._pending
         ready = False
         # a message's records are mostly of one step: its entry is looked up once per run
@@ -177,6 +181,7 @@ class StepAssembler:
             p.records.append(rec)
             if rec.end > p.max_end:
                 p.max_end = rec.end
+            p.arrived = p.max_end if arrived is None else arrived
             if len(p.ranks) >= need:
                 ready = True
         if ready or len(pending) > self.max_pending:
@@ -184,7 +189,9 @@ class StepAssembler:
         return []
 
     def expire(self, now: float) -> list[ClosedStep]:
-        """Close the steps whose deadline passed at event time ``now``."""
+        """Close the steps whose deadline passed at ``now`` on the engine's clock: the
+        deadline counts from the arrival of a step's latest record, so a host whose clock
+        is behind its peers' does not close their steps before they report."""
         return self._drain(now)
 
     def _late_or_rewind(self, rec: StepRecord) -> bool:
@@ -215,7 +222,7 @@ class StepAssembler:
             step = min(pending)
             p = pending[step]
             overflow = len(pending) > self.max_pending
-            expired = now is not None and now >= p.max_end + self.deadline
+            expired = now is not None and now >= p.arrived + self.deadline
             if not (overflow or expired or self._complete(p)):
                 break
             del pending[step]

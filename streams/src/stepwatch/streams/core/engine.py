@@ -44,16 +44,25 @@ class Engine:
         self.windows: dict[str, HostWindow] = {}
         self.stores = HostStores(self.cfg.host_samples)  # every host's GPU and port samples
         self.causes = CauseFinder(self.cfg, self.windows)
-        self.now = 0.0  # event time: the largest timestamp seen or ticked
+        # the engine's clock: the largest timestamp seen or ticked (replay: event time), or
+        # the driver's clock at arrival (``process(arrived=...)``, the live worker); each
+        # job maps it onto its own hosts' clocks (``Job.local``)
+        self.now = 0.0
         self._seen_floor = -math.inf  # no host window was last seen before this
         self.counts: Counter[str] = Counter()
         self._log_once = LogOnce(log)
 
     # ------------------------------------------------------------------ Analyzer
-    def process(self, message: Message) -> list[DetectionMessage]:
-        """Feed one valid message (any kind); return detection state changes."""
-        if message.ts > self.now:
-            self.now = message.ts
+    def process(self, message: Message, arrived: float | None = None) -> list[DetectionMessage]:
+        """Feed one valid message (any kind); return detection state changes.
+
+        ``arrived``: the driver's clock when the message arrived (the live worker passes
+        its wall clock, and ticks with the same clock); None: event time, the message's
+        own ``ts`` (replay). Hosts' clocks may be off from the driver's and from each
+        other: docs/detection.md, "Clocks"."""
+        t = message.ts if arrived is None else arrived
+        if t > self.now:
+            self.now = t
         try:
             match message:
                 case StepMessage():
@@ -90,7 +99,7 @@ class Engine:
                 out.extend(job.tick(now))
                 why = self._expired(job, now)
                 if why:
-                    out.extend(job.finish(now, why))
+                    out.extend(job.finish(job.local(now), why))
                     del self.jobs[job_id]
                     self.counts["jobs_evicted"] += 1
             except Exception as err:
@@ -112,7 +121,7 @@ class Engine:
         if job is None:
             return []
         self.counts["jobs_evicted"] += 1
-        return job.finish(now, f"job forgotten: {why}")
+        return job.finish(job.local(now), f"job forgotten: {why}")
 
     def forget_host(self, host: str) -> None:
         """Drop a host's samples and events now (its driver's admission let it go)."""
@@ -132,7 +141,7 @@ class Engine:
         self._seen_floor = min((w.last_seen for w in self.windows.values()), default=now)
 
     def stats(self) -> list[JobStats]:
-        return [job.stats(self.now) for job in self.jobs.values()]
+        return [job.stats(job.local(self.now)) for job in self.jobs.values()]
 
     def health(self) -> dict[str, int]:
         """Counters for the driver's metrics: records, duplicates, late records, errors."""
@@ -183,7 +192,7 @@ class Engine:
                 self.counts["records_wrong_world_size"] += len(records) - len(kept)
                 records = kept
                 break
-        out.extend(job.add_records(records, ts))
+        out.extend(job.add_records(records, ts, self.now))
         return out
 
     def _event(self, ev: EventMessage) -> list[DetectionMessage]:
@@ -227,10 +236,13 @@ class Engine:
         if win is None:
             win = self.windows[host] = HostWindow(host, self.cfg.host_samples, self.stores)
             self._seen_floor = -math.inf  # its first sample may be older than the others
+        if self.now > win.last_seen:  # seen now on the engine's clock: a host whose own
+            win.last_seen = self.now  # clock is far behind is not silent (see "Clocks")
         return win
 
     def _expired(self, job: Job, now: float) -> str:
         """Why the job can be forgotten now ("" while it must be kept)."""
+        now = job.local(now)
         if job.ended_at is not None:
             return "job ended" if now - job.ended_at > self.cfg.job_end_grace_seconds else ""
         if job.last_seen > 0 and now - job.last_seen > self.cfg.job_silence_seconds:

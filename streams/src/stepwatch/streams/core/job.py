@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -29,6 +30,7 @@ from stepwatch.streams.core.throughput import Throughput
 
 log = logging.getLogger(__name__)
 T = DetectionType
+LAG_MESSAGES = 16  # step messages whose arrival lag sets the job's clock (Job.local)
 STOP_MARGIN_SECONDS = 10.0  # look this far before the last progress for why a rank stopped
 
 
@@ -73,10 +75,18 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.moves = Moves()  # ranks that report from another host (streams.core.moves)
         self._settling = False  # restarted, its first step not closed yet: moves expected
         self.suspects_total = 0
+        # arrival minus host timestamp of the recent step messages (see ``local``)
+        self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
 
     # ------------------------------------------------------------------ input
-    def add_records(self, records: list[StepRecord], ts: float) -> list[DetectionMessage]:
+    def add_records(
+        self, records: list[StepRecord], ts: float, arrived: float | None = None
+    ) -> list[DetectionMessage]:
+        """Records of one message stamped ``ts`` by its host; ``arrived``: the engine's
+        clock when it came (None: ``ts``)."""
         self.last_seen = max(self.last_seen, ts)
+        arrived = ts if arrived is None else arrived
+        self._lags.append(arrived - ts)
         if self.finalised:
             self.assembler.late += len(records)
             return []
@@ -95,7 +105,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
                 step = r.step
         if step > self.newest_step:
             self.newest_step = step
-        closed = self.assembler.add(records)
+        closed = self.assembler.add(records, arrived)
         if self.assembler.rewinds:
             out.extend(self._on_rewinds())
         if newest > self.last_progress:
@@ -120,14 +130,26 @@ class Job(Incidents, Stragglers, NetworkWatch):
             return self._exception(ev)
         return []
 
+    def local(self, now: float) -> float:
+        """The engine's clock ``now`` on this job's hosts' clock: minus the smallest of
+        the recent step messages' arrival lags (arrival minus the host's ``ts``), i.e.
+        the lag of a message that came without delay. Replay (event time): 0. Live: the
+        hosts' clock offset from the worker's, plus the least transport delay; while a
+        backlog is read, the backlog's age, so its steps are not called hung."""
+        return now - min(self._lags) if self._lags else now
+
     def tick(self, now: float) -> list[DetectionMessage]:
+        """Time passes: ``now`` is the engine's clock (steps' deadlines count from their
+        records' arrival on it); hangs and the end are judged on the job's own clock."""
         if self.finalised:
             return []
-        if self.ended_at is not None and now >= self.ended_at + self.cfg.assembly_deadline_seconds:
-            return self._finalise(now)
+        closed = self.assembler.expire(now)
+        now = self.local(now)
         out: list[DetectionMessage] = []
-        for cs in self.assembler.expire(now):
+        for cs in closed:
             out.extend(self._analyse(cs))
+        if self.ended_at is not None and now >= self.ended_at + self.cfg.assembly_deadline_seconds:
+            return out + self._finalise(now)
         if self.ended_at is None and self.hung_since is None:
             out.extend(self._check_hang(now))
         return out

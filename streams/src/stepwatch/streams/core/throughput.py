@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 
 from stepwatch.contract.goodput import Badput, split_step
-from stepwatch.streams.core.assembly import CKPT, DATA, DUR, PAUSE, ClosedStep, Rewind
+from stepwatch.streams.core.assembly import CKPT, DATA, DUR, END, PAUSE, START, ClosedStep, Rewind
 from stepwatch.streams.core.ring import Ring
 
 BADPUT = tuple(b.value for b in Badput)
@@ -32,7 +32,12 @@ class Throughput:
     def __init__(self, steps: int) -> None:
         self.window = Ring(steps, 4)  # end_max, samples, tokens, flops
         self.durations = Ring(steps, 1)  # the median rank's step wall time
+        # the job's wall time is counted on the median rank's clock (first start to last
+        # end), plus the time since the last end on the clock of the host most ahead (the
+        # clock ``goodput``'s ``now`` is on, see Job.local): a host whose clock is off
+        # from its peers' adds nothing to it
         self.first_start: float | None = None
+        self.last_end_med = 0.0
         self.last_end = 0.0
         self.productive = 0.0
         self.badput = dict.fromkeys(BADPUT, 0.0)
@@ -46,7 +51,10 @@ class Throughput:
 
     def on_step(self, cs: ClosedStep, baseline: Baseline | None = None) -> None:
         """Account one closed step; ``baseline``: the straggler-free step time, if known."""
-        self.on_start(cs.start_min)
+        start, end = float(cs.med[START]), float(cs.med[END])
+        self.on_start(start if start == start else cs.start_min)
+        if end == end and end > self.last_end_med:
+            self.last_end_med = end
         self.last_end = max(self.last_end, cs.end_max)
         flops = np.nan if cs.flops is None else cs.flops
         self.window.push(np.array([cs.end_max, cs.samples, cs.tokens, flops]))
@@ -120,7 +128,8 @@ class Throughput:
         """Goodput ratio and badput seconds by category, at event time ``now``."""
         if self.first_start is None:
             return None, dict(self.badput)
-        wall = max(now, self.last_end) - self.first_start
+        since = max(0.0, now - self.last_end)  # no step since (a hang, the job's end)
+        wall = max(self.last_end_med, self.first_start) - self.first_start + since
         if wall <= 0:
             return None, dict(self.badput)
         bad = dict(self.badput)

@@ -242,7 +242,7 @@ class StreamProcessor:
             if admitted.ts > st.last_event_ts:
                 st.last_event_ts = admitted.ts
             try:
-                found = st.engine.process(admitted)
+                found = st.engine.process(admitted, now)  # arrived: this worker's clock
                 if st.ledger.watching:
                     found.extend(st.ledger.observe(admitted, admitted.ts))
             except Exception as err:  # the core must never stop the worker

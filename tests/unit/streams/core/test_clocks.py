@@ -1,0 +1,131 @@
+"""Hosts whose clocks are off: from the worker's clock, and from each other.
+
+A real recorded DDP run (tests/fixtures/torch, 4 ranks on 2 hosts) is fed the
+way the live worker feeds the core: each message arrives on the worker's clock
+(its true send time plus a little delay) and the engine is ticked on that clock,
+while the hosts' timestamps are shifted as a host with a wrong clock would
+stamp them. Before: a host 6 s or more behind its peer closed their steps before
+they reported (a false ``rank_missing``); hosts 2 minutes behind the worker were
+called hung every minute (a requeue of a healthy job); a host ahead delayed a real
+hang by as much; one skewed host added its offset to the job's wall time as
+badput.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from stepwatch.contract import GpuMessage, GpuReading, Message, StepMessage, decode_unchecked
+from stepwatch.contract.records import DetectionMessage
+from stepwatch.streams.core import DetectConfig, Engine
+
+pytestmark = pytest.mark.unit
+
+RUNS = Path(__file__).parents[3] / "fixtures" / "torch"
+DELAY = 0.3  # seconds from a host's send to the worker's read
+
+
+def _shifted(line: str, offsets: dict[str, float]) -> tuple[float, Message]:
+    m = json.loads(line)
+    sent = m["ts"]
+    off = offsets.get(m["host"], offsets.get("*", 0.0))
+    m["ts"] += off
+    for s in m.get("steps", []):
+        s["start"] += off
+        s["end"] += off
+    return sent, decode_unchecked(json.dumps(m))
+
+
+def feed(
+    run: str,
+    offsets: dict[str, float],
+    last_step: int | None = None,
+    after: float = 40.0,
+    backlog: float | None = None,
+) -> tuple[Engine, list[tuple[float, DetectionMessage]]]:
+    """Feed ``run`` with host clocks off by ``offsets`` (host -> seconds, "*": all);
+    return the engine and each detection with the worker's clock when it came out.
+    ``backlog``: the worker reads the whole run this many seconds after it began, at
+    50 messages a second (a restart after an outage), instead of as it is sent."""
+    lines = (RUNS / f"{run}.jsonl").read_text().splitlines()
+    msgs = sorted((_shifted(line, offsets) for line in lines), key=lambda x: x[0])
+    if last_step is not None:  # the job hangs after this step: nothing more is sent
+        msgs = [
+            (t, m)
+            for t, m in msgs
+            if not isinstance(m, StepMessage) or all(r.step <= last_step for r in m.steps)
+        ]
+    engine, out, ticked = Engine(DetectConfig()), [], 0.0
+    first = msgs[0][0]
+    for i, (sent, m) in enumerate(msgs):
+        now = sent + DELAY if backlog is None else first + backlog + i / 50
+        out += [(now, d) for d in engine.process(m, now)]
+        if now - ticked >= 1.0:
+            ticked = now
+            out += [(now, d) for d in engine.tick(now)]
+    end = now
+    for k in range(1, int(after)):
+        out += [(end + k, d) for d in engine.tick(end + k)]
+    return engine, out
+
+
+def opened(found: list[tuple[float, DetectionMessage]]) -> list[tuple[str, int | None, str]]:
+    return [(d.type, d.rank, d.cause) for _, d in found if d.state == "open"]
+
+
+@pytest.mark.parametrize(
+    "offsets",
+    [{"host-1": -6.0}, {"host-1": -30.0}, {"host-1": 120.0}, {"*": -120.0}, {"*": 120.0}],
+    ids=["one-6s-behind", "one-30s-behind", "one-2min-ahead", "all-2min-behind", "all-ahead"],
+)
+def test_a_healthy_job_stays_silent_and_keeps_its_goodput(offsets: dict[str, float]) -> None:
+    engine, found = feed("healthy", offsets)
+    assert opened(found) == []
+    assert engine.stats()[0].hung is False
+    base = feed("healthy", {})[0].stats()[0]
+    skewed = engine.stats()[0]
+    assert base.goodput_ratio is not None and skewed.goodput_ratio is not None
+    assert skewed.goodput_ratio == pytest.approx(base.goodput_ratio, abs=0.005)
+    assert skewed.badput_seconds["other"] == pytest.approx(base.badput_seconds["other"], abs=0.2)
+
+
+@pytest.mark.parametrize("offsets", [{}, {"*": 120.0}, {"*": -120.0}, {"host-0": 30.0}])
+def test_a_real_hang_is_called_a_minute_after_the_last_step_whatever_the_clocks(
+    offsets: dict[str, float],
+) -> None:
+    _, found = feed("healthy", offsets, last_step=60, after=120.0)
+    hangs = [t for t, d in found if d.type == "hang" and d.state == "open"]
+    assert len(hangs) == 1, opened(found)
+    _, ref = feed("healthy", {}, last_step=60, after=120.0)
+    # the same worker time as with true clocks: the limit (60 s) after the last step came
+    assert hangs[0] == pytest.approx(next(t for t, d in ref if d.type == "hang"), abs=1.5)
+
+
+@pytest.mark.parametrize("offsets", [{"host-1": -30.0}, {"host-0": 45.0}, {"*": -120.0}])
+def test_a_straggler_is_found_the_same_whatever_the_clocks(offsets: dict[str, float]) -> None:
+    base = [(d.type, d.rank, d.cause, d.first_step) for _, d in feed("compute", {})[1]]
+    skewed = [(d.type, d.rank, d.cause, d.first_step) for _, d in feed("compute", offsets)[1]]
+    assert ("straggler", 1, "gpu", 40) in base
+    assert skewed == base
+
+
+def test_a_backlog_read_after_an_outage_is_not_a_hang() -> None:
+    """The worker was down for 5 minutes: it reads the job's steps late, in a burst that
+    lasts longer than a tick, while the job goes on. Nothing stopped: nothing opens."""
+    engine, found = feed("healthy", {}, backlog=300.0)
+    assert opened(found) == []
+    assert engine.stats()[0].hung is False
+
+
+def test_a_host_whose_clock_is_20_minutes_behind_keeps_its_samples() -> None:
+    """Host windows are forgotten after 15 minutes of silence on the engine's clock: a
+    host that reports every second is not silent, whatever its own clock says."""
+    engine, now = Engine(DetectConfig()), 1_800_000_000.0
+    for k in range(5):
+        sample = GpuMessage(host="late", ts=now + k - 1200, gpus=[GpuReading(index=0)])
+        engine.process(sample, now + k)
+        engine.tick(now + k)
+    assert "late" in engine.windows
