@@ -34,6 +34,7 @@ class StreamWorker:
     name: str
     app_id: str = "it-stream"
     extra: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)  # over the defaults below
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
 
@@ -62,7 +63,7 @@ class StreamWorker:
             "6",
             *self.extra,
         ]
-        env = {**os.environ, "STEPWATCH_HANG_MIN_SECONDS": "3600"}
+        env = {**os.environ, "STEPWATCH_HANG_MIN_SECONDS": "3600", **self.env}
         log = open(self.workdir / f"{self.name}.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)
         return self
