@@ -188,6 +188,33 @@ def hit(found: list[dict[str, object]], fault: Fault) -> dict[str, object]:
     return mine[0]
 
 
+def fault_run(
+    pipeline: tuple,  # type: ignore[type-arg]
+    name: str,
+    fault: Fault,
+    means: dict[int, dict[str, float]] | None = None,
+) -> list[dict[str, object]]:
+    """``run_and_detect`` for a fault, once more when noise opened an incident first.
+
+    On this loaded 2-core machine a healthy CPU-only job sometimes opens an incident
+    of its own (the busy-machine tests above: ranks that share a core with the
+    pipeline's processes run more CPU time for the same work, which reads as slower
+    compute). One that opened before the fault began is that noise, not the fault's
+    detection: the run is repeated once, and a second such run fails in ``hit``."""
+    found: list[dict[str, object]] = []
+    for attempt in range(2):
+        found = run_and_detect(pipeline, name if attempt == 0 else f"{name}_again", fault, means)
+        early = [
+            d
+            for d in opened(found)
+            if _int(_evidence(d).get("open_step", d.get("first_step"))) < fault.start
+        ]
+        if not early:
+            break
+        log.warning("run %s: %d incident(s) opened before the fault began", name, len(early))
+    return found
+
+
 def _int(v: object) -> int:
     return int(v) if isinstance(v, int | float) else -1
 
@@ -254,14 +281,14 @@ def test_healthy_job_on_a_busy_machine_is_silent(pipeline) -> None:  # type: ign
 
 def test_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
     fault = Fault("compute", 1, 2.5, START)
-    d = hit(run_and_detect(pipeline, "compute", fault), fault)
+    d = hit(fault_run(pipeline, "compute", fault), fault)
     assert (d["type"], d["rank"], d["cause"]) == ("straggler", 1, "gpu"), d
 
 
 @full
 def test_slow_data_loader_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
     fault = Fault("data", 2, 3.0, START)
-    d = hit(run_and_detect(pipeline, "data", fault), fault)
+    d = hit(fault_run(pipeline, "data", fault), fault)
     assert (d["type"], d["rank"], d["cause"]) == ("straggler", 2, "host_input"), d
 
 
@@ -270,7 +297,7 @@ def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untype
     """Busy processes pinned to host-1's core slow both its ranks: one host incident."""
     fault = Fault("cpu", 3, 3.0, START)  # two busy processes
     means: dict[int, dict[str, float]] = {}
-    found = run_and_detect(pipeline, "cpu", fault, means)
+    found = fault_run(pipeline, "cpu", fault, means)
     effect = compute_of(means, RANKS_OF["host-1"]) / compute_of(means, RANKS_OF["host-0"]) - 1
     if effect < 0.10:
         # the machine's other load (unpinned) moved to host-0's core: no fault to find
@@ -290,7 +317,7 @@ def compute_of(means: dict[int, dict[str, float]], ranks: tuple[int, ...]) -> fl
 def test_plain_loop_without_integration_finds_the_slow_forward(pipeline) -> None:  # type: ignore[no-untyped-def]
     """The README loop, phases only: the wait stays inside backward, busy sums are equal."""
     fault = Fault("compute", 1, 2.5, START, options=("--plain",))
-    d = hit(run_and_detect(pipeline, "compute_plain", fault), fault)
+    d = hit(fault_run(pipeline, "compute_plain", fault), fault)
     # On this 2-core machine the two ranks of an emulated host share its cores: the slow
     # rank's extra compute can slow its neighbour enough to be material too (one run in
     # three, before and after this round's changes), and the detector then reports the
@@ -302,5 +329,5 @@ def test_plain_loop_without_integration_finds_the_slow_forward(pipeline) -> None
 @full
 def test_fsdp_extra_forward_compute_on_one_rank(pipeline) -> None:  # type: ignore[no-untyped-def]
     fault = Fault("compute", 1, 4.0, START, options=("--parallel", "fsdp"))
-    d = hit(run_and_detect(pipeline, "fsdp_compute", fault), fault)
+    d = hit(fault_run(pipeline, "fsdp_compute", fault), fault)
     assert (d["type"], d["rank"], d["cause"]) == ("straggler", 1, "gpu"), d

@@ -81,8 +81,10 @@ def test_hosts_two_minutes_off_neither_fake_nor_delay_a_hang(settings, tmp_path)
         assert opened(settings) == [], "a detection opened while both jobs ran"
         hangs = wait_for(
             "both hangs",
-            lambda: {j for j, t, _ in opened(settings) if t == "hang"} >= set(OFFSETS)
-            and opened(settings),
+            lambda: (
+                {j for j, t, _ in opened(settings) if t == "hang"} >= set(OFFSETS)
+                and opened(settings)
+            ),
             30,
             [worker],
         )
