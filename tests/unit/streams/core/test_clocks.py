@@ -129,3 +129,22 @@ def test_a_host_whose_clock_is_20_minutes_behind_keeps_its_samples() -> None:
         engine.process(sample, now + k)
         engine.tick(now + k)
     assert "late" in engine.windows
+
+
+def test_one_message_stamped_far_ahead_does_not_make_a_healthy_job_hung() -> None:
+    """Anyone who can produce to Kafka may stamp a message up to 5 minutes ahead (the
+    admission gate's limit): one such step message for a healthy job, a copy of a step
+    it already reported (its records unchanged: duplicates), must not move the job's clock
+    far enough to call it hung."""
+    lines = (RUNS / "healthy.jsonl").read_text().splitlines()
+    msgs = sorted((_shifted(line, {}) for line in lines), key=lambda x: x[0])
+    engine, found = Engine(DetectConfig()), []
+    for i, (sent, m) in enumerate(msgs):
+        now = sent + DELAY
+        found += engine.process(m, now)
+        if i == len(msgs) // 2:
+            copy = json.loads(lines[0])  # step 0 again, its message stamped 290 s ahead
+            copy["ts"] = now + 290.0
+            found += engine.process(decode_unchecked(json.dumps(copy)), now)
+        found += engine.tick(now)
+    assert [(d.type, d.rank) for d in found if d.state == "open"] == []

@@ -77,6 +77,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.suspects_total = 0
         # arrival minus host timestamp of the recent step messages (see ``local``)
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
+        self._steps_arrived = 0.0  # the engine's clock when step records last came
 
     # ------------------------------------------------------------------ input
     def add_records(
@@ -87,6 +88,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.last_seen = max(self.last_seen, ts)
         arrived = ts if arrived is None else arrived
         self._lags.append(arrived - ts)
+        self._steps_arrived = arrived
         if self.finalised:
             self.assembler.late += len(records)
             return []
@@ -144,14 +146,20 @@ class Job(Incidents, Stragglers, NetworkWatch):
         if self.finalised:
             return []
         closed = self.assembler.expire(now)
-        now = self.local(now)
+        local = self.local(now)
         out: list[DetectionMessage] = []
         for cs in closed:
             out.extend(self._analyse(cs))
-        if self.ended_at is not None and now >= self.ended_at + self.cfg.assembly_deadline_seconds:
-            return out + self._finalise(now)
+        if (
+            self.ended_at is not None
+            and local >= self.ended_at + self.cfg.assembly_deadline_seconds
+        ):
+            return out + self._finalise(local)
         if self.ended_at is None and self.hung_since is None:
-            out.extend(self._check_hang(now))
+            # silent no longer than step records stopped coming on the engine's clock: a
+            # message stamped ahead (the gate admits up to 5 minutes) moves ``local``, and
+            # must not make a job that still reports hung
+            out.extend(self._check_hang(min(local, self.last_progress + now - self._steps_arrived)))
         return out
 
     # ------------------------------------------------------------------ per step
