@@ -7,9 +7,10 @@ arrays (indexed by rank, NaN where a rank is missing) strictly in step order:
 a step closes when every expected rank reported, or when the engine's clock
 passes the arrival of its latest record plus the deadline (replay: the clock is
 event time and a record arrives at its message's timestamp; the live worker:
-its own clock, so hosts' clock offsets do not close steps early). A step number going back with
-records that start after the last closed step ended is a restart from a
-checkpoint (a *rewind*), not a late record.
+its own clock, so hosts' clock offsets do not close steps early). A step number
+going back is a late record, or a restart from a checkpoint (a *rewind*) once
+half the job's ranks went back, each after its own latest step
+(:mod:`stepwatch.streams.core.rewinds`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import cast
 import numpy as np
 
 from stepwatch.contract import Phases, StepRecord
+from stepwatch.streams.core.rewinds import RewindWatch
 from stepwatch.streams.core.stats import rowmed
 
 _EMPTY_PHASES = Phases()
@@ -143,9 +145,19 @@ class StepAssembler:
         self.last_closed_end = 0.0
         self.absent: set[int] = set()  # ranks missing from the last closed step
         self.duplicates = 0
-        self.late = 0
+        self._late = 0  # see ``late``
         self.rewinds: list[Rewind] = []
+        self.watch = RewindWatch(world_size, max_pending * world_size)
         self._pending: dict[int, _Pending] = {}
+
+    @property
+    def late(self) -> int:
+        """Records of steps already closed, not used (held records dropped included)."""
+        return self._late + self.watch.late
+
+    @late.setter
+    def late(self, value: int) -> None:
+        self._late = value - self.watch.late
 
     @property
     def pending_steps(self) -> int:
@@ -159,15 +171,15 @@ class StepAssembler:
         # a message's records are mostly of one step: its entry is looked up once per run
         last_closed, need = self.last_closed, self.world_size - len(self.absent)
         p, p_step = _Pending(), -1
+        watch = self.watch
         for rec in records:
             step = rec.step
+            if watch.starts and rec.rank in watch.starts and watch.follows(rec, arrived):
+                continue  # the new run of a rank that went back: held
             if step <= last_closed:
-                rewound = self._late_or_rewind(rec)
-                # either may change the absent set; a rewind drops the open steps
-                last_closed, need = self.last_closed, self.world_size - len(self.absent)
-                p_step = -1
-                if not rewound:
-                    continue
+                self._late_or_held(rec, arrived)
+                need = self.world_size - len(self.absent)  # a late rank is alive
+                continue
             if step != p_step:
                 got = pending.get(step)
                 if got is None:
@@ -184,6 +196,9 @@ class StepAssembler:
             p.arrived = p.max_end if arrived is None else arrived
             if len(p.ranks) >= need:
                 ready = True
+        if watch.agreed:
+            self._rewind()
+            ready = True
         if ready or len(pending) > self.max_pending:
             return self._drain(None)
         return []
@@ -192,20 +207,40 @@ class StepAssembler:
         """Close the steps whose deadline passed at ``now`` on the engine's clock: the
         deadline counts from the arrival of a step's latest record, so a host whose clock
         is behind its peers' does not close their steps before they report."""
+        self.watch.expire(now)
         return self._drain(now)
 
-    def _late_or_rewind(self, rec: StepRecord) -> bool:
-        """True when ``rec`` starts a rewind (and the state was reset for it)."""
-        if rec.start < self.last_closed_end:
-            self.late += 1
-            self.absent.discard(rec.rank)  # alive, only late: wait for it again
-            return False
-        gap = rec.start - self.last_closed_end
-        self.rewinds.append(Rewind(self.last_closed, rec.step, gap))
+    def _late_or_held(self, rec: StepRecord, arrived: float | None) -> None:
+        """A record of a step already closed: its rank went back (held until half the job
+        did), or it is late."""
+        if self.watch.went_back(rec):
+            self.watch.hold(rec, arrived, self.world_size - len(self.absent))
+            return
+        self._late += 1
+        self.absent.discard(rec.rank)  # alive, only late: wait for it again
+
+    def _rewind(self) -> None:
+        """Half the job's ranks went back: the open steps are dropped and the held records
+        placed as the new run's."""
+        confirmed = self.watch.take()
+        self.rewinds.append(Rewind(self.last_closed, confirmed.to_step, confirmed.gap_seconds))
         self._pending.clear()
         self.absent.clear()
-        self.last_closed = rec.step - 1
-        return True
+        self.last_closed = confirmed.to_step - 1
+        for rec, arrived in confirmed.records:
+            self._place(rec, arrived)
+
+    def _place(self, rec: StepRecord, arrived: float | None) -> None:
+        p = self._pending.get(rec.step)
+        if p is None:
+            p = self._pending[rec.step] = _Pending()
+        if rec.rank in p.ranks:
+            self.duplicates += 1
+            return
+        p.ranks.add(rec.rank)
+        p.records.append(rec)
+        p.max_end = max(p.max_end, rec.end)
+        p.arrived = p.max_end if arrived is None else arrived
 
     def _complete(self, p: _Pending) -> bool:
         n = len(p.ranks)
@@ -234,6 +269,7 @@ class StepAssembler:
         if p.max_end > self.last_closed_end:
             self.last_closed_end = p.max_end
         out = build_step(step, self.world_size, p.records)
+        self.watch.closed(step, out.present, out.m[END])
         if out.complete:
             self.absent.clear()
         else:

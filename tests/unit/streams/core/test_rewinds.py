@@ -1,0 +1,177 @@
+"""A restart from a checkpoint is what half of a job's ranks say, each by its own history.
+
+Before, one step record did it: a record of an earlier step that started after the
+job's last closed step ended (on whichever host's clock ended it last). A late record
+from a host whose clock is ahead of its peers', or one forged record, restarted a
+healthy job: its open detections resolved ("job restarted from a checkpoint"), its
+next ten steps not scored, its goodput charged with a restart.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from stepwatch.contract import Message, StepMessage, StepRecord, decode_unchecked
+from stepwatch.contract.records import DetectionMessage
+from stepwatch.streams.core import DetectConfig, Engine
+from stepwatch.streams.core.assembly import StepAssembler
+from stepwatch.streams.core.rewinds import HOLD_SECONDS
+from tests.support.detect_synth import Job, drive
+
+pytestmark = pytest.mark.unit
+
+RUNS = Path(__file__).parents[3] / "fixtures" / "torch"
+DELAY = 0.3  # seconds from a host's send to the worker's read
+
+
+def _load(run: str, ahead: dict[str, float]) -> list[tuple[float, Message]]:
+    """The run's messages with their send times; ``ahead``: hosts' clocks off by seconds."""
+    out = []
+    for line in (RUNS / f"{run}.jsonl").read_text().splitlines():
+        m = json.loads(line)
+        sent, off = m["ts"], ahead.get(m["host"], 0.0)
+        m["ts"] += off
+        for s in m.get("steps", []):
+            s["start"] += off
+            s["end"] += off
+        out.append((sent, decode_unchecked(json.dumps(m))))
+    return sorted(out, key=lambda x: x[0])
+
+
+def _feed(msgs: list[tuple[float, Message]]) -> tuple[Engine, list[DetectionMessage]]:
+    engine, found, ticked = Engine(DetectConfig()), [], 0.0
+    for now, m in msgs:
+        found += engine.process(m, now)
+        if now - ticked >= 1.0:
+            ticked = now
+            found += engine.tick(now)
+    for k in range(1, 40):
+        found += engine.tick(now + k)
+    return engine, found
+
+
+def _partitioned(
+    msgs: list[tuple[float, Message]], host: str, at: float, seconds: float
+) -> list[tuple[float, Message]]:
+    """``host``'s messages sent in [at, at + seconds) arrive when its link comes back."""
+    out = []
+    for sent, m in msgs:
+        cut = m.host == host and at <= sent < at + seconds
+        out.append((at + seconds + DELAY if cut else sent + DELAY, m))
+    return sorted(out, key=lambda x: x[0])  # stable: a host's own order is kept
+
+
+def _summary(found: list[DetectionMessage]) -> list[tuple[str, int | None, str, str, str]]:
+    return [
+        (d.type, d.rank, d.cause, d.state, str(d.evidence.get("resolved_because", "")))
+        for d in found
+    ]
+
+
+def test_late_records_of_a_host_whose_clock_is_ahead_are_late_not_a_restart() -> None:
+    """Real recorded DDP run (2 hosts of 2 ranks): host-1, whose clock is 30 s ahead,
+    loses its link for 8 s; the steps close without its ranks (``rank_missing`` for
+    them, rightly), and its records come late. On host-1's clock they start after the
+    job's last closed step ended. Before, the first of them restarted the job: 9.7 s of
+    progress counted as wasted, and both ranks of the healthy host-0 called missing."""
+    msgs = _load("compute", {"host-1": 30.0})
+    first, last = msgs[0][0], msgs[-1][0]
+    engine, found = _feed(_partitioned(msgs, "host-1", first + 0.6 * (last - first), 8.0))
+    stats = engine.stats()[0]
+    assert stats.badput_seconds["restart"] == 0.0
+    assert stats.badput_seconds["wasted_progress"] == 0.0
+    missing = {d.rank for d in found if d.type == "rank_missing" and d.state == "open"}
+    assert missing == {2, 3}  # host-1's ranks, not host-0's
+    assert not [d for d in found if "restarted" in str(d.evidence.get("resolved_because"))]
+    assert engine.jobs[stats.job_id].assembler.late > 0  # counted, not used
+
+
+def _straggling_job() -> tuple[Engine, list[DetectionMessage], list[StepMessage]]:
+    job = Job(world=16, steps=60, slow={5: (20, 1.3)})
+    messages = job.messages()
+    engine = Engine()
+    return engine, drive(engine, messages), messages
+
+
+def _forged(messages: list[StepMessage], ranks: list[int], step: int) -> StepMessage:
+    """Records of ``step`` for ``ranks``, starting 1 s after the job's last record ended."""
+    last = max(r.end for m in messages for r in m.steps)
+    recs: list[StepRecord] = [
+        msgspec.structs.replace(r, start=last + 1.0, end=last + 1.5)
+        for m in messages
+        for r in m.steps
+        if r.step == step and r.rank in ranks
+    ]
+    return msgspec.structs.replace(messages[-1], steps=recs, ts=last + 1.5)
+
+
+@pytest.mark.parametrize("ranks", [[0], [0, 1, 2, 3, 4, 5, 6]], ids=["one-rank", "7-of-16"])
+def test_forged_records_of_an_old_step_for_fewer_than_half_the_ranks_restart_nothing(
+    ranks: list[int],
+) -> None:
+    engine, found, messages = _straggling_job()
+    assert [(d.type, d.rank, d.state) for d in found][:1] == [("straggler", 5, "open")]
+    after = engine.process(_forged(messages, ranks, 30))
+    after += engine.tick(max(r.end for m in messages for r in m.steps) + 5)
+    assert after == []  # the straggler stays open
+    job = next(iter(engine.jobs.values()))
+    assert job.assembler.last_closed == 59 and engine.stats()[0].badput_seconds["restart"] == 0.0
+    assert job.assembler.watch.held  # held, waiting for half the job
+    engine.tick(max(r.end for m in messages for r in m.steps) + HOLD_SECONDS + 2)
+    assert not job.assembler.watch.held and job.assembler.late >= len(ranks)
+
+
+def test_half_the_ranks_going_back_is_a_restart() -> None:
+    engine, found, messages = _straggling_job()
+    assert [(d.type, d.rank, d.state) for d in found][:1] == [("straggler", 5, "open")]
+    after = engine.process(_forged(messages, list(range(8)), 30))
+    assert [(d.type, d.rank, d.evidence["resolved_because"]) for d in after] == [
+        ("straggler", 5, "job restarted from a checkpoint")
+    ]
+
+
+def test_a_rank_whose_old_run_goes_on_did_not_restart() -> None:
+    """A rank's record of an earlier step (forged, or a bug) is held; the same rank then
+    reports its next step, which started before the held one: its held record is late,
+    and other ranks going back later do not count it."""
+    job = Job(world=4, steps=12)
+    recs = [r for m in job.messages() for r in m.steps]
+    asm = StepAssembler(4, deadline=5.0, max_pending=64)
+    asm.add([r for r in recs if r.step < 10])
+    last = max(r.end for r in recs if r.step < 10)
+    forged = msgspec.structs.replace(
+        next(r for r in recs if r.rank == 0 and r.step == 3), start=last + 30, end=last + 31
+    )
+    asm.add([forged])
+    assert asm.watch.held and asm.rewinds == []
+    closed = asm.add([r for r in recs if r.step == 10])  # rank 0's real step 10
+    assert [c.step for c in closed] == [10] and not asm.watch.held and asm.late == 1
+    again = msgspec.structs.replace(
+        next(r for r in recs if r.rank == 1 and r.step == 3), start=last + 40, end=last + 41
+    )
+    asm.add([again])  # rank 1 alone: 1 of 4 ranks, not half
+    assert asm.rewinds == []
+
+
+def test_a_real_restart_keeps_every_record_of_the_new_run() -> None:
+    """All ranks restart from step 4 after a pause, their records arriving rank by rank:
+    the first ranks' records are held until half the job went back, then every record of
+    the new run is assembled; the new run's steps close complete, in order."""
+    job = Job(world=8, steps=10)
+    recs = [r for m in job.messages() for r in m.steps]
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    asm.add(recs)
+    shift = 100.0
+    again = [
+        msgspec.structs.replace(r, step=r.step + 4, start=r.start + shift, end=r.end + shift)
+        for r in recs[:24]
+    ]
+    closed = [cs for r in again for cs in asm.add([r])]
+    assert [(c.step, c.complete) for c in closed] == [(4, True), (5, True), (6, True)]
+    (rw,) = asm.rewinds
+    assert (rw.from_step, rw.to_step) == (9, 4) and rw.gap_seconds > 80
+    assert asm.late == 0 and asm.duplicates == 0
