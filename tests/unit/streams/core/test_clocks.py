@@ -18,7 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from stepwatch.contract import GpuMessage, GpuReading, Message, StepMessage, decode_unchecked
+from stepwatch.contract import (
+    EventMessage,
+    EventType,
+    GpuMessage,
+    GpuReading,
+    Message,
+    StepMessage,
+    decode_unchecked,
+)
 from stepwatch.contract.records import DetectionMessage
 from stepwatch.streams.core import DetectConfig, Engine
 
@@ -148,3 +156,31 @@ def test_one_message_stamped_far_ahead_does_not_make_a_healthy_job_hung() -> Non
             found += engine.process(decode_unchecked(json.dumps(copy)), now)
         found += engine.tick(now)
     assert [(d.type, d.rank) for d in found if d.state == "open"] == []
+
+
+def test_a_job_end_from_a_host_behind_its_peer_waits_for_the_peers_last_steps() -> None:
+    """host-0's clock is 60 s ahead of host-1's. host-1 sends ``job_end`` right after its
+    last step; host-0's last two step messages reach the worker 2 s later. The job's
+    clock is host-0's, so the end (stamped on host-1's clock) looked a minute old: the
+    job was closed at the next tick and host-0's last steps were dropped as late."""
+    lines = (RUNS / "healthy.jsonl").read_text().splitlines()
+    msgs = sorted((_shifted(line, {"host-0": 60.0}) for line in lines), key=lambda x: x[0])
+    last_of_0 = [i for i, (_, m) in enumerate(msgs) if m.host == "host-0"][-2:]
+    end_sent = max(s for i, (s, m) in enumerate(msgs) if m.host == "host-1")
+    job_id = next(m.job_id for _, m in msgs if isinstance(m, StepMessage))
+    end = EventMessage(host="host-1", ts=end_sent + 0.1, type=EventType.JOB_END, job_id=job_id)
+    arrivals = [
+        (s + DELAY + (2.0 if i in last_of_0 else 0.0), m) for i, (s, m) in enumerate(msgs)
+    ] + [(end_sent + 0.1 + DELAY, end)]
+    engine, ticked = Engine(DetectConfig()), 0.0
+    for now, m in sorted(arrivals, key=lambda x: x[0]):
+        engine.process(m, now)
+        if now - ticked >= 1.0:
+            ticked = now
+            engine.tick(now)
+    for k in range(1, 30):
+        engine.tick(now + k)
+    job = engine.jobs[job_id]
+    steps = max(r.step for _, m in msgs if isinstance(m, StepMessage) for r in m.steps)
+    assert job.finalised and job.assembler.late == 0
+    assert job.assembler.last_closed == steps

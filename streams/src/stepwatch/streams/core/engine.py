@@ -74,7 +74,7 @@ class Engine:
                     incidents = self._window(message.host).add(message)
                     return self._links(incidents, message.job_id) if incidents else []
                 case EventMessage():
-                    return self._event(message)
+                    return self._event(message, t)
                 case _:
                     return []
         except Exception as err:  # the pipeline must go on: count, log once
@@ -195,7 +195,7 @@ class Engine:
         out.extend(job.add_records(records, ts, self.now))
         return out
 
-    def _event(self, ev: EventMessage) -> list[DetectionMessage]:
+    def _event(self, ev: EventMessage, arrived: float) -> list[DetectionMessage]:
         incidents = self._window(ev.host).add(ev)
         if incidents:
             return self._links(incidents, ev.job_id)
@@ -211,10 +211,10 @@ class Engine:
                     out.extend(j.on_hardware(ev))
             return out
         if job is not None:
-            return job.on_event(ev)
+            return job.on_event(ev, arrived)
         if ev.type == EventType.EXCEPTION:
             for j in self._jobs_of(ev.host, None):
-                out.extend(j.on_event(ev))
+                out.extend(j.on_event(ev, arrived))
         return out
 
     def _links(self, incidents: list[LinkIncident], job_id: str | None) -> list[DetectionMessage]:

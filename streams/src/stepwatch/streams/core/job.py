@@ -61,6 +61,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.hung_since: float | None = None
         self.longest_pause = 0.0  # seconds a step took beyond the cadence, at most (hang limit)
         self.ended_at: float | None = None
+        self.end_arrived = 0.0  # the engine's clock when job_end came
         self.finalised = False  # job ended and its detections resolved: no new ones
         self.hosts: set[str] = set()
         self.links_down: set[str] = set()
@@ -118,7 +119,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
             out.extend(self._analyse(cs))
         return out
 
-    def on_event(self, ev: EventMessage) -> list[DetectionMessage]:
+    def on_event(self, ev: EventMessage, arrived: float | None = None) -> list[DetectionMessage]:
+        """An event of this job; ``arrived``: the engine's clock when it came (None: its
+        ``ts``). The end waits for the last steps from its arrival (see ``tick``)."""
         self.last_seen = max(self.last_seen, ev.ts)
         if ev.type == EventType.JOB_START:
             self.throughput.on_start(ev.ts)
@@ -127,6 +130,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
             if isinstance(seconds, int | float) and seconds > self.longest_pause:
                 self.longest_pause = float(seconds)
         elif ev.type == EventType.JOB_END:
+            self.end_arrived = ev.ts if arrived is None else arrived
             return self._job_end(ev)
         elif ev.type == EventType.EXCEPTION:
             return self._exception(ev)
@@ -150,9 +154,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
         out: list[DetectionMessage] = []
         for cs in closed:
             out.extend(self._analyse(cs))
-        if (
+        if (  # the last steps' records had the deadline after the end came, on one clock
             self.ended_at is not None
-            and local >= self.ended_at + self.cfg.assembly_deadline_seconds
+            and now >= self.end_arrived + self.cfg.assembly_deadline_seconds
         ):
             return out + self._finalise(local)
         if self.ended_at is None and self.hung_since is None:
