@@ -175,3 +175,40 @@ def test_a_real_restart_keeps_every_record_of_the_new_run() -> None:
     (rw,) = asm.rewinds
     assert (rw.from_step, rw.to_step) == (9, 4) and rw.gap_seconds > 80
     assert asm.late == 0 and asm.duplicates == 0
+
+
+def test_a_restart_of_fast_steps_reported_host_by_host_keeps_every_record() -> None:
+    """4 hosts of 2 ranks, 16 steps a host message (0.06 s steps, a 1 Hz agent): the
+    first host's message is a quarter of the ranks, 16 steps each, held until the second
+    host's comes; nothing of the new run is lost or late."""
+    job = Job(world=8, steps=40)
+    recs = [r for m in job.messages() for r in m.steps]
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    asm.add([r for r in recs if r.step < 30])
+    again = [
+        msgspec.structs.replace(r, step=r.step - 20, start=r.start + 100, end=r.end + 100)
+        for r in recs
+        if 20 <= r.step < 36
+    ]
+    closed = []
+    for ranks in ((0, 1), (2, 3), (4, 5), (6, 7)):  # one host's message at a time
+        closed += asm.add([r for r in again if r.rank in ranks])
+    assert [(c.step, c.complete) for c in closed] == [(s, True) for s in range(16)]
+    assert asm.late == 0 and len(asm.rewinds) == 1
+
+
+def test_records_held_for_one_rank_are_bounded() -> None:
+    """A forger sends 500 records of old steps for one rank: at most the assembler's
+    bound on open steps is held, the rest are late; nothing restarts."""
+    job = Job(world=8, steps=10)
+    recs = [r for m in job.messages() for r in m.steps]
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    asm.add(recs)
+    last = max(r.end for r in recs)
+    base = next(r for r in recs if r.rank == 0 and r.step == 9)
+    flood = [
+        msgspec.structs.replace(base, step=9, start=last + 1 + i, end=last + 1.5 + i)
+        for i in range(500)
+    ]
+    asm.add(flood)
+    assert len(asm.watch.held) == 64 and asm.late == 500 - 64 and asm.rewinds == []

@@ -147,7 +147,7 @@ class StepAssembler:
         self.duplicates = 0
         self._late = 0  # see ``late``
         self.rewinds: list[Rewind] = []
-        self.watch = RewindWatch(world_size, max_pending * world_size)
+        self.watch = RewindWatch(world_size, max_pending)
         self._pending: dict[int, _Pending] = {}
 
     @property

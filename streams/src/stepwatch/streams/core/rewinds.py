@@ -14,7 +14,8 @@ so, each by its own history on its own host's clock:
   closed step (at least one), the job rewinds and the held records are
   assembled as the new run's;
 * held records that never reach that quorum are dropped as late after
-  ``HOLD_SECONDS``; at most ``max_records`` are held.
+  ``HOLD_SECONDS``; at most ``per_rank`` records a rank are held (the
+  assembler's bound on open steps: a host's message of fast steps holds many).
 
 Before, one record did it: a late record from a host whose clock is ahead of its
 peers', or one forged record, restarted the job (its open detections resolved,
@@ -46,16 +47,17 @@ class Confirmed:
 class RewindWatch:
     """Each rank's latest closed step and end, and the records of ranks that went back."""
 
-    def __init__(self, world_size: int, max_records: int) -> None:
+    def __init__(self, world_size: int, per_rank: int) -> None:
         self.step = np.full(world_size, -1, np.int64)  # latest closed step it reported
         self.end = np.full(world_size, -np.inf)  # the end of its latest reported step
-        self.max_records = max_records
+        self.per_rank = per_rank  # records held a rank, at most (the rest are late)
         self.late = 0  # held records dropped (late after all), not yet counted
         self._clear()
 
     def _clear(self) -> None:
         self.held: list[tuple[StepRecord, float | None]] = []
         self.starts: dict[int, float] = {}  # held rank -> start of its first held record
+        self.counts: dict[int, int] = {}  # held rank -> its records held
         self.since: float | None = None  # the engine's clock at the first held record
         self.agreed = False  # half the ranks went back: rewind
         self._expected = 1
@@ -79,9 +81,11 @@ class RewindWatch:
         """Hold a record of a rank that went back; ``expected``: the ranks that reported
         the last closed step."""
         clock = rec.end if arrived is None else arrived
-        if len(self.held) >= self.max_records:
+        n = self.counts.get(rec.rank, 0)
+        if n >= self.per_rank:
             self.late += 1
             return
+        self.counts[rec.rank] = n + 1
         self.held.append((rec, arrived))
         self.starts.setdefault(rec.rank, rec.start)
         if self.since is None:
@@ -97,7 +101,7 @@ class RewindWatch:
             return True
         keep = [(r, a) for r, a in self.held if r.rank != rec.rank]
         self.late += len(self.held) - len(keep)
-        del self.starts[rec.rank]
+        del self.starts[rec.rank], self.counts[rec.rank]
         if not keep:
             self._clear()
             return False
