@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from stepwatch.contract import (
@@ -28,6 +29,7 @@ from stepwatch.contract import (
     decode_unchecked,
 )
 from stepwatch.contract.records import DetectionMessage
+from stepwatch.sim import Fault, FaultKind, Scenario, simulate
 from stepwatch.streams.core import DetectConfig, Engine
 
 pytestmark = pytest.mark.unit
@@ -184,3 +186,63 @@ def test_a_job_end_from_a_host_behind_its_peer_waits_for_the_peers_last_steps() 
     steps = max(r.step for _, m in msgs if isinstance(m, StepMessage) for r in m.steps)
     assert job.finalised and job.assembler.late == 0
     assert job.assembler.last_closed == steps
+
+
+def _sim_opens(kind: FaultKind, shifted: str, off: float) -> list[tuple[object, ...]]:
+    """A 4-node simulated job (8 GPUs, 8 NICs a node; the fault on rank 9, node0001, from
+    step 80) fed live; the host ``shifted`` ("fault": node0001, "other": node0003) stamps
+    its step records and samples ``off`` seconds off."""
+    scenario = Scenario(
+        seed=5,
+        job_id="j",
+        nodes=4,
+        gpus_per_node=8,
+        nics_per_node=8,
+        steps=200,
+        step_seconds=1.0,
+        start_ts=1.8e9,
+        faults=(Fault(kind=kind, rank=9, start_step=80, severity=0.3),),
+    )
+    host = "node0001" if shifted == "fault" else "node0003"
+    engine, found, ticked = Engine(DetectConfig()), [], 0.0
+    for m in simulate(scenario):
+        now = m.ts + DELAY
+        if m.host == host:
+            steps = getattr(m, "steps", None)
+            if steps is not None:
+                moved = [
+                    msgspec.structs.replace(r, start=r.start + off, end=r.end + off) for r in steps
+                ]
+                m = msgspec.structs.replace(m, steps=moved)
+            m = msgspec.structs.replace(m, ts=m.ts + off)
+        found += engine.process(m, now)
+        if now - ticked >= 1.0:
+            ticked = now
+            found += engine.tick(now)
+    return [
+        (d.type, d.rank, d.host, d.device, d.cause, d.first_step, d.evidence.get("cause_reason"))
+        for d in found
+        if d.state == "open"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "shifted", "off"),
+    [
+        (FaultKind.NIC_CONGESTION, "fault", -60.0),
+        (FaultKind.NIC_CONGESTION, "fault", -20.0),
+        (FaultKind.NIC_CONGESTION, "other", 60.0),
+        (FaultKind.THERMAL_THROTTLE, "fault", -60.0),
+        (FaultKind.POWER_THROTTLE, "other", 60.0),
+    ],
+)
+def test_a_faults_host_port_and_cause_are_found_the_same_whatever_the_clocks(
+    kind: FaultKind, shifted: str, off: float
+) -> None:
+    """Causes are read from each host's samples on its own clock (HostClocks, from the
+    ends of the job's steps). Before, with the congested NIC's host 20 or 60 s behind, or
+    another host 60 s ahead, the ``network_congestion`` detection named a healthy host
+    (node0002 or node0003), the congested one's samples read from the wrong time."""
+    base = _sim_opens(kind, shifted, 0.0)
+    assert base and base[0][2] == "node0001"
+    assert _sim_opens(kind, shifted, off) == base

@@ -212,3 +212,97 @@ def test_records_held_for_one_rank_are_bounded() -> None:
     ]
     asm.add(flood)
     assert len(asm.watch.held) == 64 and asm.late == 500 - 64 and asm.rewinds == []
+
+
+def _shifted(messages: list[StepMessage], shift: float, delay: dict[str, float] | None = None):  # type: ignore[no-untyped-def]
+    """The messages' times ``shift`` seconds later; ``delay``: extra seconds for a host's."""
+    out = []
+    for m in messages:
+        late = (delay or {}).get(m.host, 0.0)
+        steps = [
+            msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift) for r in m.steps
+        ]
+        out.append(msgspec.structs.replace(m, ts=m.ts + shift + late, steps=steps))
+    return sorted(out, key=lambda m: m.ts)
+
+
+def test_a_restart_during_a_hang_reported_host_by_host_is_one_restart() -> None:
+    """4 hosts of 4 ranks: the restart's first message is a quarter of the job (held).
+    Before, its records counted as progress: the hang resolved as "progress resumed" and
+    the outage was charged twice, as hang and as restart."""
+    job = Job(world=16, steps=30, per_host=4)
+    first = job.messages()
+    engine = Engine()
+    stop = max(r.end for m in first for r in m.steps)
+    assert [d.type for d in drive(engine, first, until=stop + 70)] == ["hang"]
+    again = [m for m in Job(world=16, steps=30, per_host=4).messages() if m.steps[0].step >= 20]
+    found = drive(engine, _shifted(again, 120.0))
+    assert [(d.type, d.evidence["resolved_because"]) for d in found] == [("hang", "restarted")]
+    s = engine.stats()[0]
+    assert s.badput_seconds["hang"] == 0.0 and 100 < s.badput_seconds["restart"] < 120
+
+
+def test_a_forged_record_of_an_old_step_does_not_resolve_a_hang() -> None:
+    """Held for a restart half the job never confirms, a forged record is no progress.
+    Before, each one resolved the real hang ("progress resumed") for another minute."""
+    job = Job(world=16, steps=30)
+    msgs = job.messages()
+    engine = Engine()
+    stop = max(r.end for m in msgs for r in m.steps)
+    assert [d.type for d in drive(engine, msgs, until=stop + 70)] == ["hang"]
+    base = next(r for m in msgs for r in m.steps if r.rank == 0 and r.step == 25)
+    now = stop + 70
+    for _ in range(3):
+        forged = msgspec.structs.replace(base, start=now - 0.5, end=now)
+        out = engine.process(msgspec.structs.replace(msgs[0], steps=[forged], ts=now))
+        out += drive(engine, [], until=now + 65)
+        assert out == []
+        now += 65
+    assert engine.stats()[0].hung
+
+
+def test_a_hosts_late_first_records_after_a_restart_are_not_a_second_restart() -> None:
+    """2 hosts of 8 restart from step 20; h001's first messages of the new run come 8 s
+    late, after the new run's first steps closed without it. Before, the history kept
+    from the old run made its ranks "go back" again: a second restart, the outage
+    charged twice, every rank of both hosts called missing."""
+    job = Job(world=16, steps=30, per_host=8)
+    engine = Engine()
+    old = job.messages()
+    drive(engine, old, until=max(r.end for m in old for r in m.steps) + 20)
+    new = [m for m in Job(world=16, steps=50, per_host=8).messages() if m.steps[0].step >= 20]
+    delayed = [m for m in new if m.host == "h001" and m.steps[0].step < 28]
+    moved = _shifted(delayed, 120.0, {"h001": 8.0})
+    found = drive(
+        engine,
+        sorted(_shifted([m for m in new if m not in delayed], 120.0) + moved, key=lambda m: m.ts),
+    )
+    s = engine.stats()[0]
+    assert 100 < s.badput_seconds["restart"] < 120
+    assert s.badput_seconds["wasted_progress"] == pytest.approx(10, abs=0.1)
+    missing = {d.rank for d in found if d.type == "rank_missing" and d.state == "open"}
+    assert missing <= set(range(8, 16))  # h001's late ranks at most, never h000's
+
+
+def test_one_forged_record_of_a_step_far_ahead_neither_restarts_nor_blinds_the_job() -> None:
+    """The gate admits a step up to 1000 beyond the job's highest: one record of rank 0
+    at step +500 closed on its deadline as soon as no real step was open. Then every real
+    record was late (the job blind) or, before the rewind quorum, a restart that resolved
+    the real straggler. It is a stray step now: its one record is late."""
+    job = Job(world=16, steps=90, slow={5: (20, 1.3)})
+    msgs = job.messages()
+    engine, found, now = Engine(), [], msgs[0].ts
+    base = next(r for m in msgs for r in m.steps if r.rank == 0 and r.step == 59)
+    forged = msgspec.structs.replace(msgs[0], steps=[msgspec.structs.replace(base, step=559)])
+    ordered = sorted(
+        [*msgs, msgspec.structs.replace(forged, ts=base.end + 0.2)], key=lambda m: m.ts
+    )
+    for m in ordered:
+        while now + 0.5 <= m.ts:  # the worker's ticks
+            now += 0.5
+            found += engine.tick(now)
+        found += engine.process(m, m.ts)
+    assert [(d.type, d.rank, d.state) for d in found] == [("straggler", 5, "open")]
+    job_ = engine.jobs[job.job_id]
+    assert job_.assembler.late == 1 and job_.assembler.last_closed == 89
+    assert engine.stats()[0].badput_seconds["wasted_progress"] == 0.0

@@ -147,6 +147,7 @@ class StepAssembler:
         self.duplicates = 0
         self._late = 0  # see ``late``
         self.rewinds: list[Rewind] = []
+        self.newest_end = 0.0  # the latest end of a record taken into a step (not held, late)
         self.watch = RewindWatch(world_size, max_pending)
         self._pending: dict[int, _Pending] = {}
 
@@ -193,6 +194,8 @@ class StepAssembler:
             p.records.append(rec)
             if rec.end > p.max_end:
                 p.max_end = rec.end
+                if rec.end > self.newest_end:
+                    self.newest_end = rec.end
             p.arrived = p.max_end if arrived is None else arrived
             if len(p.ranks) >= need:
                 ready = True
@@ -214,7 +217,7 @@ class StepAssembler:
         """A record of a step already closed: its rank went back (held until half the job
         did), or it is late."""
         if self.watch.went_back(rec):
-            self.watch.hold(rec, arrived, self.world_size - len(self.absent))
+            self.watch.hold(rec, arrived)
             return
         self._late += 1
         self.absent.discard(rec.rank)  # alive, only late: wait for it again
@@ -223,7 +226,9 @@ class StepAssembler:
         """Half the job's ranks went back: the open steps are dropped and the held records
         placed as the new run's."""
         confirmed = self.watch.take()
+        self.watch.restart()
         self.rewinds.append(Rewind(self.last_closed, confirmed.to_step, confirmed.gap_seconds))
+        self._late += sum(len(p.records) for p in self._pending.values())  # the old run's
         self._pending.clear()
         self.absent.clear()
         self.last_closed = confirmed.to_step - 1
@@ -241,6 +246,7 @@ class StepAssembler:
         p.records.append(rec)
         p.max_end = max(p.max_end, rec.end)
         p.arrived = p.max_end if arrived is None else arrived
+        self.newest_end = max(self.newest_end, rec.end)
 
     def _complete(self, p: _Pending) -> bool:
         n = len(p.ranks)
@@ -261,8 +267,23 @@ class StepAssembler:
             if not (overflow or expired or self._complete(p)):
                 break
             del pending[step]
+            if self._stray(step, p):
+                self._late += len(p.records)
+                continue
             closed.append(self._close(step, p))
         return closed
+
+    def _stray(self, step: int, p: _Pending) -> bool:
+        """A step past a gap in the job's step numbers that fewer than half of its ranks
+        reported: no step of the job (one forged record of a step far ahead). Closed, it
+        made every later record of the real run late (the detection blind) until the run
+        caught up with it; its records are late instead. A real step where ranks died
+        follows the last closed one."""
+        return (
+            step > self.last_closed + 1
+            and self.last_closed >= 0
+            and 2 * len(p.ranks) < self.watch.expected()
+        )
 
     def _close(self, step: int, p: _Pending) -> ClosedStep:
         self.last_closed = step

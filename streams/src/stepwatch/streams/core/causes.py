@@ -26,12 +26,12 @@ import numpy as np
 
 from stepwatch.contract import EventType
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostclock import SampleWindow
 from stepwatch.streams.core.hostwindow import (
     BAD_THROTTLE,
     SW_POWER_CAP,
     THROTTLE_NAMES,
     GpuSignals,
-    HostWindow,
     PortSignals,
     median_of,
 )
@@ -75,7 +75,7 @@ UNKNOWN = Attribution(Cause.UNKNOWN, Fault.UNKNOWN, "no GPU, NIC or input signal
 
 
 class CauseFinder:
-    def __init__(self, cfg: DetectConfig, windows: Mapping[str, HostWindow]) -> None:
+    def __init__(self, cfg: DetectConfig, windows: Mapping[str, SampleWindow]) -> None:
         self.cfg = cfg
         self.windows = windows
 

@@ -242,9 +242,9 @@ class Engine:
 
     def _expired(self, job: Job, now: float) -> str:
         """Why the job can be forgotten now ("" while it must be kept)."""
+        if job.ended_at is not None:  # counted from the job_end's arrival (see Job.tick)
+            return "job ended" if now - job.end_arrived > self.cfg.job_end_grace_seconds else ""
         now = job.local(now)
-        if job.ended_at is not None:
-            return "job ended" if now - job.ended_at > self.cfg.job_end_grace_seconds else ""
         if job.last_seen > 0 and now - job.last_seen > self.cfg.job_silence_seconds:
             return "job silent"
         return ""

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from stepwatch.streams.core.config import DetectConfig
-from stepwatch.streams.core.hostwindow import HostWindow, median_of
+from stepwatch.streams.core.hostclock import SampleWindow
+from stepwatch.streams.core.hostwindow import median_of
 from stepwatch.streams.core.ranks import RankTable
 
 IDLE_UTIL_PCT = 10.0
@@ -52,7 +53,7 @@ def check_hang(
     cadence: float | None,
     pause: float,
     ranks: RankTable,
-    windows: Mapping[str, HostWindow],
+    windows: Mapping[str, SampleWindow],
 ) -> HangVerdict | None:
     """A verdict when the job made no progress for longer than its limit."""
     limit = hang_limit(cfg, cadence, pause)
@@ -73,7 +74,7 @@ def check_hang(
 
 
 def _idle_ranks(
-    ranks: RankTable, windows: Mapping[str, HostWindow], t0: float, t1: float
+    ranks: RankTable, windows: Mapping[str, SampleWindow], t0: float, t1: float
 ) -> list[int]:
     """Ranks whose GPU is idle (or reports nothing) while most of the job's GPUs spin."""
     util: dict[int, float | None] = {}

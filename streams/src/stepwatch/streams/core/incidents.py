@@ -14,6 +14,7 @@ from __future__ import annotations
 from stepwatch.contract import DetectionMessage, EventMessage, EventType
 from stepwatch.streams.core.assembly import ClosedStep
 from stepwatch.streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder
+from stepwatch.streams.core.hostclock import HostClocks
 from stepwatch.streams.core.hostwindow import LinkIncident
 from stepwatch.streams.core.kinds import Cause, DetectionType, Fault
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding
@@ -28,6 +29,7 @@ class Incidents:
     book: DetectionBook
     ranks: RankTable
     causes: CauseFinder
+    clocks: HostClocks
     hosts: set[str]
     world_size: int
     last_step: int
@@ -45,7 +47,7 @@ class Incidents:
         return self._user_error(rank, cs.step, cs.end_max, summary, attr)
 
     def _exception(self, ev: EventMessage) -> list[DetectionMessage]:
-        if self.causes.has_hardware_signal([ev.host], ev.ts):
+        if self.causes.has_hardware_signal([ev.host], self.clocks.on_job_clock(ev.host, ev.ts)):
             return []  # a hardware fault killed it: reported as a system fault
         attr = Attribution(
             Cause.USER, Fault.USER, "exception in user code", {"exception": ev.detail[:200]}
@@ -59,7 +61,9 @@ class Incidents:
         if not failed or self.book.keys(T.USER_ERROR):
             return []
         system = [o for o in self.book.open.values() if o.finding.attribution.fault == Fault.SYSTEM]
-        if system or self.causes.has_hardware_signal(self.hosts, ev.ts):
+        if system or self.causes.has_hardware_signal(
+            self.hosts, self.clocks.on_job_clock(ev.host, ev.ts)
+        ):
             return []
         attr = Attribution(
             Cause.USER,

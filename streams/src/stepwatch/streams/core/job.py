@@ -15,6 +15,7 @@ from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, Rewind, StepA
 from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hang import check_hang
+from stepwatch.streams.core.hostclock import HostClocks, ShiftedWindows
 from stepwatch.streams.core.hosthistory import HostHistory
 from stepwatch.streams.core.incidents import Incidents
 from stepwatch.streams.core.kinds import Cause, DetectionType
@@ -41,7 +42,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.job_id = job_id
         self.world_size = world_size
         self.cfg = cfg
-        self.causes = causes
+        self.clocks = HostClocks()  # hosts whose clocks are off: their samples read shifted
+        self.causes = CauseFinder(cfg, ShiftedWindows(causes.windows, self.clocks))
         self.assembler = StepAssembler(
             world_size, cfg.assembly_deadline_seconds, cfg.max_pending_steps
         )
@@ -100,17 +102,15 @@ class Job(Incidents, Stragglers, NetworkWatch):
         out: list[DetectionMessage] = []
         if self.ranks.moved:
             self._ranks_moved(records)
-        newest, step = records[0].end, records[0].step
-        for r in records:  # both maxima in one plain loop (per message)
-            if r.end > newest:
-                newest = r.end
-            if r.step > step:
-                step = r.step
+        step = max([r.step for r in records])
         if step > self.newest_step:
             self.newest_step = step
         closed = self.assembler.add(records, arrived)
         if self.assembler.rewinds:
             out.extend(self._on_rewinds())
+        # progress: records taken into a step (not a late one, nor one held for a restart
+        # that half the job has not confirmed: one forged record resolved a real hang)
+        newest = self.assembler.newest_end
         if newest > self.last_progress:
             if self.hung_since is not None:
                 out.extend(self._progress_resumed(newest))
@@ -173,6 +173,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         out_moves = self._settle_moves(cs.step, cs.end_max) if self.moves.candidates else []
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
+        self.clocks.update(cs.end, self.ranks.host_index())
         self.last_step = cs.step
         self.step_ends.push(np.array((cs.step, cs.end_max)))
         sd = self.slowdown

@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stepwatch.streams.core.config import DetectConfig
-from stepwatch.streams.core.hostwindow import HostWindow, PortSignals, median_of
+from stepwatch.streams.core.hostclock import SampleWindow
+from stepwatch.streams.core.hostwindow import PortSignals, median_of
 
 Evidence = dict[str, str | float | int | bool | None]
 MIN_HISTORY_SAMPLES = 3
@@ -38,7 +39,7 @@ class Suspect:
 
 
 def localize(
-    windows: Mapping[str, HostWindow],
+    windows: Mapping[str, SampleWindow],
     hosts: Sequence[str],
     t0: float,
     t1: float,
@@ -56,7 +57,7 @@ def localize(
 
 
 def port_suspects(
-    windows: Mapping[str, HostWindow],
+    windows: Mapping[str, SampleWindow],
     hosts: Sequence[str],
     t0: float,
     t1: float,

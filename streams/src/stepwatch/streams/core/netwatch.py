@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from stepwatch.contract import DetectionMessage
 from stepwatch.streams.core.causes import Attribution, Evidence
 from stepwatch.streams.core.config import DetectConfig
-from stepwatch.streams.core.hostwindow import HostWindow
+from stepwatch.streams.core.hostclock import SampleWindow
 from stepwatch.streams.core.kinds import Cause, DetectionType, Fault
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
 from stepwatch.streams.core.netloc import Suspect, port_suspects
@@ -57,7 +57,7 @@ class NetworkWatch:
     step_at: Callable[[float], int | None]
 
     def _network(
-        self, windows: Mapping[str, HostWindow], now: float, step: int
+        self, windows: Mapping[str, SampleWindow], now: float, step: int
     ) -> list[DetectionMessage]:
         if now < self._net_next or len(self.hosts) < 2:
             return []
@@ -83,7 +83,7 @@ class NetworkWatch:
         return out
 
     def _suspects(
-        self, windows: Mapping[str, HostWindow], t0: float, t1: float
+        self, windows: Mapping[str, SampleWindow], t0: float, t1: float
     ) -> dict[str, Suspect]:
         """The suspect hosts, keyed ``net:<host>``, each with its worst port.
 
@@ -160,7 +160,9 @@ class NetworkWatch:
             related=related,
         )
 
-    def _net_onset(self, windows: Mapping[str, HostWindow], sus: Suspect, now: float) -> int | None:
+    def _net_onset(
+        self, windows: Mapping[str, SampleWindow], sus: Suspect, now: float
+    ) -> int | None:
         """The step at which the port's rise began: the start of its trailing run of
         sample intervals above the geometric mean of its reference and its rate now."""
         win = windows.get(sus.host)

@@ -28,6 +28,7 @@ from stepwatch.streams.core.causes import (
     extra_wait,
 )
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostclock import HostClocks
 from stepwatch.streams.core.hosthistory import HostHistory, SlowHost
 from stepwatch.streams.core.kinds import DetectionType
 from stepwatch.streams.core.lifecycle import DetectionBook, Finding, Key
@@ -48,6 +49,7 @@ class Stragglers:
     book: DetectionBook
     ranks: RankTable
     causes: CauseFinder
+    clocks: HostClocks
     hosts: set[str]
     _host_defer: dict[str, int]
     _host_way: dict[str, str | None]
@@ -289,7 +291,8 @@ class Stragglers:
         est = None if key in self.book.open else self.straggler.onset(ranks)
         if est is None or math.isnan(est[1]):
             return None, self._onset_span()
-        return est[0], max(cs.end_max - est[1], MIN_CAUSE_SPAN_S)
+        began = self.clocks.on_job_clock(self.ranks.host[ranks[0]], est[1])  # a rank's start
+        return est[0], max(cs.end_max - began, MIN_CAUSE_SPAN_S)
 
     def _explained_elsewhere(self, host: str) -> bool:
         """A straggler incident or suspect on another host: the job waits for that one."""
