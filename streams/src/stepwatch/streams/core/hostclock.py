@@ -20,6 +20,7 @@ agree is read exactly as before.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Protocol
 
@@ -57,7 +58,7 @@ class HostClocks:
         self._version = -1
         self._names: tuple[str, ...] = ()
         self._firsts = np.zeros(0, np.intp)
-        self._offsets = np.zeros((CLOCK_STEPS, 0))
+        self._ends = np.zeros((CLOCK_STEPS, 0))  # the first rank's end of each host, by step
         self._n = 0
 
     def update(self, ends: np.ndarray, index: GroupIndex) -> None:
@@ -67,26 +68,30 @@ class HostClocks:
         if index.version != self._version:
             self._version, self._names = index.version, index.names
             self._firsts = np.array([m[0] for m in index.members], np.intp)
-            self._offsets = np.full((CLOCK_STEPS, len(index.names)), np.nan)
+            self._ends = np.full((CLOCK_STEPS, len(index.names)), np.nan)
             self._n = 0
-        e = ends[self._firsts]
-        seen = e[~np.isnan(e)]
-        if len(seen):
-            self._offsets[self._n % CLOCK_STEPS] = e - np.median(seen)
+        self._ends[self._n % CLOCK_STEPS] = ends[self._firsts]
         self._n += 1
         if self._n % CLOCK_STEPS == 0:
             self._refresh()
 
     def _refresh(self) -> None:
-        cols = ~np.isnan(self._offsets).all(axis=0)
-        if not cols.any():
-            return
-        off = np.full(len(self._names), np.nan)
-        off[cols] = np.nanmedian(self._offsets[:, cols], axis=0)
+        """Each host's offset: per step, its first rank's end against the median over hosts;
+        over the steps, the median of that."""
+        e = self._ends
+        if np.isnan(e).any():
+            rows = ~np.isnan(e).all(axis=1)
+            if not rows.any():
+                return
+            with np.errstate(all="ignore"), warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # a host absent throughout
+                d = e[rows] - np.nanmedian(e[rows], axis=1, keepdims=True)
+                off = np.nanmedian(d, axis=0)
+        else:
+            off = np.median(e - np.median(e, axis=1, keepdims=True), axis=0)
         top = float(np.nanmax(off))  # the job's times are on the clock most ahead
-        shift = off - top
         self.shift.clear()
-        for name, s in zip(self._names, shift.tolist(), strict=True):
+        for name, s in zip(self._names, (off - top).tolist(), strict=True):
             if s == s and abs(s) >= CLOCK_OFFSET_MIN_S:
                 self.shift[name] = s
 
@@ -101,6 +106,13 @@ class ShiftedWindows(Mapping[str, SampleWindow]):
     def __init__(self, windows: Mapping[str, SampleWindow], clocks: HostClocks) -> None:
         self._windows = windows
         self._clocks = clocks
+
+    def get(self, host: str, default: SampleWindow | None = None) -> SampleWindow | None:  # type: ignore[override]
+        win = self._windows.get(host)
+        if win is None:
+            return default
+        s = self._clocks.shift.get(host)
+        return win if s is None else _Shifted(win, s)
 
     def __getitem__(self, host: str) -> SampleWindow:
         win = self._windows[host]
