@@ -188,10 +188,13 @@ def test_a_job_end_from_a_host_behind_its_peer_waits_for_the_peers_last_steps() 
     assert job.assembler.last_closed == steps
 
 
-def _sim_opens(kind: FaultKind, shifted: str, off: float) -> list[tuple[object, ...]]:
+def _sim_opens(
+    kind: FaultKind, shifted: str, off: float, forged: tuple[int, str] | None = None
+) -> list[tuple[object, ...]]:
     """A 4-node simulated job (8 GPUs, 8 NICs a node; the fault on rank 9, node0001, from
     step 80) fed live; the host ``shifted`` ("fault": node0001, "other": node0003) stamps
-    its step records and samples ``off`` seconds off."""
+    its step records and samples ``off`` seconds off; or, with ``forged`` (rank, host),
+    only that rank's records are ``off`` seconds off and claim that host."""
     scenario = Scenario(
         seed=5,
         job_id="j",
@@ -207,7 +210,16 @@ def _sim_opens(kind: FaultKind, shifted: str, off: float) -> list[tuple[object, 
     engine, found, ticked = Engine(DetectConfig()), [], 0.0
     for m in simulate(scenario):
         now = m.ts + DELAY
-        if m.host == host:
+        if forged is not None and isinstance(m, StepMessage):
+            rank, claimed = forged
+            steps = [
+                msgspec.structs.replace(r, start=r.start + off, end=r.end + off, host=claimed)
+                if r.rank == rank
+                else r
+                for r in m.steps
+            ]
+            m = msgspec.structs.replace(m, steps=steps)
+        elif forged is None and m.host == host:
             steps = getattr(m, "steps", None)
             if steps is not None:
                 moved = [
@@ -246,3 +258,19 @@ def test_a_faults_host_port_and_cause_are_found_the_same_whatever_the_clocks(
     base = _sim_opens(kind, shifted, 0.0)
     assert base and base[0][2] == "node0001"
     assert _sim_opens(kind, shifted, off) == base
+
+
+@pytest.mark.parametrize(
+    ("rank", "claimed", "off"),
+    [(8, "node0001", -60.0), (8, "node0001", -3600.0), (0, "node0001", -60.0)],
+    ids=["own-rank-60s", "own-rank-1h", "another-hosts-rank-60s"],
+)
+def test_one_ranks_records_off_do_not_move_a_hosts_clock(
+    rank: int, claimed: str, off: float
+) -> None:
+    """A forger who writes one rank's records with times an hour or a minute early (rank 8,
+    node0001's first; or rank 0 of node0000 claiming node0001) must not make the job read
+    node0001's samples at the wrong time: with the offset taken from one rank a host, the
+    congested NIC's cause was hidden and a healthy host blamed."""
+    base = _sim_opens(FaultKind.NIC_CONGESTION, "fault", 0.0)
+    assert _sim_opens(FaultKind.NIC_CONGESTION, "fault", off, (rank, claimed)) == base

@@ -8,14 +8,19 @@ job's clock (the latest step end, on the clock of the host most ahead). A host
 a minute behind was read a minute into its future: no samples, or the wrong
 ones, and in a real case a congested NIC was blamed on a peer host.
 
-The ranks of a synchronous job end each step within milliseconds of each other
-(the step's last collective), so the ends of a closed step say how far each
-host's clock is off: per step, the end of each host's first rank against the
-median over hosts; over the last ``CLOCK_STEPS`` steps, the median of that.
-A host off by ``CLOCK_OFFSET_MIN_S`` or more from the clock the job's times are
-on gets a shift, and :class:`ShiftedWindows` reads its samples with it. Offsets
-below that change nothing (a sample look-back is a minute): a job whose hosts
-agree is read exactly as before.
+The ranks of a synchronous job start and end each step within milliseconds of
+each other (the step's collectives), so a closed step says how far each host's
+clock is off. Per step, each host's start and end (the median of three of its
+ranks: its first, middle and last, so that one rank, forged or slow, moves
+nothing) against the median over hosts; over the last ``CLOCK_STEPS`` steps,
+the median of each, computed every ``REFRESH_STEPS`` steps. A clock moves a
+host's starts and ends alike and steadily (within ``AGREE_S``); a pipeline
+stage that ends later than its peers but starts with them, or ends that
+wander, are no clock. A host off by ``CLOCK_OFFSET_MIN_S`` or more from the
+clock the job's times are on gets a shift, and :class:`ShiftedWindows` reads
+its samples with it. Offsets below that change nothing (a sample look-back is
+a minute): a job whose hosts agree is read exactly as before. A new placement
+of ranks on hosts starts over.
 """
 
 from __future__ import annotations
@@ -31,7 +36,31 @@ from stepwatch.streams.core.hostwindow import GpuSignals, PortSignals
 from stepwatch.streams.core.ranks import GroupIndex
 
 CLOCK_STEPS = 9  # steps the offsets are the median of
+REFRESH_STEPS = 27  # the offsets are computed again every this many steps
 CLOCK_OFFSET_MIN_S = 5.0  # a host off by less than this is read on the job's clock
+AGREE_S = 1.0  # a clock moves a host's starts and ends alike, steadily, within this
+PROBES = 3  # ranks read on each host (its first, middle and last): one forged rank moves none
+
+
+def _median3(a: np.ndarray) -> np.ndarray:
+    """Row medians of an (n, 3) array, of the values that are not NaN (NaN: none)."""
+    s = np.sort(a, axis=1)  # NaN last
+    valid = (~np.isnan(a)).sum(axis=1)
+    two = (s[:, 0] + s[:, 1]) / 2
+    out: np.ndarray = np.where(valid == 3, s[:, 1], np.where(valid == 2, two, s[:, 0]))
+    return out
+
+
+def _nanmedian0(a: np.ndarray) -> np.ndarray:
+    """Column medians ignoring NaN (a sort when there is none: several times cheaper)."""
+    if not np.isnan(a).any():
+        n, s = len(a), np.sort(a, axis=0)  # np.median's own overhead is most of its cost here
+        out: np.ndarray = s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+        return out
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a column with no value
+        out = np.nanmedian(a, axis=0)
+    return out
 
 
 class SampleWindow(Protocol):
@@ -57,42 +86,49 @@ class HostClocks:
         self.shift: dict[str, float] = {}
         self._version = -1
         self._names: tuple[str, ...] = ()
-        self._firsts = np.zeros(0, np.intp)
-        self._ends = np.zeros((CLOCK_STEPS, 0))  # the first rank's end of each host, by step
+        self._probe = np.zeros((0, PROBES), np.intp)  # the ranks read on each host
+        self._starts = np.zeros((CLOCK_STEPS, 0, PROBES))  # the probes' starts, by step
+        self._ends = np.zeros((CLOCK_STEPS, 0, PROBES))  # ... and ends
         self._n = 0
 
-    def update(self, ends: np.ndarray, index: GroupIndex) -> None:
-        """A closed step: ``ends`` by rank (NaN: absent), ``index`` the ranks of each host."""
+    def update(self, starts: np.ndarray, ends: np.ndarray, index: GroupIndex) -> None:
+        """A closed step: ``starts`` and ``ends`` by rank (NaN: absent), ``index`` the ranks
+        of each host."""
         if len(index.names) < 2:
             return
-        if index.version != self._version:
+        if index.version != self._version:  # placement changed: start over
             self._version, self._names = index.version, index.names
-            self._firsts = np.array([m[0] for m in index.members], np.intp)
-            self._ends = np.full((CLOCK_STEPS, len(index.names)), np.nan)
+            self._probe = np.array([(m[0], m[len(m) // 2], m[-1]) for m in index.members], np.intp)
+            self._starts = np.full((CLOCK_STEPS, len(index.names), PROBES), np.nan)
+            self._ends = np.full((CLOCK_STEPS, len(index.names), PROBES), np.nan)
             self._n = 0
-        self._ends[self._n % CLOCK_STEPS] = ends[self._firsts]
+            self.shift.clear()
+        row = self._n % CLOCK_STEPS
+        self._starts[row] = starts[self._probe]
+        self._ends[row] = ends[self._probe]
         self._n += 1
-        if self._n % CLOCK_STEPS == 0:
+        if self._n % REFRESH_STEPS == CLOCK_STEPS:
             self._refresh()
 
     def _refresh(self) -> None:
-        """Each host's offset: per step, its first rank's end against the median over hosts;
-        over the steps, the median of that."""
-        e = self._ends
-        if np.isnan(e).any():
-            rows = ~np.isnan(e).all(axis=1)
-            if not rows.any():
-                return
-            with np.errstate(all="ignore"), warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)  # a host absent throughout
-                d = e[rows] - np.nanmedian(e[rows], axis=1, keepdims=True)
-                off = np.nanmedian(d, axis=0)
-        else:
-            off = np.median(e - np.median(e, axis=1, keepdims=True), axis=0)
-        top = float(np.nanmax(off))  # the job's times are on the clock most ahead
+        """A host's clock offset: its starts and its ends against the median over hosts,
+        each the median over the steps; a clock moves both alike and steadily (a pipeline
+        stage that ends later starts as early as its peers)."""
+        hosts = len(self._names)
+        ends = _median3(self._ends.reshape(-1, PROBES)).reshape(CLOCK_STEPS, hosts)
+        starts = _median3(self._starts.reshape(-1, PROBES)).reshape(CLOCK_STEPS, hosts)
+        d_end = ends - _nanmedian0(ends.T)[:, None]
+        d_start = starts - _nanmedian0(starts.T)[:, None]
+        off_end = _nanmedian0(d_end)
+        off_start = _nanmedian0(d_start)
+        wander = _nanmedian0(np.abs(d_end - off_end))
+        with np.errstate(invalid="ignore"):  # NaN: a host never seen, no clock
+            clock = (np.abs(off_end - off_start) < AGREE_S) & (wander < AGREE_S)
+        offset = np.where(clock, (off_end + off_start) / 2, 0.0)
+        top = float(offset.max())  # the job's times are on the clock most ahead
         self.shift.clear()
-        for name, s in zip(self._names, (off - top).tolist(), strict=True):
-            if s == s and abs(s) >= CLOCK_OFFSET_MIN_S:
+        for name, s in zip(self._names, (offset - top).tolist(), strict=True):
+            if abs(s) >= CLOCK_OFFSET_MIN_S:
                 self.shift[name] = s
 
     def on_job_clock(self, host: str, t: float) -> float:
