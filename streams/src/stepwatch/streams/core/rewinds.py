@@ -44,8 +44,9 @@ RECENT_STEPS = 8  # closed steps whose largest rank count is the quorum's base
 
 @dataclass(frozen=True, slots=True)
 class Confirmed:
-    """A rewind the ranks agreed on: the step it went back to, the restart's gap (seconds,
-    on the first held rank's own clock) and the held records in arrival order."""
+    """A rewind the ranks agreed on: the step it went back to, the restart's gap (seconds:
+    the median of those ranks' own gaps, each on its host's clock) and the held records
+    in arrival order."""
 
     to_step: int
     gap_seconds: float
@@ -75,10 +76,10 @@ class RewindWatch:
     def closed(self, step: int, present: np.ndarray, ends: np.ndarray) -> None:
         """A step closed: ``present`` ranks reported it, ending at ``ends`` (NaN: absent)."""
         n = int(np.count_nonzero(present))
-        if 2 * n < self.expected():
-            self._reported.append(n)
-            return  # too few ranks to be anyone's history (a forged step far ahead)
+        expected = self.expected()
         self._reported.append(n)
+        if 2 * n < expected:
+            return  # too few ranks to be anyone's history (a forged step far ahead)
         self.step[present] = step
         np.fmax(self.end, ends, out=self.end)
 
