@@ -151,8 +151,15 @@ def publish(settings: Settings, items: Iterable[Message | tuple[str, bytes | Non
     return n
 
 
-def read_topic(settings: Settings, topic: str, timeout: float = 5.0) -> list[tuple[int, bytes]]:
-    """Everything in a topic now: (partition, value), from the beginning."""
+def read_topic(settings: Settings, topic: str, timeout: float = 30.0) -> list[tuple[int, bytes]]:
+    """Everything in a topic now: (partition, value), from the beginning up to each
+    partition's end offset when called.
+
+    Raises ``AssertionError`` when ``timeout`` passes first: a partial read is never
+    returned. (It was, and under a loaded CI machine a read of the detections topic
+    that stopped short returned none of the newest job's detections: a real torch
+    fault test failed as a miss, and a test asserting *no* detection could have
+    passed on a read that never reached one.)"""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
@@ -180,6 +187,8 @@ def read_topic(settings: Settings, topic: str, timeout: float = 5.0) -> list[tup
                 part, offset = int(msg.partition() or 0), int(msg.offset() or 0)
                 out.append((part, msg.value() or b""))
                 pos[part] = offset + 1
+        short = {p: (pos[p], ends[p]) for p in pos if pos[p] < ends[p]}
+        assert not short, f"read of {topic} timed out after {timeout} s: {short} (read, end)"
         return out
     finally:
         consumer.close()

@@ -19,9 +19,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from stepwatch.contract import StepMessage, Topics, decode
+import yaml
+
+from stepwatch.contract import DetectionMessage, StepMessage, Topics, decode, encode
 from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
+from stepwatch.streams.core import DetectConfig, Engine
+from stepwatch.streams.replay import replay
 from tests.support import paths
 from tests.support.stream_support import read_topic
 
@@ -199,6 +203,39 @@ def step_messages(settings: Settings, job_id: str) -> list[StepMessage]:
     msgs = [decode(v) for _, v in read_topic(settings, topic, timeout=10)]
     mine = [m for m in msgs if isinstance(m, StepMessage) and m.job_id == job_id]
     return sorted(mine, key=lambda m: (m.ts, m.host, m.seq))
+
+
+def replay_detections(msgs: list[StepMessage]) -> list[DetectionMessage]:
+    """What the detection core finds in ``msgs``, replayed in-process (no pipeline)."""
+    found: list[DetectionMessage] = []
+    errors: list[object] = []
+    replay(
+        (encode(m) for m in msgs),
+        Engine(DetectConfig()),
+        found.append,
+        lambda n, err, raw: errors.append((n, err)),
+    )
+    assert errors == [], errors
+    return found
+
+
+RULES = paths.ROOT / "alerts" / "src" / "stepwatch" / "alerts" / "rules"
+UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def page_after(detection_type: str) -> float:
+    """Seconds a detection of ``detection_type`` must stay open before the shipped alert
+    rules page anyone (the least ``for:`` of the rules on its score), from the rule files."""
+    found = []
+    for path in sorted(RULES.glob("*.yml")):
+        for group in yaml.safe_load(path.read_text())["groups"]:
+            for rule in group["rules"]:
+                expr = str(rule.get("expr", ""))
+                if "stepwatch_detection_score" in expr and f'type="{detection_type}"' in expr:
+                    spec = str(rule.get("for", "0s"))
+                    found.append(float(spec[:-1]) * UNITS[spec[-1]])
+    assert found, f"no alert rule on {detection_type} detections"
+    return min(found)
 
 
 def phase_means(msgs: list[StepMessage], lo: int, hi: int) -> dict[int, dict[str, float]]:

@@ -152,7 +152,7 @@ def attacked(tmp_path_factory):
 
 
 def open_of(settings, topics: Topics, job: str, kind: str) -> list[dict]:
-    dets = [json.loads(v) for _, v in read_topic(settings, topics.detections, timeout=2)]
+    dets = [json.loads(v) for _, v in read_topic(settings, topics.detections)]
     return [d for d in dets if d["job_id"] == job and d["type"] == kind and d["state"] == "open"]
 
 
