@@ -356,10 +356,10 @@ def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untype
         pytest.skip(f"contention slowed host-1 by only {effect:.0%} on this loaded machine")
     d = hit(found, fault)
     if d["type"] == "job_slowdown":
-        # the machine's other work (the pipeline's own processes among it) ran on host-0's
-        # core while it lasted and slowed host-0 as well: the whole job slowed, and the
-        # incident names host-1 as its suspect (seen here: host-0 as slow as host-1 for 22
-        # of the first 26 fault steps, 0.15 s forward against 0.075 s alone)
+        # the machine's other work ran on host-0's core while it lasted and slowed host-0
+        # as well: the whole job slowed, and the incident names host-1 as its suspect (seen
+        # with two bursty busy processes on the machine: host-0 as slow as host-1 for 22 of
+        # the first 26 fault steps, 0.15 s forward against 0.075 s alone)
         assert d["host"] == "host-1", d
     else:
         assert d["type"] == "straggler" and d["rank"] is None, d

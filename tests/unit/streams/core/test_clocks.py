@@ -160,6 +160,28 @@ def test_one_message_stamped_far_ahead_does_not_make_a_healthy_job_hung() -> Non
     assert [(d.type, d.rank) for d in found if d.state == "open"] == []
 
 
+def test_a_flood_of_copied_step_messages_does_not_hide_a_hang() -> None:
+    """The job stops making progress half way. Someone who can produce to Kafka then sends
+    a copy of one of its earlier step messages every second, stamped now (its records are
+    duplicates of a reported step: no progress). Before, any step message's arrival
+    counted as the job still reporting and capped the hang's silence: the hang was never
+    called."""
+    lines = (RUNS / "healthy.jsonl").read_text().splitlines()
+    msgs = sorted((_shifted(line, {}) for line in lines), key=lambda x: x[0])
+    engine, found = Engine(DetectConfig()), []
+    half = msgs[: len(msgs) // 2]
+    for sent, m in half:
+        found += engine.process(m, sent + DELAY)
+        found += engine.tick(sent + DELAY)
+    now = half[-1][0] + DELAY
+    for k in range(1, 181):  # three minutes of the flood
+        copy = json.loads(lines[len(lines) // 4])
+        copy["ts"] = now + k
+        found += engine.process(decode_unchecked(json.dumps(copy)), now + k)
+        found += engine.tick(now + k)
+    assert [d.type for d in found if d.state == "open"] == ["hang"]
+
+
 def test_a_job_end_from_a_host_behind_its_peer_waits_for_the_peers_last_steps() -> None:
     """host-0's clock is 60 s ahead of host-1's. host-1 sends ``job_end`` right after its
     last step; host-0's last two step messages reach the worker 2 s later. The job's

@@ -80,7 +80,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.suspects_total = 0
         # arrival minus host timestamp of the recent step messages (see ``local``)
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
-        self._steps_arrived = 0.0  # the engine's clock when step records last came
+        self._steps_arrived = 0.0  # the engine's clock when step records last made progress
 
     # ------------------------------------------------------------------ input
     def add_records(
@@ -91,7 +91,6 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.last_seen = max(self.last_seen, ts)
         arrived = ts if arrived is None else arrived
         self._lags.append(arrived - ts)
-        self._steps_arrived = arrived
         if self.finalised:
             self.assembler.late += len(records)
             return []
@@ -115,6 +114,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
             if self.hung_since is not None:
                 out.extend(self._progress_resumed(newest))
             self.last_progress = newest
+            # only progress counts as the job still reporting: copies of reported steps
+            # sent every second kept a hung job from being called hung
+            self._steps_arrived = arrived
         for cs in closed:
             out.extend(self._analyse(cs))
         return out
@@ -160,7 +162,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         ):
             return out + self._finalise(local)
         if self.ended_at is None and self.hung_since is None:
-            # silent no longer than step records stopped coming on the engine's clock: a
+            # silent no longer than step records stopped making progress (engine's clock): a
             # message stamped ahead (the gate admits up to 5 minutes) moves ``local``, and
             # must not make a job that still reports hung
             out.extend(self._check_hang(min(local, self.last_progress + now - self._steps_arrived)))
