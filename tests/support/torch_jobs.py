@@ -238,6 +238,27 @@ def page_after(detection_type: str) -> float:
     return min(found)
 
 
+def step_table(msgs: list[StepMessage]) -> str:
+    """One line per step: each host's median forward+backward and comm_wait (ms)."""
+    rows: dict[int, dict[str, list[tuple[float, float]]]] = {}
+    for m in msgs:
+        for r in m.steps:
+            p = r.phases
+            if p is None:
+                continue
+            work = (p.forward or 0.0) + (p.backward or 0.0)
+            rows.setdefault(r.step, {}).setdefault(r.host, []).append((work, p.comm_wait or 0.0))
+    lines = []
+    for step in sorted(rows):
+        cells = []
+        for host, vals in sorted(rows[step].items()):
+            work = sorted(v[0] for v in vals)[len(vals) // 2]
+            wait = sorted(v[1] for v in vals)[len(vals) // 2]
+            cells.append(f"{host}={work * 1e3:.0f}/{wait * 1e3:.0f}")
+        lines.append(f"{step} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def phase_means(msgs: list[StepMessage], lo: int, hi: int) -> dict[int, dict[str, float]]:
     """Median phase seconds per rank over steps [lo, hi) (for the report)."""
     per: dict[int, dict[str, list[float]]] = {}

@@ -11,6 +11,9 @@ All six runs are part of the suite (about a minute each on 2 cores);
 ``STEPWATCH_TORCH_RECORD=1`` (any non-empty value) also writes each job's step messages, as the
 agents published them, to ``tests/fixtures/torch/`` with their labels (the
 replay tests in ``tests/unit/streams/test_replay_torch.py`` read them).
+Each run also replays its step messages through the detection core in-process and
+logs both; a fault run whose replay finds no incident of the fault (or any run, with
+``STEPWATCH_TORCH_TABLE=1``) logs each step's per-host forward+backward and comm_wait.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from tests.support.torch_jobs import (  # noqa: E402
     replay_detections,
     run_job,
     step_messages,
+    step_table,
 )
 
 pytestmark = pytest.mark.integration
@@ -162,6 +166,14 @@ def run_and_replay(
     )
     if os.environ.get("STEPWATCH_TORCH_RECORD"):
         record(name, fault, msgs, measured)
+    if os.environ.get("STEPWATCH_TORCH_TABLE") or (
+        fault.rank is not None and not candidates(replayed, fault)
+    ):
+        # the core found no incident of the fault: keep what it saw, step by step (the
+        # run's messages are gone with the test's broker)
+        log.warning(
+            "run %s: per step and host (forward+backward/comm_wait):\n%s", name, step_table(msgs)
+        )
     return found, replayed
 
 
