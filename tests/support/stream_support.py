@@ -156,10 +156,8 @@ def read_topic(settings: Settings, topic: str, timeout: float = 30.0) -> list[tu
     partition's end offset when called.
 
     Raises ``AssertionError`` when ``timeout`` passes first: a partial read is never
-    returned. (It was, and under a loaded CI machine a read of the detections topic
-    that stopped short returned none of the newest job's detections: a real torch
-    fault test failed as a miss, and a test asserting *no* detection could have
-    passed on a read that never reached one.)"""
+    returned (it was: a test asserting *no* detection could then pass on a read that
+    never reached one, and a fault test could read a miss)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(

@@ -321,7 +321,7 @@ def test_healthy_job_on_a_busy_machine_never_pages(pipeline) -> None:  # type: i
     this 2-core machine every rank waits for a CPU about two thirds of the time, so it
     often does not, and the rank's CPU time grows instead, as under a real compute fault
     (the CI run of be3bce8: rank 2 7.1 % more forward time, cause ``gpu``, resolved 16
-    steps, 6 s, later). docs/detection.md ("Known weaknesses") gives the measured rate;
+    steps, 6 s, later). docs/detection.md ("Known limits") gives the measured rate;
     each run logs its incidents."""
     work = pipeline[2]
     options = (

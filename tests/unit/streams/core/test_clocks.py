@@ -174,8 +174,8 @@ def test_a_flood_of_copied_step_messages_does_not_hide_a_hang() -> None:
         found += engine.process(m, sent + DELAY)
         found += engine.tick(sent + DELAY)
     now = half[-1][0] + DELAY
+    copy = json.loads(lines[len(lines) // 4])
     for k in range(1, 181):  # three minutes of the flood
-        copy = json.loads(lines[len(lines) // 4])
         copy["ts"] = now + k
         found += engine.process(decode_unchecked(json.dumps(copy)), now + k)
         found += engine.tick(now + k)
