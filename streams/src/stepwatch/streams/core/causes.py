@@ -320,7 +320,11 @@ def by_phases(shares: Shares, need: float, where: str, gpu_seen: bool = True) ->
             Fault.SYSTEM,
             f"compute longer than peers{where} "
             f"({'GPU telemetry healthy' if gpu_seen else 'no GPU telemetry to say more'})",
-            {"compute_share_of_excess": round(shares.compute, 3), "gpu_reasons": "compute"},
+            {
+                "compute_share_of_excess": round(shares.compute, 3),
+                "gpu_reasons": "compute",
+                **({} if gpu_seen else {"gpu_telemetry": "none"}),
+            },
         )
     return UNKNOWN
 

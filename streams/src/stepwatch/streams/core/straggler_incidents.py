@@ -56,6 +56,7 @@ class Stragglers:
     cfg: DetectConfig
     suspects: dict[int, float]  # rank -> score of the current suspects
     suspects_total: int  # suspects seen (a rank entering the set counts once)
+    _unproven_now: dict[int, float]  # rank -> score held back this step (_unproven)
 
     _attribution: Callable[[Key, float, Callable[[], Attribution]], Attribution]
     _onset_span: Callable[[], float | None]
@@ -63,6 +64,7 @@ class Stragglers:
 
     def _stragglers(self, cs: ClosedStep) -> list[DetectionMessage]:
         out: list[DetectionMessage] = []
+        self._unproven_now = {}
         found = self.straggler.candidates()
         candidates = {
             c.rank: c.score
@@ -95,7 +97,7 @@ class Stragglers:
                     out.extend(self._observe(self._straggler_finding(r, score, cs)))
             else:
                 out.extend(self.book.clear(key, cs.end_max, cs.step))
-        self._note_suspects(suspects)
+        self._note_suspects({**suspects, **self._unproven_now})
         return out
 
     def _material_hosts(self, rest: list[Candidate]) -> dict[int, float]:
@@ -121,6 +123,26 @@ class Stragglers:
         lasting. Shown in the job's stats and counted, never an incident."""
         self.suspects_total += len(now.keys() - self.suspects.keys())
         self.suspects = now
+
+    def _unproven(self, f: Finding, ranks: list[int]) -> bool:
+        """Whether a new incident on ``ranks`` stays a suspect for now: its cause is only
+        what is left (compute longer than the peers', with no GPU telemetry of the rank to
+        look at), the rank waits for a CPU at least ``straggler_unproven_wait_share`` of
+        its runnable time (the CPU is oversubscribed), its excess is below
+        ``straggler_unproven_excess`` and its slowness has not lasted
+        ``straggler_unproven_seconds``. An oversubscribed CPU inflates a rank's CPU time
+        just as a compute fault would, for the few seconds of a neighbour's burst; a drain,
+        which this cause leads to, costs too much for that."""
+        cfg = self.cfg
+        if (
+            f.attribution.evidence.get("gpu_telemetry") != "none"
+            or (f.score or 0.0) >= cfg.straggler_unproven_excess
+            or not _waits_for_cpu(f.evidence, cfg.straggler_unproven_wait_share)
+            or self.straggler.lasted_for(ranks) >= cfg.straggler_unproven_seconds
+        ):
+            return False
+        self._unproven_now.update((r, self.straggler.score(r)) for r in ranks)
+        return True
 
     def _lasted(self, host: str, ranks: list[int]) -> bool:
         """New incidents need their slowness to have lasted; a host's ranks count together."""
@@ -180,9 +202,11 @@ class Stragglers:
             r for r in self.ranks.ranks_on(host) if r not in candidates and self.straggler.rising(r)
         ]
         slow = sorted([*alike, *self.straggler.alike(rising, way)] if rising else alike)
+        f = self._host_finding(host, slow, cs)
+        if self._unproven(f, slow):
+            return []
         self._host_defer.pop(host, None)
         self._host_way[host] = way
-        f = self._host_finding(host, slow, cs)
         # a rank of this host already reported: the host incident continues that one
         f.related = next(iter(self._open_on_host(host)), "")
         return self._observe(f)
@@ -204,6 +228,8 @@ class Stragglers:
             return []
         f = self._straggler_finding(rank, candidates[rank], cs)
         if not self.book.is_open(T.STRAGGLER, rank):
+            if self._unproven(f, [rank]):
+                return []
             # another rank of this host already reported: the host's incident, one page
             f.related = next(iter(self._open_on_host(host, but=rank)), "")
         return self._observe(f)
@@ -430,6 +456,15 @@ class Stragglers:
 def _what(ev: Evidence) -> str:
     longer = ev.get("phases_longer")
     return f"{longer} time" if isinstance(longer, str) and longer else "busy time"
+
+
+def _waits_for_cpu(ev: Evidence, share: float) -> bool:
+    """Whether the evidence's rank waited for a CPU at least ``share`` of its runnable
+    time (False when its CPU times were not reported)."""
+    wait, ran = ev.get("cpu_wait_s"), ev.get("cpu_time_s")
+    if not isinstance(wait, (int, float)) or not isinstance(ran, (int, float)):
+        return False
+    return wait + ran > 0 and wait / (wait + ran) >= share
 
 
 def shares(ev: Evidence, longer: dict[str, float]) -> Shares:

@@ -475,9 +475,13 @@ class StragglerTracker:
     def lasted(self, ranks: list[int]) -> bool:
         """Whether the earliest run of flags among ``ranks`` (one rank, or the slow ranks
         of one host: one fault) began at least ``straggler_min_seconds`` ago."""
+        return self.lasted_for(ranks) >= self.cfg.straggler_min_seconds
+
+    def lasted_for(self, ranks: list[int]) -> float:
+        """Seconds since the earliest run of flags among ``ranks`` began (0: none runs)."""
         began = self.since[ranks]
         began = began[~np.isnan(began)]
-        return bool(len(began)) and self.now - float(began.min()) >= self.cfg.straggler_min_seconds
+        return self.now - float(began.min()) if len(began) else 0.0
 
     def _dim(self, rank: int, ratio: float = 1.0) -> int:
         """The dimension of ``rank`` most over its threshold x ``ratio``."""
