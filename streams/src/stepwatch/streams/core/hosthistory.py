@@ -36,17 +36,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepwatch.streams.core.assembly import BWD, COMPUTE, CPUT, CPUW, DATA, XFER, ClosedStep
+from stepwatch.streams.core.assembly import BWD, COMM, COMPUTE, CPUT, CPUW, DATA, XFER, ClosedStep
 from stepwatch.streams.core.causes import Evidence, Shares, extra_wait
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.hostsplit import HostSplit
 from stepwatch.streams.core.ranks import GroupIndex
 from stepwatch.streams.core.ring import Ring
 from stepwatch.streams.core.stats import MAD_SIGMA, change_point, nanlowmed, nanmed
 
 REBASE_STEPS = 4
 # what each host's row holds: its metric, then the parts its cause is read from
-METRIC, H_DATA, H_COMPUTE, H_XFER, H_CPUW, H_CPUT = range(6)
-PARTS = 6
+METRIC, H_DATA, H_COMPUTE, H_XFER, H_CPUW, H_CPUT, H_COMM = range(7)
+PARTS = 7
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +59,8 @@ class SlowHost:
     current_s: float  # ... and now
     onset_back: int  # steps before the last one the host's slowdown began
     shares: Shares  # where the extra time sits, against the host's own baseline
+    # "own": against its own history; "peers": against the other hosts now (see split_host)
+    basis: str = "own"
 
 
 class HostHistory:
@@ -75,6 +78,7 @@ class HostHistory:
         self.flags: Ring | None = None
         self.base: np.ndarray | None = None
         self.threshold: np.ndarray | None = None
+        self.split: HostSplit | None = None
         self._stale = 0
 
     def on_restart(self) -> None:
@@ -82,6 +86,8 @@ class HostHistory:
         for ring in (self.recent, self.ratios, self.flags):
             if ring is not None:
                 ring.clear()
+        if self.split is not None:
+            self.split.on_restart()
 
     def update(
         self, cs: ClosedStep, busy: np.ndarray, hosts: GroupIndex, groups: GroupIndex
@@ -106,7 +112,9 @@ class HostHistory:
             flagged = np.zeros(n, dtype=bool)
         # the parts a cause is read from cost a median each: every few steps for the
         # baseline, every step only while a host is (or was lately) flagged
-        watch = bool(flagged.any()) or bool(self.flags.filled().any())
+        assert self.split is not None
+        self.split.push(metric)
+        watch = bool(flagged.any()) or bool(self.flags.filled().any()) or self.split.watching()
         x = np.full((PARTS, n), np.nan)
         x[METRIC] = metric
         if watch or self._stale == REBASE_STEPS - 1:
@@ -131,12 +139,14 @@ class HostHistory:
         self.recent = Ring(cfg.window_steps, (PARTS, n))
         self.ratios = Ring(cfg.window_steps, n)
         self.flags = Ring(cfg.window_steps, n, fill=0)
+        self.split = HostSplit(cfg, n)
         self.base = self.threshold = None
         self._stale = 0
 
     def _rebase(self) -> None:
         self._stale = 0
-        assert self.history is not None
+        assert self.history is not None and self.split is not None
+        self.split.rebase()
         hist = self.history.filled()
         metric = hist[:, METRIC]
         if (~np.isnan(metric)).sum(0).min() < self.cfg.min_baseline_steps:
@@ -167,15 +177,59 @@ class HostHistory:
             return None
         return found
 
-    def still_slow(self, host: str) -> SlowHost | None:
-        """``host`` while its ratio stays above the clear ratio of its threshold."""
-        if self.threshold is None or self.ratios is None or host not in self.names:
+    def split_host(self, step_s: float) -> SlowHost | None:
+        """The one host slower than the job's other hosts *now* (see :class:`HostSplit`),
+        when its extra time costs ``step_s`` a material share: a host that was slow before
+        its own baseline formed, which its own history cannot show."""
+        if self.split is None or self.recent is None:
+            return None
+        g = self.split.slow_one()
+        if g is None:
+            return None
+        found = self._against_peers(g)
+        if found is None:
+            return None
+        extra = found.current_s - found.baseline_s
+        if not step_s > 0 or extra / step_s < self.cfg.straggler_material_share:
+            return None
+        return found
+
+    def still_slow(self, host: str, basis: str = "own") -> SlowHost | None:
+        """``host`` while its ratio (to its own baseline, or to the other hosts for
+        ``basis`` "peers") stays above the clear ratio of its threshold."""
+        if host not in self.names:
             return None
         g = self.names.index(host)
+        if basis == "peers":
+            holds = self.split is not None and self.split.holds(g)
+            return self._against_peers(g) if holds else None
+        if self.threshold is None or self.ratios is None:
+            return None
         score = nanmed(self.ratios.filled(), 0)
         if not score[g] > self.threshold[g] * self.cfg.straggler_clear_ratio:
             return None
         return self._about(g, score)
+
+    def _against_peers(self, g: int) -> SlowHost | None:
+        """Host ``g`` against the other hosts over the window since its split began: None
+        unless its ranks wait less in collectives than the others' (the job waits for it)."""
+        assert self.split is not None and self.recent is not None
+        score, threshold, back = self.split.about(g)
+        recent = self.recent.last(min(self.recent.count, back + 1))
+        now = nanmed(recent[:, :, g], 0)
+        others = nanmed(nanlowmed(np.delete(recent, g, axis=2)), 0)
+        if not now[H_COMM] < others[H_COMM]:
+            return None  # comm_wait not measured (NaN), or the host waits as long
+        return SlowHost(
+            self.names[g],
+            score,
+            threshold,
+            float(others[METRIC]),
+            float(now[METRIC]),
+            back,
+            _shares(others, now),
+            "peers",
+        )
 
     def _about(self, g: int, score: np.ndarray) -> SlowHost:
         assert self.base is not None and self.threshold is not None
@@ -228,10 +282,11 @@ def _rank_metric(cs: ClosedStep, busy: np.ndarray) -> tuple[np.ndarray, np.ndarr
 def _host_parts(
     cs: ClosedStep, compute: np.ndarray, hosts: GroupIndex, index: np.ndarray | None
 ) -> np.ndarray:
-    """(PARTS - 1, hosts): each host's medians of data, compute, transfers, CPU wait and
-    CPU time, in the order of H_DATA..H_CPUT."""
+    """(PARTS - 1, hosts): each host's medians of data, compute, transfers, CPU wait, CPU
+    time and collective wait, in the order of H_DATA..H_COMM."""
     m = cs.m
-    return _medians(np.stack([m[DATA], compute, m[XFER], m[CPUW], m[CPUT]]), hosts, index)
+    rows = np.stack([m[DATA], compute, m[XFER], m[CPUW], m[CPUT], m[COMM]])
+    return _medians(rows, hosts, index)
 
 
 def _medians(rows: np.ndarray, hosts: GroupIndex, index: np.ndarray | None) -> np.ndarray:

@@ -53,6 +53,7 @@ class Stragglers:
     hosts: set[str]
     _host_defer: dict[str, int]
     _host_way: dict[str, str | None]
+    _host_basis: dict[str, str]  # host -> basis of its half-host incident ("own", "peers")
     cfg: DetectConfig
     suspects: dict[int, float]  # rank -> score of the current suspects
     suspects_total: int  # suspects seen (a rank entering the set counts once)
@@ -143,6 +144,17 @@ class Stragglers:
             return False
         self._unproven_now.update((r, self.straggler.score(r)) for r in ranks)
         return True
+
+    def _unproven_host(self, f: Finding, lasted_s: float) -> bool:
+        """:meth:`_unproven` for a host found against its own history or the other hosts
+        (no peer flags to count: its slowness lasted ``lasted_s``); not a suspect entry."""
+        cfg = self.cfg
+        return (
+            f.attribution.evidence.get("gpu_telemetry") == "none"
+            and (f.score or 0.0) < cfg.straggler_unproven_excess
+            and _waits_for_cpu(f.evidence, cfg.straggler_unproven_wait_share)
+            and lasted_s < cfg.straggler_unproven_seconds
+        )
 
     def _lasted(self, host: str, ranks: list[int]) -> bool:
         """New incidents need their slowness to have lasted; a host's ranks count together."""
@@ -259,7 +271,7 @@ class Stragglers:
             if (r in candidates or self.straggler.still_slow(r)[0])
             and (way is None or self.straggler.way(r) in (way, None))
         ]
-        own = None if slow else self.host_history.still_slow(host)
+        own = None if slow else self._host_evidence(host)
         if not slow and own is None:
             return self.book.clear(key, cs.end_max, cs.step)
         if self.book.hold(key, cs.end_max, own.score if own is not None else self._median(slow)):
@@ -271,11 +283,21 @@ class Stragglers:
             return self._observe(self._host_finding(host, slow, cs))
         return []
 
+    def _host_evidence(self, host: str) -> SlowHost | None:
+        """A host incident's evidence beyond its peers: its own history, or the job's
+        other hosts (the basis it opened on first); either one keeps it open."""
+        first = self._host_basis.get(host, "own")
+        history = self.host_history
+        found = history.still_slow(host, first)
+        return found or history.still_slow(host, "peers" if first == "own" else "own")
+
     def _half_host(self, cs: ClosedStep) -> list[DetectionMessage]:
         """A host that is half of its job (no majority of peers to stand out against),
         slower than its own history while the other hosts are not: one host incident."""
         step_s = self.slowdown_step_s()
-        found = self.host_history.slow_host(step_s) if step_s else None
+        if not step_s:
+            return []
+        found = self.host_history.slow_host(step_s) or self.host_history.split_host(step_s)
         if found is None:
             return []
         key: Key = (T.STRAGGLER, None, f"host:{found.host}")
@@ -284,8 +306,11 @@ class Stragglers:
         if not self.book.hold(key, cs.end_max):
             return []
         ranks = self.ranks.ranks_on(found.host)
-        self._host_way[found.host] = None  # found on the host's own history: any way
         f = self._host_finding(found.host, ranks, cs, found)
+        if self._unproven_host(f, (found.onset_back + 1) * step_s):
+            return []
+        self._host_way[found.host] = None  # found on the host's own history: any way
+        self._host_basis[found.host] = found.basis
         f.related = next(iter(self._open_on_host(found.host)), "")
         return self._observe(f)
 
@@ -402,6 +427,14 @@ class Stragglers:
                 f"{score:.1%} more {_what(ev)} than their peers), one host-level "
                 f"incident: {attr.reason}"
             )
+        elif own.basis == "peers":
+            score = own.score
+            summary = (
+                f"host {host}: its ranks' busy time is {own.score:.1%} above the job's "
+                f"other hosts' ({own.current_s:.3f} s vs {own.baseline_s:.3f} s per step) "
+                f"and they wait for it in collectives (the host is too large a part of "
+                f"the job for its peers' median): {attr.reason}"
+            )
         else:
             score = own.score
             summary = (
@@ -420,7 +453,7 @@ class Stragglers:
         }
         if own is not None:
             hev.update(
-                basis_history="own",
+                basis_history=own.basis,
                 own_baseline_s=round(own.baseline_s, 6),
                 own_current_s=round(own.current_s, 6),
                 own_threshold=round(own.threshold, 4),
