@@ -11,7 +11,7 @@ import msgspec
 import pytest
 
 from stepwatch.contract import DetectionMessage, StepMessage
-from stepwatch.streams.core import Engine
+from stepwatch.streams.core import DetectConfig, Engine
 from tests.support.detect_synth import Job, drive, opened
 
 pytestmark = pytest.mark.unit
@@ -106,3 +106,15 @@ def test_the_split_incident_resolves_when_the_host_catches_up() -> None:
     (d,) = host_opens(found)
     done = [x for x in found if x.state == "resolved" and x.id == d.id]
     assert len(done) == 1 and done[0].step is not None and 90 <= done[0].step <= 120, done
+
+
+def test_a_small_unproven_split_opens_once_it_has_lasted() -> None:
+    """CPU-only ranks that all wait for a CPU alike (no extra wait on the slow host) and
+    no GPU telemetry: 12 % more compute is an unproven cause, held until it lasted 30 s."""
+    job = split_job(factor=1.12, jitter=0.01)
+    msgs = _contended(job.messages(), set())
+    (d,) = host_opens(drive(Engine(), msgs))
+    assert (d.cause, d.evidence["gpu_telemetry"]) == ("gpu", "none"), d
+    (plain,) = host_opens(drive(Engine(DetectConfig(straggler_unproven_seconds=0.0)), msgs))
+    # 30 s after the onset it was first found with (up to a window, 8 steps, before that)
+    assert 30 - 8 * 1.1 <= d.ts - plain.ts <= 30, (d.ts - plain.ts, d.step, plain.step)

@@ -54,6 +54,7 @@ class Stragglers:
     _host_defer: dict[str, int]
     _host_way: dict[str, str | None]
     _host_basis: dict[str, str]  # host -> basis of its half-host incident ("own", "peers")
+    _held_hosts: dict[str, float]  # host held back by _unproven_host -> since (job clock)
     cfg: DetectConfig
     suspects: dict[int, float]  # rank -> score of the current suspects
     suspects_total: int  # suspects seen (a rank entering the set counts once)
@@ -146,8 +147,9 @@ class Stragglers:
         return True
 
     def _unproven_host(self, f: Finding, lasted_s: float) -> bool:
-        """:meth:`_unproven` for a host found against its own history or the other hosts
-        (no peer flags to count: its slowness lasted ``lasted_s``); not a suspect entry."""
+        """:meth:`_unproven` for a host found against its own history or the other hosts,
+        found on every step since ``lasted_s`` ago (from the onset it was first found
+        with); not a suspect entry."""
         cfg = self.cfg
         return (
             f.attribution.evidence.get("gpu_telemetry") == "none"
@@ -299,6 +301,7 @@ class Stragglers:
             return []
         found = self.host_history.slow_host(step_s) or self.host_history.split_host(step_s)
         if found is None:
+            self._held_hosts = {}
             return []
         key: Key = (T.STRAGGLER, None, f"host:{found.host}")
         if key in self.book.open or self._explained_elsewhere(found.host):
@@ -307,8 +310,12 @@ class Stragglers:
             return []
         ranks = self.ranks.ranks_on(found.host)
         f = self._host_finding(found.host, ranks, cs, found)
-        if self._unproven_host(f, (found.onset_back + 1) * step_s):
+        # held back since (the onset it was first found with): see _unproven_host
+        since = self._held_hosts.get(found.host, cs.end_max - (found.onset_back + 1) * step_s)
+        self._held_hosts = {found.host: since}
+        if self._unproven_host(f, cs.end_max - since):
             return []
+        self._held_hosts = {}
         self._host_way[found.host] = None  # found on the host's own history: any way
         self._host_basis[found.host] = found.basis
         f.related = next(iter(self._open_on_host(found.host)), "")
