@@ -124,8 +124,10 @@ def _perturbed(name: str, rank: int, first: int, last: int, extra: float) -> lis
 
 def _replayed(lines: list[bytes], cfg: DetectConfig) -> tuple[list[DetectionMessage], Engine]:
     found: list[DetectionMessage] = []
+    errors: list[object] = []
     engine = Engine(cfg)
-    replay(iter(lines), engine, found.append, lambda n, err, raw: found.clear())
+    replay(iter(lines), engine, found.append, lambda n, err, raw: errors.append((n, err)))
+    assert errors == [], errors
     return found, engine
 
 
