@@ -114,6 +114,10 @@ class Settings:
     stream_data_dir: str = "var/stream"  # the Faust worker's data directory
     hang_min_seconds: float = 60.0
     hang_step_multiple: float = 10.0
+    # find a host that is half of its job and slow from its start against the job's other
+    # hosts (docs/detection.md, "A host that is half of its job"); off by default: hosts
+    # emulated on one machine's cores, which the pipeline shares, split at random
+    host_split: bool = False
     # --- historical store ------------------------------------------------------
     clickhouse_url: str = ""  # empty: embedded chdb at store_path
     clickhouse_user: str = "default"

@@ -11,10 +11,13 @@ import msgspec
 import pytest
 
 from stepwatch.contract import DetectionMessage, StepMessage
+from stepwatch.settings import Settings
 from stepwatch.streams.core import DetectConfig, Engine
 from tests.support.detect_synth import Job, drive, opened
 
 pytestmark = pytest.mark.unit
+
+SPLIT = DetectConfig(host_split=True)  # off by default (see docs/detection.md)
 
 
 def split_job(
@@ -36,7 +39,7 @@ def test_a_host_slow_from_the_start_is_found_against_the_other_hosts(
     world: int, per_host: int, factor: float
 ) -> None:
     job = split_job(world, per_host, factor, jitter=0.03)
-    engine = Engine()
+    engine = Engine(SPLIT)
     found = drive(engine, job.messages())
     (d,) = host_opens(found)
     assert d.host == job.host(world - 1) and sorted(d.ranks or ()) == list(
@@ -54,7 +57,7 @@ def test_a_host_slow_from_the_start_is_found_against_the_other_hosts(
 @pytest.mark.parametrize("world,per_host", [(4, 2), (16, 8)])
 def test_healthy_jobs_of_two_hosts_stay_silent(world: int, per_host: int, seed: int) -> None:
     job = Job(world=world, per_host=per_host, steps=200, jitter=0.05, seed=seed)
-    assert opened(drive(Engine(), job.messages())) == []
+    assert opened(drive(Engine(SPLIT), job.messages())) == []
 
 
 def _without_comm(messages: list[StepMessage]) -> list[StepMessage]:
@@ -72,7 +75,7 @@ def _without_comm(messages: list[StepMessage]) -> list[StepMessage]:
 def test_a_slower_host_nobody_is_seen_waiting_for_is_not_a_split() -> None:
     """Without collective wait times nothing says the job waits for the slower host."""
     job = split_job(jitter=0.03)
-    assert host_opens(drive(Engine(), _without_comm(job.messages()))) == []
+    assert host_opens(drive(Engine(SPLIT), _without_comm(job.messages()))) == []
 
 
 def _contended(messages: list[StepMessage], hosts: set[str]) -> list[StepMessage]:
@@ -96,13 +99,13 @@ def _contended(messages: list[StepMessage], hosts: set[str]) -> list[StepMessage
 
 def test_a_host_whose_ranks_wait_for_a_cpu_is_cpu_contention() -> None:
     job = split_job(factor=1.5, jitter=0.03)
-    (d,) = host_opens(drive(Engine(), _contended(job.messages(), {"h001"})))
+    (d,) = host_opens(drive(Engine(SPLIT), _contended(job.messages(), {"h001"})))
     assert (d.cause, d.evidence.get("host_reasons")) == ("host_input", "cpu_contention"), d
 
 
 def test_the_split_incident_resolves_when_the_host_catches_up() -> None:
     job = split_job(factor=1.5, until=90, jitter=0.03)
-    found = drive(Engine(), job.messages())
+    found = drive(Engine(SPLIT), job.messages())
     (d,) = host_opens(found)
     done = [x for x in found if x.state == "resolved" and x.id == d.id]
     assert len(done) == 1 and done[0].step is not None and 90 <= done[0].step <= 120, done
@@ -113,8 +116,16 @@ def test_a_small_unproven_split_opens_once_it_has_lasted() -> None:
     no GPU telemetry: 12 % more compute is an unproven cause, held until it lasted 30 s."""
     job = split_job(factor=1.12, jitter=0.01)
     msgs = _contended(job.messages(), set())
-    (d,) = host_opens(drive(Engine(), msgs))
+    (d,) = host_opens(drive(Engine(SPLIT), msgs))
     assert (d.cause, d.evidence["gpu_telemetry"]) == ("gpu", "none"), d
-    (plain,) = host_opens(drive(Engine(DetectConfig(straggler_unproven_seconds=0.0)), msgs))
+    (plain,) = host_opens(drive(Engine(SPLIT.replace(straggler_unproven_seconds=0.0)), msgs))
     # 30 s after the onset it was first found with (up to a window, 8 steps, before that)
     assert 30 - 8 * 1.1 <= d.ts - plain.ts <= 30, (d.ts - plain.ts, d.step, plain.step)
+
+
+def test_the_split_is_off_by_default() -> None:
+    """Emulated hosts on one machine's cores, which the pipeline shares, split at random
+    (the torch demo's pinned ranks did, before its fault): the check is opt-in."""
+    job = split_job(jitter=0.03)
+    assert host_opens(drive(Engine(), job.messages())) == []
+    assert DetectConfig.from_settings(Settings(host_split=True)).host_split

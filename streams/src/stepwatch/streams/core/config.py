@@ -87,6 +87,8 @@ class DetectConfig:
     # jobs of at most this many hosts also compare each host with its own history: a slow
     # host that is half of the job has no majority of peers to stand out against
     host_history_max_hosts: int = 8
+    # ... and each host against the job's other hosts (hostsplit.py): off by default
+    host_split: bool = False
     # --- lifecycle ----------------------------------------------------------------
     resolve_steps: int = 10  # m: condition clear for m steps resolves a detection
     update_min_seconds: float = 30.0  # at most one score update per detection per this
@@ -137,10 +139,12 @@ class DetectConfig:
 
     @classmethod
     def from_settings(cls, settings: Settings, **overrides: Any) -> DetectConfig:
-        """The defaults, with the hang knobs from ``settings`` and explicit overrides."""
+        """The defaults, with the hang knobs and ``host_split`` from ``settings`` and
+        explicit overrides."""
         values: dict[str, Any] = {
             "hang_min_seconds": settings.hang_min_seconds,
             "hang_step_multiple": settings.hang_step_multiple,
+            "host_split": settings.host_split,
         }
         values.update(overrides)
         return cls(**values)

@@ -181,7 +181,7 @@ class HostHistory:
         """The one host slower than the job's other hosts *now* (see :class:`HostSplit`),
         when its extra time costs ``step_s`` a material share: a host that was slow before
         its own baseline formed, which its own history cannot show."""
-        if self.split is None or self.recent is None:
+        if not self.cfg.host_split or self.split is None or self.recent is None:
             return None
         g = self.split.slow_one()
         if g is None:
@@ -201,7 +201,7 @@ class HostHistory:
             return None
         g = self.names.index(host)
         if basis == "peers":
-            holds = self.split is not None and self.split.holds(g)
+            holds = self.cfg.host_split and self.split is not None and self.split.holds(g)
             return self._against_peers(g) if holds else None
         if self.threshold is None or self.ratios is None:
             return None
