@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import msgspec
 import numpy as np
 
 from stepwatch.contract import (
@@ -191,6 +192,28 @@ def event(type_: EventType, host: str, ts: float, **kw: object) -> EventMessage:
 def interleave(steps: Sequence[Message], extra: Sequence[Message]) -> list[Message]:
     """Merge by timestamp (stable: steps first on ties)."""
     return sorted([*steps, *extra], key=lambda m: m.ts)
+
+
+def with_cpu_times(
+    messages: Sequence[StepMessage], wait_share: float, by_host: Mapping[str, float] | None = None
+) -> list[StepMessage]:
+    """CPU times for every record: half its busy time run on a CPU, and waiting for one
+    ``wait_share`` of its runnable time (``by_host[host]`` for the ranks of those hosts). A
+    slow rank's CPU time and wait grow alike: no extra wait."""
+    out = []
+    for m in messages:
+        recs = []
+        for r in m.steps:
+            p = r.phases
+            assert p is not None
+            busy = (p.data or 0) + (p.forward or 0) + (p.backward or 0) + (p.optimizer or 0)
+            share = (by_host or {}).get(r.host, wait_share)
+            ran = 0.5 * busy
+            recs.append(
+                msgspec.structs.replace(r, cpu_time=ran, cpu_wait=ran * share / (1 - share))
+            )
+        out.append(msgspec.structs.replace(m, steps=recs))
+    return out
 
 
 def drive(

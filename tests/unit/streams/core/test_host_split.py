@@ -13,7 +13,7 @@ import pytest
 from stepwatch.contract import DetectionMessage, StepMessage
 from stepwatch.settings import Settings
 from stepwatch.streams.core import DetectConfig, Engine
-from tests.support.detect_synth import Job, drive, opened
+from tests.support.detect_synth import Job, drive, opened, with_cpu_times
 
 pytestmark = pytest.mark.unit
 
@@ -78,28 +78,11 @@ def test_a_slower_host_nobody_is_seen_waiting_for_is_not_a_split() -> None:
     assert host_opens(drive(Engine(SPLIT), _without_comm(job.messages()))) == []
 
 
-def _contended(messages: list[StepMessage], hosts: set[str]) -> list[StepMessage]:
-    """CPU times: every rank runs half its busy time on a CPU and waits for one 40 % of
-    its runnable time, the ranks of ``hosts`` 70 % (another process shares their cores)."""
-    out = []
-    for m in messages:
-        recs = []
-        for r in m.steps:
-            p = r.phases
-            assert p is not None
-            busy = (p.data or 0) + (p.forward or 0) + (p.backward or 0) + (p.optimizer or 0)
-            share = 0.7 if r.host in hosts else 0.4
-            ran = 0.5 * busy
-            recs.append(
-                msgspec.structs.replace(r, cpu_time=ran, cpu_wait=ran * share / (1 - share))
-            )
-        out.append(msgspec.structs.replace(m, steps=recs))
-    return out
-
-
 def test_a_host_whose_ranks_wait_for_a_cpu_is_cpu_contention() -> None:
     job = split_job(factor=1.5, jitter=0.03)
-    (d,) = host_opens(drive(Engine(SPLIT), _contended(job.messages(), {"h001"})))
+    # every rank waits for a CPU 40 % of its runnable time, h001's ranks 70 % (another
+    # process shares their cores)
+    (d,) = host_opens(drive(Engine(SPLIT), with_cpu_times(job.messages(), 0.4, {"h001": 0.7})))
     assert (d.cause, d.evidence.get("host_reasons")) == ("host_input", "cpu_contention"), d
 
 
@@ -115,7 +98,7 @@ def test_a_small_unproven_split_opens_once_it_has_lasted() -> None:
     """CPU-only ranks that all wait for a CPU alike (no extra wait on the slow host) and
     no GPU telemetry: 12 % more compute is an unproven cause, held until it lasted 30 s."""
     job = split_job(factor=1.12, jitter=0.01)
-    msgs = _contended(job.messages(), set())
+    msgs = with_cpu_times(job.messages(), 0.4)
     (d,) = host_opens(drive(Engine(SPLIT), msgs))
     assert (d.cause, d.evidence["gpu_telemetry"]) == ("gpu", "none"), d
     (plain,) = host_opens(drive(Engine(SPLIT.replace(straggler_unproven_seconds=0.0)), msgs))

@@ -17,32 +17,12 @@ from stepwatch.contract import DetectionMessage, StepMessage, encode
 from stepwatch.streams.core import DetectConfig, Engine
 from stepwatch.streams.replay import replay
 from tests.support import paths
-from tests.support.detect_synth import Job, drive, opened
+from tests.support.detect_synth import Job, drive, opened, with_cpu_times
 
 pytestmark = pytest.mark.unit
 
 NO_GATE = DetectConfig(straggler_unproven_seconds=0.0)
 START = 20
-
-
-def with_cpu_times(messages: list[StepMessage], wait_share: float) -> list[StepMessage]:
-    """Every rank's busy time spent half on a CPU and waiting ``wait_share`` of its
-    runnable time (a slow rank's CPU time and wait grow alike: no extra wait)."""
-    out = []
-    for m in messages:
-        recs = []
-        for r in m.steps:
-            p = r.phases
-            assert p is not None
-            busy = (p.data or 0) + (p.forward or 0) + (p.backward or 0) + (p.optimizer or 0)
-            ran = 0.5 * busy
-            recs.append(
-                msgspec.structs.replace(
-                    r, cpu_time=ran, cpu_wait=ran * wait_share / (1 - wait_share)
-                )
-            )
-        out.append(msgspec.structs.replace(m, steps=recs))
-    return out
 
 
 def job(

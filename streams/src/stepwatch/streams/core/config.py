@@ -58,6 +58,7 @@ class DetectConfig:
     # ... and its robust CUSUM (clipped, standardised excess minus that share, see
     # streams/core/cusum.py) must reach h: a bounded false-alarm rate under heavy tails
     straggler_cusum_h: float = 6.0
+    straggler_cusum_clip: float = 2.0
     # a new incident whose cause is only what is left (compute longer, with no GPU
     # telemetry of the rank to look at) on a rank that waits for a CPU at least
     # straggler_unproven_wait_share of its runnable time, and whose excess is below
@@ -67,7 +68,6 @@ class DetectConfig:
     straggler_unproven_excess: float = 0.15
     straggler_unproven_wait_share: float = 0.25
     straggler_unproven_seconds: float = 30.0
-    straggler_cusum_clip: float = 2.0
     straggler_clear_ratio: float = 0.5  # still flagged while score >= this x threshold
     min_group_size: int = 3  # groups smaller than this cannot be compared
     require_comm_corroboration: bool = True  # straggler must wait least in collectives

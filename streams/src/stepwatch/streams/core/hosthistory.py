@@ -112,9 +112,14 @@ class HostHistory:
             flagged = np.zeros(n, dtype=bool)
         # the parts a cause is read from cost a median each: every few steps for the
         # baseline, every step only while a host is (or was lately) flagged
-        assert self.split is not None
-        self.split.push(metric)
-        watch = bool(flagged.any()) or bool(self.flags.filled().any()) or self.split.watching()
+        split = self.split
+        if split is not None:
+            split.push(metric)
+        watch = (
+            bool(flagged.any())
+            or bool(self.flags.filled().any())
+            or (split is not None and split.watching())
+        )
         x = np.full((PARTS, n), np.nan)
         x[METRIC] = metric
         if watch or self._stale == REBASE_STEPS - 1:
@@ -139,14 +144,15 @@ class HostHistory:
         self.recent = Ring(cfg.window_steps, (PARTS, n))
         self.ratios = Ring(cfg.window_steps, n)
         self.flags = Ring(cfg.window_steps, n, fill=0)
-        self.split = HostSplit(cfg, n)
+        self.split = HostSplit(cfg, n) if cfg.host_split else None
         self.base = self.threshold = None
         self._stale = 0
 
     def _rebase(self) -> None:
         self._stale = 0
-        assert self.history is not None and self.split is not None
-        self.split.rebase()
+        assert self.history is not None
+        if self.split is not None:
+            self.split.rebase()
         hist = self.history.filled()
         metric = hist[:, METRIC]
         if (~np.isnan(metric)).sum(0).min() < self.cfg.min_baseline_steps:
@@ -181,7 +187,7 @@ class HostHistory:
         """The one host slower than the job's other hosts *now* (see :class:`HostSplit`),
         when its extra time costs ``step_s`` a material share: a host that was slow before
         its own baseline formed, which its own history cannot show."""
-        if not self.cfg.host_split or self.split is None or self.recent is None:
+        if self.split is None or self.recent is None:
             return None
         g = self.split.slow_one()
         if g is None:
@@ -201,7 +207,7 @@ class HostHistory:
             return None
         g = self.names.index(host)
         if basis == "peers":
-            holds = self.cfg.host_split and self.split is not None and self.split.holds(g)
+            holds = self.split is not None and self.split.holds(g)
             return self._against_peers(g) if holds else None
         if self.threshold is None or self.ratios is None:
             return None

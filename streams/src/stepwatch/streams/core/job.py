@@ -79,7 +79,6 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._settling = False  # restarted, its first step not closed yet: moves expected
         self.suspects_total = 0
         self._unproven_now: dict[int, float] = {}  # see Stragglers._unproven
-        self._host_basis: dict[str, str] = {}  # see Stragglers._half_host
         self._held_hosts: dict[str, float] = {}  # see Stragglers._half_host
         # arrival minus host timestamp of the recent step messages (see ``local``)
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)

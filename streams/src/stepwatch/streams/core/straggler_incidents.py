@@ -26,6 +26,7 @@ from stepwatch.streams.core.causes import (
     Evidence,
     Shares,
     extra_wait,
+    waiting_share,
 )
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hostclock import HostClocks
@@ -53,7 +54,6 @@ class Stragglers:
     hosts: set[str]
     _host_defer: dict[str, int]
     _host_way: dict[str, str | None]
-    _host_basis: dict[str, str]  # host -> basis of its half-host incident ("own", "peers")
     _held_hosts: dict[str, float]  # host held back by _unproven_host -> since (job clock)
     cfg: DetectConfig
     suspects: dict[int, float]  # rank -> score of the current suspects
@@ -135,28 +135,31 @@ class Stragglers:
         ``straggler_unproven_seconds``. An oversubscribed CPU inflates a rank's CPU time
         just as a compute fault would, for the few seconds of a neighbour's burst; a drain,
         which this cause leads to, costs too much for that."""
-        cfg = self.cfg
         if (
-            f.attribution.evidence.get("gpu_telemetry") != "none"
-            or (f.score or 0.0) >= cfg.straggler_unproven_excess
-            or not _waits_for_cpu(f.evidence, cfg.straggler_unproven_wait_share)
-            or self.straggler.lasted_for(ranks) >= cfg.straggler_unproven_seconds
+            not self._unproven_cause(f)
+            or self.straggler.lasted_for(ranks) >= self.cfg.straggler_unproven_seconds
         ):
             return False
         self._unproven_now.update((r, self.straggler.score(r)) for r in ranks)
         return True
 
+    def _unproven_cause(self, f: Finding) -> bool:
+        """The cause of ``f`` is only what is left (no GPU telemetry), its rank waits for a
+        CPU at least ``straggler_unproven_wait_share`` of its runnable time and its excess
+        is below ``straggler_unproven_excess`` (see :meth:`_unproven`)."""
+        cfg = self.cfg
+        wait, ran = f.evidence.get("cpu_wait_s"), f.evidence.get("cpu_time_s")
+        if f.attribution.evidence.get("gpu_telemetry") != "none" or wait is None or ran is None:
+            return False
+        return (f.score or 0.0) < cfg.straggler_unproven_excess and bool(
+            waiting_share(wait, ran) >= cfg.straggler_unproven_wait_share
+        )
+
     def _unproven_host(self, f: Finding, lasted_s: float) -> bool:
         """:meth:`_unproven` for a host found against its own history or the other hosts,
         found on every step since ``lasted_s`` ago (from the onset it was first found
         with); not a suspect entry."""
-        cfg = self.cfg
-        return (
-            f.attribution.evidence.get("gpu_telemetry") == "none"
-            and (f.score or 0.0) < cfg.straggler_unproven_excess
-            and _waits_for_cpu(f.evidence, cfg.straggler_unproven_wait_share)
-            and lasted_s < cfg.straggler_unproven_seconds
-        )
+        return self._unproven_cause(f) and lasted_s < self.cfg.straggler_unproven_seconds
 
     def _lasted(self, host: str, ranks: list[int]) -> bool:
         """New incidents need their slowness to have lasted; a host's ranks count together."""
@@ -287,8 +290,9 @@ class Stragglers:
 
     def _host_evidence(self, host: str) -> SlowHost | None:
         """A host incident's evidence beyond its peers: its own history, or the job's
-        other hosts (the basis it opened on first); either one keeps it open."""
-        first = self._host_basis.get(host, "own")
+        other hosts (the basis it last reported first); either one keeps it open."""
+        cur = self.book.open.get((T.STRAGGLER, None, f"host:{host}"))
+        first = str(cur.finding.evidence.get("basis_history", "own")) if cur else "own"
         history = self.host_history
         found = history.still_slow(host, first)
         return found or history.still_slow(host, "peers" if first == "own" else "own")
@@ -317,7 +321,6 @@ class Stragglers:
             return []
         self._held_hosts = {}
         self._host_way[found.host] = None  # found on the host's own history: any way
-        self._host_basis[found.host] = found.basis
         f.related = next(iter(self._open_on_host(found.host)), "")
         return self._observe(f)
 
@@ -496,15 +499,6 @@ class Stragglers:
 def _what(ev: Evidence) -> str:
     longer = ev.get("phases_longer")
     return f"{longer} time" if isinstance(longer, str) and longer else "busy time"
-
-
-def _waits_for_cpu(ev: Evidence, share: float) -> bool:
-    """Whether the evidence's rank waited for a CPU at least ``share`` of its runnable
-    time (False when its CPU times were not reported)."""
-    wait, ran = ev.get("cpu_wait_s"), ev.get("cpu_time_s")
-    if not isinstance(wait, (int, float)) or not isinstance(ran, (int, float)):
-        return False
-    return wait + ran > 0 and wait / (wait + ran) >= share
 
 
 def shares(ev: Evidence, longer: dict[str, float]) -> Shares:
