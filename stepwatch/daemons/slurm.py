@@ -215,8 +215,15 @@ class SlurmCluster:
         return self._run([_bin("scontrol"), *args], check)
 
     def _run(self, argv: list[str], check: bool = True) -> str:
+        # own session, as the daemons: a terminal's Ctrl-C must not cut a request mid-reply
         done = subprocess.run(
-            argv, capture_output=True, text=True, env=self.env(), timeout=30, check=False
+            argv,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            timeout=30,
+            check=False,
+            start_new_session=True,
         )
         if check and done.returncode != 0:
             raise DaemonError(f"{' '.join(argv[:3])} failed: {done.stderr.strip()}")

@@ -100,8 +100,16 @@ class SlurmAllocation:
 
     def _run(self, *argv: str) -> str | None:
         try:
+            # own session: a terminal's Ctrl-C to the demo must not kill a client between its
+            # request and slurmctld's reply (slurmctld logs that as an error)
             done = subprocess.run(
-                argv, capture_output=True, text=True, env=dict(self.env), timeout=10, check=False
+                argv,
+                capture_output=True,
+                text=True,
+                env=dict(self.env),
+                timeout=10,
+                check=False,
+                start_new_session=True,
             )
         except (OSError, subprocess.TimeoutExpired) as err:
             log.debug("allocation: %s failed err=%s", argv[0], err)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, PortMessage, StepMessage
-from stepwatch.demo.allocation import SlurmAllocation
+from stepwatch.demo.allocation import Allocation, SlurmAllocation
 from stepwatch.demo.arc import Arc
 from stepwatch.demo.fleet import Incarnation, restart
 from stepwatch.demo.plain import Changes
@@ -176,6 +179,29 @@ def test_the_evidence_line_shows_the_deciding_numbers() -> None:
 def test_allocation_refuses_a_job_id_that_is_not_one() -> None:
     with pytest.raises(ValueError):
         SlurmAllocation("1; scancel -u root", {})
+
+
+def _client(path: Path, out: str) -> str:
+    """A stand-in Slurm client that prints ``out`` only when it runs outside the
+    caller's process group (a terminal's Ctrl-C to the demo would not reach it)."""
+    path.write_text(
+        f"#!{sys.executable}\nimport os\n"
+        f"print({out!r} if os.getpgid(0) != {os.getpgid(0)} else 'PENDING')\n"
+    )
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_allocation_clients_are_out_of_reach_of_the_demos_ctrl_c(tmp_path: Path) -> None:
+    """A Ctrl-C to the demo's process group must not kill ``squeue`` between its request
+    and slurmctld's reply: the clients run in their own session."""
+    alloc = SlurmAllocation(
+        "7",
+        dict(os.environ),
+        squeue=_client(tmp_path / "squeue", "RUNNING node0[1-2]"),
+        scontrol=_client(tmp_path / "scontrol", "node01 node02"),
+    )
+    assert alloc() == Allocation("RUNNING", ("node01", "node02"))
 
 
 def test_the_pager_wants_the_bearer_token() -> None:
