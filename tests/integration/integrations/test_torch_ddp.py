@@ -228,8 +228,16 @@ def candidates(found: list[dict[str, object]], fault: Fault) -> list[dict[str, o
 def hit(found: list[dict[str, object]], fault: Fault) -> dict[str, object]:
     """The one detection of ``fault`` (see ``candidates``)."""
     mine = candidates(found, fault)
-    assert len(mine) == 1, found
+    assert len(mine) == 1, brief(found)
     return mine[0]
+
+
+BRIEF_KEYS = ("type", "state", "rank", "host", "cause", "first_step")
+
+
+def brief(found: list[dict[str, object]]) -> list[tuple[object, ...]]:
+    """What ``candidates`` reads of each detection, short enough for a failure message."""
+    return [(*(d.get(k) for k in BRIEF_KEYS), open_step(d), bool(d.get("related"))) for d in found]
 
 
 def fault_run(

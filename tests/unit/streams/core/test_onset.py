@@ -62,6 +62,23 @@ def test_one_slow_step_after_the_fault_began_does_not_pull_the_onset(
     assert d.rank == 3 and d.first_step is not None and abs(d.first_step - 40) <= 1
 
 
+@pytest.mark.parametrize(("seed", "burst", "calm"), [(1, 1.3, 1.0), (2, 1.3, 0.97), (3, 1.6, 1.0)])
+def test_a_burst_well_before_the_fault_does_not_pull_the_onset(
+    seed: int, burst: float, calm: float
+) -> None:
+    # 0.2 s steps: the open comes 8-9 steps into the fault, so the window at the open is
+    # all fault and the onset came from the CUSUM, whose S a 6-step burst at steps 23-28
+    # held above 0 through the 11 calm steps after it: first_step 21 or 22 in these (a
+    # real DDP run in CI opened with first_step 27 for a fault from step 40 this way)
+    job = Job(world=8, steps=90, jitter=0.04, seed=seed, step_s=0.2)
+    job.single = {(3, s): burst for s in range(23, 29)}
+    job.single.update({(3, s): calm for s in range(29, 40)})
+    job.single.update({(3, s): 1.2 for s in range(40, 90)})
+    last = opened(drive(Engine(), job.messages()), "straggler")[-1]
+    assert last.rank == 3 and last.evidence["open_step"] >= 48
+    assert last.first_step is not None and abs(last.first_step - 40) <= 3, last.first_step
+
+
 def test_data_stall_cause_is_read_after_its_onset() -> None:
     (d,) = opened(drive(Engine(), ddp_job({3: ("data", 0.15)}, start=30)), "straggler")
     assert d.cause == "host_input"

@@ -43,16 +43,21 @@ class RobustCusum:
         self.clip = clip
         self.s = np.zeros(shape)
         self.own = np.full(shape, np.nan)  # mean absolute excess on unflagged steps
-        # the last step (and its end time) at which S was 0: the change began after it
-        # (the CUSUM's own change-point estimate)
+        # the anchor: the last step (and its end time) at which S was 0, or at its lowest
+        # since it last fell by h from a peak: the change began after it (the CUSUM's own
+        # change-point estimate; see ``_anchor``)
         self.zero_step = np.full(shape, -1, dtype=np.int64)
         self.zero_ts = np.full(shape, np.nan)
+        self.low = np.zeros(shape)  # S at the anchor
+        self.peak = np.zeros(shape)  # the largest S since the anchor
 
     def reset(self) -> None:
         self.s[:] = 0.0
         self.own[:] = np.nan
         self.zero_step[:] = -1
         self.zero_ts[:] = np.nan
+        self.low[:] = 0.0
+        self.peak[:] = 0.0
 
     def forget(self, ranks: np.ndarray) -> None:
         """Start ``ranks`` afresh (as at the job's start)."""
@@ -60,6 +65,8 @@ class RobustCusum:
         self.own[:, ranks] = np.nan
         self.zero_step[:, ranks] = -1
         self.zero_ts[:, ranks] = np.nan
+        self.low[:, ranks] = 0.0
+        self.peak[:, ranks] = 0.0
 
     def update(
         self,
@@ -80,14 +87,26 @@ class RobustCusum:
             z = (e - kappa) / scale
         np.clip(z, -self.clip, self.clip, out=z)
         self.s = np.fmax(self.s + z, 0.0)  # fmax: NaN -> 0
-        zero = self.s == 0.0
-        np.copyto(self.zero_step, step, where=zero)
-        np.copyto(self.zero_ts, ts, where=zero)
+        self._anchor(step, ts)
         a = np.abs(e)
         calm = (flagged == 0)[None, :] & ~np.isnan(a)
         new = self.own + OWN_ALPHA * (a - self.own)
         np.copyto(new, a, where=np.isnan(self.own))
         np.copyto(self.own, new, where=calm)
+
+    def _anchor(self, step: int, ts: float) -> None:
+        """Move the change-point estimate to this step where S is 0, at or under its S at
+        the anchor, or an alarm's worth (h) under its peak since the anchor. The last: a
+        burst that raised S and the calm steps after it that took it most of the way
+        back did not reach 0, and the last 0 lay before the burst, not at a later fault
+        (a fall of h is as much evidence that the change ended as a rise of h is that
+        it began)."""
+        at = (self.s <= self.low) | (self.peak - self.s >= self.h)
+        np.copyto(self.zero_step, step, where=at)
+        np.copyto(self.zero_ts, ts, where=at)
+        np.copyto(self.low, self.s, where=at)
+        np.copyto(self.peak, self.s, where=at)
+        np.fmax(self.peak, self.s, out=self.peak)
 
     @property
     def min_run(self) -> int:

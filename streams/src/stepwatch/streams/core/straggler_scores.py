@@ -417,8 +417,8 @@ class StragglerTracker:
         least-absolute-deviations split when its jump is significant (one noisy step does
         not pull it onto itself), else the least-squares split when the mean excess
         before it is under half the mean after it (what a small jump needs). Else the
-        CUSUM's estimate (the last step its S was 0), which also reaches back before the
-        window; else the start of the rank's run of flags."""
+        CUSUM's estimate (the step after its anchor, ``RobustCusum._anchor``), which
+        also reaches back before the window; else the start of the rank's run of flags."""
         lead = max(ranks, key=self.score)
         scores = self._scores(lead)
         d = int(np.argmax(np.where(np.isnan(scores), -np.inf, scores - self.threshold[:, lead])))
