@@ -18,7 +18,7 @@ import pytest
 from stepwatch.contract import Message, StepMessage, StepRecord, decode_unchecked
 from stepwatch.contract.records import DetectionMessage
 from stepwatch.streams.core import DetectConfig, Engine
-from stepwatch.streams.core.assembly import StepAssembler
+from stepwatch.streams.core.assembly import START, StepAssembler
 from stepwatch.streams.core.rewinds import HOLD_SECONDS
 from tests.support.detect_synth import Job, drive
 
@@ -306,3 +306,32 @@ def test_one_forged_record_of_a_step_far_ahead_neither_restarts_nor_blinds_the_j
     job_ = engine.jobs[job.job_id]
     assert job_.assembler.late == 1 and job_.assembler.last_closed == 89
     assert engine.stats()[0].badput_seconds["wasted_progress"] == 0.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit (docs/detection.md, Step assembly): an old run's records delayed "
+    "past a restart are taken into the new run's steps of those numbers",
+)
+def test_an_old_runs_records_delayed_past_a_restart_stay_out_of_the_new_run() -> None:
+    """Ranks 0 and 1 (one host) reported steps 0-24 of the old run; its records of steps
+    25-29 were held up (a link down) and arrive after the job restarted from step 20,
+    100 s later. They belong to no step of the new run; the new run's own records of
+    ranks 0 and 1 for steps 25-29 are real. Today the old ones fill those steps (their
+    start 100 s before their peers') and the real ones are dropped as duplicates."""
+    job = Job(world=8, steps=40)
+    recs = [r for m in job.messages() for r in m.steps]
+    delayed = [r for r in recs if 25 <= r.step < 30 and r.rank in (0, 1)]
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    asm.add([r for r in recs if r.step < 30 and r not in delayed])
+    again = [
+        msgspec.structs.replace(r, start=r.start + 100, end=r.end + 100)
+        for r in recs
+        if r.step >= 20
+    ]
+    closed = asm.add([r for r in again if r.step < 24]) + asm.add(delayed)
+    closed += asm.add([r for r in again if r.step >= 24])
+    new_run = {(r.step, r.rank): r.start for r in again}
+    old = [(c.step, k) for c in closed for k in range(8) if c.m[START, k] != new_run[(c.step, k)]]
+    assert len(asm.rewinds) == 1
+    assert (old, asm.duplicates) == ([], 0)
