@@ -308,17 +308,13 @@ def test_one_forged_record_of_a_step_far_ahead_neither_restarts_nor_blinds_the_j
     assert engine.stats()[0].badput_seconds["wasted_progress"] == 0.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known limit (docs/detection.md, Step assembly): an old run's records delayed "
-    "past a restart are taken into the new run's steps of those numbers",
-)
 def test_an_old_runs_records_delayed_past_a_restart_stay_out_of_the_new_run() -> None:
     """Ranks 0 and 1 (one host) reported steps 0-24 of the old run; its records of steps
     25-29 were held up (a link down) and arrive after the job restarted from step 20,
     100 s later. They belong to no step of the new run; the new run's own records of
-    ranks 0 and 1 for steps 25-29 are real. Today the old ones fill those steps (their
-    start 100 s before their peers') and the real ones are dropped as duplicates."""
+    ranks 0 and 1 for steps 25-29 are real. Before, the old ones filled those steps
+    (their start 100 s before their peers') and the real ones were dropped as
+    duplicates (10 and 10)."""
     job = Job(world=8, steps=40)
     recs = [r for m in job.messages() for r in m.steps]
     delayed = [r for r in recs if 25 <= r.step < 30 and r.rank in (0, 1)]
@@ -335,3 +331,57 @@ def test_an_old_runs_records_delayed_past_a_restart_stay_out_of_the_new_run() ->
     old = [(c.step, k) for c in closed for k in range(8) if c.m[START, k] != new_run[(c.step, k)]]
     assert len(asm.rewinds) == 1
     assert (old, asm.duplicates) == ([], 0)
+
+
+def test_a_host_cut_off_for_the_old_runs_last_minute_keeps_it_out_of_the_new_run() -> None:
+    """Ranks 0 and 1's host lost its link at step 25; the job went on without them to
+    step 84, died, and restarted from step 60 30 s later. Their spool then sends the old
+    run's steps 25-84 and the new run's 60-79: the new run's steps hold only its own
+    records, every one of them (the old records' starts reach 1 s before the restart,
+    past the end of the last step those ranks reported by 60 s)."""
+    job = Job(world=8, steps=100)
+    recs = [r for m in job.messages() for r in m.steps]
+    cut = [r for r in recs if 25 <= r.step < 85 and r.rank in (0, 1)]
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    for s in range(85):
+        asm.add([r for r in recs if r.step == s and r not in cut])
+        asm.expire(max(r.end for r in recs if r.step == s) + 5.1)
+    assert asm.last_closed == 84 and asm.absent == {0, 1}
+    end84 = max(r.end for r in recs if r.step == 84)
+    shift = end84 + 30 - min(r.start for r in recs if r.step == 25)
+    again = [
+        msgspec.structs.replace(r, step=r.step + 35, start=r.start + shift, end=r.end + shift)
+        for r in recs
+        if 25 <= r.step < 45
+    ]
+    new_run = {(r.step, r.rank): r.start for r in again}
+    closed = asm.add([r for r in again if r.rank >= 2 and r.step < 70])
+    closed += asm.add(cut) + asm.add([r for r in again if r.rank < 2])
+    closed += asm.add([r for r in again if r.rank >= 2 and r.step >= 70])
+    assert [rw.to_step for rw in asm.rewinds] == [60]
+    assert [(c.step, c.complete) for c in closed] == [(s, True) for s in range(60, 80)]
+    old = [(c.step, k) for c in closed for k in range(8) if c.m[START, k] != new_run[(c.step, k)]]
+    assert (old, asm.duplicates) == ([], 0)
+
+
+@pytest.mark.parametrize("off", [-30.0, 30.0])
+def test_a_restart_keeps_the_new_run_of_a_host_whose_clock_is_off(off: float) -> None:
+    """Ranks 6 and 7's host clock is ``off`` seconds from its peers' and its records of
+    the new run come last: each rank is judged on its own clock, so none of them is
+    taken for the old run's."""
+    job = Job(world=8, steps=40)
+    recs = [
+        msgspec.structs.replace(r, start=r.start + off, end=r.end + off) if r.rank >= 6 else r
+        for m in job.messages()
+        for r in m.steps
+    ]
+    asm = StepAssembler(8, deadline=5.0, max_pending=64)
+    asm.add([r for r in recs if r.step < 30])
+    again = [
+        msgspec.structs.replace(r, step=r.step - 10, start=r.start + 20, end=r.end + 20)
+        for r in recs
+        if 30 <= r.step < 40
+    ]
+    closed = asm.add([r for r in again if r.rank < 6]) + asm.add([r for r in again if r.rank >= 6])
+    assert [(c.step, c.complete) for c in closed] == [(s, True) for s in range(20, 30)]
+    assert (asm.late, asm.duplicates, len(asm.rewinds)) == (0, 0, 1)

@@ -149,6 +149,8 @@ class StepAssembler:
         self.rewinds: list[Rewind] = []
         self.newest_end = 0.0  # the latest end of a record taken into a step (not held, late)
         self.watch = RewindWatch(world_size, max_pending)
+        # after a rewind, per rank: a record starting before this is the old run's (late)
+        self.old_run_before: list[float] | None = None
         self._pending: dict[int, _Pending] = {}
 
     @property
@@ -172,11 +174,14 @@ class StepAssembler:
         # a message's records are mostly of one step: its entry is looked up once per run
         last_closed, need = self.last_closed, self.world_size - len(self.absent)
         p, p_step = _Pending(), -1
-        watch = self.watch
+        watch, old_run = self.watch, self.old_run_before
         for rec in records:
             step = rec.step
             if watch.starts and rec.rank in watch.starts and watch.follows(rec, arrived):
                 continue  # the new run of a rank that went back: held
+            if old_run is not None and rec.start < old_run[rec.rank]:
+                self._late += 1  # the old run's, held up until after the restart
+                continue
             if step <= last_closed:
                 self._late_or_held(rec, arrived)
                 need = self.world_size - len(self.absent)  # a late rank is alive
@@ -226,6 +231,7 @@ class StepAssembler:
         """Half the job's ranks went back: the open steps are dropped and the held records
         placed as the new run's."""
         confirmed = self.watch.take()
+        self.old_run_before = self.watch.old_run_before(confirmed)
         self.watch.restart()
         self.rewinds.append(Rewind(self.last_closed, confirmed.to_step, confirmed.gap_seconds))
         self._late += sum(len(p.records) for p in self._pending.values())  # the old run's

@@ -51,6 +51,7 @@ class Confirmed:
     to_step: int
     gap_seconds: float
     records: list[tuple[StepRecord, float | None]]
+    starts: dict[int, float]  # held rank -> the start of its first held record
 
 
 class RewindWatch:
@@ -144,8 +145,32 @@ class RewindWatch:
         gaps = [self.starts[r] - float(self.end[r]) for r, s in self.firsts.items() if s == to_step]
         held = [(r, a) for r, a in self.held if r.step >= to_step]
         self.late += len(self.held) - len(held)
+        starts = self.starts
         self._clear()
-        return Confirmed(to_step, float(np.median(gaps)), held)
+        return Confirmed(to_step, float(np.median(gaps)), held, starts)
+
+    def old_run_before(self, c: Confirmed) -> list[float]:
+        """Per rank, the start (on its own host's clock) before which a record of it is
+        its old run's, for the rewind ``c`` (call before ``restart``): a record held up
+        (a host's link down, its spool sent later) that arrives after the restart must
+        not fill the new run's step of its number.
+
+        A rank that went back: the start of its first record of the new run. Another
+        rank: the end of its latest reported step, plus the steps the job closed after
+        it (at the new run's median step time), plus the restart's gap: when the job's
+        last closed step ended on that rank's clock, and the new run began ``gap``
+        later. Less a margin of half the gap, at least two steps (a record of the new
+        run out of order, an estimate off by a step). A rank with no step reported: no
+        bound."""
+        durations = [r.end - r.start for r, _ in c.records]
+        step_s = float(np.median(durations)) if durations else 0.0
+        margin = max(c.gap_seconds / 2, 2 * step_s)
+        last = int(self.step.max())
+        began = self.end + (last - self.step) * step_s + c.gap_seconds
+        began[self.step < 0] = -np.inf
+        for rank, start in c.starts.items():
+            began[rank] = start
+        return [float(b) for b in began - margin]
 
     def expire(self, now: float) -> None:
         """Held records that no quorum joined within ``HOLD_SECONDS`` are late."""
