@@ -65,6 +65,16 @@ def _partitioned(
     return sorted(out, key=lambda x: x[0])  # stable: a host's own order is kept
 
 
+def _moved(recs: list[StepRecord], steps: int, seconds: float) -> list[StepRecord]:
+    """``recs`` renumbered by ``steps`` and moved ``seconds`` later (a new run's records)."""
+    return [
+        msgspec.structs.replace(
+            r, step=r.step + steps, start=r.start + seconds, end=r.end + seconds
+        )
+        for r in recs
+    ]
+
+
 def _summary(found: list[DetectionMessage]) -> list[tuple[str, int | None, str, str, str]]:
     return [
         (d.type, d.rank, d.cause, d.state, str(d.evidence.get("resolved_because", "")))
@@ -166,10 +176,7 @@ def test_a_real_restart_keeps_every_record_of_the_new_run() -> None:
     asm = StepAssembler(8, deadline=5.0, max_pending=64)
     asm.add(recs)
     shift = 100.0
-    again = [
-        msgspec.structs.replace(r, step=r.step + 4, start=r.start + shift, end=r.end + shift)
-        for r in recs[:24]
-    ]
+    again = _moved(recs[:24], 4, shift)
     closed = [cs for r in again for cs in asm.add([r])]
     assert [(c.step, c.complete) for c in closed] == [(4, True), (5, True), (6, True)]
     (rw,) = asm.rewinds
@@ -185,11 +192,7 @@ def test_a_restart_of_fast_steps_reported_host_by_host_keeps_every_record() -> N
     recs = [r for m in job.messages() for r in m.steps]
     asm = StepAssembler(8, deadline=5.0, max_pending=64)
     asm.add([r for r in recs if r.step < 30])
-    again = [
-        msgspec.structs.replace(r, step=r.step - 20, start=r.start + 100, end=r.end + 100)
-        for r in recs
-        if 20 <= r.step < 36
-    ]
+    again = _moved([r for r in recs if 20 <= r.step < 36], -20, 100)
     closed = []
     for ranks in ((0, 1), (2, 3), (4, 5), (6, 7)):  # one host's message at a time
         closed += asm.add([r for r in again if r.rank in ranks])
@@ -320,11 +323,7 @@ def test_an_old_runs_records_delayed_past_a_restart_stay_out_of_the_new_run() ->
     delayed = [r for r in recs if 25 <= r.step < 30 and r.rank in (0, 1)]
     asm = StepAssembler(8, deadline=5.0, max_pending=64)
     asm.add([r for r in recs if r.step < 30 and r not in delayed])
-    again = [
-        msgspec.structs.replace(r, start=r.start + 100, end=r.end + 100)
-        for r in recs
-        if r.step >= 20
-    ]
+    again = _moved([r for r in recs if r.step >= 20], 0, 100)
     closed = asm.add([r for r in again if r.step < 24]) + asm.add(delayed)
     closed += asm.add([r for r in again if r.step >= 24])
     new_run = {(r.step, r.rank): r.start for r in again}
@@ -349,11 +348,7 @@ def test_a_host_cut_off_for_the_old_runs_last_minute_keeps_it_out_of_the_new_run
     assert asm.last_closed == 84 and asm.absent == {0, 1}
     end84 = max(r.end for r in recs if r.step == 84)
     shift = end84 + 30 - min(r.start for r in recs if r.step == 25)
-    again = [
-        msgspec.structs.replace(r, step=r.step + 35, start=r.start + shift, end=r.end + shift)
-        for r in recs
-        if 25 <= r.step < 45
-    ]
+    again = _moved([r for r in recs if 25 <= r.step < 45], 35, shift)
     new_run = {(r.step, r.rank): r.start for r in again}
     closed = asm.add([r for r in again if r.rank >= 2 and r.step < 70])
     closed += asm.add(cut) + asm.add([r for r in again if r.rank < 2])
@@ -377,11 +372,7 @@ def test_a_restart_keeps_the_new_run_of_a_host_whose_clock_is_off(off: float) ->
     ]
     asm = StepAssembler(8, deadline=5.0, max_pending=64)
     asm.add([r for r in recs if r.step < 30])
-    again = [
-        msgspec.structs.replace(r, step=r.step - 10, start=r.start + 20, end=r.end + 20)
-        for r in recs
-        if 30 <= r.step < 40
-    ]
+    again = _moved([r for r in recs if 30 <= r.step < 40], -10, 20)
     closed = asm.add([r for r in again if r.rank < 6]) + asm.add([r for r in again if r.rank >= 6])
     assert [(c.step, c.complete) for c in closed] == [(s, True) for s in range(20, 30)]
     assert (asm.late, asm.duplicates, len(asm.rewinds)) == (0, 0, 1)

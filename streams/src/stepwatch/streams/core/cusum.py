@@ -46,16 +46,16 @@ class RobustCusum:
         # the anchor: the last step (and its end time) at which S was 0, or at its lowest
         # since it last fell by h from a peak: the change began after it (the CUSUM's own
         # change-point estimate; see ``_anchor``)
-        self.zero_step = np.full(shape, -1, dtype=np.int64)
-        self.zero_ts = np.full(shape, np.nan)
+        self.anchor_step = np.full(shape, -1, dtype=np.int64)
+        self.anchor_ts = np.full(shape, np.nan)
         self.low = np.zeros(shape)  # S at the anchor
         self.peak = np.zeros(shape)  # the largest S since the anchor
 
     def reset(self) -> None:
         self.s[:] = 0.0
         self.own[:] = np.nan
-        self.zero_step[:] = -1
-        self.zero_ts[:] = np.nan
+        self.anchor_step[:] = -1
+        self.anchor_ts[:] = np.nan
         self.low[:] = 0.0
         self.peak[:] = 0.0
 
@@ -63,8 +63,8 @@ class RobustCusum:
         """Start ``ranks`` afresh (as at the job's start)."""
         self.s[:, ranks] = 0.0
         self.own[:, ranks] = np.nan
-        self.zero_step[:, ranks] = -1
-        self.zero_ts[:, ranks] = np.nan
+        self.anchor_step[:, ranks] = -1
+        self.anchor_ts[:, ranks] = np.nan
         self.low[:, ranks] = 0.0
         self.peak[:, ranks] = 0.0
 
@@ -102,8 +102,8 @@ class RobustCusum:
         (a fall of h is as much evidence that the change ended as a rise of h is that
         it began)."""
         at = (self.s <= self.low) | (self.peak - self.s >= self.h)
-        np.copyto(self.zero_step, step, where=at)
-        np.copyto(self.zero_ts, ts, where=at)
+        np.copyto(self.anchor_step, step, where=at)
+        np.copyto(self.anchor_ts, ts, where=at)
         np.copyto(self.low, self.s, where=at)
         np.copyto(self.peak, self.s, where=at)
         np.fmax(self.peak, self.s, out=self.peak)
@@ -127,9 +127,9 @@ class RobustCusum:
         best: tuple[int, float] | None = None
         for r in ranks:
             d = int(np.argmax(self.s[:, r]))
-            if self.s[d, r] <= 0 or self.zero_step[d, r] < 0:
+            if self.s[d, r] <= 0 or self.anchor_step[d, r] < 0:
                 continue
-            cand = (int(self.zero_step[d, r]) + 1, float(self.zero_ts[d, r]))
+            cand = (int(self.anchor_step[d, r]) + 1, float(self.anchor_ts[d, r]))
             if best is None or cand[0] < best[0]:
                 best = cand
         return best
