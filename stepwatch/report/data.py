@@ -39,10 +39,14 @@ ORDER BY start_ts, step
 
 # One row per step of each run: a step run again after a restart is a row of its own
 # (run: how many of run_starts' times lie at or before its start), so a step never spans
-# the outage between two runs. hosts: a key of the step's set of hosts.
+# the outage between two runs. start, end: the median rank's (each rank's times are on its
+# host's clock: a host whose clock is off moves the earliest start or the latest end by its
+# offset, and so the run's wall time, but not the median; the worker counts wall time on
+# the median rank's clock too). hosts: a key of the step's set of hosts.
 STEPS = """
 SELECT arrayCount(b -> b <= toFloat64(e.start_ts), {runs:Array(Float64)}) AS run, step,
-       toFloat64(min(start_ts)) AS start, toFloat64(max(end_ts)) AS end,
+       quantileExactInclusive(0.5)(toFloat64(e.start_ts)) AS start,
+       quantileExactInclusive(0.5)(toFloat64(e.end_ts)) AS end,
        median(duration_s) AS step_s, max(duration_s) AS step_max_s,
        sum(tokens) AS tokens, sum(samples) AS samples, max(world_size) AS world,
        sum(duration_s) AS rank_s, sum(ifNull(data_s, 0)) AS data_s,

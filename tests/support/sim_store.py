@@ -10,8 +10,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import msgspec
+
 from stepwatch.agents.sink import Sequencer
-from stepwatch.contract import KIND_OF, Message, Topics, encode
+from stepwatch.contract import KIND_OF, Message, StepMessage, Topics, encode
 from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
 from stepwatch.exporters.clickhouse.migrations import Migrator, load_migrations
 from stepwatch.exporters.clickhouse.prepare import Preparer, Record
@@ -48,8 +50,25 @@ def scenario(steps: int = 160) -> Scenario:
     )
 
 
-def messages(sc: Scenario) -> list[Message]:
-    telemetry = sorted(simulate(sc), key=lambda m: m.ts)
+def skewed(msgs: list[Message], offsets: dict[str, float]) -> list[Message]:
+    """The messages as hosts whose clocks are off by ``offsets`` (host -> seconds) stamp
+    them: every time a host writes (a message's ``ts``, its step records' start and end)."""
+    out: list[Message] = []
+    for m in msgs:
+        off = offsets.get(m.host, 0.0)
+        if off and isinstance(m, StepMessage):
+            steps = [
+                msgspec.structs.replace(r, start=r.start + off, end=r.end + off) for r in m.steps
+            ]
+            m = msgspec.structs.replace(m, ts=m.ts + off, steps=steps)
+        elif off:
+            m = msgspec.structs.replace(m, ts=m.ts + off)
+        out.append(m)
+    return out
+
+
+def messages(sc: Scenario, offsets: dict[str, float] | None = None) -> list[Message]:
+    telemetry = sorted(skewed(list(simulate(sc)), offsets or {}), key=lambda m: m.ts)
     engine = Engine()
     found: list[Message] = []
     for m in telemetry:
@@ -60,9 +79,10 @@ def messages(sc: Scenario) -> list[Message]:
     return sorted([*telemetry, *stamped], key=lambda m: m.ts)
 
 
-def fill(path: Path, sc: Scenario | None = None) -> int:
-    """Load the run into a new store at ``path``; returns the messages loaded."""
-    msgs = messages(sc or scenario())
+def fill(path: Path, sc: Scenario | None = None, offsets: dict[str, float] | None = None) -> int:
+    """Load the run into a new store at ``path`` (``offsets``: hosts whose clocks are off,
+    see :func:`skewed`); returns the messages loaded."""
+    msgs = messages(sc or scenario(), offsets)
     topics = Topics("stepwatch")
     records = [
         Record(topics.for_kind(KIND_OF[type(m)]), 0, i, encode(m)) for i, m in enumerate(msgs)

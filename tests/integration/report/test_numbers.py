@@ -10,13 +10,15 @@ straggler-free baseline vs the report's whole run and its detection windows).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stepwatch.contract.goodput import PRODUCTIVE, Badput
 from stepwatch.contract.records import StepMessage
 from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
-from stepwatch.report.data import load
-from stepwatch.report.goodput import CATEGORIES, breakdown
+from stepwatch.report.data import ReportData, load
+from stepwatch.report.goodput import CATEGORIES, Breakdown, breakdown
 from stepwatch.sim import simulate
 from stepwatch.streams.core import Engine
 from tests.support import sim_store
@@ -38,15 +40,46 @@ def worker_stats():
     return stats
 
 
-@pytest.mark.timeout(300)
-def test_report_and_worker_agree_on_step_time_and_goodput(tmp_path) -> None:
-    path = tmp_path / "chdb"
-    sim_store.fill(path)
+def stored(path: Path, offsets: dict[str, float] | None = None) -> ReportData:
+    """The run as the report reads it from a store filled at ``path``."""
+    sim_store.fill(path, offsets=offsets)
     store = ChdbStore(str(path), readonly=True)
     try:
-        data = load(store, sim_store.JOB)
+        return load(store, sim_store.JOB)
     finally:
         store.close()
+
+
+def report_of(path: Path, offsets: dict[str, float] | None = None) -> Breakdown:
+    data = stored(path, offsets)
+    return breakdown(data.steps, data.detections, data.events)
+
+
+@pytest.fixture(scope="module")
+def true_clocks(tmp_path_factory: pytest.TempPathFactory) -> Breakdown:
+    return report_of(tmp_path_factory.mktemp("chdb") / "true")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("offset", [-60.0, 60.0])
+def test_a_host_whose_clock_is_off_changes_neither_wall_time_nor_goodput(
+    tmp_path: Path, true_clocks: Breakdown, offset: float
+) -> None:
+    """One host of four stamps its records a minute behind (or ahead of) the others. The
+    report reads each step's start and end on the median rank's clock, as the worker
+    does: the run's wall time and its split stay those of true clocks. (Before, the
+    span from the earliest start to the latest end took the offset in: 60 s more wall
+    time, 32 ranks x 60 s of ``other``.)"""
+    off = report_of(tmp_path / "chdb", {"node0002": offset})
+    assert off.available_s == pytest.approx(true_clocks.available_s, rel=0.005)
+    assert off.step_s == pytest.approx(true_clocks.step_s, rel=0.01)
+    for kind in CATEGORIES:
+        assert off.fraction(kind) == pytest.approx(true_clocks.fraction(kind), abs=0.005), kind
+
+
+@pytest.mark.timeout(300)
+def test_report_and_worker_agree_on_step_time_and_goodput(tmp_path) -> None:
+    data = stored(tmp_path / "chdb")
     report = breakdown(data.steps, data.detections)
     worker = worker_stats()
     # the step time: the median wall time, straggler wait included (not the 1.0 s baseline)
