@@ -49,18 +49,40 @@ def _shifted(line: str, offsets: dict[str, float]) -> tuple[float, Message]:
     return sent, decode_unchecked(json.dumps(m))
 
 
+def _job_start(lines: list[str], before: float) -> str:
+    """A ``job_start`` event of rank 0 (on its host), ``before`` seconds before its first
+    step began, as the SDK sends it."""
+    first = min(
+        (r for m in map(json.loads, lines) for r in m.get("steps", []) if r["rank"] == 0),
+        key=lambda r: r["start"],
+    )
+    ev = EventMessage(
+        host=first["host"],
+        ts=first["start"] - before,
+        job_id=first["job_id"],
+        type=EventType.JOB_START,
+        rank=0,
+        attrs={"world_size": first["world_size"]},
+    )
+    return msgspec.json.encode(ev).decode()
+
+
 def feed(
     run: str,
     offsets: dict[str, float],
     last_step: int | None = None,
     after: float = 40.0,
     backlog: float | None = None,
+    start_up: float | None = None,
 ) -> tuple[Engine, list[tuple[float, DetectionMessage]]]:
     """Feed ``run`` with host clocks off by ``offsets`` (host -> seconds, "*": all);
     return the engine and each detection with the worker's clock when it came out.
     ``backlog``: the worker reads the whole run this many seconds after it began, at
-    50 messages a second (a restart after an outage), instead of as it is sent."""
+    50 messages a second (a restart after an outage), instead of as it is sent.
+    ``start_up``: rank 0's host also sends ``job_start`` this long before the first step."""
     lines = (RUNS / f"{run}.jsonl").read_text().splitlines()
+    if start_up is not None:
+        lines.append(_job_start(lines, start_up))
     msgs = sorted((_shifted(line, offsets) for line in lines), key=lambda x: x[0])
     if last_step is not None:  # the job hangs after this step: nothing more is sent
         msgs = [
@@ -100,6 +122,23 @@ def test_a_healthy_job_stays_silent_and_keeps_its_goodput(offsets: dict[str, flo
     assert base.goodput_ratio is not None and skewed.goodput_ratio is not None
     assert skewed.goodput_ratio == pytest.approx(base.goodput_ratio, abs=0.005)
     assert skewed.badput_seconds["other"] == pytest.approx(base.badput_seconds["other"], abs=0.2)
+
+
+@pytest.mark.parametrize("offset", [-60.0, 60.0])
+def test_a_job_start_from_a_host_whose_clock_is_off_keeps_the_goodput(offset: float) -> None:
+    """Rank 0 sends ``job_start`` 20 s before its first step (start-up: wall time, badput
+    ``other``), from a host a minute behind (or ahead of) its peer. The event's time is
+    read on the clock the steps' times are on, once the hosts' offsets are known. Before,
+    it was taken as stamped: a minute more (or 20 s less) start-up."""
+    base = feed("healthy", {}, start_up=20.0)[0].stats()[0]
+    skewed = feed("healthy", {"host-0": offset}, start_up=20.0)[0].stats()[0]
+    plain = feed("healthy", {})[0].stats()[0]
+    assert base.badput_seconds["other"] == pytest.approx(
+        plain.badput_seconds["other"] + 20.0, abs=0.5
+    )
+    assert skewed.badput_seconds["other"] == pytest.approx(base.badput_seconds["other"], abs=0.5)
+    assert base.goodput_ratio is not None and skewed.goodput_ratio is not None
+    assert skewed.goodput_ratio == pytest.approx(base.goodput_ratio, abs=0.005)
 
 
 @pytest.mark.parametrize("offsets", [{}, {"*": 120.0}, {"*": -120.0}, {"host-0": 30.0}])

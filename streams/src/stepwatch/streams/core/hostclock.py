@@ -20,7 +20,9 @@ wander, are no clock. A host off by ``CLOCK_OFFSET_MIN_S`` or more from the
 clock the job's times are on gets a shift, and :class:`ShiftedWindows` reads
 its samples with it. Offsets below that change nothing (a sample look-back is
 a minute): a job whose hosts agree is read exactly as before. A new placement
-of ranks on hosts starts over.
+of ranks on hosts starts over. Each host's offset from the median host (the
+clock of the median rank's step times, on which goodput's wall time runs) reads
+a ``job_start`` event on that clock (:meth:`HostClocks.on_median_clock`).
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ class HostClocks:
 
     def __init__(self) -> None:
         self.shift: dict[str, float] = {}
+        self.offset: dict[str, float] = {}  # host -> its offset from the median host's clock
         self._version = -1
         self._names: tuple[str, ...] = ()
         self._probe = np.zeros((0, PROBES), np.intp)  # the ranks read on each host
@@ -103,6 +106,7 @@ class HostClocks:
             self._ends = np.full((CLOCK_STEPS, len(index.names), PROBES), np.nan)
             self._n = 0
             self.shift.clear()
+            self.offset.clear()
         row = self._n % CLOCK_STEPS
         self._starts[row] = starts[self._probe]
         self._ends[row] = ends[self._probe]
@@ -127,13 +131,21 @@ class HostClocks:
         offset = np.where(clock, (off_end + off_start) / 2, 0.0)
         top = float(offset.max())  # the job's times are on the clock most ahead
         self.shift.clear()
-        for name, s in zip(self._names, (offset - top).tolist(), strict=True):
+        self.offset.clear()
+        for name, s, o in zip(self._names, (offset - top).tolist(), offset.tolist(), strict=True):
             if abs(s) >= CLOCK_OFFSET_MIN_S:
                 self.shift[name] = s
+            if abs(o) >= CLOCK_OFFSET_MIN_S:
+                self.offset[name] = o
 
     def on_job_clock(self, host: str, t: float) -> float:
         """A time stamped by ``host``, on the job's clock."""
         return t - self.shift.get(host, 0.0)
+
+    def on_median_clock(self, host: str, t: float) -> float:
+        """A time stamped by ``host``, on the median host's clock (the clock of the median
+        rank's step times, on which goodput's wall time runs)."""
+        return t - self.offset.get(host, 0.0)
 
 
 class ShiftedWindows(Mapping[str, SampleWindow]):

@@ -128,7 +128,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         ``ts``). The end waits for the last steps from its arrival (see ``tick``)."""
         self.last_seen = max(self.last_seen, ev.ts)
         if ev.type == EventType.JOB_START:
-            self.throughput.on_start(ev.ts)
+            self.throughput.on_job_start(ev.host, ev.ts)
         elif ev.type == EventType.CHECKPOINT_SAVE:
             seconds = ev.attrs.get("seconds")
             if isinstance(seconds, int | float) and seconds > self.longest_pause:
@@ -538,7 +538,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
     def stats(self, now: float) -> JobStats:
         self._peak_flops()
         hang = now - self.hung_since if self.hung_since is not None else 0.0
-        ratio, badput = self.throughput.goodput(now, hang)
+        ratio, badput = self.throughput.goodput(now, hang, self.clocks.on_median_clock)
         mfu = self.throughput.mfu()
         flagged = {
             k[1]: round(o.score_now or 0.0, 4)

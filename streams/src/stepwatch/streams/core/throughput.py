@@ -18,6 +18,8 @@ the last progress before a restart to the first step after it), wasted progress
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from stepwatch.contract.goodput import Badput, split_step
@@ -25,6 +27,7 @@ from stepwatch.streams.core.assembly import CKPT, DATA, DUR, END, PAUSE, START, 
 from stepwatch.streams.core.ring import Ring
 
 BADPUT = tuple(b.value for b in Badput)
+MAX_START_HOSTS = 8  # hosts whose job_start events are kept (rank 0's, normally one)
 Baseline = tuple[float, float]  # straggler-free step time and its data phase (seconds)
 
 
@@ -36,7 +39,10 @@ class Throughput:
         # end), plus the time since the last end on the clock of the host most ahead (the
         # clock ``goodput``'s ``now`` is on, see Job.local): a host whose clock is off
         # from its peers' adds nothing to it
-        self.first_start: float | None = None
+        self.first_start: float | None = None  # the median rank's first step start
+        # job_start events: host -> the earliest, on that host's clock (read on the median
+        # rank's clock when goodput is asked, once the hosts' offsets are known)
+        self.start_events: dict[str, float] = {}
         self.last_end_med = 0.0
         self.last_end = 0.0
         self.productive = 0.0
@@ -48,6 +54,19 @@ class Throughput:
     def on_start(self, ts: float) -> None:
         if self.first_start is None or ts < self.first_start:
             self.first_start = ts
+
+    def on_job_start(self, host: str, ts: float) -> None:
+        """A ``job_start`` event stamped ``ts`` by ``host`` (start-up before the first step
+        counts as wall time)."""
+        known = self.start_events.get(host)
+        if known is not None or len(self.start_events) < MAX_START_HOSTS:
+            self.start_events[host] = ts if known is None else min(known, ts)
+
+    def _first(self, clock: Callable[[str, float], float]) -> float | None:
+        starts = [clock(h, t) for h, t in self.start_events.items()]
+        if self.first_start is not None:
+            starts.append(self.first_start)
+        return min(starts, default=None)
 
     def on_step(self, cs: ClosedStep, baseline: Baseline | None = None) -> None:
         """Account one closed step; ``baseline``: the straggler-free step time, if known."""
@@ -123,13 +142,18 @@ class Throughput:
         return float(flops.sum()) / got[1] / self.peak_flops_total
 
     def goodput(
-        self, now: float, hang_seconds: float = 0.0
+        self,
+        now: float,
+        hang_seconds: float = 0.0,
+        clock: Callable[[str, float], float] = lambda host, t: t,
     ) -> tuple[float | None, dict[str, float]]:
-        """Goodput ratio and badput seconds by category, at event time ``now``."""
-        if self.first_start is None:
+        """Goodput ratio and badput seconds by category, at event time ``now``; ``clock``
+        reads a host's time on the median rank's clock (its ``job_start``)."""
+        first = self._first(clock)
+        if first is None:
             return None, dict(self.badput)
         since = max(0.0, now - self.last_end)  # no step since (a hang, the job's end)
-        wall = max(self.last_end_med, self.first_start) - self.first_start + since
+        wall = max(self.last_end_med, first) - first + since
         if wall <= 0:
             return None, dict(self.badput)
         bad = dict(self.badput)
