@@ -7,6 +7,7 @@ import pytest
 
 from stepwatch.streams.core.hostclock import CLOCK_STEPS, HostClocks
 from stepwatch.streams.core.ranks import GroupIndex
+from stepwatch.streams.core.throughput import Throughput
 
 pytestmark = pytest.mark.unit
 
@@ -101,3 +102,23 @@ def test_missing_ranks_and_hosts_raise_nothing() -> None:
             ends[0] = np.nan  # h0's first rank neither
             clocks.update(ends - 1.0, ends, index)
     assert clocks.shift == {}
+
+
+def test_a_job_start_read_on_the_median_clock_outlives_a_new_placement() -> None:
+    """Rank 0's host h1 is a minute behind: its ``job_start``, 20 s before the first step
+    on its own clock, is read on the median host's clock once the offsets are known, and
+    stays so after a requeue's new placement has forgotten them (before it was settled,
+    the event went back to its host's time: a minute more start-up)."""
+    clocks, tp = HostClocks(), Throughput(8)
+    tp.on_job_start("h1", 1.8e9 - 20.0 - 60.0)
+    assert not clocks.knows("h1")
+    off = np.repeat([0.0, -60.0, 0.0, 0.0], 8)
+    _feed(clocks, off, off, CLOCK_STEPS)
+    assert clocks.knows("h1") and not clocks.knows("elsewhere")
+    assert clocks.on_median_clock("h1", 0.0) == pytest.approx(60.0, abs=0.05)
+    tp.settle(clocks.on_median_clock, clocks.knows)
+    assert tp.start_events == {}
+    _feed(clocks, np.zeros(32), np.zeros(32), 2, version=2)  # the job placed anew
+    assert clocks.offset == {} and not clocks.knows("h1")
+    first = tp._first(clocks.on_median_clock)
+    assert first == pytest.approx(1.8e9 - 20.0, abs=0.05)

@@ -94,11 +94,11 @@ class HostClocks:
         self._ends = np.zeros((CLOCK_STEPS, 0, PROBES))  # ... and ends
         self._n = 0
 
-    def update(self, starts: np.ndarray, ends: np.ndarray, index: GroupIndex) -> None:
+    def update(self, starts: np.ndarray, ends: np.ndarray, index: GroupIndex) -> bool:
         """A closed step: ``starts`` and ``ends`` by rank (NaN: absent), ``index`` the ranks
-        of each host."""
+        of each host. True when the offsets were just worked out again."""
         if len(index.names) < 2:
-            return
+            return False
         if index.version != self._version:  # placement changed: start over
             self._version, self._names = index.version, index.names
             self._probe = np.array([(m[0], m[len(m) // 2], m[-1]) for m in index.members], np.intp)
@@ -113,6 +113,8 @@ class HostClocks:
         self._n += 1
         if self._n % REFRESH_STEPS == CLOCK_STEPS:
             self._refresh()
+            return True
+        return False
 
     def _refresh(self) -> None:
         """A host's clock offset: its starts and its ends against the median over hosts,
@@ -141,6 +143,11 @@ class HostClocks:
     def on_job_clock(self, host: str, t: float) -> float:
         """A time stamped by ``host``, on the job's clock."""
         return t - self.shift.get(host, 0.0)
+
+    def knows(self, host: str) -> bool:
+        """Whether ``host``'s offset was worked out (it runs ranks of the job's placement
+        and enough steps closed since it began)."""
+        return self._n >= CLOCK_STEPS and host in self._names
 
     def on_median_clock(self, host: str, t: float) -> float:
         """A time stamped by ``host``, on the median host's clock (the clock of the median

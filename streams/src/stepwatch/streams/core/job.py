@@ -177,7 +177,10 @@ class Job(Incidents, Stragglers, NetworkWatch):
         out_moves = self._settle_moves(cs.step, cs.end_max) if self.moves.candidates else []
         present = np.flatnonzero(cs.present)
         self.ranks.note_progress(present, cs.step, cs.end[present])
-        self.clocks.update(cs.start, cs.end, self.ranks.host_index())
+        if self.clocks.update(cs.start, cs.end, self.ranks.host_index()) and (
+            self.throughput.start_events
+        ):
+            self.throughput.settle(self.clocks.on_median_clock, self.clocks.knows)
         self.last_step = cs.step
         self.step_ends.push(np.array((cs.step, cs.end_max)))
         sd = self.slowdown

@@ -40,9 +40,10 @@ class Throughput:
         # clock ``goodput``'s ``now`` is on, see Job.local): a host whose clock is off
         # from its peers' adds nothing to it
         self.first_start: float | None = None  # the median rank's first step start
-        # job_start events: host -> the earliest, on that host's clock (read on the median
-        # rank's clock when goodput is asked, once the hosts' offsets are known)
+        # job_start events: host -> the earliest, on that host's clock, until the host's
+        # offset is known (``settle``); then the earliest of them on the median rank's clock
         self.start_events: dict[str, float] = {}
+        self.settled_start: float | None = None
         self.last_end_med = 0.0
         self.last_end = 0.0
         self.productive = 0.0
@@ -62,10 +63,19 @@ class Throughput:
         if known is not None or len(self.start_events) < MAX_START_HOSTS:
             self.start_events[host] = ts if known is None else min(known, ts)
 
+    def settle(self, clock: Callable[[str, float], float], knows: Callable[[str], bool]) -> None:
+        """Read the job_start events of the hosts whose offsets ``knows`` on the median
+        rank's clock for good (a later placement, after a requeue, forgets the offsets)."""
+        for host in [h for h in self.start_events if knows(h)]:
+            t = clock(host, self.start_events.pop(host))
+            if self.settled_start is None or t < self.settled_start:
+                self.settled_start = t
+
     def _first(self, clock: Callable[[str, float], float]) -> float | None:
         starts = [clock(h, t) for h, t in self.start_events.items()]
-        if self.first_start is not None:
-            starts.append(self.first_start)
+        for t in (self.first_start, self.settled_start):
+            if t is not None:
+                starts.append(t)
         return min(starts, default=None)
 
     def on_step(self, cs: ClosedStep, baseline: Baseline | None = None) -> None:
