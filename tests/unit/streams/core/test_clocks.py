@@ -67,6 +67,19 @@ def _job_start(lines: list[str], before: float) -> str:
     return msgspec.json.encode(ev).decode()
 
 
+def _placed_anew(line: str, after: int) -> str:
+    """A step message of steps from ``after`` on, sent from host-(N+2) for host-N."""
+    m = json.loads(line)
+    steps = m.get("steps")
+    if not steps or any(r["step"] < after for r in steps):
+        return line
+    moved = {"host-0": "host-2", "host-1": "host-3"}
+    m["host"] = moved[m["host"]]
+    for r in steps:
+        r["host"] = moved[r["host"]]
+    return json.dumps(m)
+
+
 def feed(
     run: str,
     offsets: dict[str, float],
@@ -74,15 +87,19 @@ def feed(
     after: float = 40.0,
     backlog: float | None = None,
     start_up: float | None = None,
+    placed_anew: int | None = None,
 ) -> tuple[Engine, list[tuple[float, DetectionMessage]]]:
     """Feed ``run`` with host clocks off by ``offsets`` (host -> seconds, "*": all);
     return the engine and each detection with the worker's clock when it came out.
     ``backlog``: the worker reads the whole run this many seconds after it began, at
     50 messages a second (a restart after an outage), instead of as it is sent.
-    ``start_up``: rank 0's host also sends ``job_start`` this long before the first step."""
+    ``start_up``: rank 0's host also sends ``job_start`` this long before the first step.
+    ``placed_anew``: from this step on, host-N's ranks run on host-(N+2) (a requeue)."""
     lines = (RUNS / f"{run}.jsonl").read_text().splitlines()
     if start_up is not None:
         lines.append(_job_start(lines, start_up))
+    if placed_anew is not None:
+        lines = [_placed_anew(line, placed_anew) for line in lines]
     msgs = sorted((_shifted(line, offsets) for line in lines), key=lambda x: x[0])
     if last_step is not None:  # the job hangs after this step: nothing more is sent
         msgs = [
@@ -139,6 +156,17 @@ def test_a_job_start_from_a_host_whose_clock_is_off_keeps_the_goodput(offset: fl
     assert skewed.badput_seconds["other"] == pytest.approx(base.badput_seconds["other"], abs=0.5)
     assert base.goodput_ratio is not None and skewed.goodput_ratio is not None
     assert skewed.goodput_ratio == pytest.approx(base.goodput_ratio, abs=0.005)
+
+
+def test_a_job_start_stays_on_the_median_clock_after_the_job_is_placed_anew() -> None:
+    """As above, rank 0's host a minute behind; from step 60 the ranks run on two other
+    hosts (the same clocks), and the new placement's offsets know nothing of the host
+    that sent ``job_start``. The event stays where it was read (before: back on its
+    host's clock, 30 s more start-up)."""
+    base = feed("healthy", {}, start_up=20.0, placed_anew=60)[0].stats()[0]
+    off = {"host-0": -60.0, "host-2": -60.0}
+    skewed = feed("healthy", off, start_up=20.0, placed_anew=60)[0].stats()[0]
+    assert skewed.badput_seconds["other"] == pytest.approx(base.badput_seconds["other"], abs=0.5)
 
 
 @pytest.mark.parametrize("offsets", [{}, {"*": 120.0}, {"*": -120.0}, {"host-0": 30.0}])
