@@ -280,6 +280,16 @@ def test_a_job_end_from_a_host_behind_its_peer_waits_for_the_peers_last_steps() 
 def _sim_opens(
     kind: FaultKind, shifted: str, off: float, forged: tuple[int, str] | None = None
 ) -> list[tuple[object, ...]]:
+    return [
+        (d.type, d.rank, d.host, d.device, d.cause, d.first_step, d.evidence.get("cause_reason"))
+        for d in _sim_found(kind, shifted, off, forged)
+        if d.state == "open"
+    ]
+
+
+def _sim_found(
+    kind: FaultKind, shifted: str, off: float, forged: tuple[int, str] | None = None
+) -> list[DetectionMessage]:
     """A 4-node simulated job (8 GPUs, 8 NICs a node; the fault on rank 9, node0001, from
     step 80) fed live; the host ``shifted`` ("fault": node0001, "other": node0003) stamps
     its step records and samples ``off`` seconds off; or, with ``forged`` (rank, host),
@@ -320,11 +330,7 @@ def _sim_opens(
         if now - ticked >= 1.0:
             ticked = now
             found += engine.tick(now)
-    return [
-        (d.type, d.rank, d.host, d.device, d.cause, d.first_step, d.evidence.get("cause_reason"))
-        for d in found
-        if d.state == "open"
-    ]
+    return found
 
 
 @pytest.mark.parametrize(
@@ -347,6 +353,30 @@ def test_a_faults_host_port_and_cause_are_found_the_same_whatever_the_clocks(
     base = _sim_opens(kind, shifted, 0.0)
     assert base and base[0][2] == "node0001"
     assert _sim_opens(kind, shifted, off) == base
+
+
+@pytest.mark.parametrize(
+    ("kind", "shifted", "off"),
+    [
+        (FaultKind.XID79, "fault", -60.0),
+        (FaultKind.XID79, "other", 60.0),
+        (FaultKind.LINK_FLAP, "fault", -60.0),
+        (FaultKind.LINK_FLAP, "fault", 60.0),
+    ],
+)
+def test_an_xid_or_a_link_down_is_dated_on_the_jobs_clock(
+    kind: FaultKind, shifted: str, off: float
+) -> None:
+    """The detection an XID 79 or a link going down opens is dated on the job's clock
+    (the clock of its host most ahead, that of its steps' ends), like every other
+    detection. Before, it took the event's time as its host stamped it: with the faulty
+    host a minute behind, the ``rank_missing`` or ``link_flap`` opened a minute before
+    the fault, on the job's clock."""
+    base = [d for d in _sim_found(kind, shifted, 0.0) if d.state == "open"]
+    skewed = [d for d in _sim_found(kind, shifted, off) if d.state == "open"]
+    assert [(d.type, d.host, d.step) for d in skewed] == [(d.type, d.host, d.step) for d in base]
+    assert len(base) == 1
+    assert skewed[0].ts == pytest.approx(base[0].ts + max(off, 0.0), abs=0.01)
 
 
 @pytest.mark.parametrize(

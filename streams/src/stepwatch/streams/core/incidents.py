@@ -111,7 +111,7 @@ class Incidents:
                 T.RANK_MISSING,
                 None,
                 self.newest_step + 1,
-                ev.ts,
+                self.clocks.on_job_clock(ev.host, ev.ts),  # the host's clock may be off
                 summary,
                 attr,
                 rank,
@@ -149,7 +149,7 @@ class Incidents:
                 T.LINK_FLAP,
                 None,
                 self.newest_step + 1,
-                inc.ts,
+                self.clocks.on_job_clock(inc.host, inc.ts),  # the host's clock may be off
                 summary,
                 attr,
                 None,
