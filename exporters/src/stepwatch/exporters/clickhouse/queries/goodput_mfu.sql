@@ -1,7 +1,8 @@
 -- goodput_mfu: goodput and MFU per job over time (from the per-minute rollups)
 --
 -- A job runs from its first step to the later of its last step and its last
--- GPU sample (a hung job keeps reporting GPUs). Every bucket of that window
+-- GPU sample (a hung job keeps reporting GPUs), read on the median rank's clock
+-- (a host whose clock is off does not widen it). Every bucket of that window
 -- is listed, so a hang or a restart shows as buckets with little or no
 -- goodput. goodput = productive rank-seconds / available rank-seconds, where
 -- productive is step time minus the data and checkpoint phases and available
@@ -30,29 +31,86 @@ steps AS (
       AND minute >= toStartOfMinute({since:DateTime64(3, 'UTC')})
     GROUP BY job_id, bucket
 ),
-jobs AS (
-    SELECT
-        s.job_id AS job_id,
-        s.world_size AS world_size,
-        s.job_first AS job_first,
-        greatest(s.step_last, if(g.gpu_last > s.job_first, g.gpu_last, s.step_last)) AS job_last
+spans AS (
+    SELECT job_id, max(world_size) AS world_size, min(first_start) AS first_raw,
+           max(last_end) AS last_raw, min(minute) AS first_minute, max(minute) AS last_minute
+    FROM step_rollup_1m
+    WHERE ({job:String} = '' OR job_id = {job:String})
+      AND minute >= toStartOfMinute({since:DateTime64(3, 'UTC')})
+    GROUP BY job_id
+),
+edge_steps AS (
+    -- the job's first 3 steps (from the lowest step of its first minute) and its last 3
+    -- (to the highest of its last minute): every host runs them, whatever its clock
+    SELECT job_id, arrayJoin(arrayConcat(range(lo, toUInt64(lo + 3)),
+                                       range(toUInt64(greatest(hi, 2) - 2), toUInt64(hi + 1))))
+        AS step
     FROM
     (
-        SELECT job_id, max(world_size) AS world_size, min(first_start) AS job_first,
-               max(last_end) AS step_last
-        FROM step_rollup_1m
-        WHERE ({job:String} = '' OR job_id = {job:String})
-          AND minute >= toStartOfMinute({since:DateTime64(3, 'UTC')})
-        GROUP BY job_id
-    ) AS s
+        SELECT r.job_id AS job_id, minIf(r.min_step, r.minute = s.first_minute) AS lo,
+               maxIf(r.max_step, r.minute = s.last_minute) AS hi
+        FROM step_rollup_1m AS r
+        INNER JOIN spans AS s ON r.job_id = s.job_id
+        WHERE r.minute = s.first_minute OR r.minute = s.last_minute
+        GROUP BY r.job_id
+    )
+),
+edges AS (
+    -- the job's first start and last end on the median rank's clock: of each edge step
+    -- the median over ranks (each rank's first start and last end of that step, over
+    -- restarts), so a host whose clock is off does not widen the job
+    SELECT job_id, min(step_start) AS first_med, max(step_end) AS last_med
+    FROM
+    (
+        SELECT job_id, step, quantileExactInclusive(0.5)(rank_start) AS step_start,
+               quantileExactInclusive(0.5)(rank_end) AS step_end
+        FROM
+        (
+            SELECT job_id, step, rank, min(toFloat64(start_ts)) AS rank_start,
+                   max(toFloat64(end_ts)) AS rank_end
+            FROM step_events
+            WHERE (job_id, step) IN (SELECT job_id, step FROM edge_steps)
+              AND start_ts >= {since:DateTime64(3, 'UTC')}
+            GROUP BY job_id, step, rank
+        )
+        GROUP BY job_id, step
+    )
+    GROUP BY job_id
+),
+hosts_last AS (
+    SELECT job_id, host, max(ts) AS last_ts
+    FROM gpu_samples
+    WHERE ({job:String} = '' OR job_id = {job:String}) AND job_id != ''
+      AND ts >= {since:DateTime64(3, 'UTC')}
+    GROUP BY job_id, host
+),
+bounds AS (
+    -- the raw tables keep less than the rollups: without their rows, the rollup's span
+    SELECT s.job_id AS job_id, s.world_size AS world_size,
+           if(e.job_id = '', s.first_raw, toDateTime64(e.first_med, 6, 'UTC')) AS job_first,
+           if(e.job_id = '', s.last_raw, toDateTime64(e.last_med, 6, 'UTC')) AS step_last
+    FROM spans AS s
+    LEFT JOIN edges AS e ON s.job_id = e.job_id
+),
+jobs AS (
+    -- a hung job keeps reporting its GPUs: its end is its hosts' last GPU sample, the
+    -- median over the hosts still reporting at its last step (each on its own clock)
+    SELECT
+        b.job_id AS job_id,
+        b.world_size AS world_size,
+        b.job_first AS job_first,
+        greatest(b.step_last, if(g.gpu_last > b.job_first, g.gpu_last, b.step_last)) AS job_last
+    FROM bounds AS b
     LEFT JOIN
     (
-        SELECT job_id, toDateTime64(max(ts), 6, 'UTC') AS gpu_last
-        FROM gpu_samples
-        WHERE ({job:String} = '' OR job_id = {job:String}) AND job_id != ''
-          AND ts >= {since:DateTime64(3, 'UTC')}
-        GROUP BY job_id
-    ) AS g ON s.job_id = g.job_id
+        SELECT h.job_id AS job_id,
+               toDateTime64(quantileExactInclusive(0.5)(toFloat64(h.last_ts)), 6, 'UTC')
+                   AS gpu_last
+        FROM hosts_last AS h
+        INNER JOIN bounds AS b ON h.job_id = b.job_id
+        WHERE h.last_ts >= b.step_last - toIntervalSecond(60)
+        GROUP BY h.job_id
+    ) AS g ON b.job_id = g.job_id
 ),
 grid AS (
     SELECT

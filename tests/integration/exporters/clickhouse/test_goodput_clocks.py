@@ -1,0 +1,78 @@
+"""The saved query ``goodput_mfu`` on a run with one host whose clock is off.
+
+The run (tests/support/sim_store: 4 nodes, 32 ranks, 160 steps) is loaded into the
+embedded store through the sink's row mapping, once with true clocks and once with
+one host of four stamping everything a minute behind or ahead. Before, the job's
+window ran from the earliest start to the latest end in the per-minute rollup, so
+it took the offset in: a fifth bucket, 281 s of wall time instead of 221 s, and
+the run's goodput 0.71 instead of 0.90.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from stepwatch.exporters.clickhouse import queries
+from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+from tests.support import sim_store
+
+pytestmark = pytest.mark.integration
+
+
+def buckets(path: Path, offsets: dict[str, float] | None = None, raw: bool = True) -> list[dict]:
+    """``goodput_mfu``'s rows for the run loaded at ``path`` (``raw`` False: the raw
+    step rows are dropped first, as their shorter TTL drops them before the rollups')."""
+    sim_store.fill(path, offsets=offsets)
+    store = ChdbStore(str(path))
+    try:
+        if not raw:
+            store.command("TRUNCATE TABLE step_events")
+        saved = queries.get("goodput_mfu")
+        params = saved.bind({"since": "0", "job": sim_store.JOB}, now=time.time())
+        return store.query(saved.sql, params).dicts()
+    finally:
+        store.close()
+
+
+def overall(rows: list[dict]) -> tuple[float, float]:
+    """The run's wall seconds and goodput, from its buckets."""
+    wall = sum(r["wall_s"] for r in rows)
+    return wall, sum(r["goodput"] * r["wall_s"] for r in rows) / wall
+
+
+@pytest.fixture(scope="module")
+def true_clocks(tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    return buckets(tmp_path_factory.mktemp("chdb") / "true")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("offset", [-60.0, 60.0])
+def test_a_host_whose_clock_is_off_does_not_widen_the_job(
+    tmp_path: Path, true_clocks: list[dict], offset: float
+) -> None:
+    """The job's first start and last end are read on the median rank's clock (its edge
+    steps' medians over ranks): the same buckets and wall time as with true clocks. The
+    skewed host's rank-seconds still fall in the minutes of its own clock (the rollup
+    keeps no clock per host), so the edge buckets' goodput moves: the run's is within
+    0.07 of true clocks' (0.84 and 0.86 against 0.90)."""
+    rows = buckets(tmp_path / "chdb", {"node0002": offset})
+    assert [r["bucket"] for r in rows] == [r["bucket"] for r in true_clocks]
+    wall, goodput = overall(rows)
+    true_wall, true_goodput = overall(true_clocks)
+    assert wall == pytest.approx(true_wall, rel=0.005)
+    assert goodput == pytest.approx(true_goodput, abs=0.07)
+
+
+@pytest.mark.timeout(300)
+def test_without_raw_rows_the_window_comes_from_the_rollup(
+    tmp_path: Path, true_clocks: list[dict]
+) -> None:
+    """The raw step rows expire before the rollups (90 days against two years): the
+    job's window is then the rollup's earliest start and latest end, as before."""
+    rows = buckets(tmp_path / "chdb", raw=False)
+    assert [r["bucket"] for r in rows] == [r["bucket"] for r in true_clocks]
+    assert all(r["steps"] for r in rows)
+    assert overall(rows)[0] == pytest.approx(overall(true_clocks)[0], abs=1.0)
