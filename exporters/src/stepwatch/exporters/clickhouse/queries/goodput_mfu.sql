@@ -15,11 +15,12 @@
 -- @param peak_tflops Float64 = 989  peak dense TFLOP/s of one GPU
 -- @param limit UInt32 = 100000  rows at most
 WITH
-steps AS (
+minutes AS (
     SELECT
         job_id,
         toStartOfInterval(minute, toIntervalMinute({bucket_minutes:UInt32})) AS bucket,
-        max(max_step) - min(min_step) + 1 AS steps,
+        min(min_step) AS min_step,
+        max(max_step) AS max_step,
         sum(rank_seconds) AS rank_seconds,
         sum(data_seconds) AS data_s,
         sum(checkpoint_seconds) AS checkpoint_s,
@@ -39,41 +40,57 @@ spans AS (
       AND minute >= toStartOfMinute({since:DateTime64(3, 'UTC')})
     GROUP BY job_id
 ),
+ends AS (
+    -- the lowest step (and its world size) of the job's first minute, and the step of
+    -- the latest-starting record of its last: every rank runs those step numbers,
+    -- whatever its host's clock, and the latest-starting is the last run's
+    SELECT e.job_id AS job_id,
+           minIf(e.step, e.start_ts < s.first_minute + toIntervalMinute(1)) AS first_step,
+           argMinIf(e.world_size, e.step, e.start_ts < s.first_minute + toIntervalMinute(1))
+               AS first_world,
+           argMaxIf(e.step, e.start_ts, e.start_ts >= s.last_minute) AS last_step,
+           argMaxIf(e.world_size, e.start_ts, e.start_ts >= s.last_minute) AS last_world
+    FROM step_events AS e
+    INNER JOIN spans AS s ON e.job_id = s.job_id
+    WHERE ({job:String} = '' OR e.job_id = {job:String})
+      AND e.start_ts >= toStartOfMinute({since:DateTime64(3, 'UTC')})
+      AND (e.start_ts < s.first_minute + toIntervalMinute(1) OR e.start_ts >= s.last_minute)
+    GROUP BY e.job_id
+),
 edge_steps AS (
-    -- the job's first 3 steps (from the lowest step of its first minute) and its last 3
-    -- (to the highest of its last minute): every host runs them, whatever its clock
-    SELECT job_id, arrayJoin(arrayConcat(range(lo, toUInt64(lo + 3)),
-                                       range(toUInt64(greatest(hi, 2) - 2), toUInt64(hi + 1))))
-        AS step
-    FROM
-    (
-        SELECT r.job_id AS job_id, minIf(r.min_step, r.minute = s.first_minute) AS lo,
-               maxIf(r.max_step, r.minute = s.last_minute) AS hi
-        FROM step_rollup_1m AS r
-        INNER JOIN spans AS s ON r.job_id = s.job_id
-        WHERE r.minute = s.first_minute OR r.minute = s.last_minute
-        GROUP BY r.job_id
-    )
+    -- 3 steps at each end: from the first step on (side 0), up to the last (side 1)
+    SELECT job_id, 0 AS side, arrayJoin(range(first_step, toUInt64(first_step + 3))) AS step,
+           first_world AS world
+    FROM ends
+    UNION ALL
+    SELECT job_id, 1 AS side,
+           arrayJoin(range(toUInt64(greatest(last_step, 2) - 2), toUInt64(last_step + 1))) AS step,
+           last_world AS world
+    FROM ends
 ),
 edges AS (
     -- the job's first start and last end on the median rank's clock: of each edge step
-    -- the median over ranks (each rank's first start and last end of that step, over
-    -- restarts), so a host whose clock is off does not widen the job
-    SELECT job_id, min(step_start) AS first_med, max(step_end) AS last_med
+    -- the median over the ranks of that run (each rank's first start of it, or last
+    -- end, over restarts), so a host whose clock is off does not widen the job
+    SELECT job_id, minIf(step_start, side = 0) AS first_med, maxIf(step_end, side = 1) AS last_med,
+           countIf(side = 0) AS first_n, countIf(side = 1) AS last_n
     FROM
     (
-        SELECT job_id, step, quantileExactInclusive(0.5)(rank_start) AS step_start,
-               quantileExactInclusive(0.5)(rank_end) AS step_end
+        SELECT r.job_id AS job_id, x.side AS side, r.step AS step,
+               quantileExactInclusive(0.5)(r.rank_start) AS step_start,
+               quantileExactInclusive(0.5)(r.rank_end) AS step_end
         FROM
         (
             SELECT job_id, step, rank, min(toFloat64(start_ts)) AS rank_start,
                    max(toFloat64(end_ts)) AS rank_end
             FROM step_events
             WHERE (job_id, step) IN (SELECT job_id, step FROM edge_steps)
-              AND start_ts >= {since:DateTime64(3, 'UTC')}
+              AND start_ts >= toStartOfMinute({since:DateTime64(3, 'UTC')})
             GROUP BY job_id, step, rank
-        )
-        GROUP BY job_id, step
+        ) AS r
+        INNER JOIN edge_steps AS x ON r.job_id = x.job_id AND r.step = x.step
+        WHERE r.rank < x.world
+        GROUP BY r.job_id, x.side, r.step
     )
     GROUP BY job_id
 ),
@@ -85,10 +102,10 @@ hosts_last AS (
     GROUP BY job_id, host
 ),
 bounds AS (
-    -- the raw tables keep less than the rollups: without their rows, the rollup's span
+    -- each end without raw rows (their TTL is shorter than the rollups'): the rollup's
     SELECT s.job_id AS job_id, s.world_size AS world_size,
-           if(e.job_id = '', s.first_raw, toDateTime64(e.first_med, 6, 'UTC')) AS job_first,
-           if(e.job_id = '', s.last_raw, toDateTime64(e.last_med, 6, 'UTC')) AS step_last
+           if(e.first_n = 0, s.first_raw, toDateTime64(e.first_med, 6, 'UTC')) AS job_first,
+           if(e.last_n = 0, s.last_raw, toDateTime64(e.last_med, 6, 'UTC')) AS step_last
     FROM spans AS s
     LEFT JOIN edges AS e ON s.job_id = e.job_id
 ),
@@ -111,6 +128,25 @@ jobs AS (
         WHERE h.last_ts >= b.step_last - toIntervalSecond(60)
         GROUP BY h.job_id
     ) AS g ON b.job_id = g.job_id
+),
+steps AS (
+    -- a skewed host's minutes outside the window count in the window's edge buckets
+    SELECT
+        m.job_id AS job_id,
+        greatest(least(m.bucket,
+            toDateTime(toStartOfInterval(j.job_last, toIntervalMinute({bucket_minutes:UInt32})), 'UTC')),
+            toDateTime(toStartOfInterval(j.job_first, toIntervalMinute({bucket_minutes:UInt32})), 'UTC'))
+            AS bucket,
+        max(m.max_step) - min(m.min_step) + 1 AS steps,
+        sum(m.rank_seconds) AS rank_seconds,
+        sum(m.data_s) AS data_s,
+        sum(m.checkpoint_s) AS checkpoint_s,
+        sum(m.tokens) AS tokens,
+        sum(m.flops) AS flops,
+        sum(m.flops_rank_steps) AS flops_rank_steps
+    FROM minutes AS m
+    INNER JOIN jobs AS j ON m.job_id = j.job_id
+    GROUP BY job_id, bucket
 ),
 grid AS (
     SELECT
