@@ -8,6 +8,7 @@ Used by the report and dashboard tests.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -67,8 +68,13 @@ def skewed(msgs: list[Message], offsets: dict[str, float]) -> list[Message]:
     return out
 
 
-def messages(sc: Scenario, offsets: dict[str, float] | None = None) -> list[Message]:
-    telemetry = sorted(skewed(list(simulate(sc)), offsets or {}), key=lambda m: m.ts)
+def messages(
+    sc: Scenario | Sequence[Scenario], offsets: dict[str, float] | None = None
+) -> list[Message]:
+    """The run's telemetry (``sc``: one scenario, or several: a job's runs) and the
+    detections the core finds in it, in time order."""
+    runs = (sc,) if isinstance(sc, Scenario) else tuple(sc)
+    telemetry = sorted(skewed(list(simulate(*runs)), offsets or {}), key=lambda m: m.ts)
     engine = Engine()
     found: list[Message] = []
     for m in telemetry:
@@ -79,7 +85,11 @@ def messages(sc: Scenario, offsets: dict[str, float] | None = None) -> list[Mess
     return sorted([*telemetry, *stamped], key=lambda m: m.ts)
 
 
-def fill(path: Path, sc: Scenario | None = None, offsets: dict[str, float] | None = None) -> int:
+def fill(
+    path: Path,
+    sc: Scenario | Sequence[Scenario] | None = None,
+    offsets: dict[str, float] | None = None,
+) -> int:
     """Load the run into a new store at ``path`` (``offsets``: hosts whose clocks are off,
     see :func:`skewed`); returns the messages loaded."""
     msgs = messages(sc or scenario(), offsets)

@@ -11,23 +11,30 @@ the run's goodput 0.71 instead of 0.90.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from stepwatch.exporters.clickhouse import queries
 from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+from stepwatch.sim import Scenario, simulate
 from tests.support import sim_store
 
 pytestmark = pytest.mark.integration
 
 
 def buckets(
-    path: Path, offsets: dict[str, float] | None = None, drop: str = "", since: float = 0.0
+    path: Path,
+    offsets: dict[str, float] | None = None,
+    drop: str = "",
+    since: float = 0.0,
+    runs: Sequence[Scenario] | None = None,
 ) -> list[dict]:
-    """``goodput_mfu``'s rows for the run loaded at ``path``; ``drop``: a statement run
-    first (raw rows gone, as their shorter TTL drops them before the rollups')."""
-    sim_store.fill(path, offsets=offsets)
+    """``goodput_mfu``'s rows for the run loaded at ``path`` (``runs``: a job's runs, else
+    sim_store's); ``drop``: a statement run first (raw rows gone, as their shorter TTL
+    drops them before the rollups')."""
+    sim_store.fill(path, runs, offsets=offsets)
     store = ChdbStore(str(path))
     try:
         if drop:
@@ -99,3 +106,30 @@ def test_since_within_a_minute_keeps_the_rest_of_the_job(
     assert [r["bucket"] for r in rows] == [r["bucket"] for r in true_clocks[1:]]
     assert [r["wall_s"] for r in rows[1:]] == [r["wall_s"] for r in true_clocks[2:]]
     assert rows[0]["wall_s"] == pytest.approx(60.0, abs=1.0)
+
+
+@pytest.mark.timeout(300)
+def test_a_restart_on_fewer_ranks_that_ends_lower_keeps_its_last_run(tmp_path: Path) -> None:
+    """A job of 4 nodes runs steps 0-149, and 2 minutes later restarts on 2 nodes from
+    step 100 to 139 (no GPU samples: the steps alone give its end). Its last end is the
+    last run's, over that run's 16 ranks: the window reaches it. (In review, the ranks
+    of both runs were mixed in one median: the window ended between the two runs' ends,
+    its last two buckets gone.)"""
+    first = Scenario(
+        seed=1, job_id=sim_store.JOB, nodes=4, steps=150, start_ts=sim_store.T0, with_gpu=False
+    )
+    first_end = max(m.ts for m in simulate(first))
+    again = Scenario(
+        seed=2,
+        job_id=sim_store.JOB,
+        nodes=2,
+        steps=140,
+        first_step=100,
+        incarnation=1,
+        start_ts=first_end + 120.0,
+        with_gpu=False,
+    )
+    last_end = max(r.end for m in simulate(again) for r in getattr(m, "steps", ()))
+    rows = buckets(tmp_path / "chdb", runs=[first, again])
+    start = min(r.start for m in simulate(first) for r in getattr(m, "steps", ()))
+    assert overall(rows)[0] == pytest.approx(last_end - start, abs=1.0)

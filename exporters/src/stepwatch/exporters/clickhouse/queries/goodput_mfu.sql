@@ -40,56 +40,60 @@ spans AS (
       AND minute >= toStartOfMinute({since:DateTime64(3, 'UTC')})
     GROUP BY job_id
 ),
-ends AS (
-    -- the lowest step (and its world size) of the job's first minute, and the step of
-    -- the latest-starting record of its last: every rank runs those step numbers,
-    -- whatever its host's clock, and the latest-starting is the last run's
-    SELECT e.job_id AS job_id,
-           minIf(e.step, e.start_ts < s.first_minute + toIntervalMinute(1)) AS first_step,
-           argMinIf(e.world_size, e.step, e.start_ts < s.first_minute + toIntervalMinute(1))
-               AS first_world,
-           argMaxIf(e.step, e.start_ts, e.start_ts >= s.last_minute) AS last_step,
-           argMaxIf(e.world_size, e.start_ts, e.start_ts >= s.last_minute) AS last_world
-    FROM step_events AS e
-    INNER JOIN spans AS s ON e.job_id = s.job_id
-    WHERE ({job:String} = '' OR e.job_id = {job:String})
-      AND e.start_ts >= toStartOfMinute({since:DateTime64(3, 'UTC')})
-      AND (e.start_ts < s.first_minute + toIntervalMinute(1) OR e.start_ts >= s.last_minute)
-    GROUP BY e.job_id
+edge_ranges AS (
+    -- from the rollup: the lowest step of the job's first minute, and the steps of its
+    -- last minute (on any host's clock: every rank runs those step numbers)
+    SELECT r.job_id AS job_id, minIf(r.min_step, r.minute = s.first_minute) AS first_lo,
+           minIf(r.min_step, r.minute = s.last_minute) AS last_lo,
+           maxIf(r.max_step, r.minute = s.last_minute) AS last_hi
+    FROM step_rollup_1m AS r
+    INNER JOIN spans AS s ON r.job_id = s.job_id
+    WHERE r.minute = s.first_minute OR r.minute = s.last_minute
+    GROUP BY r.job_id
 ),
 edge_steps AS (
-    -- 3 steps at each end: from the first step on (side 0), up to the last (side 1)
-    SELECT job_id, 0 AS side, arrayJoin(range(first_step, toUInt64(first_step + 3))) AS step,
-           first_world AS world
-    FROM ends
+    -- the first 3 steps (side 0), and the last minute's steps, 1,024 at most (side 1)
+    SELECT job_id, 0 AS side, arrayJoin(range(first_lo, toUInt64(first_lo + 3))) AS step
+    FROM edge_ranges
     UNION ALL
     SELECT job_id, 1 AS side,
-           arrayJoin(range(toUInt64(greatest(last_step, 2) - 2), toUInt64(last_step + 1))) AS step,
-           last_world AS world
-    FROM ends
+           arrayJoin(range(toUInt64(greatest(last_lo, toInt64(last_hi) - 1023)),
+                           toUInt64(last_hi + 1))) AS step
+    FROM edge_ranges
+),
+rank_rows AS (
+    -- each rank's first start and last end of an edge step (over restarts), and the
+    -- world size of its latest run of it; only these steps' rows, by the table's key
+    SELECT job_id, step, rank, min(toFloat64(start_ts)) AS rank_start,
+           max(toFloat64(end_ts)) AS rank_end, argMin(world_size, start_ts) AS first_world,
+           argMax(world_size, end_ts) AS last_world
+    FROM step_events
+    WHERE (job_id, step) IN (SELECT job_id, step FROM edge_steps)
+      AND start_ts >= toStartOfMinute({since:DateTime64(3, 'UTC')})
+    GROUP BY job_id, step, rank
+),
+step_worlds AS (
+    -- a step's first run's world size and its last run's
+    SELECT job_id, step, argMin(first_world, rank_start) AS first_world,
+           argMax(last_world, rank_end) AS last_world
+    FROM rank_rows
+    GROUP BY job_id, step
 ),
 edges AS (
-    -- the job's first start and last end on the median rank's clock: of each edge step
-    -- the median over the ranks of that run (each rank's first start of it, or last
-    -- end, over restarts), so a host whose clock is off does not widen the job
+    -- the job's first start and last end on the median rank's clock: the earliest of
+    -- its first steps' median starts over the ranks of their first run, the latest of
+    -- its last steps' median ends over the ranks of their last run (a host whose clock
+    -- is off does not widen the job; a restart on fewer ranks does not mix two runs)
     SELECT job_id, minIf(step_start, side = 0) AS first_med, maxIf(step_end, side = 1) AS last_med,
            countIf(side = 0) AS first_n, countIf(side = 1) AS last_n
     FROM
     (
         SELECT r.job_id AS job_id, x.side AS side, r.step AS step,
-               quantileExactInclusive(0.5)(r.rank_start) AS step_start,
-               quantileExactInclusive(0.5)(r.rank_end) AS step_end
-        FROM
-        (
-            SELECT job_id, step, rank, min(toFloat64(start_ts)) AS rank_start,
-                   max(toFloat64(end_ts)) AS rank_end
-            FROM step_events
-            WHERE (job_id, step) IN (SELECT job_id, step FROM edge_steps)
-              AND start_ts >= toStartOfMinute({since:DateTime64(3, 'UTC')})
-            GROUP BY job_id, step, rank
-        ) AS r
+               quantileExactInclusiveIf(0.5)(r.rank_start, r.rank < w.first_world) AS step_start,
+               quantileExactInclusiveIf(0.5)(r.rank_end, r.rank < w.last_world) AS step_end
+        FROM rank_rows AS r
+        INNER JOIN step_worlds AS w ON r.job_id = w.job_id AND r.step = w.step
         INNER JOIN edge_steps AS x ON r.job_id = x.job_id AND r.step = x.step
-        WHERE r.rank < x.world
         GROUP BY r.job_id, x.side, r.step
     )
     GROUP BY job_id
