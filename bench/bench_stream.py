@@ -29,6 +29,12 @@ run (rates swing between runs on a shared machine; ratios much less).
 Goals: >= 150k events/s per worker core and a worker / raw-consume ratio of
 >= 0.3 in the same run (issue 18; the previous goal was 100k).
 
+``--floors`` adds two more runs of the worker, fed the same way, with part of
+its hot path switched off (``bench/worker_floor.py``): **worker, core-off**
+(the detection core a no-op: what the worker would do if detection cost
+nothing) and **worker, layer** (no decoding either: the Kafka/Faust layer
+alone). No change to the worker's code could take it above these rows.
+
 Run: ``python bench/bench_stream.py`` (``--jobs 4 --steps 150`` for a quick look).
 """
 
@@ -209,11 +215,18 @@ def cpu_of(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def worker(settings: Settings, messages: list[Message], workdir: str, extra: list[str]) -> Row:
+def worker(
+    settings: Settings,
+    messages: list[Message],
+    workdir: str,
+    extra: list[str],
+    floor: str = "",
+) -> Row:
     """``stepwatch stream`` fed live: started on empty topics, measured from the moment
     it is ready and idle until it has processed every message produced after that.
     (Measuring a drain of pre-loaded topics from the first scrape that shows progress
-    left out the CPU of the batch in flight at that scrape: up to 20 % too fast.)"""
+    left out the CPU of the batch in flight at that scrape: up to 20 % too fast.)
+    ``floor``: run it through ``worker_floor.py`` with that part switched off."""
     from stepwatch.daemons.process import free_port
     from stepwatch.kafka import ensure_topics
     from stepwatch.settings import Settings
@@ -227,10 +240,11 @@ def worker(settings: Settings, messages: list[Message], workdir: str, extra: lis
     ensure_topics(settings)
     total = len(messages)
     port = free_port()
+    floor_script = str(ROOT / "bench" / "worker_floor.py")
+    launcher = [floor_script, floor] if floor else ["-m", "stepwatch.cli"]
     cmd = [
         sys.executable,
-        "-m",
-        "stepwatch.cli",
+        *launcher,
         "--log-level",
         "WARNING",
         "stream",
@@ -287,7 +301,7 @@ def worker(settings: Settings, messages: list[Message], workdir: str, extra: lis
         if last is None:
             raise SystemExit(f"bench: worker did not drain the topics (see {workdir}/worker.log)")
         return Row(
-            "worker (stepwatch stream)",
+            f"worker, {floor}" if floor else "worker (stepwatch stream)",
             int(last[0] - first[0]),
             int(last[1] - first[1]),
             last[2] - first[2],
@@ -301,6 +315,29 @@ def worker(settings: Settings, messages: list[Message], workdir: str, extra: lis
             proc.kill()
 
 
+FLOORS = ("core-off", "layer")
+
+
+def floor_row(
+    settings: Settings, messages: list[Message], workdir: str, floor: str, events: int
+) -> Row:
+    """The worker with ``floor`` switched off, on topics of its own (the layer floor
+    decodes nothing, so it cannot count events: the messages are the same ones)."""
+    from stepwatch.settings import Settings
+
+    own = Settings.load(
+        env={},
+        bootstrap_servers=settings.bootstrap_servers,
+        topic_prefix=f"{settings.topic_prefix}{floor.replace('-', '')}",
+        partitions=settings.partitions,
+    )
+    path = os.path.join(workdir, floor)
+    os.makedirs(path, exist_ok=True)
+    row = worker(own, messages, path, [], floor)
+    row.events = events
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=8)
@@ -312,6 +349,11 @@ def main() -> None:
         "--stock-consumer",
         action="store_true",
         help="run the worker with Faust's stock consumer loop",
+    )
+    ap.add_argument(
+        "--floors",
+        action="store_true",
+        help="also run the worker with the detection core, then all processing, switched off",
     )
     args = ap.parse_args()
 
@@ -351,11 +393,16 @@ def main() -> None:
                     ["--stock-consumer"] if args.stock_consumer else [],
                 ),
             ]
+            floors = (
+                [floor_row(settings, messages, workdir, f, events) for f in FLOORS]
+                if args.floors
+                else []
+            )
         print(
             f"\n{'path':<26} {'messages':>9} {'events':>10} {'cpu_s':>8} {'wall_s':>8} "
             f"{'msgs/cpu-s':>12} {'events/cpu-s':>12} {'ratio':>6}"
         )
-        for row in rows:
+        for row in rows + floors:
             print(row.line(None if row is base else base))
         w = rows[-1]
         rate, raw = w.events / w.cpu, base.events / base.cpu
@@ -369,6 +416,12 @@ def main() -> None:
             f"{'met' if rate >= GOAL_EVENTS else 'NOT met'}; "
             f"ratio >= {GOAL_RATIO}: {'met' if rate / raw >= GOAL_RATIO else 'NOT met'}"
         )
+        for row in floors:
+            r = row.events / row.cpu
+            print(
+                f"{row.name} (a ceiling for the worker): {r:,.0f} events/s per core, "
+                f"ratio {r / raw:.3f} (goals: {GOAL_EVENTS:,}, {GOAL_RATIO})"
+            )
     finally:
         if broker is not None:
             broker.stop()
