@@ -4,7 +4,7 @@ Topology (docs/streams.md)::
 
     <prefix>.steps ─┐
     <prefix>.gpu   ─┤ one multi-topic channel, raw bytes,     ┌─► <prefix>.detections
-    <prefix>.ports ─┼─► agent "telemetry" (take_events batch) ─┤   (key = job id, same
+    <prefix>.ports ─┼─► agent "telemetry" (a batch per fetch) ─┤   (key = job id, same
     <prefix>.events─┘   decode → dedup → Engine per partition  │    partition number)
                               ▲                                ├─► <prefix>.dlq
                         timer "tick" (1 s): hangs, metrics,    └─► table open-detections
@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +45,7 @@ from stepwatch.streams.worker.transport import (
     RawSchema,
     bulk_events,
     faust_version_problem,
+    handle_batch,
 )
 
 log = logging.getLogger(__name__)
@@ -81,7 +82,7 @@ class StreamOptions:
     worker_name: str = ""  # in logs and dead letters; default host:pid
     data_dir: str = "var/stream"
     web_port: int = 0  # Faust's own web server; 0 keeps it off
-    batch_max: int = 2000  # Kafka messages per batch (take_events)
+    batch_max: int = 2000  # Kafka messages per batch
     batch_within: float = 0.05  # seconds to wait for a batch to fill (stock mode only)
     tick_seconds: float = 1.0
     standby_replicas: int = 1
@@ -165,9 +166,11 @@ class TableStore:
 
 class _StreamApp(faust.App):
     lean_consumer = True
-    aligned_topics: frozenset[str] | None = (
-        None  # read by stepwatch.streams.worker.transport.LeanConsumer
-    )
+    # read by stepwatch.streams.worker.transport.LeanConsumer
+    aligned_topics: frozenset[str] | None = None
+    batch_topics: frozenset[str] | None = None  # records handed to batch_handler per fetch
+    batch_handler: Callable[[list[Any]], Awaitable[None]] | None = None
+    batch_max: int = 2000
 
     def _new_transport(self) -> Any:
         if not self.lean_consumer:
@@ -304,7 +307,7 @@ def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
 
 
 def _wire(
-    app: faust.App,
+    app: _StreamApp,
     settings: Settings,
     options: StreamOptions,
     processor: StreamProcessor,
@@ -322,21 +325,30 @@ def _wire(
     publisher = _Publisher(app, metrics, store)
     state = {"ready": False}
 
+    async def process(messages: list[Any]) -> None:
+        try:
+            outputs = processor.process_batch(messages)
+        except Exception as err:  # a bug here must not stop the partition
+            metrics.errors.labels("batch").inc()
+            publisher.log_once("batch", "batch failed size=%d error=%r", len(messages), err)
+            return
+        await publisher.publish(outputs)
+
     async def consume(stream: Any) -> None:
+        """The agent: subscribes the topics; in lean mode the consumer hands their records
+        to ``process`` per fetch (``handle_batch``) and this sees none of them."""
         if options.lean_consumer:
             batches = bulk_events(stream, options.batch_max)
         else:
             batches = stream.take_events(options.batch_max, within=options.batch_within)
         async for events in batches:
-            try:
-                outputs = processor.process_batch([event.message for event in events])
-            except Exception as err:  # a bug here must not stop the partition
-                metrics.errors.labels("batch").inc()
-                publisher.log_once("batch", "batch failed size=%d error=%r", len(events), err)
-                continue
-            await publisher.publish(outputs)
+            await process([event.message for event in events])
 
     app.agent(channel, name="telemetry")(consume)
+    if options.lean_consumer:
+        app.batch_topics = frozenset(telemetry)
+        app.batch_max = options.batch_max
+        app.batch_handler = lambda messages: handle_batch(app, messages, process)
 
     async def tick() -> None:
         if not state["ready"]:

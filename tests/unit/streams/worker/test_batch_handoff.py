@@ -1,0 +1,165 @@
+"""The lean consumer hands each fetch's telemetry records to the processor as one batch.
+
+Real parts: the worker's Faust app as ``create_app`` builds it (lean transport and
+consumer, not started), the consumer's own track/ack bookkeeping, aiokafka's
+``ConsumerRecord`` turned into a Faust message by the consumer's ``_to_message``,
+and the real processor behind ``batch_handler``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+from aiokafka.structs import ConsumerRecord
+from faust.types import TP
+from prometheus_client import generate_latest
+
+from stepwatch.contract import KIND_OF, Topics, encode, message_key
+from stepwatch.settings import Settings
+from stepwatch.sim import Scenario, simulate
+from stepwatch.streams.worker.app import StreamOptions, StreamService, create_app
+from stepwatch.streams.worker.transport import handle_batch
+
+pytestmark = pytest.mark.unit
+
+PREFIX = "hand"
+
+
+def service(tmp_path: Any, lean: bool = True) -> StreamService:
+    settings = Settings.load(
+        env={}, bootstrap_servers="127.0.0.1:9", topic_prefix=PREFIX, partitions=2
+    )
+    return create_app(settings, StreamOptions(data_dir=str(tmp_path), lean_consumer=lean))
+
+
+async def ready(svc: StreamService) -> Any:
+    """The app as after an assignment: topics subscribed (acks on), flow resumed."""
+    app = svc.app
+    for agent in app.agents.values():
+        app.topics.add(agent.channel)  # what the agent does when it starts
+    await app.topics._update_indices()  # ... and the conductor when it subscribes
+    app.flow_control.resume()
+    return app
+
+
+def records(app: Any, n: int, topic: str = f"{PREFIX}.gpu", first: int = 0) -> list[Any]:
+    """``n`` fetched records of one partition, as the consumer builds them."""
+    tp = TP(topic, 0)
+    return [
+        app.consumer._to_message(
+            tp,
+            ConsumerRecord(
+                topic, 0, first + i, int(time.time() * 1000), 0, b"k", b"{}", None, 1, 2, ()
+            ),
+        )
+        for i in range(n)
+    ]
+
+
+def acked(app: Any, topic: str = f"{PREFIX}.gpu") -> list[int]:
+    return list(app.consumer._acked[TP(topic, 0)])
+
+
+def test_the_lean_app_hands_its_telemetry_topics_to_the_batch_handler(tmp_path: Any) -> None:
+    lean = service(tmp_path / "lean").app
+    assert lean.batch_topics == frozenset(Topics(PREFIX).telemetry())
+    assert lean.batch_handler is not None
+    assert service(tmp_path / "stock", lean=False).app.batch_handler is None  # stock Faust
+
+
+def test_records_are_processed_tracked_then_acknowledged(tmp_path: Any) -> None:
+    async def run() -> tuple[list[int], list[int], list[int]]:
+        app = await ready(service(tmp_path))
+        batch = records(app, 5)
+        seen: list[int] = []
+        before: list[int] = []
+
+        async def process(messages: list[Any]) -> None:
+            seen.extend(m.offset for m in messages)
+            # while processing: tracked (a rebalance waits for them), none acknowledged
+            assert all(m in app.consumer._unacked_messages for m in messages)
+            before.extend(acked(app))
+
+        await handle_batch(app, batch, process)
+        assert not app.consumer._unacked_messages
+        return seen, before, acked(app)
+
+    seen, before, after = asyncio.run(run())
+    assert seen == [0, 1, 2, 3, 4]
+    assert before == []  # no offset is committable before its record was processed
+    assert after == [0, 1, 2, 3, 4]
+
+
+def test_records_of_an_older_generation_or_while_suspended_are_not_processed(
+    tmp_path: Any,
+) -> None:
+    async def run() -> tuple[list[int], list[int]]:
+        app = await ready(service(tmp_path))
+        old = records(app, 3)
+        app.consumer_generation_id += 1  # a rebalance since they were fetched
+        new = records(app, 2, first=3)
+        seen: list[int] = []
+
+        async def process(messages: list[Any]) -> None:
+            seen.extend(m.offset for m in messages)
+
+        await handle_batch(app, old + new, process)
+        app.flow_control.suspend()  # a rebalance under way: nothing is processed
+        await handle_batch(app, records(app, 2, first=5), process)
+        return seen, acked(app)
+
+    seen, after = asyncio.run(run())
+    assert seen == [3, 4]
+    # acknowledged as bulk_events and Faust's streams do (the consumer seeks back to the
+    # committed offsets after a rebalance)
+    assert after == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_a_batch_cancelled_while_processing_is_not_acknowledged(tmp_path: Any) -> None:
+    async def run() -> list[int]:
+        app = await ready(service(tmp_path))
+
+        async def process(messages: list[Any]) -> None:
+            raise asyncio.CancelledError  # shutdown while the outputs are being sent
+
+        with pytest.raises(asyncio.CancelledError):
+            await handle_batch(app, records(app, 4), process)
+        return acked(app)
+
+    assert asyncio.run(run()) == []  # read again by whoever holds the partition next
+
+
+def test_the_handler_feeds_the_real_processor(tmp_path: Any) -> None:
+    """``batch_handler`` as the consumer calls it: the records are decoded, admitted and
+    counted by the worker's processor, a malformed one is a dead letter, all acknowledged."""
+
+    async def run(svc: StreamService) -> list[int]:
+        app = await ready(svc)
+        topics = Topics(PREFIX)
+        sim = list(
+            simulate(Scenario(seed=3, nodes=2, steps=3, job_id="hand-1", start_ts=time.time() - 60))
+        )
+        gpu = [m for m in sim if topics.for_kind(KIND_OF[type(m)]) == f"{PREFIX}.gpu"][:6]
+        batch = records(app, len(gpu) + 1)
+        for msg, m in zip(batch, gpu, strict=False):
+            msg.key, msg.value = message_key(m), encode(m)
+        batch[-1].value = b"{not json"
+        sent: list[Any] = []
+
+        async def send(*args: Any) -> None:  # the producer is not started in a unit test
+            sent.append(args)
+
+        app.producer.send = send
+        svc.processor.assign([0, 1])
+        assert app.batch_handler is not None
+        await app.batch_handler(batch)
+        assert [a[0] for a in sent] == [topics.dlq]  # the malformed record's dead letter
+        return acked(app)
+
+    svc = service(tmp_path)
+    assert asyncio.run(run(svc)) == list(range(7))
+    text = generate_latest(svc.metrics.registry).decode()
+    assert 'stepwatch_stream_messages_total{kind="gpu"} 7.0' in text
