@@ -17,7 +17,8 @@ Faust event, channel queue or event ack per message (together ~30 % of the
 consumer's CPU in ``bench/bench_stream.py --floors``, ~15 % of the worker's).
 Flow control, generations, tracking and acks keep their meaning:
 :func:`handle_batch` does per batch what the conductor and
-:func:`bulk_events` did per message.
+:func:`bulk_events` did per message (records it does not process are not
+acknowledged, and a shutdown lets the batch in flight finish).
 
 Enabled by default (``StreamOptions.lean_consumer``); turn it off to run
 stock Faust.
@@ -378,27 +379,40 @@ async def handle_batch(
     app: Any, messages: list[Any], process: Callable[[list[Any]], Awaitable[None]]
 ) -> None:
     """One fetch's records of the batch topics, as the conductor and :func:`bulk_events`
-    handled them one by one: wait while the producer's buffer is over its limit
-    (backpressure), track the records as unacknowledged (a rebalance waits for them),
-    ``process`` those of the current consumer generation while the flow is active
-    (records fetched before a rebalance are dropped: the consumer seeks back to the
-    committed offsets), then acknowledge every record, so offsets are committed
-    only behind processed records. A batch cancelled in ``process`` (shutdown) is
-    not acknowledged: it is read again by whoever holds its partitions next."""
+    handled them one by one.
+
+    Wait while the producer's buffer is over its limit (backpressure). Records fetched
+    before a rebalance (an older consumer generation) or while the flow is suspended
+    are neither processed nor acknowledged: their offsets stay uncommitted and they
+    are read again once the consumer seeks back to the committed offsets (acking
+    them let a commit run past records nobody processed). The others are tracked as
+    unacknowledged (a rebalance or a shutdown waits for them), processed, and
+    acknowledged after ``process`` returned, so offsets are committed only behind
+    processed records. Processing is shielded from the cancellation of the fetcher
+    task that calls this (a shutdown stops the fetcher first, then waits for tracked
+    records): the batch in flight finishes, its outputs are sent and it is
+    acknowledged, as the agent's batch was; it is not cut off halfway and sent again
+    by the next owner."""
+    await app.producer.buffer.wait_until_ebb()
+    if not app.flow_control.is_active():
+        return
+    generation = app.consumer_generation_id
+    live = [m for m in messages if m.generation_id == generation]
+    if not live:
+        return
     consumer = app.consumer
     acking = app.topics.acking_topics
-    await app.producer.buffer.wait_until_ebb()
-    for message in messages:
+    for message in live:
         if message.topic in acking and not message.tracked:
             message.tracked = True
             consumer.track_message(message)
-    if app.flow_control.is_active():
-        generation = app.consumer_generation_id
-        live = [m for m in messages if m.generation_id == generation]
-        if live:
-            await process(live)
-    for message in messages:
-        consumer.ack(message)
+
+    async def finish() -> None:
+        await process(live)
+        for message in live:
+            consumer.ack(message)
+
+    await asyncio.shield(finish())
 
 
 async def bulk_events(stream: Any, max_: int) -> AsyncIterator[list[Any]]:
