@@ -20,6 +20,7 @@ from prometheus_client import generate_latest
 from stepwatch.contract import KIND_OF, Topics, encode, message_key
 from stepwatch.settings import Settings
 from stepwatch.sim import Scenario, simulate
+from stepwatch.streams.worker import transport
 from stepwatch.streams.worker.app import StreamOptions, StreamService, create_app
 from stepwatch.streams.worker.transport import handle_batch
 
@@ -96,28 +97,54 @@ def test_records_are_processed_tracked_then_acknowledged(tmp_path: Any) -> None:
 def test_records_of_an_older_generation_or_while_suspended_are_neither_processed_nor_acked(
     tmp_path: Any,
 ) -> None:
-    """Acking them would let a commit run past records nobody processed: after the
-    rebalance the consumer seeks back to the committed offsets and they are read again."""
+    """Acking them would let a commit run past records nobody processed. Skipped, they
+    stay uncommitted: after the rebalance the consumer seeks back to the committed
+    offsets, reads them again, and only then can the commit pass them."""
 
-    async def run() -> tuple[list[int], list[int], int]:
+    async def run() -> tuple[list[int], list[int], int, int | None, int | None]:
         app = await ready(service(tmp_path))
-        old = records(app, 3)
-        app.consumer_generation_id += 1  # a rebalance since they were fetched
-        new = records(app, 2, first=3)
+        tp = TP(f"{PREFIX}.gpu", 0)
         seen: list[int] = []
 
         async def process(messages: list[Any]) -> None:
             seen.extend(m.offset for m in messages)
 
-        await handle_batch(app, old + new, process)
+        fetched = records(app, 3)  # fetched, then a rebalance before they are handled
+        app.consumer_generation_id += 1
+        await handle_batch(app, fetched, process)
         app.flow_control.suspend()  # a rebalance under way: nothing is processed
-        await handle_batch(app, records(app, 2, first=5), process)
-        return seen, acked(app), len(app.consumer._unacked_messages)
+        await handle_batch(app, records(app, 2, first=3), process)
+        skipped = app.consumer._new_offset(tp)  # what a commit now would write
+        app.flow_control.resume()
+        await handle_batch(app, records(app, 5), process)  # read again from offset 0
+        tracked = len(app.consumer._unacked_messages)
+        return seen, acked(app), tracked, skipped, app.consumer._new_offset(tp)
 
-    seen, after, tracked = asyncio.run(run())
-    assert seen == [3, 4]
-    assert after == [3, 4]  # offsets 0-2 and 5-6 stay uncommitted: 0 is never passed
-    assert tracked == 0  # nothing skipped is left for a rebalance to wait on
+    seen, after, tracked, skipped, committable = asyncio.run(run())
+    assert skipped is None  # nothing to commit while the skipped records wait
+    assert seen == [0, 1, 2, 3, 4]  # each once, when read again
+    assert after == [0, 1, 2, 3, 4]
+    assert tracked == 0  # nothing skipped is left for a shutdown to wait on
+    assert committable == 5
+
+
+def test_a_batch_that_fails_past_its_guard_is_neither_acked_nor_waited_for(
+    tmp_path: Any,
+) -> None:
+    """A bug after ``process`` (whose own guard catches errors) must not leave tracked
+    records that a shutdown's ``wait_empty`` would wait for forever, nor ack them."""
+
+    async def run() -> tuple[list[int], int, int]:
+        app = await ready(service(tmp_path))
+
+        async def process(messages: list[Any]) -> None:
+            raise RuntimeError("a bug")
+
+        with pytest.raises(RuntimeError):
+            await handle_batch(app, records(app, 3), process)
+        return acked(app), len(app.consumer._unacked_messages), len(transport._IN_FLIGHT)
+
+    assert asyncio.run(run()) == ([], 0, 0)
 
 
 def test_a_shutdown_lets_the_batch_in_flight_finish(tmp_path: Any) -> None:

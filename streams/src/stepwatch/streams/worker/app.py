@@ -278,7 +278,8 @@ def _lean(options: StreamOptions) -> dict[str, Any]:  # keyword arguments for fa
     problem = faust_version_problem()
     if problem:
         raise ConfigError(problem)
-    return {"Monitor": QuietMonitor}
+    # a shutdown waits for the tracked records of the batch in flight (handle_batch)
+    return {"Monitor": QuietMonitor, "stream_wait_empty": True}
 
 
 def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:

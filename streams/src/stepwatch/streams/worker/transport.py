@@ -47,6 +47,7 @@ import asyncio
 import heapq
 import importlib
 import importlib.metadata
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from typing import Any, cast
 
@@ -56,6 +57,8 @@ from faust.transport.consumer import CONSUMER_FETCHING
 from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
 from faust.transport.utils import DefaultSchedulingStrategy
+
+log = logging.getLogger(__name__)
 
 #: aiokafka modules that bind ``lz4_decode`` at import (the C record reader first)
 _LZ4_USERS = (
@@ -412,7 +415,26 @@ async def handle_batch(
         for message in live:
             consumer.ack(message)
 
-    await asyncio.shield(finish())
+    task = asyncio.ensure_future(finish())
+    _IN_FLIGHT.add(task)  # owned: a shielded task outlives its cancelled awaiter
+    task.add_done_callback(lambda t: _finished(t, consumer, live))
+    await asyncio.shield(task)
+
+
+#: batches being processed (see handle_batch): a strong reference to each task
+_IN_FLIGHT: set[asyncio.Future[None]] = set()
+
+
+def _finished(task: asyncio.Future[None], consumer: Any, live: list[Any]) -> None:
+    """A batch's task ended. If it failed (a bug past ``process``'s own guard), its
+    records are no longer waited for (a shutdown's ``wait_empty`` would wait for them
+    forever) and are not acknowledged: read again by the partition's next owner."""
+    _IN_FLIGHT.discard(task)
+    if task.cancelled() or task.exception() is None:
+        return
+    log.error("batch failed size=%d error=%r", len(live), task.exception())
+    for message in live:
+        consumer._unacked_messages.discard(message)
 
 
 async def bulk_events(stream: Any, max_: int) -> AsyncIterator[list[Any]]:
