@@ -13,8 +13,9 @@ Records of the topics the app names in ``batch_topics`` (the telemetry) skip
 Faust's per-message path altogether: each fetch's records of those topics go
 to the app's ``batch_handler`` as one list (at most ``batch_max``), which
 processes and acknowledges them (:func:`handle_batch`) — no conductor call,
-Faust event, channel queue or event ack per message (together ~30 % of the
-consumer's CPU in ``bench/bench_stream.py --floors``, ~15 % of the worker's).
+Faust event, channel queue or event ack per message (together about a third of
+the Kafka/Faust layer's CPU in ``bench/bench_stream.py --floors``, ~9 % of the
+worker's).
 Flow control, generations, tracking and acks keep their meaning:
 :func:`handle_batch` does per batch what the conductor and
 :func:`bulk_events` did per message (records it does not process are not
