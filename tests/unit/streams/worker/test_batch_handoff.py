@@ -128,19 +128,21 @@ def test_records_of_an_older_generation_or_while_suspended_are_neither_processed
     assert committable == 5
 
 
+@pytest.mark.parametrize("error", [RuntimeError, asyncio.CancelledError])
 def test_a_batch_that_fails_past_its_guard_is_neither_acked_nor_waited_for(
-    tmp_path: Any,
+    tmp_path: Any, error: type[BaseException]
 ) -> None:
-    """A bug after ``process`` (whose own guard catches errors) must not leave tracked
-    records that a shutdown's ``wait_empty`` would wait for forever, nor ack them."""
+    """A bug after ``process`` (whose own guard catches errors), or the batch's own task
+    cancelled (the event loop closing), must not leave tracked records that a
+    shutdown's ``wait_empty`` would wait for forever, nor ack them."""
 
     async def run() -> tuple[list[int], int, int]:
         app = await ready(service(tmp_path))
 
         async def process(messages: list[Any]) -> None:
-            raise RuntimeError("a bug")
+            raise error("a bug")
 
-        with pytest.raises(RuntimeError):
+        with pytest.raises(error):
             await handle_batch(app, records(app, 3), process)
         return acked(app), len(app.consumer._unacked_messages), len(transport._IN_FLIGHT)
 

@@ -43,7 +43,6 @@ from stepwatch.streams.worker.transport import (
     LeanTransport,
     QuietMonitor,
     RawSchema,
-    bulk_events,
     faust_version_problem,
     handle_batch,
 )
@@ -336,13 +335,14 @@ def _wire(
         await publisher.publish(outputs)
 
     async def consume(stream: Any) -> None:
-        """The agent: subscribes the topics; in lean mode the consumer hands their records
-        to ``process`` per fetch (``handle_batch``) and this sees none of them."""
+        """The agent: its stream subscribes the topics. In lean mode the consumer hands
+        their records to ``process`` per fetch (``handle_batch``) and none reach the
+        stream; one that did would go through Faust's own per-event path."""
         if options.lean_consumer:
-            batches = bulk_events(stream, options.batch_max)
-        else:
-            batches = stream.take_events(options.batch_max, within=options.batch_within)
-        async for events in batches:
+            async for event in stream.events():
+                await process([event.message])
+            return
+        async for events in stream.take_events(options.batch_max, within=options.batch_within):
             await process([event.message for event in events])
 
     app.agent(channel, name="telemetry")(consume)

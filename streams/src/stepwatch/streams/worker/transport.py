@@ -17,9 +17,9 @@ Faust event, channel queue or event ack per message (together about a third of
 the Kafka/Faust layer's CPU in ``bench/bench_stream.py --floors``, ~9 % of the
 worker's).
 Flow control, generations, tracking and acks keep their meaning:
-:func:`handle_batch` does per batch what the conductor and
-:func:`bulk_events` did per message (records it does not process are not
-acknowledged, and a shutdown lets the batch in flight finish).
+:func:`handle_batch` does per batch what the conductor and the agent's stream
+did per message (records it does not process are not acknowledged, and a
+shutdown lets the batch in flight finish).
 
 Enabled by default (``StreamOptions.lean_consumer``); turn it off to run
 stock Faust.
@@ -382,7 +382,7 @@ class QuietMonitor(Monitor):
 async def handle_batch(
     app: Any, messages: list[Any], process: Callable[[list[Any]], Awaitable[None]]
 ) -> None:
-    """One fetch's records of the batch topics, as the conductor and :func:`bulk_events`
+    """One fetch's records of the batch topics, as the conductor and the agent's stream
     handled them one by one.
 
     Wait while the producer's buffer is over its limit (backpressure). Records fetched
@@ -427,61 +427,14 @@ _IN_FLIGHT: set[asyncio.Future[None]] = set()
 
 
 def _finished(task: asyncio.Future[None], consumer: Any, live: list[Any]) -> None:
-    """A batch's task ended. If it failed (a bug past ``process``'s own guard), its
-    records are no longer waited for (a shutdown's ``wait_empty`` would wait for them
-    forever) and are not acknowledged: read again by the partition's next owner."""
+    """A batch's task ended. If it failed (a bug past ``process``'s own guard) or was
+    cancelled (the event loop closing), its records are no longer waited for (a
+    shutdown's ``wait_empty`` would wait for them forever) and are not acknowledged:
+    read again by the partition's next owner."""
     _IN_FLIGHT.discard(task)
-    if task.cancelled() or task.exception() is None:
-        return
-    log.error("batch failed size=%d error=%r", len(live), task.exception())
+    if not task.cancelled():
+        if task.exception() is None:
+            return
+        log.error("batch failed size=%d error=%r", len(live), task.exception())
     for message in live:
         consumer._unacked_messages.discard(message)
-
-
-async def bulk_events(stream: Any, max_: int) -> AsyncIterator[list[Any]]:
-    """Batches of events taken straight off the agent's channel queue.
-
-    ``Stream.take_events`` passes every event through the stream iterator,
-    which yields to the event loop once per event (``await sleep(0)``) and runs
-    the stream's processor chain; at a Kafka message per node tick that
-    per-event turn of the loop is a large share of a worker's CPU. This waits
-    for one event, then takes whatever else is queued (up to ``max_``) in one
-    go — no waiting for a batch to fill — with Faust's bookkeeping kept:
-    messages are tracked as unacknowledged on the way in, events from a
-    previous consumer generation or taken while the flow is suspended (during
-    a rebalance) are skipped, and every event is acknowledged after the caller
-    has processed the batch, so offsets are committed only behind processed
-    records.
-    """
-    app = stream.app
-    channel = aiter(stream.channel)  # registers the channel with the conductor
-    queue = channel.queue
-    consumer = app.consumer
-    acking = app.topics.acking_topics
-    flow = app.flow_control
-    while True:
-        try:
-            batch = [await queue.get()]
-        except StopAsyncIteration:  # Faust ends the channel on shutdown
-            return
-        while len(batch) < max_ and not queue.empty():
-            try:
-                batch.append(queue.get_nowait())
-            except StopAsyncIteration:
-                break
-        generation = app.consumer_generation_id
-        active = flow.is_active()
-        live = []
-        for event in batch:
-            message = event.message
-            if message.topic in acking and not message.tracked:
-                message.tracked = True
-                consumer.track_message(message)
-            if active and message.generation_id == generation:
-                live.append(event)
-        try:
-            if live:
-                yield live
-        finally:
-            for event in batch:
-                event.ack()
