@@ -41,8 +41,10 @@ def opened(found: list[DetectionMessage]) -> list[DetectionMessage]:
 
 
 def hit(name: str, found: list[DetectionMessage]) -> DetectionMessage:
-    """The detection of the labelled fault: its rank (or host, for a host fault),
-    opened within 10 steps of the fault's start."""
+    """The detection of the labelled fault: its rank (or host, for a host fault), its
+    estimated onset (``first_step``) within 3 steps of the fault's start (issue 17's
+    goal; h100_compute's is one step early: a noisy step just before the fault), opened
+    within 10 steps of it."""
     label = LABELS[name]
     start = label["start_step"]
     mine = [
@@ -50,7 +52,8 @@ def hit(name: str, found: list[DetectionMessage]) -> DetectionMessage:
         for d in opened(found)
         if d.host == label["host"]
         and (d.rank == label["rank"] or d.rank is None)
-        and start <= (d.first_step or 0) <= start + 10
+        and start - 3 <= (d.first_step or 0) <= start + 3
+        and (d.step or 0) <= start + 10
     ]
     assert len(mine) == 1, [(d.type, d.rank, d.host, d.first_step, d.summary) for d in found]
     return mine[0]
@@ -71,7 +74,8 @@ def test_healthy_run_is_silent(name: str) -> None:
 
 # compute_plain: the README loop without the integration (the wait stays inside
 # backward); fsdp_compute: FSDP2 with instrument_fsdp; gpu_*: on a real H200,
-# CUDA-event timing (tests/fixtures/torch/record_gpu.py)
+# CUDA-event timing (tests/fixtures/torch/record_gpu.py); h100_*: the same on a
+# real H100, recorded after the detector's last change and not tuned on
 @pytest.mark.parametrize(
     "name,cause",
     [
@@ -82,6 +86,8 @@ def test_healthy_run_is_silent(name: str) -> None:
         ("gpu_compute", "gpu"),
         ("gpu_compute_plain", "gpu"),
         ("gpu_data", "host_input"),
+        ("h100_compute", "gpu"),
+        ("h100_data", "host_input"),
     ],
 )
 def test_one_slow_rank_is_found_with_its_cause(name: str, cause: str) -> None:
@@ -118,20 +124,23 @@ def test_every_other_incident_of_a_fault_run_is_measured_cpu_contention(name: st
         assert float(d.evidence["cpu_wait_excess_s"]) > 0, d.evidence  # type: ignore[arg-type]
 
 
-def test_gpu_runs_are_timed_with_cuda_events_and_show_the_extra_forward() -> None:
+def records(name: str) -> list[Any]:
+    lines = (FIXTURES / f"{name}.jsonl").read_bytes().splitlines()
+    return [r for line in lines for r in decode(line).steps]  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("card", ["gpu", "h100"])
+def test_gpu_runs_are_timed_with_cuda_events_and_show_the_extra_forward(card: str) -> None:
     """The runs recorded on a real GPU carry CUDA-event phase times (``timing="cuda"``),
     and the slowed rank's forward is about the factor (3) times its peers' after the
     fault's start: the extra kernels as the device ran them, not their launch time."""
-
-    def records(name: str) -> list[Any]:
-        lines = (FIXTURES / f"{name}.jsonl").read_bytes().splitlines()
-        return [r for line in lines for r in decode(line).steps]  # type: ignore[union-attr]
-
-    for name in sorted(n for n in LABELS if n.startswith("gpu_")):
+    names = sorted(n for n in LABELS if n.startswith(f"{card}_"))
+    assert len(names) >= 4 and all(LABELS[n]["gpus"] for n in names)
+    for name in names:
         assert {r.timing for r in records(name)} == {"cuda"}, name
-    label = LABELS["gpu_compute"]
+    label = LABELS[f"{card}_compute"]
     forward: dict[int, list[float]] = {}
-    for r in records("gpu_compute"):
+    for r in records(f"{card}_compute"):
         if r.step >= label["start_step"] + 5 and r.phases is not None:
             forward.setdefault(r.rank, []).append(r.phases.forward or 0.0)
     med = {rank: sorted(v)[len(v) // 2] for rank, v in forward.items()}
