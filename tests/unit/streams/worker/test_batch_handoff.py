@@ -198,8 +198,11 @@ def test_the_handler_feeds_the_real_processor(tmp_path: Any) -> None:
         batch[-1].value = b"{not json"
         sent: list[Any] = []
 
-        async def send(*args: Any) -> None:  # the producer is not started in a unit test
+        async def send(*args: Any) -> asyncio.Future[None]:  # no producer in a unit test
             sent.append(args)
+            acknowledged = asyncio.get_running_loop().create_future()
+            acknowledged.set_result(None)  # the broker's acknowledgement
+            return acknowledged
 
         app.producer.send = send
         svc.processor.assign([0, 1])

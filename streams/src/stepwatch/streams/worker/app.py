@@ -32,13 +32,13 @@ from faust.types import TP
 
 from stepwatch.contract import Topics
 from stepwatch.errors import ConfigError
-from stepwatch.logs import LogOnce
 from stepwatch.settings import Settings
 from stepwatch.streams.worker.admission import AdmissionConfig
 from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
-from stepwatch.streams.worker.processor import EngineFactory, Output, StreamProcessor
+from stepwatch.streams.worker.processor import EngineFactory, StreamProcessor
+from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher
 from stepwatch.streams.worker.transport import (
     LeanTransport,
     QuietMonitor,
@@ -322,17 +322,29 @@ def _wire(
         schema=RawSchema(key_type=bytes, value_type=bytes),
         partitions=settings.partitions,
     )
-    publisher = _Publisher(app, metrics, store)
+    publisher = Publisher(app, metrics, store, dlq_topic=topics.dlq, worker=worker)
     state = {"ready": False}
 
-    async def process(messages: list[Any]) -> None:
+    async def deliver(messages: list[Any]) -> None:
+        """Process a batch and deliver its outputs; :class:`DeliveryAborted` when the
+        batch stopped being this worker's first (``handle_batch`` then leaves it
+        unacknowledged, to be read again)."""
         try:
             outputs = processor.process_batch(messages)
         except Exception as err:  # a bug here must not stop the partition
             metrics.errors.labels("batch").inc()
             publisher.log_once("batch", "batch failed size=%d error=%r", len(messages), err)
             return
-        await publisher.publish(outputs)
+        generation = app.consumer_generation_id
+        await publisher.publish(outputs, lambda: _gone(app, generation))
+
+    async def process(messages: list[Any]) -> None:
+        """``deliver`` for Faust's own per-event path, which acknowledges the events
+        whatever happens: outputs abandoned there are lost, and logged."""
+        try:
+            await deliver(messages)
+        except DeliveryAborted as err:
+            log.warning("outputs lost on Faust's per-event path: %s", err)
 
     async def consume(stream: Any) -> None:
         """The agent: its stream subscribes the topics. In lean mode the consumer hands
@@ -349,12 +361,16 @@ def _wire(
     if options.lean_consumer:
         app.batch_topics = frozenset(telemetry)
         app.batch_max = options.batch_max
-        app.batch_handler = lambda messages: handle_batch(app, messages, process)
+        app.batch_handler = lambda messages: handle_batch(app, messages, deliver)
 
     async def tick() -> None:
         if not state["ready"]:
             return
-        await publisher.publish(processor.tick(time.time()))
+        try:
+            outputs = processor.tick(time.time())
+            await publisher.publish(outputs, lambda: app.should_stop or not state["ready"])
+        except DeliveryAborted as err:  # a rebalance: the state goes with the partitions
+            log.warning("timer outputs undelivered at a rebalance or stop: %s", err)
         metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
 
     app.timer(options.tick_seconds, name="tick")(tick)
@@ -388,39 +404,11 @@ def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
     return None if value is None else int(value)
 
 
-class _Publisher:
-    """Produce outputs; a failed send is counted and logged once, never raised."""
-
-    def __init__(self, app: faust.App, metrics: StreamMetrics, store: TableStore) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.store = store
-        self.log_once = LogOnce(log)
-
-    async def publish(self, outputs: list[Output]) -> None:
-        for out in outputs:
-            try:
-                await self.app.producer.send(
-                    out.topic, out.key, out.value, out.partition, None, None
-                )
-            except Exception as err:
-                self.metrics.errors.labels("produce").inc()
-                self.log_once(
-                    f"produce:{type(err).__name__}",
-                    "produce failed topic=%s error=%r",
-                    out.topic,
-                    err,
-                )
-        if self.store.pending:
-            # before the batch that caused them is acknowledged: a committed
-            # offset never runs ahead of its ledger entry
-            try:
-                await self.store.flush()
-            except Exception as err:
-                self.metrics.errors.labels("table").inc()
-                self.log_once(
-                    f"table:{type(err).__name__}",
-                    "ledger write failed pending=%d error=%r",
-                    len(self.store.pending),
-                    err,
-                )
+def _gone(app: Any, generation: int) -> bool:
+    """The batch is no longer this worker's to finish: the worker stops, or a rebalance
+    suspended the flow or ended the consumer generation it was fetched in."""
+    return bool(
+        app.should_stop
+        or not app.flow_control.is_active()
+        or app.consumer_generation_id != generation
+    )

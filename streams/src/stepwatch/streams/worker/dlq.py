@@ -39,6 +39,9 @@ class DlqReason(enum.StrEnum):
     TOO_LARGE = "too_large"
     WRONG_TOPIC = "wrong_topic"
     PROCESSING_ERROR = "processing_error"
+    # an output (detection) the producer or the broker refused for what it is (its
+    # size): stepwatch.streams.worker.publisher
+    UNDELIVERABLE = "undeliverable"
     # admission (stepwatch.streams.worker.admission): valid alone, refused against the
     # job's progress
     FUTURE_TIMESTAMP = "future_timestamp"
