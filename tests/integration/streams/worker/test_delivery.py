@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from stepwatch.settings import Settings
 from stepwatch.streams.worker.app import StreamOptions, create_app
 from stepwatch.streams.worker.dlq import decode_dead_letter
 from stepwatch.streams.worker.processor import Output
-from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher
+from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher, Write
 from tests.support.stream_support import read_topic
 
 pytestmark = pytest.mark.integration
@@ -39,11 +40,10 @@ class Run:
         self.svc = create_app(settings, StreamOptions(data_dir=str(tmp_path / "data")))
         self.app = self.svc.app
         self.topics = Topics(settings.topic_prefix)
-        self.store = NoLedger()
         self.pub = Publisher(
             self.app,
             self.svc.metrics,
-            self.store,
+            self.svc.store,
             dlq_topic=self.topics.dlq,
             worker="w1",
             retry_first=0.2,
@@ -53,17 +53,26 @@ class Run:
     def out(self, n: int, size: int = 0) -> Output:
         return Output(self.topics.detections, b"job", detection(n, size), 0)
 
+    def write(self, n: int) -> list[Write]:
+        """What the batch's processing wrote to the ledger (the open of detection n)."""
+        self.svc.store.put(f"d{n}".encode(), f"ledger: d{n} open".encode(), 0)
+        return self.svc.store.take()
+
     def errors(self, where: str) -> float:
         return float(self.svc.metrics.errors.labels(where)._value.get())
 
+    @property
+    def changelog(self) -> str:
+        return str(self.svc.table.changelog_topic.get_topic_name())
 
-class NoLedger:
-    """No ledger writes queued (the publisher flushes them after the outputs)."""
 
-    pending: list[Any] = []
+def never() -> bool:
+    return False
 
-    async def flush(self) -> None:
-        return None
+
+def after(seconds: float) -> Callable[[], bool]:
+    deadline = time.monotonic() + seconds
+    return lambda: time.monotonic() > deadline
 
 
 def ids(settings: Settings) -> list[str]:
@@ -76,61 +85,104 @@ def test_a_broker_outage_holds_the_batch_until_its_outputs_are_delivered(
     broker: DevBroker, settings: Settings, tmp_path: Any
 ) -> None:
     ensure_topics(settings)
+    changelog = Run(settings, tmp_path / "name").changelog
 
-    async def run() -> tuple[bool, float]:
+    async def run() -> bool:
         r = Run(settings, tmp_path)
         await r.app.producer.start()
         try:
-            await r.pub.publish([r.out(0)], lambda: False)  # the broker is up: at once
+            await r.pub.publish([r.out(0)], [], never)  # the broker is up: at once
             broker.stop()
-            r.svc.store.put(b"d1", b"ledger-entry", 0)  # what the batch wrote to the ledger
-            r.pub.store = r.svc.store
-            task = asyncio.ensure_future(r.pub.publish([r.out(1), r.out(2)], lambda: False))
+            task = asyncio.ensure_future(r.pub.publish([r.out(1), r.out(2)], r.write(1), never))
             await asyncio.sleep(4.0)
             held = not task.done()  # no acknowledgement while the broker is away
+            # the timer holds its hang checks meanwhile: the silence is the worker's
+            held = held and r.pub.stalled(3.0) and not r.pub.stalled(10.0)
             broker.start()  # the same port, empty (memory storage)
             ensure_topics(settings)
             ensure_topics(settings, [changelog])
-            started = time.monotonic()
             await asyncio.wait_for(task, 60)
-            return held, time.monotonic() - started
+            return held and not r.pub.stalled(0.0)
         finally:
             await r.app.producer.stop()
 
-    changelog = Run(settings, tmp_path / "name").svc.table.changelog_topic.get_topic_name()
-    held, took = asyncio.run(run())
-    assert held
+    assert asyncio.run(run())
     # after the restart the broker holds what was sent during the outage, in order,
     # and the ledger's write too
-    assert ids(settings) == ["d1", "d2"], took
-    assert [v for _, v in read_topic(settings, changelog)] == [b"ledger-entry"]
+    assert ids(settings) == ["d1", "d2"]
+    assert [v for _, v in read_topic(settings, changelog)] == [b"ledger: d1 open"]
 
 
 @pytest.mark.timeout(90)
-def test_a_batch_that_stops_being_this_workers_gives_up_unacknowledged(
+def test_a_batch_that_stops_being_this_workers_gives_up_and_drops_its_ledger_writes(
     broker: DevBroker, settings: Settings, tmp_path: Any
 ) -> None:
     """A rebalance or a stop while the broker is away: DeliveryAborted (the batch is
-    then read again by the partition's next owner), not a return that would ack it."""
+    then read again by the partition's next owner), not a return that would ack it.
+    Its ledger write is not sent later with another publish: the changelog would
+    then tell the next owner of a detection nobody was sent."""
+    ensure_topics(settings)
+    changelog = Run(settings, tmp_path / "name").changelog
+
+    async def run() -> float:
+        r = Run(settings, tmp_path)
+        await r.app.producer.start()
+        try:
+            await r.pub.publish([r.out(0)], [], never)
+            broker.stop()
+            started = time.monotonic()
+            with pytest.raises(DeliveryAborted):
+                await r.pub.publish([r.out(1)], r.write(1), after(3.0))
+            took = time.monotonic() - started
+            broker.start()
+            ensure_topics(settings)
+            ensure_topics(settings, [changelog])
+            await asyncio.wait_for(r.pub.publish([r.out(2)], r.write(2), never), 60)
+            return took
+        finally:
+            await r.app.producer.stop()
+
+    took = asyncio.run(run())
+    assert 3.0 <= took < 15.0  # gave up soon after abort() turned true, not before
+    assert [v for _, v in read_topic(settings, changelog)] == [b"ledger: d2 open"]
+    assert "d2" in ids(settings)
+
+
+@pytest.mark.timeout(90)
+def test_a_publish_waiting_for_its_turn_or_for_the_producers_buffer_can_give_up(
+    broker: DevBroker, settings: Settings, tmp_path: Any
+) -> None:
+    """The timer's publish holds the turn while the broker is away; a batch behind it
+    must still give up when a rebalance comes (the rebalance waits for it), and so
+    must one whose sends wait for room in the producer's full buffer."""
     ensure_topics(settings)
 
     async def run() -> tuple[float, float]:
         r = Run(settings, tmp_path)
         await r.app.producer.start()
         try:
-            await r.pub.publish([r.out(0)], lambda: False)
+            await r.pub.publish([r.out(0)], [], never)
             broker.stop()
-            deadline = time.monotonic() + 3.0
+            first = asyncio.ensure_future(r.pub.publish([r.out(1)], [], after(20.0)))
+            await asyncio.sleep(0.5)
             started = time.monotonic()
             with pytest.raises(DeliveryAborted):
-                await r.pub.publish([r.out(1)], lambda: time.monotonic() > deadline)
-            return time.monotonic() - started, r.errors("produce")
+                await r.pub.publish([r.out(2)], [], after(1.0))  # behind the first
+            behind = time.monotonic() - started
+            with pytest.raises(DeliveryAborted):
+                await first
+            started = time.monotonic()
+            many = [r.out(n, size=1024) for n in range(3, 200)]  # past a 16 KiB batch
+            with pytest.raises(DeliveryAborted):
+                await r.pub.publish(many, [], after(2.0))
+            return behind, time.monotonic() - started
         finally:
             broker.start()
             await r.app.producer.stop()
 
-    took, _ = asyncio.run(run())
-    assert 3.0 <= took < 15.0  # gave up soon after abort() turned true, not before
+    behind, full = asyncio.run(run())
+    assert behind < 5.0, behind
+    assert full < 8.0, full
 
 
 @pytest.mark.timeout(90)
@@ -147,7 +199,7 @@ def test_an_output_too_large_to_send_becomes_a_dead_letter(
         await r.app.producer.start()
         try:
             big = r.out(1, size=3 * 1024 * 1024)
-            await asyncio.wait_for(r.pub.publish([r.out(0), big, r.out(2)], lambda: False), 30)
+            await asyncio.wait_for(r.pub.publish([r.out(0), big, r.out(2)], [], never), 30)
             return r.errors("produce")
         finally:
             await r.app.producer.stop()

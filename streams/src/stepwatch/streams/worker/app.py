@@ -25,7 +25,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import faust
 from faust.types import TP
@@ -38,7 +38,7 @@ from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
 from stepwatch.streams.worker.processor import EngineFactory, StreamProcessor
-from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher
+from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher, Write
 from stepwatch.streams.worker.transport import (
     LeanTransport,
     QuietMonitor,
@@ -48,6 +48,8 @@ from stepwatch.streams.worker.transport import (
 )
 
 log = logging.getLogger(__name__)
+#: a publish waiting longer than this stops the timer's hang checks (Publisher.stalled)
+STALL_SECONDS = 5.0
 LEDGER_TABLE = "open-detections"
 #: young-generation threshold of the cyclic GC while the worker runs (Python's default: 700)
 GC_GEN0_THRESHOLD = 50_000
@@ -120,18 +122,19 @@ class TableStore:
     """The ledger's store over the Faust table ``open-detections``.
 
     Reads and local writes go to the table's store at once; the changelog
-    writes are queued and :meth:`flush` sends them one at a time, each to the
+    writes are queued until the publisher takes them (:meth:`take`) with the
+    outputs of the same processing, and :meth:`send` produces one to the
     partition of its job (Faust would take the partition of the event being
-    processed, undefined in a batch that mixes partitions and in the timer),
-    waiting for each to be acknowledged. One record per produce request also
-    keeps Tansu (the dev broker, which reports a high watermark of the last
-    batch's base offset + 1) from hiding the tail of the changelog from Faust's
-    table recovery.
+    processed, undefined in a batch that mixes partitions and in the timer).
+    The publisher waits for each to be acknowledged before the next: one record
+    per produce request also keeps Tansu (the dev broker, which reports a high
+    watermark of the last batch's base offset + 1) from hiding the tail of the
+    changelog from Faust's table recovery.
     """
 
     def __init__(self, table: Any) -> None:
         self.table = table
-        self.pending: list[tuple[bytes, bytes | None, int]] = []
+        self.pending: list[Write] = []
 
     def values(self) -> Iterable[bytes]:
         return list(self.table.data.values())
@@ -147,20 +150,24 @@ class TableStore:
         self.table.data.pop(key, None)
         self.pending.append((key, None, partition))
 
-    async def flush(self) -> None:
-        """Send the queued changelog writes, in order, each acknowledged before the next."""
-        topic = self.table.changelog_topic
-        while self.pending:
-            key, value, partition = self.pending[0]
-            sent = await topic.send(
+    def take(self) -> list[Write]:
+        """The changelog writes queued since the last call, in order."""
+        taken, self.pending = self.pending, []
+        return taken
+
+    async def send(self, write: Write) -> Awaitable[Any]:
+        """Produce one changelog write; the future of its acknowledgement."""
+        key, value, partition = write
+        return cast(
+            "Awaitable[Any]",
+            await self.table.changelog_topic.send(
                 key=key,
                 value=value,
                 partition=partition,
                 key_serializer="raw",
                 value_serializer="raw",
-            )
-            await sent
-            self.pending.pop(0)
+            ),
+        )
 
 
 class _StreamApp(faust.App):
@@ -336,7 +343,7 @@ def _wire(
             publisher.log_once("batch", "batch failed size=%d error=%r", len(messages), err)
             return
         generation = app.consumer_generation_id
-        await publisher.publish(outputs, lambda: _gone(app, generation))
+        await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
 
     async def process(messages: list[Any]) -> None:
         """``deliver`` for Faust's own per-event path, which acknowledges the events
@@ -366,9 +373,12 @@ def _wire(
     async def tick() -> None:
         if not state["ready"]:
             return
+        if publisher.stalled(STALL_SECONDS):  # the silence is ours: no hang checks
+            publisher.log_once("stall", "outputs undelivered: hang checks wait for them")
+            return
+        outputs = processor.tick(time.time())
         try:
-            outputs = processor.tick(time.time())
-            await publisher.publish(outputs, lambda: app.should_stop or not state["ready"])
+            await publisher.publish(outputs, store.take(), lambda: _gone(app, None))
         except DeliveryAborted as err:  # a rebalance: the state goes with the partitions
             log.warning("timer outputs undelivered at a rebalance or stop: %s", err)
         metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
@@ -404,11 +414,13 @@ def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
     return None if value is None else int(value)
 
 
-def _gone(app: Any, generation: int) -> bool:
-    """The batch is no longer this worker's to finish: the worker stops, or a rebalance
-    suspended the flow or ended the consumer generation it was fetched in."""
+def _gone(app: Any, generation: int | None) -> bool:
+    """The batch (or the timer's outputs: ``generation`` None) is no longer this
+    worker's to finish: the worker stops, or a rebalance suspended the flow (Faust
+    does so before it waits for the records in flight) or ended the consumer
+    generation the batch was fetched in."""
     return bool(
         app.should_stop
         or not app.flow_control.is_active()
-        or app.consumer_generation_id != generation
+        or (generation is not None and app.consumer_generation_id != generation)
     )

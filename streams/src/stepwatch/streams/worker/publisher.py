@@ -1,25 +1,39 @@
 """Outputs to Kafka: delivered before the records that caused them are acknowledged.
 
-The processor's outputs (detections and dead letters) and the ledger's changelog
-writes are produced here. :meth:`Publisher.publish` returns only once the broker
-has acknowledged every one of them, so the consumer's acknowledgement of a batch
-(and so the committed offset) never runs ahead of an output that was lost: a
-commit used to pass a detection whose send had failed after the batch was
-acknowledged.
+A batch's outputs (detections and dead letters) and the ledger writes its
+processing made are produced here. :meth:`Publisher.publish` returns only once
+the broker has acknowledged every one of them, so the consumer's
+acknowledgement of the batch (and so the committed offset) never runs ahead of
+an output that was lost: a commit used to pass a detection whose send had
+failed after the batch was acknowledged.
 
-A send that fails is sent again, with a growing pause (``retry_first`` doubling
-up to ``retry_max`` seconds), for as long as the batch is still this worker's to
-finish: the broker's outage or a missing topic stops consumption (the fetcher
-waits for the batch) instead of losing what the batch found. When ``abort()``
-turns true (a rebalance suspends the flow, the worker stops) it gives up with
-:class:`DeliveryAborted`: the batch is then not acknowledged and is read again
-by the partition's next owner (outputs of it that did reach the broker may come
-again: at-least-once).
-
-An output that no retry can deliver, because of what it is rather than where it
-goes (larger than the producer's or the broker's limit), becomes a dead letter
-(reason ``undeliverable``, the error, the head of the payload) on the DLQ topic;
-a dead letter that cannot be delivered for that reason is counted and logged.
+* **Order.** One publish at a time (a batch's or the timer's, in the order they
+  asked). Outputs are sent in order; the ledger writes only after every output
+  of the same publish was acknowledged (a changelog entry never tells the next
+  owner of a detection nobody was sent), one at a time, each acknowledged
+  before the next.
+* **Retries.** A failed send is sent again, with a growing pause
+  (``retry_first`` doubling up to ``retry_max`` seconds), together with every
+  output after it to the same partition (a later one that got through is sent
+  again after it, so the last word on a detection stays the last), for as long
+  as the batch is still this worker's: the broker's outage or a missing topic
+  stops consumption (the fetcher waits for the batch) instead of losing what
+  the batch found.
+* **Giving up.** Every wait (for the turn, for room in the producer's buffer,
+  for an acknowledgement) asks ``abort()`` at least once a second. When it
+  turns true (a rebalance suspends the flow, the worker stops)
+  :class:`DeliveryAborted` is raised and the publish's remaining ledger writes
+  are dropped: the batch is not acknowledged, and the partition's next owner
+  reads it again and makes its own (outputs of it that did reach the broker
+  may come again: at-least-once).
+* **Stalls.** While a publish waits (``stalled``), the timer does not judge
+  hangs: no records arrive because the consumer waits for the publish, not
+  because the jobs stopped.
+* **Undeliverable.** An output that no retry can deliver, because of what it
+  is rather than where it goes (larger than the producer's or the broker's
+  limit), becomes a dead letter (reason ``undeliverable``, the error, the head
+  of the payload) on the DLQ topic; a dead letter or a ledger write that cannot
+  be delivered for that reason is counted (``output_dropped``) and logged.
 """
 
 from __future__ import annotations
@@ -27,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
@@ -42,8 +56,12 @@ log = logging.getLogger(__name__)
 
 #: errors about the record itself: sending it again cannot succeed
 UNDELIVERABLE: tuple[type[BaseException], ...] = (MessageSizeTooLargeError, RecordTooLargeError)
-#: how often a wait for acknowledgements asks ``abort`` (seconds)
+#: how often a wait asks ``abort`` (seconds)
 POLL_SECONDS = 1.0
+
+Abort = Callable[[], bool]
+#: a changelog write of the ledger: (key, value or None for a delete, partition)
+Write = tuple[bytes, bytes | None, int]
 
 
 class DeliveryAborted(TransportError):
@@ -53,13 +71,11 @@ class DeliveryAborted(TransportError):
 class ChangelogStore(Protocol):
     """What the publisher needs of the ledger's store (``app.TableStore``)."""
 
-    pending: list[Any]
-
-    async def flush(self) -> None: ...
+    async def send(self, write: Write) -> Awaitable[Any]: ...
 
 
 class Publisher:
-    """Produce outputs and wait for the broker's acknowledgement of each."""
+    """Produce outputs and ledger writes; wait for the broker's acknowledgement of each."""
 
     def __init__(
         self,
@@ -80,94 +96,113 @@ class Publisher:
         self.retry_first = retry_first
         self.retry_max = retry_max
         self.log_once = LogOnce(log)
-        self._flushing = asyncio.Lock()  # a batch's publish and the timer's share the queue
+        self._turn = asyncio.Lock()
+        self._since: float | None = None  # when the publish under way began (monotonic)
 
-    async def publish(self, outputs: Iterable[Output], abort: Callable[[], bool]) -> None:
-        """Deliver ``outputs`` in order, then the ledger's queued writes; raise
-        :class:`DeliveryAborted` if ``abort()`` turns true first."""
-        pending = list(outputs)
+    async def publish(
+        self, outputs: Iterable[Output], writes: Iterable[Write], abort: Abort
+    ) -> None:
+        """Deliver ``outputs`` in order, then ``writes``; raise :class:`DeliveryAborted`
+        if ``abort()`` turns true first."""
+        outputs, writes = list(outputs), list(writes)
+        if not outputs and not writes:
+            return
+        await self._acquire(abort)
+        self._since = time.monotonic()
+        try:
+            await self._outputs(outputs, abort)
+            for write in writes:
+                await self._write(write, abort)
+        finally:
+            self._since = None
+            self._turn.release()
+
+    def stalled(self, seconds: float) -> bool:
+        """A publish has waited longer than ``seconds`` (the broker does not take the
+        outputs): the batch handler, and so the consumer, waits with it, and the jobs'
+        silence is this worker's, not theirs."""
+        return self._since is not None and time.monotonic() - self._since > seconds
+
+    async def _acquire(self, abort: Abort) -> None:
+        """Wait for this publish's turn (first come, first served)."""
+        if not self._turn.locked():
+            await self._turn.acquire()  # free: taken without yielding
+            return
+        turn = asyncio.ensure_future(self._turn.acquire())
+        if not await _wait(turn, abort):
+            raise DeliveryAborted("the batch stopped being this worker's before its turn")
+
+    async def _outputs(self, outputs: list[Output], abort: Abort) -> None:
         delay = self.retry_first
-        while True:
-            pending = await self._send(pending, abort)
-            if not pending:
-                await self._flush_store(abort)
-            if not pending and not self.store.pending:
+        while outputs:
+            outputs = await self._send(outputs, abort)
+            if not outputs:
                 return
-            if abort():
-                raise DeliveryAborted(
-                    f"{len(pending)} outputs and {len(self.store.pending)} ledger writes "
-                    "undelivered when the batch stopped being this worker's"
-                )
-            await asyncio.sleep(delay)
+            await self._pause(delay, abort, f"{len(outputs)} outputs undelivered")
             delay = min(2 * delay, self.retry_max)
 
-    async def _send(self, outputs: list[Output], abort: Callable[[], bool]) -> list[Output]:
-        """Send each output and wait for the acknowledgements; return those to send again
-        (an undeliverable one replaced by its dead letter)."""
-        sent: list[tuple[Output, Any]] = []
+    async def _send(self, outputs: list[Output], abort: Abort) -> list[Output]:
+        """Send each output and wait for the acknowledgements; return what to send again:
+        from each partition's first failure on, an undeliverable one replaced by its
+        dead letter."""
+        sent: list[Any] = []
         for out in outputs:
-            try:
-                future = await self.app.producer.send(
-                    out.topic, out.key, out.value, out.partition, None, None
-                )
-            except Exception as err:  # refused before it was queued
-                sent.append((out, err))
-            else:
-                sent.append((out, future))
-        waiting = [f for _, f in sent if not isinstance(f, BaseException)]
-        while waiting:
-            _, still = await asyncio.wait(waiting, timeout=POLL_SECONDS)
-            if still and abort():
-                return [out for out, f in sent if f in still or _failed(f)]
-            waiting = list(still)
+            queued = asyncio.ensure_future(
+                self.app.producer.send(out.topic, out.key, out.value, out.partition, None, None)
+            )
+            if not await _wait(queued, abort):
+                raise DeliveryAborted(f"{len(outputs)} outputs undelivered")
+            sent.append(_queued(queued))
+        acks = [f for f in sent if not isinstance(f, BaseException)]
+        if acks and not await _wait_all(acks, abort):
+            raise DeliveryAborted(f"{len(outputs)} outputs unacknowledged")
+        errors = [f if isinstance(f, BaseException) else _error(f) for f in sent]
+        first: dict[tuple[str, int], int] = {}
+        for i, (out, why) in enumerate(zip(outputs, errors, strict=True)):
+            if why is not None and not _undeliverable(why):
+                first.setdefault((out.topic, out.partition), i)
         again: list[Output] = []
-        for out, f in sent:
-            why = _error(f)
-            if why is None:
-                continue
-            self._count("produce", out, why)
-            if _undeliverable(why):
-                letter = self._undeliverable(out, why)
-                if letter is not None:
-                    again.append(letter)
-            else:
+        for i, (out, why) in enumerate(zip(outputs, errors, strict=True)):
+            if why is not None:
+                self._count("produce", out.topic, why)
+                if _undeliverable(why):
+                    letter = self._dead_letter(out, why)
+                    again.extend([letter] if letter is not None else [])
+                    continue
+            if i >= first.get((out.topic, out.partition), len(outputs)):
                 again.append(out)
         return again
 
-    async def _flush_store(self, abort: Callable[[], bool]) -> None:
-        """The ledger's queued writes (kept queued, in order, when one fails or when
-        ``abort()`` turns true while one waits for its acknowledgement)."""
-        async with self._flushing:
-            await self._flush_queue(abort)
-
-    async def _flush_queue(self, abort: Callable[[], bool]) -> None:
-        if not self.store.pending:
-            return
-        flush = asyncio.ensure_future(self.store.flush())
-        while not flush.done():
-            await asyncio.wait([flush], timeout=POLL_SECONDS)
-            if not flush.done() and abort():
-                flush.cancel()
-                await asyncio.wait([flush])
+    async def _write(self, write: Write, abort: Abort) -> None:
+        """One ledger write, sent until acknowledged (dropped if undeliverable)."""
+        delay = self.retry_first
+        while True:
+            queued = asyncio.ensure_future(self.store.send(write))
+            if not await _wait(queued, abort):
+                raise DeliveryAborted("a ledger write undelivered")
+            ack = _queued(queued)
+            if not isinstance(ack, BaseException) and not await _wait(ack, abort):
+                raise DeliveryAborted("a ledger write unacknowledged")
+            why = ack if isinstance(ack, BaseException) else _error(ack)
+            if why is None:
                 return
-        try:
-            flush.result()
-        except asyncio.CancelledError:
-            return
-        except Exception as err:
-            self.metrics.errors.labels("table").inc()
-            self.log_once(
-                f"table:{type(err).__name__}",
-                "ledger write failed, sent again pending=%d error=%r",
-                len(self.store.pending),
-                err,
-            )
+            self._count("table", "changelog", why)
+            if _undeliverable(why):
+                self._dropped(f"ledger write key={write[0]!r}", why)
+                return
+            await self._pause(delay, abort, "a ledger write undelivered")
+            delay = min(2 * delay, self.retry_max)
 
-    def _undeliverable(self, out: Output, err: BaseException) -> Output | None:
+    async def _pause(self, seconds: float, abort: Abort, what: str) -> None:
+        """The pause before sending again; give up instead if ``abort()`` is true."""
+        if abort():
+            raise DeliveryAborted(f"{what} when the batch stopped being this worker's")
+        await asyncio.sleep(seconds)
+
+    def _dead_letter(self, out: Output, err: BaseException) -> Output | None:
         """The dead letter that stands for ``out`` (None: ``out`` is one already)."""
         if out.topic == self.dlq_topic:
-            self.metrics.errors.labels("output_dropped").inc()
-            log.error("dead letter undeliverable, dropped bytes=%d error=%r", len(out.value), err)
+            self._dropped(f"dead letter of {len(out.value)} bytes", err)
             return None
         letter = dead_letter(
             DlqReason.UNDELIVERABLE,
@@ -182,20 +217,53 @@ class Publisher:
         )
         return Output(self.dlq_topic, out.key, encode_dead_letter(letter), out.partition)
 
-    def _count(self, where: str, out: Output, err: BaseException) -> None:
+    def _dropped(self, what: str, err: BaseException) -> None:
+        self.metrics.errors.labels("output_dropped").inc()
+        log.error("undeliverable, dropped: %s error=%r", what, err)
+
+    def _count(self, where: str, topic: str, err: BaseException) -> None:
         self.metrics.errors.labels(where).inc()
         self.log_once(
             f"{where}:{type(err).__name__}",
             "produce failed (sent again; a dead letter if undeliverable) topic=%s error=%r",
-            out.topic,
+            topic,
             err,
         )
 
 
+async def _wait(future: asyncio.Future[Any], abort: Abort) -> bool:
+    """Wait for ``future``, asking ``abort()`` every second; on abort cancel it and
+    return False (a cancelled ``Lock.acquire`` leaves the lock to the next waiter)."""
+    while not future.done():
+        await asyncio.wait([future], timeout=POLL_SECONDS)
+        if not future.done() and abort():
+            future.cancel()
+            await asyncio.wait([future])
+            return False
+    return True
+
+
+async def _wait_all(futures: list[Any], abort: Abort) -> bool:
+    """Wait for every acknowledgement, asking ``abort()`` every second (False: aborted;
+    the sends stay queued in the producer)."""
+    waiting = list(futures)
+    while waiting:
+        _, still = await asyncio.wait(waiting, timeout=POLL_SECONDS)
+        if still and abort():
+            return False
+        waiting = list(still)
+    return True
+
+
+def _queued(task: asyncio.Future[Any]) -> Any:
+    """What a finished send task gave: the acknowledgement's future, or its error."""
+    if task.cancelled():
+        return asyncio.CancelledError()
+    return task.exception() or task.result()
+
+
 def _error(future: Any) -> BaseException | None:
     """Why a send failed (None: acknowledged). A cancelled send failed too."""
-    if isinstance(future, BaseException):
-        return future
     if future.cancelled():
         return asyncio.CancelledError()
     return future.exception()  # type: ignore[no-any-return]
@@ -210,7 +278,3 @@ def _undeliverable(err: BaseException) -> bool:
             return True
         seen = seen.__cause__
     return False
-
-
-def _failed(future: Any) -> bool:
-    return isinstance(future, BaseException) or (future.done() and _error(future) is not None)
