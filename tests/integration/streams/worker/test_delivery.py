@@ -213,3 +213,36 @@ def test_an_output_too_large_to_send_becomes_a_dead_letter(
     assert letter.topic == Topics("t").detections and letter.offset == -1
     assert letter.payload_truncated and letter.payload.startswith('{"kind": "detection"')
     assert letter.worker == "w1"
+
+
+@pytest.mark.timeout(90)
+def test_a_publish_cancelled_while_waiting_for_its_turn_leaves_the_turn_free(
+    broker: DevBroker, settings: Settings, tmp_path: Any
+) -> None:
+    """A shutdown cancels a publish queued behind another: the turn it was waiting for
+    must not be taken for good by its abandoned wait."""
+    ensure_topics(settings)
+
+    async def run() -> str:
+        r = Run(settings, tmp_path)
+        await r.app.producer.start()
+        try:
+            await r.pub.publish([r.out(0)], [], never)
+            broker.stop()
+            first = asyncio.ensure_future(r.pub.publish([r.out(1)], [], after(4.0)))
+            await asyncio.sleep(0.5)
+            second = asyncio.ensure_future(r.pub.publish([r.out(2)], [], never))
+            await asyncio.sleep(0.5)
+            second.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            with pytest.raises(DeliveryAborted):
+                await first
+            with pytest.raises(DeliveryAborted) as third:
+                await asyncio.wait_for(r.pub.publish([r.out(3)], [], after(2.0)), 20)
+            return str(third.value)
+        finally:
+            broker.start()
+            await r.app.producer.stop()
+
+    assert "turn" not in asyncio.run(run())  # it had its turn, then gave up on the broker

@@ -22,6 +22,8 @@ from stepwatch.settings import Settings
 from stepwatch.sim import Scenario, simulate
 from stepwatch.streams.worker import transport
 from stepwatch.streams.worker.app import StreamOptions, StreamService, create_app
+from stepwatch.streams.worker.processor import Output
+from stepwatch.streams.worker.publisher import DeliveryAborted
 from stepwatch.streams.worker.transport import handle_batch
 
 pytestmark = pytest.mark.unit
@@ -215,3 +217,99 @@ def test_the_handler_feeds_the_real_processor(tmp_path: Any) -> None:
     assert asyncio.run(run(svc)) == list(range(7))
     text = generate_latest(svc.metrics.registry).decode()
     assert 'stepwatch_stream_messages_total{kind="gpu"} 7.0' in text
+
+
+def gpu_batch(app: Any, n: int = 6) -> list[Any]:
+    """``n`` fetched records holding valid GPU messages of one job."""
+    topics = Topics(PREFIX)
+    sim = simulate(Scenario(seed=3, nodes=2, steps=3, job_id="hand-1", start_ts=time.time() - 60))
+    gpu = [m for m in sim if topics.for_kind(KIND_OF[type(m)]) == f"{PREFIX}.gpu"][:n]
+    batch = records(app, len(gpu))
+    for msg, m in zip(batch, gpu, strict=True):
+        msg.key, msg.value = message_key(m), encode(m)
+    return batch
+
+
+def events(svc: StreamService) -> float:
+    text = generate_latest(svc.metrics.registry).decode()
+    line = next(x for x in text.splitlines() if x.startswith("stepwatch_stream_events_total"))
+    return float(line.split()[-1])
+
+
+def test_an_aborted_batch_is_processed_again_from_scratch_when_read_again(tmp_path: Any) -> None:
+    """A rebalance while the batch's outputs wait for the broker: the batch is not
+    acknowledged, its ledger write that was not sent is undone, and the partition's
+    state is forgotten, so that reading the batch again (this worker kept the
+    partition) processes it again instead of the duplicate filter dropping it all."""
+    svc = service(tmp_path)
+
+    async def run() -> tuple[list[int], float, bool, bool, float]:
+        app = await ready(svc)
+        batch = gpu_batch(app)
+        svc.processor.assign([0, 1])
+        real = svc.processor.process_batch
+
+        def with_a_ledger_write(messages: list[Any]) -> list[Any]:
+            svc.store.put(b"d1", b"open", 0)
+            return [*real(messages), Output(f"{PREFIX}.detections", b"k", b"{}", 0)]
+
+        svc.processor.process_batch = with_a_ledger_write  # type: ignore[method-assign]
+
+        async def unacknowledged(*args: Any) -> asyncio.Future[None]:  # the broker is away
+            return asyncio.get_running_loop().create_future()
+
+        app.producer.send = unacknowledged
+        assert app.batch_handler is not None
+        handling = asyncio.ensure_future(app.batch_handler(batch))
+        await asyncio.sleep(0.1)
+        app.flow_control.suspend()  # a rebalance begins
+        with pytest.raises(DeliveryAborted):
+            await handling
+        first = events(svc)
+        forgotten = 0 not in svc.processor.states and b"d1" not in svc.store.table.data
+        app.flow_control.resume()
+        svc.processor.process_batch = real  # type: ignore[method-assign]
+        await app.batch_handler(gpu_batch(app))  # read again after the rebalance
+        return acked(app), first, forgotten, not svc.store.pending, events(svc)
+
+    acks, first, forgotten, flushed, again = asyncio.run(run())
+    assert acks == list(range(6))  # only once processed again
+    assert forgotten and flushed
+    assert first > 0 and again == 2 * first  # counted again: not dropped as duplicates
+
+
+def test_a_batch_whose_processing_fails_takes_its_ledger_writes_back(tmp_path: Any) -> None:
+    """A bug in the processor after a ledger write: the batch's outputs are gone, so the
+    write must not reach the changelog with the next batch's outputs."""
+    svc = service(tmp_path)
+
+    async def run() -> tuple[bool, bool, bool]:
+        app = await ready(svc)
+        svc.processor.assign([0, 1])
+        svc.processor.state(0)
+
+        def broken(messages: list[Any]) -> list[Any]:
+            svc.store.put(b"d9", b"open", 0)
+            raise RuntimeError("a bug")
+
+        svc.processor.process_batch = broken  # type: ignore[method-assign]
+        assert app.batch_handler is not None
+        await app.batch_handler(records(app, 2))
+        return (
+            b"d9" not in svc.store.table.data,
+            not svc.store.pending,
+            0 not in svc.processor.states,
+        )
+
+    assert asyncio.run(run()) == (True, True, True)
+
+
+def test_the_ledger_store_undoes_writes_in_reverse(tmp_path: Any) -> None:
+    store = service(tmp_path).store
+    store.put(b"a", b"1", 0)
+    store.take()  # sent
+    store.put(b"a", b"2", 0)
+    store.put(b"b", b"1", 1)
+    store.delete(b"a", 0)
+    store.undo(store.take())
+    assert dict(store.table.data) == {b"a": b"1"}

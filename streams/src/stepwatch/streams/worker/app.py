@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import faust
@@ -37,7 +37,7 @@ from stepwatch.streams.worker.admission import AdmissionConfig
 from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
-from stepwatch.streams.worker.processor import EngineFactory, StreamProcessor
+from stepwatch.streams.worker.processor import EngineFactory, Output, StreamProcessor
 from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher, Write
 from stepwatch.streams.worker.transport import (
     LeanTransport,
@@ -50,6 +50,8 @@ from stepwatch.streams.worker.transport import (
 log = logging.getLogger(__name__)
 #: a publish waiting longer than this stops the timer's hang checks (Publisher.stalled)
 STALL_SECONDS = 5.0
+#: seconds a record may wait in the producer before its send fails (see _timeouts)
+PRODUCER_REQUEST_TIMEOUT = 30.0
 LEDGER_TABLE = "open-detections"
 #: young-generation threshold of the cyclic GC while the worker runs (Python's default: 700)
 GC_GEN0_THRESHOLD = 50_000
@@ -143,27 +145,33 @@ class TableStore:
         return key in self.table.data
 
     def put(self, key: bytes, value: bytes, partition: int) -> None:
+        self.pending.append(Write(key, value, partition, self.table.data.get(key)))
         self.table.data[key] = value
-        self.pending.append((key, value, partition))
 
     def delete(self, key: bytes, partition: int) -> None:
-        self.table.data.pop(key, None)
-        self.pending.append((key, None, partition))
+        self.pending.append(Write(key, None, partition, self.table.data.pop(key, None)))
 
     def take(self) -> list[Write]:
         """The changelog writes queued since the last call, in order."""
         taken, self.pending = self.pending, []
         return taken
 
+    def undo(self, writes: list[Write]) -> None:
+        """Put the table back as it was before ``writes`` (never sent)."""
+        for w in reversed(writes):
+            if w.before is None:
+                self.table.data.pop(w.key, None)
+            else:
+                self.table.data[w.key] = w.before
+
     async def send(self, write: Write) -> Awaitable[Any]:
         """Produce one changelog write; the future of its acknowledgement."""
-        key, value, partition = write
         return cast(
             "Awaitable[Any]",
             await self.table.changelog_topic.send(
-                key=key,
-                value=value,
-                partition=partition,
+                key=write.key,
+                value=write.value,
+                partition=write.partition,
                 key_serializer="raw",
                 value_serializer="raw",
             ),
@@ -300,8 +308,14 @@ def _timeouts(options: StreamOptions, conf: dict[str, Any]) -> dict[str, Any]:
     takeover and a 4 s stall where Faust's 60 s took 92 s and 31 s
     (``bench/takeover.py``, docs/streams.md "Availability").
     ``-X session.timeout.ms`` / ``heartbeat.interval.ms`` win over this.
+
+    The producer's request timeout (Faust's default 1200 s) bounds how long a
+    record waits in the producer before its send fails, and so how long a
+    rebalance waits on Faust's producer flush while the broker is away: 30 s
+    (Kafka's ``request.timeout.ms`` default); the publisher sends again what
+    failed (``stepwatch.streams.worker.publisher``).
     """
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"producer_request_timeout": PRODUCER_REQUEST_TIMEOUT}
     if options.rebalance_timeout is not None:
         out["broker_rebalance_timeout"] = options.rebalance_timeout
     if options.session_timeout is None:
@@ -336,14 +350,27 @@ def _wire(
         """Process a batch and deliver its outputs; :class:`DeliveryAborted` when the
         batch stopped being this worker's first (``handle_batch`` then leaves it
         unacknowledged, to be read again)."""
+        parts = {m.partition for m in messages}
         try:
             outputs = processor.process_batch(messages)
         except Exception as err:  # a bug here must not stop the partition
             metrics.errors.labels("batch").inc()
             publisher.log_once("batch", "batch failed size=%d error=%r", len(messages), err)
+            start_over(parts, store.take())  # its outputs are gone: so are its writes
             return
         generation = app.consumer_generation_id
-        await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
+        try:
+            await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
+        except DeliveryAborted as err:  # read again: by this worker too, from scratch
+            start_over(parts, err.writes)
+            raise
+
+    def start_over(parts: Iterable[int], writes: list[Write]) -> None:
+        """Undo the ledger writes that were not sent and forget the partitions' state:
+        what was processed there is read again and must be found again (the duplicate
+        filter would drop it), as a new owner would, from the ledger as sent."""
+        store.undo(writes)
+        processor.forget(parts)
 
     async def process(messages: list[Any]) -> None:
         """``deliver`` for Faust's own per-event path, which acknowledges the events
@@ -370,18 +397,30 @@ def _wire(
         app.batch_max = options.batch_max
         app.batch_handler = lambda messages: handle_batch(app, messages, deliver)
 
+    carried = _Carried()
+
     async def tick() -> None:
+        """Time-driven outputs (hangs, resolutions on silence). They answer no offset:
+        undelivered at a rebalance, they are sent at the next tick if their partition
+        stayed (some again: at-least-once), else lost with it."""
         if not state["ready"]:
             return
+        metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
         if publisher.stalled(STALL_SECONDS):  # the silence is ours: no hang checks
             publisher.log_once("stall", "outputs undelivered: hang checks wait for them")
             return
-        outputs = processor.tick(time.time())
+        generation = app.consumer_generation_id
+        mine = processor.assigned
+        outputs = [o for o in carried.outputs if o.partition in mine]
+        writes = [w for w in carried.writes if w.partition in mine]
+        outputs += processor.tick(time.time())
+        writes += store.take()
+        carried.outputs, carried.writes = [], []
         try:
-            await publisher.publish(outputs, store.take(), lambda: _gone(app, None))
-        except DeliveryAborted as err:  # a rebalance: the state goes with the partitions
+            await publisher.publish(outputs, writes, lambda: _gone(app, generation))
+        except DeliveryAborted as err:  # a rebalance or a stop: again at the next tick
             log.warning("timer outputs undelivered at a rebalance or stop: %s", err)
-        metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
+            carried.outputs, carried.writes = outputs, err.writes
 
     app.timer(options.tick_seconds, name="tick")(tick)
 
@@ -414,13 +453,20 @@ def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
     return None if value is None else int(value)
 
 
-def _gone(app: Any, generation: int | None) -> bool:
-    """The batch (or the timer's outputs: ``generation`` None) is no longer this
-    worker's to finish: the worker stops, or a rebalance suspended the flow (Faust
-    does so before it waits for the records in flight) or ended the consumer
-    generation the batch was fetched in."""
+@dataclass
+class _Carried:
+    """The timer's outputs and ledger writes a rebalance interrupted."""
+
+    outputs: list[Output] = field(default_factory=list)
+    writes: list[Write] = field(default_factory=list)
+
+
+def _gone(app: Any, generation: int) -> bool:
+    """The batch (or the timer's outputs) is no longer this worker's to finish: the
+    worker stops, or a rebalance suspended the flow (Faust does so before it waits for
+    the records in flight) or ended the consumer generation it was made in."""
     return bool(
         app.should_stop
         or not app.flow_control.is_active()
-        or (generation is not None and app.consumer_generation_id != generation)
+        or app.consumer_generation_id != generation
     )

@@ -160,6 +160,15 @@ class StreamProcessor:
         self.positions = {tp: o for tp, o in self.positions.items() if tp[1] in self.assigned}
         self.metrics.partitions.set(len(self.assigned))
 
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop the state of ``partitions`` (kept assigned): built again from the ledger
+        as sent when their records come (``state``), as for a new owner."""
+        for p in partitions:
+            st = self.states.pop(p, None)
+            if st is not None:
+                st.gate.release()
+                log.warning("partition state forgotten partition=%d worker=%s", p, self.worker)
+
     def activate(self) -> None:
         """Tables recovered: build state for every assigned partition now."""
         for p in sorted(self.assigned):

@@ -42,6 +42,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
@@ -60,12 +61,27 @@ UNDELIVERABLE: tuple[type[BaseException], ...] = (MessageSizeTooLargeError, Reco
 POLL_SECONDS = 1.0
 
 Abort = Callable[[], bool]
-#: a changelog write of the ledger: (key, value or None for a delete, partition)
-Write = tuple[bytes, bytes | None, int]
+#: a stalled publish says so at most this often (seconds)
+STALL_LOG_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """A changelog write of the ledger, and the table's value before it (to undo it)."""
+
+    key: bytes
+    value: bytes | None  # None: a delete
+    partition: int
+    before: bytes | None
 
 
 class DeliveryAborted(TransportError):
-    """Outputs were still undelivered when the batch stopped being this worker's."""
+    """Outputs were still undelivered when the batch stopped being this worker's;
+    ``writes`` are its ledger writes that were not sent (to undo)."""
+
+    def __init__(self, message: str, writes: Iterable[Write] = ()) -> None:
+        super().__init__(message)
+        self.writes = list(writes)
 
 
 class ChangelogStore(Protocol):
@@ -109,10 +125,14 @@ class Publisher:
             return
         await self._acquire(abort)
         self._since = time.monotonic()
+        done = 0
         try:
             await self._outputs(outputs, abort)
             for write in writes:
                 await self._write(write, abort)
+                done += 1
+        except DeliveryAborted as err:
+            raise DeliveryAborted(str(err), writes[done:]) from err
         finally:
             self._since = None
             self._turn.release()
@@ -129,15 +149,33 @@ class Publisher:
             await self._turn.acquire()  # free: taken without yielding
             return
         turn = asyncio.ensure_future(self._turn.acquire())
-        if not await _wait(turn, abort):
-            raise DeliveryAborted("the batch stopped being this worker's before its turn")
+        try:
+            if await _wait(turn, abort):
+                return
+        except BaseException:  # cancelled while waiting: the turn must not be taken
+            turn.add_done_callback(self._release_taken)
+            turn.cancel()
+            raise
+        raise DeliveryAborted("the batch stopped being this worker's before its turn")
+
+    def _release_taken(self, turn: asyncio.Future[Any]) -> None:
+        if not turn.cancelled() and turn.exception() is None:
+            self._turn.release()
 
     async def _outputs(self, outputs: list[Output], abort: Abort) -> None:
         delay = self.retry_first
+        said = time.monotonic()
         while outputs:
             outputs = await self._send(outputs, abort)
             if not outputs:
                 return
+            if time.monotonic() - said > STALL_LOG_SECONDS:
+                said = time.monotonic()
+                log.warning(
+                    "outputs undelivered for %.0f s, sent again; consumption waits pending=%d",
+                    said - (self._since or said),
+                    len(outputs),
+                )
             await self._pause(delay, abort, f"{len(outputs)} outputs undelivered")
             delay = min(2 * delay, self.retry_max)
 
@@ -188,16 +226,21 @@ class Publisher:
                 return
             self._count("table", "changelog", why)
             if _undeliverable(why):
-                self._dropped(f"ledger write key={write[0]!r}", why)
+                self._dropped(f"ledger write key={write.key!r}", why)
                 return
             await self._pause(delay, abort, "a ledger write undelivered")
             delay = min(2 * delay, self.retry_max)
 
     async def _pause(self, seconds: float, abort: Abort, what: str) -> None:
         """The pause before sending again; give up instead if ``abort()`` is true."""
-        if abort():
-            raise DeliveryAborted(f"{what} when the batch stopped being this worker's")
-        await asyncio.sleep(seconds)
+        end = time.monotonic() + seconds
+        while True:
+            if abort():
+                raise DeliveryAborted(f"{what} when the batch stopped being this worker's")
+            left = end - time.monotonic()
+            if left <= 0:
+                return
+            await asyncio.sleep(min(left, POLL_SECONDS))
 
     def _dead_letter(self, out: Output, err: BaseException) -> Output | None:
         """The dead letter that stands for ``out`` (None: ``out`` is one already)."""
