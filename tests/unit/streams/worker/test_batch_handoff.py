@@ -23,7 +23,6 @@ from stepwatch.sim import Scenario, simulate
 from stepwatch.streams.worker import transport
 from stepwatch.streams.worker.app import StreamOptions, StreamService, create_app
 from stepwatch.streams.worker.processor import Output
-from stepwatch.streams.worker.publisher import DeliveryAborted
 from stepwatch.streams.worker.transport import handle_batch
 
 pytestmark = pytest.mark.unit
@@ -219,10 +218,13 @@ def test_the_handler_feeds_the_real_processor(tmp_path: Any) -> None:
     assert 'stepwatch_stream_messages_total{kind="gpu"} 7.0' in text
 
 
+T0 = time.time() - 60  # one job's start: the same messages each time they are built
+
+
 def gpu_batch(app: Any, n: int = 6) -> list[Any]:
-    """``n`` fetched records holding valid GPU messages of one job."""
+    """``n`` fetched records holding valid GPU messages of one job (the same each call)."""
     topics = Topics(PREFIX)
-    sim = simulate(Scenario(seed=3, nodes=2, steps=3, job_id="hand-1", start_ts=time.time() - 60))
+    sim = simulate(Scenario(seed=3, nodes=2, steps=3, job_id="hand-1", start_ts=T0))
     gpu = [m for m in sim if topics.for_kind(KIND_OF[type(m)]) == f"{PREFIX}.gpu"][:n]
     batch = records(app, len(gpu))
     for msg, m in zip(batch, gpu, strict=True):
@@ -236,46 +238,62 @@ def events(svc: StreamService) -> float:
     return float(line.split()[-1])
 
 
-def test_an_aborted_batch_is_processed_again_from_scratch_when_read_again(tmp_path: Any) -> None:
-    """A rebalance while the batch's outputs wait for the broker: the batch is not
-    acknowledged, its ledger write that was not sent is undone, and the partition's
-    state is forgotten, so that reading the batch again (this worker kept the
-    partition) processes it again instead of the duplicate filter dropping it all."""
+def test_an_aborted_batch_is_left_unacked_and_its_outputs_go_first_when_read_again(
+    tmp_path: Any,
+) -> None:
+    """A rebalance while the batch's outputs wait for the broker: the handler returns
+    (an exception would stop Faust's fetcher for good) without acknowledging the
+    batch. Read again after the rebalance by this worker, which kept the partition
+    and its state, the batch's records are duplicates with nothing new to send, but
+    it is acknowledged only once the aborted publish's output and ledger write,
+    waiting in the publisher's backlog, are delivered, output first."""
     svc = service(tmp_path)
 
-    async def run() -> tuple[list[int], float, bool, bool, float]:
+    async def run() -> tuple[list[int], list[int], list[str], bool, float, float]:
         app = await ready(svc)
-        batch = gpu_batch(app)
         svc.processor.assign([0, 1])
         real = svc.processor.process_batch
+        sent: list[str] = []
 
-        def with_a_ledger_write(messages: list[Any]) -> list[Any]:
+        def with_a_detection(messages: list[Any]) -> list[Any]:
             svc.store.put(b"d1", b"open", 0)
             return [*real(messages), Output(f"{PREFIX}.detections", b"k", b"{}", 0)]
-
-        svc.processor.process_batch = with_a_ledger_write  # type: ignore[method-assign]
 
         async def unacknowledged(*args: Any) -> asyncio.Future[None]:  # the broker is away
             return asyncio.get_running_loop().create_future()
 
+        async def acknowledged(topic: str, *args: Any) -> asyncio.Future[None]:
+            sent.append(topic)
+            done = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
+
+        async def changelog(write: Any) -> asyncio.Future[None]:
+            return await acknowledged(f"changelog:{write.key.decode()}")
+
+        svc.processor.process_batch = with_a_detection  # type: ignore[method-assign]
         app.producer.send = unacknowledged
+        svc.store.send = changelog  # type: ignore[method-assign]
         assert app.batch_handler is not None
-        handling = asyncio.ensure_future(app.batch_handler(batch))
+        handling = asyncio.ensure_future(app.batch_handler(gpu_batch(app)))
         await asyncio.sleep(0.1)
         app.flow_control.suspend()  # a rebalance begins
-        with pytest.raises(DeliveryAborted):
-            await handling
+        await handling  # returns: the fetcher goes on
+        during = acked(app)
         first = events(svc)
-        forgotten = 0 not in svc.processor.states and b"d1" not in svc.store.table.data
+        kept = 0 in svc.processor.states and b"d1" in svc.store.table.data
         app.flow_control.resume()
+        app.consumer_generation_id += 1
         svc.processor.process_batch = real  # type: ignore[method-assign]
+        app.producer.send = acknowledged
         await app.batch_handler(gpu_batch(app))  # read again after the rebalance
-        return acked(app), first, forgotten, not svc.store.pending, events(svc)
+        return during, acked(app), sent, kept, first, events(svc)
 
-    acks, first, forgotten, flushed, again = asyncio.run(run())
-    assert acks == list(range(6))  # only once processed again
-    assert forgotten and flushed
-    assert first > 0 and again == 2 * first  # counted again: not dropped as duplicates
+    during, after, sent, kept, first, again = asyncio.run(run())
+    assert during == [] and kept
+    assert sent == [f"{PREFIX}.detections", "changelog:d1"]
+    assert after == list(range(6))
+    assert first > 0 and again == first  # the duplicates were dropped: nothing found twice
 
 
 def test_a_batch_whose_processing_fails_takes_its_ledger_writes_back(tmp_path: Any) -> None:

@@ -24,7 +24,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, cast
 
 import faust
@@ -37,7 +37,7 @@ from stepwatch.streams.worker.admission import AdmissionConfig
 from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
-from stepwatch.streams.worker.processor import EngineFactory, Output, StreamProcessor
+from stepwatch.streams.worker.processor import EngineFactory, StreamProcessor
 from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher, Write
 from stepwatch.streams.worker.transport import (
     LeanTransport,
@@ -343,7 +343,14 @@ def _wire(
         schema=RawSchema(key_type=bytes, value_type=bytes),
         partitions=settings.partitions,
     )
-    publisher = Publisher(app, metrics, store, dlq_topic=topics.dlq, worker=worker)
+    publisher = Publisher(
+        app,
+        metrics,
+        store,
+        dlq_topic=topics.dlq,
+        worker=worker,
+        owned=lambda partition: partition in processor.assigned,
+    )
     state = {"ready": False}
 
     async def deliver(messages: list[Any]) -> None:
@@ -359,16 +366,11 @@ def _wire(
             start_over(parts, store.take())  # its outputs are gone: so are its writes
             return
         generation = app.consumer_generation_id
-        try:
-            await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
-        except DeliveryAborted as err:  # read again: by this worker too, from scratch
-            start_over(parts, err.writes)
-            raise
+        await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
 
     def start_over(parts: Iterable[int], writes: list[Write]) -> None:
-        """Undo the ledger writes that were not sent and forget the partitions' state:
-        what was processed there is read again and must be found again (the duplicate
-        filter would drop it), as a new owner would, from the ledger as sent."""
+        """Undo ``writes`` (made by the processing that just failed, never sent) and
+        forget the partitions' state: built again from the ledger as sent."""
         store.undo(writes)
         processor.forget(parts)
 
@@ -397,12 +399,10 @@ def _wire(
         app.batch_max = options.batch_max
         app.batch_handler = lambda messages: handle_batch(app, messages, deliver)
 
-    carried = _Carried()
-
     async def tick() -> None:
-        """Time-driven outputs (hangs, resolutions on silence). They answer no offset:
-        undelivered at a rebalance, they are sent at the next tick if their partition
-        stayed (some again: at-least-once), else lost with it."""
+        """Time-driven outputs (hangs, resolutions on silence). Interrupted by a
+        rebalance, they wait in the publisher's backlog (sent first by the next
+        publish if their partition stayed, else lost with it)."""
         if not state["ready"]:
             return
         metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
@@ -410,17 +410,11 @@ def _wire(
             publisher.log_once("stall", "outputs undelivered: hang checks wait for them")
             return
         generation = app.consumer_generation_id
-        mine = processor.assigned
-        outputs = [o for o in carried.outputs if o.partition in mine]
-        writes = [w for w in carried.writes if w.partition in mine]
-        outputs += processor.tick(time.time())
-        writes += store.take()
-        carried.outputs, carried.writes = [], []
+        outputs = processor.tick(time.time())
         try:
-            await publisher.publish(outputs, writes, lambda: _gone(app, generation))
-        except DeliveryAborted as err:  # a rebalance or a stop: again at the next tick
-            log.warning("timer outputs undelivered at a rebalance or stop: %s", err)
-            carried.outputs, carried.writes = outputs, err.writes
+            await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
+        except DeliveryAborted as err:  # a rebalance or a stop
+            log.warning("timer outputs wait for the next publish: %s", err)
 
     app.timer(options.tick_seconds, name="tick")(tick)
 
@@ -451,14 +445,6 @@ def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
     except Exception:
         return None
     return None if value is None else int(value)
-
-
-@dataclass
-class _Carried:
-    """The timer's outputs and ledger writes a rebalance interrupted."""
-
-    outputs: list[Output] = field(default_factory=list)
-    writes: list[Write] = field(default_factory=list)
 
 
 def _gone(app: Any, generation: int) -> bool:

@@ -22,10 +22,12 @@ failed after the batch was acknowledged.
 * **Giving up.** Every wait (for the turn, for room in the producer's buffer,
   for an acknowledgement) asks ``abort()`` at least once a second. When it
   turns true (a rebalance suspends the flow, the worker stops)
-  :class:`DeliveryAborted` is raised and the publish's remaining ledger writes
-  are dropped: the batch is not acknowledged, and the partition's next owner
-  reads it again and makes its own (outputs of it that did reach the broker
-  may come again: at-least-once).
+  :class:`DeliveryAborted` is raised and the batch is left unacknowledged
+  (``transport.handle_batch``). What was not delivered waits in the backlog,
+  in order, and goes first with the next publish of any caller, for the
+  partitions still this worker's (``owned``); that of a partition that moved
+  is dropped: its new owner reads the batch again. Records already handed to
+  the producer are not recalled (at-least-once).
 * **Stalls.** While a publish waits (``stalled``), the timer does not judge
   hangs: no records arrive because the consumer waits for the publish, not
   because the jobs stopped.
@@ -76,12 +78,25 @@ class Write:
 
 
 class DeliveryAborted(TransportError):
-    """Outputs were still undelivered when the batch stopped being this worker's;
-    ``writes`` are its ledger writes that were not sent (to undo)."""
+    """Outputs were still undelivered when the batch stopped being this worker's (what
+    was not sent waits in the publisher's backlog)."""
 
-    def __init__(self, message: str, writes: Iterable[Write] = ()) -> None:
-        super().__init__(message)
-        self.writes = list(writes)
+
+@dataclass
+class _Unit:
+    """One publish: outputs first, then the ledger writes of the same processing."""
+
+    outputs: list[Output]
+    writes: list[Write]
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs or self.writes)
+
+    def owned(self, mine: Callable[[int], bool]) -> _Unit:
+        return _Unit(
+            [o for o in self.outputs if mine(o.partition)],
+            [w for w in self.writes if mine(w.partition)],
+        )
 
 
 class ChangelogStore(Protocol):
@@ -103,6 +118,7 @@ class Publisher:
         worker: str = "",
         retry_first: float = 0.5,
         retry_max: float = 10.0,
+        owned: Callable[[int], bool] = lambda partition: True,
     ) -> None:
         self.app = app
         self.metrics = metrics
@@ -114,28 +130,55 @@ class Publisher:
         self.log_once = LogOnce(log)
         self._turn = asyncio.Lock()
         self._since: float | None = None  # when the publish under way began (monotonic)
+        self.owned = owned  # partitions still this worker's (the backlog of others is lost)
+        self._backlog: list[_Unit] = []  # what aborted publishes did not deliver, in order
 
     async def publish(
         self, outputs: Iterable[Output], writes: Iterable[Write], abort: Abort
     ) -> None:
-        """Deliver ``outputs`` in order, then ``writes``; raise :class:`DeliveryAborted`
-        if ``abort()`` turns true first."""
-        outputs, writes = list(outputs), list(writes)
-        if not outputs and not writes:
+        """Deliver the backlog, then ``outputs`` in order, then ``writes``; raise
+        :class:`DeliveryAborted` if ``abort()`` turns true first (what was not
+        delivered joins the backlog, for the next publish of any caller)."""
+        unit = _Unit(list(outputs), list(writes))
+        if not unit and not self._backlog:
             return
-        await self._acquire(abort)
-        self._since = time.monotonic()
-        done = 0
         try:
-            await self._outputs(outputs, abort)
-            for write in writes:
-                await self._write(write, abort)
-                done += 1
-        except DeliveryAborted as err:
-            raise DeliveryAborted(str(err), writes[done:]) from err
+            await self._acquire(abort)
+        except DeliveryAborted:
+            self._backlog.append(unit)  # after what the holder of the turn leaves
+            raise
+        self._since = time.monotonic()
+        units, self._backlog = [*self._owned(self._backlog), unit], []
+        try:
+            while units:
+                await self._unit(units[0], abort)
+                units.pop(0)
+        except BaseException:
+            self._backlog[:0] = [u for u in units if u]
+            raise
         finally:
             self._since = None
             self._turn.release()
+
+    def _owned(self, backlog: list[_Unit]) -> list[_Unit]:
+        """The backlog of the partitions still this worker's; the rest is lost with them
+        (their new owner reads the batches again: at-least-once)."""
+        kept = [u.owned(self.owned) for u in backlog]
+        lost = sum(len(u.outputs) + len(u.writes) for u in backlog) - sum(
+            len(u.outputs) + len(u.writes) for u in kept
+        )
+        if lost:
+            self.metrics.errors.labels("output_dropped").inc(lost)
+            log.warning("undelivered outputs of partitions that moved dropped count=%d", lost)
+        return [u for u in kept if u]
+
+    async def _unit(self, unit: _Unit, abort: Abort) -> None:
+        """A unit's outputs (all again if interrupted), then its writes one by one."""
+        await self._outputs(unit.outputs, abort)
+        unit.outputs = []
+        while unit.writes:
+            await self._write(unit.writes[0], abort)
+            unit.writes.pop(0)
 
     def stalled(self, seconds: float) -> bool:
         """A publish has waited longer than ``seconds`` (the broker does not take the

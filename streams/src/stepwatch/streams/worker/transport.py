@@ -59,6 +59,8 @@ from faust.transport.drivers import aiokafka as faust_aiokafka
 from faust.transport.producer import ProducerBuffer
 from faust.transport.utils import DefaultSchedulingStrategy
 
+from stepwatch.streams.worker.publisher import DeliveryAborted
+
 log = logging.getLogger(__name__)
 
 #: aiokafka modules that bind ``lz4_decode`` at import (the C record reader first)
@@ -419,7 +421,10 @@ async def handle_batch(
     task = asyncio.ensure_future(finish())
     _IN_FLIGHT.add(task)  # owned: a shielded task outlives its cancelled awaiter
     task.add_done_callback(lambda t: _finished(t, consumer, live))
-    await asyncio.shield(task)
+    try:
+        await asyncio.shield(task)
+    except DeliveryAborted:  # not acknowledged, read again after the rebalance
+        return  # (raised on, it would stop the fetcher: Faust does not restart it)
 
 
 #: batches being processed (see handle_batch): a strong reference to each task
@@ -433,8 +438,12 @@ def _finished(task: asyncio.Future[None], consumer: Any, live: list[Any]) -> Non
     read again by the partition's next owner."""
     _IN_FLIGHT.discard(task)
     if not task.cancelled():
-        if task.exception() is None:
+        err = task.exception()
+        if err is None:
             return
-        log.error("batch failed size=%d error=%r", len(live), task.exception())
+        if isinstance(err, DeliveryAborted):
+            log.info("batch left unacknowledged size=%d: %s", len(live), err)
+        else:
+            log.error("batch failed size=%d error=%r", len(live), err)
     for message in live:
         consumer._unacked_messages.discard(message)
