@@ -88,6 +88,7 @@ class _Unit:
 
     outputs: list[Output]
     writes: list[Write]
+    made: int = 0  # the publish's number: units go out in this order
 
     def __bool__(self) -> bool:
         return bool(self.outputs or self.writes)
@@ -96,7 +97,12 @@ class _Unit:
         return _Unit(
             [o for o in self.outputs if mine(o.partition)],
             [w for w in self.writes if mine(w.partition)],
+            self.made,
         )
+
+
+def _made(unit: _Unit) -> int:
+    return unit.made
 
 
 class ChangelogStore(Protocol):
@@ -132,6 +138,7 @@ class Publisher:
         self._since: float | None = None  # when the publish under way began (monotonic)
         self.owned = owned  # partitions still this worker's (the backlog of others is lost)
         self._backlog: list[_Unit] = []  # what aborted publishes did not deliver, in order
+        self._made = 0  # publishes asked for so far
 
     async def publish(
         self, outputs: Iterable[Output], writes: Iterable[Write], abort: Abort
@@ -139,26 +146,36 @@ class Publisher:
         """Deliver the backlog, then ``outputs`` in order, then ``writes``; raise
         :class:`DeliveryAborted` if ``abort()`` turns true first (what was not
         delivered joins the backlog, for the next publish of any caller)."""
-        unit = _Unit(list(outputs), list(writes))
-        if not unit and not self._backlog:
-            return
+        self._made += 1  # no await since the processing that made them: their order
+        unit = _Unit(list(outputs), list(writes), self._made)
+        if not unit and not self._backlog and not self._turn.locked():
+            return  # nothing to send, nothing earlier on its way
         try:
             await self._acquire(abort)
         except DeliveryAborted:
-            self._backlog.append(unit)  # after what the holder of the turn leaves
+            self._keep([unit])
             raise
+        if abort():  # the turn came after the batch stopped being this worker's
+            self._keep([unit])
+            self._turn.release()
+            raise DeliveryAborted("the batch stopped being this worker's at its turn")
         self._since = time.monotonic()
-        units, self._backlog = [*self._owned(self._backlog), unit], []
+        units = sorted([*self._owned(self._backlog), unit], key=_made)
+        self._backlog = []
         try:
             while units:
                 await self._unit(units[0], abort)
                 units.pop(0)
         except BaseException:
-            self._backlog[:0] = [u for u in units if u]
+            self._keep(units)
             raise
         finally:
             self._since = None
             self._turn.release()
+
+    def _keep(self, units: list[_Unit]) -> None:
+        """Undelivered units into the backlog, in the order they were made."""
+        self._backlog = sorted([*self._backlog, *(u for u in units if u)], key=_made)
 
     def _owned(self, backlog: list[_Unit]) -> list[_Unit]:
         """The backlog of the partitions still this worker's; the rest is lost with them
