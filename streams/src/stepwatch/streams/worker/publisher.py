@@ -7,11 +7,13 @@ acknowledgement of the batch (and so the committed offset) never runs ahead of
 an output that was lost: a commit used to pass a detection whose send had
 failed after the batch was acknowledged.
 
-* **Order.** One publish at a time (a batch's or the timer's, in the order they
-  asked). Outputs are sent in order; the ledger writes only after every output
-  of the same publish was acknowledged (a changelog entry never tells the next
-  owner of a detection nobody was sent), one at a time, each acknowledged
-  before the next.
+* **Order.** One publish at a time (a batch's or the timer's), in the order their
+  processing made them, what an abort left behind included; a publish with
+  nothing to send still waits for the one under way (its batch must not be
+  acknowledged ahead of earlier outputs). Outputs are sent in order; the ledger
+  writes only after every output of the same publish was acknowledged (a
+  changelog entry never tells the next owner of a detection nobody was sent),
+  one at a time, each acknowledged before the next.
 * **Retries.** A failed send is sent again, with a growing pause
   (``retry_first`` doubling up to ``retry_max`` seconds), together with every
   output after it to the same partition (a later one that got through is sent
