@@ -357,13 +357,13 @@ def _wire(
         """Process a batch and deliver its outputs; :class:`DeliveryAborted` when the
         batch stopped being this worker's first (``handle_batch`` then leaves it
         unacknowledged, to be read again)."""
-        parts = {m.partition for m in messages}
         try:
             outputs = processor.process_batch(messages)
         except Exception as err:  # a bug here must not stop the partition
             metrics.errors.labels("batch").inc()
             publisher.log_once("batch", "batch failed size=%d error=%r", len(messages), err)
-            start_over(parts, store.take())  # its outputs are gone: so are its writes
+            # its outputs are gone: so are its writes
+            start_over({m.partition for m in messages}, store.take())
             return
         generation = app.consumer_generation_id
         await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))

@@ -47,6 +47,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, Protocol
 
 from aiokafka.errors import MessageSizeTooLargeError, RecordTooLargeError
@@ -92,8 +93,12 @@ class _Unit:
     writes: list[Write]
     made: int = 0  # the publish's number: units go out in this order
 
+    @property
+    def size(self) -> int:
+        return len(self.outputs) + len(self.writes)
+
     def __bool__(self) -> bool:
-        return bool(self.outputs or self.writes)
+        return self.size > 0
 
     def owned(self, mine: Callable[[int], bool]) -> _Unit:
         return _Unit(
@@ -101,10 +106,6 @@ class _Unit:
             [w for w in self.writes if mine(w.partition)],
             self.made,
         )
-
-
-def _made(unit: _Unit) -> int:
-    return unit.made
 
 
 class ChangelogStore(Protocol):
@@ -162,7 +163,7 @@ class Publisher:
             self._turn.release()
             raise DeliveryAborted("the batch stopped being this worker's at its turn")
         self._since = time.monotonic()
-        units = sorted([*self._owned(self._backlog), unit], key=_made)
+        units = sorted([*self._owned(self._backlog), unit], key=attrgetter("made"))
         self._backlog = []
         try:
             while units:
@@ -177,15 +178,13 @@ class Publisher:
 
     def _keep(self, units: list[_Unit]) -> None:
         """Undelivered units into the backlog, in the order they were made."""
-        self._backlog = sorted([*self._backlog, *(u for u in units if u)], key=_made)
+        self._backlog = sorted([*self._backlog, *(u for u in units if u)], key=attrgetter("made"))
 
     def _owned(self, backlog: list[_Unit]) -> list[_Unit]:
         """The backlog of the partitions still this worker's; the rest is lost with them
         (their new owner reads the batches again: at-least-once)."""
         kept = [u.owned(self.owned) for u in backlog]
-        lost = sum(len(u.outputs) + len(u.writes) for u in backlog) - sum(
-            len(u.outputs) + len(u.writes) for u in kept
-        )
+        lost = sum(u.size for u in backlog) - sum(u.size for u in kept)
         if lost:
             self.metrics.errors.labels("output_dropped").inc(lost)
             log.warning("undelivered outputs of partitions that moved dropped count=%d", lost)
@@ -245,18 +244,18 @@ class Publisher:
         """Send each output and wait for the acknowledgements; return what to send again:
         from each partition's first failure on, an undeliverable one replaced by its
         dead letter."""
-        sent: list[Any] = []
-        for out in outputs:
-            queued = asyncio.ensure_future(
-                self.app.producer.send(out.topic, out.key, out.value, out.partition, None, None)
+        sent = [
+            await _queue(
+                self.app.producer.send(out.topic, out.key, out.value, out.partition, None, None),
+                abort,
+                f"{len(outputs)} outputs undelivered",
             )
-            if not await _wait(queued, abort):
-                raise DeliveryAborted(f"{len(outputs)} outputs undelivered")
-            sent.append(_queued(queued))
+            for out in outputs
+        ]
         acks = [f for f in sent if not isinstance(f, BaseException)]
         if acks and not await _wait_all(acks, abort):
             raise DeliveryAborted(f"{len(outputs)} outputs unacknowledged")
-        errors = [f if isinstance(f, BaseException) else _error(f) for f in sent]
+        errors = [_error(f) for f in sent]
         first: dict[tuple[str, int], int] = {}
         for i, (out, why) in enumerate(zip(outputs, errors, strict=True)):
             if why is not None and not _undeliverable(why):
@@ -277,13 +276,10 @@ class Publisher:
         """One ledger write, sent until acknowledged (dropped if undeliverable)."""
         delay = self.retry_first
         while True:
-            queued = asyncio.ensure_future(self.store.send(write))
-            if not await _wait(queued, abort):
-                raise DeliveryAborted("a ledger write undelivered")
-            ack = _queued(queued)
+            ack = await _queue(self.store.send(write), abort, "a ledger write undelivered")
             if not isinstance(ack, BaseException) and not await _wait(ack, abort):
                 raise DeliveryAborted("a ledger write unacknowledged")
-            why = ack if isinstance(ack, BaseException) else _error(ack)
+            why = _error(ack)
             if why is None:
                 return
             self._count("table", "changelog", why)
@@ -360,15 +356,22 @@ async def _wait_all(futures: list[Any], abort: Abort) -> bool:
     return True
 
 
-def _queued(task: asyncio.Future[Any]) -> Any:
-    """What a finished send task gave: the acknowledgement's future, or its error."""
+async def _queue(send: Awaitable[Any], abort: Abort, what: str) -> Any:
+    """Hand a record to the producer (which may wait for room in its buffer): the
+    future of its acknowledgement, or the error that refused it."""
+    task = asyncio.ensure_future(send)
+    if not await _wait(task, abort):
+        raise DeliveryAborted(what)
     if task.cancelled():
         return asyncio.CancelledError()
     return task.exception() or task.result()
 
 
 def _error(future: Any) -> BaseException | None:
-    """Why a send failed (None: acknowledged). A cancelled send failed too."""
+    """Why a send failed (None: acknowledged): the error itself, or the acknowledgement's.
+    A cancelled send failed too."""
+    if isinstance(future, BaseException):
+        return future
     if future.cancelled():
         return asyncio.CancelledError()
     return future.exception()  # type: ignore[no-any-return]
