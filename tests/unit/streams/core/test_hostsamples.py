@@ -88,7 +88,7 @@ def test_end_sample_rises_match_the_reading_by_reading_rule() -> None:
     import numpy as np
 
     from stepwatch.streams.core.hostsamples import ABSENT
-    from stepwatch.streams.core.hostwindow import _rises, _rises_of
+    from stepwatch.streams.core.hostwindow import _rises, rises_of
 
     w = 2**32
     x = [5, w - 10, 100, ABSENT, 7, 2**40]
@@ -97,7 +97,7 @@ def test_end_sample_rises_match_the_reading_by_reading_rule() -> None:
         tuple(None if v == ABSENT else v for v in x), tuple(None if v == ABSENT else v for v in y)
     )
     assert expected == [4, 30, 3, 0, 0, 5]
-    assert _rises_of(np.array([x]), np.array([y])).tolist() == [expected]
+    assert rises_of(np.array([x]), np.array([y])).tolist() == [expected]
 
 
 def test_the_flat_conversions_read_the_values_numpy_reads() -> None:

@@ -34,7 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from stepwatch.contract import EventMessage, EventType
-from stepwatch.streams.core.hostwindow import GpuSignals, PortSignals
+from stepwatch.streams.core.hostwindow import GpuSignals, HostWindow, PortSignals
 from stepwatch.streams.core.ranks import GroupIndex
 
 CLOCK_STEPS = 9  # steps the offsets are the median of
@@ -74,6 +74,8 @@ class SampleWindow(Protocol):
     def gpu_signals(self, t0: float, t1: float) -> dict[int, GpuSignals]: ...
 
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]: ...
+
+    def port_view(self) -> tuple[HostWindow, float]: ...
 
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]: ...
 
@@ -199,6 +201,10 @@ class _Shifted:
 
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]:
         return self._win.port_signals(t0 + self._s, t1 + self._s, ends_only)
+
+    def port_view(self) -> tuple[HostWindow, float]:
+        win, s = self._win.port_view()  # (ShiftedWindows shifts a host once: s is 0)
+        return win, s + self._s if s else self._s
 
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]:
         return self._win.events_in(t0 + self._s, t1 + self._s, *types)

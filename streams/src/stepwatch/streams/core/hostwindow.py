@@ -307,7 +307,7 @@ class HostWindow:
         counter's rise at once (:func:`_rises`, vectorised)."""
         keep = a[:, 0] != ABSENT
         a, b = a[keep], b[keep]
-        rise = _rises_of(a[:, _COUNTERS], b[:, _COUNTERS])
+        rise = rises_of(a[:, COUNTER_COLS], b[:, COUNTER_COLS])
         cnp = rise[:, :3].sum(axis=1).tolist()
         wait = rise[:, 3].tolist()
         errs = rise[:, 4:]
@@ -354,6 +354,10 @@ class HostWindow:
                 break
             start = ta
         return start
+
+    def port_view(self) -> tuple[HostWindow, float]:
+        """This window and the shift to add to a job time to read it (none: 0)."""
+        return self, 0.0
 
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]:
         """Rates and error increases of every port of the host over [t0, t1].
@@ -421,12 +425,12 @@ _CONG = [_COL[c] for c in CONGESTION_COUNTERS]
 _WAIT = _COL["xmit_wait_total"]
 _RISE = [_WAIT, *_CONG]  # xmit_wait + ECN/CNP: the congestion level of rise_start
 _ERRORS = [(c, _COL[c]) for c in ERROR_COUNTERS]
-_COUNTERS = slice(_COL[CONGESTION_COUNTERS[0]], None)  # congestion, xmit_wait, errors
+COUNTER_COLS = slice(_COL[CONGESTION_COUNTERS[0]], None)  # congestion, xmit_wait, errors
 
 
 def _counters(row: list[int]) -> tuple[int | None, ...]:
     """A port row's counters in PORT_COUNTERS order (congestion, xmit_wait, errors)."""
-    return tuple(None if v == ABSENT else v for v in row[_COUNTERS])
+    return tuple(None if v == ABSENT else v for v in row[COUNTER_COLS])
 
 
 _CLOCK, _POWER, _TEMP, _UTIL = range(len(GPU_FLOATS))
@@ -486,7 +490,7 @@ class _GpuSeries:
         self.remap.append(None if i[_REMAP] == ABSENT else i[_REMAP])
 
 
-def _rises_of(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def rises_of(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`_rises` of many counters at once (int64 arrays, ABSENT where unknown)."""
     absent = (x == ABSENT) | (y == ABSENT)
     wrapped = (y < x) & (x < WRAP_32) & (x >= WRAP_32 * 3 // 4)  # a 32-bit counter wrapping

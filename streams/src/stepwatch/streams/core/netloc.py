@@ -17,9 +17,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.hostclock import SampleWindow
 from stepwatch.streams.core.hostwindow import PortSignals, median_of
+from stepwatch.streams.core.portends import port_rates
 
 Evidence = dict[str, str | float | int | bool | None]
 MIN_HISTORY_SAMPLES = 3
@@ -71,20 +74,15 @@ def port_suspects(
     job's other ports are the only reference; ``need_history``: a port without
     ``MIN_HISTORY_SAMPLES`` samples of its own before ``t0`` is not judged; ``ends_only``:
     rates from each window's first and last samples (see HostWindow.port_signals)."""
-    now: dict[str, list[PortSignals]] = {}
     names = sorted(hosts)[:MAX_HOSTS]
     if only is not None and only not in names:
         names.append(only)
-    for h in names:
-        win = windows.get(h)
-        if win is not None:
-            now[h] = win.port_signals(t0, t1, ends_only)
-    if len(now) < 2:
-        peers_cnp = peers_wait = 0.0
+    wins = {h: win for h in names if (win := windows.get(h)) is not None}
+    if ends_only:
+        now, peers_cnp, peers_wait = _ends_pass(wins, t0, t1, cfg)
     else:
-        every = [p for ps in now.values() for p in ps]
-        peers_cnp = median_of([p.cnp_per_s for p in every]) or 0.0
-        peers_wait = median_of([p.xmit_wait_per_s for p in every]) or 0.0
+        now = {h: win.port_signals(t0, t1) for h, win in wins.items()}
+        peers_cnp, peers_wait = _peers(wins, [p for ps in now.values() for p in ps], [], [])
     out: list[Suspect] = []
     for h, ports in now.items():
         if only is not None and h != only:
@@ -109,6 +107,65 @@ def port_suspects(
             if s is not None:
                 out.append(s)
     return out
+
+
+def _peers(
+    wins: Mapping[str, SampleWindow],
+    ports: list[PortSignals],
+    cnp: list[float],
+    wait: list[float],
+) -> tuple[float, float]:
+    """The median CNP and xmit_wait rates of the job's ports (0 with fewer than 2 hosts):
+    those of ``ports`` and the rates ``cnp`` and ``wait`` of others."""
+    if len(wins) < 2:
+        return 0.0, 0.0
+    return (
+        median_of([p.cnp_per_s for p in ports] + cnp) or 0.0,
+        median_of([p.xmit_wait_per_s for p in ports] + wait) or 0.0,
+    )
+
+
+def _ends_pass(
+    wins: Mapping[str, SampleWindow], t0: float, t1: float, cfg: DetectConfig
+) -> tuple[dict[str, list[PortSignals]], float, float]:
+    """``ends_only``: the job's medians from every port's rates at once
+    (:func:`port_rates`), and the signals of the hosts with a port that could be a
+    suspect (one :func:`_judge` would not drop against the job's other ports alone),
+    read as :meth:`HostWindow.port_signals` reads them; the other hosts' ports cannot
+    be suspects, whatever their own history."""
+    names = list(wins)
+    views = []
+    for h in names:
+        win, shift = wins[h].port_view()
+        views.append((win, t0 + shift, t1 + shift) if shift else (win, t0, t1))
+    rates = port_rates(views)
+    odd = {
+        names[i]: wins[names[i]].port_signals(t0, t1, True) for i in np.flatnonzero(rates.irregular)
+    }
+    peer_cnp, peer_wait = _peers(
+        wins,
+        [p for ps in odd.values() for p in ps],
+        rates.cnp_per_s.tolist(),
+        rates.xmit_wait_per_s.tolist(),
+    )
+    stands = _above(rates.cnp_per_s, peer_cnp, cfg.min_cnp_per_second, cfg) | _above(
+        rates.xmit_wait_per_s, peer_wait, cfg.min_xmit_wait_per_second, cfg
+    )
+    look = rates.flagged.copy()
+    look[rates.host[stands]] = True
+    now: dict[str, list[PortSignals]] = {}
+    for i, h in enumerate(names):
+        if h in odd:
+            now[h] = odd[h]
+        elif look[i]:
+            now[h] = wins[h].port_signals(t0, t1, True)
+    return now, peer_cnp, peer_wait
+
+
+def _above(rate: np.ndarray, peer: float, floor: float, cfg: DetectConfig) -> np.ndarray:
+    """Where a rate passes :func:`_judge`'s test against the job's ports alone."""
+    ref = max(peer, 0.0, floor / cfg.congestion_ratio)
+    return (rate >= floor) & (rate >= cfg.congestion_ratio * ref)
 
 
 def _judge(
