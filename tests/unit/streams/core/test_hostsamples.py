@@ -162,3 +162,20 @@ def test_a_silent_host_window_goes_at_the_first_tick_past_its_silence() -> None:
     assert "h3" in engine.windows and "h1" in engine.windows
     engine.tick(T0 + 29 + silence + 1)
     assert "h3" not in engine.windows and "h1" not in engine.windows
+
+
+def test_widening_after_the_ring_wrapped_leaves_every_old_row_without_the_new_readings() -> None:
+    """The widened store fills the new column slots of the rows written so far only (the
+    others are never read): every row of a wrapped ring, none of a fresh slot's."""
+    stores = HostStores(4)
+    a, b = HostWindow("a", 4, stores), HostWindow("b", 4, stores)
+    for i in range(6):  # a's ring wraps with 1-reading samples
+        a.add(_gpu(T0 + i, n=1))
+    b.add(_gpu(T0, n=1))
+    len(b.gpu)  # written (a reader flushes)
+    a.add(_gpu(T0 + 6, n=3))  # wider: the store widens
+    rows = a.gpu.order()
+    assert a.gpu.ints[rows[:-1], 1:, 0].tolist() == [[ABSENT, ABSENT]] * 3
+    assert set(a.gpu_signals(T0, T0 + 10)) == {0, 1, 2}
+    assert a.gpu_signals(T0, T0 + 10)[1].samples == 1
+    assert b.gpu_signals(T0, T0 + 10).keys() == {0}
