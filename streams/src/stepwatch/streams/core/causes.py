@@ -26,6 +26,7 @@ import numpy as np
 
 from stepwatch.contract import EventType
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.gpubatch import gpu_signals_many
 from stepwatch.streams.core.hostclock import SampleWindow
 from stepwatch.streams.core.hostwindow import (
     BAD_THROTTLE,
@@ -87,6 +88,20 @@ class CauseFinder:
         win = self.windows.get(host)
         return win.gpu_signals(*self._range(t1, span)) if win else {}
 
+    def _gpus_of(self, hosts: Iterable[str], t1: float, span: float | None) -> list[GpuSignals]:
+        """Every GPU of ``hosts``, host by host (as :meth:`_gpus` reads each), read
+        together where they can be (:func:`gpu_signals_many`)."""
+        t0, t1 = self._range(t1, span)
+        wins = [w for h in hosts if (w := self.windows.get(h)) is not None]
+        views = []
+        for w in wins:
+            win, s = w.host_view()
+            views.append((win, t0 + s, t1 + s) if s else (win, t0, t1))
+        out: list[GpuSignals] = []
+        for w, got in zip(wins, gpu_signals_many(views), strict=True):
+            out.extend((got if got is not None else w.gpu_signals(t0, t1)).values())
+        return out
+
     def _ports(self, host: str, t1: float, span: float | None = None) -> list[PortSignals]:
         win = self.windows.get(host)
         return win.port_signals(*self._range(t1, span)) if win else []
@@ -111,9 +126,7 @@ class CauseFinder:
         host_side = by_host_side(shares, self.cfg.data_share_for_input, "")
         if host_side is not None:
             return host_side
-        peer_gpus = [s for i, s in gpus.items() if i != gpu]
-        for h in peers:
-            peer_gpus.extend(self._gpus(h, t1, span).values())
+        peer_gpus = [s for i, s in gpus.items() if i != gpu] + self._gpus_of(peers, t1, span)
         found = gpu_reasons(own, peer_gpus, self.cfg)
         if found:
             reasons, ev = found
@@ -160,7 +173,7 @@ class CauseFinder:
         host_side = by_host_side(shares, need, " of the host")
         if host_side is not None:
             return host_side
-        peer_gpus = [s for h in peers for s in self._gpus(h, t1, span).values()]
+        peer_gpus = self._gpus_of(peers, t1, span)
         found = [(g, f) for g in gpus if (f := gpu_reasons(signals.get(g), peer_gpus, self.cfg))]
         if found and len(found) * 2 >= len(gpus):
             g, (reasons, ev) = found[0]
@@ -196,7 +209,7 @@ class CauseFinder:
         ev: Evidence = {"grew": top}
         t0, t1 = self._range(t1, span)
         if top == "compute":
-            all_gpus = [s for h in hosts for s in self._gpus(h, t1, span).values()]
+            all_gpus = self._gpus_of(hosts, t1, span)
             slow = [s for s in all_gpus if severe_gpu(s, self.cfg)]
             if all_gpus and len(slow) >= len(all_gpus) / 2:
                 ev["gpus_throttled"] = len(slow)

@@ -75,7 +75,7 @@ class SampleWindow(Protocol):
 
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]: ...
 
-    def port_view(self) -> tuple[HostWindow, float]: ...
+    def host_view(self) -> tuple[HostWindow, float]: ...
 
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]: ...
 
@@ -202,8 +202,8 @@ class _Shifted:
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]:
         return self._win.port_signals(t0 + self._s, t1 + self._s, ends_only)
 
-    def port_view(self) -> tuple[HostWindow, float]:
-        win, s = self._win.port_view()  # (ShiftedWindows shifts a host once: s is 0)
+    def host_view(self) -> tuple[HostWindow, float]:
+        win, s = self._win.host_view()  # (ShiftedWindows shifts a host once: s is 0)
         return win, s + self._s if s else self._s
 
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]:

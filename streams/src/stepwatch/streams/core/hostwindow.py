@@ -355,7 +355,7 @@ class HostWindow:
             start = ta
         return start
 
-    def port_view(self) -> tuple[HostWindow, float]:
+    def host_view(self) -> tuple[HostWindow, float]:
         """This window and the shift to add to a job time to read it (none: 0)."""
         return self, 0.0
 

@@ -136,7 +136,7 @@ def _ends_pass(
     names = list(wins)
     views = []
     for h in names:
-        win, shift = wins[h].port_view()
+        win, shift = wins[h].host_view()
         views.append((win, t0 + shift, t1 + shift) if shift else (win, t0, t1))
     rates = port_rates(views)
     odd = {
