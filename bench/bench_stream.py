@@ -35,6 +35,14 @@ its hot path switched off (``bench/worker_floor.py``): **worker, core-off**
 nothing) and **worker, layer** (no decoding either: the Kafka/Faust layer
 alone). No change to the worker's code could take it above these rows.
 
+``--garbage SHARE`` adds a run of the worker, fed the same way, with that share
+of its records garbage mixed in evenly (truncated JSON, a wrong type, random
+bytes, a valid message on another kind's topic, in turn): its valid events per
+CPU-second against the clean run's, and whether every garbage record came back
+as a dead letter (``stepwatch_stream_dlq_messages_total``). Each dead letter is
+a record the worker produces, and a batch is acknowledged only once the broker
+has its outputs: this is what a flood of bad records costs.
+
 Run: ``python bench/bench_stream.py`` (``--jobs 4 --steps 150`` for a quick look).
 """
 
@@ -43,6 +51,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import random
 import re
 import signal
 import subprocess
@@ -51,9 +60,10 @@ import tempfile
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
     from stepwatch.contract import Message
@@ -65,7 +75,10 @@ TICKS = os.sysconf("SC_CLK_TCK")
 GOAL_EVENTS = 150_000  # events per worker CPU-second
 GOAL_RATIO = 0.3  # worker / raw consume, same run
 # the worker's series the benchmark reads: name, labels (summed over), value
-SERIES = re.compile(r"(stepwatch_stream_(?:messages_total|events_total|ready))(?:\{\S*\})? (\S+)")
+SERIES = re.compile(
+    r"(stepwatch_stream_(?:messages_total|events_total|ready|dlq_messages_total))"
+    r"(?:\{\S*\})? (\S+)"
+)
 
 
 @dataclass
@@ -75,6 +88,7 @@ class Row:
     events: int
     cpu: float
     wall: float
+    dead: int = 0  # dead letters the worker sent (the garbage run)
 
     def line(self, base: Row | None) -> str:
         ratio = f"{self.events / self.cpu / (base.events / base.cpu):6.3f}" if base else "     -"
@@ -114,7 +128,53 @@ def records_in(message: object) -> int:
     return 1
 
 
-def preload(settings: Settings, messages: list[Message]) -> list[tuple[str, bytes, bytes]]:
+@dataclass(frozen=True)
+class Garbage:
+    """A record that is not a valid message of its topic (its dead letter is expected)."""
+
+    kind: str  # the telemetry topic it is produced to
+    key: bytes
+    value: bytes
+
+
+Item: TypeAlias = "Message | Garbage"
+
+
+def with_garbage(messages: list[Message], share: float) -> list[Item]:
+    """``messages`` with records no worker may accept mixed in evenly, ``share`` of the
+    whole: truncated JSON, a wrong type, random bytes, a valid message on another kind's
+    topic, in turn (each keyed like the message before it: the same partition)."""
+    from stepwatch.contract import KIND_OF, encode, message_key
+
+    if share <= 0:
+        return list(messages)
+    rng = random.Random(7)
+    every = (1 - share) / share  # valid messages per garbage record
+    out: list[Item] = []
+    due = every
+    made = 0
+    for i, m in enumerate(messages):
+        out.append(m)
+        while i + 1 >= due:
+            due += every
+            kind, key, value = KIND_OF[type(m)].value, message_key(m), encode(m)
+            shape = made % 4
+            made += 1
+            if shape == 0:
+                bad = value[: len(value) // 2]
+            elif shape == 1:
+                bad = b'{"kind":"%s","v":1,"ts":"soon"}' % kind.encode()
+            elif shape == 2:
+                bad = rng.randbytes(64)
+            else:
+                kind = "gpu" if kind != "gpu" else "port"
+                bad = value
+            out.append(Garbage(kind, key, bad))
+    return out
+
+
+def preload(settings: Settings, messages: Sequence[Item]) -> list[tuple[str, bytes, bytes]]:
+    """Produce the messages (a :class:`Garbage` as its bytes) to their topics."""
     from confluent_kafka import Producer
 
     from stepwatch.contract import KIND_OF, Topics, encode, message_key
@@ -125,7 +185,10 @@ def preload(settings: Settings, messages: list[Message]) -> list[tuple[str, byte
     producer = Producer(producer_config(settings))
     wire = []
     for i, m in enumerate(messages):
-        item = (topics.for_kind(KIND_OF[type(m)]), message_key(m), encode(m))
+        if isinstance(m, Garbage):
+            item = (topics.for_kind(m.kind), m.key, m.value)
+        else:
+            item = (topics.for_kind(KIND_OF[type(m)]), message_key(m), encode(m))
         wire.append(item)
         producer.produce(item[0], item[2], key=item[1])
         if i % 5000 == 0:
@@ -217,7 +280,7 @@ def cpu_of(pid: int) -> float:
 
 def worker(
     settings: Settings,
-    messages: list[Message],
+    messages: Sequence[Item],
     workdir: str,
     extra: list[str],
     floor: str = "",
@@ -271,7 +334,7 @@ def worker(
         stderr=open(os.path.join(workdir, "worker.log"), "wb"),  # noqa: SIM115
     )
 
-    def point() -> tuple[float, float, float, float, float]:
+    def point() -> tuple[float, float, float, float, float, float]:
         m = scrape(port)
         return (
             m.get("stepwatch_stream_messages_total", 0),
@@ -279,6 +342,7 @@ def worker(
             cpu_of(proc.pid),
             time.perf_counter(),
             m.get("stepwatch_stream_ready", 0),
+            m.get("stepwatch_stream_dlq_messages_total", 0),
         )
 
     try:
@@ -306,6 +370,7 @@ def worker(
             int(last[1] - first[1]),
             last[2] - first[2],
             last[3] - first[3],
+            int(last[5] - first[5]),
         )
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -338,6 +403,24 @@ def floor_row(
     return row
 
 
+def garbage_row(settings: Settings, messages: list[Message], workdir: str, share: float) -> Row:
+    """The worker fed the same messages with garbage mixed in (:func:`with_garbage`), on
+    topics of its own: every garbage record must come back as a dead letter."""
+    from stepwatch.settings import Settings
+
+    own = Settings.load(
+        env={},
+        bootstrap_servers=settings.bootstrap_servers,
+        topic_prefix=f"{settings.topic_prefix}garbage",
+        partitions=settings.partitions,
+    )
+    path = os.path.join(workdir, "garbage")
+    os.makedirs(path, exist_ok=True)
+    row = worker(own, with_garbage(messages, share), path, [])
+    row.name = f"worker, {share:.0%} garbage"
+    return row
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=8)
@@ -354,6 +437,13 @@ def main() -> None:
         "--floors",
         action="store_true",
         help="also run the worker with the detection core, then all processing, switched off",
+    )
+    ap.add_argument(
+        "--garbage",
+        type=float,
+        default=0.0,
+        metavar="SHARE",
+        help="also run the worker with this share (0..1) of its records garbage",
     )
     args = ap.parse_args()
 
@@ -398,6 +488,8 @@ def main() -> None:
                 if args.floors
                 else []
             )
+            if args.garbage > 0:
+                floors.append(garbage_row(settings, messages, workdir, args.garbage))
         print(
             f"\n{'path':<26} {'messages':>9} {'events':>10} {'cpu_s':>8} {'wall_s':>8} "
             f"{'msgs/cpu-s':>12} {'events/cpu-s':>12} {'ratio':>6}"
@@ -418,6 +510,16 @@ def main() -> None:
         )
         for row in floors:
             r = row.events / row.cpu
+            if "garbage" in row.name:
+                bad = row.messages - len(messages)
+                print(
+                    f"{row.name}: {r:,.0f} valid events/s per core ({r / rate:.2f}x the "
+                    f"clean run), {row.messages / row.cpu:,.0f} Kafka messages/s per core, "
+                    f"wall {row.wall:.1f} s against {w.wall:.1f} s; dead letters "
+                    f"{row.dead:,} of {bad:,} garbage records"
+                    f"{'' if row.dead == bad else ' (NOT all)'}"
+                )
+                continue
             print(
                 f"{row.name} (a ceiling for the worker): {r:,.0f} events/s per core, "
                 f"ratio {r / raw:.3f} (goals: {GOAL_EVENTS:,}, {GOAL_RATIO})"
