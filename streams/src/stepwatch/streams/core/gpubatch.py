@@ -27,6 +27,9 @@ _CLOCK, _POWER, _TEMP, _UTIL = range(4)  # GPU_FLOATS
 _INDEX, _THROTTLE, _DBE, _REMAP = range(4)  # GPU_INTS
 _BITS = np.array(list(THROTTLE_NAMES), np.int64)
 _CAUSE_EVENTS = (EventType.XID, EventType.ECC)
+# hosts read in one pass: bounds its copies of the rows (a job's 2,048 hosts at once
+# would copy ~130 MB of samples; 64 hosts, ~4 MB)
+CHUNK_HOSTS = 64
 
 
 def gpu_signals_many(views: Sequence[View]) -> list[dict[int, GpuSignals] | None]:
@@ -38,8 +41,10 @@ def gpu_signals_many(views: Sequence[View]) -> list[dict[int, GpuSignals] | None
             continue  # XIDs and ECC events join the signals: the host's own path
         by_store.setdefault(id(win.gpu.store), []).append(i)
     for members in by_store.values():
-        for i, signals in zip(members, _store_signals(views, members), strict=True):
-            out[i] = signals
+        for at in range(0, len(members), CHUNK_HOSTS):
+            part = members[at : at + CHUNK_HOSTS]
+            for i, signals in zip(part, _store_signals(views, part), strict=True):
+                out[i] = signals
     return out
 
 
