@@ -9,9 +9,10 @@ a commit then ran past a detection that never reached the broker.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -49,6 +50,22 @@ class Run:
             retry_first=0.2,
             retry_max=1.0,
         )
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def started(
+        cls, settings: Settings, tmp_path: Any, restart: DevBroker | None = None
+    ) -> AsyncIterator[Run]:
+        """A run with its producer started, stopped on the way out (``restart``: a broker
+        the test stopped, started again first)."""
+        r = cls(settings, tmp_path)
+        await r.app.producer.start()
+        try:
+            yield r
+        finally:
+            if restart is not None:
+                restart.start()
+            await r.app.producer.stop()
 
     def out(self, n: int, size: int = 0) -> Output:
         return Output(self.topics.detections, b"job", detection(n, size), 0)
@@ -88,9 +105,7 @@ def test_a_broker_outage_holds_the_batch_until_its_outputs_are_delivered(
     changelog = Run(settings, tmp_path / "name").changelog
 
     async def run() -> bool:
-        r = Run(settings, tmp_path)
-        await r.app.producer.start()
-        try:
+        async with Run.started(settings, tmp_path) as r:
             await r.pub.publish([r.out(0)], [], never)  # the broker is up: at once
             broker.stop()
             task = asyncio.ensure_future(r.pub.publish([r.out(1), r.out(2)], r.write(1), never))
@@ -103,8 +118,6 @@ def test_a_broker_outage_holds_the_batch_until_its_outputs_are_delivered(
             ensure_topics(settings, [changelog])
             await asyncio.wait_for(task, 60)
             return held and not r.pub.stalled(0.0)
-        finally:
-            await r.app.producer.stop()
 
     assert asyncio.run(run())
     # after the restart the broker holds what was sent during the outage, in order,
@@ -127,9 +140,7 @@ def test_a_batch_that_stops_being_this_workers_gives_up_and_its_outputs_wait(
     changelog = Run(settings, tmp_path / "name").changelog
 
     async def run() -> float:
-        r = Run(settings, tmp_path)
-        await r.app.producer.start()
-        try:
+        async with Run.started(settings, tmp_path) as r:
             await r.pub.publish([r.out(0)], [], never)
             broker.stop()
             started = time.monotonic()
@@ -142,8 +153,6 @@ def test_a_batch_that_stops_being_this_workers_gives_up_and_its_outputs_wait(
             r.pub.owned = lambda partition: kept
             await asyncio.wait_for(r.pub.publish([r.out(2)], r.write(2), never), 60)
             return took
-        finally:
-            await r.app.producer.stop()
 
     took = asyncio.run(run())
     assert 3.0 <= took < 15.0  # gave up soon after abort() turned true, not before
@@ -169,9 +178,7 @@ def test_a_publish_waiting_for_its_turn_or_for_the_producers_buffer_can_give_up(
     ensure_topics(settings)
 
     async def run() -> tuple[float, float]:
-        r = Run(settings, tmp_path)
-        await r.app.producer.start()
-        try:
+        async with Run.started(settings, tmp_path, restart=broker) as r:
             await r.pub.publish([r.out(0)], [], never)
             broker.stop()
             first = asyncio.ensure_future(r.pub.publish([r.out(1)], [], after(20.0)))
@@ -187,9 +194,6 @@ def test_a_publish_waiting_for_its_turn_or_for_the_producers_buffer_can_give_up(
             with pytest.raises(DeliveryAborted):
                 await r.pub.publish(many, [], after(2.0))
             return behind, time.monotonic() - started
-        finally:
-            broker.start()
-            await r.app.producer.stop()
 
     behind, full = asyncio.run(run())
     assert behind < 5.0, behind
@@ -206,14 +210,10 @@ def test_an_output_too_large_to_send_becomes_a_dead_letter(
     ensure_topics(settings)
 
     async def run() -> float:
-        r = Run(settings, tmp_path)
-        await r.app.producer.start()
-        try:
+        async with Run.started(settings, tmp_path) as r:
             big = r.out(1, size=3 * 1024 * 1024)
             await asyncio.wait_for(r.pub.publish([r.out(0), big, r.out(2)], [], never), 30)
             return r.errors("produce")
-        finally:
-            await r.app.producer.stop()
 
     produce_errors = asyncio.run(run())
     assert produce_errors == 1
@@ -235,9 +235,7 @@ def test_a_publish_cancelled_while_waiting_for_its_turn_leaves_the_turn_free(
     ensure_topics(settings)
 
     async def run() -> str:
-        r = Run(settings, tmp_path)
-        await r.app.producer.start()
-        try:
+        async with Run.started(settings, tmp_path, restart=broker) as r:
             await r.pub.publish([r.out(0)], [], never)
             broker.stop()
             first = asyncio.ensure_future(r.pub.publish([r.out(1)], [], after(4.0)))
@@ -252,8 +250,5 @@ def test_a_publish_cancelled_while_waiting_for_its_turn_leaves_the_turn_free(
             with pytest.raises(DeliveryAborted) as third:
                 await asyncio.wait_for(r.pub.publish([r.out(3)], [], after(2.0)), 20)
             return str(third.value)
-        finally:
-            broker.start()
-            await r.app.producer.stop()
 
     assert "turn" not in asyncio.run(run())  # it had its turn, then gave up on the broker
