@@ -93,23 +93,27 @@ def decode_unchecked(data: bytes | str) -> Message:
     # through it for the precise reason.
     try:
         message = _decoder.decode(data)
-    except msgspec.DecodeError:  # ValidationError included
-        pass
-    else:
-        if 1 <= message.v <= CONTRACT_VERSION:
-            if may_break_names(data):
-                check_names(message)
-            return message
+    except (msgspec.DecodeError, UnicodeDecodeError) as err:  # ValidationError included
+        return _decode_with_header(data, err)
+    if 1 <= message.v <= CONTRACT_VERSION:
+        if may_break_names(data):
+            check_names(message)
+        return message
     return _decode_with_header(data)
 
 
-def _decode_with_header(data: bytes | str) -> Message:
+def _decode_with_header(data: bytes | str, failed: Exception | None = None) -> Message:
+    """The precise reason: the header first (kind, version), then the whole message
+    (``failed``: how the whole message's parse already failed; the same parse again
+    would fail the same way)."""
     try:
         header = _header.decode(data)
     except msgspec.ValidationError as err:  # (a subclass of DecodeError: first)
         raise ContractError("schema", str(err)) from err
     except msgspec.DecodeError as err:
         raise ContractError("malformed_json", str(err)) from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(err) from err
     if header.kind is None:
         raise ContractError("schema", "missing field `kind`")
     if header.kind not in KINDS:
@@ -122,13 +126,25 @@ def _decode_with_header(data: bytes | str) -> Message:
     if header.v is not None and header.v < 1:
         raise ContractError("schema", f"version must be >= 1, got {header.v}")
     try:
+        if failed is not None:
+            raise failed
         message = _decoder.decode(data)
     except msgspec.ValidationError as err:
         raise ContractError(_validation_reason(err), str(err)) from err
     except msgspec.DecodeError as err:
         raise ContractError("malformed_json", str(err)) from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(err) from err
     check_names(message)
     return message
+
+
+def not_utf8(err: UnicodeDecodeError) -> ContractError:
+    """A string that is not UTF-8: malformed JSON (RFC 8259: JSON text is UTF-8). msgspec
+    raises UnicodeDecodeError for it, not DecodeError: without this it escaped every
+    caller's ``except ContractError`` (one bad byte in a host name lost a worker's whole
+    batch)."""
+    return ContractError("malformed_json", f"a string is not UTF-8: {err}")
 
 
 def _validation_reason(err: msgspec.ValidationError) -> str:

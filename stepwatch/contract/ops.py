@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import msgspec
 
+from stepwatch.contract.codec import not_utf8
 from stepwatch.errors import ContractError
 
 OPS_VERSION = 1
@@ -86,3 +87,5 @@ def _decode(decoder: msgspec.json.Decoder[_T], payload: bytes) -> _T:
         raise ContractError("schema", str(err)) from err
     except msgspec.DecodeError as err:
         raise ContractError("malformed_json", str(err)) from err
+    except UnicodeDecodeError as err:
+        raise not_utf8(err) from err

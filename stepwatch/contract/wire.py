@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import msgspec
 
+from stepwatch.contract.codec import not_utf8
 from stepwatch.contract.names import check_names, may_break_names
 from stepwatch.contract.records import EventType, Name, StepRecord
 from stepwatch.errors import ContractError
@@ -63,6 +64,8 @@ def decode_datagram(data: bytes) -> Datagram:
         raise ContractError("schema", f"datagram: {err}") from err
     except msgspec.DecodeError as err:
         raise ContractError("malformed_json", f"datagram: {err}") from err
+    except UnicodeDecodeError as err:
+        raise ContractError("malformed_json", f"datagram: {not_utf8(err).detail}") from err
     if item.v > WIRE_VERSION:
         raise ContractError("unsupported_version", f"datagram v{item.v} > v{WIRE_VERSION}")
     if may_break_names(data):

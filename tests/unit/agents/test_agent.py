@@ -149,6 +149,26 @@ def test_host_samples_keyed_by_the_job_the_steps_name(settings: Settings) -> Non
         steps.close()
 
 
+def test_a_datagram_that_is_not_utf8_is_rejected_and_the_others_kept(settings: Settings) -> None:
+    """One flipped byte in a job id (not UTF-8) is a rejected datagram, counted; the
+    datagrams around it in the same tick still become step records."""
+    steps = StepsCollector(settings.agent_socket)
+    try:
+        agent, sink = agent_with(settings, steps)
+        for rank in range(3):
+            rec = StepRecord(
+                job_id="llama", rank=rank, world_size=8, step=1, start=WALL0 - 1, end=WALL0
+            )
+            data = encode_datagram(RankStep(step=rec))
+            steps.feed(data.replace(b'"llama"', b'"ll\xffma"') if rank == 1 else data)
+        agent.tick()
+        assert steps.rejected["malformed_json"] == 1
+        sent = [r.rank for m in sink.messages if type(m).__name__ == "StepMessage" for r in m.steps]  # type: ignore[attr-defined]
+        assert sorted(sent) == [0, 2]
+    finally:
+        steps.close()
+
+
 def test_no_job_attribution_when_two_jobs_share_the_host(settings: Settings) -> None:
     steps = StepsCollector(settings.agent_socket)
     try:

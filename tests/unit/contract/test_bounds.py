@@ -38,6 +38,25 @@ BAD: list[tuple[str, bytes, str]] = [
         ((EVENT % (T0, 10, "79"))[:-1] + ',"junk":"%s"}' % ("x" * 2_000_000)).encode(),
         "too_large",
     ),
+    # a string that is not UTF-8 (msgspec raises UnicodeDecodeError, not DecodeError): in
+    # a name the header reads, in a record's name, in a field no reader keeps
+    (
+        TOPICS.gpu,
+        (GPU % (T0, 13, '"power_w":1')).encode().replace(b'"h"', b'"h\xff"'),
+        "malformed_json",
+    ),
+    (
+        TOPICS.steps,
+        (STEP % (T0, 14, T0, T0 + 1, "1")).encode().replace(b'"j"', b'"\xc3("'),
+        "malformed_json",
+    ),
+    (
+        TOPICS.gpu,
+        (GPU % (T0, 15, '"power_w":1'))
+        .encode()
+        .replace(b'"index"', b'"uuid":"\xed\xa0\x80","index"'),
+        "malformed_json",
+    ),
 ]
 GOOD = [
     (TOPICS.gpu, (GPU % (T0, 11, f'"power_w":300.5,"energy_mj_total":{2**62}')).encode()),

@@ -149,7 +149,7 @@ def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any,
     payload = record.value or b""
     try:
         header = _lenient.decode(payload)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, UnicodeDecodeError):  # (ValidationError included)
         header = _scan_header(payload[:65536])
     seq = header.seq if isinstance(header.seq, int) and 0 <= header.seq < 2**64 else None
     return (

@@ -118,7 +118,7 @@ class PartitionLedger:
         for raw in list(self._store.values()):
             try:
                 entry = _decoder.decode(raw)
-            except (msgspec.DecodeError, TypeError):
+            except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
                 continue
             det = entry.detection
             if entry.partition != self.partition or det.state == "resolved":
