@@ -37,7 +37,8 @@ alone). No change to the worker's code could take it above these rows.
 
 ``--garbage SHARE`` adds a run of the worker, fed the same way, with that share
 of its records garbage mixed in evenly (truncated JSON, a wrong type, random
-bytes, a valid message on another kind's topic, in turn): its valid events per
+bytes, a valid message on another kind's topic, a host name that is not UTF-8,
+in turn): its valid events per
 CPU-second against the clean run's, and whether every garbage record came back
 as a dead letter (``stepwatch_stream_dlq_messages_total``). Each dead letter is
 a record the worker produces, and a batch is acknowledged only once the broker
@@ -143,7 +144,8 @@ Item: TypeAlias = "Message | Garbage"
 def with_garbage(messages: list[Message], share: float) -> list[Item]:
     """``messages`` with records no worker may accept mixed in evenly, ``share`` of the
     whole: truncated JSON, a wrong type, random bytes, a valid message on another kind's
-    topic, in turn (each keyed like the message before it: the same partition)."""
+    topic, a host name that is not UTF-8, in turn (each keyed like the message before
+    it: the same partition)."""
     from stepwatch.contract import KIND_OF, encode, message_key
 
     if share <= 0:
@@ -158,7 +160,7 @@ def with_garbage(messages: list[Message], share: float) -> list[Item]:
         while i + 1 >= due:
             due += every
             kind, key, value = KIND_OF[type(m)].value, message_key(m), encode(m)
-            shape = made % 4
+            shape = made % 5
             made += 1
             if shape == 0:
                 bad = value[: len(value) // 2]
@@ -166,9 +168,11 @@ def with_garbage(messages: list[Message], share: float) -> list[Item]:
                 bad = b'{"kind":"%s","v":1,"ts":"soon"}' % kind.encode()
             elif shape == 2:
                 bad = rng.randbytes(64)
-            else:
+            elif shape == 3:
                 kind = "gpu" if kind != "gpu" else "port"
                 bad = value
+            else:  # one byte of the host name that is not UTF-8
+                bad = value.replace(b'"host":"', b'"host":"\xff', 1)
             out.append(Garbage(kind, key, bad))
     return out
 
