@@ -150,6 +150,8 @@ def with_garbage(messages: list[Message], share: float) -> list[Item]:
 
     if share <= 0:
         return list(messages)
+    if share >= 1:
+        raise SystemExit(f"bench: --garbage is a share of the records, below 1 (got {share})")
     rng = random.Random(7)
     every = (1 - share) / share  # valid messages per garbage record
     out: list[Item] = []

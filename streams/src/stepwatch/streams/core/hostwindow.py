@@ -447,6 +447,8 @@ def _series_by_gpu(floats: np.ndarray, ints: np.ndarray) -> dict[int, _GpuSeries
     order = np.flatnonzero(kept)[np.argsort(i[kept, 0], kind="stable")]
     f, i = f[order], i[order]
     index = i[:, 0]
+    if not len(index):
+        return {}  # samples without a GPU reading (no device seen: the contract allows it)
     starts = np.flatnonzero(np.r_[True, index[1:] != index[:-1]]).tolist()
     ends = [*starts[1:], len(index)]
     fcols, icols = f.T.tolist(), i.T.tolist()
