@@ -20,6 +20,7 @@ from stepwatch.streams.core import gpubatch
 from stepwatch.streams.core.gpubatch import gpu_signals_many
 from stepwatch.streams.core.hostsamples import HostStores
 from stepwatch.streams.core.hostwindow import HostWindow
+from tests.support.host_windows import random_views
 
 pytestmark = pytest.mark.unit
 
@@ -72,16 +73,7 @@ def test_batched_signals_equal_the_per_host_signals(
     rng = random.Random(seed)
     if seed % 2:
         monkeypatch.setattr(gpubatch, "CHUNK_HOSTS", 3)  # hosts read a few at a time
-    size = rng.choice((8, 32, 128))
-    stores = [HostStores(size), HostStores(size)]
-    views = []
-    for h in range(rng.randrange(1, 12)):
-        win = HostWindow(f"h{h:02d}", size, rng.choice(stores) if rng.random() < 0.9 else None)
-        _fill(rng, win, rng.randrange(0, 3 * size))
-        shift = rng.choice((0.0, 0.0, 1.25, -7.5))
-        t1 = T0 + rng.uniform(0, 3 * size)
-        t0 = t1 - rng.choice((5.0, 30.0, 300.0))
-        views.append((win, t0 + shift, t1 + shift))
+    views = random_views(rng, T0, _fill)
     for (win, t0, t1), got in zip(views, gpu_signals_many(views), strict=True):
         if got is not None:
             assert list(got.items()) == list(win.gpu_signals(t0, t1).items())

@@ -21,6 +21,7 @@ from stepwatch.streams.core.hostsamples import HostStores
 from stepwatch.streams.core.hostwindow import HostWindow
 from stepwatch.streams.core.netloc import port_suspects
 from stepwatch.streams.core.portends import port_rates
+from tests.support.host_windows import random_views
 
 pytestmark = pytest.mark.unit
 
@@ -76,16 +77,7 @@ def _fill(rng: random.Random, win: HostWindow, samples: int) -> None:
 @pytest.mark.parametrize("seed", range(40))
 def test_batched_rates_equal_the_per_host_rates(seed: int) -> None:
     rng = random.Random(seed)
-    size = rng.choice((8, 32, 128))
-    stores = [HostStores(size), HostStores(size)]
-    views = []
-    for h in range(rng.randrange(1, 12)):
-        win = HostWindow(f"h{h:02d}", size, rng.choice(stores) if rng.random() < 0.9 else None)
-        _fill(rng, win, rng.randrange(0, 3 * size))
-        shift = rng.choice((0.0, 0.0, 1.25, -7.5))
-        t1 = T0 + rng.uniform(0, 3 * size)
-        t0 = t1 - rng.choice((5.0, 30.0, 300.0))
-        views.append((win, t0 + shift, t1 + shift))
+    views = random_views(rng, T0, _fill)
     rates = port_rates(views)
     for i, (win, t0, t1) in enumerate(views):
         signals = win.port_signals(t0, t1, ends_only=True)

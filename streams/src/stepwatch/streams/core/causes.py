@@ -93,10 +93,7 @@ class CauseFinder:
         together where they can be (:func:`gpu_signals_many`)."""
         t0, t1 = self._range(t1, span)
         wins = [w for h in hosts if (w := self.windows.get(h)) is not None]
-        views = []
-        for w in wins:
-            win, s = w.host_view()
-            views.append((win, t0 + s, t1 + s) if s else (win, t0, t1))
+        views = [w.host_view(t0, t1) for w in wins]
         out: list[GpuSignals] = []
         for w, got in zip(wins, gpu_signals_many(views), strict=True):
             out.extend((got if got is not None else w.gpu_signals(t0, t1)).values())

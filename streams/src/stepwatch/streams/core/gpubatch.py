@@ -19,12 +19,15 @@ from collections.abc import Sequence
 import numpy as np
 
 from stepwatch.contract import EventType
-from stepwatch.streams.core.hostsamples import ABSENT, SampleStore
-from stepwatch.streams.core.hostwindow import THROTTLE_NAMES, GpuSignals, HostWindow
+from stepwatch.streams.core.hostsamples import ABSENT, GPU_FLOATS, GPU_INTS, SampleStore
+from stepwatch.streams.core.hostwindow import THROTTLE_NAMES, GpuSignals, View
 
-View = tuple[HostWindow, float, float]  # a host's window and the range on its clock
-_CLOCK, _POWER, _TEMP, _UTIL = range(4)  # GPU_FLOATS
-_INDEX, _THROTTLE, _DBE, _REMAP = range(4)  # GPU_INTS
+_CLOCK, _POWER, _TEMP, _UTIL = map(
+    GPU_FLOATS.index, ("sm_clock_ratio", "power_ratio", "temp_gpu_c", "util_gpu_pct")
+)
+_INDEX, _THROTTLE, _DBE, _REMAP = map(
+    GPU_INTS.index, ("index", "throttle_reasons", "ecc_dbe_total", "remapped_rows_uncorrectable")
+)
 _BITS = np.array(list(THROTTLE_NAMES), np.int64)
 _CAUSE_EVENTS = (EventType.XID, EventType.ECC)
 # hosts read in one pass: bounds its copies of the rows (a job's 2,048 hosts at once

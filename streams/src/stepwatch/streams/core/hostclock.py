@@ -34,7 +34,7 @@ from typing import Protocol
 import numpy as np
 
 from stepwatch.contract import EventMessage, EventType
-from stepwatch.streams.core.hostwindow import GpuSignals, HostWindow, PortSignals
+from stepwatch.streams.core.hostwindow import GpuSignals, PortSignals, View
 from stepwatch.streams.core.ranks import GroupIndex
 
 CLOCK_STEPS = 9  # steps the offsets are the median of
@@ -75,7 +75,7 @@ class SampleWindow(Protocol):
 
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]: ...
 
-    def host_view(self) -> tuple[HostWindow, float]: ...
+    def host_view(self, t0: float, t1: float) -> View: ...
 
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]: ...
 
@@ -202,9 +202,8 @@ class _Shifted:
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]:
         return self._win.port_signals(t0 + self._s, t1 + self._s, ends_only)
 
-    def host_view(self) -> tuple[HostWindow, float]:
-        win, s = self._win.host_view()  # (ShiftedWindows shifts a host once: s is 0)
-        return win, s + self._s if s else self._s
+    def host_view(self, t0: float, t1: float) -> View:
+        return self._win.host_view(t0 + self._s, t1 + self._s)
 
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]:
         return self._win.events_in(t0 + self._s, t1 + self._s, *types)

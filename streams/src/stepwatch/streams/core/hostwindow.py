@@ -100,6 +100,10 @@ class LinkIncident:
     how: str  # "event ACTIVE->DOWN", "state DOWN", "link_downed +1", ...
 
 
+# a host's window and a time range on that window's clock (the batched readers' input)
+View = tuple["HostWindow", float, float]
+
+
 @dataclass
 class HostWindow:
     host: str
@@ -263,11 +267,7 @@ class HostWindow:
         first, last, n = ends
         ts, ints = self.port.ts, self.port.ints
         span = float(ts[last] - ts[first])
-        downs = {
-            (e.device, e.port)
-            for e in self.events_in(t0, t1, EventType.LINK_STATE)
-            if "down" in (e.detail or "").lower()
-        }
+        downs = self.link_downs(t0, t1)
         a, b = ints[first], ints[last]
         if np.array_equal(a[:, 0], b[:, 0]):  # the same ports in the same order (the rule)
             return self._pairs_signals(a, b, n, span, downs)
@@ -355,9 +355,17 @@ class HostWindow:
             start = ta
         return start
 
-    def host_view(self) -> tuple[HostWindow, float]:
-        """This window and the shift to add to a job time to read it (none: 0)."""
-        return self, 0.0
+    def host_view(self, t0: float, t1: float) -> View:
+        """This window and the range [t0, t1] on its clock (a shifted view shifts it)."""
+        return self, t0, t1
+
+    def link_downs(self, t0: float, t1: float) -> set[tuple[str | None, int | None]]:
+        """(device, port) of the link-down events in [t0, t1] (port None: the device's)."""
+        return {
+            (e.device, e.port)
+            for e in self.events_in(t0, t1, EventType.LINK_STATE)
+            if "down" in (e.detail or "").lower()
+        }
 
     def port_signals(self, t0: float, t1: float, ends_only: bool = False) -> list[PortSignals]:
         """Rates and error increases of every port of the host over [t0, t1].
@@ -382,11 +390,7 @@ class HostWindow:
                     else:
                         got.append(i)
         span = float(self.port.ts[rows[-1]] - self.port.ts[rows[0]])
-        downs = {
-            (e.device, e.port)
-            for e in self.events_in(t0, t1, EventType.LINK_STATE)
-            if "down" in (e.detail or "").lower()
-        }
+        downs = self.link_downs(t0, t1)
         out = []
         for (device, port), readings in sorted(
             (self._key_names_of(k), v) for k, v in series.items()

@@ -134,11 +134,7 @@ def _ends_pass(
     read as :meth:`HostWindow.port_signals` reads them; the other hosts' ports cannot
     be suspects, whatever their own history."""
     names = list(wins)
-    views = []
-    for h in names:
-        win, shift = wins[h].host_view()
-        views.append((win, t0 + shift, t1 + shift) if shift else (win, t0, t1))
-    rates = port_rates(views)
+    rates = port_rates([wins[h].host_view(t0, t1) for h in names])
     odd = {
         names[i]: wins[names[i]].port_signals(t0, t1, True) for i in np.flatnonzero(rates.irregular)
     }

@@ -20,12 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from stepwatch.contract import EventType
 from stepwatch.streams.core.hostsamples import ABSENT, SampleStore
-from stepwatch.streams.core.hostwindow import COUNTER_COLS, ORDER_SLACK_S, HostWindow, rises_of
-
-# a host's view of the check: its window and the range on that window's clock
-View = tuple[HostWindow, float, float]
+from stepwatch.streams.core.hostwindow import COUNTER_COLS, ORDER_SLACK_S, View, rises_of
 
 
 @dataclass(frozen=True)
@@ -50,9 +46,9 @@ def port_rates(views: Sequence[View]) -> PortRates:
     flagged = np.zeros(k, bool)
     irregular = np.zeros(k, bool)
     by_store: dict[int, list[int]] = {}
-    for i, (win, _, _) in enumerate(views):
+    for i, (win, t0, t1) in enumerate(views):
         by_store.setdefault(id(win.port.store), []).append(i)
-        if win.events and _link_down(win, views[i][1], views[i][2]):
+        if win.events and win.link_downs(t0, t1):
             flagged[i] = True
     for members in by_store.values():
         parts.append(_store_rates(views, np.array(members), flagged, irregular))
@@ -62,13 +58,6 @@ def port_rates(views: Sequence[View]) -> PortRates:
     host, cnp, wait = (np.concatenate(c) for c in zip(*parts, strict=True))
     order = np.argsort(host, kind="stable")
     return PortRates(host[order], cnp[order], wait[order], flagged, irregular)
-
-
-def _link_down(win: HostWindow, t0: float, t1: float) -> bool:
-    return any(
-        e.type == EventType.LINK_STATE and t0 <= e.ts <= t1 and "down" in (e.detail or "").lower()
-        for e in win.events
-    )
 
 
 def _store_rates(
