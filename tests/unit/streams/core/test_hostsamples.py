@@ -179,3 +179,34 @@ def test_widening_after_the_ring_wrapped_leaves_every_old_row_without_the_new_re
     assert set(a.gpu_signals(T0, T0 + 10)) == {0, 1, 2}
     assert a.gpu_signals(T0, T0 + 10)[1].samples == 1
     assert b.gpu_signals(T0, T0 + 10).keys() == {0}
+
+
+def test_samples_staged_together_land_where_samples_flushed_one_by_one_land() -> None:
+    """The batched scatter (several hosts, several samples a host, rings wrapping, a
+    widening in the batch) writes every row the one-sample-at-a-time path writes."""
+    import random
+
+    import numpy as np
+
+    rng = random.Random(5)
+    together, alone = HostStores(5), HostStores(5)
+    names = [f"h{i}" for i in range(7)]
+    stores = {"together": together, "alone": alone}
+    wins = {k: {h: HostWindow(h, 5, s) for h in names} for k, s in stores.items()}
+    for i in range(200):
+        host = rng.choice(names)
+        n = rng.choice([2, 2, 2, 3]) if i > 40 else 2
+        temp = None if rng.random() < 0.1 else rng.uniform(40, 90)
+        for s in ("together", "alone"):
+            wins[s][host].add(_gpu(T0 + i, n=n, temp=temp))
+        alone.gpu.flush()
+        if rng.random() < 0.05:
+            together.gpu.flush()
+    together.gpu.flush()
+    a, b = together.gpu, alone.gpu
+    assert a.pos.tolist() == b.pos.tolist() and a.count.tolist() == b.count.tolist()
+    for slot in range(len(names)):
+        rows = np.arange(int(b.count[slot]))
+        assert np.array_equal(a.ts[slot, rows], b.ts[slot, rows])
+        assert np.array_equal(a.floats[slot, rows], b.floats[slot, rows], equal_nan=True)
+        assert np.array_equal(a.ints[slot, rows], b.ints[slot, rows])

@@ -130,22 +130,28 @@ class SampleStore:
         block_f, block_i = self._blocks(counts, floats, ints)
         if len(set(staged)) == len(staged):  # one sample per host (a reader flushed soon)
             rows = self.pos[slots]
-            self.ts[slots, rows] = ts
-            self.floats[slots, rows] = block_f
-            self.ints[slots, rows] = block_i
+            self._write(slots, rows, ts, block_f, block_i)
             self.pos[slots] = (rows + 1) % self.size
             self.count[slots] = np.minimum(self.count[slots] + 1, self.size)
             return
         occ, total = _occurrences(slots)
         keep = occ >= total - self.size  # a host's last `size` samples of this batch
         rows = (self.pos[slots] + occ) % self.size
-        s, r = slots[keep], rows[keep]
-        self.ts[s, r] = ts[keep]
-        self.floats[s, r] = block_f[keep]
-        self.ints[s, r] = block_i[keep]
+        self._write(slots[keep], rows[keep], ts[keep], block_f[keep], block_i[keep])
         seen, n = np.unique(slots, return_counts=True)
         self.pos[seen] = (self.pos[seen] + n) % self.size
         self.count[seen] = np.minimum(self.count[seen] + n, self.size)
+
+    def _write(
+        self, slots: np.ndarray, rows: np.ndarray, ts: np.ndarray, f: np.ndarray, i: np.ndarray
+    ) -> None:
+        """Write whole sample rows at (slot, row): through 2-D views of the arrays, one
+        flat row index each (NumPy's fast path: ~8x cheaper than indexing the 4-D
+        arrays with two index arrays, which copies reading by reading)."""
+        flat = slots * self.size + rows
+        self.ts[slots, rows] = ts
+        _rows(self.floats)[flat] = f.reshape(len(flat), -1)
+        _rows(self.ints)[flat] = i.reshape(len(flat), -1)
 
     def _blocks(
         self, counts: np.ndarray, floats: np.ndarray, ints: np.ndarray
@@ -185,6 +191,14 @@ class SampleStore:
         written = np.arange(self.size) < self.count[:, None]  # rows [0, count) of each slot
         self.ints[written, w:] = ABSENT
         self.floats[written, w:] = np.nan
+
+
+def _rows(a: np.ndarray) -> np.ndarray:
+    """A (slots, size, width, n) array as a (slots * size, width * n) view of it."""
+    s = a.shape
+    view = a.view()
+    view.shape = (s[0] * s[1], s[2] * s[3])  # a view or an error, never a silent copy
+    return view
 
 
 def _extended(a: np.ndarray, axis: int, n: int) -> np.ndarray:
