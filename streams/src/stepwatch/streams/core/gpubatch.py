@@ -62,17 +62,18 @@ def _store_signals(views: Sequence[View], members: list[int]) -> list[dict[int, 
     rows = (store.pos[slots][:, None] - count + np.arange(size)) % size  # arrival order
     t = store.ts[slots[:, None], rows]
     inside = (np.arange(size) < count) & (t0 <= t) & (t <= t1)
-    ints = store.ints[slots[:, None], rows]  # (hosts, rows, width, GPU_INTS)
-    floats = store.floats[slots[:, None], rows]
+    # only the rows in range, every host's together (arrival order kept), then split
+    floats, ints = store.at(np.broadcast_to(slots[:, None], rows.shape)[inside], rows[inside])
+    ends = np.cumsum(inside.sum(axis=1)).tolist()
+    starts = [0, *ends[:-1]]
     return [
-        _host(inside[k], ints[k], floats[k]) if inside[k].any() else {} for k in range(len(members))
+        _host(ints[a:b], floats[a:b]) if b > a else {} for a, b in zip(starts, ends, strict=True)
     ]
 
 
-def _host(inside: np.ndarray, ints: np.ndarray, floats: np.ndarray) -> dict[int, GpuSignals] | None:
-    """One host's signals from its rows (``inside``: those in range), or None when its
-    samples in range do not hold the same GPUs in the same column slots."""
-    ints, floats = ints[inside], floats[inside]  # (n, width, ...), arrival order
+def _host(ints: np.ndarray, floats: np.ndarray) -> dict[int, GpuSignals] | None:
+    """One host's signals from its rows in range (arrival order), or None when they do
+    not hold the same GPUs in the same column slots."""
     index = ints[:, :, _INDEX]
     cols = np.flatnonzero(index[0] != ABSENT)
     if (index != index[0]).any() or len(set(index[0, cols].tolist())) != len(cols):

@@ -75,7 +75,7 @@ def _store_rates(
         return np.zeros(0, np.intp), np.zeros(0), np.zeros(0)
     has, first, last = found
     members, slots = members[has], slots[has]
-    a, b = store.ints[slots, first], store.ints[slots, last]  # (hosts, width, PORT_INTS)
+    a, b = store.at(slots, first)[1], store.at(slots, last)[1]  # (hosts, width, PORT_INTS)
     regular = (a[:, :, 0] == b[:, :, 0]).all(axis=1)
     irregular[members[~regular]] = True
     members, slots, first, last = members[regular], slots[regular], first[regular], last[regular]
