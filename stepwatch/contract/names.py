@@ -44,7 +44,9 @@ def may_break_names(data: bytes | str) -> bool:
     if isinstance(data, str):
         return not data.isascii() or "\\" in data or "\x7f" in data
     if isinstance(data, bytes | bytearray):
-        return not data.isascii() or b"\\" in data or b"\x7f" in data
+        # find, not ``in``: ``bytes in bytes`` first tries the operand as an int and
+        # builds (and drops) a TypeError each time, more than the scans themselves cost
+        return not data.isascii() or data.find(b"\\") >= 0 or data.find(b"\x7f") >= 0
     return True  # another buffer type: check every name
 
 
