@@ -18,6 +18,7 @@ admission reasons ``future_timestamp``, ``too_old``, ``step_jump`` and
 from __future__ import annotations
 
 import base64
+import binascii
 import enum
 import time
 
@@ -122,11 +123,23 @@ def encode_dead_letter(letter: DeadLetter) -> bytes:
 
 
 def decode_dead_letter(data: bytes) -> DeadLetter:
-    return _decoder.decode(data)
+    """A DLQ record's value. Anything else on the topic (whoever can produce to it can
+    write there) raises :class:`ContractError` with the contract's reason, as a bad
+    message does: ``schema`` or ``malformed_json`` (not UTF-8 included)."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as err:
+        raise ContractError("schema", str(err)) from err
+    except (msgspec.DecodeError, UnicodeDecodeError) as err:
+        raise ContractError("malformed_json", str(err)) from err
 
 
 def original_payload(letter: DeadLetter) -> bytes:
-    """The payload as it was received (possibly truncated)."""
+    """The payload as it was received (possibly truncated); :class:`ContractError`
+    (``schema``) when a letter that says base64 does not hold it."""
     if letter.payload_encoding == "base64":
-        return base64.b64decode(letter.payload)
+        try:
+            return base64.b64decode(letter.payload, validate=True)
+        except binascii.Error as err:
+            raise ContractError("schema", f"payload is not base64: {err}") from err
     return letter.payload.encode("utf-8")
