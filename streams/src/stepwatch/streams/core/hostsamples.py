@@ -205,9 +205,7 @@ class SampleStore:
 def _rows(a: np.ndarray) -> np.ndarray:
     """A (slots, size, width, n) array as a (slots * size, width * n) view of it."""
     s = a.shape
-    view = a.view()
-    view.shape = (s[0] * s[1], s[2] * s[3])  # a view or an error, never a silent copy
-    return view
+    return a.reshape(s[0] * s[1], s[2] * s[3], copy=False)  # a view or an error, never a copy
 
 
 def _extended(a: np.ndarray, axis: int, n: int) -> np.ndarray:
