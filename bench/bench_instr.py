@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import importlib.util
 import json
 import os
 import re
@@ -49,9 +50,7 @@ BATCH = 2000
 def make_workload(path: Path, jobs: int, nodes: int, steps: int) -> int:
     """Write the wire records of the benchmark's messages to ``path``; their events."""
     import msgspec
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from bench_stream import build, records_in
+    from bench_stream import build, records_in  # bench/, this script's folder
 
     from stepwatch.contract import KIND_OF, Topics, encode, message_key
     from stepwatch.settings import Settings
@@ -64,11 +63,19 @@ def make_workload(path: Path, jobs: int, nodes: int, steps: int) -> int:
 
 
 def use_tree(tree: Path) -> None:
-    """Import ``stepwatch`` from ``tree``'s sources, not from the installed copy."""
-    sys.path.insert(0, str(tree))
-    import stepwatch
-
-    stepwatch.__path__[:] = [str(tree / s) for s in SOURCES if (tree / s).is_dir()]
+    """Import ``stepwatch`` from ``tree``'s sources, not from the installed copy: the
+    package is made from the tree's ``stepwatch/__init__.py`` with the tree's portions
+    as its search path, before anything imports it (``sys.path`` is left alone; the
+    rest of the process imports the installed dependencies as usual)."""
+    portions = [str(tree / s) for s in SOURCES if (tree / s).is_dir()]
+    spec = importlib.util.spec_from_file_location(
+        "stepwatch", tree / "stepwatch" / "__init__.py", submodule_search_locations=portions
+    )
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"bench_instr: no stepwatch package in {tree}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["stepwatch"] = module
+    spec.loader.exec_module(module)
 
 
 def workload(tree: Path, path: Path, process: bool) -> None:
