@@ -42,8 +42,6 @@ import zlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ("stepwatch", "streams/src/stepwatch", "agents/src/stepwatch",
-           "alerts/src/stepwatch", "exporters/src/stepwatch")  # fmt: skip
 BATCH = 2000
 
 
@@ -67,7 +65,9 @@ def use_tree(tree: Path) -> None:
     package is made from the tree's ``stepwatch/__init__.py`` with the tree's portions
     as its search path, before anything imports it (``sys.path`` is left alone; the
     rest of the process imports the installed dependencies as usual)."""
-    portions = [str(tree / s) for s in SOURCES if (tree / s).is_dir()]
+    # the tree's own portions: stepwatch/ and each service's src/stepwatch/ (older
+    # revisions have none of those: their services are linked from stepwatch/)
+    portions = [str(tree / "stepwatch"), *map(str, sorted(tree.glob("*/src/stepwatch")))]
     spec = importlib.util.spec_from_file_location(
         "stepwatch", tree / "stepwatch" / "__init__.py", submodule_search_locations=portions
     )

@@ -143,13 +143,13 @@ class SampleStore:
         self.count[seen] = np.minimum(self.count[seen] + n, self.size)
 
     def at(self, slots: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The (floats, ints) of the samples at (``slots``, ``rows``), flushed first:
-        shaped ``slots.shape + (width, n)``, gathered as :meth:`_write` scatters."""
-        self.flush()
-        flat = (slots * self.size + rows).reshape(-1)
-        shape = (*np.shape(slots * rows), self.ints.shape[2])
-        f = _rows(self.floats)[flat].reshape(*shape, self.floats.shape[3])
-        return f, _rows(self.ints)[flat].reshape(*shape, self.ints.shape[3])
+        """The (floats, ints) of the samples at (``slots[k]``, ``rows[k]``), each
+        (samples, width, n), gathered as :meth:`_write` scatters. The caller flushed
+        (its rows came from ``pos``, ``count`` and ``ts``)."""
+        flat = slots * self.size + rows
+        _, _, width, nf = self.floats.shape
+        f = _rows(self.floats)[flat].reshape(len(flat), width, nf)
+        return f, _rows(self.ints)[flat].reshape(len(flat), width, self.ints.shape[3])
 
     def _write(
         self, slots: np.ndarray, rows: np.ndarray, ts: np.ndarray, f: np.ndarray, i: np.ndarray
