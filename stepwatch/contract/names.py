@@ -11,12 +11,17 @@ character, which a scan of the bytes decides at memchr speed:
 * JSON allows no raw C0 character in a string (msgspec refuses them as
   malformed), so a C0 character can only arrive escaped, behind a backslash;
 * DEL is the one ASCII byte left (0x7f);
-* every other forbidden character is outside ASCII.
+* every other forbidden character is outside ASCII: C1 (U+0080-U+009F) is
+  ``C2 80``-``C2 9F`` in UTF-8, the line separators and bidi overrides
+  (U+2028-U+202E, U+2066-U+2069) start with ``E2``; in valid UTF-8 (msgspec
+  refuses anything else) these bytes only ever lead a character.
 
-So a message that is ASCII and holds neither a backslash nor DEL cannot break
-the rule, and skips the check. Otherwise every name field is walked and the
-first one that breaks the rule raises :class:`~stepwatch.errors.ContractError`
-(``schema``) with the words msgspec used for it, path included.
+So a message that holds no backslash, DEL, ``C2`` or ``E2`` byte cannot break
+the rule, and skips the check: four ``memchr`` scans (``bytes.find``), about a
+tenth of the instructions of ``bytes.isascii``'s word-by-word loop. Otherwise
+every name field is walked and the first one that breaks the rule raises
+:class:`~stepwatch.errors.ContractError` (``schema``) with the words msgspec used
+for it, path included.
 """
 
 from __future__ import annotations
@@ -46,7 +51,12 @@ def may_break_names(data: bytes | str) -> bool:
     if isinstance(data, bytes | bytearray):
         # find, not ``in``: ``bytes in bytes`` first tries the operand as an int and
         # builds (and drops) a TypeError each time, more than the scans themselves cost
-        return not data.isascii() or data.find(b"\\") >= 0 or data.find(b"\x7f") >= 0
+        return (
+            data.find(b"\\") >= 0
+            or data.find(b"\x7f") >= 0
+            or data.find(b"\xc2") >= 0
+            or data.find(b"\xe2") >= 0
+        )
     return True  # another buffer type: check every name
 
 

@@ -134,8 +134,33 @@ def test_the_byte_screen_passes_only_what_cannot_break_the_rule() -> None:
     assert not may_break_names('{"job_id":"plain"}')
     assert not may_break_names(bytearray(b'{"job_id":"plain"}'))
     assert may_break_names(memoryview(b'{"job_id":"plain"}'))  # type: ignore[arg-type]
-    for data in (b'{"a":"\\n"}', b'{"a":"\x7f"}', '{"a":"ö"}'.encode(), b'{"a":"\\u0041"}'):
+    for data in (b'{"a":"\\n"}', b'{"a":"\x7f"}', b'{"a":"\\u0041"}'):
         assert may_break_names(data) and may_break_names(data.decode())
+    for text in ("ö", "中", "𝄞"):  # allowed outside ASCII: the bytes pass, the str is checked
+        data = f'{{"a":"{text}"}}'
+        assert not may_break_names(data.encode()) and may_break_names(data)
+
+
+def test_every_forbidden_character_outside_ascii_trips_the_byte_screen() -> None:
+    """Every code point the rules refuse (records.NAME_PATTERN and TEXT_PATTERN), in
+    UTF-8, holds a byte the screen looks for; a bad byte sequence never reaches it
+    (the decoder refuses it first)."""
+    import re
+
+    from stepwatch.contract.names import may_break_names
+    from stepwatch.contract.records import NAME_PATTERN
+
+    rule = re.compile(NAME_PATTERN)  # TEXT_PATTERN refuses a subset of these
+    refused = [
+        chr(cp)
+        for cp in range(0x80, 0x110000)
+        if not 0xD800 <= cp < 0xE000 and rule.match(chr(cp)) is None
+    ]
+    assert len(refused) > 40  # C1, the line separators, the bidi overrides
+    assert all(may_break_names(c.encode()) for c in refused)
+    for bad in (b"\xe0\x82\x85", b"\xc0\x85", b"\xed\xa0\x80", b"\x85"):  # overlong, lone
+        with pytest.raises(ContractError):
+            decode(_raw("job", "42").replace(b'"42"', b'"' + bad + b'"', 1))
 
 
 def test_random_names_get_the_patterns_verdict_whatever_the_encoding() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from stepwatch.contract import GpuMessage, GpuReading, PortMessage, PortReading
 from stepwatch.streams.core.hostsamples import ABSENT, HostStores
 from stepwatch.streams.core.hostwindow import HostWindow
@@ -100,22 +102,49 @@ def test_end_sample_rises_match_the_reading_by_reading_rule() -> None:
     assert rises_of(np.array([x]), np.array([y])).tolist() == [expected]
 
 
-def test_the_flat_conversions_read_the_values_numpy_reads() -> None:
+def test_packed_readings_read_back_exactly_with_absent_values_in_place() -> None:
+    """The packed records give back the readings' values: floats as float64, ints
+    exactly (up to 2**63 - 1, where a float64 would round), None as NaN or ABSENT;
+    a message with a None packs like the others."""
     import numpy as np
 
-    from stepwatch.streams.core.hostsamples import as_floats, exact_ints, port_convert
+    from stepwatch.streams.core.hostsamples import (
+        PORT_COUNTERS,
+        gpu_convert,
+        gpu_rows,
+        port_convert,
+        port_rows,
+    )
 
     rng = np.random.default_rng(3)
-    ints = [tuple(int(v) for v in rng.integers(0, 2**62, 9)) for _ in range(50)]
-    with_none = [*ints[:-1], (None, *ints[-1][1:])]
-    for raw in (ints, with_none):
-        ids = np.zeros((len(raw), 2), np.int64)
-        _, got = port_convert(raw, ids)
-        want = exact_ints(np.array(raw, dtype=float), raw, 0)
-        assert np.array_equal(got[:, 2:], want)
-    floats = [tuple(float(v) for v in rng.normal(size=10)) for _ in range(50)]
-    for raw_f in (floats, [*floats[:-1], (None, *floats[-1][1:])]):
-        assert np.array_equal(as_floats(raw_f, 10), np.array(raw_f, dtype=float), equal_nan=True)
+    big = 2**63 - 1
+    ports = [
+        PortReading(
+            device="mlx5_0", port=1, **{c: int(v) for c, v in zip(PORT_COUNTERS, row, strict=True)}
+        )
+        for row in rng.integers(0, 2**62, (6, len(PORT_COUNTERS)))
+    ]
+    ports[2] = msgspec.structs.replace(ports[2], xmit_wait_total=None, rcv_errors_total=big)
+    want = [
+        [ABSENT if v is None else v for v in (getattr(p, c) for c in PORT_COUNTERS)] for p in ports
+    ]
+    for batch in (ports[:2], ports):  # without a None, then with one
+        _, got = port_convert(port_rows(batch), np.zeros((len(batch), 2), np.int64))
+        assert got[:, 2:].tolist() == want[: len(batch)]
+    gpus = [
+        GpuReading(
+            index=i, sm_clock_mhz=1400.0 + i, sm_clock_max_mhz=2000.0, power_w=300.5,
+            power_limit_w=700.0, temp_gpu_c=60.0 + i, util_gpu_pct=99.0, throttle_reasons=4,
+            ecc_dbe_total=big - i, remapped_rows_uncorrectable=i,
+        )
+        for i in range(4)
+    ]  # fmt: skip
+    gpus[3] = msgspec.structs.replace(gpus[3], power_limit_w=None, throttle_reasons=None)
+    floats, ints = gpu_convert(gpu_rows(gpus), None)
+    assert floats[0].tolist() == [0.7, 300.5 / 700.0, 60.0, 99.0]
+    assert np.isnan(floats[3, 1]) and floats[3, 0] == 1403.0 / 2000.0
+    assert ints.tolist() == [[i, 0 if i == 3 else 4, big - i, i] for i in range(4)]
+    assert gpu_convert(gpu_rows(gpus[:3]), None)[1].tolist() == ints[:3].tolist()
 
 
 def test_gpu_series_grouped_at_once_match_the_reading_by_reading_ones() -> None:

@@ -25,11 +25,11 @@ from stepwatch.streams.core.hostsamples import (
     ABSENT,
     GPU_FLOATS,
     PORT_INTS,
-    PORT_SIG,
     HostStores,
     SampleView,
-    gpu_raw,
-    port_raw,
+    gpu_rows,
+    port_rows,
+    port_sig,
     port_slots,
 )
 
@@ -118,7 +118,7 @@ class HostWindow:
     _port_sig: list[tuple[str, int, str, int | None]] | None = None  # last port states seen
     _port_keys: dict[tuple[str, int], int] = field(default_factory=dict)  # (device, port) -> id
     _key_names: list[tuple[str, int]] = field(default_factory=list)  # id -> (device, port)
-    _slots_sig: list[tuple[Any, ...]] | None = None  # PORT_SIG of the last port sample ...
+    _slots_sig: list[tuple[Any, ...]] | None = None  # port_sig of the last port sample ...
     _slots: list[tuple[int, ...]] = field(default_factory=list)  # ... and its port_slots
 
     def __post_init__(self) -> None:
@@ -137,23 +137,23 @@ class HostWindow:
         if message.ts > self.last_seen:
             self.last_seen = message.ts
         if isinstance(message, GpuMessage):
-            self.gpu.store.add(self.gpu.slot, message.ts, gpu_raw(message.gpus))
+            self.gpu.store.add(self.gpu.slot, message.ts, gpu_rows(message.gpus))
             if len(self.gpu_names) < len(message.gpus):
                 for g in message.gpus:
                     if g.name:
                         self.gpu_names[g.index] = g.name
             return []
         if isinstance(message, PortMessage):
-            sig = list(map(PORT_SIG, message.ports))
+            sig = port_sig(message.ports)
             port = self.port
             if sig == self._slots_sig:  # the ports and their states as in the last sample
-                port.store.add(port.slot, message.ts, port_raw(message.ports), self._slots)
+                port.store.add(port.slot, message.ts, port_rows(message.ports), self._slots)
                 if self._port_sig is self._slots_sig:
                     return []  # ... whose links were read then (see _link_changes)
                 return self._link_changes(message, sig)
             self._slots = port_slots(sig, self._port_keys)  # changed: look them up again
             self._slots_sig = sig
-            port.store.add(port.slot, message.ts, port_raw(message.ports), self._slots)
+            port.store.add(port.slot, message.ts, port_rows(message.ports), self._slots)
             return self._link_changes(message, sig)
         self.events.append(message)
         if message.type == EventType.LINK_STATE and message.device:
@@ -172,7 +172,7 @@ class HostWindow:
         return []
 
     def _link_changes(self, message: PortMessage, sig: list[tuple[Any, ...]]) -> list[LinkIncident]:
-        """``sig``: the PORT_SIG tuple of each port of the message."""
+        """``sig``: the ``port_sig`` tuple of each port of the message."""
         if sig == self._port_sig:
             return []  # every port as in the last sample: no change to find, links as they are
         # the shortcut holds only when each port appears once (then ``links`` holds ``sig``)
