@@ -46,7 +46,7 @@ PORT_INTS = ("key", "bad_state", *PORT_COUNTERS)
 
 
 Raw = list[bytes]  # staged readings: one packed record each (gpu_rows, port_rows)
-Convert = Callable[[Raw, np.ndarray | None], tuple[np.ndarray, np.ndarray]]
+Convert = Callable[[Raw], tuple[np.ndarray, np.ndarray]]
 
 
 class SampleStore:
@@ -77,7 +77,6 @@ class SampleStore:
         self._ts: list[float] = []
         self._n: list[int] = []
         self._raw: Raw = []
-        self._extra: list[tuple[int, ...]] = []  # ... small ints per reading, when given
 
     def open(self) -> int:
         """A slot for a new host."""
@@ -94,17 +93,12 @@ class SampleStore:
         self.pos[slot] = self.count[slot] = 0
         self._free.append(slot)
 
-    def add(
-        self, slot: int, ts: float, raw: Raw, extra: list[tuple[int, ...]] | None = None
-    ) -> None:
-        """Stage one sample: its readings' numeric tuples (and small ints per reading
-        worked out by the caller; ``convert`` takes both)."""
+    def add(self, slot: int, ts: float, raw: Raw) -> None:
+        """Stage one sample: its readings' packed records (``convert`` reads them)."""
         self._slot.append(slot)
         self._ts.append(ts)
         self._n.append(len(raw))
         self._raw.extend(raw)
-        if extra is not None:
-            self._extra.extend(extra)
         if len(self._raw) >= self.STAGE_READINGS:
             self.flush()
 
@@ -121,9 +115,9 @@ class SampleStore:
             np.array(self._ts, dtype=float),
             np.array(self._n, dtype=np.int64),
         )
-        raw, extra = self._raw, self._extra
-        self._slot, self._ts, self._n, self._raw, self._extra = [], [], [], [], []
-        floats, ints = self.convert(raw, np.array(extra, dtype=np.int64) if extra else None)
+        raw = self._raw
+        self._slot, self._ts, self._n, self._raw = [], [], [], []
+        floats, ints = self.convert(raw)
         if counts.max() > self.ints.shape[2]:
             self._widen(int(counts.max()))
         block_f, block_i = self._blocks(counts, floats, ints)
@@ -242,9 +236,6 @@ class SampleView:
         self.store.flush()
         return int(self.store.count[self.slot])
 
-    def add(self, ts: float, raw: Raw, extra: list[tuple[int, ...]] | None = None) -> None:
-        self.store.add(self.slot, ts, raw, extra)
-
     def order(self) -> np.ndarray:
         """Row numbers in arrival order, oldest first (staged samples written first)."""
         store = self.store
@@ -284,7 +275,7 @@ class HostStores:
 # conversion did.
 _GPU_ROW = struct.Struct("=6d4q")  # see gpu_rows
 _GPU_NF = 6  # floats first
-_PORT_ROW = struct.Struct(f"={len(PORT_COUNTERS)}q")  # see port_rows
+_PORT_ROW = struct.Struct(f"={len(PORT_INTS)}q")  # see port_rows
 _NAN = float("nan")
 
 
@@ -324,12 +315,15 @@ _GPU_VALUES = attrgetter(
 _PORT_VALUES = attrgetter(*PORT_COUNTERS)
 
 
-def port_rows(ports: Sequence[PortReading]) -> Raw:
-    """Each port's PORT_COUNTERS as one packed record of int64 (None: ABSENT)."""
+def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> Raw:
+    """Each port's PORT_INTS as one packed record of int64 (None: ABSENT): its
+    ``port_slots`` (key id, state other than ACTIVE), then its PORT_COUNTERS."""
     pack = _PORT_ROW.pack
     try:
         return [
             pack(
+                kid,
+                bad,
                 p.np_cnp_sent_total,
                 p.rp_cnp_handled_total,
                 p.np_ecn_marked_roce_packets_total,
@@ -340,13 +334,16 @@ def port_rows(ports: Sequence[PortReading]) -> Raw:
                 p.rcv_errors_total,
                 p.local_link_integrity_errors_total,
             )
-            for p in ports
+            for (kid, bad), p in zip(slots, ports, strict=True)
         ]
     except (struct.error, TypeError):
-        return [pack(*[ABSENT if v is None else v for v in t]) for t in map(_PORT_VALUES, ports)]
+        return [
+            pack(kid, bad, *[ABSENT if v is None else v for v in _PORT_VALUES(p)])
+            for (kid, bad), p in zip(slots, ports, strict=True)
+        ]
 
 
-def gpu_convert(raw: Raw, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def gpu_convert(raw: Raw) -> tuple[np.ndarray, np.ndarray]:
     """Packed GPU records as (floats, ints) rows (see GPU_FLOATS, GPU_INTS)."""
     rows = np.frombuffer(b"".join(raw), np.int64).reshape(-1, _GPU_ROW.size // 8)
     f = rows[:, :_GPU_NF].view(np.float64)
@@ -356,7 +353,7 @@ def gpu_convert(raw: Raw, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndar
     np.divide(f[:, 0], f[:, 1], out=out[:, 0], where=f[:, 1] > 0)
     np.divide(f[:, 2], f[:, 3], out=out[:, 1], where=f[:, 3] > 0)
     out[:, 2:] = f[:, 4:_GPU_NF]
-    ints = rows[:, _GPU_NF:].copy()
+    ints = rows[:, _GPU_NF:].copy()  # a writable copy
     ints[ints[:, 1] == ABSENT, 1] = 0  # no throttle reasons: none
     return out, ints
 
@@ -368,11 +365,11 @@ def port_sig(ports: Sequence[PortReading]) -> list[tuple[Any, ...]]:
 
 def port_slots(
     sig: list[tuple[Any, ...]], key_of: dict[tuple[str, int], int]
-) -> list[tuple[int, ...]]:
+) -> list[tuple[int, int]]:
     """(key id, state other than ACTIVE) of each port of a message from its
     ``port_sig`` tuples; ``key_of`` interns each (device, port) as a small number (adds
     new ones)."""
-    out: list[tuple[int, ...]] = []
+    out: list[tuple[int, int]] = []
     for device, port, state, _ in sig:
         kid = key_of.get((device, port))
         if kid is None:
@@ -381,8 +378,7 @@ def port_slots(
     return out
 
 
-def port_convert(raw: Raw, slots: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+def port_convert(raw: Raw) -> tuple[np.ndarray, np.ndarray]:
     """Packed port records as (no floats, ints) rows (see PORT_INTS)."""
-    counters = np.frombuffer(b"".join(raw), np.int64).reshape(-1, len(PORT_COUNTERS))
-    ids = np.empty((0, 2), np.int64) if slots is None else slots.reshape(-1, 2)
-    return np.empty((len(counters), 0)), np.hstack((ids, counters))
+    ints = np.frombuffer(b"".join(raw), np.int64).reshape(-1, len(PORT_INTS))  # read-only
+    return np.empty((len(ints), 0)), ints

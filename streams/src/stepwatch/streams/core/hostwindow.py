@@ -119,7 +119,7 @@ class HostWindow:
     _port_keys: dict[tuple[str, int], int] = field(default_factory=dict)  # (device, port) -> id
     _key_names: list[tuple[str, int]] = field(default_factory=list)  # id -> (device, port)
     _slots_sig: list[tuple[Any, ...]] | None = None  # port_sig of the last port sample ...
-    _slots: list[tuple[int, ...]] = field(default_factory=list)  # ... and its port_slots
+    _slots: list[tuple[int, int]] = field(default_factory=list)  # ... and its port_slots
 
     def __post_init__(self) -> None:
         stores = self.stores if self.stores is not None else HostStores(self.size)
@@ -147,13 +147,13 @@ class HostWindow:
             sig = port_sig(message.ports)
             port = self.port
             if sig == self._slots_sig:  # the ports and their states as in the last sample
-                port.store.add(port.slot, message.ts, port_rows(message.ports), self._slots)
+                port.store.add(port.slot, message.ts, port_rows(message.ports, self._slots))
                 if self._port_sig is self._slots_sig:
                     return []  # ... whose links were read then (see _link_changes)
                 return self._link_changes(message, sig)
             self._slots = port_slots(sig, self._port_keys)  # changed: look them up again
             self._slots_sig = sig
-            port.store.add(port.slot, message.ts, port_rows(message.ports), self._slots)
+            port.store.add(port.slot, message.ts, port_rows(message.ports, self._slots))
             return self._link_changes(message, sig)
         self.events.append(message)
         if message.type == EventType.LINK_STATE and message.device:
