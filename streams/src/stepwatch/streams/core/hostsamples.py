@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
-from operator import attrgetter
 from typing import Any, cast
 
 import numpy as np
 
 from stepwatch.contract import GpuReading, PortReading
+from stepwatch.streams.core.packing import pack_rows
 
 ABSENT = -1  # an int column's "no value" (None, or no reading in this slot)
 
@@ -45,7 +45,7 @@ PORT_COUNTERS = (
 PORT_INTS = ("key", "bad_state", *PORT_COUNTERS)
 
 
-Raw = list[bytes]  # staged readings: one packed record each (gpu_rows, port_rows)
+Raw = list[bytes]  # staged messages: their readings' packed records (gpu_rows, port_rows)
 Convert = Callable[[Raw], tuple[np.ndarray, np.ndarray]]
 
 
@@ -77,6 +77,7 @@ class SampleStore:
         self._ts: list[float] = []
         self._n: list[int] = []
         self._raw: Raw = []
+        self._readings = 0  # staged readings
 
     def open(self) -> int:
         """A slot for a new host."""
@@ -93,13 +94,14 @@ class SampleStore:
         self.pos[slot] = self.count[slot] = 0
         self._free.append(slot)
 
-    def add(self, slot: int, ts: float, raw: Raw) -> None:
-        """Stage one sample: its readings' packed records (``convert`` reads them)."""
+    def add(self, slot: int, ts: float, packed: bytes, n: int) -> None:
+        """Stage one sample: its ``n`` readings' packed records (``convert`` reads them)."""
         self._slot.append(slot)
         self._ts.append(ts)
-        self._n.append(len(raw))
-        self._raw.extend(raw)
-        if len(self._raw) >= self.STAGE_READINGS:
+        self._n.append(n)
+        self._raw.append(packed)
+        self._readings += n
+        if self._readings >= self.STAGE_READINGS:
             self.flush()
 
     def view(self, slot: int) -> SampleView:
@@ -116,7 +118,7 @@ class SampleStore:
             np.array(self._n, dtype=np.int64),
         )
         raw = self._raw
-        self._slot, self._ts, self._n, self._raw = [], [], [], []
+        self._slot, self._ts, self._n, self._raw, self._readings = [], [], [], [], 0
         floats, ints = self.convert(raw)
         if counts.max() > self.ints.shape[2]:
             self._widen(int(counts.max()))
@@ -266,81 +268,41 @@ class HostStores:
         self.port = SampleStore(size, 0, len(PORT_INTS), port_convert)
 
 
-# A reading is staged as one packed record (``struct``): its floats as float64, then
-# its ints as int64, None as NaN or ABSENT. Packing reads the fields with plain
-# attribute loads (the interpreter's fast path for a struct's slots) and writes
-# C doubles and longs directly: about half the instructions of
-# ``attrgetter`` tuples converted by ``np.fromiter`` (bench/bench_instr.py).
-# Ints stay exact (int64 all the way); a value outside int64 raises, as NumPy's
-# conversion did.
-_GPU_ROW = struct.Struct("=6d4q")  # see gpu_rows
+# A reading is staged as one packed record (``packing.pack_rows``): its floats as
+# float64, then its ints as int64, None as NaN or ABSENT; a message's records are
+# one ``bytes``. Ints stay exact (int64 all the way); a value outside int64 raises,
+# as NumPy's conversion did.
 _GPU_NF = 6  # floats first
+_GPU_ROW = struct.Struct(f"={_GPU_NF}d{len(GPU_INTS)}q")  # see gpu_rows
+_GPU_ABSENT = [float("nan")] * _GPU_NF + [ABSENT] * len(GPU_INTS)
 _PORT_ROW = struct.Struct(f"={len(PORT_INTS)}q")  # see port_rows
-_NAN = float("nan")
+_PORT_ABSENT = [ABSENT] * len(PORT_INTS)
 
 
-def gpu_rows(gpus: Sequence[GpuReading]) -> Raw:
+def gpu_rows(gpus: Sequence[GpuReading]) -> bytes:
     """Each reading's gauges (clock, clock limit, power, power limit, temperature,
     utilisation) and ints (index, throttle reasons, DBE count, uncorrectable remapped
-    rows) as one packed record."""
-    pack = _GPU_ROW.pack
-    try:  # the common case: every value present
-        return [
-            pack(
-                g.sm_clock_mhz,
-                g.sm_clock_max_mhz,
-                g.power_w,
-                g.power_limit_w,
-                g.temp_gpu_c,
-                g.util_gpu_pct,
-                g.index,
-                g.throttle_reasons,
-                g.ecc_dbe_total,
-                g.remapped_rows_uncorrectable,
-            )
-            for g in gpus
-        ]
-    except (struct.error, TypeError):  # a None: NaN or ABSENT in its place
-        return [
-            pack(*[(_NAN if i < _GPU_NF else ABSENT) if v is None else v for i, v in enumerate(t)])
-            for t in map(_GPU_VALUES, gpus)
-        ]
+    rows) as one packed record each."""
+    rows = [
+        (g.sm_clock_mhz, g.sm_clock_max_mhz, g.power_w, g.power_limit_w, g.temp_gpu_c,
+         g.util_gpu_pct, g.index, g.throttle_reasons, g.ecc_dbe_total,
+         g.remapped_rows_uncorrectable)
+        for g in gpus
+    ]  # fmt: skip
+    return pack_rows(_GPU_ROW, rows, _GPU_ABSENT)
 
 
-# the slow paths' readers (a value is None): the fields in the order packed above
-_GPU_VALUES = attrgetter(
-    "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_gpu_c",
-    "util_gpu_pct", *GPU_INTS,
-)  # fmt: skip
-_PORT_VALUES = attrgetter(*PORT_COUNTERS)
-
-
-def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> Raw:
+def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> bytes:
     """Each port's PORT_INTS as one packed record of int64 (None: ABSENT): its
     ``port_slots`` (key id, state other than ACTIVE), then its PORT_COUNTERS."""
-    pack = _PORT_ROW.pack
-    try:
-        return [
-            pack(
-                kid,
-                bad,
-                p.np_cnp_sent_total,
-                p.rp_cnp_handled_total,
-                p.np_ecn_marked_roce_packets_total,
-                p.xmit_wait_total,
-                p.symbol_error_total,
-                p.link_downed_total,
-                p.link_error_recovery_total,
-                p.rcv_errors_total,
-                p.local_link_integrity_errors_total,
-            )
-            for (kid, bad), p in zip(slots, ports, strict=True)
-        ]
-    except (struct.error, TypeError):
-        return [
-            pack(kid, bad, *[ABSENT if v is None else v for v in _PORT_VALUES(p)])
-            for (kid, bad), p in zip(slots, ports, strict=True)
-        ]
+    rows = [
+        (kid, bad, p.np_cnp_sent_total, p.rp_cnp_handled_total,
+         p.np_ecn_marked_roce_packets_total, p.xmit_wait_total, p.symbol_error_total,
+         p.link_downed_total, p.link_error_recovery_total, p.rcv_errors_total,
+         p.local_link_integrity_errors_total)
+        for (kid, bad), p in zip(slots, ports, strict=True)
+    ]  # fmt: skip
+    return pack_rows(_PORT_ROW, rows, _PORT_ABSENT)
 
 
 def gpu_convert(raw: Raw) -> tuple[np.ndarray, np.ndarray]:
