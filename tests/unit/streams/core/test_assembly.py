@@ -192,7 +192,13 @@ def test_the_column_reading_of_records_matches_the_record_by_record_one() -> Non
         )
     no_phases = [msgspec.structs.replace(r, phases=None) for r in varied]
     mixed = [r if i % 3 else msgspec.structs.replace(r, phases=None) for i, r in enumerate(varied)]
-    for recs in (records, varied, no_phases, mixed):
+    # every time given (packed as is), the CPU times absent from every record (packed
+    # around), absent here and there (value by value)
+    timed = [
+        msgspec.structs.replace(r, cpu_wait=0.01 * i, cpu_time=0.2) for i, r in enumerate(records)
+    ]
+    untimed = [msgspec.structs.replace(r, cpu_wait=None, cpu_time=None) for r in timed]
+    for recs in (records, varied, no_phases, mixed, timed, untimed):
         a = _columns(recs)
         b = _record_by_record(recs)
         assert np.array_equal(a[0], b[0], equal_nan=True)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
+from itertools import chain
 from operator import attrgetter
 from typing import cast
 
 import numpy as np
 
 from stepwatch.contract import Phases, StepRecord
-from stepwatch.streams.core.packing import pack_rows
+from stepwatch.streams.core.packing import layout
 from stepwatch.streams.core.rewinds import RewindWatch
 from stepwatch.streams.core.stats import rowmed
 
@@ -402,19 +403,41 @@ def _columns(records: list[StepRecord]) -> Columns:
     )
 
 
-_TIMES = struct.Struct("=9d")  # see _time_rows
-
-
 def _time_rows(records: list[StepRecord], phases: list[Phases]) -> np.ndarray:
     """Each record's start, end, data, forward, backward, optimizer, comm_wait,
     cpu_wait and cpu_time as a float64 row (None: NaN), packed record by record
-    (``struct``: C doubles, no NumPy conversion of Python floats one by one)."""
-    rows = [
-        (r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
-         r.cpu_wait, r.cpu_time)
-        for r, p in zip(records, phases, strict=True)
-    ]  # fmt: skip
-    return np.frombuffer(pack_rows(_TIMES, rows, [NAN] * 9)).reshape(-1, 9)
+    (``stepwatch.streams.core.packing``); with a None (CPU times a collector does not
+    read, say), NumPy's conversion of the flat values (``np.fromiter``: None is NaN)."""
+    pack = layout(_TIMES).pack
+    try:
+        packed = b"".join(
+            [
+                pack(
+                    r.start,
+                    r.end,
+                    p.data,
+                    p.forward,
+                    p.backward,
+                    p.optimizer,
+                    p.comm_wait,
+                    r.cpu_wait,
+                    r.cpu_time,
+                )
+                for r, p in zip(records, phases, strict=True)
+            ]
+        )
+    except (struct.error, TypeError):  # unmeasured (None): np.fromiter reads it as NaN
+        rows = [
+            (r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
+             r.cpu_wait, r.cpu_time)
+            for r, p in zip(records, phases, strict=True)
+        ]  # fmt: skip
+        n = len(_TIMES)
+        return np.fromiter(chain.from_iterable(rows), float, len(rows) * n).reshape(-1, n)
+    return np.frombuffer(packed).reshape(-1, len(_TIMES))
+
+
+_TIMES = "d" * 9  # see _time_rows
 
 
 PAUSE_SECTIONS = frozenset({"eval", "evaluation", "validation", "val"})

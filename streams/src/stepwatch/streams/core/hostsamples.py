@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Sequence
+from operator import attrgetter
 from typing import Any, cast
 
 import numpy as np
 
 from stepwatch.contract import GpuReading, PortReading
-from stepwatch.streams.core.packing import pack_rows
+from stepwatch.streams.core.packing import layout, pack_absent
 
 ABSENT = -1  # an int column's "no value" (None, or no reading in this slot)
 
@@ -268,46 +269,82 @@ class HostStores:
         self.port = SampleStore(size, 0, len(PORT_INTS), port_convert)
 
 
-# A reading is staged as one packed record (``packing.pack_rows``): its floats as
-# float64, then its ints as int64, None as NaN or ABSENT; a message's records are
-# one ``bytes``. Ints stay exact (int64 all the way); a value outside int64 raises,
-# as NumPy's conversion did.
+# A reading is staged as one packed record: its floats as float64, then its ints
+# as int64, None as NaN or ABSENT; a message's records are one ``bytes``. The
+# common case packs straight from the fields (``pack(g.a, g.b, ...)``: slot loads
+# and one call, no tuple: ``stepwatch.streams.core.packing``); a None takes the
+# slower path (``packing.pack_absent``). Ints stay exact (int64 all the way); a
+# value outside int64 raises, as NumPy's conversion did.
 _GPU_NF = 6  # floats first
-_GPU_ROW = struct.Struct(f"={_GPU_NF}d{len(GPU_INTS)}q")  # see gpu_rows
-_GPU_ABSENT = [float("nan")] * _GPU_NF + [ABSENT] * len(GPU_INTS)
-_PORT_ROW = struct.Struct(f"={len(PORT_INTS)}q")  # see port_rows
-_PORT_ABSENT = [ABSENT] * len(PORT_INTS)
+_GPU_FMT = "d" * _GPU_NF + "q" * len(GPU_INTS)
+_GPU_FIELDS = (
+    "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_gpu_c",
+    "util_gpu_pct", *GPU_INTS,
+)  # fmt: skip
+_GPU_ABSENT = (float("nan"),) * _GPU_NF + (ABSENT,) * len(GPU_INTS)
+_PORT_FMT = "q" * len(PORT_INTS)
+_PORT_ABSENT = (ABSENT,) * len(PORT_INTS)
 
 
 def gpu_rows(gpus: Sequence[GpuReading]) -> bytes:
-    """Each reading's gauges (clock, clock limit, power, power limit, temperature,
-    utilisation) and ints (index, throttle reasons, DBE count, uncorrectable remapped
-    rows) as one packed record each."""
-    rows = [
-        (g.sm_clock_mhz, g.sm_clock_max_mhz, g.power_w, g.power_limit_w, g.temp_gpu_c,
-         g.util_gpu_pct, g.index, g.throttle_reasons, g.ecc_dbe_total,
-         g.remapped_rows_uncorrectable)
-        for g in gpus
-    ]  # fmt: skip
-    return pack_rows(_GPU_ROW, rows, _GPU_ABSENT)
+    """Each reading's _GPU_FIELDS (gauges: clock, clock limit, power, power limit,
+    temperature, utilisation; ints: GPU_INTS) as one packed record each."""
+    pack = layout(_GPU_FMT).pack
+    try:
+        return b"".join(
+            [
+                pack(
+                    g.sm_clock_mhz,
+                    g.sm_clock_max_mhz,
+                    g.power_w,
+                    g.power_limit_w,
+                    g.temp_gpu_c,
+                    g.util_gpu_pct,
+                    g.index,
+                    g.throttle_reasons,
+                    g.ecc_dbe_total,
+                    g.remapped_rows_uncorrectable,
+                )
+                for g in gpus
+            ]
+        )
+    except (struct.error, TypeError):  # a None (or a bad value: raised again below)
+        return pack_absent(_GPU_FMT, list(map(attrgetter(*_GPU_FIELDS), gpus)), _GPU_ABSENT)
 
 
 def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> bytes:
     """Each port's PORT_INTS as one packed record of int64 (None: ABSENT): its
     ``port_slots`` (key id, state other than ACTIVE), then its PORT_COUNTERS."""
-    rows = [
-        (kid, bad, p.np_cnp_sent_total, p.rp_cnp_handled_total,
-         p.np_ecn_marked_roce_packets_total, p.xmit_wait_total, p.symbol_error_total,
-         p.link_downed_total, p.link_error_recovery_total, p.rcv_errors_total,
-         p.local_link_integrity_errors_total)
-        for (kid, bad), p in zip(slots, ports, strict=True)
-    ]  # fmt: skip
-    return pack_rows(_PORT_ROW, rows, _PORT_ABSENT)
+    pack = layout(_PORT_FMT).pack
+    pairs = zip(slots, ports, strict=True)
+    try:
+        return b"".join(
+            [
+                pack(
+                    kid,
+                    bad,
+                    p.np_cnp_sent_total,
+                    p.rp_cnp_handled_total,
+                    p.np_ecn_marked_roce_packets_total,
+                    p.xmit_wait_total,
+                    p.symbol_error_total,
+                    p.link_downed_total,
+                    p.link_error_recovery_total,
+                    p.rcv_errors_total,
+                    p.local_link_integrity_errors_total,
+                )
+                for (kid, bad), p in pairs
+            ]
+        )
+    except (struct.error, TypeError):
+        counters = attrgetter(*PORT_COUNTERS)
+        rows = [(*slot, *counters(p)) for slot, p in zip(slots, ports, strict=True)]
+        return pack_absent(_PORT_FMT, rows, _PORT_ABSENT)
 
 
 def gpu_convert(raw: Raw) -> tuple[np.ndarray, np.ndarray]:
     """Packed GPU records as (floats, ints) rows (see GPU_FLOATS, GPU_INTS)."""
-    rows = np.frombuffer(b"".join(raw), np.int64).reshape(-1, _GPU_ROW.size // 8)
+    rows = np.frombuffer(b"".join(raw), np.int64).reshape(-1, len(_GPU_FMT))
     f = rows[:, :_GPU_NF].view(np.float64)
     out = np.empty((len(f), len(GPU_FLOATS)))
     out[:, 0:2] = np.nan

@@ -2,30 +2,37 @@
 
 ``np.array(rows, dtype=float)`` and ``np.fromiter`` convert value by value
 through NumPy's generic machinery (``PyArray_Pack``: ~300-450 instructions a
-value). ``struct`` packs a row of Python floats and ints straight into C
-doubles and longs; ``np.frombuffer`` then reads the joined bytes without a
-copy. On the bench-stream jobs this halved what the sample stores and the
-step assembly spent on conversion (``bench/bench_instr.py``).
+value). ``struct`` packs Python floats and ints straight into C doubles and
+longs, and ``np.frombuffer`` reads the joined bytes without a copy. Its cheapest
+use is a call with the fields as arguments, ``pack(r.a, r.b, ...)`` (slot loads,
+no tuple), inside a comprehension: ``bench/bench_instr.py`` counts the
+difference. A None cannot be packed: that call raises, and the caller takes a
+slower path (here :func:`pack_absent`), which costs about what NumPy's
+conversion did.
 """
 
 from __future__ import annotations
 
 import struct
-from itertools import starmap
 from typing import Any
 
+_LAYOUTS: dict[str, struct.Struct] = {}
 
-def pack_rows(layout: struct.Struct, rows: list[tuple[Any, ...]], absent: list[Any]) -> bytes:
-    """``rows`` packed by ``layout``, one after the other; a None in column ``k`` is
-    packed as ``absent[k]`` (NaN, or an int's "absent" marker). A value ``layout``
-    cannot take (a float for an int, an int beyond int64) raises ``struct.error``, as
-    NumPy's conversion raised."""
-    try:  # the common case: every value given
-        return b"".join(starmap(layout.pack, rows))
-    except (struct.error, TypeError):
-        return b"".join(
-            [
-                layout.pack(*[absent[k] if v is None else v for k, v in enumerate(row)])
-                for row in rows
-            ]
-        )
+
+def layout(fmt: str) -> struct.Struct:
+    """The native-order, unpadded ``struct`` of ``fmt`` (``d``/``q`` per column)."""
+    found = _LAYOUTS.get(fmt)
+    if found is None:
+        found = _LAYOUTS[fmt] = struct.Struct("=" + fmt)
+    return found
+
+
+def pack_absent(fmt: str, rows: list[tuple[Any, ...]], absent: tuple[Any, ...]) -> bytes:
+    """``rows`` packed by ``fmt``, one after the other, a None in column ``k`` as
+    ``absent[k]`` (NaN, or an int's "absent" marker). A value a column cannot take
+    (a float for an int, an int beyond int64) raises ``struct.error``, as NumPy's
+    conversion raised."""
+    pack = layout(fmt).pack
+    return b"".join(
+        [pack(*[absent[k] if v is None else v for k, v in enumerate(row)]) for row in rows]
+    )
