@@ -130,7 +130,7 @@ def test_packed_readings_read_back_exactly_with_absent_values_in_place() -> None
     ]
     for batch in (ports[:2], ports):  # without a None, then with one
         ids = [(k, k % 2) for k in range(len(batch))]
-        _, got = port_convert([port_rows(batch, ids)])
+        _, got = port_convert(port_rows(batch, ids))
         assert got[:, :2].tolist() == [list(i) for i in ids]
         assert got[:, 2:].tolist() == want[: len(batch)]
     gpus = [
@@ -142,11 +142,11 @@ def test_packed_readings_read_back_exactly_with_absent_values_in_place() -> None
         for i in range(4)
     ]  # fmt: skip
     gpus[3] = msgspec.structs.replace(gpus[3], power_limit_w=None, throttle_reasons=None)
-    floats, ints = gpu_convert([gpu_rows(gpus)])
+    floats, ints = gpu_convert(gpu_rows(gpus))
     assert floats[0].tolist() == [0.7, 300.5 / 700.0, 60.0, 99.0]
     assert np.isnan(floats[3, 1]) and floats[3, 0] == 1403.0 / 2000.0
     assert ints.tolist() == [[i, 0 if i == 3 else 4, big - i, i] for i in range(4)]
-    assert gpu_convert([gpu_rows(gpus[:3])])[1].tolist() == ints[:3].tolist()
+    assert gpu_convert(gpu_rows(gpus[:3]))[1].tolist() == ints[:3].tolist()
 
 
 def test_gpu_series_grouped_at_once_match_the_reading_by_reading_ones() -> None:

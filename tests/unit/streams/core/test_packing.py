@@ -40,7 +40,7 @@ def test_absent_values_take_their_columns_marker() -> None:
     rows = _rows(6)
     rows[1] = (None, *rows[1][1:])
     rows[4] = (*rows[4][:3], None, None)
-    floats, ints = _read(pack_absent(FMT, rows, ABSENT))
+    floats, ints = _read(b"".join(pack_absent(FMT, rows, ABSENT)))
     assert math.isnan(floats[1][0]) and floats[1][1:] == list(rows[1][1:3])
     assert ints[4] == [-1, -2] and ints[0] == list(rows[0][3:])
     assert np.array_equal(

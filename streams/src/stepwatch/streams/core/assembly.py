@@ -408,6 +408,8 @@ def _time_rows(records: list[StepRecord], phases: list[Phases]) -> np.ndarray:
     cpu_wait and cpu_time as a float64 row (None: NaN), packed record by record
     (``stepwatch.streams.core.packing``); with a None (CPU times a collector does not
     read, say), NumPy's conversion of the flat values (``np.fromiter``: None is NaN)."""
+    if not records or _likely_absent(records[0], phases[0]):
+        return _time_rows_absent(records, phases)  # no pack to raise and catch
     pack = layout(_TIMES).pack
     try:
         packed = b"".join(
@@ -426,15 +428,25 @@ def _time_rows(records: list[StepRecord], phases: list[Phases]) -> np.ndarray:
                 for r, p in zip(records, phases, strict=True)
             ]
         )
-    except (struct.error, TypeError):  # unmeasured (None): np.fromiter reads it as NaN
-        rows = [
-            (r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
-             r.cpu_wait, r.cpu_time)
-            for r, p in zip(records, phases, strict=True)
-        ]  # fmt: skip
-        n = len(_TIMES)
-        return np.fromiter(chain.from_iterable(rows), float, len(rows) * n).reshape(-1, n)
+    except (struct.error, TypeError):  # unmeasured (None) on a later record
+        return _time_rows_absent(records, phases)
     return np.frombuffer(packed).reshape(-1, len(_TIMES))
+
+
+def _likely_absent(r: StepRecord, p: Phases) -> bool:
+    """Whether the first record lacks a time that collectors often do not read."""
+    return r.cpu_wait is None or r.cpu_time is None or p.comm_wait is None or p.data is None
+
+
+def _time_rows_absent(records: list[StepRecord], phases: list[Phases]) -> np.ndarray:
+    """:func:`_time_rows` when a time may be None: np.fromiter reads it as NaN."""
+    rows = [
+        (r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
+         r.cpu_wait, r.cpu_time)
+        for r, p in zip(records, phases, strict=True)
+    ]  # fmt: skip
+    n = len(_TIMES)
+    return np.fromiter(chain.from_iterable(rows), float, len(rows) * n).reshape(-1, n)
 
 
 _TIMES = "d" * 9  # see _time_rows

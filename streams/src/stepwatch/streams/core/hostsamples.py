@@ -46,7 +46,7 @@ PORT_COUNTERS = (
 PORT_INTS = ("key", "bad_state", *PORT_COUNTERS)
 
 
-Raw = list[bytes]  # staged messages: their readings' packed records (gpu_rows, port_rows)
+Raw = list[bytes]  # readings' packed records, one each (gpu_rows, port_rows)
 Convert = Callable[[Raw], tuple[np.ndarray, np.ndarray]]
 
 
@@ -78,7 +78,6 @@ class SampleStore:
         self._ts: list[float] = []
         self._n: list[int] = []
         self._raw: Raw = []
-        self._readings = 0  # staged readings
 
     def open(self) -> int:
         """A slot for a new host."""
@@ -95,14 +94,13 @@ class SampleStore:
         self.pos[slot] = self.count[slot] = 0
         self._free.append(slot)
 
-    def add(self, slot: int, ts: float, packed: bytes, n: int) -> None:
-        """Stage one sample: its ``n`` readings' packed records (``convert`` reads them)."""
+    def add(self, slot: int, ts: float, raw: Raw) -> None:
+        """Stage one sample: its readings' packed records (``convert`` reads them)."""
         self._slot.append(slot)
         self._ts.append(ts)
-        self._n.append(n)
-        self._raw.append(packed)
-        self._readings += n
-        if self._readings >= self.STAGE_READINGS:
+        self._n.append(len(raw))
+        self._raw.extend(raw)
+        if len(self._raw) >= self.STAGE_READINGS:
             self.flush()
 
     def view(self, slot: int) -> SampleView:
@@ -119,7 +117,7 @@ class SampleStore:
             np.array(self._n, dtype=np.int64),
         )
         raw = self._raw
-        self._slot, self._ts, self._n, self._raw, self._readings = [], [], [], [], 0
+        self._slot, self._ts, self._n, self._raw = [], [], [], []
         floats, ints = self.convert(raw)
         if counts.max() > self.ints.shape[2]:
             self._widen(int(counts.max()))
@@ -270,7 +268,7 @@ class HostStores:
 
 
 # A reading is staged as one packed record: its floats as float64, then its ints
-# as int64, None as NaN or ABSENT; a message's records are one ``bytes``. The
+# as int64, None as NaN or ABSENT. The
 # common case packs straight from the fields (``pack(g.a, g.b, ...)``: slot loads
 # and one call, no tuple: ``stepwatch.streams.core.packing``); a None takes the
 # slower path (``packing.pack_absent``). Ints stay exact (int64 all the way); a
@@ -286,56 +284,52 @@ _PORT_FMT = "q" * len(PORT_INTS)
 _PORT_ABSENT = (ABSENT,) * len(PORT_INTS)
 
 
-def gpu_rows(gpus: Sequence[GpuReading]) -> bytes:
+def gpu_rows(gpus: Sequence[GpuReading]) -> Raw:
     """Each reading's _GPU_FIELDS (gauges: clock, clock limit, power, power limit,
     temperature, utilisation; ints: GPU_INTS) as one packed record each."""
     pack = layout(_GPU_FMT).pack
     try:
-        return b"".join(
-            [
-                pack(
-                    g.sm_clock_mhz,
-                    g.sm_clock_max_mhz,
-                    g.power_w,
-                    g.power_limit_w,
-                    g.temp_gpu_c,
-                    g.util_gpu_pct,
-                    g.index,
-                    g.throttle_reasons,
-                    g.ecc_dbe_total,
-                    g.remapped_rows_uncorrectable,
-                )
-                for g in gpus
-            ]
-        )
+        return [
+            pack(
+                g.sm_clock_mhz,
+                g.sm_clock_max_mhz,
+                g.power_w,
+                g.power_limit_w,
+                g.temp_gpu_c,
+                g.util_gpu_pct,
+                g.index,
+                g.throttle_reasons,
+                g.ecc_dbe_total,
+                g.remapped_rows_uncorrectable,
+            )
+            for g in gpus
+        ]
     except (struct.error, TypeError):  # a None (or a bad value: raised again below)
         return pack_absent(_GPU_FMT, list(map(attrgetter(*_GPU_FIELDS), gpus)), _GPU_ABSENT)
 
 
-def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> bytes:
+def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> Raw:
     """Each port's PORT_INTS as one packed record of int64 (None: ABSENT): its
     ``port_slots`` (key id, state other than ACTIVE), then its PORT_COUNTERS."""
     pack = layout(_PORT_FMT).pack
     pairs = zip(slots, ports, strict=True)
     try:
-        return b"".join(
-            [
-                pack(
-                    kid,
-                    bad,
-                    p.np_cnp_sent_total,
-                    p.rp_cnp_handled_total,
-                    p.np_ecn_marked_roce_packets_total,
-                    p.xmit_wait_total,
-                    p.symbol_error_total,
-                    p.link_downed_total,
-                    p.link_error_recovery_total,
-                    p.rcv_errors_total,
-                    p.local_link_integrity_errors_total,
-                )
-                for (kid, bad), p in pairs
-            ]
-        )
+        return [
+            pack(
+                kid,
+                bad,
+                p.np_cnp_sent_total,
+                p.rp_cnp_handled_total,
+                p.np_ecn_marked_roce_packets_total,
+                p.xmit_wait_total,
+                p.symbol_error_total,
+                p.link_downed_total,
+                p.link_error_recovery_total,
+                p.rcv_errors_total,
+                p.local_link_integrity_errors_total,
+            )
+            for (kid, bad), p in pairs
+        ]
     except (struct.error, TypeError):
         counters = attrgetter(*PORT_COUNTERS)
         rows = [(*slot, *counters(p)) for slot, p in zip(slots, ports, strict=True)]

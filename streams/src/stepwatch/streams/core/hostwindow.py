@@ -137,7 +137,7 @@ class HostWindow:
         if message.ts > self.last_seen:
             self.last_seen = message.ts
         if isinstance(message, GpuMessage):
-            self.gpu.store.add(self.gpu.slot, message.ts, gpu_rows(message.gpus), len(message.gpus))
+            self.gpu.store.add(self.gpu.slot, message.ts, gpu_rows(message.gpus))
             if len(self.gpu_names) < len(message.gpus):
                 for g in message.gpus:
                     if g.name:
@@ -147,15 +147,13 @@ class HostWindow:
             sig = port_sig(message.ports)
             port = self.port
             if sig == self._slots_sig:  # the ports and their states as in the last sample
-                port.store.add(
-                    port.slot, message.ts, port_rows(message.ports, self._slots), len(sig)
-                )
+                port.store.add(port.slot, message.ts, port_rows(message.ports, self._slots))
                 if self._port_sig is self._slots_sig:
                     return []  # ... whose links were read then (see _link_changes)
                 return self._link_changes(message, sig)
             self._slots = port_slots(sig, self._port_keys)  # changed: look them up again
             self._slots_sig = sig
-            port.store.add(port.slot, message.ts, port_rows(message.ports, self._slots), len(sig))
+            port.store.add(port.slot, message.ts, port_rows(message.ports, self._slots))
             return self._link_changes(message, sig)
         self.events.append(message)
         if message.type == EventType.LINK_STATE and message.device:
