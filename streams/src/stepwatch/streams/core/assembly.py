@@ -439,7 +439,9 @@ def _likely_absent(r: StepRecord, p: Phases) -> bool:
 
 
 def _time_rows_absent(records: list[StepRecord], phases: list[Phases]) -> np.ndarray:
-    """:func:`_time_rows` when a time may be None: np.fromiter reads it as NaN."""
+    """:func:`_time_rows` when a time may be None: np.fromiter reads it as NaN. The
+    fields are named again here (a tuple per record) because the fast path passes them
+    as arguments; tests/unit/streams/core/test_assembly.py checks both paths."""
     rows = [
         (r.start, r.end, p.data, p.forward, p.backward, p.optimizer, p.comm_wait,
          r.cpu_wait, r.cpu_time)

@@ -268,18 +268,22 @@ class HostStores:
 
 
 # A reading is staged as one packed record: its floats as float64, then its ints
-# as int64, None as NaN or ABSENT. The
-# common case packs straight from the fields (``pack(g.a, g.b, ...)``: slot loads
-# and one call, no tuple: ``stepwatch.streams.core.packing``); a None takes the
-# slower path (``packing.pack_absent``). Ints stay exact (int64 all the way); a
-# value outside int64 raises, as NumPy's conversion did.
+# as int64, None as NaN or ABSENT. The common case packs straight from the fields
+# (``pack(g.a, g.b, ...)``: slot loads and one call, no tuple; see
+# ``stepwatch.streams.core.packing``), so the fields are named twice: there and in
+# _GPU_FIELDS / PORT_COUNTERS for the slower path a None takes
+# (``packing.pack_absent``); tests/unit/streams/core/test_hostsamples.py reads both
+# back. Ints stay exact (int64 all the way); a value outside int64 raises, as
+# NumPy's conversion did.
 _GPU_NF = 6  # floats first
 _GPU_FMT = "d" * _GPU_NF + "q" * len(GPU_INTS)
 _GPU_FIELDS = (
     "sm_clock_mhz", "sm_clock_max_mhz", "power_w", "power_limit_w", "temp_gpu_c",
     "util_gpu_pct", *GPU_INTS,
 )  # fmt: skip
+_GPU_VALUES = attrgetter(*_GPU_FIELDS)
 _GPU_ABSENT = (float("nan"),) * _GPU_NF + (ABSENT,) * len(GPU_INTS)
+_PORT_VALUES = attrgetter(*PORT_COUNTERS)
 _PORT_FMT = "q" * len(PORT_INTS)
 _PORT_ABSENT = (ABSENT,) * len(PORT_INTS)
 
@@ -305,7 +309,7 @@ def gpu_rows(gpus: Sequence[GpuReading]) -> Raw:
             for g in gpus
         ]
     except (struct.error, TypeError):  # a None (or a bad value: raised again below)
-        return pack_absent(_GPU_FMT, list(map(attrgetter(*_GPU_FIELDS), gpus)), _GPU_ABSENT)
+        return pack_absent(_GPU_FMT, list(map(_GPU_VALUES, gpus)), _GPU_ABSENT)
 
 
 def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> Raw:
@@ -331,8 +335,7 @@ def port_rows(ports: Sequence[PortReading], slots: list[tuple[int, int]]) -> Raw
             for (kid, bad), p in pairs
         ]
     except (struct.error, TypeError):
-        counters = attrgetter(*PORT_COUNTERS)
-        rows = [(*slot, *counters(p)) for slot, p in zip(slots, ports, strict=True)]
+        rows = [(*slot, *_PORT_VALUES(p)) for slot, p in zip(slots, ports, strict=True)]
         return pack_absent(_PORT_FMT, rows, _PORT_ABSENT)
 
 

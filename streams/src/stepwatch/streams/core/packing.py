@@ -2,13 +2,13 @@
 
 ``np.array(rows, dtype=float)`` and ``np.fromiter`` convert value by value
 through NumPy's generic machinery (``PyArray_Pack``: ~300-450 instructions a
-value). ``struct`` packs Python floats and ints straight into C doubles and
-longs, and ``np.frombuffer`` reads the joined bytes without a copy. Its cheapest
-use is a call with the fields as arguments, ``pack(r.a, r.b, ...)`` (slot loads,
-no tuple), inside a comprehension: ``bench/bench_instr.py`` counts the
-difference. A None cannot be packed: that call raises, and the caller takes a
-slower path (here :func:`pack_absent`), which costs about what NumPy's
-conversion did.
+value in a throwaway callgrind micro-benchmark). ``struct`` packs Python floats
+and ints straight into C doubles and longs, and ``np.frombuffer`` reads the
+joined bytes without a copy. Its cheapest use is a call with the fields as
+arguments, ``pack(r.a, r.b, ...)`` (slot loads, no tuple), inside a
+comprehension: ``bench/bench_instr.py`` counts the difference. A None cannot be
+packed: that call raises, and the caller takes a slower path (here
+:func:`pack_absent`), which costs about what NumPy's conversion did.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ _LAYOUTS: dict[str, struct.Struct] = {}
 def layout(fmt: str) -> struct.Struct:
     """The native-order, unpadded ``struct`` of ``fmt`` (``d``/``q`` per column)."""
     found = _LAYOUTS.get(fmt)
-    if found is None:  # runs counted ("6d4q"): ~7 % fewer instructions a pack than "dd..."
+    if found is None:  # runs counted ("6d4q"): ~7 % fewer instructions a pack than
+        # "dddddd..." (a throwaway callgrind micro-benchmark)
         runs = "".join(f"{len(list(run))}{code}" for code, run in groupby(fmt))
         found = _LAYOUTS[fmt] = struct.Struct("=" + runs)
     return found
