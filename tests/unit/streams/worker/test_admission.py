@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from typing import Any
+
 import pytest
 
 from stepwatch.contract import (
@@ -230,6 +233,14 @@ def test_check_decides_and_moves_exactly_as_admit(
         max_age_seconds=3600,
     )
     ref, fast = Gate(cfg), Gate(cfg)
+    passed: list[bool] = []  # the fast path's answers: taken, and declined
+    rest_pass = fast._rest_pass
+
+    def spy(*args: Any) -> bool:
+        passed.append(rest_pass(*args))
+        return passed[-1]
+
+    fast._rest_pass = spy  # type: ignore[method-assign]
     seen: set[Reason] = set()
     step = {"a": 0, "b": 0, "c": 0}
     for i in range(3000):
@@ -286,3 +297,4 @@ def test_check_decides_and_moves_exactly_as_admit(
             ), i
         assert _state(fast) == _state(ref), i
     assert (Reason.CAPACITY in seen) == bool(max_ranks), seen  # the bounds were reached
+    assert passed.count(True) > 300 and passed.count(False) > 100, Counter(passed)

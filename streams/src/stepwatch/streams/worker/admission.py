@@ -218,6 +218,8 @@ class Gate:
                     self._unconfirmed.pop(rec.job_id, None)
                 if kept is not None:
                     kept.append(rec)
+                elif i == 0 and job is not None and self._rest_pass(steps, job, host):
+                    break  # the others are the first's job, size and step: nothing to judge
                 continue
             if out is None:
                 out = Admission(message)
@@ -229,6 +231,30 @@ class Gate:
         if kept is not None:
             out.message = msgspec.structs.replace(message, steps=kept) if kept else None
         return _unless_plain(out)
+
+    def _rest_pass(self, steps: list[StepRecord], job: GateJob, host: str) -> bool:
+        """Whether the records after an admitted first one pass as they are: of its job,
+        size and step, which the job (as the first left it) expects from this host, so
+        that the loop of :meth:`_check_steps` would judge none of them (the common
+        message: one host's ranks at one step). Their ranks are noted as that loop notes
+        them; False (nothing changed) when a record differs."""
+        head = steps[0]
+        job_id, world, step = head.job_id, head.world_size, head.step
+        if (
+            world != job.world
+            or step > job.peak
+            or step != job.ceiling
+            or (host and host not in job.hosts)
+        ):
+            return False
+        for r in steps:
+            if r.step != step or r.world_size != world or r.job_id != job_id:
+                return False
+        if job.seen is not None:
+            for r in steps[1:]:
+                if job.saw(r.rank):
+                    self._unconfirmed.pop(job_id, None)
+        return True
 
     def _clock(self, message: Message, now: float) -> Refusal | None:
         cfg = self.cfg
