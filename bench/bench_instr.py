@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import importlib.util
 import json
 import os
@@ -41,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,6 +80,18 @@ def use_tree(tree: Path) -> None:
     module = importlib.util.module_from_spec(spec)
     sys.modules["stepwatch"] = module
     spec.loader.exec_module(module)
+
+
+@contextlib.contextmanager
+def checkout(rev: str, where: Path) -> Iterator[Path]:
+    """``rev`` of this repository checked out at ``where`` (a detached git worktree),
+    removed afterwards."""
+    git = ["git", "-C", str(ROOT), "worktree"]
+    subprocess.run([*git, "add", "--detach", "-q", str(where), rev], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run([*git, "remove", "--force", str(where)], check=False)
 
 
 def workload(tree: Path, path: Path, process: bool) -> None:
@@ -141,20 +155,12 @@ def main() -> int:
         return 2
     jobs, nodes, steps = (int(x) for x in args.size.split(","))
     with tempfile.TemporaryDirectory(prefix="bench-instr-") as tmp:
-        data, other = Path(tmp) / "records.msgpack", Path(tmp) / "tree"
+        data = Path(tmp) / "records.msgpack"
         events = make_workload(data, jobs, nodes, steps)
-        subprocess.run(
-            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(other),
-             args.against], check=True,
-        )  # fmt: skip
-        try:
+        with checkout(args.against, Path(tmp) / "tree") as other:
             runs = [(t, proc) for t in (other, ROOT) for proc in (True, False)]
             with concurrent.futures.ThreadPoolExecutor(max(1, min(4, os.cpu_count() or 1))) as ex:
                 got = dict(zip(runs, ex.map(lambda r: count(r[0], data, r[1]), runs), strict=True))
-        finally:
-            subprocess.run(
-                ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(other)], check=False
-            )
     print(f"{jobs} jobs x {nodes} nodes x {steps} steps: {events:,} events; "
           "instructions counted by callgrind (processing = run - setup-only run)")  # fmt: skip
     print(f"{'tree':<22} {'run':>15} {'setup only':>15} {'processing':>15} {'per event':>10}")

@@ -44,6 +44,13 @@ as a dead letter (``stepwatch_stream_dlq_messages_total``). Each dead letter is
 a record the worker produces, and a batch is acknowledged only once the broker
 has its outputs: this is what a flood of bad records costs.
 
+``--against REV`` adds rounds (``--rounds``, default 3) of this tree's worker and
+REV's (a git revision, checked out into a temporary worktree and run by
+``bench/tree_cli.py``), fed the same way and alternated, each after a raw consume
+of its own: the medians of both, and their quotient. This is how "the worker's
+throughput is not below REV's" is measured (issue 17's clause, REV the code when it
+was filed) without trusting rates from different sittings.
+
 Run: ``python bench/bench_stream.py`` (``--jobs 4 --steps 150`` for a quick look).
 """
 
@@ -55,6 +62,7 @@ import os
 import random
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -290,12 +298,14 @@ def worker(
     workdir: str,
     extra: list[str],
     floor: str = "",
+    tree: Path | None = None,
 ) -> Row:
     """``stepwatch stream`` fed live: started on empty topics, measured from the moment
     it is ready and idle until it has processed every message produced after that.
     (Measuring a drain of pre-loaded topics from the first scrape that shows progress
     left out the CPU of the batch in flight at that scrape: up to 20 % too fast.)
-    ``floor``: run it through ``worker_floor.py`` with that part switched off."""
+    ``floor``: run it through ``worker_floor.py`` with that part switched off;
+    ``tree``: run another checkout's worker (``tree_cli.py``)."""
     from stepwatch.daemons.process import free_port
     from stepwatch.kafka import ensure_topics
     from stepwatch.settings import Settings
@@ -311,6 +321,8 @@ def worker(
     port = free_port()
     floor_script = str(ROOT / "bench" / "worker_floor.py")
     launcher = [floor_script, floor] if floor else ["-m", "stepwatch.cli"]
+    if tree is not None:
+        launcher = [str(ROOT / "bench" / "tree_cli.py"), str(tree)]
     cmd = [
         sys.executable,
         *launcher,
@@ -427,6 +439,69 @@ def garbage_row(settings: Settings, messages: list[Message], workdir: str, share
     return row
 
 
+def against_rows(
+    settings: Settings,
+    messages: list[Message],
+    total: int,
+    workdir: str,
+    rev: str,
+    rounds: int,
+) -> list[tuple[Row, Row]]:
+    """This tree's worker and ``rev``'s, fed the same way, alternated for ``rounds``
+    rounds (which goes first swaps each round), each after a raw consume of the
+    pre-loaded messages: its ratio's baseline, measured next to it. Pairs of
+    (raw consume, worker); a worker row is named after its tree."""
+    from bench_instr import checkout  # bench/, this script's folder
+
+    from stepwatch.settings import Settings
+
+    events = sum(records_in(m) for m in messages)
+    out: list[tuple[Row, Row]] = []
+    with checkout(rev, Path(workdir) / "against") as other:
+        trees: list[tuple[str, Path | None]] = [("this tree", None), (rev, other)]
+        for r in range(rounds):
+            for i, (name, tree) in enumerate(trees if r % 2 == 0 else trees[::-1]):
+                base = raw_consume(settings, total, decode=False)
+                base.events = events
+                own = Settings.load(
+                    env={},
+                    bootstrap_servers=settings.bootstrap_servers,
+                    topic_prefix=f"{settings.topic_prefix}a{r}{i}",
+                    partitions=settings.partitions,
+                )
+                path = os.path.join(workdir, f"against-{r}-{i}")
+                os.makedirs(path)
+                row = worker(own, messages, path, [], tree=tree)
+                row.name = name
+                out.append((base, row))
+    return out
+
+
+def print_against(pairs: list[tuple[Row, Row]], rev: str) -> None:
+    """Each round's workers with their ratios, then the medians of both trees."""
+    print(f"\nworkers alternated with {rev}'s, each after a raw consume of the same run:")
+    print(f"{'tree':<26} {'events/cpu-s':>12} {'raw consume':>12} {'ratio':>6}")
+    rates: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    for base, row in pairs:
+        rate, raw = row.events / row.cpu, base.events / base.cpu
+        rates.setdefault(row.name, []).append(rate)
+        ratios.setdefault(row.name, []).append(rate / raw)
+        print(f"{row.name:<26} {rate:>12,.0f} {raw:>12,.0f} {rate / raw:6.3f}")
+    mid = {name: statistics.median(v) for name, v in rates.items()}
+    mid_ratio = {name: statistics.median(v) for name, v in ratios.items()}
+    for name in rates:
+        print(
+            f"{name}: median {mid[name]:,.0f} events/s per core, median ratio "
+            f"{mid_ratio[name]:.3f} ({len(rates[name])} runs)"
+        )
+    print(
+        f"this tree / {rev}: events per CPU-second {mid['this tree'] / mid[rev]:.3f}, "
+        f"ratio to raw consume {mid_ratio['this tree'] / mid_ratio[rev]:.3f} "
+        "(medians; > 1: this tree is faster)"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=8)
@@ -450,6 +525,14 @@ def main() -> None:
         default=0.0,
         metavar="SHARE",
         help="also run the worker with this share (0..1) of its records garbage",
+    )
+    ap.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run REV's worker (a git revision), alternated with this tree's",
+    )
+    ap.add_argument(
+        "--rounds", type=int, default=3, help="rounds of --against (a run of each tree)"
     )
     args = ap.parse_args()
 
@@ -496,6 +579,11 @@ def main() -> None:
             )
             if args.garbage > 0:
                 floors.append(garbage_row(settings, messages, workdir, args.garbage))
+            pairs = (
+                against_rows(settings, messages, len(wire), workdir, args.against, args.rounds)
+                if args.against
+                else []
+            )
         print(
             f"\n{'path':<26} {'messages':>9} {'events':>10} {'cpu_s':>8} {'wall_s':>8} "
             f"{'msgs/cpu-s':>12} {'events/cpu-s':>12} {'ratio':>6}"
@@ -530,6 +618,8 @@ def main() -> None:
                 f"{row.name} (a ceiling for the worker): {r:,.0f} events/s per core, "
                 f"ratio {r / raw:.3f} (goals: {GOAL_EVENTS:,}, {GOAL_RATIO})"
             )
+        if pairs:
+            print_against(pairs, args.against)
     finally:
         if broker is not None:
             broker.stop()
