@@ -171,6 +171,53 @@ class StepAssembler:
     def add(self, records: list[StepRecord], arrived: float | None = None) -> list[ClosedStep]:
         """Add records of this job that came at ``arrived`` on the engine's clock (None:
         at the latest record's end); return the steps that closed, in order."""
+        whole = self._add_whole(records, arrived)
+        ready = self._add_each(records, arrived) if whole is None else whole
+        if self.watch.agreed:
+            self._rewind()
+            ready = True
+        if ready or len(self._pending) > self.max_pending:
+            return self._drain(None)
+        return []
+
+    def _add_whole(self, records: list[StepRecord], arrived: float | None) -> bool | None:
+        """:meth:`_add_each` for the common message (one host's ranks at one step): the
+        records all of one open step, no rank twice nor already in it, none held for a
+        restart nor of the run before one. Whether the step is complete; None when the
+        message is not such a one (nothing was taken: :meth:`_add_each` decides record by
+        record)."""
+        if not records or self.watch.starts:
+            return None
+        step = records[0].step
+        if step <= self.last_closed:
+            return None
+        for r in records:
+            if r.step != step:
+                return None
+        old_run = self.old_run_before
+        if old_run is not None:  # since a restart: none of the old run's, held up
+            for r in records:
+                if r.start < old_run[r.rank]:
+                    return None
+        ranks = {r.rank for r in records}
+        p = self._pending.get(step)
+        if len(ranks) != len(records) or (p is not None and not p.ranks.isdisjoint(ranks)):
+            return None
+        if p is None:
+            p = self._pending[step] = _Pending()
+        p.ranks |= ranks
+        p.records.extend(records)
+        end = max([r.end for r in records])
+        if end > p.max_end:
+            p.max_end = end
+            if end > self.newest_end:
+                self.newest_end = end
+        p.arrived = p.max_end if arrived is None else arrived
+        return len(p.ranks) >= self.world_size - len(self.absent)
+
+    def _add_each(self, records: list[StepRecord], arrived: float | None) -> bool:
+        """Take the records one by one (held, late, duplicate or into their step);
+        whether a step became complete."""
         pending = self._pending
         ready = False
         # a message's records are mostly of one step: its entry is looked up once per run
@@ -206,12 +253,7 @@ class StepAssembler:
             p.arrived = p.max_end if arrived is None else arrived
             if len(p.ranks) >= need:
                 ready = True
-        if watch.agreed:
-            self._rewind()
-            ready = True
-        if ready or len(pending) > self.max_pending:
-            return self._drain(None)
-        return []
+        return ready
 
     def expire(self, now: float) -> list[ClosedStep]:
         """Close the steps whose deadline passed at ``now`` on the engine's clock: the
