@@ -500,6 +500,17 @@ def print_against(pairs: list[tuple[Row, Row]], rev: str) -> None:
         f"ratio to raw consume {mid_ratio['this tree'] / mid_ratio[rev]:.3f} "
         "(medians; > 1: this tree is faster)"
     )
+    each = []  # per round: one run of each tree, next to each other
+    for (_, a), (_, b) in zip(pairs[::2], pairs[1::2], strict=False):
+        by = {a.name: a.events / a.cpu, b.name: b.events / b.cpu}
+        if set(by) == {"this tree", rev}:
+            each.append(by["this tree"] / by[rev])
+    if each:
+        print(
+            f"per round (this tree / {rev}, events per CPU-second): "
+            f"{', '.join(f'{x:.3f}' for x in each)}; median {statistics.median(each):.3f}, "
+            f"this tree faster in {sum(x > 1 for x in each)} of {len(each)}"
+        )
 
 
 def main() -> None:
