@@ -45,11 +45,14 @@ _RULES = {
 }
 
 
+_BYTES = (bytes, bytearray)
+
+
 def may_break_names(data: bytes | str) -> bool:
     """False only when no string in ``data`` can hold a forbidden character."""
     if isinstance(data, str):
         return not data.isascii() or "\\" in data or "\x7f" in data
-    if isinstance(data, bytes | bytearray):
+    if isinstance(data, _BYTES):  # a tuple: ``bytes | bytearray`` builds a union per call
         # find, not ``in``: ``bytes in bytes`` first tries the operand as an int and
         # builds (and drops) a TypeError each time, more than the scans themselves cost
         return (

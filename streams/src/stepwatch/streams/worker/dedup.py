@@ -42,6 +42,9 @@ from stepwatch.contract.seen import DropReason, SeenWindow
 
 __all__ = ["Deduplicator", "DropReason", "SeenWindow"]
 
+# a tuple: ``GpuMessage | PortMessage`` in the call built a union object per message
+_SAMPLES = (GpuMessage, PortMessage)
+
 
 class Deduplicator:
     """Admit each message at most once; count what was dropped and why."""
@@ -59,7 +62,7 @@ class Deduplicator:
         """The message with duplicate records removed, or None to drop it whole."""
         if isinstance(message, StepMessage):
             return self._admit_steps(message)
-        if isinstance(message, GpuMessage | PortMessage):
+        if isinstance(message, _SAMPLES):
             return self._admit_sample(message)
         if isinstance(message, EventMessage) and message.inst:
             reason = self._events.admit((message.host, message.inst), message.seq)
