@@ -77,9 +77,17 @@ def use_tree(tree: Path) -> None:
     )
     if spec is None or spec.loader is None:
         raise SystemExit(f"bench_instr: no stepwatch package in {tree}")
+    # an editable install's finder maps stepwatch's portions to the checkout it was made
+    # from: without it, a module the tree lacks fails to import instead of coming from there
+    sys.meta_path[:] = [f for f in sys.meta_path if not _editable_stepwatch(f)]
     module = importlib.util.module_from_spec(spec)
     sys.modules["stepwatch"] = module
     spec.loader.exec_module(module)
+
+
+def _editable_stepwatch(finder: object) -> bool:
+    name = getattr(finder, "__module__", "") or ""
+    return name.startswith("__editable__") and "stepwatch" in name
 
 
 @contextlib.contextmanager

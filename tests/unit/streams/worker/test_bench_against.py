@@ -72,3 +72,18 @@ def test_the_comparison_is_of_each_trees_medians(capsys: pytest.CaptureFixture[s
     assert "this tree / REV: events per CPU-second 1.600, ratio to raw consume 1.333" in out
     # rounds: (150k, 100k), (100k, 160k), (120k, 999k): each tree's run against the other's
     assert "1.500, 1.600, 8.325; median 1.600, this tree faster in 3 of 3" in out
+
+
+def test_a_module_the_tree_lacks_is_not_taken_from_the_installed_package(
+    tmp_path: Path,
+) -> None:
+    tree = _fake_tree(
+        tmp_path / "tree",
+        "def main(argv):\n    import stepwatch.streams.worker.app\n    return 0\n",
+    )
+    done = subprocess.run(
+        [sys.executable, TREE_CLI, str(tree), "stream"],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "ModuleNotFoundError: No module named 'stepwatch.streams'" in done.stderr
