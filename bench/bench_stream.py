@@ -319,10 +319,14 @@ def worker(
     ensure_topics(settings)
     total = len(messages)
     port = free_port()
-    floor_script = str(ROOT / "bench" / "worker_floor.py")
-    launcher = [floor_script, floor] if floor else ["-m", "stepwatch.cli"]
+    if tree is not None and floor:
+        raise SystemExit("bench: a floor is this tree's worker with a part switched off")
     if tree is not None:
         launcher = [str(ROOT / "bench" / "tree_cli.py"), str(tree)]
+    elif floor:
+        launcher = [str(ROOT / "bench" / "worker_floor.py"), floor]
+    else:
+        launcher = ["-m", "stepwatch.cli"]
     cmd = [
         sys.executable,
         *launcher,
