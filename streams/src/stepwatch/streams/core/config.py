@@ -100,6 +100,10 @@ class DetectConfig:
     # --- hang / missing ranks ------------------------------------------------------
     hang_min_seconds: float = 60.0
     hang_step_multiple: float = 10.0
+    # the longest pause the hang limit allows for, at most (a checkpoint_save event's
+    # ``seconds`` is the sender's word: one of 10^12 s hid every later hang); well under
+    # job_silence_seconds, so that a hang is found before its job is forgotten
+    hang_max_pause_seconds: float = 1800.0
     rank_missing_steps: int = 3  # absent from this many closed steps while peers progress
     max_named_ranks: int = 8  # rank_missing detections per incident (evidence counts all)
     # --- causes -----------------------------------------------------------------------

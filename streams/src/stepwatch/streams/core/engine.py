@@ -199,8 +199,9 @@ class Engine:
         incidents = self._window(ev.host).add(ev)
         if incidents:
             return self._links(incidents, ev.job_id)
-        job = self.jobs.get(ev.job_id) if ev.job_id else None
-        if job is None and ev.job_id and ev.type == EventType.JOB_START:
+        named = self.jobs.get(ev.job_id) if ev.job_id else None
+        job = self._named(ev.host, ev.job_id)  # None too when the host may not speak for it
+        if named is None and ev.job_id and ev.type == EventType.JOB_START:
             world = ev.attrs.get("world_size")
             if isinstance(world, int) and not isinstance(world, bool) and world > 0:
                 job = self.jobs[ev.job_id] = Job(ev.job_id, world, self.cfg, self.causes)
@@ -212,7 +213,7 @@ class Engine:
             return out
         if job is not None:
             return job.on_event(ev, arrived)
-        if ev.type == EventType.EXCEPTION:
+        if ev.type == EventType.EXCEPTION and named is None:
             for j in self._jobs_of(ev.host, None):
                 out.extend(j.on_event(ev, arrived))
         return out
@@ -225,11 +226,22 @@ class Engine:
         return out
 
     def _jobs_of(self, host: str, job_id: str | None) -> list[Job]:
-        """The job named, or (when none is) the jobs running on ``host``."""
-        if job_id:
-            job = self.jobs.get(job_id)
-            return [job] if job is not None else []
-        return [j for j in self.jobs.values() if host in j.hosts]
+        """The job named, when ``host`` may speak for it (:meth:`_named`), or (when none
+        is) the jobs running on ``host``."""
+        if not job_id:
+            return [j for j in self.jobs.values() if host in j.hosts]
+        job = self._named(host, job_id)
+        return [] if job is None else [job]
+
+    def _named(self, host: str, job_id: str | None) -> Job | None:
+        """The job a message from ``host`` names, if ``host`` may speak for it: one of its
+        hosts (step records say so), or any host while it has none (a job known from its
+        ``job_start`` only). A host that runs none of a job's ranks says nothing of it
+        (docs/security.md: one XID from such a host opened ``rank_missing`` on the job)."""
+        job = self.jobs.get(job_id) if job_id else None
+        if job is None or (job.hosts and host not in job.hosts):
+            return None
+        return job
 
     def _window(self, host: str) -> HostWindow:
         win = self.windows.get(host)

@@ -5,7 +5,8 @@ plus the longest pause the job has shown so far (a step's excess over the
 median: evaluation, checkpoint saves; or a ``checkpoint_save`` event's
 ``seconds``), measured in event time from the latest step end any rank
 reported: a job that once paused for a minute to save a checkpoint may do so
-again without being called hung. A crashed
+again without being called hung. The pause counts up to ``hang_max_pause_seconds``
+(half an hour): a ``checkpoint_save``'s ``seconds`` is its sender's word. A crashed
 rank leaves its peers blocked in the next collective: its last reported step
 is behind theirs, or (when it died after reporting) its GPU went idle or left
 the bus while the peers' GPUs keep spinning. Those ranks are *named*
@@ -43,7 +44,8 @@ class HangVerdict:
 
 
 def hang_limit(cfg: DetectConfig, cadence: float | None, pause: float = 0.0) -> float:
-    return max(cfg.hang_min_seconds, cfg.hang_step_multiple * (cadence or 0.0)) + pause
+    base = max(cfg.hang_min_seconds, cfg.hang_step_multiple * (cadence or 0.0))
+    return base + min(pause, cfg.hang_max_pause_seconds)
 
 
 def check_hang(

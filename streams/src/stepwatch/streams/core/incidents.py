@@ -93,6 +93,8 @@ class Incidents:
         if ev.type == EventType.XID and ev.code not in HARDWARE_XIDS:
             return []
         rank = ev.rank if ev.rank is not None and 0 <= ev.rank < self.world_size else None
+        if rank is not None and self.ranks.host[rank] not in ("", ev.host):
+            rank = None  # another host's rank: an event speaks only for its host's GPUs
         if rank is None:
             on_host = [r for r in self.ranks.ranks_on(ev.host) if self.ranks.gpu[r] == ev.gpu]
             rank = on_host[0] if on_host else None

@@ -18,11 +18,18 @@ record cannot move a high-water mark that real data is then judged against:
   it starts after the run's latest step ended it is a restart
   (:attr:`Admission.rewound` names the job so that the duplicate filter
   forgets its window).
-* ``foreign_lifecycle`` — a ``job_end`` from a host that sent no step record
-  of that job; likewise a step record with another ``world_size`` than the
-  job's from such a host (the detection core takes a new size for a restart
+* ``foreign_lifecycle`` — a ``job_end``, or a ``job_start`` of a job it already
+  has, from a host that is not one of the job's (:meth:`GateJob.foreign`);
+  likewise a step record with another ``world_size`` than the job's from such
+  a host (the detection core takes a new size for a restart
   and closes the job's open detections). A job this worker has no step from
   yet is not judged.
+* ``foreign_job`` — any other event that names a job, from a host that is not
+  one of the job's (the same rule): a job's own event (a checkpoint, a restart,
+  an exception) is refused; a host's hardware or link event (``xid``, ``ecc``,
+  ``link_state``) goes on as the host's own, without the job and rank it named
+  (one XID from a host that runs none of a job's ranks opened ``rank_missing``
+  on that job; one ``checkpoint_save`` of 10^12 s hid its hangs).
 * ``world_size`` — a ``world_size`` above ``max_world_size``, in a step record
   or a ``job_start``'s ``attrs``: the detection core's memory per job grows with
   the size a record claims, not with the ranks that report (one record of 2^20
@@ -54,6 +61,9 @@ from stepwatch.streams.worker.gatejob import GateJob
 __all__ = ["Admission", "AdmissionConfig", "Capacity", "Gate", "Reason", "Refusal"]
 
 LIFECYCLE = frozenset({EventType.JOB_END, EventType.JOB_START})
+# events that say something of the sending host itself: from a host that is not one of
+# the job's they go on as the host's own, without the job (and its rank) they named
+HOST_FACTS = frozenset({EventType.XID, EventType.ECC, EventType.LINK_STATE})
 _NO_LIMIT = float("inf")
 
 
@@ -62,6 +72,7 @@ class Reason(enum.StrEnum):
     TOO_OLD = "too_old"
     STEP_JUMP = "step_jump"
     FOREIGN_LIFECYCLE = "foreign_lifecycle"
+    FOREIGN_JOB = "foreign_job"
     WORLD_SIZE = "world_size"
     CAPACITY = "capacity"
 
@@ -105,6 +116,16 @@ def _unless_plain(admission: Admission) -> Admission | None:
     return None
 
 
+def _foreign(ev: EventMessage, job: GateJob, reason: Reason, then: str = "") -> Refusal:
+    """An event naming ``job`` from a host that is not one of its hosts."""
+    hosts = ", ".join(sorted(job.hosts or job.newcomers)[:8])
+    return Refusal(
+        reason,
+        f"{ev.type} for job {ev.job_id} from host {ev.host!r}, which is not one of its "
+        f"hosts (records of 3 steps make one) (hosts: {hosts}){then}",
+    )
+
+
 def _mixed(rec: StepRecord, first: int) -> Refusal:
     """A record whose world_size differs from its job's earlier record in the same message:
     the detection core takes one size a message (the first), so the gate must too (else it
@@ -145,8 +166,11 @@ class Gate:
         refusal = self._host(message.host, message.ts)
         if refusal is not None:
             return Admission(None, [refusal])
-        if isinstance(message, EventMessage) and message.type in LIFECYCLE:
-            return self._lifecycle(message)
+        if isinstance(message, EventMessage):
+            if message.type in LIFECYCLE:
+                return self._lifecycle(message)
+            if message.job_id:
+                return self._job_claim(message)
         return Admission(message)
 
     def check(self, message: Message, now: float) -> Admission | None:
@@ -160,7 +184,7 @@ class Gate:
         """
         if isinstance(message, StepMessage):
             return self._check_steps(message, now)
-        if isinstance(message, EventMessage) and message.type in LIFECYCLE:
+        if isinstance(message, EventMessage):  # rare next to samples: judged in full
             return _unless_plain(self.admit(message, now))
         ts = message.ts
         if ts > now + self._future or ts < now - self._max_age:
@@ -505,26 +529,25 @@ class Gate:
 
     # ------------------------------------------------------------------ lifecycle
     def _lifecycle(self, ev: EventMessage) -> Admission:
+        job = self._jobs.get(ev.job_id or "")
+        if job is not None and job.foreign(ev.host):
+            return Admission(None, [_foreign(ev, job, Reason.FOREIGN_LIFECYCLE)])
         if ev.type == EventType.JOB_START:
             return self._job_start(ev)
+        if job is not None:  # a job_end
+            self._forget_job(ev.job_id or "")
+        return Admission(ev)
+
+    def _job_claim(self, ev: EventMessage) -> Admission:
+        """Any other event naming a job: from a host that is not one of the job's, a host's
+        own fact (:data:`HOST_FACTS`) goes on without the job and rank; the rest is refused."""
         job = self._jobs.get(ev.job_id or "")
         if job is None or not job.foreign(ev.host):
-            if job is not None and ev.type == EventType.JOB_END:
-                self._forget_job(ev.job_id or "")
             return Admission(ev)
-        return Admission(
-            None,
-            [
-                Refusal(
-                    Reason.FOREIGN_LIFECYCLE,
-                    (
-                        f"{ev.type} for job {ev.job_id} from host {ev.host!r}, "
-                        "which is not one of its hosts (records of 3 steps make one) "
-                        f"(hosts: {', '.join(sorted(job.hosts or job.newcomers)[:8])})"
-                    ),
-                )
-            ],
-        )
+        if ev.type not in HOST_FACTS:
+            return Admission(None, [_foreign(ev, job, Reason.FOREIGN_JOB)])
+        kept = msgspec.structs.replace(ev, job_id=None, rank=None)
+        return Admission(kept, [_foreign(ev, job, Reason.FOREIGN_JOB, "; kept as the host's own")])
 
     def _job_start(self, ev: EventMessage) -> Admission:
         """A ``job_start`` whose ``attrs`` give a ``world_size`` makes the core keep a job

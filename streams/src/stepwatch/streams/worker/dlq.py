@@ -49,6 +49,7 @@ class DlqReason(enum.StrEnum):
     TOO_OLD = "too_old"
     STEP_JUMP = "step_jump"
     FOREIGN_LIFECYCLE = "foreign_lifecycle"
+    FOREIGN_JOB = "foreign_job"
     WORLD_SIZE = "world_size"
     CAPACITY = "capacity"
 
