@@ -78,15 +78,26 @@ def check_names(obj: msgspec.Struct, path: str = "$") -> None:
                 raise ContractError("schema", f"{rule[1]} - at `{where}`")
         elif kind == "struct":
             check_names(value, where)
+        elif kind == "map":
+            _check_map(value, where)
         else:  # a list of structs
             for i, item in enumerate(value):
                 if isinstance(item, msgspec.Struct):
                     check_names(item, f"{where}[{i}]")
 
 
+def _check_map(value: dict[str, object], where: str) -> None:
+    """A map's keys by the name rule (its values are data: see ``records.Value``)."""
+    rule, words = _RULES["name"]
+    for key in value:
+        if rule.match(key) is None:
+            raise ContractError("schema", f"{words} - at `key` in `{where}`")
+
+
 @functools.cache
 def _plan(cls: type) -> tuple[tuple[str, str], ...]:
-    """The fields of ``cls`` to look at: names, structs, lists of structs (in field order)."""
+    """The fields of ``cls`` to look at: names, structs, lists of structs, maps keyed by
+    name (in field order)."""
     hints = typing.get_type_hints(cls, include_extras=True)
     out: list[tuple[str, str]] = []
     for field in cls.__struct_fields__:  # type: ignore[attr-defined]
@@ -107,6 +118,8 @@ def _kind(hint: Any) -> str:
         return _kind(args[0])  # Optional[...]
     if isinstance(hint, type) and issubclass(hint, msgspec.Struct):
         return "struct" if _plan(hint) else ""
+    if origin is dict and args and args[0] == Name:
+        return "map"  # its keys are names
     item = args[0] if origin is list and args else None
     if isinstance(item, type) and issubclass(item, msgspec.Struct) and _plan(item):
         return "list"

@@ -61,6 +61,13 @@ Text = Annotated[
 ]
 
 
+# A map's keys are names (``EventMessage.attrs``, ``Phases.extra``,
+# ``DetectionMessage.evidence``): they reach the same places (logs, the store's Map
+# columns, alert labels) as the named fields do. Its values are data, as before: an
+# exception's message may hold colour codes, and an old SDK's event must still pass.
+Value = str | float | int | bool
+
+
 def clip_text(text: str) -> str:
     """``text`` cut to ``TEXT_MAX`` characters (an ellipsis at the cut): what a producer
     writes into a ``Text`` field it builds from other fields (a summary quoting an
@@ -122,7 +129,7 @@ class Phases(_Base, frozen=True):
     optimizer: NonNeg | None = None
     comm_wait: NonNeg | None = None
     checkpoint: NonNeg | None = None
-    extra: dict[str, NonNeg] = {}
+    extra: dict[Name, NonNeg] = {}
 
 
 class StepRecord(_Base, frozen=True):
@@ -277,7 +284,7 @@ class EventMessage(_Message, frozen=True, tag="event"):
     port: Index16 | None = None
     code: Code | None = None  # XID number, ECC count, exit code ...
     detail: Text = ""
-    attrs: dict[str, str | float | int | bool] = {}
+    attrs: dict[Name, Value] = {}
 
 
 class DetectionMessage(_Message, frozen=True, tag="detection"):
@@ -303,7 +310,7 @@ class DetectionMessage(_Message, frozen=True, tag="detection"):
     first_step: Count | None = None
     opened_at: Epoch | None = None
     summary: Text = ""
-    evidence: dict[str, str | float | int | bool | None] = {}
+    evidence: dict[Name, Value | None] = {}
     # v1 additions (defaults keep older messages valid): where a host- or
     # network-level incident is (``host`` in the header names the host), the
     # ranks it touches, and the id of the incident a linked detection belongs to.

@@ -18,7 +18,7 @@ import msgspec
 
 from stepwatch.contract.codec import not_utf8
 from stepwatch.contract.names import check_names, may_break_names
-from stepwatch.contract.records import EventType, Name, StepRecord
+from stepwatch.contract.records import EventType, Name, StepRecord, Value
 from stepwatch.errors import ContractError
 
 WIRE_VERSION = 1
@@ -39,7 +39,7 @@ class RankEvent(
     rank: int | None = None
     gpu: int | None = None
     detail: str = ""
-    attrs: dict[str, str | float | int | bool] = {}
+    attrs: dict[Name, Value] = {}
     v: int = WIRE_VERSION
     code: int | None = None  # added in v1, optional: an exit code (job_end), as EventMessage.code
 

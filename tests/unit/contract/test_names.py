@@ -269,3 +269,34 @@ def test_the_sdk_sends_exception_text_already_plain() -> None:
     ident = Identity(job_id="42", rank=0, world_size=1)
     ev = custom_event(ident, EventType.EXCEPTION, "boom\x1b[0m\u202e", {})
     assert ev.detail == "boom\ufffd[0m\ufffd"
+
+
+@pytest.mark.parametrize("key", BAD)
+@pytest.mark.parametrize(
+    ("kind", "where"),
+    [
+        ("event", lambda k: {"attrs": {k: 1}}),
+        ("detection", lambda k: {"evidence": {k: 1.5}}),
+        ("step", lambda k: {"steps": [{**_step(), "phases": {"extra": {k: 0.1}}}]}),
+        ("datagram", lambda k: {"attrs": {k: "v"}}),
+    ],
+)
+def test_a_maps_keys_follow_the_name_rule(kind: str, where: Callable, key: str) -> None:
+    """Before: ``attrs``, ``evidence`` and ``extra`` keys were any string: a NUL, a bidi
+    override or a 100,000-character key reached the store's Map columns and logs."""
+    if kind == "datagram":
+        raw = {"kind": "rank_event", "type": "xid", "ts": NOW, "job_id": "42", **where(key)}
+        with pytest.raises(ContractError, match="schema"):
+            decode_datagram(json.dumps(raw).encode())
+        return
+    body = {"kind": kind, "host": "h", "ts": NOW, **where(key)}
+    with pytest.raises(ContractError, match=r"schema.*at `key` in `\$\.(attrs|evidence|steps)"):
+        decode(json.dumps(body).encode())
+
+
+def test_a_maps_values_are_data_and_pass_as_they_came() -> None:
+    """An exception's message (an old SDK's, with colour codes) stays an event's value."""
+    attrs = {"message": "\x1b[31mCUDA error\x1b[0m", "oom": True, "step": 7}
+    body = {"kind": "event", "host": "h", "ts": NOW, "type": "exception", "attrs": attrs}
+    back = decode(json.dumps(body).encode())
+    assert isinstance(back, EventMessage) and back.attrs == attrs
