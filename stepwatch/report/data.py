@@ -197,9 +197,11 @@ def load(store: Store, job: str) -> ReportData:
     p: dict[str, Any] = {"job": job}
     detections = _rows(store, DETECTIONS, p)
     hosts = sorted({d["host"] for d in detections if d.get("host")})
-    host_params = {"job": job, "hosts": "[" + ",".join(_quote(h) for h in hosts) + "]"}
+    # lists, not literals: the client binds them (clickhouse-connect escapes a string, so
+    # a ready-made "['a']" reached the owner's endpoint as a String, not an Array)
+    host_params: dict[str, Any] = {"job": job, "hosts": hosts}
     starts = run_starts(_rows(store, RUNS, p))
-    steps = _rows(store, STEPS, {"job": job, "runs": "[" + ",".join(map(repr, starts)) + "]"})
+    steps = _rows(store, STEPS, {"job": job, "runs": starts})
     span = float(steps[-1]["end"]) - float(steps[0]["start"]) if steps else 0.0
     bucket = max(1, int(span // MAX_PEER_POINTS) + 1)
     return ReportData(
@@ -233,7 +235,3 @@ def run_starts(rows: Rows) -> list[float]:
             top = step
         top, last_end = max(top, step), max(last_end, float(r["end"]))
     return starts
-
-
-def _quote(text: str) -> str:
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"

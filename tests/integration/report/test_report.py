@@ -65,3 +65,30 @@ def test_report_for_an_unknown_job_fails_clearly(store_path, tmp_path, capsys) -
     )
     assert code != 0
     assert "no steps of job 'no-such-job'" in capsys.readouterr().err
+
+
+def test_report_through_the_owners_endpoint_is_the_direct_one(store_path, tmp_path) -> None:
+    """While a sink or ``db serve`` owns the store, the report reads through its endpoint
+    with clickhouse-connect: list parameters (hosts, run starts) must bind there as they
+    do in the engine (a ready-made ``"['a']"`` string was escaped into a String there,
+    and the report failed whenever an owner ran)."""
+    from stepwatch.cli import main
+    from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+    from stepwatch.exporters.clickhouse.service import QueryService, endpoint_path
+
+    direct = tmp_path / "direct"
+    args = ["report", "--job", sim_store.JOB, "--store-path", str(store_path), "--out"]
+    assert main([*args, str(direct)]) == 0
+    store = ChdbStore(str(store_path))
+    service = QueryService(str(store_path), endpoint_file=endpoint_path(str(store_path))).start()
+    try:
+        served = tmp_path / "served"
+        assert main([*args, str(served)]) == 0
+    finally:
+        service.stop()
+        store.close()
+    name = f"report-{sim_store.JOB}.html"
+    assert (served / name).read_text() == (direct / name).read_text()
+    assert sorted(p.name for p in served.glob("*.png")) == sorted(
+        p.name for p in direct.glob("*.png")
+    )

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from clickhouse_connect.driver.binding import format_bind_value
+
 from stepwatch.errors import StoreError, StoreLockedError
 from stepwatch.exporters.clickhouse.permissions import private_umask, secure_store_dir
 from stepwatch.exporters.clickhouse.store import (
@@ -127,7 +129,7 @@ class ChdbStore:
             if self._session is None:
                 raise StoreError(f"store {self.path} is closed")
             try:
-                return self._session.query(sql, fmt, params=dict(params) if params else None)
+                return self._session.query(sql, fmt, params=_bound(params) if params else None)
             except Exception as err:
                 raise error_from(err, "chdb") from err
 
@@ -182,3 +184,11 @@ def _literal(value: Any) -> str:
     if isinstance(value, int | float) and not isinstance(value, bool):
         return str(value)
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _bound(params: Mapping[str, Any]) -> dict[str, Any]:
+    """Parameters as the server's HTTP interface takes them (``param_x=text``): text as it
+    is (the owner's endpoint passes a client's text on unchanged), any other value (a
+    list, None, a date) in the text clickhouse-connect sends for it, so that a value
+    binds the same here and through a client."""
+    return {k: v if isinstance(v, str) else format_bind_value(v) for k, v in params.items()}
