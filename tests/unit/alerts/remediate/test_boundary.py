@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -315,6 +316,96 @@ def test_outcome_resolved_but_the_step_time_did_not_come_back(tmp_path):
     (d,) = eng.outcomes.check()
     assert (d.outcome, d.reason) == (Outcome.NOT_RECOVERED, "step_time_not_back")
     assert "1.27" in d.detail and pager.events[-1]["kind"] == "page"
+
+
+def test_outcome_a_resolved_with_other_labels_does_not_end_the_watch(tmp_path):
+    """A forger holding the webhook token posts ``resolved`` with the real alert's name and
+    fingerprint but not its labels: before, the outcome became ``recovered`` after the
+    settle time though the alert still fired, and the not-recovered page never came."""
+    eng, _fake, pager, clock, _registry = engine(tmp_path, tracker=True)
+    assert eng.outcomes is not None
+    eng.handle([alert()])
+    clock.now += 5
+    eng.handle([alert(host="x", job="", status="resolved")])
+    eng.handle([alert(host="node02", job="43", status="resolved")])
+    decided = []
+    for _ in range(70):  # past the 10 min deadline, the real alert never resolved
+        clock.now += 10
+        decided += eng.outcomes.check()
+    assert [(d.outcome, d.reason) for d in decided] == [
+        (Outcome.NOT_RECOVERED, "still_firing_at_deadline")
+    ]
+    assert [e["kind"] for e in pager.events if e["kind"] == "page"][-1:] == ["page"]
+
+
+def _prometheus(answer: Callable[[str], str]) -> tuple[Any, list[str]]:
+    """A Prometheus HTTP API on loopback answering each instant query with ``answer(q)``."""
+    import threading
+    import urllib.parse
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    asked: list[str] = []
+
+    class Prom(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)["query"][0]
+            asked.append(query)
+            value = answer(query)
+            result = [{"metric": {}, "value": [1764086400.0, value]}] if value else []
+            body = json.dumps(
+                {"status": "success", "data": {"resultType": "vector", "result": result}}
+            ).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Prom)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, asked
+
+
+@pytest.mark.parametrize("firing", [True, False])
+def test_outcome_a_resolved_alert_still_firing_in_prometheus_is_no_recovery(tmp_path, firing):
+    """With a Prometheus URL the outcome asks ``ALERTS`` before it calls a resolved alert
+    recovered: a ``resolved`` (even with the right labels) while Prometheus still fires
+    the alert starts the settling over, and the deadline pages."""
+    from stepwatch.alerts.remediate.policy import OutcomeSettings
+
+    server, asked = _prometheus(lambda q: ("1" if firing else "") if "ALERTS" in q else "")
+    try:
+        eng, _fake, pager, clock, _registry = engine(tmp_path, tracker=True)
+        assert eng.outcomes is not None
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        eng.outcomes.settings = OutcomeSettings(settle_s=30.0, prometheus_url=url)
+        from stepwatch.alerts.remediate.outcome import StillFiring
+
+        eng.outcomes.still_firing = StillFiring(url)
+        eng.handle([alert()])
+        clock.now += 10
+        eng.handle([alert(status="resolved")])
+        decided = []
+        for _ in range(70):
+            clock.now += 10
+            decided += eng.outcomes.check()
+    finally:
+        server.shutdown()
+        server.server_close()
+    expected = (
+        (Outcome.NOT_RECOVERED, "still_firing_at_deadline")
+        if firing
+        else (Outcome.RECOVERED, "resolved_and_stayed_resolved")
+    )
+    assert [(d.outcome, d.reason) for d in decided] == [expected]
+    assert any(e["kind"] == "page" for e in pager.events) == firing
+    queries = [q for q in asked if "ALERTS" in q]
+    assert queries and queries[0] == (
+        'count(ALERTS{alertstate="firing",alertname="StragglerPersistent",'
+        'host="node02",job_id="42"})'
+    )
 
 
 def runner(answers: dict[str, str], calls: list[list[str]]):

@@ -46,26 +46,53 @@ log = logging.getLogger(__name__)
 STEP_METRIC = "stepwatch_job_step_seconds"
 
 
-class StepTimes:
-    """The job's current step time from Prometheus (None when unknown or unreachable)."""
+class Prometheus:
+    """Instant queries to Prometheus, when a URL is set (None: unknown or unreachable)."""
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
 
-    def __call__(self, job_id: str) -> float | None:
-        if not self.url or not identity.job_ok(job_id, "label"):
+    def value(self, promql: str, what: str) -> float | None:
+        """The first sample's value; 0.0 for an empty result."""
+        if not self.url:
             return None
-        query = urllib.parse.urlencode({"query": f'max({STEP_METRIC}{{job_id="{job_id}"}})'})
+        query = urllib.parse.urlencode({"query": promql})
         try:
             with urllib.request.urlopen(
                 f"{self.url}/api/v1/query?{query}", timeout=self.timeout
             ) as resp:
                 result = json.loads(resp.read())["data"]["result"]
-            return float(result[0]["value"][1]) if result else None
+            return float(result[0]["value"][1]) if result else 0.0
         except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as err:
-            log.warning("step time unavailable job_id=%s error=%s", job_id, err)
+            log.warning("%s unavailable query=%s error=%s", what, promql, err)
             return None
+
+
+class StepTimes(Prometheus):
+    """The job's current step time from Prometheus (None when unknown or unreachable)."""
+
+    def __call__(self, job_id: str) -> float | None:
+        if not identity.job_ok(job_id, "label"):
+            return None
+        value = self.value(f'max({STEP_METRIC}{{job_id="{job_id}"}})', "step time")
+        return value or None  # no series: unknown
+
+
+class StillFiring(Prometheus):
+    """Whether Prometheus still fires the remediated alert (``ALERTS``), by the labels the
+    action was taken on: a ``resolved`` notification is its sender's word, and one posted
+    with the alert's fingerprint ended the watch of a remediation that did not help
+    (docs/security.md). None: unknown (no URL, unreachable)."""
+
+    def __call__(self, row: OutcomeRow) -> bool | None:
+        match = ['alertstate="firing"', f'alertname="{row.alertname}"']
+        if row.node and identity.node_ok(row.node):
+            match.append(f'host="{row.node}"')
+        if row.job_id and identity.job_ok(row.job_id, "label"):
+            match.append(f'job_id="{row.job_id}"')
+        value = self.value("count(ALERTS{" + ",".join(match) + "})", "alert state")
+        return None if value is None else value > 0
 
 
 class OutcomeTracker:
@@ -87,6 +114,7 @@ class OutcomeTracker:
         self.mode = mode
         self.clock = clock
         self.step_time = StepTimes(settings.prometheus_url)
+        self.still_firing = StillFiring(settings.prometheus_url)
         self._lock = threading.Lock()
         self.counter = (
             Counter(
@@ -133,6 +161,15 @@ class OutcomeTracker:
                 for r in self.state.pending_for(alert.fingerprint)
                 if r.key == alert_key(alert) and now <= r.deadline and not r.resolved_at
             ]
+            if any(not _same_alert(r, alert) for r in rows):
+                log.warning(
+                    "resolved alert ignored: its labels are not the remediated alert's "
+                    "fingerprint=%s host=%r job_id=%r",
+                    alert.fingerprint,
+                    identity.text(alert.host, 64),
+                    identity.text(alert.job_id, 64),
+                )
+                rows = [r for r in rows if _same_alert(r, alert)]
             for r in rows:
                 self.state.put_outcome(OutcomeRow(**{**r.__dict__, "resolved_at": now}))
         return self.check() if rows and self.settings.settle_s <= 0 else []
@@ -151,7 +188,9 @@ class OutcomeTracker:
         now = self.clock()
         with self._lock:
             decisions = [
-                self._judge(r, now) for r in self.state.settled(now, self.settings.settle_s)
+                self._judge(r, now)
+                for r in self.state.settled(now, self.settings.settle_s)
+                if not self._firing_after_all(r)
             ]
             decisions += [
                 self._decide(r, Outcome.NOT_RECOVERED, now, "still_firing_at_deadline")
@@ -161,6 +200,19 @@ class OutcomeTracker:
             if d.outcome is Outcome.NOT_RECOVERED:
                 self._page(d)
         return decisions
+
+    def _firing_after_all(self, row: OutcomeRow) -> bool:
+        """Prometheus still fires the alert that resolved: its settling starts over (as
+        when it fires again), and the deadline stands."""
+        if not self.still_firing(row):
+            return False
+        self.state.put_outcome(OutcomeRow(**{**row.__dict__, "resolved_at": 0.0}))
+        log.warning(
+            "remediated alert resolved but still firing in Prometheus key=%s node=%s",
+            row.key,
+            row.node,
+        )
+        return True
 
     def _judge(self, row: OutcomeRow, now: float) -> Decision:
         """The alert stayed resolved; with both step times known, the job must also be at
@@ -266,3 +318,9 @@ def _steps(before: float | None, after: float | None) -> str:
         return ""
     fmt: Callable[[float | None], str] = lambda v: "?" if v is None else f"{v:.3f} s"  # noqa: E731
     return f"; step time {fmt(before)} -> {fmt(after)}"
+
+
+def _same_alert(row: OutcomeRow, alert: Alert) -> bool:
+    """A resolved alert is the remediated one only with the labels the action was taken on
+    (its fingerprint alone is a sender's word)."""
+    return alert.host == row.node and alert.job_id == row.job_id

@@ -80,7 +80,9 @@ class OutcomeSettings:
 
     deadline_s: float = 600.0
     check_every_s: float = 15.0
-    prometheus_url: str = ""  # set: the job's step time before and after is recorded and judged
+    # set: the job's step time before and after is recorded and judged, and a resolved
+    # alert counts only once Prometheus no longer fires it (ALERTS)
+    prometheus_url: str = ""
     settle_s: float = 120.0  # the alert must stay resolved this long to count as recovered
     min_gain: float = 0.03  # with both step times known: after <= before * (1 - min_gain)
 
