@@ -78,7 +78,7 @@ class Settings:
     """Every knob of the pipeline, in one place."""
 
     # --- Kafka ---------------------------------------------------------------
-    bootstrap_servers: str = ""  # empty: start the embedded development broker
+    bootstrap_servers: str = ""  # empty: an error, except where --dev-broker starts one
     kafka_config: Mapping[str, str] = field(default_factory=dict)
     topic_prefix: str = "stepwatch"
     partitions: int = 8

@@ -36,8 +36,8 @@ def add_kafka_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("kafka")
     g.add_argument(
         "--bootstrap-servers",
-        help="Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); "
-        "empty: start the embedded development broker",
+        help="Kafka bootstrap servers (env STEPWATCH_BOOTSTRAP_SERVERS); required, "
+        "except where --dev-broker starts the embedded development broker",
     )
     g.add_argument(
         "--topic-prefix", help=f"topic name prefix (default {default_of('topic_prefix')})"

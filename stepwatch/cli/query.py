@@ -59,7 +59,10 @@ def run(args: argparse.Namespace) -> int:
         width = max(len(n) for n in queries.registry())
         for name, saved in queries.registry().items():
             print(f"{name.ljust(width)}  {saved.summary}")
-        return 0 if args.list else 2
+        if args.list:
+            return 0
+        print("stepwatch query: name one of the saved queries above", file=sys.stderr)
+        return 2
     saved = queries.get(args.name)
     if args.describe:
         print(describe(saved))
@@ -90,4 +93,6 @@ def describe(saved: Any) -> str:
     for p in saved.params:
         default = "required" if p.required else f"default {p.default}"
         lines.append(f"  {p.name} ({p.type}, {default}): {p.help}")
-    return "\n".join(lines)
+    body = [line for line in saved.sql.splitlines() if not line.startswith("--")]
+    lines += ["", "sql:", *body]
+    return "\n".join(lines).rstrip()

@@ -63,6 +63,41 @@ def test_bind_refuses_missing_unknown_and_malformed_values():
 
 
 @pytest.mark.parametrize(
+    ("values", "error"),
+    [
+        ({"min_jobs": "4294967297"}, "outside UInt32"),  # ClickHouse wrapped it to 1
+        ({"min_jobs": "-1"}, "outside UInt32"),
+        ({"limit": str(2**64)}, "outside UInt32"),
+        ({"slow_ratio": "inf"}, "not a finite number"),
+        ({"slow_ratio": "nan"}, "not a finite number"),
+        ({"since": "1e30"}, "epoch seconds must be"),  # was an OverflowError traceback
+        ({"since": "99999999999999"}, "epoch seconds must be"),  # was a ValueError
+        ({"since": "nan"}, "epoch seconds must be"),  # was read as all history
+    ],
+)
+def test_bind_refuses_values_out_of_their_types_range(values, error):
+    with pytest.raises(ConfigError, match=error):
+        queries.get("lemon_nodes").bind(values, now=NOW)
+
+
+def test_int_range_of_clickhouse_types():
+    assert queries.int_range("UInt8") == (0, 255)
+    assert queries.int_range("Int16") == (-32768, 32767)
+    assert queries.int_range("UInt64") == (0, 2**64 - 1)
+
+
+def test_the_cli_names_the_mistake_and_describes_with_the_sql(capsys):
+    from stepwatch.cli import main
+
+    assert main(["query"]) == 2
+    out, err = capsys.readouterr()
+    assert "lemon_nodes" in out and "name one of the saved queries" in err
+    assert main(["query", "lemon_nodes", "--describe"]) == 0
+    out = capsys.readouterr().out
+    assert "sql:" in out and "LIMIT {limit:UInt32}" in out
+
+
+@pytest.mark.parametrize(
     ("text", "expected"),
     [
         ("0", 0.0),

@@ -17,6 +17,7 @@ SQL. ``DateTime64`` values accept ``0`` (the epoch), a relative age (``30d``,
 from __future__ import annotations
 
 import functools
+import math
 import re
 import time
 from collections.abc import Mapping
@@ -30,6 +31,7 @@ QUERY_DIR = Path(__file__).parent
 _PARAM = re.compile(r"^--\s*@param\s+(\w+)\s+(.+?)(?:\s+=\s+(\S*))?(?:\s{2,}(.*))?$")
 _AGE = re.compile(r"^-?(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+MAX_EPOCH = 253402300799.0  # 9999-12-31T23:59:59Z, the last time Python's datetime holds
 
 
 @dataclass(frozen=True)
@@ -79,15 +81,29 @@ def convert(param: Param, raw: str, now: float) -> str:
         return format_time(parse_time(raw, now))
     if param.type.startswith(("UInt", "Int")):
         try:
-            int(raw)
+            value = int(raw)
         except ValueError as err:
             raise ConfigError(f"{param.name}: {raw!r} is not an integer") from err
+        low, high = int_range(param.type)
+        if not low <= value <= high:  # ClickHouse would wrap it silently (2^32 + 1 -> 1)
+            raise ConfigError(f"{param.name}: {raw} is outside {param.type} ({low} to {high})")
     elif param.type.startswith("Float"):
         try:
-            float(raw)
+            number = float(raw)
         except ValueError as err:
             raise ConfigError(f"{param.name}: {raw!r} is not a number") from err
+        if not math.isfinite(number):
+            raise ConfigError(f"{param.name}: {raw!r} is not a finite number")
     return raw
+
+
+def int_range(type_name: str) -> tuple[int, int]:
+    """The values a ClickHouse integer type holds (``UInt32``: 0 to 2^32 - 1)."""
+    match = re.match(r"(U?)Int(\d+)", type_name)
+    bits = int(match.group(2)) if match else 64
+    if match and match.group(1):
+        return 0, 2**bits - 1
+    return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
 
 
 def parse_time(text: str, now: float) -> float:
@@ -97,9 +113,13 @@ def parse_time(text: str, now: float) -> float:
     if match:
         return now - float(match.group(1)) * _UNITS[match.group(2)]
     try:
-        return float(text)
+        epoch = float(text)
     except ValueError:
         pass
+    else:
+        if not 0.0 <= epoch <= MAX_EPOCH:  # nan and inf included
+            raise ConfigError(f"{text!r}: epoch seconds must be 0 to {MAX_EPOCH:.0f} (year 9999)")
+        return epoch
     try:
         parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError as err:
@@ -112,7 +132,9 @@ def parse_time(text: str, now: float) -> float:
 
 
 def format_time(epoch: float) -> str:
-    return datetime.fromtimestamp(max(0.0, epoch), UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    return datetime.fromtimestamp(min(max(0.0, epoch), MAX_EPOCH), UTC).strftime(
+        "%Y-%m-%d %H:%M:%S.%f"
+    )[:-3]
 
 
 def parse(path: Path) -> SavedQuery:
