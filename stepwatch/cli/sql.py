@@ -36,7 +36,8 @@ def register(subparsers: Any) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="value for a {NAME:Type} placeholder (repeatable)",
+        help="value for a {NAME:Type} placeholder, in ClickHouse's text form as "
+        "clickhouse-client --param_NAME takes it, e.g. \"h=['a','b']\" (repeatable)",
     )
     add_store_flags(parser)
     parser.set_defaults(func=run)
@@ -47,13 +48,15 @@ def run(args: argparse.Namespace) -> int:
     from stepwatch.errors import ConfigError
     from stepwatch.exporters.clickhouse.access import open_reader
     from stepwatch.exporters.clickhouse.output import render
+    from stepwatch.exporters.clickhouse.store import ParamText
 
     sql = args.query if args.query not in (None, "-") else sys.stdin.read()
     if not sql.strip():
         raise ConfigError("no SQL given")
     store = open_reader(store_settings(args))
     try:
-        result = store.query(sql, parse_kv(args.param) or None)
+        params = {k: ParamText(v) for k, v in parse_kv(args.param).items()}
+        result = store.query(sql, params or None)
     finally:
         store.close()
     sys.stdout.write(render(result, args.format))

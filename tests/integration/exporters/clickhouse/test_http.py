@@ -221,3 +221,22 @@ def test_no_purge_opens_the_store_after_the_endpoint_stopped(tmp_path):
         assert served.purges == 1  # while it runs, an idle endpoint does give memory back
     finally:
         served.stop()
+
+
+def test_a_parameter_binds_the_same_in_the_engine_and_through_the_client(owner):
+    """Data (a string with a quote and a backslash, a list) and text in ClickHouse's own
+    form (:class:`ParamText`, as ``stepwatch sql -p`` sends it) give the same values
+    directly and through the owner's endpoint. Before, a list had to be a ready-made
+    literal string, which clickhouse-connect escaped into a String (the report failed
+    whenever a sink or ``db serve`` owned the store)."""
+    from stepwatch.exporters.clickhouse.store import ParamText
+
+    store, rw, _ = owner
+    sql = "SELECT {s:String} AS s, {l:Array(String)} AS l, {t:Array(UInt8)} AS t, {n:UInt32} AS n"
+    params = {"s": "it's a\\b", "l": ["x'y", "z"], "t": ParamText("[1,2]"), "n": 7}
+    client = connect(rw)
+    try:
+        through = client.query(sql, params).rows
+    finally:
+        client.close()
+    assert store.query(sql, params).rows == through == [("it's a\\b", ["x'y", "z"], [1, 2], 7)]

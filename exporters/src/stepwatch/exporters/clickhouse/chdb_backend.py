@@ -186,9 +186,8 @@ def _literal(value: Any) -> str:
     return "'" + str(value).replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def _bound(params: Mapping[str, Any]) -> dict[str, Any]:
-    """Parameters as the server's HTTP interface takes them (``param_x=text``): text as it
-    is (the owner's endpoint passes a client's text on unchanged), any other value (a
-    list, None, a date) in the text clickhouse-connect sends for it, so that a value
+def _bound(params: Mapping[str, Any]) -> dict[str, str]:
+    """Parameters in the text clickhouse-connect sends for them (``param_x=text``: a string
+    escaped, a list as an Array literal, a :class:`ParamText` as it is), so that a value
     binds the same here and through a client."""
-    return {k: v if isinstance(v, str) else format_bind_value(v) for k, v in params.items()}
+    return {k: format_bind_value(v) for k, v in params.items()}

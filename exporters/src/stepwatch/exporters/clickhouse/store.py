@@ -134,6 +134,24 @@ def dedup_settings(token: str | None) -> dict[str, Any]:
     return {"insert_deduplicate": 1, "insert_deduplication_token": token}
 
 
+class ParamText:
+    """A ``{name:Type}`` value in ClickHouse's text form, as ``clickhouse-client
+    --param_name`` takes it (``['a','b']`` for an Array): sent as it is on every path.
+    A plain ``str`` is data, escaped by the client (clickhouse-connect) and by the
+    embedded backend alike."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __str__(self) -> str:  # clickhouse-connect sends a value it does not know as str()
+        return self.text
+
+    def __repr__(self) -> str:
+        return f"ParamText({self.text!r})"
+
+
 @runtime_checkable
 class Store(Protocol):
     """What the sink, the migrations and the CLIs need from ClickHouse."""
