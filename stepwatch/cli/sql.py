@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     sql = args.query if args.query not in (None, "-") else sys.stdin.read()
     if not sql.strip():
         raise ConfigError("no SQL given")
+    _one_statement(sql)
     store = open_reader(store_settings(args))
     try:
         params = {k: ParamText(v) for k, v in parse_kv(args.param).items()}
@@ -61,3 +62,18 @@ def run(args: argparse.Namespace) -> int:
         store.close()
     sys.stdout.write(render(result, args.format))
     return 0
+
+
+def _one_statement(sql: str) -> None:
+    """Refuse a second statement with words that say so (the engine's JSON reply to two
+    read as 'unreadable result: trailing characters')."""
+    from stepwatch.errors import ConfigError
+    from stepwatch.exporters.clickhouse.sqltext import Kind, LexError, tokens
+
+    try:
+        toks = list(tokens(sql))
+    except LexError:
+        return  # the engine says what is wrong with it
+    ends = [i for i, t in enumerate(toks) if t.kind is Kind.PUNCT and t.text == ";"]
+    if ends and any(t.text != ";" for t in toks[ends[0] + 1 :]):
+        raise ConfigError("one statement at a time: run each statement on its own")
