@@ -101,7 +101,9 @@ class ChdbStore:
         self._lock = threading.Lock()  # a chdb connection runs one statement at a time
         if not readonly:
             secure_store_dir(self.path, create=True)
-        elif not os.path.isdir(self.path):
+        elif not os.path.isdir(os.path.join(self.path, "metadata")):
+            # not even the engine's own folders: opening it would write them (a reader
+            # pointed at another directory left tmp/ and user_files/ in it)
             raise StoreError(f"no store at {self.path}: run `stepwatch db migrate` first")
         self._session = _open_session(self.path)
         try:
