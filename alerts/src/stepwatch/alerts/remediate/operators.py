@@ -83,7 +83,7 @@ def load(path: str | Path) -> Operators:
     try:
         text = Path(path).read_text()
     except OSError as err:
-        raise ConfigError(f"{where}: cannot read: {err.strerror}") from err
+        raise ConfigError(f"remediate_operators_file {path}: cannot read: {err.strerror}") from err
     operators = parse(text, where)
     if not operators.configured:
         raise ConfigError(f"{where}: names no operator (one name:token a line)")

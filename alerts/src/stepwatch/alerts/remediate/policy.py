@@ -135,7 +135,7 @@ def load(path: str | Path) -> Policy:
     try:
         raw = yaml.safe_load(Path(path).read_text())
     except OSError as err:
-        raise PolicyError(f"{name}: cannot read: {err.strerror}") from err
+        raise PolicyError(f"{path}: cannot read: {err.strerror}") from err
     except yaml.YAMLError as err:
         raise PolicyError(f"{name}: not valid YAML: {str(err).splitlines()[0]}") from err
     try:

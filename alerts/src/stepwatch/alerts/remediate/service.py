@@ -78,7 +78,7 @@ def _secret(name: str, path: str, value: str) -> str:
     try:
         return Path(path).read_text().strip()
     except OSError as err:
-        raise ConfigError(f"{name}: cannot read: {err.strerror}") from err
+        raise ConfigError(f"{name} {path}: cannot read: {err.strerror}") from err
 
 
 def audit_writers(settings: Settings) -> list[Writer]:
