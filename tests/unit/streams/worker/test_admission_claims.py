@@ -152,6 +152,14 @@ def test_a_foreign_exception_is_refused() -> None:
     assert opened(seen) == []
 
 
+@pytest.mark.parametrize("kind", [EventType.RESTART, EventType.CHECKPOINT_LOAD])
+def test_events_the_core_reads_nothing_from_pass_unjudged(kind: EventType) -> None:
+    """A requeue onto new nodes sends them from hosts the job does not have yet: judging
+    them would only make dead letters of real events."""
+    w = Worker()
+    assert letters(w.feed(TOPICS.events, event(kind, host="spare-node", rank=0))) == []
+
+
 def test_a_foreign_job_start_of_a_running_job_is_refused() -> None:
     w = Worker()
     forged = EventMessage(

@@ -25,8 +25,9 @@ record cannot move a high-water mark that real data is then judged against:
   and closes the job's open detections). A job this worker has no step from
   yet is not judged.
 * ``foreign_job`` — any other event that names a job, from a host that is not
-  one of the job's (the same rule): a job's own event (a checkpoint, a restart,
-  an exception) is refused; a host's hardware or link event (``xid``, ``ecc``,
+  one of the job's (the same rule): a job's own event (a checkpoint save, an
+  exception) is refused (a restart or checkpoint load, which the core reads
+  nothing from, is not judged); a host's hardware or link event (``xid``, ``ecc``,
   ``link_state``) goes on as the host's own, without the job and rank it named
   (one XID from a host that runs none of a job's ranks opened ``rank_missing``
   on that job; one ``checkpoint_save`` of 10^12 s hid its hangs).
@@ -64,6 +65,9 @@ LIFECYCLE = frozenset({EventType.JOB_END, EventType.JOB_START})
 # events that say something of the sending host itself: from a host that is not one of
 # the job's they go on as the host's own, without the job (and its rank) they named
 HOST_FACTS = frozenset({EventType.XID, EventType.ECC, EventType.LINK_STATE})
+# events the detection core reads nothing from: unjudged (a restart onto new nodes sends
+# them from hosts the job does not have yet, and a dead letter would be noise)
+NO_EFFECT = frozenset({EventType.RESTART, EventType.CHECKPOINT_LOAD})
 _NO_LIMIT = float("inf")
 
 
@@ -542,7 +546,7 @@ class Gate:
         """Any other event naming a job: from a host that is not one of the job's, a host's
         own fact (:data:`HOST_FACTS`) goes on without the job and rank; the rest is refused."""
         job = self._jobs.get(ev.job_id or "")
-        if job is None or not job.foreign(ev.host):
+        if job is None or ev.type in NO_EFFECT or not job.foreign(ev.host):
             return Admission(ev)
         if ev.type not in HOST_FACTS:
             return Admission(None, [_foreign(ev, job, Reason.FOREIGN_JOB)])
