@@ -83,6 +83,43 @@ def test_pod_uid_from_cgroupfs_and_systemd_drivers(tmp_path: Path, cgroup: str) 
     assert ident is not None and ident.pod_uid == "0d2b9c1e-1111-2222-3333-444455556666"
 
 
+DELEGATED = "/user.slice/user-1000.slice/user@1000.service/app.slice"  # the user's own
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        f"0::{DELEGATED}/x/job_42/step_0\n",
+        f"0::{DELEGATED}/system.slice/slurmstepd.scope/job_42/step_0\n",
+        f"8:pids:{DELEGATED}/slurm/uid_1000/job_42/step_0\n",
+        f"0::{DELEGATED}/pod0d2b9c1e-1111-2222-3333-444455556666/x\n",
+        f"0::{DELEGATED}/kubepods/burstable/pod0d2b9c1e-1111-2222-3333-444455556666/x\n",
+    ],
+)
+def test_a_job_or_pod_folder_outside_the_schedulers_root_is_no_evidence(
+    tmp_path: Path, cgroup: str
+) -> None:
+    """A user's delegated cgroup subtree (any login session on a systemd node) can hold a
+    folder it named ``job_42`` or ``pod<uid>``; a process moved itself in and the agent
+    took job 42 (strong evidence) over its own SLURM_JOB_ID=41."""
+    fake_proc(tmp_path, 7, cgroup=cgroup, env={"SLURM_JOB_ID": "41"})
+    ident = ProcFS(tmp_path).identity(7)
+    assert ident is not None and (ident.slurm_job, ident.pod_uid) == ("", "")
+    g = gate(tmp_path)
+    assert g.check(sender(g, 7), "h", "", "42", 0) == "job_mismatch"
+
+
+def test_the_job_is_read_from_any_line_and_a_users_subfolder_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    cgroup = "12:pids:/slurm/uid_1000/job_42\n0::/system.slice/slurmstepd.scope/job_42/x\n"
+    fake_proc(tmp_path, 7, cgroup=cgroup)
+    assert ProcFS(tmp_path).identity(7).slurm_job == "42"  # type: ignore[union-attr]
+    inner = "0::/system.slice/slurmstepd.scope/job_41/step_0/user/job_42/step_0\n"
+    fake_proc(tmp_path, 8, cgroup=inner)
+    assert ProcFS(tmp_path).identity(8).slurm_job == "41"  # type: ignore[union-attr]
+
+
 def test_environment_jobs_and_rank(tmp_path: Path) -> None:
     fake_proc(
         tmp_path,

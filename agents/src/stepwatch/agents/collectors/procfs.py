@@ -30,10 +30,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-_SLURM_JOB = re.compile(r"/job_(\d+)(?:/|$)")
-# cgroupfs: .../pod0d2b9c1e-...; systemd: ...-pod0d2b9c1e_..._....slice
+# A job's or pod's cgroup counts only where the scheduler puts it: under Slurm's own root
+# (v1 /slurm*/uid_N/job_N, v2 /system.slice/[node_]slurmstepd.scope/job_N) or the
+# kubelet's (/kubepods...), folders only root can create. Anywhere else (a user's
+# delegated subtree, user@UID.service: any login session) a process could make
+# .../job_42/ or .../pod<uid>/ itself, move into it, and speak for that job.
+_CGROUP_PATH = re.compile(r"^\d+:[^:\n]*:(/[^\n]*)$", re.M)
+_SLURM_JOB = re.compile(
+    r"^/(?:slurm[^/]*/uid_\d+|system\.slice/(?:[^/]+_)?slurmstepd\.scope)/job_(\d+)(?:/|$)"
+)
+# cgroupfs: /kubepods/burstable/pod0d2b9c1e-...; systemd: ...-pod0d2b9c1e_..._....slice
 _POD_UID = re.compile(
-    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+    r"^/kubepods(?:\.slice)?/(?:[^/]+/)*?[^/]*pod"
+    r"([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:[./]|$)"
 )
 _PYTORCHJOB_POD = re.compile(r"^(?P<job>.+)-(?:master|worker)-\d+$")
 MAX_READ = 256 * 1024  # environ and cgroup files are small; never read more
@@ -122,10 +131,15 @@ class ProcFS:
 
 
 def _from_cgroup(raw: bytes) -> tuple[str, str]:
-    text = raw.decode("utf-8", "replace")
-    slurm = _SLURM_JOB.search(text)
-    pod = _POD_UID.search(text)
-    return (slurm.group(1) if slurm else "", pod.group(1).replace("_", "-") if pod else "")
+    """The Slurm job and the pod uid of ``/proc/<pid>/cgroup``, each from the first line
+    whose path sits under the scheduler's own root ("" when none does)."""
+    job = pod = ""
+    for path in _CGROUP_PATH.findall(raw.decode("utf-8", "replace")):
+        slurm = None if job else _SLURM_JOB.match(path)
+        found = None if pod else _POD_UID.match(path)
+        job = slurm.group(1) if slurm else job
+        pod = found.group(1).replace("_", "-") if found else pod
+    return job, pod
 
 
 def _parse_environ(raw: bytes) -> dict[str, str]:
