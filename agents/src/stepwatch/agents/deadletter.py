@@ -19,6 +19,8 @@ import time
 from collections import Counter, deque
 from pathlib import Path
 
+from stepwatch.agents.private import private_dir, write_file
+from stepwatch.errors import SpoolError
 from stepwatch.logs import LogOnce
 
 log = logging.getLogger(__name__)
@@ -70,9 +72,9 @@ class DeadLetters:
         self._n += 1
         path = self.dir / f"{time.time_ns():020d}-{self._n:06d}.json"
         try:
-            self.dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-            path.write_bytes(body)
-        except OSError as err:
+            private_dir(self.dir, "dead-letter directory")
+            write_file(path, body)
+        except (OSError, SpoolError) as err:
             self.write_errors += 1
             self._log(
                 "write",

@@ -33,6 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, NamedTuple
 
+from stepwatch.agents.private import (
+    append_file,
+    open_private,
+    private_dir,
+    regular_file,
+    write_file,
+)
 from stepwatch.errors import SpoolError
 
 log = logging.getLogger(__name__)
@@ -115,7 +122,7 @@ class Spool:
         self.dropped: Counter[str] = Counter()
         self.torn_frames = 0
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            private_dir(self.dir)  # the agent's alone: agents/private.py says why
             self._open()
         except OSError as err:
             raise SpoolError(f"cannot open spool {self.dir}: {err}") from err
@@ -125,15 +132,16 @@ class Spool:
         firsts = sorted(int(p.stem) for p in self.dir.glob("*" + SUFFIX) if p.stem.isdigit())
         for first in firsts:
             path = self._path(first)
+            regular_file(path)
             self._segments.append(_Segment(first, path, path.stat().st_size))
         for seg, nxt in zip(self._segments, self._segments[1:], strict=False):
             seg.count = nxt.first - seg.first
         if not self._segments:
             self._segments.append(_Segment(0, self._path(0)))
-            self._path(0).touch()
+            os.close(append_file(self._path(0)))
         else:
             self._recover_tail(self._segments[-1])
-        self._writer = open(self._segments[-1].path, "ab")  # noqa: SIM115
+        self._writer = os.fdopen(append_file(self._segments[-1].path), "ab")
         self._ack = self._load_ack()
         self._cursor = self._ack
         pending = self._end().record - self._ack.record
@@ -164,8 +172,11 @@ class Spool:
                 off,
                 len(data) - off,
             )
-            with open(seg.path, "r+b") as f:
-                f.truncate(off)
+            fd = open_private(seg.path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, off)
+            finally:
+                os.close(fd)
         seg.size, seg.count = off, count
 
     def _load_ack(self) -> Pos:
@@ -265,7 +276,7 @@ class Spool:
         if self._writer is not None:
             self._writer.close()
         seg = _Segment(nxt, self._path(nxt))
-        self._writer = open(seg.path, "ab")  # noqa: SIM115
+        self._writer = os.fdopen(append_file(seg.path), "ab")
         self._segments.append(seg)
 
     def _enforce_bound(self) -> None:
@@ -426,7 +437,8 @@ class Spool:
             pos = self._ack
         tmp = self.dir / (ACK_FILE + ".tmp")
         try:
-            tmp.write_text(json.dumps(pos._asdict()))
+            tmp.unlink(missing_ok=True)  # whatever is there (a link) goes, not its target
+            write_file(tmp, json.dumps(pos._asdict()).encode())
             os.replace(tmp, self.dir / ACK_FILE)
         except OSError as err:
             raise SpoolError(f"cannot persist spool position in {self.dir}: {err}") from err
