@@ -1,4 +1,4 @@
-"""A recording fake ``scontrol``/``sinfo`` for the remediator's attack tests.
+"""A recording fake ``scontrol``/``sinfo``/``squeue`` for the remediator's attack tests.
 
 :func:`install` writes two small executables into a folder (put it first on
 PATH) that answer like Slurm 22.05 does (formats copied from a real
@@ -79,6 +79,16 @@ args = sys.argv[1:]
 if sys.argv[0].endswith("sinfo"):
     print("\n".join(st["nodes"]))
     sys.exit(0)
+if sys.argv[0].endswith("squeue"):  # --noheader --array --states=all --jobs=J --format=...
+    jid = next(a.split("=", 1)[1] for a in args if a.startswith("--jobs="))
+    fmt = next(a.split("=", 1)[1] for a in args if a.startswith("--format="))
+    if fmt != "%i|%u|%T|%N|%x":
+        fail(f"fake squeue: unexpected format {{fmt}}")
+    if jid not in st["jobs"]:
+        fail("slurm_load_jobs error: Invalid job id specified")
+    j = st["jobs"][jid]
+    print(f"{{jid}}|{{j.get('user', 'ada')}}|RUNNING|{{j['nodes']}}|{{j.get('exclude') or ''}}")
+    sys.exit(0)
 if args[:2] == ["show", "node"]:
     lines = []
     for n in expand(args[2]):
@@ -150,11 +160,14 @@ class FakeSlurm:
 
     def acting_calls(self) -> list[list[str]]:
         """Calls that change the cluster (update, requeue, hold, release)."""
-        return [c for c in self.calls() if c and c[0] != "show" and "-h" not in c]
+        return [
+            c for c in self.calls() if c and c[0] not in ("show", "--noheader") and "-h" not in c
+        ]
 
 
 def install(folder: Path, nodes: list[str], jobs: dict[str, str]) -> FakeSlurm:
-    """Fake ``scontrol`` and ``sinfo`` in ``folder``; ``jobs``: job id -> NodeList expression."""
+    """Fake ``scontrol``, ``sinfo`` and ``squeue`` in ``folder``; ``jobs``: job id -> NodeList
+    expression."""
     folder.mkdir(parents=True, exist_ok=True)
     fake = FakeSlurm(folder)
     fake.state_file.write_text(
@@ -170,7 +183,7 @@ def install(folder: Path, nodes: list[str], jobs: dict[str, str]) -> FakeSlurm:
     text = SCRIPT.format(
         python=sys.executable, state=str(fake.state_file), calls=str(folder / "calls.log")
     )
-    for name in ("scontrol", "sinfo"):
+    for name in ("scontrol", "sinfo", "squeue"):
         path = folder / name
         path.write_text(text)
         path.chmod(0o755)

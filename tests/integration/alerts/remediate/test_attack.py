@@ -336,3 +336,31 @@ def test_holes_1_and_3_on_a_real_slurm_cluster(tmp_path, slurm, service):
     done = send(svc, [alert("node02", job)])  # the job's own node: drained and requeued
     assert {d["outcome"] for d in done} == {"acted"}, done
     assert [n for n, s in slurm.node_states().items() if s.startswith("drain")] == ["node02"]
+
+
+def test_a_job_named_like_its_own_fields_points_the_remediator_nowhere(tmp_path, slurm, service):
+    """A Slurm user names (or renames, ``scontrol update jobid=J name=...``) a job
+    ``x NodeList=node03 UserId=root(0)``: ``scontrol show job -o`` prints the name before
+    the real fields, so reading the first ``NodeList=`` took node03 for a node of the job
+    (drained) and root for its owner. The actuator reads jobs through ``squeue`` with a
+    format of its own, which prints no field the job's owner writes."""
+    job = slurm.sbatch(
+        "-N", "1", "-w", "node01", "-J", "x NodeList=node03 UserId=root(0)",
+        "--requeue", "-o", "/dev/null", "--wrap", "sleep 600",
+    )  # fmt: skip
+    wait_for(
+        lambda: "JobState=RUNNING" in slurm.scontrol("show", "job", job, "-o"),
+        30,
+        what="job running",
+    )
+    shown = slurm.scontrol("show", "job", job, "-o")
+    assert shown.index("NodeList=node03") < shown.index("NodeList=node01")  # the bait
+    svc = service(actuator={"kind": "slurm", "slurm_conf": str(slurm.conf_path)})
+    decisions = send(svc, [alert("node03", job)])
+    assert {(d["action"], d["reason"]) for d in decisions} == {
+        ("drain", "node_not_in_job"),
+        ("requeue", "node_not_in_job"),
+    }
+    assert not any(s.startswith("drain") for s in slurm.node_states().values())
+    done = send(svc, [alert("node01", job)])  # the node it does run on
+    assert {d["outcome"] for d in done} == {"acted"}, done

@@ -423,9 +423,7 @@ def test_slurm_actuator_last_checks_and_job_nodes():
         runner=runner(
             {
                 "show node": "NodeName=n1 State=IDLE\nNodeName=n2 State=IDLE\n",
-                "show job": (
-                    "JobId=7 UserId=ada(1000) JobState=RUNNING NodeList=n[1-2] BatchHost=n1"
-                ),
+                "--noheader --array": "7|ada|RUNNING|n[1-2]|\n",
                 "show hostnames": "n1\nn2\n",
             },
             calls,

@@ -161,7 +161,7 @@ def test_slurm_actuator_commands_and_failure_kinds():
             "NodeName=n1 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 "
             "Reason=stepwatch: straggler cause gpu [root@2026-01-01T00:00:00]",
         ),
-        "show job": (0, "JobId=7 UserId=ada(1000) JobState=RUNNING ExcNodeList=n4 Requeue=1"),
+        "--noheader --array": (0, "7|ada|RUNNING|n[1-3]|n4\n"),
     }
     slurm = SlurmActuator(runner=fake_runner(answers, calls))
     state = slurm.node_state("n1")

@@ -29,6 +29,7 @@ def build(spec: Mapping[str, Any]) -> Actuator:
         return SlurmActuator(
             scontrol=str(spec.get("scontrol", "scontrol")),
             sinfo=str(spec.get("sinfo", "sinfo")),
+            squeue=str(spec.get("squeue", "")),
             timeout=float(spec.get("timeout", 20.0)),
             conf=str(spec.get("slurm_conf", "")),
         )

@@ -2,8 +2,12 @@
 
 - node state: ``scontrol show node N -o``, which must describe exactly node N
   (a name Slurm would expand, ALL or a NodeSet, is refused).
-- the job's nodes: ``scontrol show job J -o`` (NodeList), expanded by
-  ``scontrol show hostnames <NodeList>``.
+- the job's owner, state, nodes and exclusions: ``squeue --jobs=J
+  --format=%i|%u|%T|%N|%x`` (every task of an array job), its node list expanded
+  by ``scontrol show hostnames <NodeList>``. Not ``scontrol show job -o``: it
+  prints the job's name (the user's free text) before its other fields, so a
+  job named ``x NodeList=gpu-077 UserId=root(0)`` named a node it never ran on,
+  and an owner, for anyone reading the first ``NodeList=``.
 - drain: ``scontrol update nodename=N state=drain reason="stepwatch: ..."``
 - requeue: ``scontrol requeuehold J`` (back to pending, held), ``scontrol update
   jobid=J ExcNodeList=...`` (the job's exclusions plus the node), ``scontrol
@@ -25,6 +29,7 @@ import os
 import re
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from stepwatch.alerts.remediate.actuators.base import NodeState
 from stepwatch.alerts.remediate.identity import require_job, require_node
@@ -50,6 +55,20 @@ _TRANSIENT = (
 )
 _FIELD = re.compile(r"(\w+)=")
 _HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontrol prints it
+# what the actuator reads of a job, no field its owner writes (a name, a comment, a path)
+JOB_FORMAT = "%i|%u|%T|%N|%x"
+_UNSET = ("", "(null)", "N/A")
+
+
+@dataclass(frozen=True)
+class JobRow:
+    """One job (or array task) as ``squeue --format=JOB_FORMAT`` prints it."""
+
+    job: str
+    user: str
+    state: str
+    nodes: str  # a host-list expression ("" while pending)
+    excluded: str  # the job's ExcNodeList ("" when none)
 
 
 def run_command(
@@ -75,9 +94,12 @@ class SlurmActuator:
         timeout: float = 20.0,
         runner: Runner = run_command,
         conf: str = "",
+        squeue: str = "",
     ) -> None:
         self.scontrol = scontrol
         self.sinfo = sinfo
+        # beside scontrol when that is a path (/opt/slurm/bin/scontrol), else on PATH
+        self.squeue = squeue or os.path.join(os.path.dirname(scontrol), "squeue")
         self.timeout = timeout
         self.runner = runner
         self.env = (
@@ -138,32 +160,48 @@ class SlurmActuator:
         return f"scontrol drained {node}"
 
     def job_owner(self, job_id: str) -> str:
-        return _user(parse_fields(self._show_job(job_id)).get("UserId", ""))
+        return self._jobs(job_id)[0].user
 
     def job_nodes(self, job_id: str) -> frozenset[str]:
-        """Every node the job (every task of an array job) runs on: NodeList, expanded by Slurm."""
+        """Every node the job (every task of an array job) runs on, expanded by Slurm."""
         nodes: set[str] = set()
-        for line in self._show_job(job_id).splitlines():
-            listed = parse_fields(line).get("NodeList", "")
-            if not listed or listed == "(null)":
+        for row in self._jobs(job_id):
+            if row.nodes in _UNSET:
                 continue  # pending: on no node
-            if not _HOSTLIST.fullmatch(listed):
-                raise ActuatorError(
-                    f"scontrol show job {job_id}: unexpected NodeList", transient=False
-                )
-            out = self._run([self.scontrol, "show", "hostnames", listed])
+            if not _HOSTLIST.fullmatch(row.nodes):
+                raise ActuatorError(f"squeue job {job_id}: unexpected NodeList", transient=False)
+            out = self._run([self.scontrol, "show", "hostnames", row.nodes])
             nodes.update(n.strip() for n in out.splitlines() if n.strip())
         return frozenset(nodes)
 
-    def _show_job(self, job_id: str) -> str:
-        return self._run([self.scontrol, "show", "job", require_job(job_id), "-o"])
+    def _jobs(self, job_id: str) -> list[JobRow]:
+        """The job's rows (one per array task); an unknown job is a permanent failure."""
+        argv = [
+            self.squeue,
+            "--noheader",
+            "--array",
+            "--states=all",
+            f"--jobs={require_job(job_id)}",
+            f"--format={JOB_FORMAT}",
+        ]
+        rows: list[JobRow] = []
+        for line in self._run(argv).splitlines():
+            if not line.strip():
+                continue
+            parts = line.strip().split("|")
+            if len(parts) != 5:
+                raise ActuatorError(f"squeue job {job_id}: unexpected line", transient=False)
+            rows.append(JobRow(*parts))
+        if not rows:
+            raise ActuatorError(f"squeue job {job_id}: no such job", transient=False)
+        return rows
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
         require_node(exclude_node)
-        fields = parse_fields(self._show_job(job_id))
-        excluded = {n for n in fields.get("ExcNodeList", "").split(",") if n and n != "(null)"}
+        row = self._jobs(job_id)[0]
+        excluded = {n for n in row.excluded.split(",") if n and n not in _UNSET}
         excluded.add(exclude_node)
-        state = fields.get("JobState", "")
+        state = row.state
         if state in {"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"}:
             self._run([self.scontrol, "requeuehold", job_id])
         else:
@@ -180,11 +218,6 @@ class SlurmActuator:
         finally:
             self._run([self.scontrol, "release", job_id])
         return f"job {job_id} requeued from {state.lower()} excluding {','.join(sorted(excluded))}"
-
-
-def _user(user_id: str) -> str:
-    """``ada(1000)`` -> ``ada``."""
-    return user_id.split("(", 1)[0]
 
 
 def parse_fields(text: str) -> dict[str, str]:
