@@ -112,6 +112,8 @@ def _kind(hint: Any) -> str:
         return "name"
     if hint == Text:
         return "text"
+    if typing.get_origin(hint) is typing.Annotated:
+        return _kind(typing.get_args(hint)[0])  # a bounded list of structs, say
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType) and len(args) == 1:

@@ -36,6 +36,9 @@ NonNeg = Annotated[float, msgspec.Meta(ge=0, le=FLOAT32_MAX)]  # gauges, duratio
 NonNeg64 = Annotated[float, msgspec.Meta(ge=0)]  # FLOP counts (Float64)
 Epoch = Annotated[float, msgspec.Meta(gt=0)]  # the future is checked against the clock
 Code = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
+# devices one host's message may describe: far more than any host has (8 to 16 GPUs,
+# a few dozen RDMA ports), so that one message cannot make a consumer hold thousands
+MAX_DEVICES = 256
 # Names a sender chooses (host, job, group, agent instance, detection id) reach
 # logs, Prometheus labels, the store and alert labels: bounded, and without
 # control characters (C0, DEL, C1, line separators, bidi overrides), so a job id
@@ -263,14 +266,14 @@ class GpuMessage(_Message, frozen=True, tag="gpu"):
     """Every GPU of one host at one tick. ``job_id`` is set when the agent knows it."""
 
     job_id: Name | None = None
-    gpus: list[GpuReading] = []
+    gpus: Annotated[list[GpuReading], msgspec.Meta(max_length=MAX_DEVICES)] = []
 
 
 class PortMessage(_Message, frozen=True, tag="port"):
     """Every RDMA port of one host at one tick."""
 
     job_id: Name | None = None
-    ports: list[PortReading] = []
+    ports: Annotated[list[PortReading], msgspec.Meta(max_length=MAX_DEVICES)] = []
 
 
 class EventMessage(_Message, frozen=True, tag="event"):

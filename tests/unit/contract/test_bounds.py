@@ -21,6 +21,11 @@ GPU = '{"kind":"gpu","host":"h","ts":%f,"inst":"i","seq":%d,"gpus":[{"index":0,%
 PORT = '{"kind":"port","host":"h","ts":%f,"inst":"i","seq":%d,"ports":[{"device":"m","port":1,%s}]}'
 EVENT = '{"kind":"event","host":"h","ts":%f,"inst":"i","seq":%d,"type":"xid","code":%s}'
 
+_MORE_GPUS = "".join(f',{{"index":{i}}}' for i in range(1, 257))  # 257 in all
+_MORE_PORTS = "".join(f',{{"device":"m{i}","port":1}}' for i in range(1, 257))
+_EVERY_GPU = ",".join(f'{{"index":{i}}}' for i in range(256))
+_ALL_GPUS = f'{{"kind":"gpu","host":"h","ts":{T0},"inst":"i","seq":18,"gpus":[{_EVERY_GPU}]}}'
+
 # (topic, payload) -> the reason both consumers must give
 BAD: list[tuple[str, bytes, str]] = [
     (TOPICS.steps, (STEP % (T0, 0, T0, T0 + 1, str(2**64))).encode(), "overflow"),
@@ -56,6 +61,14 @@ BAD: list[tuple[str, bytes, str]] = [
         .encode()
         .replace(b'"index"', b'"uuid":"\xed\xa0\x80","index"'),
         "malformed_json",
+    ),
+    # more devices than any host has (MAX_DEVICES, 256): one message made a consumer hold
+    # thousands of ports (their names kept for good in the worker)
+    (TOPICS.gpu, ((GPU % (T0, 16, '"power_w":1'))[:-2] + _MORE_GPUS + "]}").encode(), "schema"),
+    (
+        TOPICS.ports,
+        ((PORT % (T0, 17, '"state":"ACTIVE"'))[:-2] + _MORE_PORTS + "]}").encode(),
+        "schema",
     ),
 ]
 GOOD = [
@@ -124,3 +137,8 @@ def test_decode_names_the_reason(payload: bytes, reason: str) -> None:
     with pytest.raises(ContractError) as info:
         decode(payload, now=lambda: T0 + 10)
     assert info.value.reason == reason
+
+
+def test_as_many_devices_as_a_message_may_hold_pass() -> None:
+    message = decode(_ALL_GPUS.encode(), now=lambda: T0 + 10)
+    assert len(message.gpus) == 256  # type: ignore[union-attr]
