@@ -318,6 +318,25 @@ def test_outcome_resolved_but_the_step_time_did_not_come_back(tmp_path):
     assert "1.27" in d.detail and pager.events[-1]["kind"] == "page"
 
 
+@pytest.mark.parametrize("total", [20, 1])
+def test_escalation_pages_are_bounded_per_node_and_in_all(tmp_path, total):
+    """Once a node is a repeat offender, every alert for it with a fresh fingerprint
+    escalates: before, each paged the on-call (20 webhooks of 100: 2,000 pages). Now one
+    page per node and reason per window, and ``guardrails.pages.total`` in all."""
+    eng, _fake, pager, clock, _registry = engine(tmp_path, pages={"total": total})
+    for i in range(3):  # three real remediations of each node, past every cooldown
+        for host in ("node01", "node02"):
+            eng.handle([alert(host=host, fp=f"{host}-real{i}")])
+            clock.now += 43200
+    for host in ("node01", "node02"):
+        flood = eng.handle([alert(host=host, fp=f"{host}-forged-{i}") for i in range(100)])
+        assert {(d.outcome, d.reason) for d in flood} == {(Outcome.ESCALATED, "repeat_offender")}
+    assert [e["host"] for e in pager.events] == ["node01", "node02"][:total]
+    clock.now += 3601  # a new window: a node pages again
+    eng.handle([alert(host="node02", fp="later")])
+    assert [e["host"] for e in pager.events][-1] == "node02"
+
+
 def test_outcome_a_resolved_with_other_labels_does_not_end_the_watch(tmp_path):
     """A forger holding the webhook token posts ``resolved`` with the real alert's name and
     fingerprint but not its labels: before, the outcome became ``recovered`` after the

@@ -372,8 +372,19 @@ class Remediator:
         return self._decide(action, Outcome.ACTED, "executed", detail)
 
     def _page(self, alert: Alert, reason: str, detail: str) -> None:
+        limited = self.notices.page_limit(alert, reason)
+        if limited is not None:  # the decision is recorded (escalated); the page is not repeated
+            log.info(
+                "page not sent reason=%s limit=%s node=%s job_id=%s",
+                reason,
+                limited,
+                alert.host,
+                alert.job_id,
+            )
+            return
         try:
             self.pager.send(self.notices.event("page", alert, f"{reason}: {detail}", "on-call"))
+            self.notices.paged(alert, reason)
         except ActuatorError as err:
             self.audit.actuator_error("pager", err.transient)
             log.error("page failed reason=%s error=%s", reason, err)

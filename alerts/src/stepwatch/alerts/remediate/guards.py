@@ -22,6 +22,7 @@ from stepwatch.alerts.remediate.policy import Guardrails
 from stepwatch.alerts.remediate.state import State
 
 DRAIN, REMEDIATION, ATTEMPT, NOTIFY = "drain", "remediation", "attempt", "notify"
+PAGE = "page"
 
 
 @dataclass(frozen=True)

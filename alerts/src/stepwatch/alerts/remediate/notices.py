@@ -1,7 +1,8 @@
 """Messages to people: the job owner's notices (user errors) and the events the pager gets.
 
 Owner notices have their own limits (``guardrails.notify``: per owner and in
-all, per window) and carry only what stepwatch builds: checked identities, the
+all, per window), and so have escalation pages (``guardrails.pages``: per node
+and reason, and in all, per window) and carry only what stepwatch builds: checked identities, the
 alert's name and cause as plain words, and its summary reduced to one bounded
 plain line. The sender's other annotations (description, ...) are not passed on.
 """
@@ -13,7 +14,7 @@ from collections.abc import Callable
 
 from stepwatch.alerts.remediate import identity
 from stepwatch.alerts.remediate.actuators.base import Actuator, Notifier
-from stepwatch.alerts.remediate.guards import NOTIFY
+from stepwatch.alerts.remediate.guards import NOTIFY, PAGE
 from stepwatch.alerts.remediate.lookups import Lookups
 from stepwatch.alerts.remediate.model import Alert
 from stepwatch.alerts.remediate.policy import Guardrails
@@ -48,6 +49,19 @@ class Notices:
         if self.state.count(NOTIFY, since, ref=owner) >= self.g.notify_per_owner:
             return "notify_owner_limited", owner
         return None, owner
+
+    def page_limit(self, alert: Alert, reason: str) -> str | None:
+        """Why an escalation's page is not sent (None: send it): the node's page for this
+        reason in this window went out already, or the window's pages are spent."""
+        since = self.clock() - self.g.page_window_s
+        if self.state.count(PAGE, since, node=alert.host, ref=reason) >= self.g.page_per_node:
+            return "page_node_limited"
+        if self.state.count(PAGE, since) >= self.g.page_total:
+            return "page_rate_limited"
+        return None
+
+    def paged(self, alert: Alert, reason: str) -> None:
+        self.state.record(self.clock(), PAGE, alert.host, alert.job_id, reason)
 
     def send(self, alert: Alert, text: str, owner: str) -> str:
         self.notifier.send(self.event("notify", alert, text, owner))

@@ -72,6 +72,11 @@ class Guardrails:
     notify_per_owner: int = 3  # notifications to one owner per notify window
     notify_total: int = 30  # notifications to all owners per notify window
     notify_window_s: float = 3600.0
+    # pages for escalations (repeat offender, attempt budget): one per node and reason per
+    # window, and so many in all; an alert sender's fresh fingerprints page no more
+    page_per_node: int = 1
+    page_total: int = 20
+    page_window_s: float = 3600.0
 
 
 @dataclass(frozen=True)
@@ -236,6 +241,7 @@ def _guardrails(raw: Any) -> Guardrails:
             "webhook",
             "job_check",
             "notify",
+            "pages",
         },
     )
     breaker = _mapping("guardrails.breaker", data.get("breaker", {}))
@@ -250,6 +256,8 @@ def _guardrails(raw: Any) -> Guardrails:
     _known("guardrails.job_check", job, {"jobless_drain", "unverifiable"})
     notify = _mapping("guardrails.notify", data.get("notify", {}))
     _known("guardrails.notify", notify, {"per_owner", "total", "per"})
+    pages = _mapping("guardrails.pages", data.get("pages", {}))
+    _known("guardrails.pages", pages, {"per_node", "total", "per"})
     d = Guardrails()
     unverifiable = str(job.get("unverifiable", d.unverified_jobs))
     if unverifiable not in ("allow", "skip"):
@@ -303,6 +311,9 @@ def _guardrails(raw: Any) -> Guardrails:
         ),
         notify_total=_int("guardrails.notify.total", notify.get("total", d.notify_total), 0),
         notify_window_s=_duration("guardrails.notify.per", notify.get("per", d.notify_window_s)),
+        page_per_node=_int("guardrails.pages.per_node", pages.get("per_node", d.page_per_node), 1),
+        page_total=_int("guardrails.pages.total", pages.get("total", d.page_total), 1),
+        page_window_s=_duration("guardrails.pages.per", pages.get("per", d.page_window_s)),
     )
 
 
