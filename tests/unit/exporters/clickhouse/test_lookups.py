@@ -118,15 +118,20 @@ def test_many_long_device_names_do_not_cost_the_ports_their_seed(caplog) -> None
     store = SizeLimitedStore()
     prep = Preparer(store, now=lambda: NOW)
     devices = [f"mlx5_{i}" for i in range(50)] + [f"{'n' * 240}_{i:05d}" for i in range(1200)]
-    msg = PortMessage(
-        host="h1",
-        ts=NOW - 5,
-        inst="i",
-        seq=0,
-        ports=[PortReading(device=d, port=1, xmit_bytes_total=100) for d in devices],
-    )
+    msgs = [  # one batch of messages of at most MAX_DEVICES (256) ports each
+        PortMessage(
+            host="h1",
+            ts=NOW - 5,
+            inst="i",
+            seq=k,
+            ports=[
+                PortReading(device=d, port=1, xmit_bytes_total=100) for d in devices[at : at + 250]
+            ],
+        )
+        for k, at in enumerate(range(0, len(devices), 250))
+    ]
     with caplog.at_level(logging.WARNING):
-        out = prep.prepare([Record("t.ports", 0, 0, encode(msg), b"h1")])
+        out = prep.prepare([Record("t.ports", 0, k, encode(m), b"h1") for k, m in enumerate(msgs)])
     assert len(out.tables["port_samples"].rows) == len(devices)
     assert all(not prep.ports.needs_seed(("h1", d, 1)) for d in devices)  # all looked up
     seed_queries = [q for q in store.queries if "FROM port_samples" in q]
