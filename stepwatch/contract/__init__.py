@@ -25,6 +25,7 @@ from stepwatch.contract.records import (
     StepMessage,
     StepRecord,
     clip_text,
+    plain_name,
     plain_text,
 )
 from stepwatch.contract.topics import Topics, message_key
@@ -52,6 +53,7 @@ __all__ = [
     "decode_unchecked",
     "encode",
     "message_key",
+    "plain_name",
     "plain_text",
     "read_jsonl",
     "write_jsonl",

@@ -17,6 +17,8 @@ from typing import TypeVar
 import msgspec
 
 from stepwatch.contract.codec import not_utf8
+from stepwatch.contract.names import check_names, may_break_names
+from stepwatch.contract.records import Name
 from stepwatch.errors import ContractError
 
 OPS_VERSION = 1
@@ -25,19 +27,21 @@ MAX_OPS_BYTES = 1 << 20
 
 
 class AlertRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=False):
-    """One alert of one Alertmanager webhook (payload v4), as it was received."""
+    """One alert of one Alertmanager webhook (payload v4), as it was received: its names
+    follow the contract's name rule (the receiver makes them plain: ``plain_name``), as
+    they reach the store, logs and terminals as telemetry's names do."""
 
     received_at: float  # epoch seconds
-    fingerprint: str
-    status: str  # firing | resolved
-    alertname: str
+    fingerprint: Name
+    status: Name  # firing | resolved
+    alertname: Name
     starts_at: float  # epoch seconds
     ends_at: float | None = None  # None while firing (Alertmanager sends 0001-01-01)
-    severity: str = ""
-    job_id: str = ""
-    host: str = ""
-    labels: dict[str, str] = msgspec.field(default_factory=dict)
-    annotations: dict[str, str] = msgspec.field(default_factory=dict)
+    severity: Name = ""
+    job_id: Name = ""
+    host: Name = ""
+    labels: dict[Name, str] = msgspec.field(default_factory=dict)
+    annotations: dict[Name, str] = msgspec.field(default_factory=dict)
     v: int = OPS_VERSION
 
 
@@ -71,7 +75,10 @@ def encode_ops(record: AlertRecord | RemediationRecord) -> bytes:
 
 
 def decode_alert(payload: bytes) -> AlertRecord:
-    return _decode(_alert_decoder, payload)
+    record = _decode(_alert_decoder, payload)
+    if may_break_names(payload):
+        check_names(record)
+    return record
 
 
 def decode_remediation(payload: bytes) -> RemediationRecord:

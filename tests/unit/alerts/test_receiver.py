@@ -64,3 +64,38 @@ def test_a_failed_publish_answers_503_so_alertmanager_retries() -> None:
     assert receiver.authorized("Bearer t") and not receiver.authorized("Bearer x")
     receiver.httpd.server_close()
     failing.httpd.server_close()
+
+
+def test_labels_a_sender_chose_are_made_plain_names() -> None:
+    """Before, an alert's labels were stored as sent: an ANSI escape, a forged log line,
+    a bidi override, a 200,000-character host reached the alerts table and a terminal."""
+    body = {
+        "version": "4",
+        "alerts": [
+            {
+                "fingerprint": "f\x1b]0;owned\x07",
+                "status": "firing",
+                "labels": {
+                    "alertname": "StragglerPersistent",
+                    "job_id": '42\x1b[2J\nlevel=INFO msg="remediation executed"',
+                    "host": "h" * 200_000,
+                    "x\u202e": "y",
+                },
+                "annotations": {"summary": "a\r\nb\x1b[31m"},
+            }
+        ],
+    }
+    (rec,) = records(json.dumps(body).encode(), 1.0)
+    assert rec.job_id == '42\ufffd[2J\ufffdlevel=INFO msg="remediation executed"'
+    assert len(rec.host) == 256 and rec.fingerprint == "f\ufffd]0;owned\ufffd"
+    assert "x\ufffd" in rec.labels and rec.annotations["summary"] == "a\nb\ufffd[31m"
+    assert decode_alert(encode_ops(rec)) == rec  # what the sink then reads back
+
+
+def test_the_sink_refuses_an_alert_record_that_breaks_the_name_rule() -> None:
+    """A record written to the alerts topic by someone else than the receiver."""
+    from stepwatch.errors import ContractError
+
+    forged = AlertRecord(1.0, "f", "firing", "A\x1b[2J", 1.0, host="h")
+    with pytest.raises(ContractError, match="schema"):
+        decode_alert(encode_ops(forged))

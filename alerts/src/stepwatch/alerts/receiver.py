@@ -28,6 +28,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from stepwatch.contract.ops import AlertRecord, encode_ops
+from stepwatch.contract.records import plain_name, plain_text
 from stepwatch.contract.topics import Topics
 from stepwatch.errors import ConfigError, RemediationError, StepwatchError
 from stepwatch.httpd import DeadlineHandler, TokenHTTPService
@@ -68,12 +69,14 @@ def _epoch(text: Any) -> float | None:
     return value if value > _NEVER else None
 
 
-def _strings(where: str, value: Any) -> dict[str, str]:
+def _strings(where: str, value: Any, plain: Callable[[str], str]) -> dict[str, str]:
+    """A map of strings, its keys made plain names and its values ``plain`` (a label a
+    sender chose reaches the store, logs and terminals: no control character in it)."""
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise PayloadError(f"{where} is not a map of strings")
-    return dict(value)
+    return {plain_name(k): plain(v) for k, v in value.items()}
 
 
 def records(body: bytes, received_at: float) -> list[AlertRecord]:
@@ -101,12 +104,12 @@ def _record(index: int, raw: Any, received_at: float) -> AlertRecord:
     status = raw.get("status")
     if status not in ("firing", "resolved"):
         raise PayloadError(f"{where}.status must be firing or resolved")
-    labels = _strings(f"{where}.labels", raw.get("labels"))
+    labels = _strings(f"{where}.labels", raw.get("labels"), plain_name)
     starts = _epoch(raw.get("startsAt"))
     ends = _epoch(raw.get("endsAt"))
     return AlertRecord(
         received_at=received_at,
-        fingerprint=raw["fingerprint"],
+        fingerprint=plain_name(raw["fingerprint"]),
         status=status,
         alertname=labels.get("alertname", ""),
         starts_at=received_at if starts is None else starts,
@@ -115,7 +118,7 @@ def _record(index: int, raw: Any, received_at: float) -> AlertRecord:
         job_id=labels.get("job_id", ""),
         host=labels.get("host", ""),
         labels=labels,
-        annotations=_strings(f"{where}.annotations", raw.get("annotations") or {}),
+        annotations=_strings(f"{where}.annotations", raw.get("annotations") or {}, plain_text),
     )
 
 

@@ -142,3 +142,11 @@ def test_render_csv_and_json():
     assert len(render(RESULT, "jsonl").splitlines()) == 2
     with pytest.raises(ConfigError):
         render(RESULT, "xml")
+
+
+def test_a_table_shows_stored_control_characters_inert():
+    """A table is for a terminal: a stored value (an exception message with colour codes,
+    a label an alert sender chose) cannot repaint it; CSV and JSON keep the data."""
+    result = Result(("v",), ("String",), [("\x1b[2Jx\u202ey\tz\nw",)])
+    assert render(result, "table").splitlines()[2] == "\ufffd[2Jx\ufffdy z w"
+    assert json.loads(render(result, "json"))[0]["v"] == "\x1b[2Jx\u202ey\tz\nw"
