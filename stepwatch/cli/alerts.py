@@ -15,21 +15,21 @@ import signal
 import threading
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, default_of
+from stepwatch.cli.common import add_kafka_flags, default_of, plain_doc
 
 
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "alerts",
         help="record Alertmanager notifications in the store",
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="alerts_command", metavar="ACTION")
     p = sub.add_parser(
         "receive",
         help="serve the Alertmanager webhook receiver (POST /alerts)",
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_kafka_flags(p)

@@ -98,3 +98,8 @@ def add_web_flags(group: Any) -> None:
         f"{default_of('metrics_host')}). TLS and basic auth: STEPWATCH_METRICS_TLS_CERT/_KEY, "
         "STEPWATCH_METRICS_AUTH_USER/_PASSWORD (docs/security.md)",
     )
+
+
+def plain_doc(doc: str | None) -> str:
+    """A module docstring as ``--help`` shows it: reST's ``double backticks`` left out."""
+    return (doc or "").replace("``", "")

@@ -12,7 +12,13 @@ import logging
 import sys
 from typing import Any
 
-from stepwatch.cli.common import add_kafka_flags, add_web_flags, default_of, settings_from_args
+from stepwatch.cli.common import (
+    add_kafka_flags,
+    add_web_flags,
+    default_of,
+    plain_doc,
+    settings_from_args,
+)
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -66,7 +72,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "db",
         help="the historical store: migrate, status, sink, serve",
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="db_command", metavar="ACTION")

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from stepwatch.cli.common import plain_doc
 from stepwatch.errors import ConfigError
 
 # A GPU straggler on the second node after a short healthy period: warm-up is
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
         "demo",
         help="run the whole pipeline on embedded defaults, live",
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--bootstrap-servers", help="use this Kafka instead of the embedded broker")

@@ -10,6 +10,7 @@ import argparse
 import sys
 from typing import Any
 
+from stepwatch.cli.common import plain_doc
 from stepwatch.cli.db import add_store_flags, store_settings
 
 
@@ -17,7 +18,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "query",
         help="run a saved query (lemon_nodes, rank_step_percentiles, ...)",
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples: stepwatch query --list; stepwatch query lemon_nodes --since 30d; "
         "stepwatch query rank_step_percentiles --job 4242 --format csv",

@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from stepwatch.cli.common import plain_doc
 from stepwatch.cli.db import add_store_flags, store_settings
 
 
@@ -21,7 +22,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "report",
         help="write a post-mortem report (HTML + PNG) of a job",
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example: stepwatch report --job 4242 --out reports/",
     )

@@ -11,6 +11,7 @@ import argparse
 import sys
 from typing import Any
 
+from stepwatch.cli.common import plain_doc
 from stepwatch.cli.db import add_store_flags, store_settings
 
 
@@ -18,7 +19,7 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "sql",
         help="run SQL over past runs (table, CSV or JSON output)",
-        description=__doc__,
+        description=plain_doc(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog='example: stepwatch sql "SELECT job_id, count() FROM step_events GROUP BY job_id"',
     )
