@@ -297,7 +297,8 @@ def test_many_long_device_names_do_not_cost_the_ports_their_counter_seed(tmp_pat
     store = ChdbStore(str(tmp_path / "chdb"))
     try:
         Migrator(store).migrate()
-        hosts, devices = ["h1", "h2", "h3", "h4"], long_device_names(300)
+        # 1,250 long names, in messages of 250 ports (a message holds at most 256 devices)
+        hosts, devices = ["h1", "h2", "h3", "h4", "h5"], long_device_names(250)
         t0 = float(int(time.time()) - 100)  # whole seconds: ts is stored in ms
         before = Preparer(store).prepare([ports(t0, h, devices, 1000) for h in hosts])
         bucket = before.tables["port_samples"]
