@@ -23,10 +23,10 @@ import difflib
 import logging
 import os
 import socket
+import stat
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from pathlib import Path
 from typing import Any
 
 from stepwatch.errors import ConfigError
@@ -374,11 +374,26 @@ def _kafka_from_env(environ: Mapping[str, str]) -> dict[str, str]:
     return out
 
 
+MAX_CONFIG_BYTES = 1 << 20
+
+
 def read_config_file(path: str, known: set[str]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Settings and librdkafka keys from a TOML file; unknown keys are a ConfigError."""
+    """Settings and librdkafka keys from a TOML file; unknown keys are a ConfigError.
+
+    Only a plain file of at most ``MAX_CONFIG_BYTES`` is read: a FIFO or ``/dev/zero``
+    named by ``STEPWATCH_CONFIG`` blocked (or filled memory in) every process that
+    loads settings, the training processes' SDK among them."""
     try:
-        with Path(path).open("rb") as fh:
-            data = tomllib.load(fh)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise ConfigError(f"config file {path}: not a plain file")
+            raw = fh.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"config file {path}: larger than {MAX_CONFIG_BYTES} bytes")
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"config file {path}: not UTF-8 text: {err}") from err
     except OSError as err:
         raise ConfigError(f"config file {path}: {err.strerror or err}") from err
     except tomllib.TOMLDecodeError as err:

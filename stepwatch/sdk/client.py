@@ -11,6 +11,7 @@ the agent as an ``exception`` rank event.
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import operator
 import os
@@ -74,6 +75,8 @@ class StepWatch:
         self._pid = os.getpid()
         self._step_hooks: tuple[StepHook, ...] = ()
         atexit.register(_close_at_exit, weakref.ref(self))
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=functools.partial(_off_in_child, weakref.ref(self)))
 
     # ------------------------------------------------------------------ identity
     @property
@@ -238,7 +241,7 @@ class StepWatch:
         kind: str = "save",
         *,
         duration: float | None = None,
-        path: str = "",
+        path: str | os.PathLike[str] = "",
         step: int | None = None,
     ) -> CheckpointTimer | _NullContext:
         """Time a checkpoint save/load (``with sw.checkpoint("save"):``) and emit a
@@ -253,19 +256,26 @@ class StepWatch:
                 kind,
             )
         number = step if step is not None else self._step_number()
+        where = os.fspath(path) if isinstance(path, os.PathLike) else str(path)  # a Path too
         if duration is None:
-            return CheckpointTimer(self, load, path, number)
+            return CheckpointTimer(self, load, where, number)
         try:
             seconds = max(0.0, float(duration))
-            self._submit(
-                checkpoint_event(self._identity, load, seconds, time.time() - seconds, number, path)
-            )
         except (TypeError, ValueError):
             self._misuse(
                 "checkpoint_duration",
                 "stepwatch: checkpoint duration=%r is not a number; not reported",
                 duration,
             )
+            return NULL_CONTEXT
+        try:
+            self._submit(
+                checkpoint_event(
+                    self._identity, load, seconds, time.time() - seconds, number, where
+                )
+            )
+        except Exception as err:
+            self._misuse("internal", "stepwatch: checkpoint not reported err=%r", err)
         return NULL_CONTEXT
 
     def event(self, type: str | EventType, detail: str = "", **attrs: Any) -> None:
@@ -273,7 +283,7 @@ class StepWatch:
         try:
             kind = EventType(type)
             self._submit(custom_event(self._identity, kind, detail, attrs))
-        except (ValueError, TypeError) as err:
+        except Exception as err:  # a detail whose str() raises, too: never into training
             self._misuse("bad_event", "stepwatch: cannot emit event type=%r err=%r", type, err)
 
     def report_exception(self, exc: BaseException, step: int | None = None) -> None:
@@ -378,14 +388,27 @@ class CheckpointTimer:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         seconds = (perf_counter_ns() - self._start) / 1e9
-        self._phase.__exit__(exc_type, exc, tb)
-        if exc is None:
-            owner = self._owner
-            owner._submit(
-                checkpoint_event(
-                    owner._identity, self._load, seconds, self._wall, self._step, self._path
+        owner = self._owner
+        try:
+            self._phase.__exit__(exc_type, exc, tb)
+            if exc is None:
+                owner._submit(
+                    checkpoint_event(
+                        owner._identity, self._load, seconds, self._wall, self._step, self._path
+                    )
                 )
-            )
+        except Exception as err:  # the user's own exception (if any) goes on as it was
+            owner._misuse("internal", "stepwatch: checkpoint not reported err=%r", err)
+
+
+def _off_in_child(ref: weakref.ref[StepWatch]) -> None:
+    """A forked child (a DataLoader worker, a subprocess) is not the rank: its records
+    would carry the rank's identity and step numbers, and the parent's sender thread is
+    not there to send them (they sat in its queue, counted as sent). The SDK is off in
+    it (``enabled`` False); the parent goes on reporting the rank's steps."""
+    sw = ref()
+    if sw is not None:
+        sw._sender = None
 
 
 def _close_at_exit(ref: weakref.ref[StepWatch]) -> None:

@@ -147,12 +147,25 @@ class BackgroundSender:
             self._drain()
         self._drain()
 
-    def _drain(self, final: bool = False) -> None:
-        with self._lock:
-            try:
-                self._drain_locked(final)
-            except Exception as err:  # keep the thread alive whatever happens
-                self._processor.log("drain", "stepwatch sdk: sender loop error err=%r", err)
+    def _drain(self, final: bool = False, wait: float = -1.0) -> None:
+        """Send what is queued; ``wait``: how long to wait for the sender thread to let go
+        (-1: as long as it takes). It may be stuck in a step's ``loss`` (a tensor on a
+        hung GPU): then what is left is dropped and counted, and nobody waits on it."""
+        if not self._lock.acquire(timeout=wait):
+            left = len(self._queue) + len(self._pending)
+            self._processor.dropped["close_timeout"] += left
+            self._processor.log(
+                "close_timeout",
+                "stepwatch sdk: the sender thread did not finish in time; %s items dropped",
+                left,
+            )
+            return
+        try:
+            self._drain_locked(final)
+        except Exception as err:  # keep the thread alive whatever happens
+            self._processor.log("drain", "stepwatch sdk: sender loop error err=%r", err)
+        finally:
+            self._lock.release()
 
     def _drain_locked(self, final: bool) -> None:
         process = self._processor.process
@@ -194,12 +207,16 @@ class BackgroundSender:
         return True
 
     def close(self, timeout: float) -> None:
+        """Send what is queued and stop, within ``timeout`` in all (never longer: the
+        process must be able to exit whatever the sender thread is doing)."""
+        deadline = time.monotonic() + max(0.0, timeout)
         self.flush(timeout)
         self._stop = True
         self._wake.set()
         if os.getpid() == self._pid and self._thread.is_alive():
-            self._thread.join(timeout=max(0.1, timeout))
-        self._drain(final=True)  # what is still pending (GPU never got there) is dropped
+            self._thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        # what is still pending (GPU never got there) is dropped
+        self._drain(final=True, wait=max(0.0, deadline - time.monotonic()))
         self._processor.sender.close()
 
     def counts(self) -> tuple[int, Counter[str]]:

@@ -1,0 +1,130 @@
+"""The SDK stays out of the training job's way where a review found it did not.
+
+Before: ``close()`` waited without bound for a sender thread stuck in a step's
+``loss`` (a tensor on a hung GPU), so the process never exited; ``checkpoint``
+with a ``pathlib.Path`` raised into the loop; an event detail whose ``str()``
+raised escaped; in a forked child (a DataLoader worker) records sat in a queue
+no thread drained (counted as sent), or (inline) went out under the rank's
+identity twice; ``STEPWATCH_CONFIG`` naming a FIFO blocked ``init``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import stepwatch
+from stepwatch.contract.records import EventType
+from stepwatch.errors import ConfigError
+from stepwatch.sdk.client import StepWatch
+from stepwatch.settings import read_config_file
+from tests.support.sdk_agent import FakeAgent
+
+
+@pytest.fixture()
+def agent() -> Iterator[FakeAgent]:
+    fake = FakeAgent()
+    yield fake
+    fake.close()
+
+
+def init(agent: FakeAgent, **kw: object) -> StepWatch:
+    args: dict[str, object] = {"agent_socket": agent.path, "env": {}, "job_events": False}
+    return stepwatch.init("job-1", **{**args, **kw})  # type: ignore[arg-type]
+
+
+class StuckLoss:
+    """A loss whose value never comes until released (a tensor on a hung GPU)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def __float__(self) -> float:
+        self.release.wait(60)
+        return 1.0
+
+
+def test_close_returns_within_its_timeout_when_the_sender_thread_is_stuck(agent) -> None:
+    sw = init(agent, flush_interval=0.01)
+    loss = StuckLoss()
+    try:
+        with sw.step() as s:
+            s.loss = loss
+        for _ in range(3):
+            with sw.step():
+                pass
+        time.sleep(0.2)  # the sender thread is now inside float(loss)
+        started = time.monotonic()
+        sw.close(timeout=0.5)
+        took = time.monotonic() - started
+    finally:
+        loss.release.set()
+    assert took < 5.0  # before: as long as the thread stayed stuck (here 60 s)
+    assert sw.stats()["dropped_by"].get("close_timeout", 0) >= 1
+
+
+def test_a_checkpoint_path_may_be_a_path_object(agent) -> None:
+    sw = init(agent, flush_interval=0.01)
+    with sw.checkpoint("save", path=Path("/ckpt") / "step7"):
+        pass
+    sw.checkpoint("load", duration=1.5, path=Path("/ckpt/step7"))
+    sw.close()
+    _, events = agent.split()
+    assert [(e.type, e.attrs["path"]) for e in events] == [
+        (EventType.CHECKPOINT_SAVE, "/ckpt/step7"),
+        (EventType.CHECKPOINT_LOAD, "/ckpt/step7"),
+    ]
+
+
+def test_an_event_whose_detail_cannot_be_read_is_not_raised(agent) -> None:
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    sw = init(agent)
+    sw.event("restart", Broken())  # type: ignore[arg-type]
+    sw.event("restart", "fine", why=Broken())
+    assert sw.stats()["misuse"].get("bad_event", 0) >= 1
+    sw.close()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_a_forked_child_sends_nothing_under_the_ranks_identity(agent, background) -> None:
+    sw = init(agent, flush_interval=0.01, background=background)
+    with sw.step():
+        pass
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: a DataLoader worker, say
+        try:
+            with sw.step():
+                pass
+            sw.event("restart", "from the child")
+            sw.close()
+            os.write(write, b"off" if not sw.enabled else b"on")
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(read, 8) == b"off"
+    with sw.step():
+        pass
+    sw.close()
+    steps, events = agent.split()
+    assert [d.step.step for d in steps] == [0, 1] and events == []
+
+
+def test_a_config_file_that_is_not_a_plain_file_is_refused_at_once(tmp_path) -> None:
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, words in ((fifo, "not a plain file"), (Path("/dev/zero"), "not a plain file")):
+        with pytest.raises(ConfigError, match=words):
+            read_config_file(str(path), set())
+    big = tmp_path / "big.toml"
+    big.write_text("# " + "x" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="larger than"):
+        read_config_file(str(big), set())
