@@ -22,7 +22,7 @@ from collections import Counter
 from time import perf_counter_ns
 from typing import Any
 
-from stepwatch.contract.records import EventType
+from stepwatch.contract.records import INT64_MAX, EventType
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventPool, TimingEvent
@@ -198,9 +198,11 @@ class StepWatch:
                     "stepwatch: step=%r is not an integer; numbering automatically",
                     given,
                 )
-            if number < 0:
+            if not 0 <= number <= INT64_MAX:  # beyond: every later step would be refused
                 self._misuse(
-                    "bad_step", "stepwatch: step=%r is negative; numbering automatically", given
+                    "bad_step",
+                    "stepwatch: step=%r is negative or above 2^63-1; numbering automatically",
+                    given,
                 )
                 number = self._next
             elif self._last is not None and number <= self._last:

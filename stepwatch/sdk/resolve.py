@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stepwatch.contract.records import StepRecord
+from stepwatch.contract.records import INT64_MAX, StepRecord
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.cpuwait import seconds
 from stepwatch.sdk.cuda import elapsed_ns
@@ -156,7 +156,7 @@ class Resolver:
             return None
         try:
             number = float(value)  # a 0-dim tensor converts here, off the training thread
-        except (TypeError, ValueError, RuntimeError) as err:
+        except (TypeError, ValueError, RuntimeError, OverflowError) as err:
             self._log(
                 f"bad_{name}",
                 "stepwatch sdk: %s=%r is not a number err=%r; omitted",
@@ -174,10 +174,13 @@ class Resolver:
 
     def _count(self, name: str, value: Any) -> int:
         number = self._number(name, value)
-        if number is None or number < 0:
-            if number is not None:
+        if number is None or not 0 <= number <= INT64_MAX:
+            if number is not None:  # the agent refuses a record with a count beyond int64
                 self._log(
-                    f"negative_{name}", "stepwatch sdk: %s=%r < 0; reported as 0", name, value
+                    f"bad_{name}",
+                    "stepwatch sdk: %s=%r is negative or above 2^63-1; reported as 0",
+                    name,
+                    value,
                 )
             return 0
         return int(number)

@@ -128,3 +128,19 @@ def test_a_config_file_that_is_not_a_plain_file_is_refused_at_once(tmp_path) -> 
     big.write_text("# " + "x" * (1 << 20) + "\n")
     with pytest.raises(ConfigError, match="larger than"):
         read_config_file(str(big), set())
+
+
+def test_out_of_range_numbers_are_logged_and_skipped_not_sent_to_be_refused(agent) -> None:
+    """Before, one ``step=2**64`` made every later auto-numbered step one the agent
+    refuses, and ``samples=10**400`` dropped the whole step as an error."""
+    sw = init(agent, flush_interval=0.01)
+    with sw.step(2**64):
+        pass
+    with sw.step(samples=10**400, tokens=2**70):
+        pass
+    with sw.step():
+        pass
+    sw.close()
+    steps = [d.step for d in agent.steps()]
+    assert [(r.step, r.samples, r.tokens) for r in steps] == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]
+    assert sw.stats()["misuse"].get("bad_step", 0) == 1
