@@ -19,9 +19,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from stepwatch.contract.records import StepRecord
+from stepwatch.contract.wire import RankStep, decode_datagram, encode_datagram
+from stepwatch.errors import ContractError
 from stepwatch.sdk.client import StepWatch
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventFactory, EventPool, torch_event_factory
@@ -78,6 +82,10 @@ def init(
         if not _flag(enabled, environ, "STEPWATCH_ENABLED", default=True):
             logger.info("stepwatch sdk: disabled (STEPWATCH_ENABLED)")
             return StepWatch(identity, None, start_step=start_step)
+        refused = _refused_identity(identity)
+        if refused:  # the agent would refuse every record: say so once, cost nothing
+            logger.warning("stepwatch sdk: off, the agent refuses this identity: %s", refused)
+            return StepWatch(identity, None, start_step=start_step)
         factory = _event_factory(timing, event_factory, environ)
         pool = EventPool(factory) if factory is not None else None
         spans = _span_builder(otel, tracer_provider, environ)
@@ -118,6 +126,32 @@ def init(
         spans is not None,
     )
     return sw
+
+
+def _refused_identity(identity: Identity) -> str:
+    """Why the agent would refuse every step of ``identity`` ("" when it would not): a job
+    id, host or group over 256 characters or with a control character, a GPU index over
+    65535 (the agent's own decoder says)."""
+    now = time.time()
+    probe = StepRecord(
+        job_id=identity.job_id,
+        rank=identity.rank,
+        world_size=identity.world_size,
+        step=0,
+        start=now,
+        end=now,
+        host=identity.host,
+        local_rank=identity.local_rank,
+        gpu=identity.gpu,
+        group=identity.group,
+    )
+    try:
+        decode_datagram(encode_datagram(RankStep(step=probe)))
+    except ContractError as err:
+        return str(err)
+    except Exception as err:  # never into training: an identity that cannot even be encoded
+        return repr(err)
+    return ""
 
 
 def _identity(environ: Mapping[str, str], **explicit: Any) -> Identity:

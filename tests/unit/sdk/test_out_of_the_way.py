@@ -144,3 +144,25 @@ def test_out_of_range_numbers_are_logged_and_skipped_not_sent_to_be_refused(agen
     steps = [d.step for d in agent.steps()]
     assert [(r.step, r.samples, r.tokens) for r in steps] == [(0, 0, 0), (1, 0, 0), (2, 0, 0)]
     assert sw.stats()["misuse"].get("bad_step", 0) == 1
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [
+        {"job_id": "j" * 300},
+        {"job_id": "42\x1b[2J"},
+        {"host": "h" * 300},
+        {"gpu": 99999},
+    ],
+)
+def test_an_identity_the_agent_refuses_turns_the_sdk_off_with_one_warning(
+    agent, identity, caplog
+) -> None:
+    """Before, every step was sent and every one refused by the agent, with no word."""
+    args: dict[str, object] = {"job_id": "job-1", "rank": 0, "world_size": 1, **identity}
+    sw = stepwatch.init(agent_socket=agent.path, env={}, job_events=False, **args)  # type: ignore[arg-type]
+    with sw.step():
+        pass
+    sw.close()
+    assert not sw.enabled and agent.steps() == []
+    assert "the agent refuses this identity" in caplog.text
