@@ -88,13 +88,14 @@ def plain_text(text: str) -> str:
     return clip_text(_NOT_TEXT.sub("\ufffd", text.replace("\r\n", "\n")))
 
 
-_NOT_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# what the name rule forbids (NAME_PATTERN): C0, DEL, C1, line separators, bidi overrides
+NOT_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def plain_name(text: str) -> str:
     """``text`` made a valid ``Name``: every forbidden character as U+FFFD, clipped to
     ``NAME_MAX``. For names a producer passes on but does not choose (an alert's labels)."""
-    text = _NOT_NAME.sub("\ufffd", text)
+    text = NOT_NAME.sub("\ufffd", text)
     return text if len(text) <= NAME_MAX else text[: NAME_MAX - 1] + "\u2026"
 
 

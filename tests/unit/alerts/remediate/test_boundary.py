@@ -491,39 +491,13 @@ def test_approve_in_observe_mode_acts_for_no_one(tmp_path):
 
 
 def test_step_time_evidence_from_prometheus_http_api():
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
     from stepwatch.alerts.remediate.outcome import StepTimes
 
-    asked: list[str] = []
-
-    class Prom(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            asked.append(self.path)
-            body = json.dumps(
-                {
-                    "status": "success",
-                    "data": {
-                        "resultType": "vector",
-                        "result": [{"metric": {}, "value": [1764086400.0, "1.25"]}],
-                    },
-                }
-            ).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Prom)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, asked = _prometheus(lambda query: "1.25")
     try:
         steps = StepTimes(f"http://127.0.0.1:{server.server_address[1]}")
         assert steps("42") == 1.25
-        assert "stepwatch_job_step_seconds%7Bjob_id%3D%2242%22%7D" in asked[0]
+        assert asked[0] == 'max(stepwatch_job_step_seconds{job_id="42"})'
         assert steps('42"} or vector(1) #') is None and len(asked) == 1  # never built into a query
     finally:
         server.shutdown()

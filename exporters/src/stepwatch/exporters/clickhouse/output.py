@@ -5,9 +5,9 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 from typing import Any
 
+from stepwatch.contract.records import NOT_NAME
 from stepwatch.errors import ConfigError
 from stepwatch.exporters.clickhouse.store import Result
 
@@ -69,14 +69,11 @@ def to_csv(result: Result) -> str:
     return buf.getvalue()
 
 
-# what a terminal would act on: C0 (escape sequences), DEL, C1, line separators, bidi
-# overrides. A table is for a person's terminal; stored values are data (an exception's
-# message with colour codes, a label an alert sender chose), so they are shown inert.
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def _clip(text: str, width: int) -> str:
-    text = _CONTROL.sub("\ufffd", text.replace("\n", " ").replace("\t", " "))
+    # a table is for a person's terminal; stored values are data (an exception's message
+    # with colour codes, a label an alert sender chose): what the name rule forbids (what a
+    # terminal would act on) is shown inert
+    text = NOT_NAME.sub("\ufffd", text.replace("\n", " ").replace("\t", " "))
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
