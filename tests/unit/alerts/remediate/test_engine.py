@@ -279,3 +279,35 @@ def test_unknown_node_and_missing_host(make):
     assert engine.handle([alert(host="ghost")])[0].reason == "unknown_node"
     assert engine.handle([alert(host="")])[0].reason == "no_host"
     assert ActionKind.DRAIN.value == "drain"
+
+
+def _rows(engine: Remediator, table: str) -> int:
+    return int(engine.state._db.execute(f"SELECT count(*) FROM {table}").fetchone()[0])
+
+
+def test_state_forgets_old_skips_and_history_but_keeps_what_guardrails_count(make):
+    engine, fake, *_ = make(
+        guardrails={"repeat_offender": {"count": 1, "window": "7d"}, "breaker": {"max_share": 1}}
+    )
+    fake.node_state = lambda node: NodeState(False, False)  # type: ignore[method-assign]
+    for i in range(50):  # fresh label sets, each a remembered skip
+        assert engine.handle([alert(host="ghost", fp=f"g{i}", extra=str(i))])[0].reason == (
+            "unknown_node"
+        )
+    assert _rows(engine, "actions") >= 50
+    clock = engine.clock
+    clock.now += 601 + 60  # past the skip memory (10 min) and the prune interval
+    engine.handle([])
+    assert _rows(engine, "actions") == 0
+    # a remediation stays counted for the repeat-offender window (7 days), then is forgotten
+    fake.node_state = lambda node: NodeState(True, False)  # type: ignore[method-assign]
+    assert engine.handle([alert(fp="r1")])[0].outcome is Outcome.ACTED
+    history = _rows(engine, "history")
+    clock.now += 6 * 86400
+    engine.handle([])
+    assert _rows(engine, "history") == history
+    refused = engine.handle([alert(fp="r2")])
+    assert refused[0].reason == "repeat_offender"
+    clock.now += 2 * 86400
+    engine.handle([])
+    assert 0 < _rows(engine, "history") < history + 2

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _FINAL = {Status.DONE, Status.QUEUED, Status.DRY_RUN, Status.FAILED_PERMANENT, Status.REJECTED}
 _MAX_REASON = 200
+PRUNE_EVERY_S = 60.0
 _JOBLESS_DRAIN = (
     "a drain without the job_id label is allowed only for a policy rule with scope: node "
     "(and guardrails.job_check.jobless_drain: true)"
@@ -101,8 +102,10 @@ class Remediator:
         self.scheme = identity.scheme_of(actuator.name)
         self.notices = Notices(state, policy.guardrails, owner, actuator, clock)
         self._lock = threading.Lock()  # one decision at a time: guardrail counts stay true
+        self._pruned = float("-inf")
 
     def handle(self, alerts: list[Alert]) -> list[Decision]:
+        self._prune()
         out: list[Decision] = []
         seen: set[tuple[str, str, str]] = set()
         lookups = Lookups(self.actuator, self.policy.cluster_nodes)
@@ -123,6 +126,18 @@ class Remediator:
         if len(seen) < len(alerts):
             log.info("webhook repeats collapsed alerts=%d distinct=%d", len(alerts), len(seen))
         return out
+
+    def _prune(self) -> None:
+        """At most once a minute, drop state rows no guardrail or duplicate check reads."""
+        now = self.clock()
+        if now - self._pruned < PRUNE_EVERY_S:
+            return
+        self._pruned = now
+        g = self.policy.guardrails
+        with self._lock:
+            actions, history = self.state.prune(now - g.skip_memory_s, now - g.history_span_s)
+        if actions or history:
+            log.info("state pruned skipped_actions=%d history_rows=%d", actions, history)
 
     def _alert(self, alert: Alert, lookups: Lookups, budget: list[int]) -> list[Decision]:
         kinds, approval = self.policy.actions_for(alert)

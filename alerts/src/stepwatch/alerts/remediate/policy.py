@@ -78,6 +78,20 @@ class Guardrails:
     page_total: int = 20
     page_window_s: float = 3600.0
 
+    @property
+    def history_span_s(self) -> float:
+        """How far back any guardrail counts: older history is pruned."""
+        return max(
+            self.breaker_window_s,
+            self.node_cooldown_s,
+            self.job_cooldown_s,
+            self.rate_window_s,
+            self.attempt_window_s,
+            self.repeat_window_s,
+            self.notify_window_s,
+            self.page_window_s,
+        )
+
 
 @dataclass(frozen=True)
 class OutcomeSettings:

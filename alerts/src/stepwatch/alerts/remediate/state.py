@@ -219,6 +219,23 @@ class State:
                 (action_id, RESERVE, RESERVE_DRAIN),
             )
 
+    def prune(self, skipped_before: float, history_before: float) -> tuple[int, int]:
+        """Forget what no decision reads any more: skips last seen before ``skipped_before``
+        (past the skip memory) and history before ``history_before`` (past every guardrail
+        window; a queued action's reservations stay until it is decided). Without it, a
+        sender of fresh label sets grows the file by a row each (the audit log keeps
+        every decision). Returns (actions, history rows) deleted."""
+        with self._lock:
+            actions = self._db.execute(
+                "DELETE FROM actions WHERE status = ? AND updated < ?",
+                (Status.SKIPPED, skipped_before),
+            ).rowcount
+            history = self._db.execute(
+                "DELETE FROM history WHERE ts < ? AND what NOT IN (?, ?)",
+                (history_before, RESERVE, RESERVE_DRAIN),
+            ).rowcount
+        return actions, history
+
     def put_outcome(self, row: OutcomeRow) -> None:
         with self._lock:
             self._db.execute(
