@@ -64,6 +64,7 @@ class Worker:
             worker="w",
             clock=lambda: self.clock,
         )
+        self.detections: list[DetectionMessage] = []
         self.seen = self.feed(TOPICS.steps, *(steps(i) for i in range(60)))
 
     def feed(self, topic: str, *messages: object) -> list[tuple[str, ...]]:
@@ -79,8 +80,7 @@ class Worker:
             out += self._read(self.proc.tick(self.clock))
         return out
 
-    @staticmethod
-    def _read(outputs: list) -> list[tuple[str, ...]]:  # type: ignore[type-arg]
+    def _read(self, outputs: list) -> list[tuple[str, ...]]:  # type: ignore[type-arg]
         out: list[tuple[str, ...]] = []
         for o in outputs:
             if o.topic == TOPICS.dlq:
@@ -89,6 +89,7 @@ class Worker:
             elif o.topic == TOPICS.detections:
                 d = decode(o.value)
                 assert isinstance(d, DetectionMessage)
+                self.detections.append(d)
                 out.append((d.type, d.state, d.host))
         return out
 
@@ -125,6 +126,8 @@ def test_the_jobs_own_checkpoint_save_extends_the_limit_by_half_an_hour_at_most(
     assert letters(seen) == []
     assert opened(w.idle(1800)) == []  # the pause it claims is taken, up to 1800 s
     assert opened(w.idle(600)) == [("hang", "stepwatch")]
+    hang = [d for d in w.detections if d.type == "hang" and d.state == "open"]
+    assert hang[0].evidence["longest_pause_s"] == 1800.0  # what counted, not what was claimed
 
 
 def test_a_foreign_xid_opens_nothing_on_the_job_and_is_kept_as_the_hosts_own() -> None:

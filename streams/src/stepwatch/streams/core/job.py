@@ -343,7 +343,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         ev: Evidence = {
             "silent_s": round(v.silent_s, 3),
             "limit_s": round(v.limit_s, 3),
-            "longest_pause_s": round(self.longest_pause, 3),
+            "longest_pause_s": round(min(self.longest_pause, self.cfg.hang_max_pause_seconds), 3),
             "last_step": v.last_step,
             "how": v.how,
         }
