@@ -11,7 +11,6 @@ the agent as an ``exception`` rank event.
 from __future__ import annotations
 
 import atexit
-import functools
 import logging
 import operator
 import os
@@ -74,9 +73,7 @@ class StepWatch:
         self._failed: str | None = None  # class of the last exception out of a step
         self._pid = os.getpid()
         self._step_hooks: tuple[StepHook, ...] = ()
-        atexit.register(_close_at_exit, weakref.ref(self))
-        if hasattr(os, "register_at_fork"):
-            os.register_at_fork(after_in_child=functools.partial(_off_in_child, weakref.ref(self)))
+        _LIVE.add(self)  # closed at exit, off in a forked child (one hook each for all)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -343,6 +340,22 @@ class StepWatch:
         self._lifecycle = True
         self._submit(job_start_event(self._identity, self.timing, restarts))
 
+    def hand_over(self, timeout: float, job_id: str) -> bool:
+        """Close this handle for a new ``init`` in the same process. When this handle
+        sent ``job_start`` for ``job_id``, the job goes on: no ``job_end`` now (the new
+        handle sends it at its close) and True. Otherwise as :meth:`close`."""
+        if self._closed or os.getpid() != self._pid:
+            return False
+        keep = self._lifecycle and self._identity.job_id == job_id
+        if keep:
+            self._lifecycle = False
+        self.close(timeout)
+        return keep
+
+    def take_over(self) -> None:
+        """Send ``job_end`` at close for a job an earlier handle announced (rank 0)."""
+        self._lifecycle = self._identity.rank == 0 and not self._closed
+
     def close(self, timeout: float = 2.0, error: str | None = None) -> None:
         """Flush and stop the sender (idempotent; also run at interpreter exit).
 
@@ -403,14 +416,32 @@ class CheckpointTimer:
             owner._misuse("internal", "stepwatch: checkpoint not reported err=%r", err)
 
 
-def _off_in_child(ref: weakref.ref[StepWatch]) -> None:
+_LIVE: weakref.WeakSet[StepWatch] = weakref.WeakSet()
+
+
+def hand_over_live(timeout: float, job_id: str, new: StepWatch | None = None) -> bool:
+    """Close this process's open handles but ``new``, at a new ``init`` (one sender
+    thread per process, not one per call); True when one had announced ``job_id``,
+    which goes on."""
+    kept = False
+    for sw in list(_LIVE):
+        if sw is not new:
+            kept = sw.hand_over(timeout, job_id) or kept
+    return kept
+
+
+def _off_in_child() -> None:
     """A forked child (a DataLoader worker, a subprocess) is not the rank: its records
     would carry the rank's identity and step numbers, and the parent's sender thread is
     not there to send them (they sat in its queue, counted as sent). The SDK is off in
     it (``enabled`` False); the parent goes on reporting the rank's steps."""
-    sw = ref()
-    if sw is not None:
+    for sw in list(_LIVE):
         sw._sender = None
+
+
+def _close_all_at_exit() -> None:
+    for sw in list(_LIVE):
+        _close_at_exit(weakref.ref(sw))
 
 
 def _close_at_exit(ref: weakref.ref[StepWatch]) -> None:
@@ -419,3 +450,8 @@ def _close_at_exit(ref: weakref.ref[StepWatch]) -> None:
         # the interpreter sets sys.last_value when an uncaught exception ends the script
         uncaught = getattr(sys, "last_value", None)
         sw.close(timeout=1.0, error=type(uncaught).__name__ if uncaught is not None else None)
+
+
+atexit.register(_close_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_off_in_child)

@@ -26,7 +26,7 @@ from typing import Any
 from stepwatch.contract.records import StepRecord
 from stepwatch.contract.wire import RankStep, decode_datagram, encode_datagram
 from stepwatch.errors import ContractError
-from stepwatch.sdk.client import StepWatch
+from stepwatch.sdk.client import StepWatch, hand_over_live
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventFactory, EventPool, torch_event_factory
 from stepwatch.sdk.identity import Identity, detect_identity
@@ -37,6 +37,16 @@ from stepwatch.sdk.transport import DatagramSender
 from stepwatch.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+
+def _off(identity: Identity, start_step: int) -> StepWatch:
+    """A handle that reports nothing; an earlier one in this process is closed first."""
+    try:
+        hand_over_live(1.0, "")
+    except Exception as err:  # never into training
+        logger.warning("stepwatch sdk: the earlier handle did not close err=%r", err)
+    return StepWatch(identity, None, start_step=start_step)
+
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -81,11 +91,11 @@ def init(
     try:
         if not _flag(enabled, environ, "STEPWATCH_ENABLED", default=True):
             logger.info("stepwatch sdk: disabled (STEPWATCH_ENABLED)")
-            return StepWatch(identity, None, start_step=start_step)
+            return _off(identity, start_step)
         refused = _refused_identity(identity)
         if refused:  # the agent would refuse every record: say so once, cost nothing
             logger.warning("stepwatch sdk: off, the agent refuses this identity: %s", refused)
-            return StepWatch(identity, None, start_step=start_step)
+            return _off(identity, start_step)
         factory = _event_factory(timing, event_factory, environ)
         pool = EventPool(factory) if factory is not None else None
         spans = _span_builder(otel, tracer_provider, environ)
@@ -107,11 +117,14 @@ def init(
             start_step=start_step,
             sched=sched,
         )
-        if job_events:
+        # a second init replaces the first: its sender stops, the job it announced goes on
+        if hand_over_live(1.0, identity.job_id if job_events else "", sw):
+            sw.take_over()
+        elif job_events:
             sw.announce(_restarts(environ))
     except Exception as err:
         logger.warning("stepwatch sdk: setup failed, steps will not be reported err=%r", err)
-        return StepWatch(identity, None, start_step=start_step)
+        return _off(identity, start_step)
     logger.info(
         "stepwatch sdk: started job_id=%s rank=%s world_size=%s host=%s gpu=%s "
         "launcher=%s timing=%s socket=%s otel=%s",

@@ -166,3 +166,40 @@ def test_an_identity_the_agent_refuses_turns_the_sdk_off_with_one_warning(
     sw.close()
     assert not sw.enabled and agent.steps() == []
     assert "the agent refuses this identity" in caplog.text
+
+
+def _sender_threads() -> int:
+    return sum(1 for t in threading.enumerate() if "stepwatch" in t.name.lower())
+
+
+def test_init_again_replaces_the_earlier_handle_and_its_job_goes_on(agent) -> None:
+    """Before, each ``init`` without ``close`` left its sender thread (and an at-exit and
+    at-fork hook) behind, and rank 0 sent ``job_start`` again for the same job."""
+    before = _sender_threads()
+    handles = [
+        stepwatch.init("job-1", rank=0, world_size=2, agent_socket=agent.path, env={})
+        for _ in range(5)
+    ]
+    assert _sender_threads() <= before + 1
+    assert [sw.enabled for sw in handles] == [False] * 4 + [True]
+    with handles[-1].step():
+        pass
+    handles[-1].close()
+    steps, events = agent.split()
+    assert [e.type for e in events] == [EventType.JOB_START, EventType.JOB_END]
+    assert [d.step.step for d in steps] == [0]
+
+
+def test_init_for_another_job_ends_the_earlier_one(agent) -> None:
+    first = stepwatch.init("job-a", rank=0, world_size=1, agent_socket=agent.path, env={})
+    second = stepwatch.init("job-b", rank=0, world_size=1, agent_socket=agent.path, env={})
+    second.close()
+    _, events = agent.split()
+    seen = [(e.job_id, e.type) for e in events]
+    assert seen == [
+        ("job-a", EventType.JOB_START),
+        ("job-a", EventType.JOB_END),
+        ("job-b", EventType.JOB_START),
+        ("job-b", EventType.JOB_END),
+    ]
+    assert not first.enabled
