@@ -338,6 +338,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
     forward_times: list[float] = []
     competitors: list[subprocess.Popen[bytes]] = []
     batches = batches_of(data, args.loader_workers)
+    progress = Progress(rank, args.steps)
     try:
         for step in range(start, args.steps):
             if slow and step == max(args.slow_from, start):
@@ -367,6 +368,7 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
                     opt.zero_grad(set_to_none=True)
                 s.loss = loss.detach()  # read off the training thread
             done = step + 1
+            progress.step(done)
             if args.eval_every and done % args.eval_every == 0 and done < args.steps:
                 evaluate(model, batches, args.eval_batches, device)  # between steps: a pause
             if (
@@ -383,6 +385,22 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
             proc.wait()
         sw.close()
         dist.destroy_process_group()
+
+
+class Progress:
+    """Rank 0 prints where training is, every 10 s and at the end (the run is not silent)."""
+
+    def __init__(self, rank: int, steps: int, every_s: float = 10.0) -> None:
+        self.on = rank == 0
+        self.steps = steps
+        self.every_s = every_s
+        self.last = self.began = time.monotonic()
+
+    def step(self, done: int) -> None:
+        now = time.monotonic()
+        if self.on and (now - self.last >= self.every_s or done == self.steps):
+            self.last = now
+            print(f"step {done}/{self.steps} ({now - self.began:.0f} s)", flush=True)
 
 
 def start_fault(
