@@ -514,6 +514,19 @@ def test_runaway_queries_are_stopped_by_the_endpoints_limits(site):
         assert status == 400 and b"TOO_MANY_ROWS_OR_BYTES" in out, out[:300]
         refused(*call(small, "SELECT 1 SETTINGS max_memory_usage = 0"))
         assert call(small, "SELECT count() FROM numbers(1e6)") == (200, b"1000000\n")
+        # the engine's bound on sleep() and the statement's threads stay the endpoint's
+        caps = {
+            "function_sleep_max_microseconds_per_block": ("0", b"3000000"),
+            "max_threads": ("4096", str(os.cpu_count()).encode()),
+        }
+        for name, (value, kept) in caps.items():
+            refused(*call(small, f"SELECT 1 SETTINGS {name} = {value}"))
+            status, out = call(small, f"SELECT getSetting('{name}')", **{name: value})
+            assert (status, out.strip()) == (200, kept), out
+        status, out = call(
+            small, "SELECT sleep(3.5)", function_sleep_max_microseconds_per_block="0"
+        )
+        assert status == 500 and b"(TOO_SLOW)" in out, out[:300]
 
 
 def test_query_parameters_stay_values(site):

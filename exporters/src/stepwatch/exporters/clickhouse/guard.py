@@ -107,7 +107,14 @@ DENIED_SETTINGS = frozenset(
 )
 # per-query limits: from the URL only, and capped by the endpoint
 CAPPED_SETTINGS = frozenset(
-    {"max_execution_time", "max_result_bytes", "max_memory_usage", "max_memory_usage_for_user"}
+    {
+        "max_execution_time",
+        "max_result_bytes",
+        "max_memory_usage",
+        "max_memory_usage_for_user",
+        "max_threads",  # threads one statement runs on: at most the owner's cores
+        "function_sleep_max_microseconds_per_block",  # 0 (no bound) would let sleep() hold a slot
+    }
 )
 READ_KINDS = frozenset(
     {

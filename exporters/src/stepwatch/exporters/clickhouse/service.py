@@ -77,6 +77,7 @@ DEFAULT_MAX_RESULT_BYTES = 1 << 30  # a reply is held in memory before it is sen
 DEFAULT_MAX_MEMORY_USAGE = 8 << 30  # memory one statement may take in the owner's process
 DEFAULT_MAX_CONCURRENT = 2  # statements running at once; more wait, then get 503
 DEFAULT_QUEUE_SECONDS = 5.0  # how long an excess statement waits for a slot
+SLEEP_PER_BLOCK_US = 3_000_000  # the engine's default bound on sleep() per block
 PURGE_AFTER_IDLE_SECONDS = 1.0  # idle this long: the engine's freed memory goes back to the system
 _CONTENT_TYPES = {"JSON": "application/json", "JSONCompact": "application/json"}
 
@@ -169,6 +170,8 @@ class QueryService:
                 max_memory_usage, max_concurrent_queries, max_total_memory
             ),
         }
+        self.limits["max_threads"] = os.cpu_count() or 1
+        self.limits["function_sleep_max_microseconds_per_block"] = SLEEP_PER_BLOCK_US
         if max_total_memory > 0:  # the engine's own bound over all statements running at once
             self.limits["max_memory_usage_for_user"] = max_total_memory
         self.max_concurrent = max(1, max_concurrent_queries)
