@@ -49,8 +49,10 @@ def steps(step: int, host: str = "gpu-001") -> StepMessage:
     )
 
 
-def event(kind: EventType, host: str = "evil-node", **kw: object) -> EventMessage:
-    return EventMessage(host=host, ts=T0 + 61, type=kind, job_id="j", **kw)  # type: ignore[arg-type]
+def event(
+    kind: EventType, host: str = "evil-node", ts: float = T0 + 61, **kw: object
+) -> EventMessage:
+    return EventMessage(host=host, ts=ts, type=kind, job_id="j", **kw)  # type: ignore[arg-type]
 
 
 class Worker:
@@ -176,6 +178,28 @@ def test_a_foreign_job_start_of_a_running_job_is_refused() -> None:
     assert letters(seen) == ["foreign_lifecycle"]
     (stats,) = [s for s in w.proc.stats() if s.job_id == "j"]
     assert stats.goodput_ratio is None or stats.goodput_ratio > 0.5
+
+
+def test_a_job_start_sent_before_the_job_was_known_counts_only_from_its_hosts() -> None:
+    """Before: one ``job_start`` stamped 23 h back from a host that never runs the job,
+    sent before the job's own records, was taken as the job's start: its goodput
+    went from 0.90 to 0.003 (a page). The gate cannot judge it then (no host of the
+    job is known yet); the core counts it only once its host runs the job's ranks."""
+
+    def goodput(forged: bool) -> float | None:
+        eng = Engine(DetectConfig())
+        if forged:
+            eng.process(event(EventType.JOB_START, ts=T0 - 23 * 3600, attrs={"world_size": 2}))
+        own = event(EventType.JOB_START, host="gpu-001", ts=T0 - 0.2, attrs={"world_size": 2})
+        eng.process(own)
+        for i in range(120):
+            eng.process(steps(i))
+        (stats,) = [s for s in eng.stats() if s.job_id == "j"]
+        return stats.goodput_ratio
+
+    honest = goodput(forged=False)
+    assert honest is not None and honest > 0.8
+    assert goodput(forged=True) == honest
 
 
 # ------------------------------------------------------------------ the core alone (replay)

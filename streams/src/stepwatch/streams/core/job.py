@@ -538,10 +538,16 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.throughput.peak_flops_total = total
         return self.throughput.peak_flops_total
 
+    def _runs_ranks(self, host: str) -> bool:
+        """Whether ``host`` runs ranks of this job (any host while none is known yet)."""
+        return not self.hosts or host in self.hosts
+
     def stats(self, now: float) -> JobStats:
         self._peak_flops()
         hang = now - self.hung_since if self.hung_since is not None else 0.0
-        ratio, badput = self.throughput.goodput(now, hang, self.clocks.on_median_clock)
+        ratio, badput = self.throughput.goodput(
+            now, hang, self.clocks.on_median_clock, self._runs_ranks
+        )
         mfu = self.throughput.mfu()
         flagged = {
             k[1]: round(o.score_now or 0.0, 4)

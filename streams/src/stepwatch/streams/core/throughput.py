@@ -71,8 +71,10 @@ class Throughput:
             if self.settled_start is None or t < self.settled_start:
                 self.settled_start = t
 
-    def _first(self, clock: Callable[[str, float], float]) -> float | None:
-        starts = [clock(h, t) for h, t in self.start_events.items()]
+    def _first(
+        self, clock: Callable[[str, float], float], member: Callable[[str], bool]
+    ) -> float | None:
+        starts = [clock(h, t) for h, t in self.start_events.items() if member(h)]
         for t in (self.first_start, self.settled_start):
             if t is not None:
                 starts.append(t)
@@ -156,10 +158,13 @@ class Throughput:
         now: float,
         hang_seconds: float = 0.0,
         clock: Callable[[str, float], float] = lambda host, t: t,
+        member: Callable[[str], bool] = lambda host: True,
     ) -> tuple[float | None, dict[str, float]]:
         """Goodput ratio and badput seconds by category, at event time ``now``; ``clock``
-        reads a host's time on the median rank's clock (its ``job_start``)."""
-        first = self._first(clock)
+        reads a host's time on the median rank's clock (its ``job_start``); ``member``:
+        whether a host runs the job's ranks (a ``job_start`` from any other host, sent
+        before the job was known, does not count)."""
+        first = self._first(clock, member)
         if first is None:
             return None, dict(self.badput)
         since = max(0.0, now - self.last_end)  # no step since (a hang, the job's end)
