@@ -509,6 +509,9 @@ def test_runaway_queries_are_stopped_by_the_endpoints_limits(site):
         status, out = call(quick, "SELECT count() FROM numbers_mt(1e15)", max_execution_time="3600")
         assert status == 408 and b"TIMEOUT_EXCEEDED" in out, out
         refused(*call(quick, "SELECT 1 SETTINGS max_execution_time = 3600"))
+        refused(*call(quick, "SELECT 1 SETTINGS max_execution_time = {t:UInt32}", param_t="9"))
+        lower = "SELECT getSetting('max_execution_time') SETTINGS max_execution_time = 0.5"
+        assert call(quick, lower) == (200, b"0.5\n")  # lower than the endpoint's: as asked
     with QueryService(site["store"].path, max_result_bytes=1 << 20) as small:
         status, out = call(small, "SELECT * FROM numbers(1e8)", max_result_bytes="0")
         assert status == 400 and b"TOO_MANY_ROWS_OR_BYTES" in out, out[:300]

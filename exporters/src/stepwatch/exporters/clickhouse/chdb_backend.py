@@ -162,9 +162,7 @@ class ChdbStore:
             if self._session is None:
                 raise StoreError(f"store {self.path} is closed")
             try:
-                inserter = self._session.send_insert(sql, "JSONCompactEachRow")
-                inserter.append(data)
-                inserter.finish()
+                insert_data(self._session, sql, "JSONCompactEachRow", data)
             except Exception as err:
                 raise error_from(err, f"insert into {table}") from err
         return len(rows)
@@ -180,6 +178,18 @@ class ChdbStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def insert_data(session: Any, head: str, fmt: str, data: bytes) -> Any:
+    """``INSERT ... FORMAT fmt`` with ``data``, as one statement whose errors are raised.
+
+    Not ``session.send_insert``: its ``finish()`` raises a parse error only; one raised
+    while the block is written (a full disk, more than 100 partitions in one block, a
+    CHECK constraint, a materialized view) was dropped and the insert reported whole,
+    so the sink committed rows the store never held. The data follows the ``FORMAT``
+    clause and is read by the format's parser, not the SQL parser (nor counted in
+    ``max_query_size``)."""
+    return session.query(f"{head} FORMAT {fmt}\n".encode() + data, "TSVRaw")
 
 
 def _literal(value: Any) -> str:

@@ -227,9 +227,12 @@ def _engine_error(err: Exception) -> str:
 class Guard:
     """Checks requests against the engine's catalog and the endpoint's mode."""
 
-    def __init__(self, catalog: Catalog, *, readonly: bool) -> None:
+    def __init__(
+        self, catalog: Catalog, *, readonly: bool, caps: Mapping[str, float] | None = None
+    ) -> None:
         self.catalog = catalog
         self.readonly = readonly
+        self.caps = dict(caps or {})  # per-statement limits: a SETTINGS clause may only lower
 
     # -------------------------------------------------------------- URL values
     def setting(self, name: str) -> str:
@@ -364,24 +367,39 @@ class Guard:
             if tok.word in ("OUTFILE", "INFILE"):
                 _deny(f"{tok.word} (the endpoint never reads or writes local files)")
             if tok.word in ("SETTINGS", "SETTING"):  # SETTING: ALTER TABLE ... MODIFY SETTING
-                for name in _settings_clause(toks, i + 1):
-                    if self.catalog.denied_setting(name) or name.lower() in CAPPED_SETTINGS:
+                for name, value in _settings_clause(toks, i + 1):
+                    if self.catalog.denied_setting(name):
+                        _deny(f"setting {name}")
+                    if name.lower() in CAPPED_SETTINGS and not self._lowers(name, value):
                         _deny(
-                            f"setting {name} in the query (set it in the URL)"
-                            if name.lower() in CAPPED_SETTINGS
-                            else f"setting {name}"
+                            f"setting {name} in the query above the endpoint's limit "
+                            "(or not a plain number)"
                         )
             if tok.word == "FORMAT" and _is_format_clause(toks, i):
                 self.output_format(toks[i + 1].text)
 
+    def _lowers(self, name: str, value: list[Token]) -> bool:
+        """A capped setting set in the query to one positive number within the cap (0 means
+        no limit to the engine); anything else (an expression, a parameter) is refused."""
+        cap = self.caps.get(name.lower())
+        if cap is None or len(value) != 1 or value[0].kind is not Kind.NUMBER:
+            return False
+        try:
+            asked = float(value[0].text)
+        except ValueError:
+            return False
+        return 0 < asked <= cap
 
-def _settings_clause(toks: list[Token], i: int) -> list[str]:
-    """The setting names of a ``SETTINGS name = value, ...`` clause starting at ``toks[i]``."""
-    names: list[str] = []
+
+def _settings_clause(toks: list[Token], i: int) -> list[tuple[str, list[Token]]]:
+    """The (name, value tokens) of a ``SETTINGS name = value, ...`` clause starting at
+    ``toks[i]``."""
+    names: list[tuple[str, list[Token]]] = []
     while (
         i + 1 < len(toks) and toks[i].kind in (Kind.WORD, Kind.QUOTED) and toks[i + 1].text == "="
     ):
-        names.append(toks[i].name)
+        value: list[Token] = []
+        names.append((toks[i].name, value))
         depth, i = 0, i + 2
         while i < len(toks):
             tok = toks[i]
@@ -393,6 +411,7 @@ def _settings_clause(toks: list[Token], i: int) -> list[str]:
                 depth -= 1
             elif depth == 0 and (tok.text == "," or tok.word == "FORMAT"):
                 break
+            value.append(tok)
             i += 1
         if i >= len(toks) or toks[i].text != ",":
             return names

@@ -216,7 +216,7 @@ class Preparer:
         self._seed([a.message for a in admitted])
         for a in admitted:
             try:
-                self._map(a.record, a.message, out)
+                self._map(a.record, a.message, out, now)
             except Exception as err:  # a bug must not stall the partition: keep the record
                 self._warn("map", "cannot map a record error=%r", err, level=logging.ERROR)
                 out.dead.append(dead_row(a.record, "internal_error", repr(err), now))
@@ -333,17 +333,37 @@ class Preparer:
             )
         return None
 
-    def _map(self, record: Record, message: Message, out: Prepared) -> None:
-        """Add the message's rows; all of them or, if mapping fails, none."""
-        for table, row, where in list(self._rows(message)):
+    def _map(self, record: Record, message: Message, out: Prepared, now: float) -> None:
+        """Add the message's rows; all of them or, if mapping fails, none. A record that
+        repeats an earlier one of the message (the same step of a rank, the same GPU or
+        port) is left out with one dead letter: the raw table would fold it into the first
+        row, but the rollups fed by the insert would count it again."""
+        repeats: list[str] = []
+        for table, row, where in list(self._rows(message, repeats)):
             out.add(table, row, record, where)
+        if repeats:
+            detail = f"{len(repeats)} record(s) repeat an earlier one: " + ", ".join(repeats[:8])
+            out.dead.append(dead_row(record, "duplicate_record", detail, now))
 
-    def _rows(self, message: Message) -> Iterator[tuple[R.Table, tuple[Any, ...], str]]:
+    def _rows(
+        self, message: Message, repeats: list[str]
+    ) -> Iterator[tuple[R.Table, tuple[Any, ...], str]]:
         if isinstance(message, StepMessage):
+            steps: set[tuple[str, int, int, str]] = set()
             for i, step in enumerate(message.steps):
+                key = (step.job_id or message.job_id, step.step, step.rank, step.host or "")
+                if key in steps:
+                    repeats.append(f"steps[{i}]")
+                    continue
+                steps.add(key)
                 yield R.STEPS, R.step_row(message, step), f"steps[{i}]"
         elif isinstance(message, GpuMessage):
+            gpus: set[int] = set()
             for g in message.gpus:
+                if g.index in gpus:
+                    repeats.append(f"gpus[{g.index}]")
+                    continue
+                gpus.add(g.index)
                 change = self.gpus.update((message.host, g.index), message.ts, gpu_values(g))
                 yield (
                     R.GPUS,
@@ -351,7 +371,12 @@ class Preparer:
                     f"gpus[{g.index}]",
                 )
         elif isinstance(message, PortMessage):
+            ports: set[tuple[str, int]] = set()
             for p in message.ports:
+                if (p.device, p.port) in ports:
+                    repeats.append(f"ports[{p.device}:{p.port}]")
+                    continue
+                ports.add((p.device, p.port))
                 change = self.ports.update(
                     (message.host, p.device, p.port), message.ts, port_values(p)
                 )

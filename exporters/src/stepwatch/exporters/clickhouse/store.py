@@ -37,8 +37,10 @@ OUTPUT_SETTINGS: dict[str, Any] = {
 # cannot help, so the sink bisects the batch down to the bad rows instead. Any
 # other error (store down, unknown table, memory) is retried with backoff: a
 # schema problem must stall the sink loudly, not dead-letter every row.
+# 252 (more than 100 partitions in one block: rows from many months) and 469 (a CHECK
+# constraint) are the data's too: halves of the block go in.
 DATA_ERROR_CODES = frozenset(
-    {6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 117, 130, 131, 190, 321, 386, 395}
+    {6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 117, 130, 131, 190, 252, 321, 386, 395, 469}
 )
 _CODE = re.compile(r"Code:\s*(\d+)")
 
