@@ -224,7 +224,14 @@ def test_tick_reaches_every_partition_and_refreshes_job_series(proc: StreamProce
     assert 'stepwatch_job_step_seconds{job_id="j"} 1.0' in text
     assert 'stepwatch_job_badput_seconds{job_id="j",reason="checkpoint"} 4.0' in text
     assert 'stepwatch_job_straggler_suspects{job_id="j"} 2.0' in text  # suspects: seen, not paged
-    assert 'stepwatch_job_straggler_suspects_total{job_id="j"} 3.0' in text
+    assert 'stepwatch_job_straggler_suspects_seen_total{job_id="j"} 3.0' in text
+    # the page is valid OpenMetrics too: one family per name (a gauge and a counter once
+    # shared "stepwatch_job_straggler_suspects", which a strict parser refuses)
+    from prometheus_client.openmetrics import exposition, parser
+
+    page = exposition.generate_latest(proc.metrics.registry).decode()
+    names = [f.name for f in parser.text_string_to_metric_families(page)]
+    assert len(names) == len(set(names)) and "stepwatch_job_step_seconds" in names
     assert (
         'stepwatch_rank_flagged_score{cause="gpu",gpu="5",host="h1",job_id="j",rank="5",'
         'type="straggler"} 0.12'

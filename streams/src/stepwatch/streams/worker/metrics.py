@@ -143,8 +143,8 @@ def _job_families(jobs: tuple[JobStats, ...]) -> Iterator[Metric]:
         "(docs/detection.md, two tiers).",
         ["job_id"],
     )
-    became = CounterMetricFamily(
-        "stepwatch_job_straggler_suspects",
+    became = CounterMetricFamily(  # a name of its own: one family per name (OpenMetrics)
+        "stepwatch_job_straggler_suspects_seen",
         "Ranks that became straggler suspects since the job started.",
         labels=["job_id"],
     )
