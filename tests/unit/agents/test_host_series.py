@@ -130,3 +130,18 @@ def test_agent_exports_what_its_collectors_read(tmp_path: Path) -> None:
     text = render(registry_for(agent.snapshot, process=False))
     assert value(text, "stepwatch_gpu_xid_events_total", gpu="3", xid="79") == 2
     assert value(text, "stepwatch_agent_up") == 1
+
+
+def test_readings_are_dropped_once_the_collector_stops_bringing_them() -> None:
+    """Before: after NVML failed, the last temperature and utilisation stayed exported
+    for good, with no timestamp: a dead collector looked like a healthy GPU."""
+    series = HostSeries(stale_ticks=3)
+    series.observe([gpu_message()])
+    labels = {"gpu": "0", "UUID": "GPU-a", "Hostname": "node01"}
+    for _ in range(3):
+        series.observe([])  # ticks in which the collector returned nothing
+        assert value(render_series(series), "stepwatch_gpu_temperature_celsius", **labels) == 91
+    series.observe([])
+    assert value(render_series(series), "stepwatch_gpu_temperature_celsius", **labels) is None
+    series.observe([gpu_message()])  # back: exported again
+    assert value(render_series(series), "stepwatch_gpu_temperature_celsius", **labels) == 91

@@ -200,6 +200,9 @@ PORT_COUNTERS: list[tuple[str, str, str]] = [
 ]
 
 
+STALE_TICKS = 3  # ticks without a reading after which the last one is no longer exported
+
+
 @dataclass(frozen=True)
 class SeriesView:
     """An immutable copy of the host's latest readings and event counts."""
@@ -211,24 +214,37 @@ class SeriesView:
 
 
 class HostSeries:
-    """Fed every tick's messages by the agent; read at scrape time via :meth:`view`."""
+    """Fed every tick's messages by the agent; read at scrape time via :meth:`view`.
 
-    def __init__(self) -> None:
+    GPU and port readings are the last ones a tick brought; after ``stale_ticks`` ticks
+    without any (the collector failing, NVML gone) they are dropped, so a scrape shows
+    no series rather than the last temperature forever."""
+
+    def __init__(self, stale_ticks: int = STALE_TICKS) -> None:
         self._lock = threading.Lock()
+        self.stale_ticks = stale_ticks
         self._gpus: tuple[GpuReading, ...] = ()
         self._ports: tuple[PortReading, ...] = ()
+        self._gpu_age = self._port_age = 0  # ticks since the readings came
         self._xids: Counter[tuple[int, str]] = Counter()
         self._links: Counter[tuple[str, int]] = Counter()
 
     def observe(self, messages: Iterable[object]) -> None:
+        """One tick's messages (call it every tick, with none too)."""
         with self._lock:
+            self._gpu_age += 1
+            self._port_age += 1
             for m in messages:
                 if isinstance(m, GpuMessage):
-                    self._gpus = tuple(m.gpus)
+                    self._gpus, self._gpu_age = tuple(m.gpus), 0
                 elif isinstance(m, PortMessage):
-                    self._ports = tuple(m.ports)
+                    self._ports, self._port_age = tuple(m.ports), 0
                 elif isinstance(m, EventMessage):
                     self._event(m)
+            if self._gpu_age > self.stale_ticks:
+                self._gpus = ()
+            if self._port_age > self.stale_ticks:
+                self._ports = ()
 
     def _event(self, m: EventMessage) -> None:
         if m.type is EventType.XID and m.code is not None:
