@@ -72,7 +72,9 @@ class Throughput:
                 self.settled_start = t
 
     def _first(
-        self, clock: Callable[[str, float], float], member: Callable[[str], bool]
+        self,
+        clock: Callable[[str, float], float],
+        member: Callable[[str], bool] = lambda host: True,
     ) -> float | None:
         starts = [clock(h, t) for h, t in self.start_events.items() if member(h)]
         for t in (self.first_start, self.settled_start):
