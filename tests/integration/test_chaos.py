@@ -26,6 +26,8 @@ from chaos_audit import Report, audit, read_outboxes
 
 from stepwatch.contract import Topics
 
+pytestmark = pytest.mark.serial  # timing-sensitive: run alone (scripts/test.sh)
+
 
 def run_chaos(workdir: Path, kinds: tuple[str, ...], seed: int) -> tuple[Report, chaos.Fleet]:
     rng = random.Random(seed)

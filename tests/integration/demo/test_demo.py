@@ -24,6 +24,8 @@ import pytest
 
 from tests.support import paths
 
+pytestmark = pytest.mark.serial  # timing-sensitive: run alone (scripts/test.sh)
+
 REPO = paths.ROOT
 STAGES = ("HEALTHY", "FOUND", "PAGED", "DRAINED", "REQUEUED", "RUNNING AGAIN", "RECOVERED")
 # What no daemon log of a healthy demo may hold.

@@ -50,7 +50,7 @@ from tests.support.torch_jobs import (  # noqa: E402
     step_table,
 )
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-sensitive: run alone
 log = logging.getLogger(__name__)
 
 STEPS = 100

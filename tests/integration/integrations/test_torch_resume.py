@@ -22,6 +22,8 @@ pytest.importorskip("torch")
 
 from stepwatch.contract.wire import RankEvent, RankStep, decode_datagram
 
+pytestmark = pytest.mark.serial  # timing-sensitive: run alone (scripts/test.sh)
+
 EXAMPLE = paths.ROOT / "examples" / "ddp_train.py"
 SMALL = [
     "--nproc",
