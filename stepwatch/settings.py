@@ -57,6 +57,7 @@ OTHER_ENV = frozenset(
         "STEPWATCH_PROLOG_NO_SYSTEMD",
         "STEPWATCH_SKIP_APT",
         "STEPWATCH_DEMO_DURATION",
+        "STEPWATCH_TEST_WORKERS",
     }
 )
 log = logging.getLogger(__name__)

@@ -15,6 +15,7 @@ import logging
 import operator
 import os
 import sys
+import threading
 import time
 import weakref
 from collections import Counter
@@ -73,7 +74,7 @@ class StepWatch:
         self._failed: str | None = None  # class of the last exception out of a step
         self._pid = os.getpid()
         self._step_hooks: tuple[StepHook, ...] = ()
-        _LIVE.add(self)  # closed at exit, off in a forked child (one hook each for all)
+        _track(self)  # closed at exit, off in a forked child (one hook each for all)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -352,9 +353,11 @@ class StepWatch:
         self.close(timeout)
         return keep
 
-    def take_over(self) -> None:
-        """Send ``job_end`` at close for a job an earlier handle announced (rank 0)."""
+    def take_over(self, failed: str | None = None) -> None:
+        """Send ``job_end`` at close for a job an earlier handle announced (rank 0), with
+        the error that handle saw leave a step (``failed``) unless a step completes."""
         self._lifecycle = self._identity.rank == 0 and not self._closed
+        self._failed = self._failed or failed
 
     def close(self, timeout: float = 2.0, error: str | None = None) -> None:
         """Flush and stop the sender (idempotent; also run at interpreter exit).
@@ -417,16 +420,36 @@ class CheckpointTimer:
 
 
 _LIVE: weakref.WeakSet[StepWatch] = weakref.WeakSet()
+HANDLES_LOCK = threading.RLock()  # init and its hand-over, one thread at a time
+_exit_hook = False
 
 
-def hand_over_live(timeout: float, job_id: str, new: StepWatch | None = None) -> bool:
-    """Close this process's open handles but ``new``, at a new ``init`` (one sender
-    thread per process, not one per call); True when one had announced ``job_id``,
-    which goes on."""
+def _track(sw: StepWatch) -> None:
+    """Note ``sw`` for the at-exit close, registered once at the first handle: after
+    whatever the program set up before it (an OpenTelemetry provider's own at-exit
+    shutdown), so it runs before them and the last spans still go out."""
+    global _exit_hook
+    with HANDLES_LOCK:
+        _LIVE.add(sw)
+        if not _exit_hook:
+            atexit.register(_close_all_at_exit)
+            _exit_hook = True
+
+
+def hand_over_live(timeout: float, job_id: str, new: StepWatch) -> bool:
+    """At a new ``init``: close this process's open handles for ``new``'s rank (one sender
+    thread per rank, not one per call). True when one had announced ``job_id``: the job
+    goes on, and ``new`` sends its ``job_end``. Handles of other ranks in the same
+    process (one process driving several GPUs) are left alone."""
     kept = False
-    for sw in list(_LIVE):
-        if sw is not new:
-            kept = sw.hand_over(timeout, job_id) or kept
+    with HANDLES_LOCK:
+        for sw in list(_LIVE):
+            if sw is new or sw.identity.rank != new.identity.rank:
+                continue
+            failed = sw._failed
+            if sw.hand_over(timeout, job_id):
+                kept = True
+                new.take_over(failed)
     return kept
 
 
@@ -452,6 +475,5 @@ def _close_at_exit(ref: weakref.ref[StepWatch]) -> None:
         sw.close(timeout=1.0, error=type(uncaught).__name__ if uncaught is not None else None)
 
 
-atexit.register(_close_all_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_off_in_child)

@@ -26,7 +26,7 @@ from typing import Any
 from stepwatch.contract.records import StepRecord
 from stepwatch.contract.wire import RankStep, decode_datagram, encode_datagram
 from stepwatch.errors import ContractError
-from stepwatch.sdk.client import StepWatch, hand_over_live
+from stepwatch.sdk.client import HANDLES_LOCK, StepWatch, hand_over_live
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventFactory, EventPool, torch_event_factory
 from stepwatch.sdk.identity import Identity, detect_identity
@@ -40,12 +40,15 @@ logger = logging.getLogger(__name__)
 
 
 def _off(identity: Identity, start_step: int) -> StepWatch:
-    """A handle that reports nothing; an earlier one in this process is closed first."""
-    try:
-        hand_over_live(1.0, "")
-    except Exception as err:  # never into training
-        logger.warning("stepwatch sdk: the earlier handle did not close err=%r", err)
-    return StepWatch(identity, None, start_step=start_step)
+    """A handle that reports nothing; an earlier one for this rank in this process is
+    closed first."""
+    with HANDLES_LOCK:
+        off = StepWatch(identity, None, start_step=start_step)
+        try:
+            hand_over_live(1.0, "", off)
+        except Exception as err:  # never into training
+            logger.warning("stepwatch sdk: the earlier handle did not close err=%r", err)
+    return off
 
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -109,19 +112,19 @@ def init(
         sched = (
             SchedStat() if _flag(cpu_wait, environ, "STEPWATCH_CPU_WAIT", default=True) else None
         )
-        sw = StepWatch(
-            identity,
-            sender,
-            pool=pool,
-            timing="cuda" if pool else "wall",
-            start_step=start_step,
-            sched=sched,
-        )
-        # a second init replaces the first: its sender stops, the job it announced goes on
-        if hand_over_live(1.0, identity.job_id if job_events else "", sw):
-            sw.take_over()
-        elif job_events:
-            sw.announce(_restarts(environ))
+        with HANDLES_LOCK:  # two threads' inits: one replaces the other, never both off
+            sw = StepWatch(
+                identity,
+                sender,
+                pool=pool,
+                timing="cuda" if pool else "wall",
+                start_step=start_step,
+                sched=sched,
+            )
+            # a second init for this rank replaces the first: its sender stops, the job
+            # it announced goes on
+            if not hand_over_live(1.0, identity.job_id if job_events else "", sw) and job_events:
+                sw.announce(_restarts(environ))
     except Exception as err:
         logger.warning("stepwatch sdk: setup failed, steps will not be reported err=%r", err)
         return _off(identity, start_step)

@@ -134,14 +134,16 @@ def test_agent_exports_what_its_collectors_read(tmp_path: Path) -> None:
 
 def test_readings_are_dropped_once_the_collector_stops_bringing_them() -> None:
     """Before: after NVML failed, the last temperature and utilisation stayed exported
-    for good, with no timestamp: a dead collector looked like a healthy GPU."""
-    series = HostSeries(stale_ticks=3)
+    for good, with no timestamp: a dead collector looked like a healthy GPU. Their age is
+    time, not ticks: a tick stuck in a hung driver call brings no tick at all."""
+    now = [100.0]
+    series = HostSeries(stale_seconds=3.0, clock=lambda: now[0])
     series.observe([gpu_message()])
     labels = {"gpu": "0", "UUID": "GPU-a", "Hostname": "node01"}
     for _ in range(3):
-        series.observe([])  # ticks in which the collector returned nothing
+        now[0] += 1.0  # no tick, or ticks in which the collector returned nothing
         assert value(render_series(series), "stepwatch_gpu_temperature_celsius", **labels) == 91
-    series.observe([])
+    now[0] += 0.5
     assert value(render_series(series), "stepwatch_gpu_temperature_celsius", **labels) is None
     series.observe([gpu_message()])  # back: exported again
     assert value(render_series(series), "stepwatch_gpu_temperature_celsius", **labels) == 91

@@ -11,6 +11,8 @@ identity twice; ``STEPWATCH_CONFIG`` naming a FIFO blocked ``init``.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -203,3 +205,75 @@ def test_init_for_another_job_ends_the_earlier_one(agent) -> None:
         ("job-b", EventType.JOB_END),
     ]
     assert not first.enabled
+
+
+def test_init_for_another_rank_in_the_same_process_leaves_the_first_alone(agent) -> None:
+    """One process may drive several ranks (a GPU each). Before, each rank's ``init``
+    closed the earlier ranks' handles: rank 0's ``job_end`` went out at rank 1's init."""
+    r0 = stepwatch.init("job-m", rank=0, world_size=2, agent_socket=agent.path, env={})
+    r1 = stepwatch.init("job-m", rank=1, world_size=2, agent_socket=agent.path, env={})
+    assert r0.enabled and r1.enabled
+    for sw in (r0, r1):
+        with sw.step():
+            pass
+    r1.close()
+    r0.close()
+    steps, events = agent.split()
+    assert sorted(d.step.rank for d in steps) == [0, 1]
+    assert [e.type for e in events] == [EventType.JOB_START, EventType.JOB_END]
+
+
+def test_init_again_keeps_the_error_an_earlier_handle_saw(agent) -> None:
+    first = stepwatch.init("job-f", rank=0, world_size=1, agent_socket=agent.path, env={})
+    with pytest.raises(ValueError), first.step():
+        raise ValueError("bad batch")
+    second = stepwatch.init("job-f", rank=0, world_size=1, agent_socket=agent.path, env={})
+    second.close()
+    _, events = agent.split()
+    assert [e.type for e in events] == [EventType.JOB_START, EventType.EXCEPTION, EventType.JOB_END]
+    assert events[-1].detail == "error: ValueError"
+
+
+def test_inits_from_several_threads_leave_one_handle_on(agent) -> None:
+    handles: list[StepWatch] = []
+    gate = threading.Barrier(8)
+
+    def start() -> None:
+        gate.wait()
+        handles.append(stepwatch.init("job-t", rank=3, world_size=4, agent_socket=agent.path))
+
+    threads = [threading.Thread(target=start) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sum(sw.enabled for sw in handles) == 1
+    for sw in handles:
+        sw.close()
+
+
+EXIT_ORDER = """
+import atexit, sys
+import stepwatch
+import stepwatch.sdk.client  # imported early, as an integration's import does
+atexit.register(lambda: print("provider shutdown", flush=True))  # as OTel's provider does
+sw = stepwatch.init("job-x", rank=1, world_size=2, agent_socket=sys.argv[1], env={})
+close = sw.close
+def noted(*args, **kw):
+    print("sdk close", flush=True)
+    close(*args, **kw)
+sw.close = noted
+"""
+
+
+def test_the_sdk_closes_at_exit_before_what_the_program_set_up_earlier(agent) -> None:
+    """Before, the at-exit hook was registered at import: it ran after an OpenTelemetry
+    provider's shutdown registered later, and the last step's spans were lost."""
+    out = subprocess.run(
+        [sys.executable, "-c", EXIT_ORDER, agent.path],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    assert out.stdout.split("\n")[:2] == ["sdk close", "provider shutdown"], out

@@ -24,7 +24,7 @@ import msgspec
 from stepwatch.agents.collectors.base import Collector, CollectorHealth, HealthState, HostContext
 from stepwatch.agents.collectors.senders import SenderGate, SenderPolicy, VerifyJob, parse_aliases
 from stepwatch.agents.collectors.steps import StepsCollector
-from stepwatch.agents.host_series import HostSeries, SeriesView
+from stepwatch.agents.host_series import STALE_TICKS, HostSeries, SeriesView
 from stepwatch.agents.sink import MessageSink, Sequencer
 from stepwatch.contract import KIND_OF, GpuMessage, Message, PortMessage
 from stepwatch.errors import ConfigError
@@ -83,7 +83,7 @@ class Agent:
         self._errors: Counter[str] = Counter()
         self._messages: Counter[str] = Counter()
         self._sink_errors = 0
-        self.series = HostSeries()
+        self.series = HostSeries(STALE_TICKS * settings.tick_seconds + 1.0, clock)
 
     # ------------------------------------------------------------------ one tick
     def tick(self) -> int:

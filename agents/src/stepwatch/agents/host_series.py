@@ -22,8 +22,9 @@ bounded: GPUs and ports of one host, 8 throttle reasons, at most
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -200,7 +201,7 @@ PORT_COUNTERS: list[tuple[str, str, str]] = [
 ]
 
 
-STALE_TICKS = 3  # ticks without a reading after which the last one is no longer exported
+STALE_TICKS = 3  # ticks' time without a reading after which the last one is not exported
 
 
 @dataclass(frozen=True)
@@ -216,35 +217,33 @@ class SeriesView:
 class HostSeries:
     """Fed every tick's messages by the agent; read at scrape time via :meth:`view`.
 
-    GPU and port readings are the last ones a tick brought; after ``stale_ticks`` ticks
-    without any (the collector failing, NVML gone) they are dropped, so a scrape shows
-    no series rather than the last temperature forever."""
+    GPU and port readings are the last ones a tick brought; once they are older than
+    ``stale_seconds`` on ``clock`` (the collector failing, NVML gone, or a tick stuck in a
+    hung driver call and so bringing nothing at all) a scrape shows no series rather
+    than the last temperature forever."""
 
-    def __init__(self, stale_ticks: int = STALE_TICKS) -> None:
+    def __init__(
+        self, stale_seconds: float = 4.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._lock = threading.Lock()
-        self.stale_ticks = stale_ticks
+        self.stale_seconds = stale_seconds
+        self._clock = clock
         self._gpus: tuple[GpuReading, ...] = ()
         self._ports: tuple[PortReading, ...] = ()
-        self._gpu_age = self._port_age = 0  # ticks since the readings came
+        self._gpu_at = self._port_at = 0.0  # when the readings came (clock)
         self._xids: Counter[tuple[int, str]] = Counter()
         self._links: Counter[tuple[str, int]] = Counter()
 
     def observe(self, messages: Iterable[object]) -> None:
-        """One tick's messages (call it every tick, with none too)."""
+        """One tick's messages."""
         with self._lock:
-            self._gpu_age += 1
-            self._port_age += 1
             for m in messages:
                 if isinstance(m, GpuMessage):
-                    self._gpus, self._gpu_age = tuple(m.gpus), 0
+                    self._gpus, self._gpu_at = tuple(m.gpus), self._clock()
                 elif isinstance(m, PortMessage):
-                    self._ports, self._port_age = tuple(m.ports), 0
+                    self._ports, self._port_at = tuple(m.ports), self._clock()
                 elif isinstance(m, EventMessage):
                     self._event(m)
-            if self._gpu_age > self.stale_ticks:
-                self._gpus = ()
-            if self._port_age > self.stale_ticks:
-                self._ports = ()
 
     def _event(self, m: EventMessage) -> None:
         if m.type is EventType.XID and m.code is not None:
@@ -259,7 +258,10 @@ class HostSeries:
 
     def view(self) -> SeriesView:
         with self._lock:
-            return SeriesView(self._gpus, self._ports, dict(self._xids), dict(self._links))
+            now = self._clock()
+            gpus = self._gpus if now - self._gpu_at <= self.stale_seconds else ()
+            ports = self._ports if now - self._port_at <= self.stale_seconds else ()
+            return SeriesView(gpus, ports, dict(self._xids), dict(self._links))
 
 
 def families(host: str, view: SeriesView) -> Iterator[Metric]:

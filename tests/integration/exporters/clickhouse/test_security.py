@@ -504,6 +504,28 @@ def test_the_write_endpoint_refuses_files_hosts_and_expressions_too(site):
         assert call(rw, "DROP TABLE t", database="default")[0] == 200
 
 
+def test_a_statement_after_an_inserts_data_never_runs(site):
+    """An insert's data is read by the format's parser alone: text after the rows that the
+    engine's multi-statement parser would take as a second statement is data or an error."""
+    outside = site["outside"]
+    stacked = [
+        b"('a'); DROP TABLE t",
+        b"('a');\nDROP TABLE t;",
+        f"('a'); SELECT 1 INTO OUTFILE '{outside}/stacked.txt'".encode(),
+        b"('a'); INSERT INTO t VALUES ('smuggled')",
+    ]
+    with QueryService(site["store"].path, allow_writes=True) as rw:
+        assert call(rw, "CREATE TABLE t (s String) ENGINE = Memory", database="default")[0] == 200
+        for body in stacked:
+            call(rw, "INSERT INTO t VALUES", body=body, database="default")
+            call(rw, "INSERT INTO t FORMAT Values", body=body, database="default")
+            call(rw, "INSERT INTO t FORMAT CSV", body=b"b\n" + body, database="default")
+            status, out = call(rw, "SELECT count() FROM t WHERE s = 'smuggled'", database="default")
+            assert (status, out) == (200, b"0\n"), (body, out)
+        assert not (outside / "stacked.txt").exists()
+        assert call(rw, "DROP TABLE t", database="default")[0] == 200
+
+
 def test_runaway_queries_are_stopped_by_the_endpoints_limits(site):
     with QueryService(site["store"].path, max_execution_time=1) as quick:
         status, out = call(quick, "SELECT count() FROM numbers_mt(1e15)", max_execution_time="3600")
@@ -526,6 +548,16 @@ def test_runaway_queries_are_stopped_by_the_endpoints_limits(site):
             refused(*call(small, f"SELECT 1 SETTINGS {name} = {value}"))
             status, out = call(small, f"SELECT getSetting('{name}')", **{name: value})
             assert (status, out.strip()) == (200, kept), out
+        # a fraction the engine would read as 0 (no limit at all) is not a lower limit
+        for name, value in [
+            ("max_threads", "0.5"),
+            ("function_sleep_max_microseconds_per_block", "1e-5"),
+            ("max_memory_usage", "0.9"),
+            ("max_execution_time", "1e-9"),
+        ]:
+            refused(*call(small, f"SELECT 1 SETTINGS {name} = {value}"))
+            status, out = call(small, f"SELECT getSetting('{name}') != 0", **{name: value})
+            assert (status, out) == (200, b"1\n"), (name, out)
         status, out = call(
             small, "SELECT sleep(3.5)", function_sleep_max_microseconds_per_block="0"
         )

@@ -53,6 +53,24 @@ def test_error_codes_decide_between_bisect_and_retry():
     schema = error_from(RuntimeError("Code: 60. DB::Exception: Unknown table"), "insert")
     assert schema.retryable  # a schema problem stalls loudly; it must not dead-letter every row
     assert ClickHouseError("no code").retryable
+    # 252 is two errors: the block's data (bisect) or the server's merges behind (retry)
+    months = error_from(
+        RuntimeError(
+            "Code: 252. DB::Exception: Too many partitions for single INSERT block "
+            "(more than 100). The limit is controlled by 'max_partitions_per_insert_block'"
+        ),
+        "insert",
+    )
+    assert months.code == 252 and months.data_error
+    parts = error_from(
+        RuntimeError(
+            "Code: 252. DB::Exception: Too many parts (3001 with average size of 1.2 MiB) in "
+            "table 'stepwatch.steps'. Merges are processing significantly slower than "
+            "inserts. (TOO_MANY_PARTS)"
+        ),
+        "insert",
+    )
+    assert parts.code == 252 and parts.retryable
 
 
 def test_rows_go_as_json_compact_each_row_and_results_parse_back():

@@ -134,8 +134,12 @@ class Remediator:
             return
         self._pruned = now
         g = self.policy.guardrails
-        with self._lock:
-            actions, history = self.state.prune(now - g.skip_memory_s, now - g.history_span_s)
+        try:
+            with self._lock:
+                actions, history = self.state.prune(now - g.skip_memory_s, now - g.history_span_s)
+        except Exception:  # housekeeping: never in the way of a decision (tried next minute)
+            log.exception("state prune failed")
+            return
         if actions or history:
             log.info("state pruned skipped_actions=%d history_rows=%d", actions, history)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from stepwatch.exporters.clickhouse.guard import Refused
+from stepwatch.exporters.clickhouse.guard import MIN_SECONDS, TIME_SETTINGS, Refused
 from stepwatch.exporters.clickhouse.sqltext import LexError, first_word
 
 _NOT_SETTINGS = frozenset(
@@ -56,13 +56,18 @@ class Request:
 
 
 def capped(name: str, value: str | None, cap: float) -> str:
-    """A per-query limit: the client's when it is lower than the endpoint's (0 means none)."""
+    """A per-query limit: the client's when it is lower than the endpoint's (0 means none).
+
+    Never a value the engine would read as 0, which to it means no limit at all: a whole
+    setting is at least 1, a time at least :data:`MIN_SECONDS`."""
     try:
         asked = float(value) if value is not None else cap
     except ValueError as err:
         raise Refused(f"Bad {name} {str(value)[:32]!r}. (CANNOT_PARSE_NUMBER)", 27) from err
     limit = min(asked, cap) if asked > 0 else cap
-    return str(int(limit)) if isinstance(cap, int) else repr(float(limit))
+    if name in TIME_SETTINGS:  # under 1 µs the engine keeps 0: no limit
+        return repr(max(MIN_SECONDS, float(limit)))
+    return str(max(1, int(limit)))  # 0.5 threads would be 0: no limit
 
 
 def lex_view(data: bytes) -> str:

@@ -105,6 +105,8 @@ DENIED_SETTINGS = frozenset(
         "storage_policy",  # table settings: disk(type = local, path = ...) reaches any directory
     }
 )
+MIN_SECONDS = 0.001  # the least time limit the endpoint passes on (the engine keeps µs)
+TIME_SETTINGS = frozenset({"max_execution_time"})  # seconds; every other capped one is whole
 # per-query limits: from the URL only, and capped by the endpoint
 CAPPED_SETTINGS = frozenset(
     {
@@ -379,8 +381,10 @@ class Guard:
                 self.output_format(toks[i + 1].text)
 
     def _lowers(self, name: str, value: list[Token]) -> bool:
-        """A capped setting set in the query to one positive number within the cap (0 means
-        no limit to the engine); anything else (an expression, a parameter) is refused."""
+        """A capped setting set in the query to one plain number within the cap that the
+        engine cannot read as 0 (no limit to it): a whole number from 1 for a whole setting
+        (0.5 threads is 0), from :data:`MIN_SECONDS` for a time (1e-9 s is 0 µs). Anything
+        else (an expression, a parameter) is refused."""
         cap = self.caps.get(name.lower())
         if cap is None or len(value) != 1 or value[0].kind is not Kind.NUMBER:
             return False
@@ -388,7 +392,9 @@ class Guard:
             asked = float(value[0].text)
         except ValueError:
             return False
-        return 0 < asked <= cap
+        if name.lower() in TIME_SETTINGS:
+            return MIN_SECONDS <= asked <= cap
+        return asked.is_integer() and 1 <= asked <= cap
 
 
 def _settings_clause(toks: list[Token], i: int) -> list[tuple[str, list[Token]]]:

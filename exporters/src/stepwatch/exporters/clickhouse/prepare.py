@@ -351,7 +351,8 @@ class Preparer:
         if isinstance(message, StepMessage):
             steps: set[tuple[str, int, int, str]] = set()
             for i, step in enumerate(message.steps):
-                key = (step.job_id or message.job_id, step.step, step.rank, step.host or "")
+                host = step.host or message.host  # as the row holds it (R.step_row)
+                key = (step.job_id or message.job_id, step.step, step.rank, host)
                 if key in steps:
                     repeats.append(f"steps[{i}]")
                     continue

@@ -44,7 +44,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from stepwatch.errors import StoreError
-from stepwatch.exporters.clickhouse.chdb_backend import _open_session, insert_data
+from stepwatch.exporters.clickhouse.chdb_backend import _open_session
 from stepwatch.exporters.clickhouse.endpoint_request import (
     Request,
     capped,
@@ -324,8 +324,8 @@ class QueryService:
         offset: int,
         settings: dict[str, str],
     ) -> tuple[bytes, dict[str, int]]:
-        """``INSERT ... FORMAT x``: the statement is checked; its data follows the checked
-        text and is read by the format's parser only (:func:`insert_data`)."""
+        """``INSERT ... FORMAT x``: the statement is checked; its data never reaches the
+        SQL parser."""
         stmt = guard.statement(session, utf8(full[:offset]), request.params)
         fmt = stmt.insert_format
         if fmt is None:
@@ -337,9 +337,16 @@ class QueryService:
             "input_format_values_deduce_templates_of_expressions",
         ):
             session.query(f"SET {name} = 0")
+        # chdb's streaming insert: the data goes to the format's parser alone. Not
+        # insert_data (one query text): its multi-statement parser would run a statement
+        # written after a Values row (``('x'); DROP TABLE t``) as a second one. The cost: an
+        # error raised once the block is written (a full disk) is not reported here.
+        inserter = session.send_insert(stmt.insert_head, fmt)
         data = skip_data_separator(full[offset:])
-        result = insert_data(session, stmt.insert_head, fmt, data)
-        return b"", {"read_rows": 0, "written_rows": int(result.rows_written())}
+        if data:
+            inserter.append(data)
+        result = inserter.finish()
+        return b"", {"read_rows": 0, "written_rows": int(result.rows_written)}
 
     def _guard(self) -> Guard:
         with self._guard_lock:

@@ -37,11 +37,14 @@ OUTPUT_SETTINGS: dict[str, Any] = {
 # cannot help, so the sink bisects the batch down to the bad rows instead. Any
 # other error (store down, unknown table, memory) is retried with backoff: a
 # schema problem must stall the sink loudly, not dead-letter every row.
-# 252 (more than 100 partitions in one block: rows from many months) and 469 (a CHECK
-# constraint) are the data's too: halves of the block go in.
+# 469 (a CHECK constraint) is the data's too: halves of the block go in. 252 is the
+# data's only as "too many partitions for single INSERT block" (rows from many months);
+# the same code also means TOO_MANY_PARTS, the server's back-pressure while merges catch
+# up, which a retry outlasts and a bisection would turn into dead letters.
 DATA_ERROR_CODES = frozenset(
-    {6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 117, 130, 131, 190, 252, 321, 386, 395, 469}
+    {6, 26, 27, 32, 33, 38, 41, 53, 69, 70, 72, 117, 130, 131, 190, 321, 386, 395, 469}
 )
+_PARTITIONS_PER_BLOCK = "too many partitions for single insert block"
 _CODE = re.compile(r"Code:\s*(\d+)")
 
 
@@ -55,7 +58,11 @@ class ClickHouseError(StoreError):
     def __init__(self, message: str, code: int | None = None, *, data_error: bool | None = None):
         super().__init__(message)
         self.code = code
-        self.data_error = (code in DATA_ERROR_CODES) if data_error is None else data_error
+        if data_error is None:
+            data_error = code in DATA_ERROR_CODES or (
+                code == 252 and _PARTITIONS_PER_BLOCK in message.lower()
+            )
+        self.data_error = data_error
 
     @property
     def retryable(self) -> bool:
