@@ -112,7 +112,11 @@ ORDER BY ts
 """
 
 # duration_s: a checkpoint event's (the SDK's duration_s, the simulator's seconds), and
-# started: when it began (the SDK's start; else it ended at ts).
+# started: when it began (the SDK's start; else it ended at ts). Only events from hosts
+# that ran the job's steps: any host may name a job, and a restart, job_start or
+# checkpoint event from one that never ran it would turn the job's hang into restart or
+# checkpoint time (the stream worker dead-letters such events as foreign_job; the store
+# may hold them from before that gate, or written around it).
 EVENTS = """
 SELECT toFloat64(ts) AS ts, host, type, gpu, device, port, code, detail,
        toFloat64OrNull(if(attrs['duration_s'] != '', attrs['duration_s'], attrs['seconds']))
@@ -120,6 +124,7 @@ SELECT toFloat64(ts) AS ts, host, type, gpu, device, port, code, detail,
        toFloat64OrNull(attrs['start']) AS started
 FROM events FINAL
 WHERE job_id = {job:String}
+  AND host IN (SELECT DISTINCT host FROM step_events WHERE job_id = {job:String})
 ORDER BY ts
 """
 
