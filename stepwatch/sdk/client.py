@@ -420,8 +420,14 @@ class CheckpointTimer:
 
 
 _LIVE: weakref.WeakSet[StepWatch] = weakref.WeakSet()
-HANDLES_LOCK = threading.RLock()  # init and its hand-over, one thread at a time
+_handles_lock = threading.RLock()  # init and its hand-over, one thread at a time
 _exit_hook = False
+
+
+def handles_locked() -> threading.RLock:
+    """The lock an ``init`` holds from its new handle to its hand-over (a fresh one in a
+    forked child: a thread that held it in the parent is not there to release it)."""
+    return _handles_lock
 
 
 def _track(sw: StepWatch) -> None:
@@ -429,7 +435,7 @@ def _track(sw: StepWatch) -> None:
     whatever the program set up before it (an OpenTelemetry provider's own at-exit
     shutdown), so it runs before them and the last spans still go out."""
     global _exit_hook
-    with HANDLES_LOCK:
+    with _handles_lock:
         _LIVE.add(sw)
         if not _exit_hook:
             atexit.register(_close_all_at_exit)
@@ -442,7 +448,7 @@ def hand_over_live(timeout: float, job_id: str, new: StepWatch) -> bool:
     goes on, and ``new`` sends its ``job_end``. Handles of other ranks in the same
     process (one process driving several GPUs) are left alone."""
     kept = False
-    with HANDLES_LOCK:
+    with _handles_lock:
         for sw in list(_LIVE):
             if sw is new or sw.identity.rank != new.identity.rank:
                 continue
@@ -458,6 +464,8 @@ def _off_in_child() -> None:
     would carry the rank's identity and step numbers, and the parent's sender thread is
     not there to send them (they sat in its queue, counted as sent). The SDK is off in
     it (``enabled`` False); the parent goes on reporting the rank's steps."""
+    global _handles_lock
+    _handles_lock = threading.RLock()
     for sw in list(_LIVE):
         sw._sender = None
 

@@ -26,7 +26,7 @@ from typing import Any
 from stepwatch.contract.records import StepRecord
 from stepwatch.contract.wire import RankStep, decode_datagram, encode_datagram
 from stepwatch.errors import ContractError
-from stepwatch.sdk.client import HANDLES_LOCK, StepWatch, hand_over_live
+from stepwatch.sdk.client import StepWatch, hand_over_live, handles_locked
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventFactory, EventPool, torch_event_factory
 from stepwatch.sdk.identity import Identity, detect_identity
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 def _off(identity: Identity, start_step: int) -> StepWatch:
     """A handle that reports nothing; an earlier one for this rank in this process is
     closed first."""
-    with HANDLES_LOCK:
+    with handles_locked():
         off = StepWatch(identity, None, start_step=start_step)
         try:
             hand_over_live(1.0, "", off)
@@ -112,7 +112,7 @@ def init(
         sched = (
             SchedStat() if _flag(cpu_wait, environ, "STEPWATCH_CPU_WAIT", default=True) else None
         )
-        with HANDLES_LOCK:  # two threads' inits: one replaces the other, never both off
+        with handles_locked():  # two threads' inits: one replaces the other, never both off
             sw = StepWatch(
                 identity,
                 sender,

@@ -277,3 +277,39 @@ def test_the_sdk_closes_at_exit_before_what_the_program_set_up_earlier(agent) ->
         cwd=Path(__file__).resolve().parents[3],
     )
     assert out.stdout.split("\n")[:2] == ["sdk close", "provider shutdown"], out
+
+
+def test_init_in_a_child_forked_while_another_thread_held_the_handles_lock(agent) -> None:
+    from stepwatch.sdk.client import handles_locked
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with handles_locked():
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: the holder thread is not here; init must not wait for it
+        code = 1
+        try:
+            sw = stepwatch.init("job-c", rank=0, world_size=1, agent_socket=agent.path, env={})
+            sw.close()
+            code = 0
+        finally:
+            os._exit(code)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("init in the forked child waited for a lock no thread there holds")
