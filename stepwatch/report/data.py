@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stepwatch.exporters.clickhouse.store import Store
+from stepwatch.report.goodput import CHECKPOINT_EVENTS, RESTART_EVENTS
 
 MAX_STEP_COLUMNS = 400  # heat-map columns at most: longer runs are bucketed by step
 MAX_PEER_POINTS = 600  # points of a NIC peer-baseline line at most
@@ -112,19 +113,22 @@ ORDER BY ts
 """
 
 # duration_s: a checkpoint event's (the SDK's duration_s, the simulator's seconds), and
-# started: when it began (the SDK's start; else it ended at ts). Only events from hosts
-# that ran the job's steps: any host may name a job, and a restart, job_start or
-# checkpoint event from one that never ran it would turn the job's hang into restart or
-# checkpoint time (the stream worker dead-letters such events as foreign_job; the store
-# may hold them from before that gate, or written around it).
-EVENTS = """
+# started: when it began (the SDK's start; else it ended at ts). The events goodput reads
+# (report.goodput's RESTART_EVENTS and CHECKPOINT_EVENTS) only from hosts that ran the
+# job's steps: any host may name a job, and one that never ran it would turn the job's
+# hang into restart or checkpoint time (the stream worker dead-letters such events as
+# foreign_job; the store may hold them from before that gate, or written around it).
+# Hardware events (an XID from a node that failed before its first step) stay.
+_CLAIMS = ", ".join(f"'{t}'" for t in (*RESTART_EVENTS, *CHECKPOINT_EVENTS))
+EVENTS = f"""
 SELECT toFloat64(ts) AS ts, host, type, gpu, device, port, code, detail,
        toFloat64OrNull(if(attrs['duration_s'] != '', attrs['duration_s'], attrs['seconds']))
            AS duration_s,
        toFloat64OrNull(attrs['start']) AS started
 FROM events FINAL
-WHERE job_id = {job:String}
-  AND host IN (SELECT DISTINCT host FROM step_events WHERE job_id = {job:String})
+WHERE job_id = {{job:String}}
+  AND (type NOT IN ({_CLAIMS})
+       OR host IN (SELECT DISTINCT host FROM step_events WHERE job_id = {{job:String}}))
 ORDER BY ts
 """
 

@@ -443,20 +443,27 @@ def _track(sw: StepWatch) -> None:
 
 
 def hand_over_live(timeout: float, job_id: str, new: StepWatch) -> bool:
-    """At a new ``init``: close this process's open handles for ``new``'s rank (one sender
+    """At a new ``init``: close this process's open handles it replaces (one sender
     thread per rank, not one per call). True when one had announced ``job_id``: the job
-    goes on, and ``new`` sends its ``job_end``. Handles of other ranks in the same
-    process (one process driving several GPUs) are left alone."""
+    goes on, and ``new`` sends its ``job_end``. Handles of the other ranks of the same
+    job (one process driving several GPUs: same job, same world size) are left alone;
+    any other handle (an earlier init for another job, or before the rank was known) is
+    replaced."""
     kept = False
     with _handles_lock:
         for sw in list(_LIVE):
-            if sw is new or sw.identity.rank != new.identity.rank:
+            if sw is new or _sibling(sw.identity, new.identity):
                 continue
             failed = sw._failed
             if sw.hand_over(timeout, job_id):
                 kept = True
                 new.take_over(failed)
     return kept
+
+
+def _sibling(a: Identity, b: Identity) -> bool:
+    """Another rank of the same job, as one process driving several GPUs has."""
+    return a.rank != b.rank and a.job_id == b.job_id and a.world_size == b.world_size
 
 
 def _off_in_child() -> None:

@@ -40,6 +40,7 @@ def claims(job: str, host: str) -> list[tuple]:
     return [
         (hang + 10, job, host, "restart", 0, "restarted", {"step": "20"}, f"i-{host}", 1),
         (hang + HANG_S, job, host, "checkpoint_save", 0, "save", save, f"i-{host}", 2),
+        (hang + 1, job, host, "xid", 0, "79", {}, f"i-{host}", 3),  # a fact of its own host
     ]
 
 
@@ -61,4 +62,4 @@ def test_lifecycle_events_count_only_from_the_jobs_hosts(tmp_path, sender, belie
         assert b.seconds[Badput.HANG] == pytest.approx(WORLD * HANG_S, rel=1e-3)
         assert b.seconds[Badput.RESTART] == 0
         assert b.seconds[Badput.CHECKPOINT] == 0
-        assert data.events == []
+        assert [e["type"] for e in data.events] == ["xid"]

@@ -313,3 +313,26 @@ def test_init_in_a_child_forked_while_another_thread_held_the_handles_lock(agent
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("init in the forked child waited for a lock no thread there holds")
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ({"job_id": "job-l", "rank": 0, "world_size": 1}, {"job_id": "job-l", "rank": 3}),
+        ({"job_id": "job-a", "rank": 0, "world_size": 4}, {"job_id": "job-b", "rank": 1}),
+    ],
+    ids=["rank_learned_later", "another_job"],
+)
+def test_init_as_another_rank_of_another_job_or_size_replaces_the_earlier(
+    agent, first, second
+) -> None:
+    """A library's init before the rank was known (rank 0 of 1), then the real one: the
+    stale handle is replaced, not left to send rank 0's job_end at exit."""
+    old = stepwatch.init(**first, agent_socket=agent.path, env={})
+    new = stepwatch.init(**second, world_size=4, agent_socket=agent.path, env={})
+    assert not old.enabled and new.enabled
+    new.close()
+    old.close()
+    _, events = agent.split()
+    ends = [(e.job_id, e.type) for e in events if e.type is EventType.JOB_END]
+    assert ends == ([("job-a", EventType.JOB_END)] if first["job_id"] == "job-a" else [])
