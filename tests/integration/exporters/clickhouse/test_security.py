@@ -553,11 +553,13 @@ def test_runaway_queries_are_stopped_by_the_endpoints_limits(site):
             ("max_threads", "0.5"),
             ("function_sleep_max_microseconds_per_block", "1e-5"),
             ("max_memory_usage", "0.9"),
-            ("max_execution_time", "1e-9"),
         ]:
             refused(*call(small, f"SELECT 1 SETTINGS {name} = {value}"))
             status, out = call(small, f"SELECT getSetting('{name}') != 0", **{name: value})
             assert (status, out) == (200, b"1\n"), (name, out)
+        refused(*call(small, "SELECT 1 SETTINGS max_execution_time = 1e-9"))
+        status, out = call(small, "SELECT sleep(0.5)", max_execution_time="1e-9")  # 1 ms
+        assert status == 408 and b"TIMEOUT_EXCEEDED" in out, out[:300]
         status, out = call(
             small, "SELECT sleep(3.5)", function_sleep_max_microseconds_per_block="0"
         )
