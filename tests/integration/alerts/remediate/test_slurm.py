@@ -176,3 +176,20 @@ def test_alertmanager_to_slurm_drain_requeue_notify_and_breaker(
             assert api.close_breaker()["was_open"] is True
         finally:
             svc.stop()
+
+
+def test_a_requeue_keeps_the_jobs_own_exclusions_as_slurm_prints_them(slurm) -> None:
+    """A job started with ``-x node01,node03``: squeue prints ``node[01,03]``. Before, the
+    list was split on commas (``node[01`` and ``03]``), the update was refused as an
+    invalid node name, and the job was requeued without the new exclusion."""
+    job = slurm.sbatch("-N", "1", "-x", "node01,node03", "--requeue", "-o", "/dev/null",
+                       "--wrap", "sleep 600")  # fmt: skip
+    actuator = SlurmActuator(conf=str(slurm.conf_path))
+    assert wait_for(lambda: actuator.job_nodes(job) == {"node02"} or None, 60), slurm.log_tail()
+    detail = actuator.requeue(job, "node02")
+    assert detail.endswith("excluding node01,node02,node03"), detail
+    shown = slurm.scontrol("show", "job", job, "-o")
+    excluded = shown.split("ExcNodeList=", 1)[1].split(" ", 1)[0]
+    assert slurm.scontrol("show", "hostnames", excluded).split() == ["node01", "node02", "node03"]
+    assert "Restarts=1" in shown, shown  # requeued
+    assert "Reason=JobHeldUser" not in shown and "Priority=0 " not in shown, shown  # released

@@ -710,3 +710,30 @@ def test_a_drain_id_names_the_job_and_long_targets_stay_apart(tmp_path):
         action_id(ActionKind.DRAIN, a, f"{job}@gpu-rack-17-node-{n}") for n in ("0001", "0002")
     )
     assert one != two and len(one) == len(two) <= 80 + len("drain--StragglerPersistent-") + 12
+
+
+def test_slurm_requeue_releases_the_held_job_or_says_it_is_left_held(monkeypatch):
+    """Before, one transient failure of ``scontrol release`` left the job held for good:
+    the next try found it not running and did nothing, and nobody was told."""
+    monkeypatch.setattr("stepwatch.alerts.remediate.actuators.slurm.RELEASE_PAUSE_S", 0.0)
+
+    def flaky(failures: int, text: str):
+        calls: list[str] = []
+
+        def run(argv, timeout, env):
+            calls.append(" ".join(argv[1:3]))
+            if argv[1:2] == ["release"] and calls.count("release 7") <= failures:
+                return subprocess.CompletedProcess(argv, 1, "", text)
+            out = "7|ada|RUNNING|n1|\n" if "--noheader" in argv else ""
+            return subprocess.CompletedProcess(argv, 0, out, "")
+
+        return SlurmActuator(runner=run), calls
+
+    slurm, calls = flaky(2, "Unable to contact slurm controller")
+    assert slurm.requeue("7", "n1").startswith("job 7 requeued")
+    assert calls.count("release 7") == 3
+    for failures, text in ((5, "Unable to contact slurm controller"), (1, "Access denied")):
+        slurm, calls = flaky(failures, text)
+        with pytest.raises(ActuatorError, match="left held") as err:
+            slurm.requeue("7", "n1")
+        assert not err.value.transient  # a failed action: the remediator's alert fires

@@ -311,3 +311,86 @@ def test_state_forgets_old_skips_and_history_but_keeps_what_guardrails_count(mak
     clock.now += 2 * 86400
     engine.handle([])
     assert 0 < _rows(engine, "history") < history + 2
+
+
+def firing(started: str, host: str = "node02", fp: str = "fp-xid", **labels: str) -> Alert:
+    a = alert(host=host, fp=fp, **labels)
+    return Alert(a.fingerprint, a.status, a.labels, a.annotations, starts_at=started)
+
+
+def test_the_same_fault_firing_again_after_a_repair_is_acted_on_again(make):
+    """A fatal XID on one GPU has the same labels, so the same fingerprint, every time.
+    Before, its second firing, two weeks after the node was repaired and resumed, was
+    'already handled' for good: the node was never drained again."""
+    engine, fake, _owner, _pager, clock, _ = make(guardrails={"breaker": {"max_share": 1.0}})
+    first = engine.handle([firing("2026-01-01T00:00:00Z")])
+    assert [d.outcome for d in first] == [Outcome.ACTED, Outcome.ACTED]
+    repeat = engine.handle([firing("2026-01-01T00:00:00Z")])  # Alertmanager's repeat
+    assert [d.outcome for d in repeat] == [Outcome.DUPLICATE] * 2
+    fake.drained.clear()  # repaired and resumed by a person
+    clock.now += 14 * 86400
+    again = engine.handle([firing("2026-01-15T00:00:00Z")])
+    assert [d.outcome for d in again] == [Outcome.ACTED, Outcome.ACTED]
+    assert [c[0] for c in fake.calls] == ["drain", "requeue"] * 2
+
+
+def test_alerts_sharing_a_fingerprint_each_count_in_the_rate_limit(make):
+    """The sender chooses the fingerprint. Before, one shared by 12 alerts for 12 hosts
+    counted as one remediation: 12 nodes drained at a rate limit of 3 an hour."""
+    engine, fake, *_ = make(
+        guardrails={"rate_limit": {"actions": 3, "per": "1h"}, "breaker": {"max_share": 1.0}}
+    )
+    for i in range(12):
+        engine.handle([firing("t", host=f"node{i + 1:02d}", fp="F", job_id=str(100 + i))])
+    assert len([c for c in fake.calls if c[0] == "drain"]) == 3
+
+
+def test_a_job_id_with_leading_zeros_is_the_same_job(make):
+    engine, fake, *_ = make(guardrails={"cooldown": {"job": "1h"}, "breaker": {"max_share": 1.0}})
+    engine.scheme = "slurm"  # as with the Slurm actuator
+    engine.handle([alert(host="node02", fp="a", job_id="42")])
+    for host, job in (("node03", "042"), ("node04", "0042")):
+        assert engine.handle([alert(host=host, fp=host, job_id=job)])[0].reason == "job_cooldown"
+    assert [c[0] for c in fake.calls] == ["drain", "requeue"]
+
+
+def test_alerts_seen_in_observe_mode_are_acted_on_in_execute_mode(make, tmp_path):
+    observe, fake, *_ = make(Mode.OBSERVE, state_dir=tmp_path / "s")
+    assert [d.outcome for d in observe.handle([alert()])] == [Outcome.DRY_RUN] * 2
+    assert [d.outcome for d in observe.handle([alert()])] == [Outcome.DUPLICATE] * 2
+    execute, fake2, *_ = make(Mode.EXECUTE, state_dir=tmp_path / "s")
+    assert [d.outcome for d in execute.handle([alert()])] == [Outcome.ACTED] * 2
+    assert fake.calls == [] and [c[0] for c in fake2.calls] == ["drain", "requeue"]
+
+
+def test_decided_actions_are_forgotten_after_the_longest_guardrail_window(make):
+    engine, *_ = make(
+        guardrails={"breaker": {"max_share": 1.0}, "rate_limit": {"actions": 100, "per": "1h"}}
+    )
+    for i in range(20):
+        engine.handle([firing(f"t{i}", host=f"node{i + 1:02d}", job_id=str(i + 1))])
+    assert _rows(engine, "actions") >= 20
+    engine.clock.now += engine.policy.guardrails.history_span_s + 120
+    engine.handle([])
+    assert _rows(engine, "actions") == 0
+
+
+def test_a_system_rules_notify_tells_the_owner_and_spends_no_attempt(make):
+    engine, fake, owner, *_ = make(guardrails={"breaker": {"max_share": 1.0}})
+    engine.policy = from_mapping(
+        {
+            "mode": "execute",
+            "rules": [
+                {"match": {"alertname": "JobHang", "class": "system"}, "actions": ["notify"]},
+                *RULES,
+            ],
+            "guardrails": {"breaker": {"max_share": 1.0}},
+            "cluster_nodes": 20,
+        }
+    )
+    for i in range(5):
+        hang = engine.handle([alert(name="JobHang", fp=f"h{i}", owner=f"u{i}", job_id=str(i))])
+        assert [(d.action, d.outcome) for d in hang] == [(ActionKind.NOTIFY, Outcome.ACTED)]
+    assert fake.calls == [] and len(owner.events) == 5
+    straggler = engine.handle([alert(fp="s")])
+    assert [d.outcome for d in straggler] == [Outcome.ACTED, Outcome.ACTED]

@@ -162,6 +162,7 @@ def test_slurm_actuator_commands_and_failure_kinds():
             "Reason=stepwatch: straggler cause gpu [root@2026-01-01T00:00:00]",
         ),
         "--noheader --array": (0, "7|ada|RUNNING|n[1-3]|n4\n"),
+        "show hostnames": (0, "n4\n"),  # the job's own exclusions, expanded by Slurm
     }
     slurm = SlurmActuator(runner=fake_runner(answers, calls))
     state = slurm.node_state("n1")
@@ -170,6 +171,7 @@ def test_slurm_actuator_commands_and_failure_kinds():
     slurm.drain("n2", "stepwatch: x")
     assert calls[-1][1:] == ["update", "nodename=n2", "state=drain", "reason=stepwatch: x"]
     slurm.requeue("7", "n2")
+    assert calls[-4][1:] == ["show", "hostnames", "n4"]
     assert [c[1] for c in calls[-3:]] == ["requeuehold", "update", "release"]
     assert calls[-2][2:] == ["jobid=7", "ExcNodeList=n2,n4"]
     busy = SlurmActuator(

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 
 _FINAL = {Status.DONE, Status.QUEUED, Status.DRY_RUN, Status.FAILED_PERMANENT, Status.REJECTED}
 _MAX_REASON = 200
+NOTIFY = ActionKind.NOTIFY
 PRUNE_EVERY_S = 60.0
 _JOBLESS_DRAIN = (
     "a drain without the job_id label is allowed only for a policy rule with scope: node "
@@ -110,7 +111,7 @@ class Remediator:
         seen: set[tuple[str, str, str]] = set()
         lookups = Lookups(self.actuator, self.policy.cluster_nodes)
         budget = [self.policy.guardrails.max_alerts_per_webhook]
-        for alert in alerts:
+        for alert in map(self._canonical, alerts):
             key = (alert.fingerprint, alert.name, alert.status)
             if key in seen:
                 continue  # the same alert twice in one webhook: once is enough
@@ -126,6 +127,12 @@ class Remediator:
         if len(seen) < len(alerts):
             log.info("webhook repeats collapsed alerts=%d distinct=%d", len(alerts), len(seen))
         return out
+
+    def _canonical(self, alert: Alert) -> Alert:
+        job = identity.canonical_job(alert.job_id, self.scheme)
+        if job == alert.job_id:
+            return alert
+        return replace(alert, labels={**alert.labels, "job_id": job})
 
     def _prune(self) -> None:
         """At most once a minute, drop state rows no guardrail or duplicate check reads."""
@@ -166,7 +173,13 @@ class Remediator:
             )
         if alert.alert_class is AlertClass.USER:
             return decisions + [self._notify_owner(a, lookups) for a in fresh]
-        return decisions + self._remediate(alert, fresh, approval, lookups)
+        # a system rule's notify tells the owner too (before, it went to the scheduler,
+        # failed for good and spent one of the node's attempts)
+        decisions += [self._notify_owner(a, lookups) for a in fresh if a.kind is NOTIFY]
+        scheduler = [a for a in fresh if a.kind is not NOTIFY]
+        return decisions + (
+            self._remediate(alert, scheduler, approval, lookups) if scheduler else []
+        )
 
     def _remediate(
         self, alert: Alert, actions: list[Action], approval: bool, lookups: Lookups
@@ -213,6 +226,8 @@ class Remediator:
     def _seen(self, action: Action) -> bool:
         """Done, queued or refused for good; or skipped lately, for this very input."""
         row = self.state.action(action.id)
+        if row is not None and row.status == Status.DRY_RUN:
+            return self.mode is Mode.OBSERVE  # observe mode never blocks a later execute mode
         if row is not None and row.status != Status.SKIPPED:
             return row.status in _FINAL
         return self._recent(row) or self._recent(self.state.action(_memory_id(action)))

@@ -37,6 +37,14 @@ def job_ok(job_id: str, scheme: str = "slurm") -> bool:
     return bool(pattern.fullmatch(job_id)) and job_id.lower() not in _RESERVED
 
 
+def canonical_job(job_id: str, scheme: str = "slurm") -> str:
+    """One spelling per job: Slurm reads ``042`` as job 42, so cooldowns counted ``42``,
+    ``042`` and ``0042`` as three jobs (three requeues of one)."""
+    if scheme == "slurm" and SLURM_JOB.fullmatch(job_id):
+        return "_".join(str(int(part)) for part in job_id.split("_"))
+    return job_id
+
+
 def scheme_of(actuator_name: str) -> str:
     """The job-id scheme an actuator takes: Slurm ids for Slurm, plain label values otherwise."""
     return "slurm" if actuator_name == "slurm" else "label"

@@ -83,8 +83,17 @@ _TARGET_MAX = 80
 
 
 def alert_key(alert: Alert) -> str:
-    """One alert (name + fingerprint) as a short stable key: one remediation per key."""
-    return hashlib.sha256(f"{alert.name}|{alert.fingerprint}".encode()).hexdigest()[:12]
+    """One firing of one alert as a short stable key: one remediation per key.
+
+    Name and fingerprint, and what the action would touch (host, job), and when this
+    firing began (``startsAt``: the same in every repeat of one firing, new when the
+    alert fires again). Before, name and fingerprint alone: the sender chooses the
+    fingerprint, so one shared by alerts for many hosts counted as one remediation in the
+    rate limit (12 nodes drained at a limit of 3/h); and a GPU's fatal XID has the same
+    labels, so the same fingerprint, every time, so its second firing, after the node was
+    repaired, was "already handled" and never drained."""
+    text = f"{alert.name}|{alert.fingerprint}|{alert.host}|{alert.job_id}|{alert.starts_at}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def labels_key(alert: Alert) -> str:

@@ -221,14 +221,19 @@ class State:
 
     def prune(self, skipped_before: float, history_before: float) -> tuple[int, int]:
         """Forget what no decision reads any more: skips last seen before ``skipped_before``
-        (past the skip memory) and history before ``history_before`` (past every guardrail
-        window; a queued action's reservations stay until it is decided). Without it, a
-        sender of fresh label sets grows the file by a row each (the audit log keeps
-        every decision). Returns (actions, history rows) deleted."""
+        (past the skip memory), other decided actions and history before
+        ``history_before`` (past every guardrail window; a queued action and its
+        reservations stay until it is decided). Without it, a sender of fresh label sets
+        grows the file by a row each (the audit log keeps every decision). Returns
+        (actions, history rows) deleted."""
         with self._lock:
             actions = self._db.execute(
                 "DELETE FROM actions WHERE status = ? AND updated < ?",
                 (Status.SKIPPED, skipped_before),
+            ).rowcount
+            actions += self._db.execute(
+                "DELETE FROM actions WHERE status NOT IN (?, ?) AND updated < ?",
+                (Status.SKIPPED, Status.QUEUED, history_before),
             ).rowcount
             history = self._db.execute(
                 "DELETE FROM history WHERE ts < ? AND what NOT IN (?, ?)",

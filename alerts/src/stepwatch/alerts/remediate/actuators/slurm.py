@@ -28,6 +28,7 @@ import logging
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ _HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontr
 # what the actuator reads of a job, no field its owner writes (a name, a comment, a path)
 JOB_FORMAT = "%i|%u|%T|%N|%x"
 _UNSET = ("", "(null)", "N/A")
+RELEASE_TRIES, RELEASE_PAUSE_S = 3, 0.5  # a held job's release, on transient failures
 
 
 @dataclass(frozen=True)
@@ -199,8 +201,7 @@ class SlurmActuator:
     def requeue(self, job_id: str, exclude_node: str) -> str:
         require_node(exclude_node)
         row = self._jobs(job_id)[0]
-        excluded = {n for n in row.excluded.split(",") if n and n not in _UNSET}
-        excluded.add(exclude_node)
+        excluded = set(self._hostnames(row.excluded, job_id)) | {exclude_node}
         state = row.state
         if state in {"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"}:
             self._run([self.scontrol, "requeuehold", job_id])
@@ -216,8 +217,32 @@ class SlurmActuator:
                 ]
             )
         finally:
-            self._run([self.scontrol, "release", job_id])
+            self._release(job_id)
         return f"job {job_id} requeued from {state.lower()} excluding {','.join(sorted(excluded))}"
+
+    def _hostnames(self, hostlist: str, job_id: str) -> list[str]:
+        """A job's node list as squeue prints it (``node[01,03]``), expanded by Slurm: split
+        on commas it made ``node[01`` and ``03]``, and the update was refused."""
+        if not hostlist or hostlist in _UNSET:
+            return []
+        if not _HOSTLIST.fullmatch(hostlist):
+            raise ActuatorError(f"squeue job {job_id}: unexpected ExcNodeList", transient=False)
+        out = self._run([self.scontrol, "show", "hostnames", hostlist])
+        return [n.strip() for n in out.splitlines() if n.strip()]
+
+    def _release(self, job_id: str) -> None:
+        """Release the held job, tried again on a transient failure: a job left held is
+        a job stopped, and the next try finds it not running and so does nothing."""
+        for attempt in range(RELEASE_TRIES):
+            try:
+                self._run([self.scontrol, "release", job_id])
+                return
+            except ActuatorError as err:
+                if not err.transient or attempt == RELEASE_TRIES - 1:
+                    raise ActuatorError(
+                        f"job {job_id} left held (release it by hand): {err}", transient=False
+                    ) from err
+                time.sleep(RELEASE_PAUSE_S * (attempt + 1))
 
 
 def parse_fields(text: str) -> dict[str, str]:
