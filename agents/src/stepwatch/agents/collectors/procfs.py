@@ -142,12 +142,36 @@ def _from_cgroup(raw: bytes) -> tuple[str, str]:
     return job, pod
 
 
+# the variables the identity reads (env_jobs, env_rank, env_gpus, POD_UID)
+ENV_KEYS = (
+    "STEPWATCH_JOB_ID",
+    "SLURM_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "POD_UID",
+    "CUDA_VISIBLE_DEVICES",
+    "STEPWATCH_RANK",
+    "RANK",
+)
+_ENV_NEEDLES = tuple((k, b"\0" + k.encode() + b"=") for k in ENV_KEYS)
+
+
 def _parse_environ(raw: bytes) -> dict[str, str]:
+    """The :data:`ENV_KEYS` of a ``/proc/<pid>/environ`` (the last of a repeated one).
+
+    Found by one search per variable, not a dict of every variable: a sender with an
+    environment of 20,000 variables made each identity lookup cost about 7 ms, and a
+    user cycling 300 pids through the cache held the socket's reader to 220 datagrams a
+    second, under every rate limit, while other jobs' steps were dropped."""
+    padded = b"\0" + raw
     out: dict[str, str] = {}
-    for item in raw.split(b"\0"):
-        key, sep, value = item.partition(b"=")
-        if sep:
-            out[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    for key, needle in _ENV_NEEDLES:
+        at = padded.rfind(needle)
+        if at >= 0:
+            begin = at + len(needle)
+            end = padded.find(b"\0", begin)
+            out[key] = padded[begin : end if end >= 0 else len(padded)].decode("utf-8", "replace")
     return out
 
 
