@@ -133,7 +133,7 @@ def test_broken_collector_is_counted_logged_once_and_the_rest_flows(
 
 
 def test_host_samples_keyed_by_the_job_the_steps_name(settings: Settings) -> None:
-    steps = StepsCollector(settings.agent_socket)
+    steps = StepsCollector(settings.agent_socket, clock=lambda: WALL0)
     try:
         agent, sink = agent_with(settings, GpuCollector(), steps)
         assert agent.collectors[0] is steps  # polled first
@@ -152,7 +152,7 @@ def test_host_samples_keyed_by_the_job_the_steps_name(settings: Settings) -> Non
 def test_a_datagram_that_is_not_utf8_is_rejected_and_the_others_kept(settings: Settings) -> None:
     """One flipped byte in a job id (not UTF-8) is a rejected datagram, counted; the
     datagrams around it in the same tick still become step records."""
-    steps = StepsCollector(settings.agent_socket)
+    steps = StepsCollector(settings.agent_socket, clock=lambda: WALL0)
     try:
         agent, sink = agent_with(settings, steps)
         for rank in range(3):
@@ -170,7 +170,7 @@ def test_a_datagram_that_is_not_utf8_is_rejected_and_the_others_kept(settings: S
 
 
 def test_no_job_attribution_when_two_jobs_share_the_host(settings: Settings) -> None:
-    steps = StepsCollector(settings.agent_socket)
+    steps = StepsCollector(settings.agent_socket, clock=lambda: WALL0)
     try:
         agent, sink = agent_with(settings, GpuCollector(), steps)
         for job, gpu in (("a", 0), ("b", 1)):

@@ -197,3 +197,20 @@ def test_bind_socket_refuses_non_socket(tmp_path: Path) -> None:
     target.write_text("x")
     with pytest.raises(CollectorError):
         _bind_socket(str(target), 0o600)
+
+
+def test_a_step_stamped_outside_the_workers_window_is_refused_alone(
+    collector: StepsCollector,
+) -> None:
+    """Before, one record of job a stamped two days back (or 200 s ahead) went into job a's
+    message from this host, and the stream worker refused the whole message as too_old
+    (future_timestamp): every honest record of job a in that tick was lost with it."""
+    old = StepRecord(job_id="a", rank=5, world_size=16, step=0, start=NOW - 2 * 86400,
+                     end=NOW - 2 * 86400 + 1)  # fmt: skip
+    ahead = StepRecord(job_id="a", rank=6, world_size=16, step=0, start=NOW + 199, end=NOW + 200)
+    for d in (step("a", 0), encode_datagram(RankStep(step=old)),
+              encode_datagram(RankStep(step=ahead)), step("a", 1)):  # fmt: skip
+        collector.feed(d)
+    (msg,) = collect(collector)
+    assert isinstance(msg, StepMessage) and [r.rank for r in msg.steps] == [0, 1]
+    assert collector.rejected["step_time_window"] == 2

@@ -64,6 +64,13 @@ SOCKET_MODE = 0o620  # owner and group may send; nobody else
 DIR_MODE = 0o750
 MAX_MESSAGE_BYTES = 256 * 1024
 ENVELOPE_BYTES = 1024  # a step message's own fields, beyond its records
+# A step record's times, against the agent's clock. Within the stream worker's window
+# (120 s ahead, 24 h back, against its own clock) with room for the clocks' offset: the
+# worker refuses a whole message for one record outside its window, so one such record
+# (from a sender no job identity ties to anything, accepted under verify_job=when_known)
+# cost every record of its job from this host in that tick.
+STEP_AHEAD_S = 60.0
+STEP_BEHIND_S = 12 * 3600.0
 
 
 class StepsCollector:
@@ -157,7 +164,9 @@ class StepsCollector:
         try:
             item = decode_datagram(data)
             if isinstance(item, RankStep):
-                check_step(item.step, self._clock())
+                now = self._clock()
+                check_step(item.step, now)
+                _check_window(item.step, now)
             else:
                 check_values(_event(item, "-"), self._clock())
         except ContractError as err:
@@ -430,3 +439,13 @@ def _alive(path: str) -> bool:
     finally:
         probe.close()
     return True
+
+
+def _check_window(step: StepRecord, now: float) -> None:
+    """Refuse a step record stamped outside the window the stream worker admits."""
+    if step.end > now + STEP_AHEAD_S or step.start < now - STEP_BEHIND_S:
+        raise ContractError(
+            "step_time_window",
+            f"step {step.step} runs {step.start:.3f}..{step.end:.3f}: more than "
+            f"{STEP_AHEAD_S:.0f} s ahead of or {STEP_BEHIND_S:.0f} s behind this host's clock",
+        )
