@@ -103,6 +103,9 @@ def machine_names(hostname: Callable[[], str] = socket.gethostname) -> frozenset
     return frozenset({name, name.split(".", 1)[0]} - {""})
 
 
+DATAGRAM_UNIT = 2048  # bytes a rate-limit token pays for (see SenderGate.admit)
+
+
 class SenderGate:
     """Rate limits and identity checks; see the module docstring."""
 
@@ -129,13 +132,23 @@ class SenderGate:
         self.rate_limited = 0  # only the reader thread writes it
 
     # ------------------------------------------------------------------ reader thread
-    def admit(self, creds: Creds | None) -> Sender | None:
-        """The datagram's sender, or None when its rate limit drops it (counted)."""
+    def admit(self, creds: Creds | None, size: int = 0) -> Sender | None:
+        """The datagram's sender, or None when its rate limit drops it (counted).
+
+        A datagram of ``size`` bytes costs one token per started :data:`DATAGRAM_UNIT`
+        (an SDK step is well under one): the limits bound the agent's decoding and spool
+        bytes, not just datagrams (4,000 datagrams of 16 KiB a second cost the agent
+        about 1.1 s of CPU and 61 MiB of spool)."""
         if creds is None:
             return LOCAL
         # pid 0: a sender outside the agent's pid namespace (run the agent with the host's)
         visible = creds.pid > 0
-        if (visible and not self.per_sender.allow(creds.pid)) or not self.per_user.allow(creds.uid):
+        cost = float(max(1, -(-size // DATAGRAM_UNIT)))
+        sender_cost = min(cost, self.policy.sender_burst)  # never more than a full bucket
+        user_cost = min(cost, self.policy.user_burst)
+        if (visible and not self.per_sender.allow(creds.pid, sender_cost)) or not (
+            self.per_user.allow(creds.uid, user_cost)
+        ):
             self.rate_limited += 1
             self.log_once(
                 "rate_limited",

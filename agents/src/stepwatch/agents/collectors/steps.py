@@ -145,7 +145,7 @@ class StepsCollector:
                 if not stop.is_set():
                     self._fail("recv", f"receive failed on {self.path}: {err!r}")
                 return
-            sender = admit(creds)
+            sender = admit(creds, len(data))
             if sender is None:
                 continue  # over its rate limit: counted by the gate
             if len(buf) < limit:
