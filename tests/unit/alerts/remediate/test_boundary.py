@@ -479,6 +479,38 @@ def test_kube_actuator_job_nodes_and_label_injection():
         kube.job_nodes("x,stepwatch.io/job-id!=y")
 
 
+def test_kube_job_in_a_namespace_touches_that_namespaces_pods_only():
+    """The SDK names a Kubeflow PyTorchJob's pods ``namespace/job``. Before, such an id was
+    refused, and a plain one listed and deleted every namespace's pods of that label."""
+    asked: list[tuple[str, dict]] = []
+    deleted: list[tuple[str, str]] = []
+    pod = SimpleNamespace(
+        spec=SimpleNamespace(node_name="k1"), metadata=SimpleNamespace(name="p0", namespace="ml")
+    )
+
+    def namespaced(namespace: str, **kw: Any) -> Any:
+        asked.append((namespace, kw))
+        return SimpleNamespace(items=[pod])
+
+    def everywhere(**kw: Any) -> Any:
+        raise AssertionError(f"listed every namespace {kw}")
+
+    kube = KubeActuator(
+        SimpleNamespace(
+            list_namespaced_pod=namespaced,
+            list_pod_for_all_namespaces=everywhere,
+            delete_namespaced_pod=lambda name, ns: deleted.append((name, ns)),
+        )
+    )
+    assert kube.job_nodes("ml/llm") == frozenset({"k1"})
+    kube.requeue("ml/llm", "k1")
+    assert asked[0] == ("ml", {"label_selector": "stepwatch.io/job-id=llm"})
+    assert asked[1][1]["field_selector"] == "spec.nodeName=k1" and deleted == [("p0", "ml")]
+    for bad in ("ML/llm", "a/b/c", "ml/", "-x/llm", "ml/all"):
+        with pytest.raises(ActuatorError, match="refusing"):
+            kube.job_nodes(bad)
+
+
 def test_approve_in_observe_mode_acts_for_no_one(tmp_path):
     eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND)
     queued = eng.handle([alert()])

@@ -20,6 +20,7 @@ SLURM_JOB = re.compile(r"^[0-9]{1,10}(_[0-9]{1,10})?$")  # 123 or an array task 
 LABEL_JOB = re.compile(
     r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$"
 )  # a Kubernetes label value
+NAMESPACE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")  # a Kubernetes namespace
 OWNER = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
 _RESERVED = {"all", "none", "(null)", "localhost"}  # names the scheduler reads specially
 _TEXT = re.compile(r"[^A-Za-z0-9 _.,:/@#%+()-]+")
@@ -32,9 +33,13 @@ def node_ok(node: str) -> bool:
 
 def job_ok(job_id: str, scheme: str = "slurm") -> bool:
     """``scheme`` "slurm": a Slurm job id; "label": a plain label value (Kubernetes,
-    command, log)."""
-    pattern = SLURM_JOB if scheme == "slurm" else LABEL_JOB
-    return bool(pattern.fullmatch(job_id)) and job_id.lower() not in _RESERVED
+    command, log), or ``namespace/value`` (the SDK's id of a Kubeflow PyTorchJob pod)."""
+    if scheme == "slurm":
+        return bool(SLURM_JOB.fullmatch(job_id)) and job_id.lower() not in _RESERVED
+    namespace, _, name = job_id.rpartition("/")
+    if namespace and not NAMESPACE.fullmatch(namespace):
+        return False
+    return bool(LABEL_JOB.fullmatch(name)) and name.lower() not in _RESERVED
 
 
 def canonical_job(job_id: str, scheme: str = "slurm") -> str:

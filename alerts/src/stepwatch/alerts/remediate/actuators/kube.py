@@ -103,20 +103,11 @@ class KubeActuator:
 
     def job_nodes(self, job_id: str) -> frozenset[str] | None:
         """The nodes the job's pods are scheduled on (label ``job_label``)."""
-        pods = self._call(
-            "list pods",
-            self.core.list_pod_for_all_namespaces,
-            label_selector=f"{self.job_label}={require_job(job_id, 'label')}",
-        ).items
+        pods = self._pods(job_id)
         return frozenset(p.spec.node_name for p in pods if p.spec is not None and p.spec.node_name)
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
-        pods = self._call(
-            "list pods",
-            self.core.list_pod_for_all_namespaces,
-            label_selector=f"{self.job_label}={require_job(job_id, 'label')}",
-            field_selector=f"spec.nodeName={require_node(exclude_node)}",
-        ).items
+        pods = self._pods(job_id, f"spec.nodeName={require_node(exclude_node)}")
         for pod in pods:
             self._call(
                 "delete pod",
@@ -125,3 +116,16 @@ class KubeActuator:
                 pod.metadata.namespace,
             )
         return f"deleted {len(pods)} pod(s) of job {job_id} on {exclude_node}"
+
+    def _pods(self, job_id: str, field_selector: str = "") -> Any:
+        """The job's pods: ``namespace/value`` lists that namespace's pods labelled
+        ``value`` only (before, every namespace's: another tenant's pod labelled the same
+        made its node one of the job's, and a requeue deleted it too); a plain value,
+        every namespace's (the label is the job's whole identity then)."""
+        namespace, _, name = require_job(job_id, "label").rpartition("/")
+        args: dict[str, str] = {"label_selector": f"{self.job_label}={name}"}
+        if field_selector:
+            args["field_selector"] = field_selector
+        if namespace:
+            return self._call("list pods", self.core.list_namespaced_pod, namespace, **args).items
+        return self._call("list pods", self.core.list_pod_for_all_namespaces, **args).items
