@@ -298,3 +298,25 @@ def test_check_decides_and_moves_exactly_as_admit(
         assert _state(fast) == _state(ref), i
     assert (Reason.CAPACITY in seen) == bool(max_ranks), seen  # the bounds were reached
     assert passed.count(True) > 300 and passed.count(False) > 100, Counter(passed)
+
+
+@pytest.mark.parametrize("path", ["admit", "check"])
+def test_a_step_record_out_of_the_window_is_refused_alone(path: str) -> None:
+    """Before, one record of a step message stamped two days back (or 500 s ahead) had the
+    whole message refused: every honest record of its job from that host in that tick."""
+    gate = Gate(AdmissionConfig(future_seconds=120, max_age_seconds=3600))
+
+    def rec(rank: int, start: float) -> StepRecord:
+        return StepRecord(job_id="j", rank=rank, world_size=4, step=5, start=start, end=start + 1)
+
+    good = T0 + 995
+    message = StepMessage(
+        host="h1",
+        ts=NOW,
+        job_id="j",
+        steps=[rec(0, good), rec(1, NOW - 2 * 86400), rec(2, NOW + 499), rec(3, good)],
+    )
+    out = gate.admit(message, NOW) if path == "admit" else gate.check(message, NOW)
+    assert out is not None
+    assert [r.reason for r in out.refusals] == [Reason.TOO_OLD, Reason.FUTURE]
+    assert out.message is not None and [r.rank for r in out.message.steps] == [0, 3]

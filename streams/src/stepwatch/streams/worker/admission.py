@@ -5,10 +5,11 @@ bounds what one record may do to the worker's state, before the duplicate
 filter and the detection core see it, so that a single forged or broken
 record cannot move a high-water mark that real data is then judged against:
 
-* ``future_timestamp`` — a message (or a step record in it) stamped more than
-  ``future_seconds`` ahead of the worker's clock. The host's sample watermark
+* ``future_timestamp`` — a message (or a step record in it: that record alone) stamped
+  more than ``future_seconds`` ahead of the worker's clock. The host's sample watermark
   and the job's step clock never move for it.
-* ``too_old`` — a message older than ``max_age_seconds``: live detection has
+* ``too_old`` — a message (or a step record: that record alone) older than
+  ``max_age_seconds``: live detection has
   nothing to do with it (a new job 200 days old would read as a hang). The
   store keeps it (the sink has its own, longer, limit).
 * ``step_jump`` — a step number far beyond the job's peak (the highest step
@@ -285,12 +286,10 @@ class Gate:
         return True
 
     def _clock(self, message: Message, now: float) -> Refusal | None:
+        """The message's own time (a step record's times are judged with the record:
+        :meth:`_record_clock`, so one record out of the window costs no other)."""
         cfg = self.cfg
         newest = oldest = message.ts
-        if isinstance(message, StepMessage):
-            for r in message.steps:
-                newest = max(newest, r.end)
-                oldest = min(oldest, r.start)
         if cfg.future_seconds > 0 and newest > now + cfg.future_seconds:
             return Refusal(
                 Reason.FUTURE,
@@ -322,10 +321,33 @@ class Gate:
             out.message = msgspec.structs.replace(message, steps=kept) if kept else None
         return out
 
+    def _record_clock(self, rec: StepRecord) -> Refusal | None:
+        """A step record stamped outside the window. Before, the whole message was refused
+        for it: one such record (a broken clock, or a sender the agent cannot tie to a
+        job) cost every other record of its job from that host in that tick."""
+        now = self._now
+        if rec.end > now + self._future:
+            return Refusal(
+                Reason.FUTURE,
+                f"job {rec.job_id} rank {rec.rank} step {rec.step}: ends {rec.end:.3f}, "
+                f"{rec.end - now:.0f} s ahead of the worker's clock "
+                f"(tolerance {self.cfg.future_seconds:.0f} s)",
+            )
+        if rec.start < now - self._max_age:
+            return Refusal(
+                Reason.TOO_OLD,
+                f"job {rec.job_id} rank {rec.rank} step {rec.step}: starts {rec.start:.3f}, "
+                f"{now - rec.start:.0f} s old (limit {self.cfg.max_age_seconds:.0f} s)",
+            )
+        return None
+
     def _step(
         self, rec: StepRecord, host: str, out: Admission, firsts: dict[str, int]
     ) -> Refusal | None:
         """One record (``firsts``: each job's first admitted world_size in the message)."""
+        late_or_early = self._record_clock(rec)
+        if late_or_early is not None:
+            return late_or_early
         if 0 < self.cfg.max_world_size < rec.world_size:
             return self._too_large(rec.job_id, f"rank {rec.rank}: ", rec.world_size)
         job = self._job(rec)
