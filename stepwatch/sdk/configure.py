@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 
 
 def _off(identity: Identity, start_step: int) -> StepWatch:
-    """A handle that reports nothing; an earlier one for this rank in this process is
-    closed first."""
+    """A handle that reports nothing; the earlier handles it replaces in this process
+    (:func:`hand_over_live`) are closed first."""
     with handles_locked():
         off = StepWatch(identity, None, start_step=start_step)
         try:
@@ -121,8 +121,8 @@ def init(
                 start_step=start_step,
                 sched=sched,
             )
-            # a second init for this rank replaces the first: its sender stops, the job
-            # it announced goes on
+            # a second init replaces the first (not another rank of the same job): its
+            # sender stops, the job it announced goes on
             if not hand_over_live(1.0, identity.job_id if job_events else "", sw) and job_events:
                 sw.announce(_restarts(environ))
     except Exception as err:

@@ -223,7 +223,9 @@ class HostSeries:
     than the last temperature forever."""
 
     def __init__(
-        self, stale_seconds: float = 4.0, clock: Callable[[], float] = time.monotonic
+        self,
+        stale_seconds: float = STALE_TICKS + 1.0,  # at 1 s ticks; the agent passes its own
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._lock = threading.Lock()
         self.stale_seconds = stale_seconds

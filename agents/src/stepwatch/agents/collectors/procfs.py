@@ -161,9 +161,10 @@ def _parse_environ(raw: bytes) -> dict[str, str]:
     """The :data:`ENV_KEYS` of a ``/proc/<pid>/environ`` (the last of a repeated one).
 
     Found by one search per variable, not a dict of every variable: a sender with an
-    environment of 20,000 variables made each identity lookup cost about 7 ms, and a
-    user cycling 300 pids through the cache held the socket's reader to 220 datagrams a
-    second, under every rate limit, while other jobs' steps were dropped."""
+    environment of 20,000 variables made each identity lookup cost milliseconds (the
+    figures: ``python bench/bench_agent_identity.py``), and a user cycling 300 pids
+    through the cache held the socket's reader to 220 datagrams a second, under every
+    rate limit, while other jobs' steps were dropped."""
     padded = b"\0" + raw
     out: dict[str, str] = {}
     for key, needle in _ENV_NEEDLES:

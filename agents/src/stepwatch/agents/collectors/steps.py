@@ -65,10 +65,10 @@ DIR_MODE = 0o750
 MAX_MESSAGE_BYTES = 256 * 1024
 ENVELOPE_BYTES = 1024  # a step message's own fields, beyond its records
 # A step record's times, against the agent's clock. Within the stream worker's window
-# (120 s ahead, 24 h back, against its own clock) with room for the clocks' offset: the
-# worker refuses a whole message for one record outside its window, so one such record
-# (from a sender no job identity ties to anything, accepted under verify_job=when_known)
-# cost every record of its job from this host in that tick.
+# (120 s ahead, 24 h back, against its own clock) with room for the clocks' offset, so
+# that what the worker would refuse never leaves the node (before, the worker refused a
+# whole message for one such record: every record of its job from this host in that
+# tick; it now refuses the record alone, for other producers too).
 STEP_AHEAD_S = 60.0
 STEP_BEHIND_S = 12 * 3600.0
 

@@ -43,7 +43,6 @@ log = logging.getLogger(__name__)
 
 _FINAL = {Status.DONE, Status.QUEUED, Status.DRY_RUN, Status.FAILED_PERMANENT, Status.REJECTED}
 _MAX_REASON = 200
-NOTIFY = ActionKind.NOTIFY
 PRUNE_EVERY_S = 60.0
 _JOBLESS_DRAIN = (
     "a drain without the job_id label is allowed only for a policy rule with scope: node "
@@ -175,8 +174,8 @@ class Remediator:
             return decisions + [self._notify_owner(a, lookups) for a in fresh]
         # a system rule's notify tells the owner too (before, it went to the scheduler,
         # failed for good and spent one of the node's attempts)
-        decisions += [self._notify_owner(a, lookups) for a in fresh if a.kind is NOTIFY]
-        scheduler = [a for a in fresh if a.kind is not NOTIFY]
+        decisions += [self._notify_owner(a, lookups) for a in fresh if a.kind is ActionKind.NOTIFY]
+        scheduler = [a for a in fresh if a.kind is not ActionKind.NOTIFY]
         return decisions + (
             self._remediate(alert, scheduler, approval, lookups) if scheduler else []
         )

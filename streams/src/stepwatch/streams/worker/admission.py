@@ -289,18 +289,17 @@ class Gate:
         """The message's own time (a step record's times are judged with the record:
         :meth:`_record_clock`, so one record out of the window costs no other)."""
         cfg = self.cfg
-        newest = oldest = message.ts
-        if cfg.future_seconds > 0 and newest > now + cfg.future_seconds:
+        ts = message.ts
+        if cfg.future_seconds > 0 and ts > now + cfg.future_seconds:
             return Refusal(
                 Reason.FUTURE,
-                f"timestamp {newest:.3f} is {newest - now:.0f} s ahead "
+                f"timestamp {ts:.3f} is {ts - now:.0f} s ahead "
                 f"of the worker's clock (tolerance {cfg.future_seconds:.0f} s)",
             )
-        if cfg.max_age_seconds > 0 and oldest < now - cfg.max_age_seconds:
+        if cfg.max_age_seconds > 0 and ts < now - cfg.max_age_seconds:
             return Refusal(
                 Reason.TOO_OLD,
-                f"timestamp {oldest:.3f} is {now - oldest:.0f} s old "
-                f"(limit {cfg.max_age_seconds:.0f} s)",
+                f"timestamp {ts:.3f} is {now - ts:.0f} s old (limit {cfg.max_age_seconds:.0f} s)",
             )
         return None
 
