@@ -131,6 +131,9 @@ class Settings:
     store_raw_ttl_days: int = 90  # retention of raw step/GPU/port rows (rollups keep 2 years)
     store_detection_producers: str = ""  # comma-separated stream worker names; empty: any producer
     store_dedup_max_senders: int = 16384  # senders the sink's duplicate filter remembers (LRU)
+    # a message (or step record) stamped further ahead of the sink's clock is a dead letter
+    # (future_timestamp), as the stream worker refuses it; <= 0: off
+    store_future_seconds: float = 120.0
     sink_metrics_port: int = 9467  # the ClickHouse sink's /metrics; 0 disables it
     sink_group: str = "stepwatch-store"  # the sink's consumer group
     sink_batch_messages: int = 5000  # records per partition batch

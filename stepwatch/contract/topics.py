@@ -10,6 +10,7 @@ and one worker processes the job without repartitioning.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from stepwatch.contract.records import Kind, Message
@@ -23,6 +24,26 @@ DETECTIONS = "detections"
 DLQ = "dlq"
 REMEDIATIONS = "remediations"
 ALERTS = "alerts"
+
+
+_KIND_OF_NAME = {
+    STEPS: Kind.STEP,
+    GPU: Kind.GPU,
+    PORTS: Kind.PORT,
+    EVENTS: Kind.EVENT,
+    DETECTIONS: Kind.DETECTION,
+}
+
+
+def message_kinds(topics: Iterable[str]) -> dict[str, Kind]:
+    """The kind each message topic among ``topics`` carries: a message of another kind on
+    it is refused (``wrong_topic``) by the stream worker and the sink alike."""
+    out: dict[str, Kind] = {}
+    for topic in topics:
+        kind = _KIND_OF_NAME.get(unprefixed(topic) or "")
+        if kind is not None:
+            out[topic] = kind
+    return out
 
 
 def unprefixed(topic: str) -> str | None:

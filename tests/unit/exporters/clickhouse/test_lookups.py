@@ -133,7 +133,7 @@ def test_many_long_device_names_do_not_cost_the_ports_their_seed(caplog) -> None
     with caplog.at_level(logging.WARNING):
         out = prep.prepare([Record("t.ports", 0, k, encode(m), b"h1") for k, m in enumerate(msgs)])
     assert len(out.tables["port_samples"].rows) == len(devices)
-    assert all(not prep.ports.needs_seed(("h1", d, 1)) for d in devices)  # all looked up
+    assert all(not prep.ports.needs_seed(("h1", "i", d, 1)) for d in devices)  # all looked up
     seed_queries = [q for q in store.queries if "FROM port_samples" in q]
     assert len(seed_queries) > 1 and all(len(q.encode()) <= MAX_QUERY for q in seed_queries)
     assert "store lookup" not in caplog.text  # nothing skipped, nothing failed
@@ -160,5 +160,5 @@ def test_a_key_the_store_refuses_costs_only_its_own_seed(caplog) -> None:
         prep.prepare([Record("t.ports", 0, 0, encode(msg), b"h1")])
         later = msgspec.structs.replace(msg, seq=1, ts=NOW - 4)
         prep.prepare([Record("t.ports", 0, 1, encode(later), b"h1")])  # evil is not asked again
-    assert all(not prep.ports.needs_seed(("h1", d, 1)) for d in devices)  # evil: no seed
+    assert all(not prep.ports.needs_seed(("h1", "i", d, 1)) for d in devices)  # evil: no seed
     assert caplog.text.count("store lookup skipped keys") == 1  # logged once

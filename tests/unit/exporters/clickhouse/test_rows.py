@@ -243,3 +243,88 @@ def test_detection_rows_keep_where_a_network_or_host_incident_is() -> None:
         "j-straggler-0",
     )
     assert row["host"] == "gpu-02"
+
+
+# --------------------------------------------------------------------------- what the sink refuses
+def xmit_msg(ts: float, xmit: int, inst: str = "agentA", seq: int = 0) -> PortMessage:
+    reading = PortReading(device="mlx5_0", port=1, state="ACTIVE", xmit_bytes_total=xmit)
+    return PortMessage(host="r0", ts=ts, inst=inst, seq=seq, ports=[reading])
+
+
+def port_rows(out: object) -> list[dict[str, object]]:
+    bucket = out.tables.get("port_samples")  # type: ignore[attr-defined]
+    return [dict(zip(R.PORTS.names, row, strict=True)) for row in (bucket.rows if bucket else [])]
+
+
+def test_another_senders_reading_of_a_host_is_not_its_counters_baseline():
+    """One sample of host r0 from another agent instance (a forged or reused host name, a
+    second agent) with its counters at 0: before, the reset rule counted agentA's whole
+    counter (5e14 bytes) as new traffic at its next sample, and 100 ECC errors as new."""
+    prep = Preparer(now=lambda: NOW + 100)
+    rows = []
+    for k in range(4):
+        if k == 2:
+            prep.prepare([record(xmit_msg(NOW + k - 0.5, 0, inst="evil"), 100, "t.ports")])
+        out = prep.prepare([record(xmit_msg(NOW + k, 5 * 10**14 + k * 10**9, seq=k), k, "t.ports")])
+        rows += port_rows(out)
+    assert [r["xmit_bytes_per_s"] for r in rows[1:]] == [pytest.approx(1e9)] * 3
+
+    def gpu(ts: float, sbe: int, inst: str, seq: int) -> GpuMessage:
+        return GpuMessage(
+            host="r0", ts=ts, inst=inst, seq=seq, gpus=[GpuReading(index=0, ecc_sbe_total=sbe)]
+        )
+
+    prep.prepare([record(gpu(NOW, 100, "agentA", 0), 0, "t.gpu")])
+    prep.prepare([record(gpu(NOW + 0.5, 0, "evil", 0), 1, "t.gpu")])
+    out = prep.prepare([record(gpu(NOW + 1, 100, "agentA", 1), 2, "t.gpu")])
+    row = dict(zip(R.GPUS.names, out.tables["gpu_samples"].rows[0], strict=True))
+    assert row["ecc_sbe_new"] == 0
+
+
+def test_a_sample_stamped_far_ahead_is_a_dead_letter_and_leaves_the_rates_alone():
+    """A port sample 250 s ahead (inside the contract's 300 s) became the counter's last
+    reading: every real sample after it, stamped earlier, had no rate until real time caught
+    up (74% of the traffic missing from the rollups in a red-team run)."""
+    clock = [NOW]
+    prep = Preparer(now=lambda: clock[0])
+    rates = []
+    for k in range(5):
+        clock[0] = NOW + k
+        batch = [record(xmit_msg(NOW + k, k * 10**9, seq=k), k, "t.ports")]
+        if k == 1:
+            batch.append(record(xmit_msg(NOW + 250, 10**15, seq=99), 99, "t.ports"))
+        out = prep.prepare(batch)
+        rates += [r["xmit_bytes_per_s"] for r in port_rows(out)]
+        if k == 1:
+            assert [(d[3], d[5]) for d in out.dead] == [(99, "future_timestamp")]
+            assert "249 s ahead" in out.dead[0][6]
+    assert rates[1:] == [pytest.approx(1e9)] * 4
+
+
+def test_a_step_record_ending_far_ahead_is_left_out_alone():
+    msg = step_msg(0, ranks=range(3))
+    ahead = msgspec.structs.replace(msg.steps[1], end=NOW + 200.0)
+    msg = msgspec.structs.replace(msg, steps=[msg.steps[0], ahead, msg.steps[2]])
+    out = Preparer(now=lambda: NOW + 1).prepare([record(msg, 7)])
+    assert [r[R.STEPS.names.index("rank")] for r in out.tables["step_events"].rows] == [0, 2]
+    assert [(d[3], d[5]) for d in out.dead] == [(7, "future_timestamp")]
+    assert "steps[1]" in out.dead[0][6]
+    off = Preparer(now=lambda: NOW + 1, future_seconds=0).prepare([record(msg, 7)])
+    assert len(off.tables["step_events"].rows) == 3 and not off.dead
+
+
+def test_a_message_of_another_kind_than_its_topic_is_a_dead_letter():
+    """The worker refuses it (wrong_topic); the sink stored it: the store held GPU rows the
+    detectors never saw."""
+    from stepwatch.contract.topics import message_kinds
+
+    gm = GpuMessage(host="h1", ts=NOW, inst="i", seq=0, gpus=[GpuReading(index=0)])
+    kinds = message_kinds(["t.steps", "t.gpu", "t.ports", "t.events", "t.detections", "t.x"])
+    assert set(kinds) == {"t.steps", "t.gpu", "t.ports", "t.events", "t.detections"}
+    prep = Preparer(kinds=kinds)
+    out = prep.prepare([record(gm, 3, "t.steps"), record(step_msg(0), 4, "t.steps")])
+    assert "gpu_samples" not in out.tables and len(out.tables["step_events"].rows) == 4
+    assert [(d[3], d[5], d[6]) for d in out.dead] == [
+        (3, "wrong_topic", "a gpu message on the step topic")
+    ]
+    assert not prep.prepare([record(gm, 5, "t.gpu")]).dead

@@ -3,7 +3,8 @@
 For each record: decode and validate against the contract (a bad record
 becomes a dead letter with the contract's reason: ``malformed_json``,
 ``schema``, ``unknown_kind``, ``unsupported_version``, ``absurd_value``,
-``overflow``, ``too_large``: the contract's bounds, the same as the stream worker's);
+``overflow``, ``too_large``: the contract's bounds, the same as the stream worker's;
+``wrong_topic`` and ``future_timestamp``, as the worker refuses them);
 drop a message already seen by its (host, inst, kind, seq) *and content*, in
 memory or in the store's ``sender_seqs``
 (:mod:`stepwatch.exporters.clickhouse.senders`,
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,6 +36,7 @@ from stepwatch.contract import (
     DetectionMessage,
     EventMessage,
     GpuMessage,
+    Kind,
     Message,
     PortMessage,
     StepMessage,
@@ -69,6 +71,12 @@ from stepwatch.logs import LogOnce
 log = logging.getLogger(__name__)
 
 MAX_PAYLOAD = 1 << 20
+FUTURE_SECONDS = 120.0  # the stream worker's default tolerance (Settings.stream_future_seconds)
+# A counter's previous reading is the same sender's: another agent instance's reading of
+# the host (a restart, a second agent, a forged or reused host name) is not its baseline,
+# and the reset rule would have counted its whole value as new traffic or errors.
+GPU_KEY = ("host", "inst", "gpu")
+PORT_KEY = ("host", "inst", "device", "port")
 
 
 @dataclass(frozen=True)
@@ -189,9 +197,13 @@ class Preparer:
         max_age_seconds: float = 0.0,
         producers: frozenset[str] = frozenset(),
         senders: SenderFilter | None = None,
+        kinds: Mapping[str, Kind] | None = None,
+        future_seconds: float = FUTURE_SECONDS,
     ) -> None:
         self.store = store
         self.ops = ops or {}  # operations topics (alerts, remediations) -> their row mapper
+        self.kinds = dict(kinds or {})  # message topics -> the kind each carries
+        self.future_seconds = future_seconds  # a timestamp further ahead: refused; <= 0: off
         self.now = now
         self.gpus = CounterTracker(len(GPU_COUNTERS))
         self.ports = CounterTracker(len(PORT_COUNTERS))
@@ -257,7 +269,7 @@ class Preparer:
         except ContractError as err:
             out.dead.append(dead_row(record, err.reason, err.detail, now))
             return None
-        refused = self._refusal(message, now)
+        refused = self._wrong_topic(record, message) or self._refusal(message, now)
         if refused is not None:
             out.dead.append(dead_row(record, refused[0], refused[1], now))
             return None
@@ -312,6 +324,15 @@ class Preparer:
                 found.error,
             )
 
+    def _wrong_topic(self, record: Record, message: Message) -> tuple[str, str] | None:
+        """A valid message of another kind than its topic's: the stream worker refuses it
+        (it never reached detection), so the store does not hold it either."""
+        expected = self.kinds.get(record.topic)
+        kind = KIND_OF[type(message)]
+        if expected is None or kind is expected:
+            return None
+        return "wrong_topic", f"a {kind.value} message on the {expected.value} topic"
+
     def _refusal(self, message: Message, now: float) -> tuple[str, str] | None:
         """(reason, detail) when the message must not be stored as it is."""
         if isinstance(message, DetectionMessage):
@@ -321,6 +342,11 @@ class Preparer:
                     f"one of the {len(self.producers)} allowed"
                 )
             return None
+        if 0 < self.future_seconds < message.ts - now:
+            return "future_timestamp", (
+                f"timestamp {message.ts:.3f} is {message.ts - now:.0f} s ahead of the "
+                f"sink's clock (tolerance {self.future_seconds:.0f} s)"
+            )
         if self.max_age_seconds <= 0 or isinstance(message, EventMessage):
             return None
         oldest = message.ts
@@ -339,18 +365,29 @@ class Preparer:
         port) is left out with one dead letter: the raw table would fold it into the first
         row, but the rollups fed by the insert would count it again."""
         repeats: list[str] = []
-        for table, row, where in list(self._rows(message, repeats)):
+        ahead: list[str] = []
+        for table, row, where in list(self._rows(message, repeats, ahead, now)):
             out.add(table, row, record, where)
         if repeats:
             detail = f"{len(repeats)} record(s) repeat an earlier one: " + ", ".join(repeats[:8])
             out.dead.append(dead_row(record, "duplicate_record", detail, now))
+        if ahead:
+            detail = (
+                f"{len(ahead)} record(s) end more than {self.future_seconds:.0f} s ahead of "
+                "the sink's clock: " + ", ".join(ahead[:8])
+            )
+            out.dead.append(dead_row(record, "future_timestamp", detail, now))
 
     def _rows(
-        self, message: Message, repeats: list[str]
+        self, message: Message, repeats: list[str], ahead: list[str], now: float
     ) -> Iterator[tuple[R.Table, tuple[Any, ...], str]]:
         if isinstance(message, StepMessage):
             steps: set[tuple[str, int, int, str]] = set()
+            latest = now + self.future_seconds if self.future_seconds > 0 else float("inf")
             for i, step in enumerate(message.steps):
+                if step.end > latest:  # as the worker judges it: this record alone
+                    ahead.append(f"steps[{i}]")
+                    continue
                 host = step.host or message.host  # as the row holds it (R.step_row)
                 key = (step.job_id or message.job_id, step.step, step.rank, host)
                 if key in steps:
@@ -365,7 +402,9 @@ class Preparer:
                     repeats.append(f"gpus[{g.index}]")
                     continue
                 gpus.add(g.index)
-                change = self.gpus.update((message.host, g.index), message.ts, gpu_values(g))
+                change = self.gpus.update(
+                    (message.host, message.inst, g.index), message.ts, gpu_values(g)
+                )
                 yield (
                     R.GPUS,
                     R.gpu_row(message, g, gpu_derived(change), int(change.known)),
@@ -379,7 +418,7 @@ class Preparer:
                     continue
                 ports.add((p.device, p.port))
                 change = self.ports.update(
-                    (message.host, p.device, p.port), message.ts, port_values(p)
+                    (message.host, message.inst, p.device, p.port), message.ts, port_values(p)
                 )
                 row = R.port_row(message, p, (change.dt, *change.rates()), int(change.known))
                 yield R.PORTS, row, f"ports[{p.device}:{p.port}]"
@@ -398,18 +437,16 @@ class Preparer:
         for m in messages:
             if isinstance(m, GpuMessage):
                 for g in m.gpus:
-                    k = (m.host, g.index)
+                    k = (m.host, m.inst, g.index)
                     if self.gpus.needs_seed(k):
                         gpu_keys[k] = min(gpu_keys.get(k, m.ts), m.ts)
             elif isinstance(m, PortMessage):
                 for p in m.ports:
-                    k2 = (m.host, p.device, p.port)
+                    k2 = (m.host, m.inst, p.device, p.port)
                     if self.ports.needs_seed(k2):
                         port_keys[k2] = min(port_keys.get(k2, m.ts), m.ts)
-        self._seed_table(self.gpus, gpu_keys, "gpu_samples", ("host", "gpu"), GPU_COUNTERS)
-        self._seed_table(
-            self.ports, port_keys, "port_samples", ("host", "device", "port"), PORT_COUNTERS
-        )
+        self._seed_table(self.gpus, gpu_keys, "gpu_samples", GPU_KEY, GPU_COUNTERS)
+        self._seed_table(self.ports, port_keys, "port_samples", PORT_KEY, PORT_COUNTERS)
 
     def _seed_table(
         self,

@@ -1,4 +1,4 @@
-"""Rates and deltas from cumulative counters, per (host, device, port) or (host, gpu).
+"""Rates and deltas from cumulative counters, per (host, inst, device, port) or (host, inst, gpu).
 
 Samples carry raw cumulative counters; the sink remembers the last reading of
 each key and stores the increase since it next to the raw values, using the
@@ -43,7 +43,7 @@ GPU_COUNTERS: tuple[str, ...] = tuple(c for c, _ in GPU_DELTAS + GPU_RATES)
 
 MAX_GAP_SECONDS = 300.0
 
-Key = tuple[str, ...] | tuple[str, str, int] | tuple[str, int]
+Key = tuple[str, ...] | tuple[str, str, str, int] | tuple[str, str, int]
 Values = Sequence[int | None]
 
 

@@ -22,17 +22,18 @@ import random
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from stepwatch.contract import Topics
+from stepwatch.contract import Kind, Topics
+from stepwatch.contract.topics import message_kinds
 from stepwatch.errors import StepwatchError, TransportError
 from stepwatch.exporters.clickhouse import rows as R
 from stepwatch.exporters.clickhouse.kafka_source import TP, Source
 from stepwatch.exporters.clickhouse.ops_rows import Mapper, ops_mappers
 from stepwatch.exporters.clickhouse.planner import Batch, Planner
-from stepwatch.exporters.clickhouse.prepare import Preparer, Record, dead_row
+from stepwatch.exporters.clickhouse.prepare import FUTURE_SECONDS, Preparer, Record, dead_row
 from stepwatch.exporters.clickhouse.senders import DEFAULT_MAX_SENDERS, DEFAULT_WINDOW, SenderFilter
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
 from stepwatch.exporters.clickhouse.store import ClickHouseError, Store
@@ -69,6 +70,7 @@ class SinkConfig:
     detection_producers: frozenset[str] = frozenset()  # empty: detections from any producer
     dedup_window: int = DEFAULT_WINDOW  # sequence numbers remembered per sender
     dedup_max_senders: int = DEFAULT_MAX_SENDERS  # senders remembered (least recent evicted)
+    future_seconds: float = FUTURE_SECONDS  # a timestamp further ahead: future_timestamp
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SinkConfig:
@@ -84,13 +86,21 @@ class SinkConfig:
             raw_ttl_days=settings.store_raw_ttl_days,
             detection_producers=producers,
             dedup_max_senders=settings.store_dedup_max_senders,
+            future_seconds=settings.store_future_seconds,
         )
 
-    def preparer(self, store: Store | None, ops: dict[str, Mapper] | None = None) -> Preparer:
+    def preparer(
+        self,
+        store: Store | None,
+        ops: dict[str, Mapper] | None = None,
+        kinds: Mapping[str, Kind] | None = None,
+    ) -> Preparer:
         return Preparer(
             store,
             max_message_bytes=self.max_message_bytes,
             ops=ops,
+            kinds=kinds,
+            future_seconds=self.future_seconds,
             max_age_seconds=self.raw_ttl_days * 86400.0,
             producers=self.detection_producers,
             senders=SenderFilter(self.dedup_window, self.dedup_max_senders),
@@ -125,7 +135,9 @@ class Sink:
         self.after_insert = after_insert
         self._stop = threading.Event()
         self.planner = Planner(config.batch_messages, config.batch_seconds, clock)
-        self.preparer = config.preparer(store, ops=ops_mappers(self.topics))
+        self.preparer = config.preparer(
+            store, ops=ops_mappers(self.topics), kinds=message_kinds(self.topics)
+        )
         self.writer = Writer(
             store,
             self.metrics,
