@@ -167,7 +167,7 @@ class StepRecord(_Base, frozen=True):
     # loss_nonfinite=true (a user-error signal: the detector decides).
     loss_nonfinite: bool = False
     flops: NonNeg64 | None = None  # model FLOPs this rank executed in this step (for MFU)
-    timing: str = "wall"  # "wall" (host clock) or "cuda" (CUDA events)
+    timing: Name = "wall"  # "wall" (host clock) or "cuda" (CUDA events); the name rule
     # The rank's training thread over the step (Linux, /proc/thread-self/schedstat):
     # seconds it ran on a CPU, and seconds it was ready to run but waited for one
     # (run-queue delay). A larger waiting share than its peers' is CPU contention.

@@ -18,7 +18,7 @@ import msgspec
 
 from stepwatch.contract.codec import not_utf8
 from stepwatch.contract.names import check_names, may_break_names
-from stepwatch.contract.records import EventType, Name, StepRecord, Value
+from stepwatch.contract.records import EventType, Index16, Index32, Name, StepRecord, Value
 from stepwatch.errors import ContractError
 
 WIRE_VERSION = 1
@@ -30,14 +30,29 @@ class RankStep(msgspec.Struct, frozen=True, tag="rank_step", tag_field="kind"):
     v: int = WIRE_VERSION
 
 
+# What a rank may say about itself. ``xid``, ``ecc`` and ``link_state`` are facts about the
+# host's hardware: only the agent's own collectors (NVML/DCGM, sysfs) state them. One forged
+# XID 79 from any user of the socket paged GpuXidFatal, whose policy drains the node.
+RANK_EVENT_TYPES = frozenset(
+    {
+        EventType.JOB_START,
+        EventType.JOB_END,
+        EventType.CHECKPOINT_SAVE,
+        EventType.CHECKPOINT_LOAD,
+        EventType.RESTART,
+        EventType.EXCEPTION,
+    }
+)
+
+
 class RankEvent(
     msgspec.Struct, frozen=True, tag="rank_event", tag_field="kind", omit_defaults=True
 ):
     type: EventType
     ts: float
     job_id: Name  # bounded, no control characters (as in the contract's messages)
-    rank: int | None = None
-    gpu: int | None = None
+    rank: Index32 | None = None  # the contract's bounds: what the worker refuses never leaves
+    gpu: Index16 | None = None
     detail: str = ""
     attrs: dict[Name, Value] = {}
     v: int = WIRE_VERSION
@@ -73,4 +88,10 @@ def decode_datagram(data: bytes) -> Datagram:
             check_names(item)
         except ContractError as err:
             raise ContractError("schema", f"datagram: {err.detail}") from err
+    if isinstance(item, RankEvent) and item.type not in RANK_EVENT_TYPES:
+        raise ContractError(
+            "host_fact",
+            f"datagram: a rank cannot report a {item.type.value} event (the host's hardware "
+            "events come from the agent's own collectors)",
+        )
     return item

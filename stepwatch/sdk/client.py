@@ -23,6 +23,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from stepwatch.contract.records import INT64_MAX, EventType
+from stepwatch.contract.wire import RANK_EVENT_TYPES
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventPool, TimingEvent
@@ -279,9 +280,13 @@ class StepWatch:
         return NULL_CONTEXT
 
     def event(self, type: str | EventType, detail: str = "", **attrs: Any) -> None:
-        """Emit a rank event of a contract ``EventType`` (e.g. ``"restart"``)."""
+        """Emit a rank event of a contract ``EventType`` a rank may report (e.g.
+        ``"restart"``; not ``xid``, ``ecc`` or ``link_state``: the agent's collectors report
+        the host's hardware, and its socket refuses them from a rank)."""
         try:
             kind = EventType(type)
+            if kind not in RANK_EVENT_TYPES:
+                raise ValueError(f"a rank cannot report a {kind.value} event")
             self._submit(custom_event(self._identity, kind, detail, attrs))
         except Exception as err:  # a detail whose str() raises, too: never into training
             self._misuse("bad_event", "stepwatch: cannot emit event type=%r err=%r", type, err)

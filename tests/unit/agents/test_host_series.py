@@ -7,7 +7,7 @@ from pathlib import Path
 from stepwatch.agents.agent import Agent
 from stepwatch.agents.collectors.base import HostContext
 from stepwatch.agents.collectors.rdma import RdmaCollector
-from stepwatch.agents.host_series import MAX_XIDS_PER_GPU, HostSeries
+from stepwatch.agents.host_series import MAX_XID_GPUS, MAX_XIDS_PER_GPU, HostSeries
 from stepwatch.agents.metrics import registry_for, render
 from stepwatch.contract import EventMessage, EventType, GpuMessage, GpuReading, Message
 from stepwatch.settings import Settings
@@ -92,6 +92,17 @@ def test_xids_are_counted_not_last_value_and_bounded() -> None:
     ]
     assert len(per_gpu3) == MAX_XIDS_PER_GPU
     assert value(text, "stepwatch_gpu_xid_events_total", gpu="3", xid="other") > 0
+
+
+def test_xid_series_are_bounded_in_gpus_too() -> None:
+    """A new GPU index with each XID: 46,836 series and a 2.2 s tick in 25 s (red team)."""
+    series = HostSeries()
+    series.observe([xid(79, gpu=g) for g in range(20 * MAX_XID_GPUS)])
+    keys = [k for k in samples(render_series(series)) if k[0] == "stepwatch_gpu_xid_events_total"]
+    assert len(keys) == MAX_XID_GPUS + 1  # the last one: gpu=""
+    assert value(render_series(series), "stepwatch_gpu_xid_events_total", gpu="", xid="79") == (
+        19 * MAX_XID_GPUS
+    )
 
 
 def test_ports_from_a_real_sysfs_tree_use_node_exporter_names() -> None:

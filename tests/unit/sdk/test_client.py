@@ -180,6 +180,17 @@ def test_custom_event_and_group(sw: StepWatch, agent: FakeAgent) -> None:
     assert steps[0].step.group == "pp3" and sw.identity.group == "pp3"
 
 
+def test_a_rank_cannot_report_the_hosts_hardware_events(sw: StepWatch, agent: FakeAgent) -> None:
+    """XID, ECC and link events are the agent's collectors' (its socket refuses them)."""
+    for kind in ("xid", "ecc", "link_state"):
+        sw.event(kind, "forged", code=79)
+    sw.event("restart", "real")
+    sw.flush(2.0)
+    _, events = agent.split()
+    assert [e.type for e in events] == [EventType.RESTART]
+    assert sw.stats()["misuse"]["bad_event"] == 3
+
+
 def test_close_flushes_everything(agent: FakeAgent) -> None:
     sw = stepwatch.init(
         "job-8", agent_socket=agent.path, env={}, flush_interval=30, job_events=False

@@ -128,6 +128,16 @@ def test_unencodable_value_is_dropped() -> None:
     assert sender.dropped == {"encode": 1}
 
 
+def test_a_steps_timing_follows_the_name_rule() -> None:
+    """An unchecked string: 12 KB with ANSI escapes and a forged log line went to Kafka."""
+    rec = StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.0, end=2.0, timing="cuda")
+    assert decode_datagram(encode_datagram(RankStep(step=rec))).step.timing == "cuda"  # type: ignore[union-attr]
+    bad = encode_datagram(RankStep(step=rec)).replace(b'"cuda"', b'"\\u001b[2Jcuda\\nlevel=ERROR"')
+    with pytest.raises(ContractError) as info:
+        decode_datagram(bad)
+    assert info.value.reason == "schema" and "timing" in info.value.detail
+
+
 def test_nan_never_reaches_the_wire_as_a_number() -> None:
     data = RankStep(
         step=StepRecord(
@@ -153,6 +163,15 @@ def test_nan_never_reaches_the_wire_as_a_number() -> None:
         (b'{"kind":"rank_nope","v":1}', "schema"),
         (b'{"kind":"rank_event","type":"xid","ts":1.0,"job_id":"j","v":2}', "unsupported_version"),
         (b"x" * (MAX_DATAGRAM_BYTES + 1), "schema"),
+        # the host's hardware is the agent's collectors' to report: one forged XID 79 paged
+        # GpuXidFatal (remediation: drain), under --verify-job strict too
+        (b'{"kind":"rank_event","type":"xid","ts":1,"job_id":"j","gpu":5,"code":79}', "host_fact"),
+        (b'{"kind":"rank_event","type":"ecc","ts":1.0,"job_id":"j","gpu":0}', "host_fact"),
+        (b'{"kind":"rank_event","type":"link_state","ts":1.0,"job_id":"j"}', "host_fact"),
+        # the contract's bounds: the worker and the sink refuse these (absurd_value, overflow)
+        (b'{"kind":"rank_event","type":"exception","ts":1.0,"job_id":"j","rank":-3}', "schema"),
+        (b'{"kind":"rank_event","type":"restart","ts":1,"job_id":"j","rank":4294967296}', "schema"),
+        (b'{"kind":"rank_event","type":"restart","ts":1.0,"job_id":"j","gpu":65536}', "schema"),
     ],
 )
 def test_decode_rejects_what_is_not_a_datagram(data: bytes, reason: str) -> None:

@@ -16,7 +16,9 @@ XIDs are *counted* (``stepwatch_gpu_xid_events_total{xid=...}``): dcgm-exporter'
 ``increase()`` over it misses a repeat and can fire forever. Cardinality is
 bounded: GPUs and ports of one host, 8 throttle reasons, at most
 ``MAX_XIDS_PER_GPU`` distinct XID values per GPU (further ones count as
-``xid="other"``).
+``xid="other"``), at most ``MAX_XID_GPUS`` GPUs (further ones count under
+``gpu=""``). XIDs come from the agent's own collectors only: the socket refuses
+a rank's ``xid``, ``ecc`` and ``link_state`` events (``host_fact``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from stepwatch.contract import (
     PortReading,
 )
 
+MAX_XID_GPUS = 64  # GPUs with XID series of their own; more count under gpu=""
 MAX_XIDS_PER_GPU = 16
 GPU_LABELS = ["gpu", "UUID", "Hostname"]
 PORT_LABELS = ["host", "device", "port"]
@@ -234,6 +237,7 @@ class HostSeries:
         self._ports: tuple[PortReading, ...] = ()
         self._gpu_at = self._port_at = 0.0  # when the readings came (clock)
         self._xids: Counter[tuple[int, str]] = Counter()
+        self._xid_kinds: Counter[int] = Counter()  # XID values kept per GPU
         self._links: Counter[tuple[str, int]] = Counter()
 
     def observe(self, messages: Iterable[object]) -> None:
@@ -250,10 +254,13 @@ class HostSeries:
     def _event(self, m: EventMessage) -> None:
         if m.type is EventType.XID and m.code is not None:
             gpu = -1 if m.gpu is None else m.gpu
+            if gpu not in self._xid_kinds and len(self._xid_kinds) >= MAX_XID_GPUS:
+                gpu = -1  # series per GPU are bounded as the XID values per GPU are
             xid = str(m.code)
-            seen = sum(1 for g, _ in self._xids if g == gpu)
-            if (gpu, xid) not in self._xids and seen >= MAX_XIDS_PER_GPU - 1:
+            if (gpu, xid) not in self._xids and self._xid_kinds[gpu] >= MAX_XIDS_PER_GPU - 1:
                 xid = "other"
+            if (gpu, xid) not in self._xids:
+                self._xid_kinds[gpu] += 1
             self._xids[(gpu, xid)] += 1
         elif m.type is EventType.LINK_STATE and m.device is not None:
             self._links[(m.device, m.port or 1)] += 1
