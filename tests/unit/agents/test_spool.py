@@ -236,3 +236,52 @@ def test_an_ack_inside_a_segment_off_a_boundary_resends_at_most_one_record(tmp_p
     again = Spool(tmp_path, 10 * 2**20)
     assert drain(again) == list(range(10, 20))
     assert seg.exists()
+
+
+FULL_DISK = r"""
+import glob, json, os, resource, signal, sys
+from stepwatch.agents.spool import Spool
+from stepwatch.errors import SpoolError
+sys.path.insert(0, sys.argv[2])
+from tests.unit.agents.test_spool import drain, recs
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+spool = Spool(sys.argv[1], 10 * 2**20)
+spool.append(recs(0, 5))
+spool.rewind()  # the reader is behind: what comes next is read back from disk
+soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+(segment,) = glob.glob(os.path.join(sys.argv[1], "*.seg"))
+resource.setrlimit(resource.RLIMIT_FSIZE, (os.path.getsize(segment) + 150, hard))
+failed = 0
+try:
+    spool.append(recs(5, 3))  # 3 frames of ~130 bytes: the disk takes one and a part
+except SpoolError:
+    failed = 1
+resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))  # the disk has room again
+spool.append(recs(100, 4))
+print(json.dumps([failed, drain(spool), dict(spool.dropped)]))
+"""
+
+
+def test_an_append_the_disk_takes_part_of_is_cut_and_later_records_are_read(
+    tmp_path: Path,
+) -> None:
+    """A full disk took part of an append's frames; the garbage stayed, every later frame
+    sat after it, the reader took it for corruption and skipped them: 0 of 300 steps a job
+    sent once the disk had room reached Kafka (red team, a 256 KiB tmpfs)."""
+    import subprocess
+    import sys
+
+    from tests.support import paths
+
+    root = str(paths.ROOT)
+    run = subprocess.run(
+        [sys.executable, "-c", FULL_DISK, str(tmp_path / "spool"), root],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    failed, read, dropped = json.loads(run.stdout)
+    assert failed == 1  # the append was refused (the agent counts it: spool_error)
+    assert read == [0, 1, 2, 3, 4, 100, 101, 102, 103] and dropped == {}

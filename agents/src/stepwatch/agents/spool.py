@@ -92,6 +92,12 @@ class SpoolStats:
     torn_frames: int = 0
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def frame(topic: str, key: bytes, value: bytes, timestamp_ms: int = 0) -> bytes:
     t = topic.encode()
     body = _LENS.pack(len(t), len(key), timestamp_ms) + t + key + value
@@ -109,7 +115,7 @@ class Spool:
         self.segment_bytes = segment_bytes or max(64 * 1024, min(64 * 1024 * 1024, max_bytes // 16))
         self._lock = threading.Lock()
         self._segments: list[_Segment] = []
-        self._writer: IO[bytes] | None = None
+        self._fd: int | None = None  # the last segment, O_APPEND, unbuffered (os.write)
         self._reader: IO[bytes] | None = None
         self._rbuf = b""
         self._roff = 0  # parse offset in _rbuf
@@ -141,7 +147,7 @@ class Spool:
             os.close(append_file(self._path(0)))
         else:
             self._recover_tail(self._segments[-1])
-        self._writer = os.fdopen(append_file(self._segments[-1].path), "ab")
+        self._fd = append_file(self._segments[-1].path)
         self._ack = self._load_ack()
         self._cursor = self._ack
         pending = self._end().record - self._ack.record
@@ -236,11 +242,12 @@ class Spool:
         frames = [frame(t, k, v, ts) for t, k, v, ts in records]
         with self._lock:
             seg = self._segments[-1]
+            if self._fd is None:
+                raise SpoolError(f"cannot append to spool {seg.path}: spool is closed")
             try:
-                assert self._writer is not None, "spool is closed"
-                self._writer.write(b"".join(frames))
-                self._writer.flush()
-            except (OSError, ValueError, AssertionError) as err:
+                _write_all(self._fd, b"".join(frames))
+            except OSError as err:
+                self._undo(seg)
                 raise SpoolError(f"cannot append to spool {seg.path}: {err}") from err
             self._remember(seg, records, frames)
             seg.size += sum(map(len, frames))
@@ -250,6 +257,23 @@ class Spool:
                 self._rotate()
             self._enforce_bound()
         return len(records)
+
+    def _undo(self, seg: _Segment) -> None:
+        """Cut what a failed append wrote (a full disk takes part of a frame): left there,
+        every later frame sat after garbage that the reader took for the segment's end,
+        and records appended once the disk had room again never reached Kafka. When the
+        cut fails too, the next append goes to a new segment (the reader stops at the
+        garbage, which holds no record)."""
+        assert self._fd is not None
+        try:
+            os.ftruncate(self._fd, seg.size)
+        except OSError as err:
+            log.error("spool cannot cut a failed append segment=%s error=%s", seg.path, err)
+            try:
+                seg.size = os.fstat(self._fd).st_size
+                self._rotate()
+            except OSError as again:
+                log.error("spool cannot start a new segment error=%s", again)
 
     def _remember(self, seg: _Segment, records: Sequence[Entry], frames: list[bytes]) -> None:
         """Keep just-written records in memory while the reader is caught up with them,
@@ -273,10 +297,11 @@ class Spool:
 
     def _rotate(self) -> None:
         nxt = self._end().record
-        if self._writer is not None:
-            self._writer.close()
         seg = _Segment(nxt, self._path(nxt))
-        self._writer = os.fdopen(append_file(seg.path), "ab")
+        fd = append_file(seg.path)  # first: when it fails, the current segment stays open
+        if self._fd is not None:
+            os.close(self._fd)
+        self._fd = fd
         self._segments.append(seg)
 
     def _enforce_bound(self) -> None:
@@ -477,9 +502,9 @@ class Spool:
         self.persist()
         with self._lock:
             self._close_reader()
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
     # ------------------------------------------------------------------ helpers
     def _path(self, first: int) -> Path:
