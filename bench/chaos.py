@@ -248,7 +248,12 @@ def redrive(fleet: Fleet, since: float, until: float) -> int:
 
     topics = Topics(PREFIX)
     producer = Producer(
-        {"bootstrap.servers": fleet.broker.bootstrap, "log_level": 0, "linger.ms": 20}
+        {
+            "bootstrap.servers": fleet.broker.bootstrap,
+            "log_level": 0,
+            "linger.ms": 20,
+            "partitioner": "murmur2_random",  # the contract's placement
+        }
     )
     n = 0
     produced = read_outboxes(sorted(fleet.workdir.glob("outbox-*.txt")))

@@ -66,7 +66,14 @@ class LiveFeed:
     def _run(self) -> None:
         from confluent_kafka import Producer
 
-        producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 5, "log_level": 0})
+        producer = Producer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "linger.ms": 5,
+                "log_level": 0,
+                "partitioner": "murmur2_random",  # the contract's placement
+            }
+        )
         start = min(s.start_ts for s in self.scenarios)
         self.started = start
         for message in paced(simulate(*self.scenarios), 1.0, start, self._stop.wait):

@@ -20,6 +20,10 @@ from stepwatch.settings import Settings
 log = logging.getLogger(__name__)
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
+    # the contract's placement (stepwatch.contract.topics): murmur2 of the key, as the Java
+    # client and aiokafka place it; librdkafka's own default (CRC32) puts most jobs on
+    # another partition, which the stream worker refuses (wrong_partition)
+    "partitioner": "murmur2_random",
     "enable.idempotence": True,
     "acks": "all",
     "compression.type": "lz4",

@@ -152,6 +152,10 @@ class Settings:
     stream_faust_log_level: str = "WARNING"  # log level of Faust, mode and aiokafka
     stream_stock_consumer: bool = False  # Faust's stock consumer loop instead of the lean one
     # admission (docs/security.md "Boundary 2"): records refused go to <prefix>.dlq with the reason
+    # a message whose key belongs on another partition (murmur2, the contract's placement) is
+    # refused (wrong_partition); off only while producers of an older release (librdkafka's
+    # CRC32 default) still send
+    stream_check_partition: bool = True
     stream_future_seconds: float = (
         120.0  # a timestamp further ahead of the worker's clock; <= 0: off
     )

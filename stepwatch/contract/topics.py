@@ -3,9 +3,13 @@
 One topic per kind, all created with the same partition count, so that
 partition *n* of every topic holds the same jobs (co-partitioned). Every
 message about a job is keyed by its ``job_id``; host-level samples that belong
-to no job are keyed by ``host``. With the default partitioner (murmur2 of the
-key) everything about one job lands in one partition number of every topic,
-and one worker processes the job without repartitioning.
+to no job are keyed by ``host``. Placed by murmur2 of the key (Kafka's default
+partitioner in the Java client and aiokafka; librdkafka needs
+``partitioner=murmur2_random``, which ``stepwatch.kafka.PRODUCER_DEFAULTS`` sets:
+its own default, CRC32, places most keys elsewhere), everything about one job
+lands in one partition number of every topic, and one worker processes the job
+without repartitioning. The stream worker refuses a message whose key belongs on
+another partition (``wrong_partition``; ``STEPWATCH_STREAM_CHECK_PARTITION``).
 """
 
 from __future__ import annotations

@@ -135,7 +135,12 @@ def produce(
     from confluent_kafka import Producer
 
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "enable.idempotence": True,
+            "partitioner": "murmur2_random",  # the contract's placement
+        }
     )
     n = 0
     for topic, key, value in keyed(messages, prefix):

@@ -37,6 +37,7 @@ from stepwatch.streams.worker.admission import AdmissionConfig
 from stepwatch.streams.worker.faust_config import faust_kafka
 from stepwatch.streams.worker.ledger import Ledger
 from stepwatch.streams.worker.metrics import StreamMetrics
+from stepwatch.streams.worker.placement import Placement
 from stepwatch.streams.worker.processor import EngineFactory, StreamProcessor
 from stepwatch.streams.worker.publisher import DeliveryAborted, Publisher, Write
 from stepwatch.streams.worker.transport import (
@@ -261,6 +262,7 @@ def create_app(
         silence_seconds=options.silence_seconds,
         max_message_bytes=settings.max_message_bytes,
         admission=admission_config(settings),
+        placement=Placement(settings.partitions) if settings.stream_check_partition else None,
     )
     _wire(app, settings, options, processor, metrics, store, worker)
     return StreamService(app, processor, metrics, table, store, worker)

@@ -9,7 +9,9 @@ payloads above ``MAX_PAYLOAD_BYTES`` are truncated (``payload_truncated``).
 Reasons are the contract's (``malformed_json``, ``schema``, ``unknown_kind``,
 ``unsupported_version``, ``absurd_value``, ``overflow``, ``too_large``) plus the worker's own:
 ``wrong_topic`` (a valid message of another kind, e.g. a GPU sample on the
-steps topic, or a detection on an input topic), ``processing_error`` (the
+steps topic, or a detection on an input topic), ``wrong_partition`` (a message
+whose key belongs on another partition: :mod:`stepwatch.streams.worker.placement`),
+``processing_error`` (the
 detection core raised on a valid message; the worker carries on) and the
 admission reasons ``future_timestamp``, ``too_old``, ``step_jump`` and
 ``foreign_lifecycle`` (:mod:`stepwatch.streams.worker.admission`).
@@ -39,6 +41,7 @@ class DlqReason(enum.StrEnum):
     OVERFLOW = "overflow"
     TOO_LARGE = "too_large"
     WRONG_TOPIC = "wrong_topic"
+    WRONG_PARTITION = "wrong_partition"  # its key belongs on another partition (placement.py)
     PROCESSING_ERROR = "processing_error"
     # an output (detection) the producer or the broker refused for what it is (its
     # size): stepwatch.streams.worker.publisher

@@ -48,6 +48,7 @@ from stepwatch.streams.worker.dedup import Deduplicator
 from stepwatch.streams.worker.dlq import DlqReason, dead_letter, encode_dead_letter
 from stepwatch.streams.worker.ledger import Ledger, PartitionLedger
 from stepwatch.streams.worker.metrics import Snapshot, StreamMetrics
+from stepwatch.streams.worker.placement import Placement
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,10 @@ class StreamProcessor:
         silence_seconds: float = 3600.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         admission: AdmissionConfig | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.topics = topics
+        self.placement = placement  # None: a message's partition is not checked
         self.admission = admission or AdmissionConfig()
         self.capacity = Capacity.of(self.admission)  # the worker's, shared by its partitions
         self.engine_factory = engine_factory
@@ -199,10 +202,10 @@ class StreamProcessor:
         """Process a batch of Kafka records in order; return what to produce.
 
         Per record, in this order: decode (a bad record becomes a dead letter),
-        the topic's kind, admission (:meth:`Gate.check`), duplicates, the core
-        and the ledger. The loop keeps to plain local look-ups: no object per
-        record beyond the decoded message unless something is refused, dropped
-        or found.
+        the topic's kind, the partition its key belongs on, admission
+        (:meth:`Gate.check`), duplicates, the core and the ledger. The loop keeps to
+        plain local look-ups: no object per record beyond the decoded message unless
+        something is refused, dropped or found.
         """
         started = time.perf_counter()
         out: list[Output] = []
@@ -215,6 +218,7 @@ class StreamProcessor:
         states = self.states
         clock = self.clock
         max_bytes = self.max_message_bytes
+        placement = self.placement
         now = clock()
         for rec in records:
             topic, partition = rec.topic, rec.partition
@@ -231,6 +235,11 @@ class StreamProcessor:
                 detail = f"a {KIND_OF[cls].value} message on the {kind} topic"
                 out.append(self._dead(rec, DlqReason.WRONG_TOPIC, detail, tally))
                 continue
+            if placement is not None:
+                misplaced = placement.misplaced(message, partition)
+                if misplaced is not None:
+                    out.append(self._dead(rec, DlqReason.WRONG_PARTITION, misplaced, tally))
+                    continue
             st = states.get(partition) or self.state(partition)
             gated = st.gate.check(message, now)
             if st.gate.evicted or st.gate.evicted_hosts:

@@ -32,9 +32,9 @@ fetch holds minutes of steps but only seconds of host samples, and
 one-from-each-topic lets the steps run far ahead of the samples — while the
 core attributes causes from host samples *around* a slow step. The aligner
 merges each fetch by Kafka record timestamp and holds back, per partition, the
-records newer than the oldest "last record" among the partitions that
-returned data; they go out with the next fetch (or at once when a fetch
-brings nothing new). Order within a partition is
+records newer than the oldest "last record" among the partitions *of the same
+number* (one detection core's topics) that returned data; they go out with the
+next fetch (or at once when a fetch brings nothing new). Order within a partition is
 unchanged (only a suffix is held, and the merge is stable); a rebalance drops
 what is held (Faust seeks back to the committed offsets); at most
 ``max_held`` records are held, so a producer with a skewed clock cannot stall
@@ -302,10 +302,11 @@ class EventTimeAligner(DefaultSchedulingStrategy):
                 passthrough.append([(tp, r) for r in recs])
             else:
                 pending[tp] = pending[tp] + list(recs) if tp in pending else list(recs)
-        cutoff = self._cutoff(records, pending)
+        cutoffs = self._cutoffs(records, pending)
         streams = passthrough
         for tp, recs in pending.items():
             split = len(recs)
+            cutoff = cutoffs.get(_number(tp))
             if cutoff is not None and recs[-1].timestamp > cutoff:
                 split = next(i for i, r in enumerate(recs) if r.timestamp > cutoff)
                 self.held[tp] = recs[split:]
@@ -315,24 +316,35 @@ class EventTimeAligner(DefaultSchedulingStrategy):
         self.rounds = self.rounds + 1 if self.held else 0
         return heapq.merge(*streams, key=_timestamp)
 
-    def _cutoff(
+    def _cutoffs(
         self, records: Mapping[Any, list[Any]], pending: dict[Any, list[Any]]
-    ) -> float | None:
-        """The newest timestamp every aligned partition has reached (None: release all)."""
+    ) -> dict[int, float]:
+        """Per partition number, the newest timestamp each of its aligned topics has
+        reached (none: release all). Only a partition number's topics are aligned with
+        each other: each number has a detection core of its own (a job's steps and its
+        hosts' samples), and another number's jobs are no reason to wait. Across numbers,
+        a job from hosts whose clocks run 2 minutes behind held back every record of a
+        job 2 minutes ahead on another partition, which then looked hung while it ran."""
         if (
             not pending
             or not records
             or self.rounds >= self.max_rounds
             or sum(map(len, pending.values())) > self.max_held
         ):
-            return None  # caught up, stuck for too long, or too much held
-        fronts: list[float] = [recs[-1].timestamp for recs in pending.values()]
+            return {}  # caught up, stuck for too long, or too much held
+        fronts: dict[int, list[float]] = {}
+        for tp, recs in pending.items():
+            fronts.setdefault(_number(tp), []).append(recs[-1].timestamp)
         for tp in self.lagging() if self.lagging is not None else ():
-            if tp not in pending:
-                fronts.append(self.last_ts.get(tp, -1))
-        if len(fronts) < 2:
-            return None
-        return min(fronts)
+            if tp not in pending and _number(tp) in fronts:
+                fronts[_number(tp)].append(self.last_ts.get(tp, -1))
+        return {n: min(f) for n, f in fronts.items() if len(f) >= 2}
+
+
+def _number(tp: Any) -> int:
+    """A topic partition's number (co-partitioned topics share it; anything else: 0)."""
+    number = getattr(tp, "partition", 0)
+    return number if isinstance(number, int) else 0
 
 
 class RawSchema(faust.Schema[Any, Any]):
