@@ -11,6 +11,7 @@ dead-letter table with their reason, never silently dropped.
 
 from __future__ import annotations
 
+import base64
 import os
 import signal
 import subprocess
@@ -76,7 +77,7 @@ def bad_records(prefix: str) -> list[tuple[str, bytes]]:
     drift = encode(step(0)).replace(b'"world_size":2', b'"world_size":"two"')
     overflow = encode(step(1, gpu=70000))  # valid JSON and contract, too big for UInt16
     future = encode(msgspec.structs.replace(step(2), v=99))
-    broken = b'{"kind":"step","host":"bad-host","inst":"bad","seq":3,"ts":'
+    broken = b'{"kind":"step","host":"bad-host","inst":"bad","seq":3,"ts":\x00\xff'  # not UTF-8
     return [(topic, drift), (topic, overflow), (topic, future), (topic, broken)]
 
 
@@ -197,6 +198,13 @@ def test_sigkill_between_insert_and_commit_then_restart_stores_everything_once(b
             ("gpu", sum(1 for m in messages if type(m).__name__ == "GpuMessage"), 0)
         ]
         dead = store.query("SELECT seq, reason, detail FROM dead_letters ORDER BY seq").rows
+        kept = store.query(
+            "SELECT payload, payload_encoding, payload_truncated FROM dead_letters WHERE seq = 3"
+        ).rows
+    # the payload as sent, byte for byte (before: 00 FF stored as 00 EF BF BD)
+    assert [(base64.b64decode(p), e, t) for p, e, t in kept] == [
+        (bad_records("r")[3][1], "base64", False)
+    ]
     assert [(seq, reason) for seq, reason, _ in dead] == [
         (0, "schema"),
         (1, "overflow"),

@@ -328,3 +328,27 @@ def test_a_message_of_another_kind_than_its_topic_is_a_dead_letter():
         (3, "wrong_topic", "a gpu message on the step topic")
     ]
     assert not prep.prepare([record(gm, 5, "t.gpu")]).dead
+
+
+def test_a_dead_letters_payload_is_kept_byte_for_byte():
+    """Decoded as UTF-8 with replacement, 00 FF was stored as 00 EF BF BD: lost."""
+    import base64
+
+    from stepwatch.exporters.clickhouse.prepare import MAX_PAYLOAD, dead_row
+
+    names = R.DEAD_LETTERS.names
+
+    def row(value: bytes) -> dict[str, object]:
+        out = dict(zip(names, dead_row(Record("t.steps", 0, 0, value), "x", "", NOW), strict=True))
+        assert R.DEAD_LETTERS.check(tuple(out.values())) is None
+        return out
+
+    binary = row(b"\x00\xff{garbage")
+    assert binary["payload_encoding"] == "base64" and not binary["payload_truncated"]
+    assert base64.b64decode(str(binary["payload"])) == b"\x00\xff{garbage"
+    text = row('{"host":"nœud-1"}'.encode())
+    assert (text["payload"], text["payload_encoding"]) == ('{"host":"nœud-1"}', "utf-8")
+    big = "é".encode() * MAX_PAYLOAD  # the 1 MiB cut splits a character
+    cut = row(big)
+    assert cut["payload_truncated"] and cut["payload_encoding"] == "utf-8"
+    assert cut["payload"] == "é" * (MAX_PAYLOAD // 2)

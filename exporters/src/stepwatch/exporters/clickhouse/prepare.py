@@ -22,6 +22,7 @@ chunks, so one absurd key costs only its own answer
 
 from __future__ import annotations
 
+import base64
 import logging
 import re
 import time
@@ -160,6 +161,7 @@ def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any,
     except (msgspec.DecodeError, UnicodeDecodeError):  # (ValidationError included)
         header = _scan_header(payload[:65536])
     seq = header.seq if isinstance(header.seq, int) and 0 <= header.seq < 2**64 else None
+    text, encoding = payload_text(payload)
     return (
         now,
         record.topic,
@@ -168,12 +170,27 @@ def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any,
         (record.key or b"").decode("utf-8", "replace"),
         reason,
         detail[:8192],
-        payload[:MAX_PAYLOAD].decode("utf-8", "replace"),
+        text,
         _s(header.kind),
         _s(header.host),
         _s(header.inst),
         seq,
+        encoding,
+        len(payload) > MAX_PAYLOAD,
     )
+
+
+def payload_text(payload: bytes) -> tuple[str, str]:
+    """(text, encoding) of a dead letter's payload, at most :data:`MAX_PAYLOAD` bytes of it:
+    valid UTF-8 as it is (a character the cut splits left out), anything else as base64,
+    so that the bytes as sent can always be had back."""
+    kept = payload[:MAX_PAYLOAD]
+    for cut in range(4 if len(payload) > MAX_PAYLOAD else 1):
+        try:
+            return kept[: len(kept) - cut].decode("utf-8"), "utf-8"
+        except UnicodeDecodeError:
+            continue
+    return base64.b64encode(kept).decode("ascii"), "base64"
 
 
 def _s(value: Any) -> str:

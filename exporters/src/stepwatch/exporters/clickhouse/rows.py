@@ -345,6 +345,8 @@ DEAD_LETTERS = table(
         ("host", _LC),
         ("inst", _LC),
         ("seq", "Nullable(UInt64)"),
+        ("payload_encoding", _LC),  # 'utf-8' or 'base64' (schema/0011)
+        ("payload_truncated", "Bool"),
     ],
 )
 
