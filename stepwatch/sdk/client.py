@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import operator
 import os
 import sys
@@ -262,6 +263,8 @@ class StepWatch:
             return CheckpointTimer(self, load, where, number)
         try:
             seconds = max(0.0, float(duration))
+            if not math.isfinite(seconds):  # JSON null: the agent refused the event (schema)
+                raise ValueError(duration)
         except (TypeError, ValueError):
             self._misuse(
                 "checkpoint_duration",

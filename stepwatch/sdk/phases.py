@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 
-from stepwatch.contract.records import Phases
+from stepwatch.contract.records import Phases, plain_name
 
 MAX_EXTRA = 32  # distinct extra names per step; more are dropped (see StepWatch.stats)
 MAX_NAME = 64
@@ -76,12 +76,14 @@ def to_phases(durations: Iterable[tuple[str, float]]) -> tuple[Phases, int]:
     fields: dict[str, float] = {}
     extra: dict[str, float] = {}
     dropped = 0
-    for name, seconds in durations:
+    for given, seconds in durations:
+        name = given if isinstance(given, str) else str(given)  # None: "None", not a lost step
         phase = canonical(name)
         if phase is not None:
             fields[phase.value] = fields.get(phase.value, 0.0) + seconds
             continue
-        key = name.strip()[:MAX_NAME] or "unnamed"
+        # a control character in a name made the agent refuse the whole step (schema)
+        key = plain_name(name.strip())[:MAX_NAME] or "unnamed"
         if key not in extra and len(extra) >= MAX_EXTRA:
             dropped += 1
             continue

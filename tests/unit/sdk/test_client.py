@@ -191,6 +191,26 @@ def test_a_rank_cannot_report_the_hosts_hardware_events(sw: StepWatch, agent: Fa
     assert sw.stats()["misuse"]["bad_event"] == 3
 
 
+def test_odd_phase_names_and_an_infinite_duration_cost_nothing_else(
+    sw: StepWatch, agent: FakeAgent
+) -> None:
+    """A phase name with a control character made the agent refuse the whole step
+    (schema), a ``None`` name dropped it in the SDK, and ``duration=inf`` went out as JSON
+    null, which the agent refused: each one counted as sent (red team)."""
+    with sw.step():
+        with sw.phase("fwd\x1b[31m\nlevel=ERROR"):
+            pass
+        with sw.phase(None):  # type: ignore[arg-type]
+            pass
+    sw.checkpoint("save", duration=float("inf"))
+    sw.flush(2.0)
+    steps, events = agent.split()  # decoded by the agent's own rules
+    assert len(steps) == 1 and events == []
+    extra = steps[0].step.phases.extra  # type: ignore[union-attr]
+    assert set(extra) == {"fwd\ufffd[31m\ufffdlevel=ERROR", "None"}
+    assert sw.stats()["misuse"]["checkpoint_duration"] == 1
+
+
 def test_close_flushes_everything(agent: FakeAgent) -> None:
     sw = stepwatch.init(
         "job-8", agent_socket=agent.path, env={}, flush_interval=30, job_events=False
