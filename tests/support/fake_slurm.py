@@ -82,12 +82,13 @@ if sys.argv[0].endswith("sinfo"):
 if sys.argv[0].endswith("squeue"):  # --noheader --array --states=all --jobs=J --format=...
     jid = next(a.split("=", 1)[1] for a in args if a.startswith("--jobs="))
     fmt = next(a.split("=", 1)[1] for a in args if a.startswith("--format="))
-    if fmt != "%i|%u|%T|%N|%x":
+    if fmt != "%A|%i|%u|%T|%N|%x":
         fail(f"fake squeue: unexpected format {{fmt}}")
     if jid not in st["jobs"]:
         fail("slurm_load_jobs error: Invalid job id specified")
     j = st["jobs"][jid]
-    print(f"{{jid}}|{{j.get('user', 'ada')}}|RUNNING|{{j['nodes']}}|{{j.get('exclude') or ''}}")
+    state = j.get("state", "RUNNING")
+    print(f"{{jid}}|{{jid}}|{{j.get('user', 'ada')}}|{{state}}|{{j['nodes']}}|{{j.get('exclude') or ''}}")
     sys.exit(0)
 if args[:2] == ["show", "node"]:
     lines = []

@@ -193,3 +193,53 @@ def test_a_requeue_keeps_the_jobs_own_exclusions_as_slurm_prints_them(slurm) -> 
     assert slurm.scontrol("show", "hostnames", excluded).split() == ["node01", "node02", "node03"]
     assert "Restarts=1" in shown, shown  # requeued
     assert "Reason=JobHeldUser" not in shown and "Priority=0 " not in shown, shown  # released
+
+
+def test_an_alert_from_an_arrays_last_task_requeues_that_task_alone(slurm) -> None:
+    """Slurm gives an array's last task the array's id as its SLURM_JOB_ID, and ``squeue
+    --jobs=<id>`` lists every task. Before, the check that the node runs the job took every
+    task's nodes, and requeuehold/update/release acted on the whole array: healthy tasks on
+    other nodes were restarted (red team)."""
+    array = slurm.sbatch("--array=0-3", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
+    actuator = SlurmActuator(conf=str(slurm.conf_path))
+
+    def tasks() -> dict[str, str]:  # task id -> its job record
+        out = slurm.scontrol("show", "job", array, "-o")
+        return {
+            line.split("ArrayTaskId=", 1)[1].split()[0]: line
+            for line in out.splitlines()
+            if "ArrayTaskId=" in line
+        }
+
+    def running() -> dict[str, str] | None:
+        got = tasks()
+        ok = len(got) == 4 and all("JobState=RUNNING" in t for t in got.values())
+        return got if ok else None
+
+    assert wait_for(running, 60), slurm.log_tail()
+    last = tasks()["3"]
+    assert f"JobId={array} " in last, last  # the last task holds the array's id
+    node = last.split(" NodeList=", 1)[1].split()[0]
+    assert actuator.job_nodes(array) == {node}
+    detail = actuator.requeue(array, node)
+    assert detail.startswith(f"job {array}_3 requeued"), detail
+    after = tasks()
+    assert "Restarts=1" in after["3"], after["3"]
+    assert all("Restarts=0" in after[t] for t in ("0", "1", "2")), after
+
+
+def test_a_finished_job_runs_on_no_node_and_a_held_one_stays_held(slurm) -> None:
+    """squeue lists a finished job with its old nodes for a while: a stale alert drained
+    the node it had left. A pending job its owner held was released by the requeue."""
+    actuator = SlurmActuator(conf=str(slurm.conf_path))
+    done = slurm.sbatch("-N", "1", "-o", "/dev/null", "--wrap", "true")
+    assert wait_for(
+        lambda: "JobState=COMPLETED" in slurm.scontrol("show", "job", done, "-o") or None, 60
+    ), slurm.log_tail()
+    assert actuator.job_nodes(done) == frozenset()
+    held = slurm.sbatch("-H", "-N", "1", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
+    detail = actuator.requeue(held, "node02")
+    shown = slurm.scontrol("show", "job", held, "-o")
+    assert "Reason=JobHeldUser" in shown, (detail, shown)  # the owner's hold stays
+    excluded = shown.split("ExcNodeList=", 1)[1].split(" ", 1)[0]
+    assert "node02" in slurm.scontrol("show", "hostnames", excluded).split()

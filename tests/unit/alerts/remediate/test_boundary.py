@@ -442,7 +442,7 @@ def test_slurm_actuator_last_checks_and_job_nodes():
         runner=runner(
             {
                 "show node": "NodeName=n1 State=IDLE\nNodeName=n2 State=IDLE\n",
-                "--noheader --array": "7|ada|RUNNING|n[1-2]|\n",
+                "--noheader --array": "7|7|ada|RUNNING|n[1-2]|\n",
                 "show hostnames": "n1\nn2\n",
             },
             calls,
@@ -756,7 +756,7 @@ def test_slurm_requeue_releases_the_held_job_or_says_it_is_left_held(monkeypatch
             calls.append(" ".join(argv[1:3]))
             if argv[1:2] == ["release"] and calls.count("release 7") <= failures:
                 return subprocess.CompletedProcess(argv, 1, "", text)
-            out = "7|ada|RUNNING|n1|\n" if "--noheader" in argv else ""
+            out = "7|7|ada|RUNNING|n1|\n" if "--noheader" in argv else ""
             return subprocess.CompletedProcess(argv, 0, out, "")
 
         return SlurmActuator(runner=run), calls

@@ -161,7 +161,7 @@ def test_slurm_actuator_commands_and_failure_kinds():
             "NodeName=n1 Arch=x86_64 State=IDLE+DRAIN ThreadsPerCore=1 "
             "Reason=stepwatch: straggler cause gpu [root@2026-01-01T00:00:00]",
         ),
-        "--noheader --array": (0, "7|ada|RUNNING|n[1-3]|n4\n"),
+        "--noheader --array": (0, "7|7|ada|RUNNING|n[1-3]|n4\n"),
         "show hostnames": (0, "n4\n"),  # the job's own exclusions, expanded by Slurm
     }
     slurm = SlurmActuator(runner=fake_runner(answers, calls))

@@ -3,8 +3,14 @@
 - node state: ``scontrol show node N -o``, which must describe exactly node N
   (a name Slurm would expand, ALL or a NodeSet, is refused).
 - the job's owner, state, nodes and exclusions: ``squeue --jobs=J
-  --format=%i|%u|%T|%N|%x`` (every task of an array job), its node list expanded
-  by ``scontrol show hostnames <NodeList>``. Not ``scontrol show job -o``: it
+  --format=%A|%i|%u|%T|%N|%x``, keeping the one row whose own job id (``%A``) or
+  task id (``%i``, ``A_T``) is J, its node list expanded by ``scontrol show
+  hostnames <NodeList>``. An array's last task has the array's id as its
+  ``SLURM_JOB_ID``, and ``squeue --jobs=<array id>`` lists every task: before,
+  an alert from that task requeued the whole array. Every ``scontrol`` call
+  names the row's task id (``7_3``), never the array's. A job counts as on its
+  nodes only while running (a finished job keeps its old node list in squeue
+  for a while: a stale alert drained its former node). Not ``scontrol show job -o``: it
   prints the job's name (the user's free text) before its other fields, so a
   job named ``x NodeList=gpu-077 UserId=root(0)`` named a node it never ran on,
   and an owner, for anyone reading the first ``NodeList=``.
@@ -12,8 +18,10 @@
 - requeue: ``scontrol requeuehold J`` (back to pending, held), ``scontrol update
   jobid=J ExcNodeList=...`` (the job's exclusions plus the node), ``scontrol
   release J``. Holding first means the job cannot start again before the
-  exclusion is in place. The job resumes from its last checkpoint the way it
-  always does on a restart (``SLURM_RESTART_COUNT`` is set by Slurm).
+  exclusion is in place. A job already pending gets the exclusion alone: it is
+  never held or released (a release lifted a hold its owner had placed). The
+  job resumes from its last checkpoint the way it always does on a restart
+  (``SLURM_RESTART_COUNT`` is set by Slurm).
 
 Every node name and job id is checked against :mod:`..identity` right before
 its argv is built (the engine checked it already: defence in depth).
@@ -57,7 +65,8 @@ _TRANSIENT = (
 _FIELD = re.compile(r"(\w+)=")
 _HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontrol prints it
 # what the actuator reads of a job, no field its owner writes (a name, a comment, a path)
-JOB_FORMAT = "%i|%u|%T|%N|%x"
+JOB_FORMAT = "%A|%i|%u|%T|%N|%x"
+RUNNING = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
 _UNSET = ("", "(null)", "N/A")
 RELEASE_TRIES, RELEASE_PAUSE_S = 3, 0.5  # a held job's release, on transient failures
 
@@ -66,7 +75,8 @@ RELEASE_TRIES, RELEASE_PAUSE_S = 3, 0.5  # a held job's release, on transient fa
 class JobRow:
     """One job (or array task) as ``squeue --format=JOB_FORMAT`` prints it."""
 
-    job: str
+    own: str  # the job's own id (%A): unique, an array task's too
+    job: str  # the job or array task id (%i): 42, or 7_3
     user: str
     state: str
     nodes: str  # a host-list expression ("" while pending)
@@ -162,22 +172,21 @@ class SlurmActuator:
         return f"scontrol drained {node}"
 
     def job_owner(self, job_id: str) -> str:
-        return self._jobs(job_id)[0].user
+        return self._job(job_id).user
 
     def job_nodes(self, job_id: str) -> frozenset[str]:
-        """Every node the job (every task of an array job) runs on, expanded by Slurm."""
-        nodes: set[str] = set()
-        for row in self._jobs(job_id):
-            if row.nodes in _UNSET:
-                continue  # pending: on no node
-            if not _HOSTLIST.fullmatch(row.nodes):
-                raise ActuatorError(f"squeue job {job_id}: unexpected NodeList", transient=False)
-            out = self._run([self.scontrol, "show", "hostnames", row.nodes])
-            nodes.update(n.strip() for n in out.splitlines() if n.strip())
-        return frozenset(nodes)
+        """The nodes the job runs on, expanded by Slurm; none unless it is running."""
+        row = self._job(job_id)
+        if row.state not in RUNNING or row.nodes in _UNSET:
+            return frozenset()  # pending, or finished with its old node list
+        if not _HOSTLIST.fullmatch(row.nodes):
+            raise ActuatorError(f"squeue job {job_id}: unexpected NodeList", transient=False)
+        out = self._run([self.scontrol, "show", "hostnames", row.nodes])
+        return frozenset(n.strip() for n in out.splitlines() if n.strip())
 
-    def _jobs(self, job_id: str) -> list[JobRow]:
-        """The job's rows (one per array task); an unknown job is a permanent failure."""
+    def _job(self, job_id: str) -> JobRow:
+        """The job's own row (of an array's, the task whose id it is); an unknown job is a
+        permanent failure."""
         argv = [
             self.squeue,
             "--noheader",
@@ -191,34 +200,37 @@ class SlurmActuator:
             if not line.strip():
                 continue
             parts = line.strip().split("|")
-            if len(parts) != 5:
+            if len(parts) != 6:
                 raise ActuatorError(f"squeue job {job_id}: unexpected line", transient=False)
             rows.append(JobRow(*parts))
-        if not rows:
+        mine = [r for r in rows if job_id in (r.own, r.job)]
+        if len(mine) != 1:
             raise ActuatorError(f"squeue job {job_id}: no such job", transient=False)
-        return rows
+        require_job(mine[0].job)  # what every scontrol call below names
+        return mine[0]
 
     def requeue(self, job_id: str, exclude_node: str) -> str:
         require_node(exclude_node)
-        row = self._jobs(job_id)[0]
+        row = self._job(job_id)
+        task = row.job
         excluded = set(self._hostnames(row.excluded, job_id)) | {exclude_node}
-        state = row.state
-        if state in {"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"}:
-            self._run([self.scontrol, "requeuehold", job_id])
-        else:
-            self._run([self.scontrol, "hold", job_id])
+        update = [
+            self.scontrol,
+            "update",
+            f"jobid={task}",
+            f"ExcNodeList={','.join(sorted(excluded))}",
+        ]
+        if row.state not in RUNNING:
+            self._run(update)  # pending (or held by its owner): the exclusion alone
+            return f"job {task} {row.state.lower()}: excluding {','.join(sorted(excluded))}"
+        self._run([self.scontrol, "requeuehold", task])
         try:
-            self._run(
-                [
-                    self.scontrol,
-                    "update",
-                    f"jobid={job_id}",
-                    f"ExcNodeList={','.join(sorted(excluded))}",
-                ]
-            )
+            self._run(update)
         finally:
-            self._release(job_id)
-        return f"job {job_id} requeued from {state.lower()} excluding {','.join(sorted(excluded))}"
+            self._release(task)
+        return (
+            f"job {task} requeued from {row.state.lower()} excluding {','.join(sorted(excluded))}"
+        )
 
     def _hostnames(self, hostlist: str, job_id: str) -> list[str]:
         """A job's node list as squeue prints it (``node[01,03]``), expanded by Slurm: split
