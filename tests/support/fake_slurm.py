@@ -87,8 +87,8 @@ if sys.argv[0].endswith("squeue"):  # --noheader --array --states=all --jobs=J -
     if jid not in st["jobs"]:
         fail("slurm_load_jobs error: Invalid job id specified")
     j = st["jobs"][jid]
-    state = j.get("state", "RUNNING")
-    print(f"{{jid}}|{{jid}}|{{j.get('user', 'ada')}}|{{state}}|{{j['nodes']}}|{{j.get('exclude') or ''}}")
+    state, user, excluded = j.get("state", "RUNNING"), j.get("user", "ada"), j.get("exclude")
+    print(f"{{jid}}|{{jid}}|{{user}}|{{state}}|{{j['nodes']}}|{{excluded or ''}}")
     sys.exit(0)
 if args[:2] == ["show", "node"]:
     lines = []

@@ -67,10 +67,29 @@ def test_node_names(node, ok):
         ("j1,x!=y", "label", False),
         ("-j", "label", False),
         ("1" * 11, "slurm", False),
+        ("ml/train7", "label", True),
+        ("/train7", "label", False),  # a second spelling of train7 (its own job cooldown)
     ],
 )
 def test_job_ids(job, scheme, ok):
     assert identity.job_ok(job, scheme) is ok
+
+
+def test_the_command_actuator_requeues_a_label_job_id(tmp_path):
+    """The engine checks a command backend's job ids as labels; its requeue refused every
+    one that was not a Slurm number (``train-7``: failed_permanent)."""
+    import sys
+
+    from stepwatch.alerts.remediate.actuators.command import CommandActuator
+
+    argv = [
+        sys.executable,
+        "-c",
+        "import sys; print(' '.join(sys.argv[1:]))",
+        "{action}",
+        "{job_id}",
+    ]
+    assert CommandActuator(argv).requeue("train-7", "node02") == "requeue train-7"
 
 
 def test_free_text_is_plain_and_bounded():
@@ -216,6 +235,19 @@ def test_approving_both_actions_of_one_alert_is_one_remediation(tmp_path):
     assert eng.handle([alert(host="node01", fp="f2")])[0].reason == "rate_limited"  # reserved
     done = [eng.approve(d.action_id) for d in queued]
     assert [d.outcome for d in done if d] == [Outcome.ACTED, Outcome.ACTED]
+    assert fake.calls == [("drain", "node02"), ("requeue", "42")]
+
+
+def test_approving_both_actions_of_an_alert_with_its_start_time_acts_both(tmp_path):
+    """Alertmanager always sends ``startsAt``, part of the alert's key; the approval
+    rebuilt the alert without it: the first approved action was refused node_cooldown
+    (the sibling's reservation read as another alert's) and the node stayed in service."""
+    eng, fake, *_ = engine(tmp_path, Mode.RECOMMEND, cooldown={"job": 0})
+    started = Alert("f1", "firing", alert().labels, starts_at="2026-12-03T10:00:00Z")
+    queued = eng.handle([started])
+    assert {d.outcome for d in queued} == {Outcome.QUEUED}
+    done = [eng.approve(d.action_id) for d in queued]
+    assert [(d.outcome, d.reason) for d in done if d] == [(Outcome.ACTED, "executed")] * 2
     assert fake.calls == [("drain", "node02"), ("requeue", "42")]
 
 

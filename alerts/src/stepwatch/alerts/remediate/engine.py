@@ -443,7 +443,12 @@ class Remediator:
                 action.reason,
                 detail[:500],
                 json.dumps(
-                    {"fingerprint": a.fingerprint, "labels": a.labels, "annotations": a.annotations}
+                    {
+                        "fingerprint": a.fingerprint,
+                        "labels": a.labels,
+                        "annotations": a.annotations,
+                        "starts_at": a.starts_at,  # part of the alert's key (alert_key)
+                    }
                 )
                 if status == Status.QUEUED
                 else "",
@@ -499,6 +504,10 @@ class Remediator:
                 "firing",
                 dict(data.get("labels", {})),
                 dict(data.get("annotations", {})),
+                # without it the key changed: the sibling action's reservation read as
+                # another alert's (node_cooldown), and the outcome watch waited under a key
+                # the real ``resolved`` never matched (a false "did not help" page)
+                str(data.get("starts_at", "")),
             )
             action = replace(self._action(ActionKind(row.kind), alert), id=row.id)
             if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued

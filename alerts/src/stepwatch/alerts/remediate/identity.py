@@ -36,8 +36,8 @@ def job_ok(job_id: str, scheme: str = "slurm") -> bool:
     command, log), or ``namespace/value`` (the SDK's id of a Kubeflow PyTorchJob pod)."""
     if scheme == "slurm":
         return bool(SLURM_JOB.fullmatch(job_id)) and job_id.lower() not in _RESERVED
-    namespace, _, name = job_id.rpartition("/")
-    if namespace and not NAMESPACE.fullmatch(namespace):
+    namespace, slash, name = job_id.rpartition("/")
+    if slash and not NAMESPACE.fullmatch(namespace):  # "/train7": a second spelling of train7
         return False
     return bool(LABEL_JOB.fullmatch(name)) and name.lower() not in _RESERVED
 

@@ -74,7 +74,7 @@ class CommandActuator:
             {
                 "action": "requeue",
                 "node": require_node(exclude_node),
-                "job_id": require_job(job_id),
+                "job_id": require_job(job_id, "label"),  # the engine's scheme for a command
                 "reason": "",
             },
             self.timeout,
