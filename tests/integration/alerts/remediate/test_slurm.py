@@ -243,3 +243,26 @@ def test_a_finished_job_runs_on_no_node_and_a_held_one_stays_held(slurm) -> None
     assert "Reason=JobHeldUser" in shown, (detail, shown)  # the owner's hold stays
     excluded = shown.split("ExcNodeList=", 1)[1].split(" ", 1)[0]
     assert "node02" in slurm.scontrol("show", "hostnames", excluded).split()
+
+
+def test_a_requeue_cut_off_after_the_hold_is_released_at_the_next_start(slurm) -> None:
+    """The remediator killed between ``requeuehold`` and ``release`` left the job held for
+    good. ``release_interrupted`` (called for each action still ``started`` at start-up)
+    adds the exclusion and releases a job an administrator held; its owner's hold stays."""
+    actuator = SlurmActuator(conf=str(slurm.conf_path))
+    job = slurm.sbatch("-N", "1", "--requeue", "-o", "/dev/null", "--wrap", "sleep 600")
+    assert wait_for(lambda: actuator.job_nodes(job) or None, 60), slurm.log_tail()
+    (node,) = actuator.job_nodes(job)
+    slurm.scontrol("requeuehold", job)  # where the killed remediator stopped
+    assert wait_for(
+        lambda: "JobState=PENDING" in slurm.scontrol("show", "job", job, "-o") or None, 30
+    ), slurm.log_tail()
+    detail = actuator.release_interrupted(job, node)
+    shown = slurm.scontrol("show", "job", job, "-o")
+    assert detail.startswith(f"job {job} released excluding"), detail
+    assert "JobHeldAdmin" not in shown and "Priority=0 " not in shown, shown
+    assert node in slurm.scontrol("show", "hostnames", shown.split("ExcNodeList=")[1].split()[0])
+    owned = slurm.sbatch("-H", "-N", "1", "-o", "/dev/null", "--wrap", "sleep 600")
+    slurm.scontrol("uhold", owned)
+    assert "left as is" in actuator.release_interrupted(owned, "node01")
+    assert "Reason=JobHeldUser" in slurm.scontrol("show", "job", owned, "-o")

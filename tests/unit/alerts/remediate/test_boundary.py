@@ -22,7 +22,7 @@ from stepwatch.alerts.remediate.engine import Remediator
 from stepwatch.alerts.remediate.model import ActionKind, Alert, Mode, Outcome, action_id
 from stepwatch.alerts.remediate.outcome import OutcomeTracker
 from stepwatch.alerts.remediate.policy import PolicyError, from_mapping, load
-from stepwatch.alerts.remediate.state import RESERVE, State
+from stepwatch.alerts.remediate.state import RESERVE, State, Status
 from stepwatch.errors import ActuatorError
 from tests.support import paths
 
@@ -801,3 +801,36 @@ def test_slurm_requeue_releases_the_held_job_or_says_it_is_left_held(monkeypatch
         with pytest.raises(ActuatorError, match="left held") as err:
             slurm.requeue("7", "n1")
         assert not err.value.transient  # a failed action: the remediator's alert fires
+
+
+class Died(BaseException):
+    """The remediator's process ending inside an actuator call (kill -9, SIGTERM)."""
+
+
+def test_an_action_cut_off_mid_call_is_recovered_at_the_next_start(tmp_path):
+    """Killed between ``requeuehold`` and ``release``, the remediator left the job held for
+    good: no row said so, and the alert's repeat found the job not running and did nothing
+    (red team, real Slurm). Now the row says ``started`` until the call returns; the next
+    start records it failed and has the actuator release the job."""
+    eng, fake, *_ = engine(tmp_path)
+
+    def dies(job_id: str, exclude_node: str) -> str:
+        raise Died()
+
+    fake.requeue = dies  # type: ignore[method-assign]
+    with pytest.raises(Died):
+        eng.handle([alert()])
+    started = eng.state.actions(Status.STARTED)
+    assert [r.kind for r in started] == ["requeue"]
+    released: list[tuple[str, str]] = []
+    fake.release_interrupted = lambda j, n: released.append((j, n)) or f"job {j} released"  # type: ignore[attr-defined]
+    again = Remediator(
+        eng.policy, State(tmp_path / "s"), fake, Sent(), Sent(), Audit(Metrics(CollectorRegistry()))
+    )
+    decisions = again.recover_interrupted()
+    assert [(d.action.value, d.outcome, d.reason) for d in decisions] == [
+        ("requeue", Outcome.FAILED, "interrupted")
+    ]
+    assert released == [("42", "node02")] and "job 42 released" in decisions[0].detail
+    assert not again.state.actions(Status.STARTED)
+    assert again.recover_interrupted() == []  # once

@@ -349,6 +349,7 @@ class Remediator:
         prior = self.state.action(action.id)
         attempts = (prior.attempts if prior else 0) + 1
         self.state.record(now, guards.ATTEMPT, action.node, action.job_id)
+        self._store(action, Status.STARTED, attempts, _noted(note, "started"))
         start = time.monotonic()
         try:
             detail = self._act(action)
@@ -373,6 +374,31 @@ class Remediator:
         return self._decide(
             action, Outcome.ACTED, "executed", _noted(note, f"{detail} ({took:.3f} s)")
         )
+
+    def recover_interrupted(self) -> list[Decision]:
+        """Actions a stopped remediator left half done (their row still ``started``):
+        each is recorded failed, and a requeue cut off after ``requeuehold`` has its job
+        released by the actuator (``release_interrupted``, when it has one). Before, such
+        a job stayed held for good: a repeat of the alert found it not running and did
+        nothing, and no record said why."""
+        out: list[Decision] = []
+        with self._lock:
+            for row in self.state.actions(Status.STARTED, limit=10_000):
+                alert = Alert(row.fingerprint, "firing", {"host": row.node, "job_id": row.job_id})
+                action = Action(
+                    row.id, ActionKind(row.kind), row.node, row.job_id, row.reason, alert
+                )
+                detail = "interrupted (the remediator stopped while acting)"
+                release = getattr(self.actuator, "release_interrupted", None)
+                if action.kind is ActionKind.REQUEUE and release is not None:
+                    try:
+                        detail += f"; {release(row.job_id, row.node)}"
+                    except ActuatorError as err:
+                        detail += f"; the job may be left held: {err}"
+                log.error("action interrupted id=%s detail=%s", row.id, detail)
+                self._store(action, Status.FAILED_PERMANENT, row.attempts, detail, row.id)
+                out.append(self._decide(action, Outcome.FAILED, "interrupted", detail))
+        return out
 
     def _act(self, action: Action) -> str:
         if action.kind is ActionKind.DRAIN:

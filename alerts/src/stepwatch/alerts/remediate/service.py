@@ -143,6 +143,7 @@ def build(
         mode=mode,
         outcomes=tracker,
     )
+    engine.recover_interrupted()  # what a stopped remediator left half done
     server = RemediatorServer(
         engine,
         token,

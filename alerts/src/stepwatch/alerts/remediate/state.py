@@ -53,6 +53,9 @@ class Status:
     FAILED_TRANSIENT = "failed_transient"
     FAILED_PERMANENT = "failed_permanent"
     REJECTED = "rejected"
+    # written before the actuator is called: a row still "started" when the remediator starts
+    # again was cut off mid-action (kill -9, SIGTERM): Remediator.recover_interrupted
+    STARTED = "started"
 
 
 @dataclass(frozen=True)

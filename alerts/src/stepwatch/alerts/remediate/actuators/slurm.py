@@ -67,6 +67,7 @@ _HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontr
 # what the actuator reads of a job, no field its owner writes (a name, a comment, a path)
 JOB_FORMAT = "%A|%i|%u|%T|%N|%x"
 RUNNING = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
+OUR_HOLDS = ("job requeued in held state", "JobHeldAdmin")  # squeue %r after requeuehold
 _UNSET = ("", "(null)", "N/A")
 RELEASE_TRIES, RELEASE_PAUSE_S = 3, 0.5  # a held job's release, on transient failures
 
@@ -231,6 +232,28 @@ class SlurmActuator:
         return (
             f"job {task} requeued from {row.state.lower()} excluding {','.join(sorted(excluded))}"
         )
+
+    def release_interrupted(self, job_id: str, exclude_node: str) -> str:
+        """Finish a requeue a stopped remediator left after ``requeuehold``: a job held as
+        ``requeuehold`` leaves it (reason ``job requeued in held state``, or
+        ``JobHeldAdmin``; a hold of its owner's reads ``JobHeldUser`` and is left alone)
+        gets the exclusion and is released."""
+        row = self._job(job_id)
+        argv = [self.squeue, "--noheader", "--array", "--states=all", f"--jobs={row.job}"]
+        lines = self._run([*argv, "--format=%i|%r"]).splitlines()
+        if not {f"{row.job}|{r}" for r in OUR_HOLDS} & {ln.strip() for ln in lines}:
+            return f"job {row.job} {row.state.lower()}, not held by an administrator: left as is"
+        excluded = set(self._hostnames(row.excluded, job_id)) | {require_node(exclude_node)}
+        self._run(
+            [
+                self.scontrol,
+                "update",
+                f"jobid={row.job}",
+                f"ExcNodeList={','.join(sorted(excluded))}",
+            ]
+        )
+        self._release(row.job)
+        return f"job {row.job} released excluding {','.join(sorted(excluded))}"
 
     def _hostnames(self, hostlist: str, job_id: str) -> list[str]:
         """A job's node list as squeue prints it (``node[01,03]``), expanded by Slurm: split
