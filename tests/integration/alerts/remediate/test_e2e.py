@@ -19,6 +19,7 @@ from stepwatch.alerts.config import Receivers, alertmanager_config, rule_files
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
 from stepwatch.alerts.remediate.service import build
 from stepwatch.contract import EventMessage, EventType
+from stepwatch.daemons.process import free_port
 from stepwatch.daemons.prometheus import wait_for
 from stepwatch.daemons.slurm import missing_binaries
 from stepwatch.kafka import ensure_topics
@@ -84,10 +85,12 @@ def test_fleet_to_slurm_straggler_drained_and_requeued_user_error_notified(
     try:
         with WebhookReceiver() as hooks:
             policy = tmp_path / "policy.yaml"
+            prom_port = free_port()  # the remediator asks it whether an alert fires
             policy.write_text(
                 POLICY.format(
                     conf=slurm.conf_path, notify=hooks.url("/owner"), page=hooks.url("/page")
                 )
+                + f'outcome: {{prometheus_url: "http://127.0.0.1:{prom_port}"}}\n'
             )
             svc = build(
                 settings.replace(
@@ -114,6 +117,7 @@ def test_fleet_to_slurm_straggler_drained_and_requeued_user_error_notified(
                     rule_files=rule_files(),
                     alertmanagers=[am.address],
                     job_name="stepwatch-stream",
+                    port=prom_port,
                 )
                 injected = time.monotonic()
                 publish(settings, fleet(slow_job, nan_job))

@@ -131,12 +131,27 @@ def test_example_policy_loads():
         ({"guardrails": {"breaker": {"max_share": 2}}}, "max_share: must be in (0, 1]"),
         ({"guardrails": {"cooldown": {"node": "soon"}}}, "not a duration"),
         ({"colour": 1}, "unknown key(s) colour"),
+        ({"guardrails": {"confirm_firing": True}}, "true needs outcome.prometheus_url"),
+        ({"guardrails": {"confirm_firing": "yes"}}, "'yes' is not one of auto, true, false"),
     ],
 )
 def test_policy_errors_are_one_clear_line(raw, message):
     with pytest.raises(PolicyError) as err:
         from_mapping(raw)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "guardrails, url, asks",
+    [
+        ({}, "", False),
+        ({}, "http://p:9090", True),
+        ({"confirm_firing": False}, "http://p:9090", False),
+    ],
+)
+def test_prometheus_is_asked_whether_an_alert_fires_when_a_url_is_set(guardrails, url, asks):
+    policy = from_mapping({"guardrails": guardrails, "outcome": {"prometheus_url": url}})
+    assert policy.confirms_firing is asks
 
 
 def test_execute_drains_and_requeues_once_per_fingerprint(make):

@@ -188,6 +188,24 @@ def test_slurm_actuator_commands_and_failure_kinds():
     assert not err.value.transient
 
 
+def test_a_persons_cordon_after_an_uncordon_is_not_read_as_stepwatchs():
+    """``kubectl uncordon`` leaves the reason annotation: a person who took stepwatch's
+    taint off and later cordoned the node for maintenance had the cordon read as
+    stepwatch's (``drained_by_stepwatch``), so the remediator drained it again and
+    deleted the job's pods there. Without the taint the cordon is the person's."""
+    core = FakeCore()
+    kube = KubeActuator(core)
+    kube.drain("n1", "stepwatch: xid 79")
+    node = core.nodes["n1"]
+    node.spec.unschedulable = False  # kubectl uncordon n1
+    node.spec.taints = []  # kubectl taint nodes n1 stepwatch.io/remediation-
+    assert not kube.node_state("n1").drained
+    node.spec.unschedulable = True  # kubectl cordon n1, weeks later
+    state = kube.node_state("n1")
+    assert state.drained and not state.drained_by_stepwatch and state.reason == ""
+    assert node.metadata.annotations[REASON_ANNOTATION] == "stepwatch: xid 79"  # still there
+
+
 class FakeCore:
     """CoreV1Api's methods the actuator uses, over the client's own model objects."""
 
@@ -217,6 +235,7 @@ class FakeCore:
         self.patches.append((name, body))
         node = self.nodes[name]
         node.spec.unschedulable = body["spec"]["unschedulable"]
+        node.spec.taints = [client.V1Taint(**t) for t in body["spec"]["taints"]]
         node.metadata.annotations.update(body["metadata"]["annotations"])
 
     def list_pod_for_all_namespaces(self, label_selector: str, field_selector: str) -> Any:

@@ -20,6 +20,7 @@ from dataclasses import replace
 from stepwatch.alerts.remediate import guards, identity
 from stepwatch.alerts.remediate.actuators.base import Actuator, NodeState, Notifier
 from stepwatch.alerts.remediate.audit import AuditSink
+from stepwatch.alerts.remediate.confirm import FiringNow
 from stepwatch.alerts.remediate.lookups import Lookups
 from stepwatch.alerts.remediate.model import (
     Action,
@@ -101,6 +102,10 @@ class Remediator:
         self.outcomes = outcomes
         self.scheme = identity.scheme_of(actuator.name)
         self.notices = Notices(state, policy.guardrails, owner, actuator, clock)
+        # Prometheus's word that the alert fires (None: the policy does not ask)
+        self.firing: Callable[[Alert], bool | None] | None = (
+            FiringNow(policy.outcome.prometheus_url) if policy.confirms_firing else None
+        )
         self._lock = threading.Lock()  # one decision at a time: guardrail counts stay true
         self._pruned = float("-inf")
 
@@ -248,6 +253,9 @@ class Remediator:
         verdict = guards.precheck(self.state, g, alert, now=now, exclude_ref=exclude_ref)
         if verdict.skip:
             return verdict
+        verdict = self._confirmed(alert)
+        if verdict.skip:
+            return verdict
         try:
             node = lookups.node_state(host)
         except ActuatorError as err:
@@ -267,6 +275,24 @@ class Remediator:
             return guards.Verdict("job_unknown", detail=str(err)[:300], transient=err.transient)
         verdict = guards.job_check(g, host, alert.job_id, nodes)
         return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
+
+    def _confirmed(self, alert: Alert) -> guards.Verdict:
+        """Prometheus fires this alert for this node and job now (when the policy asks).
+        Neither skip is remembered: a later repeat of the alert is judged afresh."""
+        if self.firing is None:
+            return guards.GO
+        firing = self.firing(alert)
+        if firing is None:
+            return guards.Verdict(
+                "firing_unconfirmed", detail="Prometheus did not answer", transient=True
+            )
+        if not firing:
+            return guards.Verdict(
+                "not_firing",
+                detail="Prometheus fires no alert of this name for this host and job",
+                transient=True,
+            )
+        return guards.GO
 
     def _breaker(
         self,

@@ -46,6 +46,12 @@ log = logging.getLogger(__name__)
 STEP_METRIC = "stepwatch_job_step_seconds"
 
 
+def promql_string(value: str) -> str:
+    """A PromQL string literal (Go's quoting, which JSON's is a subset of): a label value the
+    sender chose never ends the string and rewrites the query."""
+    return json.dumps(value)
+
+
 class Prometheus:
     """Instant queries to Prometheus, when a URL is set (None: unknown or unreachable)."""
 
@@ -86,7 +92,7 @@ class StillFiring(Prometheus):
     (docs/security.md). None: unknown (no URL, unreachable)."""
 
     def __call__(self, row: OutcomeRow) -> bool | None:
-        match = ['alertstate="firing"', f'alertname="{row.alertname}"']
+        match = ['alertstate="firing"', f"alertname={promql_string(row.alertname)}"]
         if row.node and identity.node_ok(row.node):
             match.append(f'host="{row.node}"')
         if row.job_id and identity.job_ok(row.job_id, "label"):

@@ -77,6 +77,9 @@ class Guardrails:
     page_per_node: int = 1
     page_total: int = 20
     page_window_s: float = 3600.0
+    # ask Prometheus (outcome.prometheus_url) whether it fires the alert before a drain or
+    # requeue: "auto" (default) when a URL is set, "on" (a URL required) or "off"
+    confirm_firing: str = "auto"
 
     @property
     def history_span_s(self) -> float:
@@ -117,6 +120,12 @@ class Policy:
     page: Mapping[str, Any] = field(default_factory=lambda: {"kind": "log"})
     audit: Mapping[str, Any] = field(default_factory=dict)
     outcome: OutcomeSettings = field(default_factory=OutcomeSettings)
+
+    @property
+    def confirms_firing(self) -> bool:
+        """Whether a drain or requeue waits for Prometheus to say the alert fires."""
+        mode = self.guardrails.confirm_firing
+        return mode == "on" or (mode == "auto" and bool(self.outcome.prometheus_url))
 
     def rule_for(self, alert: Alert) -> Rule | None:
         """The first rule whose ``match`` the alert's labels satisfy."""
@@ -180,7 +189,7 @@ def from_mapping(raw: Any) -> Policy:
             "outcome",
         },
     )
-    return Policy(
+    policy = Policy(
         mode=_enum("mode", Mode, data.get("mode", "observe")),
         cluster_nodes=_int("cluster_nodes", data.get("cluster_nodes", 0), 0),
         rules=tuple(
@@ -199,6 +208,9 @@ def from_mapping(raw: Any) -> Policy:
         audit=_mapping("audit", data.get("audit", {})),
         outcome=_outcome(data.get("outcome", {})),
     )
+    if policy.guardrails.confirm_firing == "on" and not policy.outcome.prometheus_url:
+        raise PolicyError("guardrails.confirm_firing: true needs outcome.prometheus_url")
+    return policy
 
 
 def _outcome(raw: Any) -> OutcomeSettings:
@@ -256,6 +268,7 @@ def _guardrails(raw: Any) -> Guardrails:
             "job_check",
             "notify",
             "pages",
+            "confirm_firing",
         },
     )
     breaker = _mapping("guardrails.breaker", data.get("breaker", {}))
@@ -328,7 +341,16 @@ def _guardrails(raw: Any) -> Guardrails:
         page_per_node=_int("guardrails.pages.per_node", pages.get("per_node", d.page_per_node), 1),
         page_total=_int("guardrails.pages.total", pages.get("total", d.page_total), 1),
         page_window_s=_duration("guardrails.pages.per", pages.get("per", d.page_window_s)),
+        confirm_firing=_confirm(data.get("confirm_firing", d.confirm_firing)),
     )
+
+
+def _confirm(raw: Any) -> str:
+    if raw is True or raw is False:
+        return "on" if raw else "off"
+    if raw == "auto":
+        return "auto"
+    raise PolicyError(f"guardrails.confirm_firing: {raw!r} is not one of auto, true, false")
 
 
 def _plugin(where: str, raw: Any, kinds: tuple[str, ...]) -> Mapping[str, Any]:

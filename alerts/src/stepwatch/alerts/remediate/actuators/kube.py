@@ -2,8 +2,8 @@
 
 - drain: cordon (``spec.unschedulable``), add the taint
   ``stepwatch.io/remediation=stepwatch:NoSchedule`` and annotate the node with
-  the reason (``stepwatch.io/drain-reason``): that annotation is how a
-  stepwatch cordon is told from a person's.
+  the reason (``stepwatch.io/drain-reason``): the taint and that annotation
+  together are how a stepwatch cordon is told from a person's.
 - requeue: delete the job's pods on the node (label ``stepwatch.io/job-id``,
   configurable); the job's controller (Job, JobSet, PyTorchJob) recreates
   them and the cordon keeps them off the node. They resume from the last
@@ -24,6 +24,18 @@ from stepwatch.errors import ActuatorError
 TAINT_KEY = "stepwatch.io/remediation"
 REASON_ANNOTATION = "stepwatch.io/drain-reason"
 T = TypeVar("T")
+
+
+def _our_reason(node: Any) -> str:
+    """The drain reason stepwatch left, while its taint is on the node ('' otherwise).
+
+    ``kubectl uncordon`` leaves annotations (and taints) alone: a reason annotation alone
+    made a person's later ``kubectl cordon`` read as stepwatch's, and the node was
+    drained and its pods deleted again over the person's cordon. Returning a node to
+    service takes the taint off (docs/runbooks.md); a cordon without it is a person's."""
+    if not any(t.key == TAINT_KEY for t in (node.spec.taints or [])):
+        return ""
+    return str((node.metadata.annotations or {}).get(REASON_ANNOTATION, ""))
 
 
 class KubeActuator:
@@ -76,8 +88,7 @@ class KubeActuator:
                 f"kubernetes read node {node}: {err.status} {err.reason}",
                 transient=err.status == 429 or (err.status or 0) >= 500,
             ) from err
-        annotations = obj.metadata.annotations or {}
-        return NodeState(True, bool(obj.spec.unschedulable), annotations.get(REASON_ANNOTATION, ""))
+        return NodeState(True, bool(obj.spec.unschedulable), _our_reason(obj))
 
     def node_count(self) -> int:
         return len(self._call("list nodes", self.core.list_node).items)
