@@ -21,6 +21,9 @@ from tests.support.remediator_http import alert, send, start
 
 pytestmark = pytest.mark.integration
 REAL = alert("gpu-001", "43")
+# a straggler the shipped rule calls the job's own (fault=user: notify its owner, no drain)
+USER_FAULT = alert("gpu-003", "43", fault="user", **{"class": "user", "remediation": "notify"})
+OPTED_OUT = alert("gpu-004", "43", stepwatch_opt_out="true")  # a node opted out by its label
 
 
 @pytest.fixture()
@@ -35,13 +38,22 @@ def fake(tmp_path, monkeypatch) -> FakeSlurm:
 @pytest.fixture()
 def prometheus(tmp_path, prometheus_factory):
     rules = tmp_path / "rules.yml"
-    rule = {"alert": REAL["labels"]["alertname"], "expr": "vector(1)", "labels": {}}
-    rule["labels"] = {k: v for k, v in REAL["labels"].items() if k != "alertname"}
-    rules.write_text(yaml.safe_dump({"groups": [{"name": "t", "rules": [rule]}]}))
+    fired = [REAL, USER_FAULT, OPTED_OUT]
+    rule = [
+        {
+            "alert": a["labels"]["alertname"],
+            "expr": "vector(1)",
+            "labels": {k: v for k, v in a["labels"].items() if k != "alertname"},
+        }
+        for a in fired
+    ]
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "t", "rules": rule}]}))
     prom = prometheus_factory(rule_files=[rules])
     # ALERTS, what the remediator asks, lags the rule's state by two evaluations after
     # Prometheus starts (a later alert is in ALERTS as it fires)
-    wait_for(lambda: prom.query('ALERTS{alertstate="firing"}'), 30, what="the alert firing")
+    wait_for(
+        lambda: len(prom.query('ALERTS{alertstate="firing"}')) == 3, 30, what="the alerts firing"
+    )
     return prom
 
 
@@ -63,6 +75,29 @@ def test_only_an_alert_prometheus_fires_drains_its_node(tmp_path, fake, promethe
         # a refusal is not remembered: the same alert is judged again (and again refused)
         assert _reasons(send(svc, [other_node])) == {("skipped", "not_firing")}
         assert list(fake.drained()) == ["gpu-001"]
+    finally:
+        svc.stop()
+
+
+def test_a_real_alert_resent_with_other_deciding_labels_drains_nothing(tmp_path, fake, prometheus):
+    """Prometheus fires these alerts, but not with these labels: the user fault re-sent
+    as a system fault with remediation=drain, the opted-out node's alert without its
+    opt-out label. Before, only the name, host and job were compared, and both drained."""
+    svc = start(tmp_path, outcome={"prometheus_url": prometheus.url})
+    try:
+        upgraded = alert("gpu-003", "43")  # class=system, remediation=drain, fault=system
+        opted_in = alert("gpu-004", "43")
+        refused = send(svc, [upgraded, opted_in])
+        assert _reasons(refused) == {("skipped", "not_firing")}, refused
+        details = {d["host"]: d["detail"] for d in refused}
+        assert "class, remediation" in details["gpu-003"]
+        assert "stepwatch_opt_out" in details["gpu-004"]
+        # the alerts exactly as Prometheus fires them: the user fault only tells its
+        # owner, the opted-out node is left alone
+        as_fired = send(svc, [USER_FAULT, OPTED_OUT])
+        assert {d["reason"] for d in as_fired} == {"executed", "opted_out"}, as_fired
+        assert {d["action"] for d in as_fired if d["reason"] == "executed"} == {"notify"}
+        assert fake.drained() == {} and fake.requeued() == []  # squeue asked for the owner
     finally:
         svc.stop()
 

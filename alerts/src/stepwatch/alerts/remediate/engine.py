@@ -20,7 +20,13 @@ from dataclasses import replace
 from stepwatch.alerts.remediate import guards, identity
 from stepwatch.alerts.remediate.actuators.base import Actuator, NodeState, Notifier
 from stepwatch.alerts.remediate.audit import AuditSink
-from stepwatch.alerts.remediate.confirm import FiringNow
+from stepwatch.alerts.remediate.confirm import (
+    Confirmations,
+    FiringNow,
+    Series,
+    decision_labels,
+    differing,
+)
 from stepwatch.alerts.remediate.lookups import Lookups
 from stepwatch.alerts.remediate.model import (
     Action,
@@ -64,6 +70,11 @@ _REMEMBER = {
     "node_not_in_job",
 }
 
+# transient skips that still end an approval: the alert no longer fires (a later firing is
+# a new action); the others (no answer from the scheduler or Prometheus, a pending job)
+# leave the action queued to be approved again
+_FINAL_AT_APPROVAL = {"not_firing"}
+
 
 def _memory_id(action: Action) -> str:
     """Where a skip for the alert's input is remembered: the action id and the digest of the
@@ -102,10 +113,11 @@ class Remediator:
         self.outcomes = outcomes
         self.scheme = identity.scheme_of(actuator.name)
         self.notices = Notices(state, policy.guardrails, owner, actuator, clock)
-        # Prometheus's word that the alert fires (None: the policy does not ask)
-        self.firing: Callable[[Alert], bool | None] | None = (
+        # what Prometheus fires (None: the policy does not ask), and the labels compared
+        self.firing: Callable[[Alert], Series | None] | None = (
             FiringNow(policy.outcome.prometheus_url) if policy.confirms_firing else None
         )
+        self.decision_labels = decision_labels(policy)
         self._lock = threading.Lock()  # one decision at a time: guardrail counts stay true
         self._pruned = float("-inf")
 
@@ -113,7 +125,7 @@ class Remediator:
         self._prune()
         out: list[Decision] = []
         seen: set[tuple[str, str, str]] = set()
-        lookups = Lookups(self.actuator, self.policy.cluster_nodes)
+        lookups = self._lookups()
         budget = [self.policy.guardrails.max_alerts_per_webhook]
         for alert in map(self._canonical, alerts):
             key = (alert.fingerprint, alert.name, alert.status)
@@ -131,6 +143,11 @@ class Remediator:
         if len(seen) < len(alerts):
             log.info("webhook repeats collapsed alerts=%d distinct=%d", len(alerts), len(seen))
         return out
+
+    def _lookups(self) -> Lookups:
+        """Answers kept for one webhook or approval: the scheduler's and Prometheus's."""
+        firing = Confirmations(self.firing) if self.firing is not None else None
+        return Lookups(self.actuator, self.policy.cluster_nodes, firing)
 
     def _canonical(self, alert: Alert) -> Alert:
         job = identity.canonical_job(alert.job_id, self.scheme)
@@ -253,7 +270,7 @@ class Remediator:
         verdict = guards.precheck(self.state, g, alert, now=now, exclude_ref=exclude_ref)
         if verdict.skip:
             return verdict
-        verdict = self._confirmed(alert)
+        verdict = self._confirmed(alert, lookups)
         if verdict.skip:
             return verdict
         try:
@@ -276,20 +293,28 @@ class Remediator:
         verdict = guards.job_check(g, host, alert.job_id, nodes)
         return verdict if verdict.skip else self._breaker(actions, host, node, lookups, exclude_ref)
 
-    def _confirmed(self, alert: Alert) -> guards.Verdict:
-        """Prometheus fires this alert for this node and job now (when the policy asks).
-        Neither skip is remembered: a later repeat of the alert is judged afresh."""
-        if self.firing is None:
+    def _confirmed(self, alert: Alert, lookups: Lookups) -> guards.Verdict:
+        """Prometheus fires this alert for this node and job now, with the webhook's values
+        of every label a decision reads (when the policy asks). Neither skip is
+        remembered: a later repeat of the alert is judged afresh."""
+        if lookups.confirmations is None:
             return guards.GO
-        firing = self.firing(alert)
-        if firing is None:
+        series = lookups.confirmations.series(alert)
+        if series is None:
             return guards.Verdict(
                 "firing_unconfirmed", detail="Prometheus did not answer", transient=True
             )
-        if not firing:
+        if not series:
             return guards.Verdict(
                 "not_firing",
                 detail="Prometheus fires no alert of this name for this host and job",
+                transient=True,
+            )
+        diff = differing(alert, series, self.decision_labels)
+        if diff:
+            return guards.Verdict(
+                "not_firing",
+                detail="Prometheus fires it with other labels: " + ", ".join(diff[:8]),
                 transient=True,
             )
         return guards.GO
@@ -564,8 +589,14 @@ class Remediator:
             action = replace(self._action(ActionKind(row.kind), alert), id=row.id)
             if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued
                 return self._decide(action, Outcome.SKIPPED, "observe_mode", note)
+            verdict = self._recheck(alert, action)  # its own reservation left out
+            if verdict.skip and verdict.transient and verdict.skip not in _FINAL_AT_APPROVAL:
+                # the scheduler or Prometheus did not answer (or the job is pending): the
+                # action stays queued with its reservation, to be approved again. Before,
+                # a blip made it rejected for good and the alert's repeats duplicates.
+                log.warning("approval deferred id=%s reason=%s by=%s", row.id, verdict.skip, by)
+                return self._refuse(alert, [action], verdict, Status.SKIPPED, note)[0]
             self.state.unreserve(row.id)
-            verdict = self._recheck(alert, action)
             if verdict.skip:
                 log.warning("approval refused id=%s reason=%s by=%s", row.id, verdict.skip, by)
                 return self._refuse(alert, [action], verdict, Status.REJECTED, note)[0]
@@ -581,7 +612,7 @@ class Remediator:
         verdict = self._no_job(alert, action)
         if verdict.skip:
             return verdict
-        lookups = Lookups(self.actuator, self.policy.cluster_nodes)
+        lookups = self._lookups()
         return self._judge(alert, [action], lookups, exclude_ref=alert_key(alert))
 
     def close_breaker(self, who: str) -> bool:

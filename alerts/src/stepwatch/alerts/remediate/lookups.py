@@ -1,18 +1,26 @@
 """What the scheduler says, asked at most once per webhook (or approval) per node and job.
 
 A webhook that names one job in a hundred alerts costs one ``scontrol show
-job``; a failed answer is remembered for the rest of the webhook too.
+job``; a failed answer is remembered for the rest of the webhook too. What
+Prometheus fires (``confirmations``, when the policy asks) is kept the same way.
 """
 
 from __future__ import annotations
 
 from stepwatch.alerts.remediate.actuators.base import Actuator, NodeState
+from stepwatch.alerts.remediate.confirm import Confirmations
 from stepwatch.errors import ActuatorError
 
 
 class Lookups:
-    def __init__(self, actuator: Actuator, cluster_nodes: int = 0) -> None:
+    def __init__(
+        self,
+        actuator: Actuator,
+        cluster_nodes: int = 0,
+        confirmations: Confirmations | None = None,
+    ) -> None:
         self.actuator = actuator
+        self.confirmations = confirmations
         self._cluster = cluster_nodes or None
         self._nodes: dict[str, NodeState | ActuatorError] = {}
         self._jobs: dict[str, frozenset[str] | ActuatorError | None] = {}

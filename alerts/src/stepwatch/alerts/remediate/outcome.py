@@ -24,6 +24,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
@@ -52,27 +53,76 @@ def promql_string(value: str) -> str:
     return json.dumps(value)
 
 
+MAX_ANSWER = 1 << 20  # bytes of a Prometheus answer read at most
+IN_FLIGHT = 2  # queries to Prometheus still running at once; more: no answer
+
+
 class Prometheus:
-    """Instant queries to Prometheus, when a URL is set (None: unknown or unreachable)."""
+    """Instant queries to Prometheus, when a URL is set (None: unknown or unreachable).
+
+    ``timeout`` bounds the whole query, not each socket read: a Prometheus (or a proxy)
+    that trickles its answer a byte at a time held a webhook, and the decision lock every
+    other webhook and approval waits for, far past it. A query still running then goes
+    on in a daemon thread; while ``IN_FLIGHT`` of them do, the next gets no answer."""
 
     def __init__(self, url: str, timeout: float = 5.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._slots = threading.BoundedSemaphore(IN_FLIGHT)
 
     def value(self, promql: str, what: str) -> float | None:
         """The first sample's value; 0.0 for an empty result."""
+        result = self.series(promql, what)
+        if result is None:
+            return None
+        try:
+            return float(result[0]["value"][1]) if result else 0.0
+        except (ValueError, KeyError, IndexError, TypeError) as err:
+            log.warning("%s unavailable query=%s error=%s", what, promql, err)
+            return None
+
+    def series(self, promql: str, what: str) -> list[dict[str, Any]] | None:
+        """The instant vector's series (``metric`` labels and ``value``); None: no answer."""
         if not self.url:
             return None
         query = urllib.parse.urlencode({"query": promql})
         try:
-            with urllib.request.urlopen(
-                f"{self.url}/api/v1/query?{query}", timeout=self.timeout
-            ) as resp:
-                result = json.loads(resp.read())["data"]["result"]
-            return float(result[0]["value"][1]) if result else 0.0
-        except (OSError, ValueError, KeyError, IndexError, urllib.error.URLError) as err:
+            result = json.loads(self._fetch(f"{self.url}/api/v1/query?{query}"))["data"]["result"]
+            if not isinstance(result, list):
+                raise ValueError("the answer is not an instant vector")
+            return result
+        except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError) as err:
             log.warning("%s unavailable query=%s error=%s", what, promql, err)
             return None
+
+    def _fetch(self, url: str) -> bytes:
+        if not self._slots.acquire(blocking=False):
+            raise TimeoutError(f"{IN_FLIGHT} earlier queries to Prometheus still run")
+        box: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                box["body"] = self._get(url)
+            except Exception as err:  # handed to the caller, which logs it
+                box["error"] = err
+            finally:
+                self._slots.release()
+
+        thread = threading.Thread(target=run, name="prometheus-query", daemon=True)
+        thread.start()
+        thread.join(self.timeout)
+        if thread.is_alive():
+            raise TimeoutError(f"no whole answer within {self.timeout:g} s")
+        if "error" in box:
+            raise box["error"]
+        return bytes(box["body"])
+
+    def _get(self, url: str) -> bytes:
+        with urllib.request.urlopen(url, timeout=self.timeout) as resp:
+            body = bytes(resp.read(MAX_ANSWER + 1))
+        if len(body) > MAX_ANSWER:
+            raise ValueError(f"an answer over {MAX_ANSWER} bytes")
+        return body
 
 
 class StepTimes(Prometheus):
