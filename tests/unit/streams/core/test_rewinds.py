@@ -376,3 +376,32 @@ def test_a_restart_keeps_the_new_run_of_a_host_whose_clock_is_off(off: float) ->
     closed = asm.add([r for r in again if r.rank < 6]) + asm.add([r for r in again if r.rank >= 6])
     assert [(c.step, c.complete) for c in closed] == [(s, True) for s in range(20, 30)]
     assert (asm.late, asm.duplicates, len(asm.rewinds)) == (0, 0, 1)
+
+
+def test_a_restart_resolves_at_the_new_runs_start_not_after_the_old_runs_tail() -> None:
+    """The old run's last steps were reported by half its ranks only (the job was killed
+    mid-step, as a requeue does) and the new run starts 20 s later: the straggler it
+    resolves is stamped when the new run began. Before, the old run's newest end plus the
+    gap from its last *closed* step counted that tail twice (3.8 s here; 14 s in the
+    demo, after the alert had resolved)."""
+    job = Job(world=16, steps=60, slow={5: (20, 1.3)})
+    messages = job.messages()
+    killed = [
+        msgspec.structs.replace(m, steps=[r for r in m.steps if r.step < 57 or r.rank < 8])
+        for m in messages
+    ]
+    engine = Engine()
+    assert [(d.type, d.rank, d.state) for d in drive(engine, killed)][:1] == [
+        ("straggler", 5, "open")
+    ]
+    last = max(r.end for m in killed for r in m.steps)
+    step30 = [r for m in messages for r in m.steps if r.step == 30]
+    began = last + 20.0
+    new = _moved(step30, 0, began - min(r.start for r in step30))
+    after = engine.process(
+        msgspec.structs.replace(messages[-1], steps=new, ts=max(r.end for r in new))
+    )
+    assert [(d.type, d.rank, d.evidence["resolved_because"]) for d in after] == [
+        ("straggler", 5, "job restarted from a checkpoint")
+    ]
+    assert after[0].ts == pytest.approx(began)

@@ -134,6 +134,7 @@ class Rewind:
     from_step: int
     to_step: int
     gap_seconds: float  # from the last closed step's end to the new step's start
+    started_at: float | None = None  # when the new run began (its ranks' first starts)
 
 
 class StepAssembler:
@@ -277,7 +278,10 @@ class StepAssembler:
         confirmed = self.watch.take()
         self.old_run_before = self.watch.old_run_before(confirmed)
         self.watch.restart()
-        self.rewinds.append(Rewind(self.last_closed, confirmed.to_step, confirmed.gap_seconds))
+        began = float(np.median(list(confirmed.starts.values()))) if confirmed.starts else None
+        self.rewinds.append(
+            Rewind(self.last_closed, confirmed.to_step, confirmed.gap_seconds, began)
+        )
         self._late += sum(len(p.records) for p in self._pending.values())  # the old run's
         self._pending.clear()
         self.absent.clear()

@@ -410,7 +410,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.throughput.on_rewind(rw, self.slowdown.cadence, self.cfg.restart_warmup_steps)
             if self.hung_since is not None:
                 self.hung_since = None
-                restarted_at = self.last_progress + max(rw.gap_seconds, 0.0)
+                restarted_at = self._restart_time(rw)
                 for type_ in (T.HANG, T.RANK_MISSING):
                     for key in self.book.keys(type_):
                         out.extend(self.book.resolve(key, restarted_at, rw.to_step, "restarted"))
@@ -443,7 +443,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
             return
         gap = min(r.start for r in records) - self.assembler.last_closed_end
         if gap >= self.moves.restart_gap(self.slowdown.cadence):
-            self.assembler.rewinds.append(Rewind(last, max(last + 1, step), gap))
+            began = min(r.start for r in records)
+            self.assembler.rewinds.append(Rewind(last, max(last + 1, step), gap, began))
             self.moves.clear()  # handled with the assembler's rewinds (_on_rewinds)
 
     def _settle_moves(self, step: int, ts: float) -> list[DetectionMessage]:
@@ -466,13 +467,22 @@ class Job(Incidents, Stragglers, NetworkWatch):
         run's stragglers and slowdowns are resolved; a fault that persists opens again once
         the new run has warmed up."""
         out: list[DetectionMessage] = []
-        at = self.last_progress + max(rw.gap_seconds, 0.0)
+        at = self._restart_time(rw)
         for type_ in (T.STRAGGLER, T.JOB_SLOWDOWN):
             for key in self.book.keys(type_):
                 out.extend(
                     self.book.resolve(key, at, rw.to_step, "job restarted from a checkpoint")
                 )
         return out
+
+    def _restart_time(self, rw: Rewind) -> float:
+        """When the new run began: its ranks' first starts. Before, the old run's newest
+        end plus the gap from its last *closed* step, which counted the old run's
+        unclosed tail twice: a detection resolved by the restart was stamped after the
+        new run's steps (14 s after its alert resolved, in the demo)."""
+        if rw.started_at is not None:
+            return rw.started_at
+        return self.last_progress + max(rw.gap_seconds, 0.0)
 
     def _finalise(self, now: float) -> list[DetectionMessage]:
         """After job_end plus the assembly deadline: close the last steps, resolve."""
