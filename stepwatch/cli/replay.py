@@ -24,8 +24,8 @@ written to --dlq) and skipped. A summary goes to stderr when detections go to
 stdout, to stdout otherwise.
 
 Exit status: 0 when at least one line was a valid message (or the input was
-empty), 1 when every line was malformed (the input is not contract messages),
-2 for a usage error.
+empty), 1 when every line was malformed (the input is not contract messages) or
+a file cannot be read or written, 2 for a usage error.
 """
 
 EXAMPLES = """\

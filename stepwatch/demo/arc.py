@@ -39,6 +39,11 @@ class Arc:
     wall0: float = field(default_factory=time.time)  # wall clock at the demo's start
     reached: dict[str, Stage] = field(default_factory=dict)
     detection_id: str = ""
+    # where the fault was injected, when the demo knows (the torch job's slow node): a
+    # detection elsewhere is not the fault found. Before, a real host_input blip on
+    # node01 four steps before the fault began was "found", and its resolution a second
+    # later "recovered", while the injected straggler on node02 was still firing.
+    fault_hosts: frozenset[str] = frozenset()
 
     def _since(self, wall: object, at: float) -> float:
         """Seconds since the start of a wall-clock stamp; ``at`` when there is none."""
@@ -101,6 +106,8 @@ class Arc:
         if "found" in self.reached:
             return None
         for d in detections:
+            if self.fault_hosts and d.host not in self.fault_hosts:
+                continue
             if d.state == "open" and d.fault == "system":
                 self.detection_id = d.id
                 where = f"rank {d.rank} " if d.rank is not None else ""

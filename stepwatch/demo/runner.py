@@ -127,6 +127,7 @@ class Demo:
         self.publisher = KafkaPublisher(settings)
         if opts.torch:
             self.torch_job = self._torch_job(settings, hosts).start(env)
+            self.arc.fault_hosts = frozenset({self.torch_job.slow_node})
             self.fleet = self.torch_job
         else:
             follow = self.alerting.allocation() if self.alerting is not None else None

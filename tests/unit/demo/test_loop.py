@@ -125,6 +125,26 @@ def test_the_arc_goes_forward_once_with_event_times() -> None:
     assert arc.observe(95.0, steps=160, detections=resolved, incarnations=runs) == []
 
 
+def test_a_detection_away_from_the_faulty_node_is_not_the_fault_found() -> None:
+    """The torch demo: a real host_input blip on node01 just before the fault began was
+    "found", and its resolution a second later "recovered", while the injected straggler
+    on node02 was still firing."""
+    arc = Arc(wall0=1000.0, fault_hosts=frozenset({"node02"}))
+    blip = detection("open", id="d0", host="node01", rank=1, cause="host_input")
+    assert [s.name for s in arc.observe(20.0, steps=90, detections=[blip])] == ["healthy"]
+    found = arc.observe(22.0, steps=95, detections=[blip, detection("open")])
+    assert [s.name for s in found] == ["found"] and arc.detection_id == "d1"
+    assert "host=node02" in arc.reached["found"].detail
+    runs = [Incarnation(0, 1000.0, HOSTS, 0), Incarnation(1, 1060.0, ("node03", "node04"), 50)]
+    arc.reach("requeued", 55.0, "requeue")
+    gone = [detection("resolved", id="d0", host="node01", rank=1), detection("open")]
+    assert [s.name for s in arc.observe(61.0, steps=99, detections=gone, incarnations=runs)] == [
+        "running again"
+    ]
+    done = arc.observe(75.0, steps=99, detections=[*gone, detection("resolved")], incarnations=runs)
+    assert [s.name for s in done] == ["recovered"] and "node02" in done[0].detail
+
+
 @pytest.mark.parametrize(
     ("evidence", "said"),
     [

@@ -157,7 +157,14 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_RUNBOOK_BASE_URL,
         help="where docs/runbooks.md is published (default: %(default)s)",
     )
-    parser.add_argument("--out", type=Path, help="output folder (default: deploy/kubernetes)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help=(
+            "output folder (default: kube: deploy/kubernetes of the checkout stepwatch "
+            "is installed from; rules: ./rules)"
+        ),
+    )
     args = parser.parse_args(argv)
     if args.what == "rules":
         out = args.out or Path("rules")
