@@ -139,7 +139,8 @@ def run_check(args: argparse.Namespace) -> int:
         f"breaker={g.breaker_max_share:.0%}/{g.breaker_window_s:.0f}s "
         f"rate={g.rate_limit}/{g.rate_window_s:.0f}s webhook_cap={g.max_alerts_per_webhook} "
         f"notify={g.notify_total}/{g.notify_window_s:.0f}s (per owner {g.notify_per_owner}) "
-        f"outcome_deadline={policy.outcome.deadline_s:.0f}s"
+        f"outcome_deadline={policy.outcome.deadline_s:.0f}s "
+        f"confirm_firing={'on' if policy.confirms_firing else 'off'}"
     )
     return 0
 

@@ -111,3 +111,16 @@ def _get(url: str) -> dict | None:
             return json.loads(resp.read())
     except OSError:
         return None
+
+
+@pytest.mark.parametrize(
+    "policy, confirm",
+    [
+        (POLICY, "off"),  # the example: no Prometheus URL
+        (ROOT / "deploy" / "compose" / "remediator-policy.yaml", "on"),
+    ],
+)
+def test_check_policy_says_whether_prometheus_confirms_alerts(policy, confirm):
+    done = cli("check-policy", str(policy), env=dict(os.environ))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("policy ok:") and f"confirm_firing={confirm}" in done.stdout
