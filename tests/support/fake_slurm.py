@@ -159,6 +159,12 @@ class FakeSlurm:
         requeued: list[str] = self.state()["requeued"]
         return requeued
 
+    def set_owner(self, job: str, user: str) -> None:
+        """The user Slurm names as ``job``'s owner (``ada`` unless set)."""
+        doc = self.state()
+        doc["jobs"][job]["user"] = user
+        self.state_file.write_text(json.dumps(doc))
+
     def acting_calls(self) -> list[list[str]]:
         """Calls that change the cluster (update, requeue, hold, release)."""
         return [

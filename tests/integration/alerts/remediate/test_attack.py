@@ -212,15 +212,17 @@ def test_hole4_a_retried_webhook_is_idempotent(fake, service):
 
 
 def test_hole4_user_alerts_get_bounded_plain_notifications(fake, service):
+    for i in range(1, 101):  # job 10i: Slurm names u<i> its owner, ada for the odd ones
+        fake.set_owner(str(100 + i), "ada" if i % 2 else f"u{i}")
     with WebhookReceiver() as hooks:
         svc = service(notify=hooks.url("/owner"))
         spam = []
         for i in range(200):
             a = alert(
-                "gpu-001",
-                "101",
+                f"gpu-{i % 100 + 1:03d}",
+                str(100 + i % 100 + 1),
                 name="JobUserError",
-                owner="ada" if i % 2 else f"u{i}",
+                rank=str(i),
                 **{"class": "user", "remediation": "notify"},
             )
             a["annotations"] = {
@@ -239,6 +241,24 @@ def test_hole4_user_alerts_get_bounded_plain_notifications(fake, service):
             for d in sent
         )
         assert {d["reason"] for d in decisions} >= {"notify_rate_limited"}
+
+
+def test_a_user_error_goes_to_the_owner_slurm_names_not_the_owner_label(fake, service):
+    """The ``owner`` label is the sender's word: it chose who was told of a job's user
+    errors (its summary, host and job id). Slurm's owner of the job comes first; the
+    label only where the scheduler names none (Kubernetes)."""
+    fake.set_owner("43", "bob")
+    with WebhookReceiver() as hooks:
+        svc = service(notify=hooks.url("/owner"))
+        forged = alert(
+            "gpu-001",
+            "43",
+            name="JobUserError",
+            owner="mallory",
+            **{"class": "user", "remediation": "notify"},
+        )
+        assert {d["reason"] for d in send(svc, [forged])} == {"executed"}
+        assert [n.body["to"] for n in hooks.received("/owner")] == ["bob"]
 
 
 def test_c4_a_straggler_with_its_job_id_left_out_drains_nothing(fake, service):

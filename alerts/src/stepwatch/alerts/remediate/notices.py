@@ -69,19 +69,26 @@ class Notices:
         return f"owner {owner or '(unknown)'} notified"
 
     def owner_of(self, alert: Alert, lookups: Lookups) -> str:
-        """The ``owner`` (or ``user``) label when plain, else the scheduler's job owner."""
+        """The scheduler's owner of the alert's job when it names one (Slurm), else the
+        alert's ``owner`` (or ``user``) label when plain (Kubernetes has no job owner).
+        Before, the label came first: whoever could post an alert chose who was told,
+        and a job's user errors could be sent to someone else."""
+        try:
+            found = self._scheduler_owner(alert, lookups)
+        except ActuatorError as err:
+            log.warning("job owner unknown job_id=%s error=%s", alert.job_id, err)
+            return ""
+        if found:
+            return found
         owner = alert.labels.get("owner") or alert.labels.get("user", "")
-        if owner:
-            return owner if identity.OWNER.fullmatch(owner) else ""
+        return owner if identity.OWNER.fullmatch(owner) else ""
+
+    def _scheduler_owner(self, alert: Alert, lookups: Lookups) -> str:
         if not alert.job_id or not identity.job_ok(
             alert.job_id, identity.scheme_of(self.actuator.name)
         ):
             return ""
-        try:
-            found = lookups.job_owner(alert.job_id)
-        except ActuatorError as err:
-            log.warning("job owner unknown job_id=%s error=%s", alert.job_id, err)
-            return ""
+        found = lookups.job_owner(alert.job_id)
         return found if identity.OWNER.fullmatch(found) else ""
 
     def event(self, kind: str, alert: Alert, text: str, to: str) -> dict[str, object]:
