@@ -27,10 +27,10 @@ def body(**alert: object) -> bytes:
 
 def test_firing_and_resolved_alerts_become_records() -> None:
     [firing] = records(body(), received_at=5.0)
-    assert firing.starts_at == pytest.approx(1767225600.123457)
+    assert firing.starts_at == pytest.approx(1767225600.123457, abs=1e-6)
     assert firing.ends_at is None and firing.job_id == "7" and firing.severity == "page"
     [resolved] = records(body(status="resolved", endsAt="2026-01-01T01:00:00+01:00"), 5.0)
-    assert resolved.ends_at == pytest.approx(1767225600.0)
+    assert resolved.ends_at == pytest.approx(1767225600.0, abs=1e-6)
     assert decode_alert(encode_ops(resolved)) == resolved
 
 

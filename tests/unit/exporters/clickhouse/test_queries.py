@@ -112,7 +112,7 @@ def test_the_cli_names_the_mistake_and_describes_with_the_sql(capsys):
     ],
 )
 def test_parse_time(text, expected):
-    assert queries.parse_time(text, NOW) == pytest.approx(expected)
+    assert queries.parse_time(text, NOW) == pytest.approx(expected, abs=1e-6)
 
 
 def test_empty_string_default_binds_to_empty():

@@ -184,6 +184,11 @@ class Engine:
             log.info("job resized job_id=%s from=%s to=%s", job_id, job.world_size, world)
             out.extend(job.finish(ts, f"job restarted with {world} ranks"))
             job = None
+        if job is not None and self._started_again(job, records):
+            log.info("job started again after its end job_id=%s", job_id)
+            assert job.ended_at is not None
+            out.extend(job.finish(job.ended_at))
+            job = None
         if job is None:
             job = self.jobs[job_id] = Job(job_id, world, self.cfg, self.causes)
         for r in records:  # a plain loop: cheaper than any() over a generator, per message
@@ -194,6 +199,20 @@ class Engine:
                 break
         out.extend(job.add_records(records, ts, self.now))
         return out
+
+    def _started_again(self, job: Job, records: list[StepRecord]) -> bool:
+        """Records of a run that began after the job ended (a requeue under the same job
+        id, its first run having sent ``job_end``): a new incarnation. Before, they were
+        dropped as late until the ended job was forgotten (``job_end_grace_seconds``,
+        5 min): a straggler still there after the requeue was found 5 min late, its onset
+        put 200 steps after the truth. Only once the end is final (the assembly deadline
+        after ``job_end`` came, on the engine's clock: the old run's last records, from a
+        host whose clock is ahead, come within it) and for records starting more than
+        that deadline after the end."""
+        if job.ended_at is None or not job.finalised:
+            return False
+        began = min(r.start for r in records)
+        return began > job.ended_at + self.cfg.assembly_deadline_seconds
 
     def _event(self, ev: EventMessage, arrived: float) -> list[DetectionMessage]:
         incidents = self._window(ev.host).add(ev)

@@ -162,7 +162,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.ended_at is not None
             and now >= self.end_arrived + self.cfg.assembly_deadline_seconds
         ):
-            return out + self._finalise(local)
+            # stamped when the job ended (its job_end), not at this tick: a replay's next
+            # message 10 minutes later resolved the job's detections 10 minutes late
+            return out + self._finalise(min(local, self.ended_at))
         if self.ended_at is None and self.hung_since is None:
             # silent no longer than step records stopped making progress (engine's clock): a
             # message stamped ahead (the gate admits up to 5 minutes) moves ``local``, and

@@ -174,6 +174,10 @@ class DetectionBook:
         cur = self.open.pop(key, None)
         if cur is None:
             return []
+        # never before its own open or last update: a hang opened while a transport outage
+        # held the job's messages back was resolved at the backlog's first record, 59 s
+        # before it opened
+        ts = max(ts, cur.opened_at, cur.last_emit)
         f = cur.finding
         done = Finding(
             f.type,
