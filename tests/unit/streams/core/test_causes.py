@@ -184,7 +184,9 @@ def test_link_down_in_port_samples_and_events_opens_one_link_flap() -> None:
         ("link_flap", "open", "h001", "network"),
         ("link_flap", "resolved", "h001", "network"),
     ]
-    assert found[0].ts == pytest.approx(t)
+    assert found[0].ts == pytest.approx(t, abs=1e-3)
+    # the NIC in the detection's own fields, not only its summary and evidence
+    assert (found[0].device, found[0].port, len(found[0].ranks)) == ("mlx5_2", 1, 8)
 
 
 def test_job_cpu_contention_needs_a_larger_waiting_share_not_more_seconds() -> None:

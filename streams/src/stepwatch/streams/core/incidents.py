@@ -160,6 +160,11 @@ class Incidents:
                 inc.host,
                 {"ranks_on_host": len(ranks)},
                 where=where,
+                # the NIC and the job's ranks on its host, in the detection's own fields (they
+                # were in its summary and evidence only: a query by device found nothing)
+                device=inc.device,
+                port=inc.port,
+                ranks=tuple(int(r) for r in ranks),
             )
         )
 
