@@ -8,6 +8,7 @@ real HTTP server that trickles its answer. Real Prometheus end to end:
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -17,8 +18,10 @@ import pytest
 
 from stepwatch.alerts.remediate.confirm import Confirmations, FiringNow, Series, decision_labels
 from stepwatch.alerts.remediate.model import Alert, Mode, Outcome
+from stepwatch.alerts.remediate.outcome import promql_string
 from stepwatch.alerts.remediate.policy import from_mapping
 from stepwatch.alerts.remediate.state import Status
+from stepwatch.errors import ActuatorError
 from tests.unit.alerts.remediate.test_boundary import alert, engine
 
 pytestmark = pytest.mark.unit
@@ -187,3 +190,115 @@ def test_a_trickling_prometheus_costs_one_timeout_per_webhook(tmp_path):
     assert {d.reason for d in decisions} == {"firing_unconfirmed"} and fake.calls == []
     assert len(asked) == 1
     assert took < 10  # one 0.5 s timeout; the trickle alone lasts 20 s
+
+
+def test_an_approval_of_a_job_that_runs_on_no_node_is_refused_for_good(tmp_path):
+    """A finished job's action, deferred like a blip, stayed queued with no way to clear it."""
+    eng, fake, *_ = engine(tmp_path, mode=Mode.RECOMMEND, rules=RULES)
+    eng.firing = Answers([FIRING])
+    first = eng.handle([sent()])[0].action_id
+    eng.mode = Mode.EXECUTE
+    fake.jobs["42"] = frozenset()  # the job finished
+    refused = eng.approve(first, by="alice")
+    assert refused is not None and refused.reason == "job_not_running"
+    row = eng.state.action(first)
+    assert row is not None and row.status == Status.REJECTED
+
+
+def _answering(reply: bytes) -> socket.socket:
+    """A port that answers every connection with ``reply`` (not always HTTP)."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def loop() -> None:
+        while True:
+            conn, _ = server.accept()
+            conn.recv(65536)
+            conn.sendall(reply)
+            conn.close()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return server
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"garbage\r\n\r\n",  # BadStatusLine
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n100\r\n{",  # IncompleteRead
+        b"HTTP/1.1 200 OK\r\nX: " + b"a" * 70000 + b"\r\n\r\n",  # LineTooLong
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n[]",  # JSON, not Prometheus's
+    ],
+    ids=["status-line", "truncated-chunk", "long-header", "not-a-vector"],
+)
+def test_an_answer_that_is_not_prometheus_is_no_answer(tmp_path, reply):
+    """http.client's own errors escaped the query: the webhook answered 500 and the rest
+    of its alerts were never decided."""
+    server = _answering(reply)
+    try:
+        eng, fake, *_ = engine(tmp_path, rules=RULES)
+        eng.firing = FiringNow(f"http://127.0.0.1:{server.getsockname()[1]}", timeout=2)
+        decisions = eng.handle([sent()])
+    finally:
+        server.close()
+    assert {d.reason for d in decisions} == {"firing_unconfirmed"} and fake.calls == []
+
+
+def test_a_query_thread_that_cannot_start_gives_its_slot_back(monkeypatch):
+    """Two failed thread starts took both slots for good: every later question went
+    unanswered and every drain was firing_unconfirmed."""
+    ask = FiringNow("http://127.0.0.1:9", timeout=0.5)  # nothing listens: a quick refusal
+
+    def cannot(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot)
+    assert ask(sent()) is None and ask(sent()) is None and ask(sent()) is None
+    monkeypatch.undo()
+    assert ask._slots.acquire(blocking=False) and ask._slots.acquire(blocking=False)
+
+
+def test_a_forged_alert_for_a_repeat_offender_pages_no_one(tmp_path):
+    """The repeat-offender check ran before Prometheus was asked: a made-up alert for a
+    node remediated three times paged the on-call."""
+    eng, _fake, pager, clock, _ = engine(
+        tmp_path, rules=RULES, cooldown={"node": 0, "job": 0}, repeat_offender={"count": 1}
+    )
+    eng.firing = Answers([FIRING])
+    assert {d.reason for d in eng.handle([sent()])} == {"executed"}
+    eng.firing = Answers([])  # Prometheus fires nothing now
+    clock.now += 60
+    forged = Alert("other", "firing", sent().labels, {}, "2026-11-25T17:00:00Z")
+    assert {d.reason for d in eng.handle([forged])} == {"not_firing"}
+    assert pager.events == []
+
+
+def test_names_past_the_basic_plane_are_quoted_as_prometheus_reads_them():
+    """JSON's surrogate pairs (\\ud83d\\ude00) are no Go escape: Prometheus refused the query."""
+    assert promql_string("gpu\U0001f600") == '"gpu\U0001f600"'
+    assert promql_string('a"b\\c\n') == '"a\\"b\\\\c\\n"'
+
+
+@pytest.mark.parametrize(
+    "scheduler, told",
+    [
+        ("bob", "bob"),
+        ("", "alice"),
+        (ActuatorError("squeue: Invalid job id", transient=False), "alice"),
+    ],
+    ids=["slurm-names-bob", "names-none", "forgotten-job"],
+)
+def test_the_owner_is_the_schedulers_else_the_label(tmp_path, scheduler, told):
+    """The scheduler's owner of the job first; the ``owner`` label where it names none or
+    no longer knows the job (Slurm forgets a finished job after MinJobAge)."""
+    eng, fake, *_ = engine(tmp_path, rules=[{"match": {"class": "user"}, "actions": ["notify"]}])
+
+    def owner(job_id: str) -> str:
+        if isinstance(scheduler, Exception):
+            raise scheduler
+        return scheduler
+
+    fake.job_owner = owner  # type: ignore[method-assign]
+    user_error = Alert("u1", "firing", {**alert().labels, "class": "user", "owner": "alice"})
+    decisions = eng.handle([user_error])
+    assert {d.reason for d in decisions} == {"executed"}
+    assert [e["to"] for e in eng.owner.events] == [told]  # type: ignore[attr-defined]

@@ -7,6 +7,7 @@ and a requeue under the same job id right after ``job_end`` ignored for 5 minute
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType, Message, StepMessage
@@ -86,3 +87,58 @@ def test_a_hang_opened_during_a_transport_outage_is_not_resolved_before_it_opene
     hang = [d for d in found if d.type == "hang"]
     assert [d.state for d in hang] == ["open", "resolved"]
     assert hang[1].ts >= hang[0].ts  # before: 59 s before it opened
+
+
+def _skewed(m: Message, host: str, by: float) -> Message:
+    """``m`` as stamped by ``host`` whose clock is ``by`` seconds off."""
+    if m.host != host:
+        return m
+    if isinstance(m, StepMessage):
+        steps = [msgspec.structs.replace(r, start=r.start + by, end=r.end + by) for r in m.steps]
+        return msgspec.structs.replace(m, ts=m.ts + by, steps=steps)
+    return msgspec.structs.replace(m, ts=m.ts + by)
+
+
+def _live(timeline: list[tuple[float, Message]], after: float = 400) -> list[DetectionMessage]:
+    """Messages arriving at their (true) times, a tick each second, then ``after`` more."""
+    engine, out, t = Engine(), [], 0.0
+    for at, m in sorted(timeline, key=lambda p: p[0]):
+        while t + 1.0 <= at:
+            t = t + 1.0 if t else at
+            out += engine.tick(t)
+        out += engine.process(m, at)
+    for k in range(1, int(after)):
+        out += engine.tick(t + k)
+    return out
+
+
+def test_a_job_end_from_a_host_whose_clock_is_behind_resolves_at_the_jobs_end():
+    """node0000 (60 s behind its peers) sends job_end: the straggler it resolves was
+    stamped on that host's clock, 60 s before the job ended."""
+    fault = Fault(FaultKind.SLOW_GPU, rank=9, start_step=100, severity=0.3)
+    msgs = list(simulate(Scenario(steps=200, nodes=3, gpus_per_node=4, faults=(fault,))))
+    (end,) = [m for m in msgs if isinstance(m, EventMessage) and m.type == EventType.JOB_END]
+    assert end.host == "node0000"
+    found = _live([(m.ts, _skewed(m, "node0000", -60.0)) for m in msgs], after=30)
+    (resolved,) = [d for d in found if d.type == "straggler" and d.state == "resolved"]
+    assert resolved.evidence["resolved_because"] == "job ended"
+    assert resolved.ts == pytest.approx(end.ts, abs=1.0)  # before: 60 s early
+
+
+@pytest.mark.parametrize("ahead", [7.0, 30.0])
+def test_a_late_last_message_from_a_host_whose_clock_is_ahead_is_no_new_run(ahead: float):
+    """node0001's clock is ahead and its last step message arrives 8.5 s after job_end
+    (past the assembly deadline): its records start after the end on the sender's clock,
+    but they are the old run's. Taken for a new run, they opened a false hang a minute
+    later."""
+    msgs = list(simulate(Scenario(steps=60, **BASE)))
+    (end,) = [m for m in msgs if isinstance(m, EventMessage) and m.type == EventType.JOB_END]
+    timeline = [(m.ts, _skewed(m, "node0001", ahead)) for m in msgs]
+    last = max(
+        i
+        for i, (_, m) in enumerate(timeline)
+        if isinstance(m, StepMessage) and m.host == "node0001"
+    )
+    timeline.append((end.ts + 8.5, timeline.pop(last)[1]))
+    found = _live(timeline)
+    assert [d for d in found if d.ts > end.ts - 1] == []

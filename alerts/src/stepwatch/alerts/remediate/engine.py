@@ -70,10 +70,11 @@ _REMEMBER = {
     "node_not_in_job",
 }
 
-# transient skips that still end an approval: the alert no longer fires (a later firing is
-# a new action); the others (no answer from the scheduler or Prometheus, a pending job)
-# leave the action queued to be approved again
-_FINAL_AT_APPROVAL = {"not_firing"}
+# an approval refused for one of these (the scheduler or Prometheus did not answer) leaves
+# the action queued, to be approved again; any other refusal ends it (a job that runs on no
+# node, pending or finished, included: deferred, a finished job's action stayed queued for
+# good, with no way to clear it)
+_NO_ANSWER = {"firing_unconfirmed", "node_state_unknown", "job_unknown"}
 
 
 def _memory_id(action: Action) -> str:
@@ -267,10 +268,12 @@ class Remediator:
         g, now, host = self.policy.guardrails, self.clock(), alert.host
         if not host:
             return guards.Verdict("no_host")
-        verdict = guards.precheck(self.state, g, alert, now=now, exclude_ref=exclude_ref)
+        # first: an alert Prometheus does not fire is nobody's (before the guardrails, a
+        # forged one for a repeat offender still paged the on-call)
+        verdict = self._confirmed(alert, lookups)
         if verdict.skip:
             return verdict
-        verdict = self._confirmed(alert, lookups)
+        verdict = guards.precheck(self.state, g, alert, now=now, exclude_ref=exclude_ref)
         if verdict.skip:
             return verdict
         try:
@@ -590,12 +593,12 @@ class Remediator:
             if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued
                 return self._decide(action, Outcome.SKIPPED, "observe_mode", note)
             verdict = self._recheck(alert, action)  # its own reservation left out
-            if verdict.skip and verdict.transient and verdict.skip not in _FINAL_AT_APPROVAL:
-                # the scheduler or Prometheus did not answer (or the job is pending): the
-                # action stays queued with its reservation, to be approved again. Before,
+            if verdict.skip in _NO_ANSWER and verdict.transient:
+                # the action stays queued with its reservation, to be approved again. Before,
                 # a blip made it rejected for good and the alert's repeats duplicates.
                 log.warning("approval deferred id=%s reason=%s by=%s", row.id, verdict.skip, by)
-                return self._refuse(alert, [action], verdict, Status.SKIPPED, note)[0]
+                still = f"{note}; still queued: approve again"
+                return self._refuse(alert, [action], verdict, Status.SKIPPED, still)[0]
             self.state.unreserve(row.id)
             if verdict.skip:
                 log.warning("approval refused id=%s reason=%s by=%s", row.id, verdict.skip, by)

@@ -70,14 +70,15 @@ class Notices:
 
     def owner_of(self, alert: Alert, lookups: Lookups) -> str:
         """The scheduler's owner of the alert's job when it names one (Slurm), else the
-        alert's ``owner`` (or ``user``) label when plain (Kubernetes has no job owner).
+        alert's ``owner`` (or ``user``) label when plain (Kubernetes has no job owner; a
+        job the scheduler no longer knows).
         Before, the label came first: whoever could post an alert chose who was told,
         and a job's user errors could be sent to someone else."""
         try:
             found = self._scheduler_owner(alert, lookups)
-        except ActuatorError as err:
+        except ActuatorError as err:  # e.g. a job Slurm has forgotten: the label, if any
             log.warning("job owner unknown job_id=%s error=%s", alert.job_id, err)
-            return ""
+            found = ""
         if found:
             return found
         owner = alert.labels.get("owner") or alert.labels.get("user", "")

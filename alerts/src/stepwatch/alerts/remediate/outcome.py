@@ -20,7 +20,6 @@ import json
 import logging
 import threading
 import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -50,7 +49,8 @@ STEP_METRIC = "stepwatch_job_step_seconds"
 def promql_string(value: str) -> str:
     """A PromQL string literal (Go's quoting, which JSON's is a subset of): a label value the
     sender chose never ends the string and rewrites the query."""
-    return json.dumps(value)
+    # non-ASCII as itself: JSON's surrogate pairs for characters past U+FFFF are not Go's
+    return json.dumps(value, ensure_ascii=False)
 
 
 MAX_ANSWER = 1 << 20  # bytes of a Prometheus answer read at most
@@ -91,8 +91,8 @@ class Prometheus:
             if not isinstance(result, list):
                 raise ValueError("the answer is not an instant vector")
             return result
-        except (OSError, ValueError, KeyError, TypeError, urllib.error.URLError) as err:
-            log.warning("%s unavailable query=%s error=%s", what, promql, err)
+        except Exception as err:  # any answer that is not one (http.client's errors too)
+            log.warning("%s unavailable query=%s error=%r", what, promql, err)
             return None
 
     def _fetch(self, url: str) -> bytes:
@@ -109,7 +109,11 @@ class Prometheus:
                 self._slots.release()
 
         thread = threading.Thread(target=run, name="prometheus-query", daemon=True)
-        thread.start()
+        try:
+            thread.start()
+        except BaseException:  # no thread: its slot is given back (else 2 and no more queries)
+            self._slots.release()
+            raise
         thread.join(self.timeout)
         if thread.is_alive():
             raise TimeoutError(f"no whole answer within {self.timeout:g} s")

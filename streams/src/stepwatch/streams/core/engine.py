@@ -206,13 +206,15 @@ class Engine:
         dropped as late until the ended job was forgotten (``job_end_grace_seconds``,
         5 min): a straggler still there after the requeue was found 5 min late, its onset
         put 200 steps after the truth. Only once the end is final (the assembly deadline
-        after ``job_end`` came, on the engine's clock: the old run's last records, from a
-        host whose clock is ahead, come within it) and for records starting more than
-        that deadline after the end."""
+        after ``job_end`` came, on the engine's clock) and for records starting more than
+        that deadline after both the end and the old run's latest record."""
         if job.ended_at is None or not job.finalised:
             return False
         began = min(r.start for r in records)
-        return began > job.ended_at + self.cfg.assembly_deadline_seconds
+        # after the run's own latest end too: the old run's last records from a host whose
+        # clock is ahead of the job_end's sender's start after the end on that clock
+        over = max(job.ended_at, job.last_progress) + self.cfg.assembly_deadline_seconds
+        return began > over
 
     def _event(self, ev: EventMessage, arrived: float) -> list[DetectionMessage]:
         incidents = self._window(ev.host).add(ev)

@@ -56,7 +56,9 @@ class Incidents:
 
     def _job_end(self, ev: EventMessage) -> list[DetectionMessage]:
         """User error now; the rest resolves once the last steps are in (see Job.tick)."""
-        self.ended_at = ev.ts
+        # on the job's clock: the sender's may be off (a host a minute behind its peers
+        # stamped the job's detections resolved a minute before the job ended)
+        self.ended_at = self.clocks.on_job_clock(ev.host, ev.ts)
         failed = bool(ev.code) or "error" in (ev.detail or "").lower()
         if not failed or self.book.keys(T.USER_ERROR):
             return []
