@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import threading
+import time
 import urllib.error
 import urllib.request
 from types import SimpleNamespace
@@ -20,6 +22,7 @@ from stepwatch.alerts.remediate.actuators.kube import REASON_ANNOTATION, TAINT_K
 from stepwatch.alerts.remediate.actuators.slurm import SlurmActuator
 from stepwatch.alerts.remediate.client import Client
 from stepwatch.alerts.remediate.service import build
+from stepwatch.alerts.remediate.state import State
 from stepwatch.errors import ActuatorError, RemediationError
 from stepwatch.settings import Settings
 
@@ -269,3 +272,54 @@ def test_kubernetes_actuator_cordons_taints_and_deletes_pods():
     with pytest.raises(ActuatorError) as err:
         kube.drain("n1", "r")
     assert not err.value.transient
+
+
+class SlowDrain(LogActuator):
+    """Drains take ``seconds`` (a busy slurmctld); ``started`` is set inside the call."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(10)
+        self.seconds = seconds
+        self.started = threading.Event()
+
+    def drain(self, node: str, reason: str) -> str:
+        self.started.set()
+        time.sleep(self.seconds)
+        return super().drain(node, reason)
+
+
+def test_a_stop_lets_a_drain_in_progress_finish_and_takes_no_new_webhook(tmp_path):
+    """A SIGTERM during a drain's scheduler call ended it mid-call: Alertmanager got no
+    answer and the action's row said started (recorded interrupted at the next start)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "mode: execute\ncluster_nodes: 10\nrules:\n"
+        "  - match: {alertname: GpuXidFatal}\n    actions: [drain]\n    scope: node\n"
+    )
+    settings = Settings.load(
+        env={},
+        remediate_policy=str(policy),
+        remediate_state_dir=str(tmp_path / "s"),
+        remediate_token=TOKEN,
+    )
+    slow = SlowDrain(1.5)
+    svc = build(settings, port=0, actuator=slow, writers=[])
+    answers: list[tuple[int, Any]] = []
+    sender = threading.Thread(target=lambda: answers.append(post(svc.url + "/webhook", webhook())))
+    sender.start()
+    assert slow.started.wait(10)
+    stopper = threading.Thread(target=svc.stop)
+    stopper.start()
+    while not svc.server.stopping:
+        time.sleep(0.01)
+    assert not svc.server.begin()  # a request on a kept-alive connection: 503
+    stopper.join(30)
+    sender.join(10)
+    assert answers and answers[0][0] == 200, answers
+    assert [d["outcome"] for d in answers[0][1]["decisions"]] == ["acted"]
+    assert list(slow.drained) == ["n1"]
+    state = State(tmp_path / "s")
+    try:
+        assert [r.status for r in state.actions()] == ["done"]
+    finally:
+        state.close()

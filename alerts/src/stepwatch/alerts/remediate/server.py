@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+import time
 from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY = 1024 * 1024
 API = "/api/"
+DRAIN_SECONDS = 60.0  # a stop waits this long for requests in progress (a scheduler call)
 NO_OPERATORS = (
     "no operator credentials are configured on the remediator: set remediate_operators_file "
     "(STEPWATCH_REMEDIATE_OPERATORS_FILE); the webhook token is not accepted here"
@@ -64,12 +67,44 @@ class RemediatorServer(TokenHTTPService):
         self.registry = registry
         self.metrics = metrics
         self.max_body = max_body
+        self._busy = 0  # POSTs in progress (decisions, scheduler calls)
+        self._idle = threading.Condition()
+        self.stopping = False
         super().__init__(token, _handler(self), host, port)
 
     def start(self) -> RemediatorServer:
         super().start()
         log.info("remediator ready url=%s mode=%s", self.url, self.remediator.mode.value)
         return self
+
+    def stop(self, drain_s: float = DRAIN_SECONDS) -> None:
+        """Stop taking requests, let those in progress finish (up to ``drain_s``), then
+        close. Before, a SIGTERM during a drain's scheduler call ended it mid-call: the
+        action's row said started (recorded interrupted at the next start) and
+        Alertmanager's request got no answer."""
+        with self._idle:
+            self.stopping = True
+        self.httpd.shutdown()  # no new connections
+        deadline = time.monotonic() + drain_s
+        with self._idle:
+            while self._busy and time.monotonic() < deadline:
+                self._idle.wait(deadline - time.monotonic())
+            if self._busy:
+                log.error("remediator stopped with %d request(s) in progress", self._busy)
+        super().stop()
+
+    def begin(self) -> bool:
+        """A POST may go ahead (False: the service is stopping)."""
+        with self._idle:
+            if self.stopping:
+                return False
+            self._busy += 1
+            return True
+
+    def end(self) -> None:
+        with self._idle:
+            self._busy -= 1
+            self._idle.notify_all()
 
 
 def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
@@ -80,7 +115,12 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             self._guarded(self._get)
 
         def do_POST(self) -> None:
-            self._guarded(self._post)
+            if not server.begin():  # stopping: Alertmanager sends it again later
+                return self._send(503, {"error": "the remediator is stopping"}, close=True)
+            try:
+                self._guarded(self._post)
+            finally:
+                server.end()
 
         def _guarded(self, fn: Any) -> None:
             try:
