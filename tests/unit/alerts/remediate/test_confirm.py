@@ -211,10 +211,13 @@ def _answering(reply: bytes) -> socket.socket:
 
     def loop() -> None:
         while True:
-            conn, _ = server.accept()
-            conn.recv(65536)
-            conn.sendall(reply)
-            conn.close()
+            try:
+                conn, _ = server.accept()
+            except OSError:  # the test closed the socket
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply)
 
     threading.Thread(target=loop, daemon=True).start()
     return server
