@@ -21,6 +21,9 @@ def _plt() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
+    # text is text: job ids, host, GPU and NIC names are the senders' (a ``$\nope$`` in a
+    # NIC name was read as math and its unknown symbol failed the whole report)
+    matplotlib.rcParams["text.parse_math"] = False
     import matplotlib.pyplot as plt
 
     return plt

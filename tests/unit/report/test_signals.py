@@ -34,3 +34,17 @@ def test_a_reader_with_no_store_is_told_where_it_looked(tmp_path, monkeypatch) -
     monkeypatch.chdir(tmp_path)
     with pytest.raises(StoreError, match=r"var/chdb .*var/demo/chdb.*--store-path"):
         reader_settings(Settings.load(env={}))
+
+
+def test_a_stored_name_with_dollar_signs_is_text_not_math() -> None:
+    """A NIC named ``mlx$\\nope$`` (a legend label) was read as math: its unknown symbol
+    made savefig raise and the whole report failed."""
+    pytest.importorskip("matplotlib")
+    from stepwatch.report.figures import _plt, _png
+
+    plt = _plt()
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1], label="mlx$\\nope$")
+    ax.set_title("job$\\nope$ on n$\\frac{$")
+    ax.legend()
+    assert _png(fig).startswith(b"\x89PNG")

@@ -150,3 +150,15 @@ def test_a_table_shows_stored_control_characters_inert():
     result = Result(("v",), ("String",), [("\x1b[2Jx\u202ey\tz\nw",)])
     assert render(result, "table").splitlines()[2] == "\ufffd[2Jx\ufffdy z w"
     assert json.loads(render(result, "json"))[0]["v"] == "\x1b[2Jx\u202ey\tz\nw"
+
+
+def test_csv_cells_a_spreadsheet_would_run_are_inert():
+    """A host named ``=HYPERLINK(...)`` came out of ``--format csv`` as a live formula."""
+    result = Result(
+        ("host", "n"),
+        ("String", "Int64"),
+        [('=HYPERLINK("http://evil.example/","x")', -3), ("@SUM(A1)", 2), ("gpu-01", 1)],
+    )
+    rows = render(result, "csv").splitlines()[1:]
+    assert rows == ['"\'=HYPERLINK(""http://evil.example/"",""x"")",-3', "'@SUM(A1),2", "gpu-01,1"]
+    assert json.loads(render(result, "json"))[0]["host"].startswith("=")  # JSON keeps the data

@@ -65,8 +65,20 @@ def to_csv(result: Result) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(result.columns)
     for row in result.rows:
-        writer.writerow(["" if v is None else cell(v) for v in row])
+        writer.writerow(["" if v is None else _inert(v, cell(v)) for v in row])
     return buf.getvalue()
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _inert(value: Any, text: str) -> str:
+    """A stored text that a spreadsheet would run as a formula, led by ``'`` (OWASP's
+    advice): a host named ``=HYPERLINK("http://evil.example/","x")`` came out as a live
+    formula in ``--format csv``. Numbers (``-3``) stay numbers."""
+    if isinstance(value, str) and text.startswith(FORMULA_START):
+        return "'" + text
+    return text
 
 
 def _clip(text: str, width: int) -> str:
