@@ -44,7 +44,7 @@ from stepwatch.alerts.remediate.notices import Notices
 from stepwatch.alerts.remediate.outcome import OutcomeTracker
 from stepwatch.alerts.remediate.policy import Policy
 from stepwatch.alerts.remediate.state import RESERVE, RESERVE_DRAIN, ActionRow, State, Status
-from stepwatch.errors import ActuatorError
+from stepwatch.errors import ActuatorError, RemediationError
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +84,25 @@ def _memory_id(action: Action) -> str:
     return f"{action.id}.{labels_key(action.alert)}"
 
 
+def _stored_alert(row: ActionRow) -> Alert:
+    """The alert an action row was decided on, as it came (labels, annotations and
+    ``startsAt``: without it the key changed, so a sibling action's reservation read as
+    another alert's and the outcome watch waited under a key no ``resolved`` matched)."""
+    data = json.loads(row.alert or "{}")
+    labels = dict(data.get("labels", {})) or {"host": row.node, "job_id": row.job_id}
+    return Alert(
+        str(data.get("fingerprint", row.fingerprint)),
+        "firing",
+        labels,
+        dict(data.get("annotations", {})),
+        str(data.get("starts_at", "")),
+    )
+
+
+class RemediatorStopping(RemediationError):
+    """The remediator is stopping: a webhook or approval not yet decided is refused."""
+
+
 def _noted(note: str, detail: str) -> str:
     """A detail led by who asked for it (an approval), when someone did."""
     return f"{note}: {detail}" if note and detail else note or detail
@@ -120,6 +139,7 @@ class Remediator:
         )
         self.decision_labels = decision_labels(policy)
         self._lock = threading.Lock()  # one decision at a time: guardrail counts stay true
+        self.stopping = threading.Event()  # set: nothing more is decided (see the server's stop)
         self._pruned = float("-inf")
 
     def handle(self, alerts: list[Alert]) -> list[Decision]:
@@ -140,6 +160,8 @@ class Remediator:
             if self.outcomes is not None:
                 self.outcomes.refired(alert)
             with self._lock:
+                if self.stopping.is_set():  # waited for the lock while the service stopped
+                    raise RemediatorStopping("the remediator is stopping")
                 out.extend(self._alert(alert, lookups, budget))
         if len(seen) < len(alerts):
             log.info("webhook repeats collapsed alerts=%d distinct=%d", len(alerts), len(seen))
@@ -438,11 +460,22 @@ class Remediator:
         out: list[Decision] = []
         with self._lock:
             for row in self.state.actions(Status.STARTED, limit=10_000):
-                alert = Alert(row.fingerprint, "firing", {"host": row.node, "job_id": row.job_id})
+                alert = _stored_alert(row)  # its name too (it was "" in the list and audit)
                 action = Action(
                     row.id, ActionKind(row.kind), row.node, row.job_id, row.reason, alert
                 )
                 detail = "interrupted (the remediator stopped while acting)"
+                if action.kind is ActionKind.DRAIN:
+                    # the scheduler may have drained it (scontrol outlives a kill -9): counted
+                    # as a drain, so the breaker and the cooldowns hold (before, three drains
+                    # sat in a window capped at two)
+                    ref = alert_key(alert)
+                    self.state.record(self.clock(), guards.DRAIN, row.node, row.job_id, ref, row.id)
+                    if not self.state.count(guards.REMEDIATION, 0.0, ref=ref):
+                        self.state.record(
+                            self.clock(), guards.REMEDIATION, row.node, row.job_id, ref
+                        )
+                    detail += "; counted as a drain (the node may be drained)"
                 release = getattr(self.actuator, "release_interrupted", None)
                 if action.kind is ActionKind.REQUEUE and release is not None:
                     try:
@@ -530,7 +563,7 @@ class Remediator:
                         "starts_at": a.starts_at,  # part of the alert's key (alert_key)
                     }
                 )
-                if status == Status.QUEUED
+                if status in (Status.QUEUED, Status.STARTED)  # approval, or recovery
                 else "",
             )
         )
@@ -575,20 +608,12 @@ class Remediator:
         """
         note = f"approval by {identity.word(by) or 'unknown'}"
         with self._lock:
+            if self.stopping.is_set():
+                raise RemediatorStopping("the remediator is stopping")
             row = self.state.action(action_id_)
             if row is None or row.status != Status.QUEUED:
                 return None
-            data = json.loads(row.alert or "{}")
-            alert = Alert(
-                str(data.get("fingerprint", row.fingerprint)),
-                "firing",
-                dict(data.get("labels", {})),
-                dict(data.get("annotations", {})),
-                # without it the key changed: the sibling action's reservation read as
-                # another alert's (node_cooldown), and the outcome watch waited under a key
-                # the real ``resolved`` never matched (a false "did not help" page)
-                str(data.get("starts_at", "")),
-            )
+            alert = _stored_alert(row)
             action = replace(self._action(ActionKind(row.kind), alert), id=row.id)
             if self.mode is Mode.OBSERVE:  # a dry run acts for no one: the action stays queued
                 return self._decide(action, Outcome.SKIPPED, "observe_mode", note)

@@ -55,6 +55,7 @@ def promql_string(value: str) -> str:
 
 MAX_ANSWER = 1 << 20  # bytes of a Prometheus answer read at most
 IN_FLIGHT = 2  # queries to Prometheus still running at once; more: no answer
+DOWN_SECONDS = 15.0  # after a query without an answer, none is asked for this long
 
 
 class Prometheus:
@@ -63,12 +64,16 @@ class Prometheus:
     ``timeout`` bounds the whole query, not each socket read: a Prometheus (or a proxy)
     that trickles its answer a byte at a time held a webhook, and the decision lock every
     other webhook and approval waits for, far past it. A query still running then goes
-    on in a daemon thread; while ``IN_FLIGHT`` of them do, the next gets no answer."""
+    on in a daemon thread; while ``IN_FLIGHT`` of them do, the next gets no answer. After
+    a query without an answer none is asked for ``down_s``: a stalled Prometheus cost
+    each webhook its timeout in turn (six webhooks: 30 s)."""
 
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
+    def __init__(self, url: str, timeout: float = 5.0, down_s: float = DOWN_SECONDS) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self.down_s = down_s
         self._slots = threading.BoundedSemaphore(IN_FLIGHT)
+        self._down_until = 0.0  # monotonic: no question before (Prometheus did not answer)
 
     def value(self, promql: str, what: str) -> float | None:
         """The first sample's value; 0.0 for an empty result."""
@@ -83,8 +88,8 @@ class Prometheus:
 
     def series(self, promql: str, what: str) -> list[dict[str, Any]] | None:
         """The instant vector's series (``metric`` labels and ``value``); None: no answer."""
-        if not self.url:
-            return None
+        if not self.url or time.monotonic() < self._down_until:
+            return None  # unset, or did not answer lately: each webhook waited its timeout
         query = urllib.parse.urlencode({"query": promql})
         try:
             result = json.loads(self._fetch(f"{self.url}/api/v1/query?{query}"))["data"]["result"]
@@ -92,7 +97,14 @@ class Prometheus:
                 raise ValueError("the answer is not an instant vector")
             return result
         except Exception as err:  # any answer that is not one (http.client's errors too)
-            log.warning("%s unavailable query=%s error=%r", what, promql, err)
+            self._down_until = time.monotonic() + self.down_s
+            log.warning(
+                "%s unavailable query=%s error=%r (not asked again for %g s)",
+                what,
+                promql,
+                err,
+                self.down_s,
+            )
             return None
 
     def _fetch(self, url: str) -> bytes:

@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from stepwatch.alerts.remediate.audit import Metrics
-from stepwatch.alerts.remediate.engine import Remediator
+from stepwatch.alerts.remediate.engine import Remediator, RemediatorStopping
 from stepwatch.alerts.remediate.operators import Operators
 from stepwatch.alerts.remediate.payload import PayloadError, parse
 from stepwatch.httpd import DeadlineHandler, TokenHTTPService
@@ -84,6 +84,7 @@ class RemediatorServer(TokenHTTPService):
         Alertmanager's request got no answer."""
         with self._idle:
             self.stopping = True
+        self.remediator.stopping.set()  # requests still waiting to be decided: 503
         self.httpd.shutdown()  # no new connections
         deadline = time.monotonic() + drain_s
         with self._idle:
@@ -128,6 +129,8 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             except (ConnectionError, TimeoutError) as err:  # the client went or was too slow
                 log.debug("request dropped path=%s error=%r", urlsplit(self.path).path, err)
                 self.close_connection = True
+            except RemediatorStopping:  # not decided: Alertmanager sends it again later
+                self._send(503, {"error": "the remediator is stopping"}, close=True)
             except Exception:  # nothing a client sends takes the service down
                 log.exception("request failed path=%s", urlsplit(self.path).path)
                 self._send(500, {"error": "internal error"})

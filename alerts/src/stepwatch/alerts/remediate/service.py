@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,12 +98,38 @@ def audit_writers(settings: Settings) -> list[Writer]:
     return writers
 
 
+def lock_state_dir(state_dir: str) -> int:
+    """An exclusive lock on ``<state_dir>/remediator.lock`` for this process (its fd).
+
+    Two remediators on one state dir each ran the same drain and requeue (one alert
+    posted to both), and a second one that then failed to start (its port taken) had
+    first recorded the running one's action interrupted."""
+    import fcntl
+
+    folder = Path(state_dir)
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(folder / "remediator.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as err:
+        raise ConfigError(f"remediate_state_dir {state_dir}: {err.strerror}") from err
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        os.close(fd)
+        raise ConfigError(
+            f"remediate_state_dir {state_dir}: another remediator uses it "
+            "(one remediator per state dir)"
+        ) from err
+    return fd
+
+
 @dataclass
 class Service:
     server: RemediatorServer
     audit: Audit
     state: State
     timer: OutcomeTimer
+    lock_fd: int = -1  # the state dir's lock, held until stop
 
     @property
     def url(self) -> str:
@@ -113,6 +140,9 @@ class Service:
         self.timer.stop()
         self.audit.close()
         self.state.close()
+        if self.lock_fd >= 0:
+            os.close(self.lock_fd)  # the lock goes with it
+            self.lock_fd = -1
 
 
 def build(
@@ -121,6 +151,24 @@ def build(
     port: int | None = None,
     actuator: Actuator | None = None,
     writers: list[Writer] | None = None,
+) -> Service:
+    """The service, started, holding its state dir's lock (released when it stops, or
+    here when it cannot start)."""
+    lock_fd = lock_state_dir(settings.remediate_state_dir)
+    try:
+        service = _build(settings, port, actuator, writers)
+    except BaseException:
+        os.close(lock_fd)
+        raise
+    service.lock_fd = lock_fd
+    return service
+
+
+def _build(
+    settings: Settings,
+    port: int | None,
+    actuator: Actuator | None,
+    writers: list[Writer] | None,
 ) -> Service:
     policy = policy_mod.load(settings.remediate_policy)
     mode = Mode(settings.remediate_mode) if settings.remediate_mode else policy.mode
@@ -143,8 +191,7 @@ def build(
         mode=mode,
         outcomes=tracker,
     )
-    engine.recover_interrupted()  # what a stopped remediator left half done
-    server = RemediatorServer(
+    server = RemediatorServer(  # binds its port: a taken one fails before any recovery
         engine,
         token,
         registry,
@@ -153,6 +200,7 @@ def build(
         settings.remediate_port if port is None else port,
         operators=operators,
     )
+    engine.recover_interrupted()  # what a stopped remediator left half done
     log.info(
         "remediator configured mode=%s rules=%d actuator=%s state=%s operators=%s",
         mode.value,
