@@ -8,6 +8,7 @@ real HTTP server that trickles its answer. Real Prometheus end to end:
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
@@ -305,3 +306,42 @@ def test_the_owner_is_the_schedulers_else_the_label(tmp_path, scheduler, told):
     decisions = eng.handle([user_error])
     assert {d.reason for d in decisions} == {"executed"}
     assert [e["to"] for e in eng.owner.events] == [told]  # type: ignore[attr-defined]
+
+
+def test_a_question_prometheus_refuses_does_not_make_it_down(tmp_path):
+    """Prometheus answers 400 to a query it cannot parse: that was taken for Prometheus
+    down (15 s, and the rest of the webhook unasked), so one alert sent with such a name
+    had every real alert refused ``firing_unconfirmed`` meanwhile."""
+    asked: list[str] = []
+
+    class Prom(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            if "bogus" in self.path:
+                self.send_response(400)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            result = [{"metric": FIRING, "value": [0, "1"]}]
+            body = json.dumps({"status": "success", "data": {"result": result}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Prom)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rules = [{"match": {"class": "system", "remediation": "drain"}, "actions": ["drain"]}]
+        eng, fake, *_ = engine(tmp_path, rules=rules)
+        eng.firing = FiringNow(f"http://127.0.0.1:{server.server_address[1]}")
+        bogus = Alert("b", "firing", {**sent().labels, "alertname": "bogus"})
+        decisions = eng.handle([bogus, sent()])
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [d.reason for d in decisions] == ["firing_unconfirmed", "executed"]
+    assert len(asked) == 2 and fake.calls == [("drain", "node02")]

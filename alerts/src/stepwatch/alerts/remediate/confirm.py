@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from stepwatch.alerts.remediate.model import Alert
-from stepwatch.alerts.remediate.outcome import Prometheus, promql_string
+from stepwatch.alerts.remediate.outcome import Prometheus, alerts_selector
 from stepwatch.alerts.remediate.policy import Policy
 
 Series = list[Mapping[str, str]]
@@ -27,13 +27,7 @@ Series = list[Mapping[str, str]]
 
 def alerts_query(alert: Alert) -> str:
     """Firing ``ALERTS`` series of the alert's name, host and job (none: the label absent)."""
-    match = [
-        'alertstate="firing"',
-        f"alertname={promql_string(alert.name)}",
-        f"host={promql_string(alert.host)}",
-        f"job_id={promql_string(alert.job_id)}",
-    ]
-    return "ALERTS{" + ",".join(match) + "}"
+    return alerts_selector(alert.name, alert.host, alert.job_id)
 
 
 def decision_labels(policy: Policy) -> frozenset[str]:
@@ -72,7 +66,7 @@ class FiringNow(Prometheus):
 
 class Confirmations:
     """Prometheus's answers within one webhook (or approval): each name, host and job is
-    asked once, and after one query without an answer none is asked again (a stalled
+    asked once, and once Prometheus did not answer none is asked again (a stalled
     Prometheus costs a webhook one timeout, not one per alert, under the decision lock)."""
 
     def __init__(self, ask: Callable[[Alert], Series | None]) -> None:
@@ -87,7 +81,9 @@ class Confirmations:
                 return None
             found = self.ask(alert)
             if found is None:
-                self._down = True
+                # Prometheus down: none asked again; one question it refused: only that one
+                is_down = getattr(self.ask, "is_down", None)
+                self._down = is_down() if is_down is not None else True
                 return None
             self._found[key] = found
         return self._found[key]

@@ -20,6 +20,7 @@ import json
 import logging
 import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
@@ -51,6 +52,19 @@ def promql_string(value: str) -> str:
     sender chose never ends the string and rewrites the query."""
     # non-ASCII as itself: JSON's surrogate pairs for characters past U+FFFF are not Go's
     return json.dumps(value, ensure_ascii=False)
+
+
+def alerts_selector(alertname: str, host: str, job_id: str) -> str:
+    """The firing ``ALERTS`` series of one alert name, host and job (an empty value: the
+    label absent), every value quoted: the remediator's question before it acts
+    (:mod:`.confirm`) and after (:class:`StillFiring`)."""
+    match = [
+        'alertstate="firing"',
+        f"alertname={promql_string(alertname)}",
+        f"host={promql_string(host)}",
+        f"job_id={promql_string(job_id)}",
+    ]
+    return "ALERTS{" + ",".join(match) + "}"
 
 
 MAX_ANSWER = 1 << 20  # bytes of a Prometheus answer read at most
@@ -88,24 +102,44 @@ class Prometheus:
 
     def series(self, promql: str, what: str) -> list[dict[str, Any]] | None:
         """The instant vector's series (``metric`` labels and ``value``); None: no answer."""
-        if not self.url or time.monotonic() < self._down_until:
+        if not self.url or self.is_down():
             return None  # unset, or did not answer lately: each webhook waited its timeout
-        query = urllib.parse.urlencode({"query": promql})
+        try:
+            query = urllib.parse.urlencode({"query": promql})
+        except UnicodeError as err:  # a lone surrogate from a sender: no question to ask
+            log.warning("%s not asked query=%r error=%s", what, promql, err)
+            return None
         try:
             result = json.loads(self._fetch(f"{self.url}/api/v1/query?{query}"))["data"]["result"]
             if not isinstance(result, list):
                 raise ValueError("the answer is not an instant vector")
             return result
-        except Exception as err:  # any answer that is not one (http.client's errors too)
-            self._down_until = time.monotonic() + self.down_s
-            log.warning(
-                "%s unavailable query=%s error=%r (not asked again for %g s)",
-                what,
-                promql,
-                err,
-                self.down_s,
-            )
+        except urllib.error.HTTPError as err:
+            if 400 <= err.code < 500 and err.code != 429:
+                # Prometheus refused this question (a name it cannot parse), not every
+                # question: one alert sent with such a name marked Prometheus down, and
+                # every real alert for 15 s was refused unconfirmed
+                log.warning("%s refused query=%s error=%s", what, promql, err)
+                return None
+            self._down(what, promql, err)
             return None
+        except Exception as err:  # any answer that is not one (http.client's errors too)
+            self._down(what, promql, err)
+            return None
+
+    def is_down(self) -> bool:
+        """Whether Prometheus did not answer lately (no question is asked meanwhile)."""
+        return time.monotonic() < self._down_until
+
+    def _down(self, what: str, promql: str, err: BaseException) -> None:
+        self._down_until = time.monotonic() + self.down_s
+        log.warning(
+            "%s unavailable query=%s error=%r (not asked again for %g s)",
+            what,
+            promql,
+            err,
+            self.down_s,
+        )
 
     def _fetch(self, url: str) -> bytes:
         if not self._slots.acquire(blocking=False):
@@ -158,12 +192,8 @@ class StillFiring(Prometheus):
     (docs/security.md). None: unknown (no URL, unreachable)."""
 
     def __call__(self, row: OutcomeRow) -> bool | None:
-        match = ['alertstate="firing"', f"alertname={promql_string(row.alertname)}"]
-        if row.node and identity.node_ok(row.node):
-            match.append(f'host="{row.node}"')
-        if row.job_id and identity.job_ok(row.job_id, "label"):
-            match.append(f'job_id="{row.job_id}"')
-        value = self.value("count(ALERTS{" + ",".join(match) + "})", "alert state")
+        query = "count(" + alerts_selector(row.alertname, row.node, row.job_id) + ")"
+        value = self.value(query, "alert state")
         return None if value is None else value > 0
 
 

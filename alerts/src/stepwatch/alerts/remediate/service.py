@@ -109,7 +109,8 @@ def lock_state_dir(state_dir: str) -> int:
     folder = Path(state_dir)
     try:
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(folder / "remediator.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW  # never through a link
+        fd = os.open(folder / "remediator.lock", flags, 0o600)
     except OSError as err:
         raise ConfigError(f"remediate_state_dir {state_dir}: {err.strerror}") from err
     try:

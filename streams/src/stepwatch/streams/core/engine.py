@@ -186,8 +186,7 @@ class Engine:
             job = None
         if job is not None and self._started_again(job, records):
             log.info("job started again after its end job_id=%s", job_id)
-            assert job.ended_at is not None
-            out.extend(job.finish(job.ended_at))
+            out.extend(job.finish(job.ended_at or ts))
             job = None
         if job is None:
             job = self.jobs[job_id] = Job(job_id, world, self.cfg, self.causes)

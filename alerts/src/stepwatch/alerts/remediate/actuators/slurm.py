@@ -215,12 +215,7 @@ class SlurmActuator:
         row = self._job(job_id)
         task = row.job
         excluded = set(self._hostnames(row.excluded, job_id)) | {exclude_node}
-        update = [
-            self.scontrol,
-            "update",
-            f"jobid={task}",
-            f"ExcNodeList={','.join(sorted(excluded))}",
-        ]
+        update = self._exclusion(task, excluded)
         if row.state not in RUNNING:
             self._run(update)  # pending (or held by its owner): the exclusion alone
             return f"job {task} {row.state.lower()}: excluding {','.join(sorted(excluded))}"
@@ -244,16 +239,18 @@ class SlurmActuator:
         if not {f"{row.job}|{r}" for r in OUR_HOLDS} & {ln.strip() for ln in lines}:
             return f"job {row.job} {row.state.lower()}, not held by an administrator: left as is"
         excluded = set(self._hostnames(row.excluded, job_id)) | {require_node(exclude_node)}
-        self._run(
-            [
-                self.scontrol,
-                "update",
-                f"jobid={row.job}",
-                f"ExcNodeList={','.join(sorted(excluded))}",
-            ]
-        )
+        self._run(self._exclusion(row.job, excluded))
         self._release(row.job)
         return f"job {row.job} released excluding {','.join(sorted(excluded))}"
+
+    def _exclusion(self, task: str, excluded: set[str]) -> list[str]:
+        """``scontrol update`` setting the job's (task's) excluded nodes."""
+        return [
+            self.scontrol,
+            "update",
+            f"jobid={task}",
+            f"ExcNodeList={','.join(sorted(excluded))}",
+        ]
 
     def _hostnames(self, hostlist: str, job_id: str) -> list[str]:
         """A job's node list as squeue prints it (``node[01,03]``), expanded by Slurm: split
