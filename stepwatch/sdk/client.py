@@ -329,8 +329,15 @@ class StepWatch:
             "sent": sent,
             "dropped": sum(dropped.values()),
             "dropped_by": dict(dropped),
+            "held": self._held(),
             "misuse": dict(self._misuse.counts),
         }
+
+    def _held(self) -> int:
+        """Datagrams held for an agent that is away (sent when it is back)."""
+        processor = getattr(self._sender, "_processor", None)
+        transport = getattr(processor, "sender", None)
+        return int(getattr(transport, "held", 0))
 
     def flush(self, timeout: float = 2.0) -> bool:
         """Wait until everything recorded so far has been sent (or dropped)."""

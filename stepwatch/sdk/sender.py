@@ -170,6 +170,7 @@ class BackgroundSender:
     def _drain_locked(self, final: bool) -> None:
         process = self._processor.process
         self._processor.sender.allow_wait(RETRY_BUDGET_S)
+        self._processor.sender.resend()  # what an absent agent did not take, first
         while self._queue:
             item = self._queue.popleft()
             if isinstance(item, RawStep) and (self._pending or not _ready(item)):

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from stepwatch.agents.deadletter import DeadLetters
-from stepwatch.agents.spool import ACK_FILE, Spool
+from stepwatch.agents.spool import ACK_FILE, LOCK_FILE, Spool
 from stepwatch.errors import SpoolError
 
 NOBODY = 65534
@@ -41,6 +41,7 @@ def test_a_new_spool_is_private(tmp_path: Path) -> None:
     assert {p.name: mode(p) for p in d.iterdir()} == {
         "00000000000000000000.seg": 0o600,
         ACK_FILE: 0o600,
+        LOCK_FILE: 0o600,
     }
 
 

@@ -182,6 +182,7 @@ class Agent:
         """Final tick, flush the sink, persist the spool, close collectors."""
         self.ready = False
         log.info("agent stopping host=%s: final tick and flush", self.host)
+        self._stop_intake()
         self.tick()
         left = self.sink.flush(timeout)
         self.sink.close(timeout=0 if left else timeout)
@@ -203,6 +204,18 @@ class Agent:
             self.steps.steps_received if self.steps else 0,
             left,
         )
+
+    def _stop_intake(self) -> None:
+        """Close the ranks' door before the final tick: what they queued is spooled,
+        what they send later is counted on their side (``no_agent``), not lost unseen."""
+        if self.steps is None:
+            return
+        try:
+            taken = self.steps.stop_intake()
+        except Exception as err:  # shutdown goes on whatever happens
+            self._log("intake", "steps socket stop failed err=%r", err, level=logging.ERROR)
+            return
+        log.info("steps socket closed for shutdown queued_datagrams_read=%d", taken)
 
     # ------------------------------------------------------------------ state
     def snapshot(self) -> AgentSnapshot:

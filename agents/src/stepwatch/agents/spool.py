@@ -21,6 +21,7 @@ not fsync'ed, so a power loss can lose the last seconds.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -52,6 +53,7 @@ TAIL_MAX_RECORDS = 20_000  # bounded: during an outage nobody reads it
 TAIL_MAX_BYTES = 8 * 1024 * 1024
 SUFFIX = ".seg"
 ACK_FILE = "ack"
+LOCK_FILE = "lock"
 
 
 class Pos(NamedTuple):
@@ -98,6 +100,41 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
+def lock_dir(directory: Path) -> int:
+    """Hold ``<directory>/lock`` (a POSIX record lock: one holder process) for as long
+    as the returned descriptor is open; ``SpoolError`` when another process holds it.
+
+    Two agents on one spool (a second run by hand, or with the default relative
+    ``var/spool`` from the same directory) each appended to the same segment with
+    their own idea of its size, resent each other's records (half of all records
+    arrived twice in a red-team run), deleted segments the other still read and
+    wrote their ack positions over each other's (a pending count of -40)."""
+    fd = open_private(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as err:
+        holder = _holder(fd)
+        os.close(fd)
+        raise SpoolError(
+            f"spool directory {directory} is in use by another agent ({holder}): "
+            "give each agent a spool directory of its own (--spool-dir)"
+        ) from err
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    except OSError:
+        pass  # the lock is what counts; the pid only helps the message
+    return fd
+
+
+def _holder(fd: int) -> str:
+    try:
+        pid = os.pread(fd, 32, 0).decode().strip()
+    except (OSError, UnicodeDecodeError):
+        pid = ""
+    return f"pid {pid}" if pid.isdigit() else "pid unknown"
+
+
 def frame(topic: str, key: bytes, value: bytes, timestamp_ms: int = 0) -> bytes:
     t = topic.encode()
     body = _LENS.pack(len(t), len(key), timestamp_ms) + t + key + value
@@ -127,11 +164,17 @@ class Spool:
         self.acked_total = 0
         self.dropped: Counter[str] = Counter()
         self.torn_frames = 0
+        self._lock_fd: int | None = None
         try:
             private_dir(self.dir)  # the agent's alone: agents/private.py says why
+            self._lock_fd = lock_dir(self.dir)
             self._open()
         except OSError as err:
+            self._unlock()
             raise SpoolError(f"cannot open spool {self.dir}: {err}") from err
+        except SpoolError:
+            self._unlock()
+            raise
 
     # ------------------------------------------------------------------ open / recovery
     def _open(self) -> None:
@@ -499,12 +542,20 @@ class Spool:
             )
 
     def close(self) -> None:
-        self.persist()
-        with self._lock:
-            self._close_reader()
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
+        try:
+            self.persist()
+        finally:
+            with self._lock:
+                self._close_reader()
+                if self._fd is not None:
+                    os.close(self._fd)
+                    self._fd = None
+                self._unlock()
+
+    def _unlock(self) -> None:
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            os.close(fd)  # closing it releases the lock
 
     # ------------------------------------------------------------------ helpers
     def _path(self, first: int) -> Path:

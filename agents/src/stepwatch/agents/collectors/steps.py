@@ -109,6 +109,7 @@ class StepsCollector:
         self._rejected_seen = 0  # rejections already reported by health()
         self._last_error = ""
         self._sock: socket.socket | None = None
+        self._inode: tuple[int, int] | None = None  # (dev, ino) of the socket file we bound
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._next_bind = 0.0
@@ -119,6 +120,7 @@ class StepsCollector:
         self._next_bind = time.monotonic() + REBIND_SECONDS
         try:
             self._sock = _bind_socket(self.path, self._mode, self._gid)
+            self._inode = _inode(self.path)
         except (OSError, CollectorError) as err:
             self._fail("bind", f"cannot listen on {self.path}: {err}")
             return
@@ -145,6 +147,8 @@ class StepsCollector:
                 if not stop.is_set():
                     self._fail("recv", f"receive failed on {self.path}: {err!r}")
                 return
+            if not data:
+                continue  # a wake-up (shutdown), never a record
             sender = admit(creds, len(data))
             if sender is None:
                 continue  # over its rate limit: counted by the gate
@@ -271,18 +275,75 @@ class StepsCollector:
             self._rejected_seen = rejected
         return CollectorHealth(state, self._errors, self._last_error)
 
+    def stop_intake(self) -> int:
+        """Stop taking datagrams, keeping every one the kernel queued (the agent's
+        shutdown, before its final tick). The path goes first, so a rank's next send
+        finds no agent and is counted as dropped (``no_agent``) on its side; what is
+        already queued is read into the buffer, for the final tick to spool. Before,
+        the socket stayed bound through the final tick and the flush (up to 10 s with
+        Kafka down): ranks' datagrams kept landing, counted as sent, and none was ever
+        collected. Returns how many datagrams were read from the kernel's queue."""
+        sock = self._sock
+        if sock is None or self._stop.is_set():
+            return 0
+        waker = _connected(self.path)  # before the unlink: it still reaches our socket
+        self._unlink_own()
+        self._stop.set()
+        if waker is not None:
+            with waker:
+                _send_quietly(waker)
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        if self._thread is not None and self._thread.is_alive():
+            return 0  # still in a receive: it stops on its own, close() ends it
+        return self._drain_kernel_queue(sock)
+
+    def _drain_kernel_queue(self, sock: socket.socket) -> int:
+        """Refuse further datagrams (a sender that resolved the path before the unlink
+        gets an error, not a silent loss), then read what the kernel holds into the
+        buffer, without waiting."""
+        taken = 0
+        try:
+            sock.shutdown(socket.SHUT_RD)
+        except OSError:
+            pass
+        sock.settimeout(0.0)
+        for _ in range(self._max + 1):  # the queue is bounded; the loop is too
+            try:
+                data, creds = recv_with_creds(sock, MAX_DATAGRAM_BYTES + 1)
+            except OSError:  # BlockingIOError: empty; anything else: nothing more to read
+                break
+            if not data:
+                if creds is None:
+                    break  # the end of a shut-down socket's queue
+                continue  # a wake-up, not a record
+            taken += 1
+            sender = self.gate.admit(creds, len(data))
+            if sender is not None:
+                self.feed(data, sender)
+        return taken
+
+    def _unlink_own(self) -> None:
+        """Remove the socket path, only while it is still the socket this collector bound
+        (a successor agent may have bound the path since: its socket stays)."""
+        if self._inode is None or _inode(self.path) != self._inode:
+            return
+        self._inode = None
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
     def close(self) -> None:
         self._stop.set()
         sock, self._sock = self._sock, None
         if sock is not None:
-            _wake(self.path)
+            if self._inode is not None and _inode(self.path) == self._inode:
+                _wake(self.path)
             if self._thread is not None:
                 self._thread.join(timeout=2.0)
             sock.close()
-            try:
-                os.unlink(self.path)
-            except OSError:
-                pass
+            self._unlink_own()
         self.gate.close()
 
     # ------------------------------------------------------------------ GPU ownership
@@ -428,6 +489,32 @@ def _wake(path: str) -> None:
             waker.sendto(b"", path)
     except OSError:
         pass
+
+
+def _connected(path: str) -> socket.socket | None:
+    """A datagram socket connected to ``path``: it reaches that socket after an unlink."""
+    waker = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        waker.connect(path)
+    except OSError:
+        waker.close()
+        return None
+    return waker
+
+
+def _send_quietly(waker: socket.socket) -> None:
+    try:
+        waker.send(b"", socket.MSG_DONTWAIT)
+    except OSError:
+        pass  # a full queue wakes the reader by itself
+
+
+def _inode(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def _alive(path: str) -> bool:
