@@ -121,6 +121,9 @@ class EventType(enum.StrEnum):
     CHECKPOINT_LOAD = "checkpoint_load"
     RESTART = "restart"
     EXCEPTION = "exception"  # raised in user code (OOM, NaN loss, ...) as reported by the SDK
+    # the node agent saw a rank's process end without the SDK's job_end (killed, crashed):
+    # the agent's own observation, never a rank's word (not in the wire's RANK_EVENT_TYPES)
+    RANK_EXIT = "rank_exit"
 
 
 class _Base(msgspec.Struct, frozen=True, forbid_unknown_fields=False, omit_defaults=True, gc=False):

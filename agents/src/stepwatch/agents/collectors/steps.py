@@ -39,6 +39,7 @@ import msgspec
 
 from stepwatch.agents.collectors.base import CollectorHealth, HealthState, HostContext
 from stepwatch.agents.collectors.creds import enable_passcred, recv_with_creds
+from stepwatch.agents.collectors.exits import ExitWatch
 from stepwatch.agents.collectors.senders import LOCAL, Sender, SenderGate
 from stepwatch.contract import (
     EventMessage,
@@ -102,6 +103,7 @@ class StepsCollector:
         self._rate_limited_seen = 0
         self._overflow = 0
         self._owners: dict[int, tuple[str, int, float]] = {}  # gpu -> (job, rank, last seen)
+        self.exits = ExitWatch(self.gate.identities.proc, clock)  # ranks ending unannounced
         self.steps_received = 0
         self.events_received = 0
         self.rejected: Counter[str] = Counter()
@@ -203,10 +205,13 @@ class StepsCollector:
                     record = msgspec.structs.replace(record, host=ctx.host)
                 by_job.setdefault(record.job_id, []).append((record, len(data) + len(ctx.host)))
                 self._own(record, ctx.now)
+                self._watch(sender, record)
             else:
                 events.append(_event(item, ctx.host))
                 if item.type is EventType.JOB_END:
                     self._release(item.job_id)
+                    if sender.creds is not None:
+                        self.exits.ended(sender.creds.pid)
         self.steps_received += sum(len(v) for v in by_job.values())
         self.events_received += len(events)
         steps: list[Message] = [
@@ -215,7 +220,19 @@ class StepsCollector:
             for part in _chunks(recs, self._budget)
         ]
         self._expire(ctx.now)
+        events.extend(self.exits.take(ctx.host, self._clock()))
         return steps + events
+
+    def _watch(self, sender: Sender, record: StepRecord) -> None:
+        """Watch the sender's process for an exit without job_end (exits.py): only one
+        whose identity was read at receipt (its pid was that process then)."""
+        ident = sender.identity
+        if sender.creds is None or ident is None or not ident.start_time:
+            return
+        gpu = record.gpu if record.gpu is not None else record.local_rank
+        self.exits.watch(
+            sender.creds.pid, ident.start_time, record.job_id, record.rank, gpu, record.step
+        )
 
     def _admitted(self, item: RankStep | RankEvent, sender: Sender, host: str) -> bool:
         """Whether ``sender`` may say what ``item`` claims; a rejection is counted and
@@ -344,6 +361,7 @@ class StepsCollector:
                 self._thread.join(timeout=2.0)
             sock.close()
             self._unlink_own()
+        self.exits.close()
         self.gate.close()
 
     # ------------------------------------------------------------------ GPU ownership

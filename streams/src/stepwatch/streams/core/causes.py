@@ -26,6 +26,7 @@ import numpy as np
 
 from stepwatch.contract import EventType
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.exits import is_peer_failure
 from stepwatch.streams.core.gpubatch import gpu_signals_many
 from stepwatch.streams.core.hostclock import SampleWindow
 from stepwatch.streams.core.hostwindow import (
@@ -266,7 +267,7 @@ class CauseFinder:
             exc = [
                 e
                 for e in win.events_in(t0, t1, EventType.EXCEPTION)
-                if rank is None or e.rank in (None, rank)
+                if (rank is None or e.rank in (None, rank)) and not is_peer_failure(e)
             ]
             if exc:
                 return Attribution(

@@ -9,8 +9,10 @@ again without being called hung. The pause counts up to ``hang_max_pause_seconds
 (half an hour): a ``checkpoint_save``'s ``seconds`` is its sender's word. A crashed
 rank leaves its peers blocked in the next collective: its last reported step
 is behind theirs, or (when it died after reporting) its GPU went idle or left
-the bus while the peers' GPUs keep spinning. Those ranks are *named*
-(``rank_missing``); when every rank stopped together it is a plain ``hang``.
+the bus while the peers' GPUs keep spinning, or the node agent saw its process
+end without a ``job_end`` (``rank_exit``, :mod:`stepwatch.streams.core.exits`).
+Those ranks are *named* (``rank_missing``); when every rank stopped together it
+is a plain ``hang``.
 """
 
 from __future__ import annotations
@@ -36,11 +38,12 @@ class HangVerdict:
     last_step: int  # the furthest step any rank reported
     behind: tuple[int, ...]  # ranks whose last step is behind the others
     idle: tuple[int, ...]  # ranks whose GPU went idle or vanished while peers spin
-    how: str  # "behind", "idle_gpu" or "" (no rank stands out)
+    how: str  # "exited", "behind", "idle_gpu" or "" (no rank stands out)
+    exited: tuple[int, ...] = ()  # ranks whose process ended first, without a job_end
 
     @property
     def named(self) -> tuple[int, ...]:
-        return self.behind or self.idle
+        return self.exited or self.behind or self.idle
 
 
 def hang_limit(cfg: DetectConfig, cadence: float | None, pause: float = 0.0) -> float:
@@ -56,8 +59,11 @@ def check_hang(
     pause: float,
     ranks: RankTable,
     windows: Mapping[str, SampleWindow],
+    exited: tuple[int, ...] = (),
 ) -> HangVerdict | None:
-    """A verdict when the job made no progress for longer than its limit."""
+    """A verdict when the job made no progress for longer than its limit. ``exited``: the
+    ranks whose process ended first without a job_end (the node agent saw it): named
+    before any rank that is only behind or idle."""
     limit = hang_limit(cfg, cadence, pause)
     silent = now - last_progress
     if last_progress <= 0 or silent <= limit:
@@ -66,6 +72,8 @@ def check_hang(
     if not seen.any():
         return None
     last = int(ranks.last_step[seen].max())
+    if 0 < len(exited) <= ranks.world_size // 2:
+        return HangVerdict(silent, limit, last, (), (), "exited", exited)
     behind = np.flatnonzero(seen & (ranks.last_step < last))
     if 0 < len(behind) <= ranks.world_size // 2:
         return HangVerdict(silent, limit, last, tuple(behind.tolist()), (), "behind")

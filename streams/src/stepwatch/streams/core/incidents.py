@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from stepwatch.contract import DetectionMessage, EventMessage, EventType
 from stepwatch.streams.core.assembly import ClosedStep
-from stepwatch.streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder
+from stepwatch.streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder, Evidence
+from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.exits import first_exits, is_peer_failure
 from stepwatch.streams.core.hostclock import HostClocks
 from stepwatch.streams.core.hostwindow import LinkIncident
 from stepwatch.streams.core.kinds import Cause, DetectionType, Fault
@@ -26,6 +28,7 @@ T = DetectionType
 class Incidents:
     """Mixin of :class:`stepwatch.streams.core.job.Job` (uses its book, ranks and causes)."""
 
+    cfg: DetectConfig
     book: DetectionBook
     ranks: RankTable
     causes: CauseFinder
@@ -35,7 +38,10 @@ class Incidents:
     last_step: int
     newest_step: int
     ended_at: float | None
+    finalised: bool
     links_down: set[str]
+    exits: dict[int, float]  # rank -> when its process ended without a job_end (job clock)
+    peer_failure: str  # the first exception that was a peer's failure ("" none)
 
     # ------------------------------------------------------------------ user errors
     def _nonfinite_loss(self, cs: ClosedStep) -> list[DetectionMessage]:
@@ -47,6 +53,11 @@ class Incidents:
         return self._user_error(rank, cs.step, cs.end_max, summary, attr)
 
     def _exception(self, ev: EventMessage) -> list[DetectionMessage]:
+        if is_peer_failure(ev):  # a peer died (or the transport did): not this rank's code
+            if not self.peer_failure:
+                message = str(ev.attrs.get("message", ""))[:160]
+                self.peer_failure = f"{ev.detail} on rank {ev.rank}: {message}".strip(" :")
+            return self._exited_missing()
         if self.causes.has_hardware_signal([ev.host], self.clocks.on_job_clock(ev.host, ev.ts)):
             return []  # a hardware fault killed it: reported as a system fault
         attr = Attribution(
@@ -60,8 +71,8 @@ class Incidents:
         # stamped the job's detections resolved a minute before the job ended)
         self.ended_at = self.clocks.on_job_clock(ev.host, ev.ts)
         failed = bool(ev.code) or "error" in (ev.detail or "").lower()
-        if not failed or self.book.keys(T.USER_ERROR):
-            return []
+        if not failed or self.book.keys(T.USER_ERROR) or self.peer_failure:
+            return []  # a peer's failure: the rank that died first is named (rank_exit)
         system = [o for o in self.book.open.values() if o.finding.attribution.fault == Fault.SYSTEM]
         if system or self.causes.has_hardware_signal(
             self.hosts, self.clocks.on_job_clock(ev.host, ev.ts)
@@ -85,6 +96,73 @@ class Incidents:
         host = self.ranks.host[rank] if rank is not None and 0 <= rank < self.world_size else ""
         return self.book.observe(
             Finding(T.USER_ERROR, None, step, ts, summary, attr, rank, None, "", host)
+        )
+
+    # ------------------------------------------------------------------ dead ranks
+    def _rank_exit(self, ev: EventMessage) -> list[DetectionMessage]:
+        """The node agent saw a rank's process end without a job_end (see exits.py)."""
+        rank = ev.rank
+        if self.finalised or rank is None or not 0 <= rank < self.world_size:
+            return []
+        if self.ranks.host[rank] != ev.host or rank in self.exits:
+            return []  # an agent speaks only for its own host's ranks
+        t = self.clocks.on_job_clock(ev.host, ev.ts)
+        if self.ended_at is not None and t > self.ended_at:
+            return []  # ended after the job did: its launcher stopping it
+        self.exits[rank] = t
+        return self._exited_missing() if self.peer_failure else []
+
+    def _exited_missing(self) -> list[DetectionMessage]:
+        """``rank_missing`` for the ranks that exited first, once a peer failed after them
+        (nothing while a user error explains the end)."""
+        if self.book.keys(T.USER_ERROR):
+            return []
+        out: list[DetectionMessage] = []
+        for rank in first_exits(self.exits)[: self.cfg.max_named_ranks]:
+            if self.book.is_open(T.RANK_MISSING, rank):
+                continue
+            host, gpu, t = self.ranks.host[rank], self.ranks.gpu[rank], self.exits[rank]
+            attr = self._exit_attribution(host, gpu, rank, t)
+            last = int(self.ranks.last_step[rank])
+            summary = (
+                f"rank {rank} ({host} gpu {gpu}) ended without a job_end after step {last}, "
+                f"and its peers then failed: {self.peer_failure}; {attr.reason}"
+            )
+            evidence: Evidence = {
+                "how": "exited",
+                "last_step": last,
+                "peer_failure": self.peer_failure,
+            }
+            out.extend(
+                self.book.observe(
+                    Finding(
+                        T.RANK_MISSING,
+                        None,
+                        last + 1,
+                        t,
+                        summary,
+                        attr,
+                        rank,
+                        gpu,
+                        "",
+                        host,
+                        evidence,
+                    )
+                )
+            )
+        return out
+
+    def _exit_attribution(self, host: str, gpu: int | None, rank: int, t: float) -> Attribution:
+        """Why a rank's process ended: a hardware, GPU or link signal on its host then,
+        else the exit itself (cause unknown: killed, crashed, out of host memory)."""
+        attr = self.causes.for_stop(host, gpu, rank, t)
+        if attr.cause != Cause.UNKNOWN:
+            return attr
+        return Attribution(
+            Cause.UNKNOWN,
+            Fault.UNKNOWN,
+            "its process ended without the SDK's job_end (killed or crashed)",
+            {"how": "exited"},
         )
 
     # ------------------------------------------------------------------ system faults

@@ -14,6 +14,7 @@ from stepwatch.streams.core.api import JobStats
 from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, Rewind, StepAssembler
 from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
+from stepwatch.streams.core.exits import first_exits
 from stepwatch.streams.core.hang import check_hang
 from stepwatch.streams.core.hostclock import HostClocks, ShiftedWindows
 from stepwatch.streams.core.hosthistory import HostHistory
@@ -83,6 +84,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         # arrival minus host timestamp of the recent step messages (see ``local``)
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
         self._steps_arrived = 0.0  # the engine's clock when step records last made progress
+        self.exits: dict[int, float] = {}  # rank -> its process ended, no job_end (exits.py)
+        self.peer_failure = ""  # the first exception that was a peer's failure
 
     # ------------------------------------------------------------------ input
     def add_records(
@@ -138,6 +141,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
             return self._job_end(ev)
         elif ev.type == EventType.EXCEPTION:
             return self._exception(ev)
+        elif ev.type == EventType.RANK_EXIT:
+            return self._rank_exit(ev)
         return []
 
     def local(self, now: float) -> float:
@@ -338,6 +343,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.longest_pause,
             self.ranks,
             self.causes.windows,
+            tuple(first_exits(self.exits)),
         )
         if v is None:
             return []
@@ -354,7 +360,10 @@ class Job(Incidents, Stragglers, NetworkWatch):
             if self.book.is_open(T.RANK_MISSING, rank):
                 continue  # already reported (a fatal GPU error, or absent from steps)
             host, gpu = self.ranks.host[rank], self.ranks.gpu[rank]
-            attr = self.causes.for_stop(host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS)
+            if v.how == "exited":
+                attr = self._exit_attribution(host, gpu, rank, self.exits[rank])
+            else:
+                attr = self.causes.for_stop(host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS)
             last = int(self.ranks.last_step[rank])
             summary = (
                 f"job hung {v.silent_s:.0f} s: rank {rank} ({host} gpu {gpu}) stopped at "
@@ -426,6 +435,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.slowdown.on_restart()
         self.host_history.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
+        self.exits.clear()  # the old run's processes
+        self.peer_failure = ""
         self.newest_step = self.assembler.last_closed + 1
         return out
 

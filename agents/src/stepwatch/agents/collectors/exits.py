@@ -1,0 +1,184 @@
+"""Rank processes that end without the SDK's ``job_end``: the agent says so (``rank_exit``).
+
+A rank killed by a signal (``kill -9``, the kernel's OOM killer, a segfault in a
+library) sends nothing more: no ``job_end``, no exception. Its peers then fail in
+their next collective (gloo: "Connection closed by peer"), or block there, and
+their own exceptions were all the stream worker had: a real two-node job whose
+rank 2 was killed was reported as a ``user_error`` of rank 1.
+
+The steps collector hands each process whose step records it admitted (its
+identity read from /proc at receipt, so its pid is known to be that process) to
+:class:`ExitWatch`, which holds a pidfd for it (Linux 5.3+) and waits on all of
+them in one thread (``epoll``): the kernel marks a pidfd readable the moment its
+process exits, so the exit is stamped within the thread's wake-up, not a tick. A
+pidfd is opened only when the process's start time still matches the one read at
+receipt (pids are reused). At the next tick each exit becomes one ``rank_exit``
+event of the rank's job (``detail`` "process ended without job_end", ``attrs``
+``last_step`` and ``pid``), unless the process sent a ``job_end`` first (rank 0, at its
+``close``). Other ranks end without one when the job ends well, so an exit alone
+means nothing to the stream worker: docs/detection.md, "Dead ranks".
+
+Without pidfds (an older kernel, a fake /proc in tests) or without the senders'
+identities (``--verify-job off``, senders in another pid namespace) nothing is
+watched. At most ``max_watched`` processes are held (one descriptor each).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from stepwatch.agents.collectors.procfs import ProcFS
+from stepwatch.contract import EventMessage, EventType
+
+log = logging.getLogger(__name__)
+
+MAX_WATCHED = 4096  # processes watched at once (a descriptor each)
+POLL_SECONDS = 1.0  # the watcher thread's wait: how soon it notices close()
+# an exit is told this long after it at the earliest: a job_end the process sent just
+# before it ended is read from the socket by then (it must not read as a failure)
+GRACE_SECONDS = 0.5
+
+
+@dataclass
+class Watched:
+    """One rank process: what it last said of itself (updated by each record)."""
+
+    pid: int
+    start_time: int
+    job_id: str
+    rank: int
+    gpu: int | None
+    last_step: int
+    ended: bool = False  # it sent a job_end: its exit is the job's end
+
+
+@dataclass
+class ExitWatch:
+    """See the module docstring. ``watch``, ``ended`` and ``take`` are called by the
+    agent's tick; the exits are seen by a thread of its own."""
+
+    proc: ProcFS = field(default_factory=ProcFS)
+    clock: Callable[[], float] = time.time
+    max_watched: int = MAX_WATCHED
+    skipped: int = 0  # processes not watched: over the bound
+    _by_pid: dict[int, Watched] = field(default_factory=dict)
+    _by_fd: dict[int, Watched] = field(default_factory=dict)
+    _exited: list[tuple[Watched, float]] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _epoll: select.epoll | None = None
+    _thread: threading.Thread | None = None
+
+    def watch(
+        self, pid: int, start_time: int, job_id: str, rank: int, gpu: int | None, step: int
+    ) -> None:
+        """A record from process ``pid`` (started at ``start_time``) was admitted."""
+        with self._lock:
+            known = self._by_pid.get(pid)
+            if known is not None and known.start_time == start_time:
+                known.job_id, known.rank, known.gpu = job_id, rank, gpu
+                known.last_step = max(known.last_step, step)
+                return
+            if len(self._by_pid) >= self.max_watched:
+                self.skipped += 1
+                return
+        fd = self.proc.pin(pid)
+        if fd < 0:
+            return  # no pidfds here, or the process is gone
+        if self.proc.start_time(pid) != start_time:
+            os.close(fd)  # another process has the pid now
+            return
+        w = Watched(pid, start_time, job_id, rank, gpu, step)
+        with self._lock:
+            self._by_pid[pid] = w
+            self._by_fd[fd] = w
+        self._start()
+        assert self._epoll is not None
+        self._epoll.register(fd, select.EPOLLIN)
+
+    def ended(self, pid: int) -> None:
+        """Process ``pid`` sent a job_end: its exit says nothing of a failure."""
+        with self._lock:
+            w = self._by_pid.get(pid)
+            if w is not None:
+                w.ended = True
+            for gone, _ in self._exited:  # it ended before its last datagram was read
+                if gone.pid == pid:
+                    gone.ended = True
+
+    def take(self, host: str, now: float) -> list[EventMessage]:
+        """One ``rank_exit`` event per process that ended, at least GRACE_SECONDS before
+        ``now``, without a job_end (those ended later wait for the next call)."""
+        with self._lock:
+            due = [(w, t) for w, t in self._exited if t <= now - GRACE_SECONDS]
+            self._exited = [(w, t) for w, t in self._exited if t > now - GRACE_SECONDS]
+        return [
+            EventMessage(
+                host=host,
+                ts=t,
+                type=EventType.RANK_EXIT,
+                job_id=w.job_id,
+                rank=w.rank,
+                gpu=w.gpu,
+                detail="process ended without job_end",
+                attrs={"last_step": w.last_step, "pid": w.pid},
+            )
+            for w, t in due
+            if not w.ended
+        ]
+
+    @property
+    def watched(self) -> int:
+        return len(self._by_pid)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2 * POLL_SECONDS)
+        with self._lock:
+            for fd in self._by_fd:
+                os.close(fd)
+            self._by_fd.clear()
+            self._by_pid.clear()
+        if self._epoll is not None:
+            self._epoll.close()
+
+    # ------------------------------------------------------------------ watcher thread
+    def _start(self) -> None:
+        if self._thread is not None:
+            return
+        self._epoll = select.epoll()
+        self._thread = threading.Thread(target=self._run, name="stepwatch-exits", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        assert self._epoll is not None
+        while not self._stop.is_set():
+            try:
+                ready = self._epoll.poll(POLL_SECONDS)
+            except OSError:
+                return  # closed under us
+            if ready:
+                self._exits([fd for fd, _ in ready], self.clock())
+
+    def _exits(self, fds: list[int], t: float) -> None:
+        with self._lock:
+            for fd in fds:
+                w = self._by_fd.pop(fd, None)
+                if w is None:
+                    continue
+                if self._by_pid.get(w.pid) is w:
+                    del self._by_pid[w.pid]
+                self._exited.append((w, t))
+                try:
+                    assert self._epoll is not None
+                    self._epoll.unregister(fd)
+                except (OSError, ValueError):
+                    pass
+                os.close(fd)

@@ -1,0 +1,64 @@
+"""A rank whose process died, and the exceptions its peers raise because of it.
+
+When a rank's process dies (killed, a segfault, the kernel's OOM killer) its peers
+fail in their next collective: gloo raises "Connection closed by peer", NCCL aborts
+its communicator or its watchdog times out, torch raises ``DistBackendError``.
+Those exceptions are not errors in user code. In a real two-node ``torchrun`` job
+whose rank 2 was killed, rank 1's ``RuntimeError: ... Connection closed by peer``
+was reported as the job's ``user_error`` (notify the owner, never look at the
+node), and the node whose rank died was named nowhere.
+
+Two facts fix that:
+
+* :func:`is_peer_failure`: an exception that says a peer or the transport failed
+  (by class, or by the text of gloo, NCCL and torch.distributed) never opens a
+  ``user_error``, and a rank's stop is never put down to it;
+* ``rank_exit``: the node agent watches each rank process that sent it steps and
+  says when one ends without the SDK's ``job_end`` (``stepwatch.agents.collectors.exits``).
+  The rank that exited first (with any that exited within :data:`TOGETHER_S` of it)
+  is ``rank_missing`` once a peer failed after it, or when the job hangs
+  (``how="exited"``). An exit alone opens nothing: only rank 0 sends ``job_end``,
+  so every other rank of a job that ends well exits without one.
+"""
+
+from __future__ import annotations
+
+from stepwatch.contract import EventMessage
+
+# exception classes (the last part of the SDK's ``exception`` attribute) that are the
+# transport's or a peer's failure
+PEER_FAILURE_CLASSES = frozenset(
+    {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
+)
+# what gloo, NCCL and torch.distributed say when a peer is gone (lower case)
+PEER_FAILURE_TEXT = (
+    "connection closed by peer",
+    "connection reset by peer",
+    "broken pipe",
+    "nccl communicator was aborted",
+    "ncclremoteerror",
+    "ncclsystemerror",
+    "remote process exited",
+    "watchdog caught collective operation timeout",
+    "socket timeout",
+    "for recv operation to complete",
+    "for send operation to complete",
+)
+TOGETHER_S = 0.05  # exits this close to the first are the same event (one node's ranks)
+
+
+def is_peer_failure(ev: EventMessage) -> bool:
+    """Whether an ``exception`` event says a peer or the transport failed, not user code."""
+    name = str(ev.attrs.get("exception", "")).rsplit(".", 1)[-1]
+    if name in PEER_FAILURE_CLASSES or ev.detail in PEER_FAILURE_CLASSES:
+        return True
+    text = str(ev.attrs.get("message", "")).lower()
+    return any(marker in text for marker in PEER_FAILURE_TEXT)
+
+
+def first_exits(exits: dict[int, float]) -> list[int]:
+    """The ranks that exited first: the earliest exit and those within TOGETHER_S of it."""
+    if not exits:
+        return []
+    first = min(exits.values())
+    return sorted(r for r, t in exits.items() if t - first <= TOGETHER_S)

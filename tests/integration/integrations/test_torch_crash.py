@@ -1,0 +1,170 @@
+"""A real two-node torchrun job (gloo, 4 ranks) whose rank 2 is killed mid-run.
+
+Two ``torch.distributed.run`` launchers on loopback (nodes 0 and 1, two ranks
+each, reported as ``host-0`` and ``host-1``, each with its own ``stepwatch agent``)
+-> broker -> ``stepwatch stream``. Rank 2 gets SIGKILL at step 30: node 1's
+launcher stops rank 3, and ranks 0 and 1 raise gloo's "Connection closed by peer".
+Before, the job was reported as rank 1's ``user_error`` (notify the owner, never
+the node) and host-1 was named nowhere. Now host-1's agent says rank 2's process
+ended without a job_end (``rank_exit``), and the worker opens ``rank_missing`` for
+rank 2 on host-1, and no user error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from stepwatch.contract import Topics
+from stepwatch.daemons.broker import DevBroker
+from stepwatch.kafka import ensure_topics
+from stepwatch.settings import Settings
+from tests.support.stream_support import StreamWorker, read_topic, wait_for
+from tests.support.torch_jobs import EXAMPLE, ROOT, Agents
+
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
+
+KILL_AT = 30
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def ranks_of(launcher: subprocess.Popen[bytes]) -> list[int]:
+    """The launcher's worker processes (its local ranks, in start order)."""
+    kids: list[int] = []
+    for task in os.listdir(f"/proc/{launcher.pid}/task"):
+        with open(f"/proc/{launcher.pid}/task/{task}/children") as f:
+            kids += [int(x) for x in f.read().split()]
+    out = []
+    for pid in sorted(kids):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"ddp_train" in f.read():
+                    out.append(pid)
+        except OSError:
+            continue
+    return out
+
+
+@pytest.fixture
+def pipeline(tmp_path: Path) -> Iterator[tuple[Settings, Agents, StreamWorker]]:
+    with DevBroker(log_path=str(tmp_path / "broker.log")) as broker:
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="t",
+            partitions=2,
+            spool_dir=str(tmp_path / "spool"),
+            agent_socket=str(tmp_path / "agent.sock"),
+            metrics_port=0,
+            stream_metrics_port=0,
+            host="testhost",
+        )
+        ensure_topics(settings)
+        worker = StreamWorker(settings, tmp_path, "w").start()
+        agents = Agents(settings, tmp_path)
+        try:
+            agents.start()
+            wait_for(
+                "worker ready", lambda: worker.value("stepwatch_stream_ready") == 1, 90, [worker]
+            )
+            yield settings, agents, worker
+        finally:
+            agents.stop()
+            worker.stop()
+
+
+def launch(agents: Agents, job: str, node: int, port: int, log: Path) -> subprocess.Popen[bytes]:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH")))),
+        "STEPWATCH_AGENT_SOCKET": agents.socket_template(),
+    }
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        env.pop(name, None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        str(node),
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(port),
+        str(EXAMPLE),
+        "--steps",
+        "400",
+        "--batch",
+        "768",
+        "--emulate-hosts",
+        "2",
+        "--job-id",
+        job,
+    ]
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+@pytest.mark.timeout(300)
+def test_a_killed_rank_is_named_on_its_node_not_a_user_error(
+    pipeline: tuple[Settings, Agents, StreamWorker], tmp_path: Path
+) -> None:
+    settings, agents, worker = pipeline
+    job, port = f"crash-{int(time.time())}", free_port()
+    launchers = [launch(agents, job, n, port, tmp_path / f"node{n}.log") for n in (0, 1)]
+    topic = Topics(settings.topic_prefix).detections
+    try:
+        wait_for(
+            f"step {KILL_AT}",
+            lambda: worker.value("stepwatch_job_last_step", job_id=job) >= KILL_AT,
+            180,
+            [worker],
+        )
+        victim = ranks_of(launchers[1])[0]  # node 1's first rank: global rank 2
+        os.kill(victim, signal.SIGKILL)
+
+        def found() -> list[dict[str, object]]:
+            return [
+                d
+                for d in (json.loads(v) for _, v in read_topic(settings, topic))
+                if d["job_id"] == job and d["state"] == "open"
+            ]
+
+        opened = wait_for("rank 2 named", lambda: found(), 60, [worker])
+        time.sleep(5)  # anything else the job's end brings
+        opened = found()
+        assert [(d["type"], d["rank"], d["host"]) for d in opened] == [
+            ("rank_missing", 2, "host-1")
+        ], opened
+        assert isinstance(opened[0]["evidence"], dict)
+        assert opened[0]["evidence"]["how"] == "exited"
+    finally:
+        for launcher in launchers:
+            if launcher.poll() is None:
+                launcher.send_signal(signal.SIGTERM)
+        for launcher in launchers:
+            try:
+                launcher.wait(30)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                launcher.wait()

@@ -1,0 +1,139 @@
+"""The agent tells of rank processes that end without a job_end (real processes, pidfds)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from stepwatch.agents.collectors.exits import GRACE_SECONDS, ExitWatch
+from stepwatch.agents.collectors.procfs import ProcFS
+from stepwatch.contract import EventType
+
+pytestmark = [
+    pytest.mark.unit,
+    pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="no pidfds on this system"),
+]
+
+
+@pytest.fixture
+def watch() -> Iterator[ExitWatch]:
+    w = ExitWatch(ProcFS())
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+@pytest.fixture
+def rank() -> Iterator[subprocess.Popen[bytes]]:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def start_of(pid: int) -> int:
+    start = ProcFS().start_time(pid)
+    assert start is not None
+    return start
+
+
+def told(watch: ExitWatch, within: float = 5.0) -> list:  # type: ignore[type-arg]
+    """What the watch tells, once an exit is older than the grace (polled)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        events = watch.take("h1", time.time())
+        if events:
+            return events
+        time.sleep(0.05)
+    return []
+
+
+def test_a_killed_rank_is_told_with_its_job_rank_and_time(
+    watch: ExitWatch, rank: subprocess.Popen[bytes]
+) -> None:
+    watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 41)
+    watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 42)  # a later step: one watch
+    assert watch.watched == 1
+    killed = time.time()
+    rank.kill()
+    rank.wait()
+    events = told(watch)
+    assert [(e.type, e.job_id, e.rank, e.gpu, e.host) for e in events] == [
+        (EventType.RANK_EXIT, "job-1", 2, 0, "h1")
+    ]
+    assert events[0].attrs == {"last_step": 42, "pid": rank.pid}
+    assert killed - 0.01 <= events[0].ts <= killed + 2.0  # stamped when it ended, not at a tick
+    assert watch.watched == 0
+    assert watch.take("h1", time.time() + 10) == []  # told once
+
+
+def test_an_exit_is_held_back_for_the_grace(
+    watch: ExitWatch, rank: subprocess.Popen[bytes]
+) -> None:
+    watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, None, 1)
+    rank.kill()
+    rank.wait()
+    deadline = time.monotonic() + 5
+    while watch.watched and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert watch.take("h1", time.time() - GRACE_SECONDS - 1) == []  # too young yet
+    assert len(watch.take("h1", time.time() + GRACE_SECONDS)) == 1
+
+
+@pytest.mark.parametrize("end_after_exit", [False, True])
+def test_a_rank_that_sent_job_end_is_not_told(
+    watch: ExitWatch, rank: subprocess.Popen[bytes], end_after_exit: bool
+) -> None:
+    """Rank 0's job_end: also when the tick reads it after the exit was seen (before, it
+    was looked for among live processes only, and rank 0 of every job was told)."""
+    watch.watch(rank.pid, start_of(rank.pid), "job-1", 0, 0, 9)
+    if not end_after_exit:
+        watch.ended(rank.pid)
+    rank.kill()
+    rank.wait()
+    deadline = time.monotonic() + 5
+    while watch.watched and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if end_after_exit:
+        watch.ended(rank.pid)
+    assert watch.take("h1", time.time() + 10) == []
+
+
+def test_a_pid_that_is_another_process_now_is_not_watched(
+    watch: ExitWatch, rank: subprocess.Popen[bytes]
+) -> None:
+    watch.watch(rank.pid, start_of(rank.pid) - 1, "job-1", 2, 0, 1)
+    assert watch.watched == 0
+
+
+def test_a_process_already_gone_is_not_watched(watch: ExitWatch) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    start = start_of(proc.pid)
+    proc.wait()
+    watch.watch(proc.pid, start, "job-1", 2, 0, 1)
+    assert watch.watched == 0
+
+
+def test_the_bound_holds(rank: subprocess.Popen[bytes]) -> None:
+    watch = ExitWatch(ProcFS(), max_watched=1)
+    try:
+        watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 1)
+        watch.watch(os.getpid(), start_of(os.getpid()), "job-1", 3, 1, 1)
+        assert (watch.watched, watch.skipped) == (1, 1)
+    finally:
+        watch.close()
+
+
+def test_a_fake_proc_tree_watches_nothing(tmp_path, rank: subprocess.Popen[bytes]) -> None:  # type: ignore[no-untyped-def]
+    watch = ExitWatch(ProcFS(tmp_path))
+    watch.watch(rank.pid, 1, "job-1", 2, 0, 1)
+    assert watch.watched == 0
+    watch.close()

@@ -1,0 +1,139 @@
+"""A rank whose process died (``rank_exit``) and the exceptions its peers raise for it.
+
+Modelled on a real two-node torchrun job (gloo) whose rank 2 was killed: its
+peers raised ``RuntimeError: ... Connection closed by peer`` and the job was
+reported as rank 1's ``user_error``; the node whose rank died was named nowhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from stepwatch.contract import EventMessage, EventType
+from stepwatch.streams.core import Engine
+from stepwatch.streams.core.exits import first_exits, is_peer_failure
+from tests.support.detect_synth import T0, Job, drive, event, interleave, opened
+
+pytestmark = pytest.mark.unit
+
+GLOO = (
+    "Got the following error when running the callback: RuntimeError: [/pytorch/third_party/"
+    "gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:31616. This "
+    "is typically caused by a remote worker crashing."
+)
+STOP = 30  # the job's last step
+JOB = Job(world=16, steps=STOP)  # hosts h000 (ranks 0-7) and h001 (ranks 8-15)
+END = T0 + STOP + 0.2  # about when the last steps ended
+
+
+def exception(rank: int, t: float, message: str = GLOO, cls: str = "RuntimeError") -> EventMessage:
+    host = JOB.host(rank)
+    return event(
+        EventType.EXCEPTION,
+        host,
+        t,
+        job_id=JOB.job_id,
+        rank=rank,
+        detail=cls,
+        attrs={"exception": f"builtins.{cls}", "message": message},
+    )
+
+
+def exit_(rank: int, t: float, host: str | None = None) -> EventMessage:
+    return event(
+        EventType.RANK_EXIT,
+        host or JOB.host(rank),
+        t,
+        job_id=JOB.job_id,
+        rank=rank,
+        detail="process ended without job_end",
+        attrs={"last_step": STOP - 1},
+    )
+
+
+def job_end(t: float) -> EventMessage:
+    return event(
+        EventType.JOB_END,
+        "h000",
+        t,
+        job_id=JOB.job_id,
+        rank=0,
+        code=1,
+        detail="error: RuntimeError",
+    )
+
+
+def run(extra: list[EventMessage], until: float | None = None) -> list:  # type: ignore[type-arg]
+    return drive(Engine(), interleave(JOB.messages(), extra), until=until)
+
+
+def brief(found: list) -> list[tuple[object, ...]]:  # type: ignore[type-arg]
+    return [(d.type, d.rank, d.host, d.fault) for d in opened(found)]
+
+
+def test_a_killed_rank_is_named_not_its_peers_exception() -> None:
+    """The rank that died is rank_missing on its own host; no user error (before: rank
+    1's gloo error was the job's user_error)."""
+    found = run([exit_(10, END + 1.0), exception(1, END + 1.01), job_end(END + 1.5)])
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+    d = opened(found)[0]
+    assert d.evidence["how"] == "exited"
+    assert "Connection closed by peer" in str(d.evidence["peer_failure"])
+    assert "ended without a job_end" in d.summary
+
+
+def test_the_exit_arriving_after_the_peers_exception_is_still_named() -> None:
+    engine = Engine()
+    found = drive(engine, JOB.messages())
+    found += engine.process(exception(1, END + 1.01))
+    assert brief(found) == []  # a peer's failure alone blames nobody
+    found += engine.process(exit_(10, END + 1.0))
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+
+
+def test_ranks_torn_down_after_the_first_exit_are_not_named() -> None:
+    events = [exit_(10, END + 1.0), exit_(11, END + 1.2), exception(1, END + 1.01)]
+    events += [exit_(0, END + 2.0), exit_(1, END + 2.0)]
+    assert brief(run(events)) == [("rank_missing", 10, "h001", "unknown")]
+
+
+def test_a_real_error_in_user_code_stays_a_user_error() -> None:
+    """Rank 3 raises in its own code; the launcher then stops the others (exits after it)."""
+    events = [exception(3, END + 1.0, "shapes (4,3) and (2,) not aligned", "ValueError")]
+    events += [exit_(r, END + 1.2) for r in (8, 9)]
+    events += [exception(1, END + 1.3), job_end(END + 1.5)]
+    assert brief(run(events)) == [("user_error", 3, "h000", "user")]
+
+
+def test_a_failed_job_end_after_a_peer_failure_is_no_user_error() -> None:
+    assert brief(run([exception(1, END + 1.0), job_end(END + 1.5)])) == []
+
+
+def test_an_exit_alone_opens_nothing() -> None:
+    """Ranks other than 0 end without a job_end when a job ends well."""
+    assert brief(run([exit_(10, END + 1.0)])) == []
+
+
+def test_an_exit_from_a_host_that_does_not_run_the_rank_is_ignored() -> None:
+    events = [exit_(10, END + 1.0, host="h000"), exception(1, END + 1.01)]
+    assert brief(run(events)) == []
+
+
+def test_a_hang_names_the_rank_that_exited() -> None:
+    """NCCL peers block instead of raising: at the hang limit the exited rank is named."""
+    found = run([exit_(10, END + 1.0)], until=END + 200)
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+    assert opened(found)[0].evidence["how"] == "exited"
+
+
+def test_peer_failure_patterns() -> None:
+    assert is_peer_failure(exception(1, T0, GLOO))
+    assert is_peer_failure(exception(1, T0, "NCCL communicator was aborted on rank 3."))
+    assert is_peer_failure(exception(1, T0, "boom", "DistBackendError"))
+    assert not is_peer_failure(exception(1, T0, "CUDA out of memory", "OutOfMemoryError"))
+    assert not is_peer_failure(exception(1, T0, "list index out of range", "IndexError"))
+
+
+def test_first_exits_are_the_earliest_and_those_with_it() -> None:
+    assert first_exits({}) == []
+    assert first_exits({5: 10.0, 2: 10.01, 7: 10.5}) == [2, 5]
