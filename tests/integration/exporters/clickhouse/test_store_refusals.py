@@ -62,6 +62,12 @@ class ListSource:
     def commit(self, offsets: dict[tuple[str, int], int]) -> None:
         self.commits.update(offsets)
 
+    def log_end(self, tps: Any) -> dict[tuple[str, int], int]:
+        return {}  # not known: every plan stands
+
+    def resets(self) -> list[tuple[str, int]]:
+        return []
+
     def lag(self, committed: Any) -> dict[tuple[str, int], int]:
         return {}
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from stepwatch.contract import Phases, StepMessage, StepRecord, encode
+from stepwatch.errors import TransportError
 from stepwatch.exporters.clickhouse.prepare import Record
 from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig
 from stepwatch.exporters.clickhouse.sink_metrics import SinkMetrics
@@ -45,6 +46,8 @@ class FakeSource:
     def poll(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
         for tp, records in sorted(self.log.records.items()):
+            if tp in getattr(self, "reset", []):
+                continue  # as KafkaSource: the poll that finds a reset seeks, reads nothing
             take = records[self.pos[tp] : self.pos[tp] + max(1, max_records // 2)]
             self.pos[tp] += len(take)
             out.extend(take)
@@ -55,6 +58,19 @@ class FakeSource:
 
     def commit(self, offsets) -> None:
         self.log.committed.update(offsets)
+
+    def log_end(self, tps):
+        return {tp: len(self.log.records[tp]) for tp in tps}
+
+    def resets(self):
+        out, self.reset = getattr(self, "reset", []), []
+        return out
+
+    def start_again(self, tp, records) -> None:
+        """The log of ``tp`` lost its records and holds ``records`` from offset 0."""
+        self.log.records[tp] = records
+        self.pos[tp] = 0
+        self.reset = [tp]
 
     def lag(self, committed):
         return {}
@@ -344,6 +360,85 @@ def test_offsets_reused_by_new_records_are_stored_not_dropped_as_duplicates():
     rows = store.tables["step_events"]
     assert sum(r["host"] == "h2" for r in rows) == 20 * 4  # every new row stored
     assert sum(r["host"] == "h" for r in rows) == 20 * 4  # the old ones exactly once
+
+
+def test_plans_beyond_a_shorter_new_log_do_not_hold_its_records_back():
+    """The broker lost its log and its committed offsets (a re-created topic; the memory-only
+    development broker restarted), and the new log is *shorter* than the old plans. Before,
+    the plans of the old log were cut again and the planner waited for their last offsets,
+    which never came: none of the new records was stored (real broker and CLI sink: 200
+    messages after a restart, none in the store)."""
+    store = FakeStore()
+    first = Sink(
+        store, FakeSource(FakeLog(messages(20))), TOPICS, config(poll_max=40, batch_messages=8)
+    )
+    first.source.subscribe(TOPICS, first._on_assign, first._on_revoke)
+    drain(first)  # plans (0, 7) and (8, 9) per partition
+    fresh = [
+        StepMessage(host="h2", ts=m.ts + 1000, inst="i2", seq=m.seq, job_id="j2", steps=m.steps)
+        for m in messages(6)
+    ]
+    second = Sink(store, FakeSource(FakeLog(fresh)), TOPICS, config(batch_messages=8))
+    second.source.subscribe(TOPICS, second._on_assign, second._on_revoke)
+    for _ in range(20):
+        second.step()  # not forced: a running sink with new records waiting
+    rows = store.tables["step_events"]
+    assert sum(r["host"] == "h2" for r in rows) == 6 * 4
+    assert second.source.log.committed == {tp: 3 for tp in second.source.log.records}
+
+
+def test_a_log_that_starts_again_under_a_running_sink_is_stored():
+    """A re-created topic: librdkafka reads the new log from offset 0 with no rebalance.
+    Before, the planner dropped every offset below what it had read of the old log as a
+    re-delivery: the new records were never stored, and later commits passed them."""
+    store = FakeStore()
+    log = FakeLog(messages(20))
+    sink = Sink(store, FakeSource(log), TOPICS, config())
+    sink.source.subscribe(TOPICS, sink._on_assign, sink._on_revoke)
+    drain(sink)
+    tp = ("t.steps", 0)
+    fresh = [
+        Record(
+            tp[0],
+            tp[1],
+            i,
+            encode(
+                StepMessage(host="h2", ts=NOW + i, inst="i2", seq=i, job_id="j2", steps=m.steps)
+            ),
+            b"j",
+        )
+        for i, m in enumerate(messages(4))
+    ]
+    sink.source.start_again(tp, fresh)
+    drain(sink)
+    rows = store.tables["step_events"]
+    assert sum(r["host"] == "h2" for r in rows) == 4 * 4
+    assert sum(r["host"] == "h" for r in rows) == 20 * 4
+    assert log.committed[tp] == 4
+
+
+def test_plans_are_kept_when_the_log_end_is_unknown():
+    """A broker that does not say where its log ends: the plans stand (exact replays first)."""
+    store = FakeStore()
+    sink = Sink(store, FakeSource(FakeLog(messages(4))), TOPICS, config())
+    sink.source.log_end = _no_log_end  # type: ignore[method-assign]
+    store.tables["sink_batches"].append(
+        {
+            "consumer_group": "stepwatch-store",
+            "topic": "t.steps",
+            "partition": 0,
+            "first_offset": 0,
+            "last_offset": 9,
+        }
+    )
+    sink._on_assign([("t.steps", 0)])
+    sink.step()  # offsets 0..2 read: the plan waits for 9
+    assert sink.planner.waiting() == [("t.steps", 0)]
+    assert sink.planner.pending_plans(("t.steps", 0)) == [(0, 9)]
+
+
+def _no_log_end(tps):
+    raise TransportError("no watermarks")
 
 
 def test_freed_memory_is_released_once_per_interval():

@@ -70,6 +70,7 @@ def source(log: Log) -> KafkaSource:
     src = KafkaSource.__new__(KafkaSource)
     src._consumer = log
     src._next, src._reread, src.offset_gaps = {}, set(), 0
+    src._suspect, src._resets = set(), []
     return src
 
 
@@ -92,3 +93,15 @@ def test_a_gap_that_stays_is_accepted_once_and_counted() -> None:
     src = source(log)
     assert drain(src) == [0, 1, 2, 5, 6, 7, 8, 9]
     assert log.seeks == [3] and src.offset_gaps == 1
+
+
+def test_a_log_that_starts_again_is_read_from_its_start_and_reported() -> None:
+    """librdkafka moves to the log's start after "offset out of range" (a re-created
+    topic): offsets go back with no seek of ours. The source seeks there and reports the
+    partition, so the sink does not drop the new log's records as re-deliveries."""
+    log = Log(10, set())
+    src = source(log)
+    assert drain(src) == list(range(10))
+    log.n, log.pos = 3, 0  # the new log: offsets 0..2, and the consumer reset to its start
+    assert drain(src) == [0, 1, 2]
+    assert log.seeks == [0] and src.resets() == [("t.steps", 0)] and src.resets() == []

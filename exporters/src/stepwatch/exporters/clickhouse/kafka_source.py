@@ -49,7 +49,21 @@ class Source(Protocol):
         """Commit ``offsets`` (the next offset to read) synchronously."""
         ...
 
+    def log_end(self, tps: Sequence[TP]) -> dict[TP, int]:
+        """The high watermark (one past the log's last record) the last fetch of each
+        partition gave; partitions not fetched yet are left out.
+
+        Raises :class:`TransportError` when the client cannot say.
+        """
+        ...
+
     def lag(self, committed: dict[TP, int]) -> dict[TP, int]: ...
+
+    def resets(self) -> list[TP]:
+        """Partitions whose log started again below what was read (it lost records: a
+        re-created topic, a restarted memory-only broker) since the last call; the
+        next polls read them from where the new log starts."""
+        ...
 
     def close(self) -> None: ...
 
@@ -68,6 +82,8 @@ class KafkaSource:
         self._next: dict[TP, int] = {}  # the offset expected next per partition (gap check)
         self._reread: set[tuple[TP, int]] = set()  # gaps already read again once
         self.offset_gaps = 0  # gaps that stayed after reading them again
+        self._suspect: set[TP] = set()  # the statistics put the log's end below _next
+        self._resets: list[TP] = []  # logs that went back: for the sink (resets())
 
     def _stats(self, text: str) -> None:
         """librdkafka statistics: keep each partition's high watermark."""
@@ -77,7 +93,10 @@ class KafkaSource:
                 for partition, p in t.get("partitions", {}).items():
                     high = int(p.get("hi_offset", -1))
                     if partition != "-1" and high >= 0:
-                        self._high[(topic, int(partition))] = high
+                        tp = (topic, int(partition))
+                        self._high[tp] = high
+                        if high < self._next.get(tp, 0):
+                            self._suspect.add(tp)
         except (ValueError, TypeError, AttributeError) as err:
             self._warn("stats", "unreadable consumer statistics error=%s", err)
 
@@ -96,9 +115,8 @@ class KafkaSource:
 
     def poll(self, max_records: int, timeout: float) -> list[Record]:
         out: list[Record] = []
-        skip: set[TP] = (
-            set()
-        )  # partitions read again from a gap: the rest of this poll is not theirs
+        # partitions read again from a gap or a reset: the rest of this poll is not theirs
+        skip: set[TP] = self._check_suspects()
         for message in self._consumer.consume(num_messages=max_records, timeout=timeout):
             error = message.error()
             if error is not None:
@@ -108,10 +126,56 @@ class KafkaSource:
                 continue
             tp = (str(message.topic()), int(message.partition() or 0))
             offset = int(message.offset() or 0)
-            if tp in skip or self._gap(tp, offset):
+            if tp in skip or self._went_back(tp, offset) or self._gap(tp, offset):
                 skip.add(tp)
                 continue
             out.append(Record(tp[0], tp[1], offset, message.value(), message.key()))
+        return out
+
+    def _went_back(self, tp: TP, offset: int) -> bool:
+        """True when ``offset`` is below what was read of ``tp`` and no seek asked for it:
+        the log started again (librdkafka moved to its start after "offset out of range").
+        Read from ``offset`` again once the sink has written what it holds (``resets``)."""
+        expected = self._next.get(tp)
+        if expected is None or offset >= expected:
+            return False
+        self._restart(tp, offset, f"offset {offset} after {expected - 1}")
+        return True
+
+    def _check_suspects(self) -> set[TP]:
+        """Partitions whose log now ends below what was read (the broker kept our
+        position): read again from the log's start. Returns the partitions moved."""
+        moved: set[TP] = set()
+        for tp in sorted(self._suspect):
+            self._suspect.discard(tp)
+            expected = self._next.get(tp)
+            if expected is None:
+                continue
+            try:
+                low, high = self._consumer.get_watermark_offsets(_partition(tp), cached=True)
+            except Exception as err:
+                self._warn("watermarks", "cannot read the log's bounds error=%s", err)
+                continue
+            if 0 <= high < expected:
+                self._restart(tp, max(0, int(low)), f"log end {high} below {expected}")
+                moved.add(tp)
+        return moved
+
+    def _restart(self, tp: TP, offset: int, why: str) -> None:
+        log.warning(
+            "the log lost records (re-created topic, restarted broker) topic=%s partition=%d "
+            "%s: reading again from offset %d",
+            tp[0],
+            tp[1],
+            why,
+            offset,
+        )
+        self._consumer.seek(_partition(tp, offset))
+        self._next[tp] = offset
+        self._resets.append(tp)
+
+    def resets(self) -> list[TP]:
+        out, self._resets = self._resets, []
         return out
 
     def _gap(self, tp: TP, offset: int) -> bool:
@@ -162,6 +226,25 @@ class KafkaSource:
             raise TransportError(f"cannot read committed offsets: {err}") from err
         return {(p.topic, p.partition): (p.offset if p.offset >= 0 else None) for p in parts}
 
+    def log_end(self, tps: Sequence[TP]) -> dict[TP, int]:
+        from confluent_kafka import TopicPartition
+
+        ends: dict[TP, int] = {}
+        for topic, partition in tps:
+            try:
+                # cached: from fetch responses (a ListOffsets request is not needed, and
+                # the development broker answers it with a wrong high watermark)
+                _, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), cached=True
+                )
+            except Exception as err:
+                raise TransportError(
+                    f"cannot read the log end of {topic}/{partition}: {err}"
+                ) from err
+            if high is not None and int(high) >= 0:
+                ends[(topic, partition)] = int(high)
+        return ends
+
     def commit(self, offsets: dict[TP, int]) -> None:
         from confluent_kafka import TopicPartition
 
@@ -186,3 +269,11 @@ class KafkaSource:
             self._consumer.close()
         except Exception as err:  # closing must never turn a clean stop into a crash
             log.warning("consumer close failed error=%s", err)
+
+
+def _partition(tp: TP, offset: int | None = None) -> Any:
+    from confluent_kafka import TopicPartition
+
+    if offset is None:
+        return TopicPartition(tp[0], tp[1])
+    return TopicPartition(tp[0], tp[1], offset)

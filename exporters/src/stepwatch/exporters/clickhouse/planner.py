@@ -66,6 +66,25 @@ class Planner:
         state = self._parts.get(tp)
         return list(state.plans) if state else []
 
+    def waiting(self) -> list[TP]:
+        """Partitions whose next batch is a plan still waiting for its last records."""
+        out: list[TP] = []
+        for tp, state in self._parts.items():
+            plan = state.plans[0] if state.plans else None
+            if plan is not None and state.records and state.records[-1].offset < plan[1]:
+                out.append(tp)
+        return out
+
+    def drop_plans(self, tp: TP, end: int) -> int:
+        """Forget the plans of ``tp`` that end at or past ``end`` (the log's end); how many."""
+        state = self._parts.get(tp)
+        if state is None:
+            return 0
+        kept = deque(plan for plan in state.plans if plan[1] < end)
+        dropped = len(state.plans) - len(kept)
+        state.plans = kept
+        return dropped
+
     @property
     def buffered(self) -> int:
         return sum(len(p.records) for p in self._parts.values())

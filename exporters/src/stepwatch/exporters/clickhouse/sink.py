@@ -193,6 +193,9 @@ class Sink:
         for record in records:
             self.planner.add(record)
             self.metrics.messages.labels(record.topic).inc()
+        for tp in self.source.resets():
+            self._restart(tp)
+        self._drop_lost_plans()
         self._write(self.planner.due())
         self.metrics.buffered.set(self.planner.buffered)
         self._update_lag()
@@ -229,6 +232,44 @@ class Sink:
             except KeyError:
                 pass
 
+    def _restart(self, tp: TP) -> None:
+        """The partition's log started again below what was read: write what is buffered
+        of the old log (its offsets are not committed: the new log reuses them), then take
+        the new one from its start, without the old plans (the planner would drop its
+        offsets as re-deliveries)."""
+        self._write(self.planner.due(force=True, only=[tp]), commit=False)
+        self.planner.revoke(tp)
+        self.planner.assign(tp)
+
+    def _drop_lost_plans(self) -> None:
+        """Plans a partition waits for that its log cannot complete: dropped.
+
+        A plan is cut from records the sink read, so a live log always holds it;
+        one that ends at or past the log's end (as the last fetch gave it) names
+        records the log lost (a re-created topic, an unclean leader election, a
+        restarted memory-only broker). Waiting for them would hold every new record
+        of the partition back for good.
+        """
+        waiting = self.planner.waiting()
+        if not waiting:
+            return
+        try:
+            ends = self.source.log_end(waiting)
+        except TransportError as err:
+            self._warn("log-end", "cannot read the log end error=%s", err)
+            return
+        for tp, end in ends.items():
+            dropped = self.planner.drop_plans(tp, end)
+            if dropped:
+                log.warning(
+                    "planned batches beyond the log's end dropped (the log lost records) "
+                    "topic=%s partition=%d dropped=%d log_end=%d",
+                    tp[0],
+                    tp[1],
+                    dropped,
+                    end,
+                )
+
     def _load_plans(self, tp: TP, committed: int | None) -> list[tuple[int, int]]:
         delay = self.config.retry_initial
         while True:
@@ -252,7 +293,7 @@ class Sink:
         return [(int(a), int(b)) for a, b in result.rows]
 
     # ------------------------------------------------------------------ writing
-    def _write(self, batches: list[Batch]) -> None:
+    def _write(self, batches: list[Batch], commit: bool = True) -> None:
         if not batches:
             return
         self._plan([b for b in batches if not b.replayed])
@@ -260,7 +301,8 @@ class Sink:
             self._write_batch(batch)
         if self.after_insert is not None:
             self.after_insert(batches)
-        self._commit({b.tp: b.last + 1 for b in batches})
+        if commit:
+            self._commit({b.tp: b.last + 1 for b in batches})
         for batch in batches:
             self.metrics.batches.labels("replayed" if batch.replayed else "new").inc()
 
