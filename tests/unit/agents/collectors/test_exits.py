@@ -137,3 +137,31 @@ def test_a_fake_proc_tree_watches_nothing(tmp_path, rank: subprocess.Popen[bytes
     watch.watch(rank.pid, 1, "job-1", 2, 0, 1)
     assert watch.watched == 0
     watch.close()
+
+
+def test_one_user_cannot_take_every_watch(rank: subprocess.Popen[bytes]) -> None:
+    """Each watch holds one of the agent's descriptors: one user's processes are bounded."""
+    watch = ExitWatch(ProcFS(), max_per_user=1)
+    try:
+        watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 1, uid=1000)
+        watch.watch(os.getpid(), start_of(os.getpid()), "job-1", 3, 1, 1, uid=1000)
+        assert (watch.watched, watch.skipped) == (1, 1)
+        watch.watch(os.getpid(), start_of(os.getpid()), "job-2", 0, 1, 1, uid=1001)
+        assert watch.watched == 2  # another user's rank is still watched
+    finally:
+        watch.close()
+
+
+def test_the_bound_is_a_share_of_the_descriptor_limit() -> None:
+    import resource
+
+    from stepwatch.agents.collectors.exits import FD_SHARE, MAX_WATCHED, default_bound
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        assert default_bound() == 256 // FD_SHARE
+        assert ExitWatch(ProcFS()).max_watched == 256 // FD_SHARE
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert default_bound() <= MAX_WATCHED

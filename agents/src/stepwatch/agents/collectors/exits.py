@@ -20,13 +20,19 @@ means nothing to the stream worker: docs/detection.md, "Dead ranks".
 
 Without pidfds (an older kernel, a fake /proc in tests) or without the senders'
 identities (``--verify-job off``, senders in another pid namespace) nothing is
-watched. At most ``max_watched`` processes are held (one descriptor each).
+watched. Each watched process holds a descriptor of the agent's, so at most
+:data:`MAX_WATCHED` are held, and no more than a quarter of the agent's
+descriptor limit (``RLIMIT_NOFILE``), and :data:`MAX_PER_USER` of one user's:
+a user who kept a thousand processes alive, each sending a step, would
+otherwise have taken the descriptors the agent's Kafka connections and spool
+need.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import resource
 import select
 import threading
 import time
@@ -38,11 +44,24 @@ from stepwatch.contract import EventMessage, EventType
 
 log = logging.getLogger(__name__)
 
-MAX_WATCHED = 4096  # processes watched at once (a descriptor each)
+MAX_WATCHED = 1024  # processes watched at once (a descriptor each) ...
+FD_SHARE = 4  # ... and at most this share of the agent's descriptor limit (1 / FD_SHARE)
+MAX_PER_USER = 64  # processes of one user watched at once (a node's ranks are a few)
 POLL_SECONDS = 1.0  # the watcher thread's wait: how soon it notices close()
 # an exit is told this long after it at the earliest: a job_end the process sent just
 # before it ended is read from the socket by then (it must not read as a failure)
 GRACE_SECONDS = 0.5
+
+
+def default_bound() -> int:
+    """MAX_WATCHED, or a quarter of the descriptor limit when that is less."""
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return MAX_WATCHED
+    if soft == resource.RLIM_INFINITY or soft <= 0:
+        return MAX_WATCHED
+    return max(1, min(MAX_WATCHED, soft // FD_SHARE))
 
 
 @dataclass
@@ -55,6 +74,7 @@ class Watched:
     rank: int
     gpu: int | None
     last_step: int
+    uid: int = -1
     ended: bool = False  # it sent a job_end: its exit is the job's end
 
 
@@ -65,8 +85,9 @@ class ExitWatch:
 
     proc: ProcFS = field(default_factory=ProcFS)
     clock: Callable[[], float] = time.time
-    max_watched: int = MAX_WATCHED
-    skipped: int = 0  # processes not watched: over the bound
+    max_watched: int = field(default_factory=lambda: default_bound())
+    max_per_user: int = MAX_PER_USER
+    skipped: int = 0  # processes not watched: over a bound
     _by_pid: dict[int, Watched] = field(default_factory=dict)
     _by_fd: dict[int, Watched] = field(default_factory=dict)
     _exited: list[tuple[Watched, float]] = field(default_factory=list)
@@ -76,16 +97,25 @@ class ExitWatch:
     _thread: threading.Thread | None = None
 
     def watch(
-        self, pid: int, start_time: int, job_id: str, rank: int, gpu: int | None, step: int
+        self,
+        pid: int,
+        start_time: int,
+        job_id: str,
+        rank: int,
+        gpu: int | None,
+        step: int,
+        uid: int = -1,
     ) -> None:
-        """A record from process ``pid`` (started at ``start_time``) was admitted."""
+        """A record from process ``pid`` (started at ``start_time``, of user ``uid``) was
+        admitted."""
         with self._lock:
             known = self._by_pid.get(pid)
             if known is not None and known.start_time == start_time:
                 known.job_id, known.rank, known.gpu = job_id, rank, gpu
                 known.last_step = max(known.last_step, step)
                 return
-            if len(self._by_pid) >= self.max_watched:
+            mine = sum(1 for w in self._by_pid.values() if w.uid == uid)
+            if len(self._by_pid) >= self.max_watched or mine >= self.max_per_user:
                 self.skipped += 1
                 return
         fd = self.proc.pin(pid)
@@ -94,7 +124,7 @@ class ExitWatch:
         if self.proc.start_time(pid) != start_time:
             os.close(fd)  # another process has the pid now
             return
-        w = Watched(pid, start_time, job_id, rank, gpu, step)
+        w = Watched(pid, start_time, job_id, rank, gpu, step, uid)
         with self._lock:
             self._by_pid[pid] = w
             self._by_fd[fd] = w

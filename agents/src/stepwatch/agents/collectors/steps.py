@@ -231,7 +231,13 @@ class StepsCollector:
             return
         gpu = record.gpu if record.gpu is not None else record.local_rank
         self.exits.watch(
-            sender.creds.pid, ident.start_time, record.job_id, record.rank, gpu, record.step
+            sender.creds.pid,
+            ident.start_time,
+            record.job_id,
+            record.rank,
+            gpu,
+            record.step,
+            sender.creds.uid,
         )
 
     def _admitted(self, item: RankStep | RankEvent, sender: Sender, host: str) -> bool:
