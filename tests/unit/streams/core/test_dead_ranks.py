@@ -63,7 +63,8 @@ def job_end(t: float) -> EventMessage:
     )
 
 
-def run(extra: list[EventMessage], until: float | None = None) -> list:  # type: ignore[type-arg]
+def run(extra: list[EventMessage], until: float = END + 10) -> list:  # type: ignore[type-arg]
+    """The job, the events, then ticks past the exits' settling (3 s) to ``until``."""
     return drive(Engine(), interleave(JOB.messages(), extra), until=until)
 
 
@@ -86,8 +87,11 @@ def test_the_exit_arriving_after_the_peers_exception_is_still_named() -> None:
     engine = Engine()
     found = drive(engine, JOB.messages())
     found += engine.process(exception(1, END + 1.01))
+    found += engine.tick(END + 6)
     assert brief(found) == []  # a peer's failure alone blames nobody
-    found += engine.process(exit_(10, END + 1.0))
+    found += engine.process(exit_(10, END + 1.0))  # another host's agent, later
+    assert brief(found) == []  # named once the exits settled
+    found += engine.tick(END + 8) + engine.tick(END + 10)
     assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
 
 
@@ -126,6 +130,23 @@ def test_a_hang_names_the_rank_that_exited() -> None:
     assert opened(found)[0].evidence["how"] == "exited"
 
 
+def test_a_job_stopped_whole_is_no_dead_rank_and_no_hang() -> None:
+    """Cancelled or out of time: every rank's process ends together (a peer's error
+    racing its own end). Nothing is named, and the job has ended: before, a job that
+    sends no job_end was called hung a minute later (JobHang: requeue)."""
+    events = [exit_(r, END + 1.0 + 0.001 * r) for r in range(16)]
+    events.insert(2, exception(1, END + 1.0005))
+    found = run(events, until=END + 300)
+    assert brief(found) == []
+    assert all(d.type != "hang" for d in found)
+
+
+def test_without_every_exit_a_silent_job_is_still_hung() -> None:
+    events = [exit_(r, END + 1.0) for r in range(15)]  # rank 15's host told nothing
+    found = run(events, until=END + 300)
+    assert [d.type for d in opened(found)] == ["hang"]
+
+
 def test_peer_failure_patterns() -> None:
     assert is_peer_failure(exception(1, T0, GLOO))
     assert is_peer_failure(exception(1, T0, "NCCL communicator was aborted on rank 3."))
@@ -137,3 +158,13 @@ def test_peer_failure_patterns() -> None:
 def test_first_exits_are_the_earliest_and_those_with_it() -> None:
     assert first_exits({}) == []
     assert first_exits({5: 10.0, 2: 10.01, 7: 10.5}) == [2, 5]
+
+
+def test_an_end_before_the_exits_settled_still_names_the_dead_rank() -> None:
+    engine = Engine()
+    found = drive(engine, JOB.messages())
+    found += engine.process(exception(1, END + 1.01), END + 1.1)
+    found += engine.process(job_end(END + 1.5), END + 1.6)
+    found += engine.process(exit_(10, END + 1.0), END + 6.5)  # its agent was slow
+    found += engine.tick(END + 6.7)  # the end's deadline passed: the job is finalised
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]

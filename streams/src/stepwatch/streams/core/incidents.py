@@ -15,7 +15,7 @@ from stepwatch.contract import DetectionMessage, EventMessage, EventType
 from stepwatch.streams.core.assembly import ClosedStep
 from stepwatch.streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
-from stepwatch.streams.core.exits import first_exits, is_peer_failure
+from stepwatch.streams.core.exits import EXIT_SETTLE_SECONDS, first_exits, is_peer_failure
 from stepwatch.streams.core.hostclock import HostClocks
 from stepwatch.streams.core.hostwindow import LinkIncident
 from stepwatch.streams.core.kinds import Cause, DetectionType, Fault
@@ -40,7 +40,10 @@ class Incidents:
     ended_at: float | None
     finalised: bool
     links_down: set[str]
+    end_arrived: float
     exits: dict[int, float]  # rank -> when its process ended without a job_end (job clock)
+    exits_due: float  # the engine's clock when the exits count as settled
+    exits_seen: int  # exits when they were last looked at
     peer_failure: str  # the first exception that was a peer's failure ("" none)
 
     # ------------------------------------------------------------------ user errors
@@ -57,7 +60,7 @@ class Incidents:
             if not self.peer_failure:
                 message = str(ev.attrs.get("message", ""))[:160]
                 self.peer_failure = f"{ev.detail} on rank {ev.rank}: {message}".strip(" :")
-            return self._exited_missing()
+            return []  # the rank that died is named once the exits settled (exits_due)
         if self.causes.has_hardware_signal([ev.host], self.clocks.on_job_clock(ev.host, ev.ts)):
             return []  # a hardware fault killed it: reported as a system fault
         attr = Attribution(
@@ -99,8 +102,10 @@ class Incidents:
         )
 
     # ------------------------------------------------------------------ dead ranks
-    def _rank_exit(self, ev: EventMessage) -> list[DetectionMessage]:
-        """The node agent saw a rank's process end without a job_end (see exits.py)."""
+    def _rank_exit(self, ev: EventMessage, arrived: float) -> list[DetectionMessage]:
+        """The node agent saw a rank's process end without a job_end (see exits.py). Once
+        every rank's did, the job has ended: a job cancelled or out of time sends no
+        job_end, and was called hung a minute later (``JobHang``: requeue)."""
         rank = ev.rank
         if self.finalised or rank is None or not 0 <= rank < self.world_size:
             return []
@@ -109,16 +114,30 @@ class Incidents:
         t = self.clocks.on_job_clock(ev.host, ev.ts)
         if self.ended_at is not None and t > self.ended_at:
             return []  # ended after the job did: its launcher stopping it
+        if not self.exits:
+            self.exits_due = arrived + EXIT_SETTLE_SECONDS
         self.exits[rank] = t
-        return self._exited_missing() if self.peer_failure else []
+        if len(self.exits) == self.world_size and self.ended_at is None:
+            self.ended_at, self.end_arrived = max(self.exits.values()), arrived
+        return []
+
+    def _exits_settled(self, now: float) -> list[DetectionMessage]:
+        """At a tick: once the exits had time to arrive from every host, the ranks that
+        exited first are ``rank_missing`` if a peer failed (at most once per new exit)."""
+        if not self.peer_failure or now < self.exits_due or len(self.exits) == self.exits_seen:
+            return []
+        self.exits_seen = len(self.exits)
+        return self._exited_missing()
 
     def _exited_missing(self) -> list[DetectionMessage]:
-        """``rank_missing`` for the ranks that exited first, once a peer failed after them
-        (nothing while a user error explains the end)."""
-        if self.book.keys(T.USER_ERROR):
+        """``rank_missing`` for the ranks that exited first, once a peer failed after them.
+        Nothing while a user error explains the end, nor when most of the job ended
+        together (a job cancelled or out of time: its peers' errors race their own end)."""
+        first = first_exits(self.exits)
+        if self.book.keys(T.USER_ERROR) or len(first) > self.world_size // 2:
             return []
         out: list[DetectionMessage] = []
-        for rank in first_exits(self.exits)[: self.cfg.max_named_ranks]:
+        for rank in first[: self.cfg.max_named_ranks]:
             if self.book.is_open(T.RANK_MISSING, rank):
                 continue
             host, gpu, t = self.ranks.host[rank], self.ranks.gpu[rank], self.exits[rank]

@@ -85,6 +85,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
         self._steps_arrived = 0.0  # the engine's clock when step records last made progress
         self.exits: dict[int, float] = {}  # rank -> its process ended, no job_end (exits.py)
+        self.exits_due = 0.0  # the engine's clock when the exits count as in
+        self.exits_seen = 0
         self.peer_failure = ""  # the first exception that was a peer's failure
 
     # ------------------------------------------------------------------ input
@@ -142,7 +144,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         elif ev.type == EventType.EXCEPTION:
             return self._exception(ev)
         elif ev.type == EventType.RANK_EXIT:
-            return self._rank_exit(ev)
+            return self._rank_exit(ev, ev.ts if arrived is None else arrived)
         return []
 
     def local(self, now: float) -> float:
@@ -163,12 +165,16 @@ class Job(Incidents, Stragglers, NetworkWatch):
         out: list[DetectionMessage] = []
         for cs in closed:
             out.extend(self._analyse(cs))
+        if self.exits:
+            out.extend(self._exits_settled(now))
         if (  # the last steps' records had the deadline after the end came, on one clock
             self.ended_at is not None
             and now >= self.end_arrived + self.cfg.assembly_deadline_seconds
         ):
             # stamped when the job ended (its job_end), not at this tick: a replay's next
             # message 10 minutes later resolved the job's detections 10 minutes late
+            if self.peer_failure and self.exits:  # before the end closes everything
+                out.extend(self._exited_missing())
             return out + self._finalise(min(local, self.ended_at))
         if self.ended_at is None and self.hung_since is None:
             # silent no longer than step records stopped making progress (engine's clock): a
@@ -436,6 +442,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.host_history.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
         self.exits.clear()  # the old run's processes
+        self.exits_seen = 0
         self.peer_failure = ""
         self.newest_step = self.assembler.last_closed + 1
         return out
