@@ -168,3 +168,21 @@ def test_an_end_before_the_exits_settled_still_names_the_dead_rank() -> None:
     found += engine.process(exit_(10, END + 1.0), END + 6.5)  # its agent was slow
     found += engine.tick(END + 6.7)  # the end's deadline passed: the job is finalised
     assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+
+
+def test_a_rank_that_died_alone_is_named_when_every_rank_has_ended() -> None:
+    """NCCL peers abort without a Python exception: no peer failure is ever told. Rank
+    10 ended; host h000's ranks were stopped 8 s later (their launcher noticed)."""
+    events = [exit_(10, END + 1.0)]
+    events += [exit_(r, END + 1.1) for r in range(8, 16) if r != 10]  # its node's launcher
+    events += [exit_(r, END + 9.0 + 0.01 * r) for r in range(8)]
+    found = run(events, until=END + 30)
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+    assert opened(found)[0].evidence["lead_s"] == pytest.approx(8.0, abs=0.01)
+
+
+def test_hosts_stopped_within_a_second_of_each_other_name_nobody() -> None:
+    """A cancel reaches the hosts at slightly different times."""
+    events = [exit_(r, END + 1.0) for r in range(8, 16)]
+    events += [exit_(r, END + 1.6) for r in range(8)]
+    assert brief(run(events, until=END + 30)) == []

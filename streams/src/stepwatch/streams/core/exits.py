@@ -16,8 +16,11 @@ Two facts fix that:
 * ``rank_exit``: the node agent watches each rank process that sent it steps and
   says when one ends without the SDK's ``job_end`` (``stepwatch.agents.collectors.exits``).
   The rank that exited first (with any that exited within :data:`TOGETHER_S` of it)
-  is ``rank_missing`` once a peer failed after it (looked at once the exits had
-  :data:`EXIT_SETTLE_SECONDS` to come in), or when the job hangs (``how="exited"``);
+  is ``rank_missing`` once a peer failed after it, or once every rank has ended
+  and every rank on other hosts ended at least :data:`LEAD_SECONDS` after it (NCCL
+  peers abort without a Python exception; a cancel stops every host at once), looked
+  at once the exits had :data:`EXIT_SETTLE_SECONDS` to come in; or when the job
+  hangs (``how="exited"``);
   never when most of the job ended together (cancelled, out of time: a peer's error
   races its own end). An exit alone opens nothing: only rank 0 sends ``job_end``,
   so every other rank of a job that ends well exits without one. When every
@@ -52,6 +55,8 @@ TOGETHER_S = 0.05  # exits this close to the first are the same event (one node'
 # the engine's clock from a job's first exit until the exits count as in: other hosts'
 # agents tell theirs a tick and a half second later, plus transport
 EXIT_SETTLE_SECONDS = 3.0
+# every rank of other hosts ended at least this long after the first: it died alone
+LEAD_SECONDS = 1.0
 
 
 def is_peer_failure(ev: EventMessage) -> bool:

@@ -15,7 +15,12 @@ from stepwatch.contract import DetectionMessage, EventMessage, EventType
 from stepwatch.streams.core.assembly import ClosedStep
 from stepwatch.streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
-from stepwatch.streams.core.exits import EXIT_SETTLE_SECONDS, first_exits, is_peer_failure
+from stepwatch.streams.core.exits import (
+    EXIT_SETTLE_SECONDS,
+    LEAD_SECONDS,
+    first_exits,
+    is_peer_failure,
+)
 from stepwatch.streams.core.hostclock import HostClocks
 from stepwatch.streams.core.hostwindow import LinkIncident
 from stepwatch.streams.core.kinds import Cause, DetectionType, Fault
@@ -123,18 +128,40 @@ class Incidents:
 
     def _exits_settled(self, now: float) -> list[DetectionMessage]:
         """At a tick: once the exits had time to arrive from every host, the ranks that
-        exited first are ``rank_missing`` if a peer failed (at most once per new exit)."""
-        if not self.peer_failure or now < self.exits_due or len(self.exits) == self.exits_seen:
+        exited first are ``rank_missing`` if a peer failed or every other host's ranks
+        outlived them (at most once per new exit)."""
+        if now < self.exits_due or len(self.exits) == self.exits_seen:
             return []
         self.exits_seen = len(self.exits)
         return self._exited_missing()
 
+    def _exit_story(self, first: list[int]) -> tuple[str, Evidence]:
+        """Why the ranks that exited first died rather than were stopped ("" if nothing
+        says so): a peer failed after them, or (every rank has ended) each rank on
+        another host ended at least LEAD_SECONDS after them. A cancel or a time limit
+        stops every host at once; a crash leaves the other hosts to notice."""
+        if self.peer_failure:
+            return f"and its peers then failed: {self.peer_failure}", {
+                "peer_failure": self.peer_failure
+            }
+        if len(self.exits) < self.world_size:
+            return "", {}
+        hosts = {self.ranks.host[r] for r in first}
+        later = [t for r, t in self.exits.items() if self.ranks.host[r] not in hosts]
+        lead = min(later, default=0.0) - max(self.exits[r] for r in first)
+        if not later or lead < LEAD_SECONDS:
+            return "", {}
+        return f"{lead:.1f} s before any rank on another host", {"lead_s": round(lead, 3)}
+
     def _exited_missing(self) -> list[DetectionMessage]:
-        """``rank_missing`` for the ranks that exited first, once a peer failed after them.
-        Nothing while a user error explains the end, nor when most of the job ended
+        """``rank_missing`` for the ranks that exited first, when ``_exit_story`` says they
+        died. Nothing while a user error explains the end, nor when most of the job ended
         together (a job cancelled or out of time: its peers' errors race their own end)."""
         first = first_exits(self.exits)
         if self.book.keys(T.USER_ERROR) or len(first) > self.world_size // 2:
+            return []
+        why, told = self._exit_story(first)
+        if not why:
             return []
         out: list[DetectionMessage] = []
         for rank in first[: self.cfg.max_named_ranks]:
@@ -145,13 +172,9 @@ class Incidents:
             last = int(self.ranks.last_step[rank])
             summary = (
                 f"rank {rank} ({host} gpu {gpu}) ended without a job_end after step {last}, "
-                f"and its peers then failed: {self.peer_failure}; {attr.reason}"
+                f"{why}; {attr.reason}"
             )
-            evidence: Evidence = {
-                "how": "exited",
-                "last_step": last,
-                "peer_failure": self.peer_failure,
-            }
+            evidence: Evidence = {"how": "exited", "last_step": last, **told}
             out.extend(
                 self.book.observe(
                     Finding(

@@ -173,7 +173,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         ):
             # stamped when the job ended (its job_end), not at this tick: a replay's next
             # message 10 minutes later resolved the job's detections 10 minutes late
-            if self.peer_failure and self.exits:  # before the end closes everything
+            if self.exits:  # the dead rank, before the end closes everything
                 out.extend(self._exited_missing())
             return out + self._finalise(min(local, self.ended_at))
         if self.ended_at is None and self.hung_since is None:
