@@ -165,3 +165,22 @@ def test_the_bound_is_a_share_of_the_descriptor_limit() -> None:
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert default_bound() <= MAX_WATCHED
+
+
+def test_a_child_that_spoke_for_a_live_rank_is_not_its_exit(
+    watch: ExitWatch, rank: subprocess.Popen[bytes]
+) -> None:
+    """A forked child (a data-loader worker) that sent steps as rank 2 ends with its epoch
+    while rank 2's own process runs on: no rank_exit."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 5)
+    watch.watch(child.pid, start_of(child.pid), "job-1", 2, 0, 5)
+    child.kill()
+    child.wait()
+    deadline = time.monotonic() + 5
+    while watch.watched > 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert watch.take("h1", time.time() + 10) == []
+    rank.kill()
+    rank.wait()
+    assert [e.rank for e in told(watch)] == [2]

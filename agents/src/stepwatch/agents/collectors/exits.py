@@ -14,9 +14,11 @@ process exits, so the exit is stamped within the thread's wake-up, not a tick. A
 pidfd is opened only when the process's start time still matches the one read at
 receipt (pids are reused). At the next tick each exit becomes one ``rank_exit``
 event of the rank's job (``detail`` "process ended without job_end", ``attrs``
-``last_step`` and ``pid``), unless the process sent a ``job_end`` first (rank 0, at its
-``close``). Other ranks end without one when the job ends well, so an exit alone
-means nothing to the stream worker: docs/detection.md, "Dead ranks".
+``last_step`` and ``pid``), unless the process sent a ``job_end`` first (rank 0, at
+its ``close``) or another process that spoke for the same job and rank still runs (a
+forked child that sent steps, a data-loader worker ending with its epoch). Other
+ranks end without one when the job ends well, so an exit alone means nothing to the
+stream worker: docs/detection.md, "Dead ranks".
 
 Without pidfds (an older kernel, a fake /proc in tests) or without the senders'
 identities (``--verify-job off``, senders in another pid namespace) nothing is
@@ -148,6 +150,7 @@ class ExitWatch:
         with self._lock:
             due = [(w, t) for w, t in self._exited if t <= now - GRACE_SECONDS]
             self._exited = [(w, t) for w, t in self._exited if t > now - GRACE_SECONDS]
+        live = {(w.job_id, w.rank) for w in self._alive()}
         return [
             EventMessage(
                 host=host,
@@ -160,8 +163,12 @@ class ExitWatch:
                 attrs={"last_step": w.last_step, "pid": w.pid},
             )
             for w, t in due
-            if not w.ended
+            if not w.ended and (w.job_id, w.rank) not in live
         ]
+
+    def _alive(self) -> list[Watched]:
+        with self._lock:
+            return list(self._by_pid.values())
 
     @property
     def watched(self) -> int:
