@@ -96,14 +96,14 @@ def test_a_rank_that_sent_job_end_is_not_told(
     was looked for among live processes only, and rank 0 of every job was told)."""
     watch.watch(rank.pid, start_of(rank.pid), "job-1", 0, 0, 9)
     if not end_after_exit:
-        watch.ended(rank.pid)
+        watch.ended(rank.pid, "job-1")
     rank.kill()
     rank.wait()
     deadline = time.monotonic() + 5
     while watch.watched and time.monotonic() < deadline:
         time.sleep(0.02)
     if end_after_exit:
-        watch.ended(rank.pid)
+        watch.ended(rank.pid, "job-1")
     assert watch.take("h1", time.time() + 10) == []
 
 
@@ -184,3 +184,35 @@ def test_a_child_that_spoke_for_a_live_rank_is_not_its_exit(
     rank.kill()
     rank.wait()
     assert [e.rank for e in told(watch)] == [2]
+
+
+def test_one_process_driving_several_ranks_tells_each(
+    watch: ExitWatch, rank: subprocess.Popen[bytes]
+) -> None:
+    """The SDK lets one process drive several ranks: each is told (before, only the last
+    rank it sent a step for was, so a cancel never counted as every rank ended)."""
+    for r in range(4):
+        watch.watch(rank.pid, start_of(rank.pid), "job-1", r, r, 7)
+    rank.kill()
+    rank.wait()
+    assert sorted(e.rank for e in told(watch)) == [0, 1, 2, 3]
+
+
+def test_a_process_that_ended_one_job_is_watched_for_the_next(
+    watch: ExitWatch, rank: subprocess.Popen[bytes]
+) -> None:
+    watch.watch(rank.pid, start_of(rank.pid), "job-a", 0, 0, 9)
+    watch.ended(rank.pid, "job-a")
+    watch.watch(rank.pid, start_of(rank.pid), "job-b", 0, 0, 3)
+    rank.kill()
+    rank.wait()
+    assert [(e.job_id, e.rank) for e in told(watch)] == [("job-b", 0)]
+
+
+def test_a_watch_after_close_holds_nothing(rank: subprocess.Popen[bytes]) -> None:
+    watch = ExitWatch(ProcFS())
+    watch.close()
+    before = len(os.listdir("/proc/self/fd"))
+    watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 1)
+    assert watch.watched == 0
+    assert len(os.listdir("/proc/self/fd")) == before

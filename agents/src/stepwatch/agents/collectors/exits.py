@@ -68,16 +68,14 @@ def default_bound() -> int:
 
 @dataclass
 class Watched:
-    """One rank process: what it last said of itself (updated by each record)."""
+    """One rank process: the ranks it spoke for (one process may drive several) and
+    the jobs it sent a ``job_end`` for."""
 
     pid: int
     start_time: int
-    job_id: str
-    rank: int
-    gpu: int | None
-    last_step: int
     uid: int = -1
-    ended: bool = False  # it sent a job_end: its exit is the job's end
+    ranks: dict[tuple[str, int], tuple[int | None, int]] = field(default_factory=dict)
+    ended: set[str] = field(default_factory=set)  # jobs whose job_end it sent
 
 
 @dataclass
@@ -109,12 +107,13 @@ class ExitWatch:
         uid: int = -1,
     ) -> None:
         """A record from process ``pid`` (started at ``start_time``, of user ``uid``) was
-        admitted."""
+        admitted, for ``rank`` of ``job_id``."""
+        if self._stop.is_set():
+            return
         with self._lock:
             known = self._by_pid.get(pid)
             if known is not None and known.start_time == start_time:
-                known.job_id, known.rank, known.gpu = job_id, rank, gpu
-                known.last_step = max(known.last_step, step)
+                _note(known, job_id, rank, gpu, step)
                 return
             mine = sum(1 for w in self._by_pid.values() if w.uid == uid)
             if len(self._by_pid) >= self.max_watched or mine >= self.max_per_user:
@@ -126,49 +125,53 @@ class ExitWatch:
         if self.proc.start_time(pid) != start_time:
             os.close(fd)  # another process has the pid now
             return
-        w = Watched(pid, start_time, job_id, rank, gpu, step, uid)
+        w = Watched(pid, start_time, uid)
+        _note(w, job_id, rank, gpu, step)
+        self._start()
         with self._lock:
+            try:
+                assert self._epoll is not None
+                self._epoll.register(fd, select.EPOLLIN)
+            except (OSError, ValueError):  # closed meanwhile
+                os.close(fd)
+                return
             self._by_pid[pid] = w
             self._by_fd[fd] = w
-        self._start()
-        assert self._epoll is not None
-        self._epoll.register(fd, select.EPOLLIN)
 
-    def ended(self, pid: int) -> None:
-        """Process ``pid`` sent a job_end: its exit says nothing of a failure."""
+    def ended(self, pid: int, job_id: str) -> None:
+        """Process ``pid`` sent ``job_id``'s job_end: its exit says nothing of a failure
+        of that job (another job it runs later is watched on)."""
         with self._lock:
             w = self._by_pid.get(pid)
             if w is not None:
-                w.ended = True
+                w.ended.add(job_id)
             for gone, _ in self._exited:  # it ended before its last datagram was read
                 if gone.pid == pid:
-                    gone.ended = True
+                    gone.ended.add(job_id)
 
     def take(self, host: str, now: float) -> list[EventMessage]:
-        """One ``rank_exit`` event per process that ended, at least GRACE_SECONDS before
-        ``now``, without a job_end (those ended later wait for the next call)."""
+        """One ``rank_exit`` event per rank whose process ended, at least GRACE_SECONDS
+        before ``now``, without its job's job_end (those ended later wait for the next
+        call), unless another live process speaks for the same job and rank."""
         with self._lock:
             due = [(w, t) for w, t in self._exited if t <= now - GRACE_SECONDS]
             self._exited = [(w, t) for w, t in self._exited if t > now - GRACE_SECONDS]
-        live = {(w.job_id, w.rank) for w in self._alive()}
+            live = {key for w in self._by_pid.values() for key in w.ranks}
         return [
             EventMessage(
                 host=host,
                 ts=t,
                 type=EventType.RANK_EXIT,
-                job_id=w.job_id,
-                rank=w.rank,
-                gpu=w.gpu,
+                job_id=job,
+                rank=rank,
+                gpu=gpu,
                 detail="process ended without job_end",
-                attrs={"last_step": w.last_step, "pid": w.pid},
+                attrs={"last_step": step, "pid": w.pid},
             )
             for w, t in due
-            if not w.ended and (w.job_id, w.rank) not in live
+            for (job, rank), (gpu, step) in w.ranks.items()
+            if job not in w.ended and (job, rank) not in live
         ]
-
-    def _alive(self) -> list[Watched]:
-        with self._lock:
-            return list(self._by_pid.values())
 
     @property
     def watched(self) -> int:
@@ -188,7 +191,7 @@ class ExitWatch:
 
     # ------------------------------------------------------------------ watcher thread
     def _start(self) -> None:
-        if self._thread is not None:
+        if self._thread is not None or self._stop.is_set():
             return
         self._epoll = select.epoll()
         self._thread = threading.Thread(target=self._run, name="stepwatch-exits", daemon=True)
@@ -219,3 +222,9 @@ class ExitWatch:
                 except (OSError, ValueError):
                     pass
                 os.close(fd)
+
+
+def _note(w: Watched, job_id: str, rank: int, gpu: int | None, step: int) -> None:
+    """Process ``w`` spoke for ``rank`` of ``job_id`` at ``step``."""
+    old = w.ranks.get((job_id, rank))
+    w.ranks[(job_id, rank)] = (gpu, step if old is None else max(old[1], step))

@@ -211,7 +211,7 @@ class StepsCollector:
                 if item.type is EventType.JOB_END:
                     self._release(item.job_id)
                     if sender.creds is not None:
-                        self.exits.ended(sender.creds.pid)
+                        self.exits.ended(sender.creds.pid, item.job_id)
         self.steps_received += sum(len(v) for v in by_job.values())
         self.events_received += len(events)
         steps: list[Message] = [

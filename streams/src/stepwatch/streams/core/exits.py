@@ -17,10 +17,13 @@ Two facts fix that:
   says when one ends without the SDK's ``job_end`` (``stepwatch.agents.collectors.exits``).
   The rank that exited first (with any that exited within :data:`TOGETHER_S` of it)
   is ``rank_missing`` once a peer failed after it, or once every rank has ended
-  and every rank on other hosts ended at least :data:`LEAD_SECONDS` after it (NCCL
-  peers abort without a Python exception; a cancel stops every host at once), looked
-  at once the exits had :data:`EXIT_SETTLE_SECONDS` to come in; or when the job
-  hangs (``how="exited"``);
+  and, a single rank first, every rank on other hosts ended at least
+  :data:`LEAD_SECONDS` after it (NCCL peers abort without a Python exception; a
+  cancel stops every host at once), looked at once the exits had
+  :data:`EXIT_SETTLE_SECONDS` to come in; or when the job hangs with at most half
+  its ranks ended (``how="exited"``). Exit times are compared on one clock
+  (:meth:`HostClocks.in_order`), and nobody is named when every rank ended within
+  :data:`TOGETHER_JOB_S` of the first;
   never when most of the job ended together (cancelled, out of time: a peer's error
   races its own end). An exit alone opens nothing: only rank 0 sends ``job_end``,
   so every other rank of a job that ends well exits without one. When every
@@ -38,6 +41,9 @@ PEER_FAILURE_CLASSES = frozenset(
     {"DistBackendError", "DistNetworkError", "DistStoreError", "DistError"}
 )
 # what gloo, NCCL and torch.distributed say when a peer is gone (lower case)
+# ... only in the words of the collective's transport (a data loader's own "connection
+# reset by peer" from S3 or HTTP is the user's)
+TRANSPORT_TEXT = ("gloo", "nccl", "c10d", "processgroup", "torch.distributed")
 PEER_FAILURE_TEXT = (
     "connection closed by peer",
     "connection reset by peer",
@@ -56,16 +62,23 @@ TOGETHER_S = 0.05  # exits this close to the first are the same event (one node'
 # agents tell theirs a tick and a half second later, plus transport
 EXIT_SETTLE_SECONDS = 3.0
 # every rank of other hosts ended at least this long after the first: it died alone
-LEAD_SECONDS = 1.0
+# (host clocks are read to the second, but their offsets count for less than 5 s only
+# through the job's own steps: a margin for what those miss)
+LEAD_SECONDS = 10.0
+# every rank ended within this of the first: the job was stopped (a cancel, a time
+# limit reaches every host within a second), whatever a peer raised meanwhile
+TOGETHER_JOB_S = 1.0
 
 
 def is_peer_failure(ev: EventMessage) -> bool:
-    """Whether an ``exception`` event says a peer or the transport failed, not user code."""
+    """Whether an ``exception`` event says a peer or the collective's transport failed,
+    not user code: a torch.distributed error class, or a failure text of gloo, NCCL or
+    c10d that names its transport."""
     name = str(ev.attrs.get("exception", "")).rsplit(".", 1)[-1]
     if name in PEER_FAILURE_CLASSES or ev.detail in PEER_FAILURE_CLASSES:
         return True
     text = str(ev.attrs.get("message", "")).lower()
-    return any(marker in text for marker in PEER_FAILURE_TEXT)
+    return any(t in text for t in TRANSPORT_TEXT) and any(m in text for m in PEER_FAILURE_TEXT)
 
 
 def first_exits(exits: dict[int, float]) -> list[int]:

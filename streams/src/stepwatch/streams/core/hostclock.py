@@ -89,6 +89,7 @@ class HostClocks:
     def __init__(self) -> None:
         self.shift: dict[str, float] = {}
         self.offset: dict[str, float] = {}  # host -> its offset from the median host's clock
+        self.fine: dict[str, float] = {}  # host -> that offset, however small (exits' order)
         self._version = -1
         self._names: tuple[str, ...] = ()
         self._probe = np.zeros((0, PROBES), np.intp)  # the ranks read on each host
@@ -109,6 +110,7 @@ class HostClocks:
             self._n = 0
             self.shift.clear()
             self.offset.clear()
+            self.fine.clear()
         row = self._n % CLOCK_STEPS
         self._starts[row] = starts[self._probe]
         self._ends[row] = ends[self._probe]
@@ -136,6 +138,7 @@ class HostClocks:
         top = float(offset.max())  # the job's times are on the clock most ahead
         self.shift.clear()
         self.offset.clear()
+        self.fine = dict(zip(self._names, offset.tolist(), strict=True))
         for name, s, o in zip(self._names, (offset - top).tolist(), offset.tolist(), strict=True):
             if abs(s) >= CLOCK_OFFSET_MIN_S:
                 self.shift[name] = s
@@ -150,6 +153,12 @@ class HostClocks:
         """Whether ``host``'s offset was worked out (it runs ranks of the job's placement
         and enough steps closed since it began)."""
         return self._n >= CLOCK_STEPS and host in self._names
+
+    def in_order(self, host: str, t: float) -> float:
+        """A time stamped by ``host`` on the median host's clock, corrected however small
+        its offset (a second of offset, left alone elsewhere, made a job cancelled on
+        every host at once look as if one host's ranks ended first)."""
+        return t - self.fine.get(host, 0.0)
 
     def on_median_clock(self, host: str, t: float) -> float:
         """A time stamped by ``host``, on the median host's clock (the clock of the median

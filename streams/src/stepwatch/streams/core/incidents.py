@@ -18,6 +18,7 @@ from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.exits import (
     EXIT_SETTLE_SECONDS,
     LEAD_SECONDS,
+    TOGETHER_JOB_S,
     first_exits,
     is_peer_failure,
 )
@@ -47,6 +48,7 @@ class Incidents:
     links_down: set[str]
     end_arrived: float
     exits: dict[int, float]  # rank -> when its process ended without a job_end (job clock)
+    exit_order: dict[int, float]  # the same, each host's clock corrected however little
     exits_due: float  # the engine's clock when the exits count as settled
     exits_seen: int  # exits when they were last looked at
     peer_failure: str  # the first exception that was a peer's failure ("" none)
@@ -122,6 +124,7 @@ class Incidents:
         if not self.exits:
             self.exits_due = arrived + EXIT_SETTLE_SECONDS
         self.exits[rank] = t
+        self.exit_order[rank] = self.clocks.in_order(ev.host, ev.ts)
         if len(self.exits) == self.world_size and self.ended_at is None:
             self.ended_at, self.end_arrived = max(self.exits.values()), arrived
         return []
@@ -137,18 +140,24 @@ class Incidents:
 
     def _exit_story(self, first: list[int]) -> tuple[str, Evidence]:
         """Why the ranks that exited first died rather than were stopped ("" if nothing
-        says so): a peer failed after them, or (every rank has ended) each rank on
-        another host ended at least LEAD_SECONDS after them. A cancel or a time limit
-        stops every host at once; a crash leaves the other hosts to notice."""
+        says so): a peer failed after them, or (every rank has ended, one first) each
+        rank on another host ended at least LEAD_SECONDS after it. Never when every rank
+        ended within TOGETHER_JOB_S: a cancel or a time limit stops every host at once
+        (a peer's error races its own end); a crash leaves the other hosts to notice."""
+        order = self.exit_order
+        if len(order) == self.world_size and max(order.values()) - min(order.values()) <= (
+            TOGETHER_JOB_S
+        ):
+            return "", {}  # stopped whole: a peer's error raced its own end
         if self.peer_failure:
             return f"and its peers then failed: {self.peer_failure}", {
                 "peer_failure": self.peer_failure
             }
-        if len(self.exits) < self.world_size:
-            return "", {}
-        hosts = {self.ranks.host[r] for r in first}
-        later = [t for r, t in self.exits.items() if self.ranks.host[r] not in hosts]
-        lead = min(later, default=0.0) - max(self.exits[r] for r in first)
+        if len(order) < self.world_size or len(first) != 1:
+            return "", {}  # a host's ranks ending together first: a finish, not a crash
+        host = self.ranks.host[first[0]]
+        later = [t for r, t in order.items() if self.ranks.host[r] != host]
+        lead = min(later, default=0.0) - order[first[0]]
         if not later or lead < LEAD_SECONDS:
             return "", {}
         return f"{lead:.1f} s before any rank on another host", {"lead_s": round(lead, 3)}
@@ -157,7 +166,7 @@ class Incidents:
         """``rank_missing`` for the ranks that exited first, when ``_exit_story`` says they
         died. Nothing while a user error explains the end, nor when most of the job ended
         together (a job cancelled or out of time: its peers' errors race their own end)."""
-        first = first_exits(self.exits)
+        first = first_exits(self.exit_order)
         if self.book.keys(T.USER_ERROR) or len(first) > self.world_size // 2:
             return []
         why, told = self._exit_story(first)

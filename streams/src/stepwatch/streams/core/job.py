@@ -85,6 +85,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
         self._steps_arrived = 0.0  # the engine's clock when step records last made progress
         self.exits: dict[int, float] = {}  # rank -> its process ended, no job_end (exits.py)
+        self.exit_order: dict[int, float] = {}  # the same on one clock (HostClocks.in_order)
         self.exits_due = 0.0  # the engine's clock when the exits count as in
         self.exits_seen = 0
         self.peer_failure = ""  # the first exception that was a peer's failure
@@ -349,7 +350,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.longest_pause,
             self.ranks,
             self.causes.windows,
-            tuple(first_exits(self.exits)),
+            # the first to end, while most ranks still run (most ended: they finished)
+            tuple(first_exits(self.exit_order)) if len(self.exits) <= self.world_size // 2 else (),
         )
         if v is None:
             return []
@@ -416,7 +418,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
         return out
 
     def _on_rewinds(self) -> list[DetectionMessage]:
-        out: list[DetectionMessage] = []
+        # the old run's dead rank, before its exits are forgotten (a restart 2 s later
+        # came before the exits settled, and hid it)
+        out: list[DetectionMessage] = self._exited_missing() if self.exits else []
         for rw in self.assembler.rewinds:
             log.info(
                 "job rewound job_id=%s from_step=%s to_step=%s",
@@ -442,6 +446,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.host_history.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
         self.exits.clear()  # the old run's processes
+        self.exit_order.clear()
         self.exits_seen = 0
         self.peer_failure = ""
         self.newest_step = self.assembler.last_closed + 1
