@@ -263,3 +263,46 @@ def test_collector_names_and_building(settings: Settings) -> None:
             c.close()
     with pytest.raises(ConfigError):
         build_collectors(settings.replace(collectors="steps,warp-drive"))
+
+
+def test_a_rank_process_that_ends_unannounced_is_sent_and_counted(settings: Settings) -> None:
+    """The exit watch's rank_exit goes out with the tick's messages, and /metrics counts
+    the processes watched and the exits told (collectors/exits.py)."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from stepwatch.agents.collectors.exits import GRACE_SECONDS
+    from stepwatch.agents.collectors.procfs import ProcFS
+    from stepwatch.contract import EventMessage, EventType
+
+    if not hasattr(os, "pidfd_open"):
+        pytest.skip("no pidfds on this system")
+    steps = StepsCollector(settings.agent_socket)
+    rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        agent, sink = agent_with(settings, steps)
+        start = ProcFS().start_time(rank.pid)
+        assert start is not None
+        steps.exits.watch(rank.pid, start, "llama", 5, 5, 12)
+        text = render(registry_for(agent.snapshot, process=False))
+        assert "stepwatch_agent_rank_processes_watched 1.0" in text
+        rank.kill()
+        rank.wait()
+        deadline = time.monotonic() + 5
+        while steps.exits.watched and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(GRACE_SECONDS + 0.1)
+        agent.tick()
+        exits = [m for m in sink.messages if isinstance(m, EventMessage)]
+        assert [(e.type, e.job_id, e.rank, e.host) for e in exits] == [
+            (EventType.RANK_EXIT, "llama", 5, "node01")
+        ]
+        text = render(registry_for(agent.snapshot, process=False))
+        assert "stepwatch_agent_rank_exits_total 1.0" in text
+        assert "stepwatch_agent_rank_processes_watched 0.0" in text
+    finally:
+        rank.kill()
+        rank.wait()
+        steps.close()

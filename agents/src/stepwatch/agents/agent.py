@@ -51,6 +51,9 @@ class AgentSnapshot:
     sink: Any = None  # PublisherStats when the sink has stats()
     steps_received: int = 0
     datagrams_rejected: dict[str, int] = field(default_factory=dict)
+    rank_processes_watched: int = 0  # the exit watch (collectors/exits.py)
+    rank_exits: int = 0
+    rank_watch_skipped: int = 0
     series: SeriesView = field(default_factory=SeriesView)  # per-GPU/port series, XID counts
 
 
@@ -240,6 +243,9 @@ class Agent:
             sink=stats() if callable(stats) else None,
             steps_received=self.steps.steps_received if self.steps else 0,
             datagrams_rejected=dict(self.steps.rejected) if self.steps else {},
+            rank_processes_watched=self.steps.exits.watched if self.steps else 0,
+            rank_exits=self.steps.exits.told if self.steps else 0,
+            rank_watch_skipped=self.steps.exits.skipped if self.steps else 0,
             series=self.series.view(),
         )
 

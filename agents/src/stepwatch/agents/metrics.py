@@ -65,6 +65,21 @@ class AgentCollector:
             "reason",
             s.datagrams_rejected,
         )
+        yield _gauge(
+            "rank_processes_watched",
+            "Rank processes watched for an end without job_end (pidfds held).",
+            s.rank_processes_watched,
+        )
+        yield _counter(
+            "rank_exits",
+            "rank_exit events: rank processes that ended without job_end.",
+            s.rank_exits,
+        )
+        yield _counter(
+            "rank_watch_skipped",
+            "Rank processes not watched: over the exit watch's bounds.",
+            s.rank_watch_skipped,
+        )
         if s.sink is not None:
             yield from _publisher(s.sink)
         yield from host_families(s.host, s.series)

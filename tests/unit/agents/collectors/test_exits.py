@@ -73,6 +73,7 @@ def test_a_killed_rank_is_told_with_its_job_rank_and_time(
     assert killed - 0.01 <= events[0].ts <= killed + 2.0  # stamped when it ended, not at a tick
     assert watch.watched == 0
     assert watch.take("h1", time.time() + 10) == []  # told once
+    assert watch.told == 1
 
 
 def test_an_exit_is_held_back_for_the_grace(

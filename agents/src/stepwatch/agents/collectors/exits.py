@@ -88,6 +88,7 @@ class ExitWatch:
     max_watched: int = field(default_factory=lambda: default_bound())
     max_per_user: int = MAX_PER_USER
     skipped: int = 0  # processes not watched: over a bound
+    told: int = 0  # rank_exit events made
     _by_pid: dict[int, Watched] = field(default_factory=dict)
     _by_fd: dict[int, Watched] = field(default_factory=dict)
     _exited: list[tuple[Watched, float]] = field(default_factory=list)
@@ -157,7 +158,7 @@ class ExitWatch:
             due = [(w, t) for w, t in self._exited if t <= now - GRACE_SECONDS]
             self._exited = [(w, t) for w, t in self._exited if t > now - GRACE_SECONDS]
             live = {key for w in self._by_pid.values() for key in w.ranks}
-        return [
+        events = [
             EventMessage(
                 host=host,
                 ts=t,
@@ -172,6 +173,8 @@ class ExitWatch:
             for (job, rank), (gpu, step) in w.ranks.items()
             if job not in w.ended and (job, rank) not in live
         ]
+        self.told += len(events)
+        return events
 
     @property
     def watched(self) -> int:
