@@ -111,6 +111,8 @@ def launch(agents: Agents, job: str, node: int, port: int, log: Path) -> subproc
         "127.0.0.1",
         "--master-port",
         str(port),
+        "--rdzv-id",  # TORCHELASTIC_RUN_ID: what ties the ranks to the job for the agent
+        job,
         str(EXAMPLE),
         "--steps",
         "400",

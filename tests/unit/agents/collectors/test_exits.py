@@ -217,3 +217,34 @@ def test_a_watch_after_close_holds_nothing(rank: subprocess.Popen[bytes]) -> Non
     watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 1)
     assert watch.watched == 0
     assert len(os.listdir("/proc/self/fd")) == before
+
+
+@pytest.mark.parametrize(("jobs", "watched"), [(frozenset({"llama"}), 1), (frozenset(), 0)])
+def test_only_a_sender_tied_to_a_job_is_watched(
+    tmp_path, rank: subprocess.Popen[bytes], jobs: frozenset[str], watched: int
+) -> None:  # type: ignore[no-untyped-def]
+    """Under --verify-job when_known a process nothing ties to any job may send steps for
+    job llama; its exit must not count as llama's rank ending (with every rank's: the job
+    ended, its hang unreported)."""
+    from stepwatch.agents.collectors.base import HostContext
+    from stepwatch.agents.collectors.creds import Creds
+    from stepwatch.agents.collectors.procfs import ProcIdentity
+    from stepwatch.agents.collectors.senders import Sender
+    from stepwatch.agents.collectors.steps import StepsCollector
+    from stepwatch.contract import StepRecord
+    from stepwatch.contract.wire import RankStep, encode_datagram
+
+    now = time.time()
+    steps = StepsCollector(str(tmp_path / "a.sock"), clock=lambda: now)
+    try:
+        record = StepRecord(
+            job_id="llama", rank=3, world_size=8, step=1, start=now - 1, end=now, local_rank=3
+        )
+        ident = ProcIdentity(rank.pid, start_of(rank.pid), env_jobs=jobs)
+        sender = Sender(Creds(rank.pid, os.getuid(), os.getgid()), ident)
+        steps.feed(encode_datagram(RankStep(step=record)), sender)
+        out = steps.collect(HostContext("node07", now, {}))
+        assert sum(len(m.steps) for m in out if hasattr(m, "steps")) == 1  # the step goes on
+        assert steps.exits.watched == watched
+    finally:
+        steps.close()

@@ -7,7 +7,8 @@ their own exceptions were all the stream worker had: a real two-node job whose
 rank 2 was killed was reported as a ``user_error`` of rank 1.
 
 The steps collector hands each process whose step records it admitted (its
-identity read from /proc at receipt, so its pid is known to be that process) to
+identity read from /proc at receipt, so its pid is known to be that process, and
+tying it to a job: a process tied to none says nothing of any job's rank) to
 :class:`ExitWatch`, which holds a pidfd for it (Linux 5.3+) and waits on all of
 them in one thread (``epoll``): the kernel marks a pidfd readable the moment its
 process exits, so the exit is stamped within the thread's wake-up, not a tick. A

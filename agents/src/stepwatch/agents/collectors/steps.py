@@ -225,9 +225,13 @@ class StepsCollector:
 
     def _watch(self, sender: Sender, record: StepRecord) -> None:
         """Watch the sender's process for an exit without job_end (exits.py): only one
-        whose identity was read at receipt (its pid was that process then)."""
+        whose identity was read at receipt (its pid was that process then) and ties it
+        to a job (its Slurm job, pod or environment, which the gate held the record's
+        job to). An exit tells the worker that a rank died, or with every rank's that
+        the job ended: under ``--verify-job when_known`` a process nothing ties to any
+        job may still send steps, but its exit is no word on anyone's job."""
         ident = sender.identity
-        if sender.creds is None or ident is None or not ident.start_time:
+        if sender.creds is None or ident is None or not ident.start_time or not ident.known:
             return
         gpu = record.gpu if record.gpu is not None else record.local_rank
         self.exits.watch(
