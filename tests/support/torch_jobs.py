@@ -22,12 +22,14 @@ from pathlib import Path
 import yaml
 
 from stepwatch.contract import DetectionMessage, StepMessage, Topics, decode, encode
+from stepwatch.daemons.broker import DevBroker
 from stepwatch.daemons.process import free_port
+from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
 from stepwatch.streams.core import DetectConfig, Engine
 from stepwatch.streams.replay import replay
 from tests.support import paths
-from tests.support.stream_support import read_topic
+from tests.support.stream_support import StreamWorker, read_topic, wait_for
 
 ROOT = paths.ROOT
 EXAMPLE = ROOT / "examples" / "ddp_train.py"
@@ -140,6 +142,38 @@ class Agents:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+@contextmanager
+def torch_pipeline(work: Path) -> Iterator[tuple[Settings, Agents, StreamWorker]]:
+    """A broker, a stream worker and the two hosts' agents, ready, in ``work``."""
+    with DevBroker(log_path=str(work / "broker.log")) as broker:
+        settings = Settings.load(
+            env={},
+            bootstrap_servers=broker.bootstrap,
+            topic_prefix="t",
+            partitions=2,
+            spool_dir=str(work / "spool"),
+            agent_socket=str(work / "agent.sock"),
+            metrics_port=0,
+            stream_metrics_port=0,
+            host="testhost",
+        )
+        ensure_topics(settings)
+        worker = StreamWorker(settings, work, "w").start()
+        agents = Agents(settings, work)
+        try:
+            agents.start()
+            wait_for(
+                "stream worker ready",
+                lambda: worker.value("stepwatch_stream_ready") == 1,
+                90,
+                [worker],
+            )
+            yield settings, agents, worker
+        finally:
+            agents.stop()
+            worker.stop()
 
 
 def run_job(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,21 +26,14 @@ import pytest
 pytest.importorskip("torch")
 
 from stepwatch.contract import Topics
-from stepwatch.daemons.broker import DevBroker
-from stepwatch.kafka import ensure_topics
+from stepwatch.daemons.process import free_port
 from stepwatch.settings import Settings
 from tests.support.stream_support import StreamWorker, read_topic, wait_for
-from tests.support.torch_jobs import EXAMPLE, ROOT, Agents
+from tests.support.torch_jobs import EXAMPLE, ROOT, Agents, torch_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 KILL_AT = 30
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def ranks_of(launcher: subprocess.Popen[bytes]) -> list[int]:
@@ -63,30 +55,8 @@ def ranks_of(launcher: subprocess.Popen[bytes]) -> list[int]:
 
 @pytest.fixture
 def pipeline(tmp_path: Path) -> Iterator[tuple[Settings, Agents, StreamWorker]]:
-    with DevBroker(log_path=str(tmp_path / "broker.log")) as broker:
-        settings = Settings.load(
-            env={},
-            bootstrap_servers=broker.bootstrap,
-            topic_prefix="t",
-            partitions=2,
-            spool_dir=str(tmp_path / "spool"),
-            agent_socket=str(tmp_path / "agent.sock"),
-            metrics_port=0,
-            stream_metrics_port=0,
-            host="testhost",
-        )
-        ensure_topics(settings)
-        worker = StreamWorker(settings, tmp_path, "w").start()
-        agents = Agents(settings, tmp_path)
-        try:
-            agents.start()
-            wait_for(
-                "worker ready", lambda: worker.value("stepwatch_stream_ready") == 1, 90, [worker]
-            )
-            yield settings, agents, worker
-        finally:
-            agents.stop()
-            worker.stop()
+    with torch_pipeline(tmp_path) as ready:
+        yield ready
 
 
 def launch(agents: Agents, job: str, node: int, port: int, log: Path) -> subprocess.Popen[bytes]:

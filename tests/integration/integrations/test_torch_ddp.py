@@ -31,8 +31,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stepwatch.contract import encode  # noqa: E402
-from stepwatch.daemons.broker import DevBroker  # noqa: E402
-from stepwatch.kafka import ensure_topics  # noqa: E402
 from stepwatch.settings import Settings  # noqa: E402
 from tests.support.stream_support import StreamWorker, wait_for  # noqa: E402
 from tests.support.torch_jobs import (  # noqa: E402
@@ -48,6 +46,7 @@ from tests.support.torch_jobs import (  # noqa: E402
     run_job,
     step_messages,
     step_table,
+    torch_pipeline,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.serial]  # timing-sensitive: run alone
@@ -63,33 +62,8 @@ def pipeline(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[Settings, Agents, Path, StreamWorker]]:
     work = tmp_path_factory.mktemp("torch")
-    with DevBroker(log_path=str(work / "broker.log")) as broker:
-        settings = Settings.load(
-            env={},
-            bootstrap_servers=broker.bootstrap,
-            topic_prefix="t",
-            partitions=2,
-            spool_dir=str(work / "spool"),
-            agent_socket=str(work / "agent.sock"),
-            metrics_port=0,
-            stream_metrics_port=0,
-            host="testhost",
-        )
-        ensure_topics(settings)
-        worker = StreamWorker(settings, work, "w").start()
-        agents = Agents(settings, work)
-        try:
-            agents.start()
-            wait_for(
-                "stream worker ready",
-                lambda: worker.value("stepwatch_stream_ready") == 1,
-                90,
-                [worker],
-            )
-            yield settings, agents, work, worker
-        finally:
-            agents.stop()
-            worker.stop()
+    with torch_pipeline(work) as (settings, agents, worker):
+        yield settings, agents, work, worker
 
 
 def run_and_detect(

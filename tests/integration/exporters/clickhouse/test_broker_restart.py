@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -27,7 +27,7 @@ from stepwatch.exporters.clickhouse.migrations import Migrator
 from stepwatch.exporters.clickhouse.sink import Sink, SinkConfig, sink_topics
 from stepwatch.kafka import ensure_topics
 from stepwatch.settings import Settings
-from tests.support.stream_support import publish
+from tests.support.stream_support import publish, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -59,15 +59,6 @@ def steps(inst: str, n: int) -> list[StepMessage]:
         )
         for i in range(n)
     ]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture()
@@ -104,13 +95,13 @@ def test_records_after_the_broker_lost_its_log_are_stored(restartable) -> None:
     thread.start()
     try:
         publish(settings, steps("old", OLD))
-        wait_for(lambda: rows(store) == {"old": OLD}, 60, f"{OLD} rows of the old log")
+        wait_for(f"{OLD} rows of the old log", lambda: rows(store) == {"old": OLD}, 60)
 
         brokers[0].stop()  # its log and the group's offsets are gone
         brokers.append(DevBroker(port=brokers[0].port, log_path=brokers[0].log_path).start())
         ensure_topics(settings, sink_topics(PREFIX))
         publish(settings, steps("new", NEW))
-        wait_for(lambda: rows(store).get("new") == NEW, 90, f"{NEW} rows of the new log")
+        wait_for(f"{NEW} rows of the new log", lambda: rows(store).get("new") == NEW, 90)
     finally:
         sink.stop()
         thread.join(30)

@@ -15,20 +15,21 @@ Two facts fix that:
   ``user_error``, and a rank's stop is never put down to it;
 * ``rank_exit``: the node agent watches each rank process that sent it steps and
   says when one ends without the SDK's ``job_end`` (``stepwatch.agents.collectors.exits``).
-  The rank that exited first (with any that exited within :data:`TOGETHER_S` of it)
-  is ``rank_missing`` once a peer failed after it, or once every rank has ended
-  and, a single rank first, every rank on other hosts ended at least
-  :data:`LEAD_SECONDS` after it (NCCL peers abort without a Python exception; a
-  cancel stops every host at once), looked at once the exits had
-  :data:`EXIT_SETTLE_SECONDS` to come in; or when the job hangs with at most half
-  its ranks ended (``how="exited"``). Exit times are compared on one clock
-  (:meth:`HostClocks.in_order`), and nobody is named when every rank ended within
-  :data:`TOGETHER_JOB_S` of the first;
-  never when most of the job ended together (cancelled, out of time: a peer's error
-  races its own end). An exit alone opens nothing: only rank 0 sends ``job_end``,
-  so every other rank of a job that ends well exits without one. When every
-  rank's process has ended, the job has: a job cancelled or killed at its time
-  limit sends no ``job_end`` and was called hung a minute later.
+
+The rank that exited first (with any that exited within :data:`TOGETHER_S` of it)
+is ``rank_missing`` when something says it died rather than was stopped: a peer
+failed after it, or, every rank having ended and one rank first alone, every rank
+on other hosts ended at least :data:`LEAD_SECONDS` after it (NCCL peers abort
+without a Python exception). It is judged once the exits had
+:data:`EXIT_SETTLE_SECONDS` to come in, at the job's end, or before a restart; and
+at the hang limit while at most half the ranks have ended (``how="exited"``).
+Exit times are compared on one clock (:meth:`HostClocks.in_order`). Nobody is
+named when every rank ended within :data:`TOGETHER_JOB_S` of the first, nor when
+more than half ended together: a cancel or a time limit stops every host at once,
+and a peer's error races its own end. An exit alone opens nothing: only rank 0
+sends ``job_end``, so every other rank of a job that ends well exits without one.
+When every rank's process has ended, the job has: a job cancelled or killed at
+its time limit sends no ``job_end``, and was called hung a minute later.
 """
 
 from __future__ import annotations

@@ -47,8 +47,7 @@ class Incidents:
     finalised: bool
     links_down: set[str]
     end_arrived: float
-    exits: dict[int, float]  # rank -> when its process ended without a job_end (job clock)
-    exit_order: dict[int, float]  # the same, each host's clock corrected however little
+    exits: dict[int, float]  # rank -> when its process ended, no job_end (its host's stamp)
     exits_due: float  # the engine's clock when the exits count as settled
     exits_seen: int  # exits when they were last looked at
     peer_failure: str  # the first exception that was a peer's failure ("" none)
@@ -108,6 +107,23 @@ class Incidents:
             Finding(T.USER_ERROR, None, step, ts, summary, attr, rank, None, "", host)
         )
 
+    def _rank_missing(
+        self,
+        rank: int,
+        gpu: int | None,
+        host: str,
+        step: int,
+        ts: float,
+        summary: str,
+        attr: Attribution,
+        evidence: Evidence,
+    ) -> list[DetectionMessage]:
+        """Open (or update) ``rank_missing`` for ``rank``: one shape for every way a rank
+        is found gone (absent, hung, a fatal GPU error, its process ended)."""
+        return self.book.observe(
+            Finding(T.RANK_MISSING, None, step, ts, summary, attr, rank, gpu, "", host, evidence)
+        )
+
     # ------------------------------------------------------------------ dead ranks
     def _rank_exit(self, ev: EventMessage, arrived: float) -> list[DetectionMessage]:
         """The node agent saw a rank's process end without a job_end (see exits.py). Once
@@ -118,16 +134,20 @@ class Incidents:
             return []
         if self.ranks.host[rank] != ev.host or rank in self.exits:
             return []  # an agent speaks only for its own host's ranks
-        t = self.clocks.on_job_clock(ev.host, ev.ts)
-        if self.ended_at is not None and t > self.ended_at:
+        if self.ended_at is not None and self.clocks.on_job_clock(ev.host, ev.ts) > self.ended_at:
             return []  # ended after the job did: its launcher stopping it
         if not self.exits:
             self.exits_due = arrived + EXIT_SETTLE_SECONDS
-        self.exits[rank] = t
-        self.exit_order[rank] = self.clocks.in_order(ev.host, ev.ts)
+        self.exits[rank] = ev.ts
         if len(self.exits) == self.world_size and self.ended_at is None:
-            self.ended_at, self.end_arrived = max(self.exits.values()), arrived
+            self.ended_at, self.end_arrived = max(self.exit_times().values()), arrived
         return []
+
+    def exit_times(self, ordered: bool = False) -> dict[int, float]:
+        """The exits on the job's clock, or (``ordered``) with each host's offset from its
+        peers taken out however small, to tell which came first (HostClocks.in_order)."""
+        clock = self.clocks.in_order if ordered else self.clocks.on_job_clock
+        return {r: clock(self.ranks.host[r], t) for r, t in self.exits.items()}
 
     def _exits_settled(self, now: float) -> list[DetectionMessage]:
         """At a tick: once the exits had time to arrive from every host, the ranks that
@@ -144,7 +164,7 @@ class Incidents:
         rank on another host ended at least LEAD_SECONDS after it. Never when every rank
         ended within TOGETHER_JOB_S: a cancel or a time limit stops every host at once
         (a peer's error races its own end); a crash leaves the other hosts to notice."""
-        order = self.exit_order
+        order = self.exit_times(ordered=True)
         if len(order) == self.world_size and max(order.values()) - min(order.values()) <= (
             TOGETHER_JOB_S
         ):
@@ -166,17 +186,18 @@ class Incidents:
         """``rank_missing`` for the ranks that exited first, when ``_exit_story`` says they
         died. Nothing while a user error explains the end, nor when most of the job ended
         together (a job cancelled or out of time: its peers' errors race their own end)."""
-        first = first_exits(self.exit_order)
+        first = first_exits(self.exit_times(ordered=True))
         if self.book.keys(T.USER_ERROR) or len(first) > self.world_size // 2:
             return []
         why, told = self._exit_story(first)
         if not why:
             return []
         out: list[DetectionMessage] = []
+        times = self.exit_times()
         for rank in first[: self.cfg.max_named_ranks]:
             if self.book.is_open(T.RANK_MISSING, rank):
                 continue
-            host, gpu, t = self.ranks.host[rank], self.ranks.gpu[rank], self.exits[rank]
+            host, gpu, t = self.ranks.host[rank], self.ranks.gpu[rank], times[rank]
             attr = self._exit_attribution(host, gpu, rank, t)
             last = int(self.ranks.last_step[rank])
             summary = (
@@ -184,23 +205,7 @@ class Incidents:
                 f"{why}; {attr.reason}"
             )
             evidence: Evidence = {"how": "exited", "last_step": last, **told}
-            out.extend(
-                self.book.observe(
-                    Finding(
-                        T.RANK_MISSING,
-                        None,
-                        last + 1,
-                        t,
-                        summary,
-                        attr,
-                        rank,
-                        gpu,
-                        "",
-                        host,
-                        evidence,
-                    )
-                )
-            )
+            out.extend(self._rank_missing(rank, gpu, host, last + 1, t, summary, attr, evidence))
         return out
 
     def _exit_attribution(self, host: str, gpu: int | None, rank: int, t: float) -> Attribution:
@@ -239,20 +244,15 @@ class Incidents:
             f"rank {rank} ({ev.host} gpu {ev.gpu}) lost its GPU: {what}; the job will "
             f"hang in its next collective"
         )
-        return self.book.observe(
-            Finding(
-                T.RANK_MISSING,
-                None,
-                self.newest_step + 1,
-                self.clocks.on_job_clock(ev.host, ev.ts),  # the host's clock may be off
-                summary,
-                attr,
-                rank,
-                ev.gpu,
-                "",
-                ev.host,
-                {"how": "fatal_gpu_error", "last_step": self.newest_step},
-            )
+        return self._rank_missing(
+            rank,
+            ev.gpu,
+            ev.host,
+            self.newest_step + 1,
+            self.clocks.on_job_clock(ev.host, ev.ts),  # the host's clock may be off
+            summary,
+            attr,
+            {"how": "fatal_gpu_error", "last_step": self.newest_step},
         )
 
     def on_link(self, inc: LinkIncident) -> list[DetectionMessage]:

@@ -85,7 +85,6 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
         self._steps_arrived = 0.0  # the engine's clock when step records last made progress
         self.exits: dict[int, float] = {}  # rank -> its process ended, no job_end (exits.py)
-        self.exit_order: dict[int, float] = {}  # the same on one clock (HostClocks.in_order)
         self.exits_due = 0.0  # the engine's clock when the exits count as in
         self.exits_seen = 0
         self.peer_failure = ""  # the first exception that was a peer's failure
@@ -321,23 +320,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
                 f"steps while its peers progress: {attr.reason}"
             )
             ev: Evidence = {"absent_steps": int(self.missing_run[rank]), "how": "absent"}
-            out.extend(
-                self.book.observe(
-                    Finding(
-                        T.RANK_MISSING,
-                        None,
-                        cs.step,
-                        cs.end_max,
-                        summary,
-                        attr,
-                        rank,
-                        gpu,
-                        "",
-                        host,
-                        ev,
-                    )
-                )
-            )
+            out.extend(self._rank_missing(rank, gpu, host, cs.step, cs.end_max, summary, attr, ev))
         return out
 
     # ------------------------------------------------------------------ hangs
@@ -351,7 +334,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.ranks,
             self.causes.windows,
             # the first to end, while most ranks still run (most ended: they finished)
-            tuple(first_exits(self.exit_order)) if len(self.exits) <= self.world_size // 2 else (),
+            tuple(first_exits(self.exit_times(ordered=True)))
+            if 0 < len(self.exits) <= self.world_size // 2
+            else (),
         )
         if v is None:
             return []
@@ -369,7 +354,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
                 continue  # already reported (a fatal GPU error, or absent from steps)
             host, gpu = self.ranks.host[rank], self.ranks.gpu[rank]
             if v.how == "exited":
-                attr = self._exit_attribution(host, gpu, rank, self.exits[rank])
+                attr = self._exit_attribution(host, gpu, rank, self.exit_times()[rank])
             else:
                 attr = self.causes.for_stop(host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS)
             last = int(self.ranks.last_step[rank])
@@ -377,23 +362,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
                 f"job hung {v.silent_s:.0f} s: rank {rank} ({host} gpu {gpu}) stopped at "
                 f"step {last} while its peers wait in a collective: {attr.reason}"
             )
-            out.extend(
-                self.book.observe(
-                    Finding(
-                        T.RANK_MISSING,
-                        None,
-                        v.last_step,
-                        now,
-                        summary,
-                        attr,
-                        rank,
-                        gpu,
-                        "",
-                        host,
-                        {**ev, "rank_last_step": last, "named_ranks": len(v.named)},
-                    )
-                )
-            )
+            told: Evidence = {**ev, "rank_last_step": last, "named_ranks": len(v.named)}
+            out.extend(self._rank_missing(rank, gpu, host, v.last_step, now, summary, attr, told))
         if not v.named:
             attr = self.causes.for_stop("", None, None, now)
             summary = (
@@ -446,7 +416,6 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.host_history.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
         self.exits.clear()  # the old run's processes
-        self.exit_order.clear()
         self.exits_seen = 0
         self.peer_failure = ""
         self.newest_step = self.assembler.last_closed + 1
