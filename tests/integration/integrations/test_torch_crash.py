@@ -125,9 +125,15 @@ def test_a_killed_rank_is_named_on_its_node_not_a_user_error(
         opened = wait_for("rank 2 named", lambda: found(), 60, [worker])
         time.sleep(5)  # anything else the job's end brings
         opened = found()
-        assert [(d["type"], d["rank"], d["host"]) for d in opened] == [
-            ("rank_missing", 2, "host-1")
-        ], opened
+        named = [(d["type"], d["rank"], d["host"]) for d in opened]
+        assert named[0] == ("rank_missing", 2, "host-1"), opened
+        # rank 3, which its launcher stopped within its 0.1 s monitor interval, only if
+        # the agent stamped both exits at one wake-up (a CI run named it 36 ms later)
+        assert all(
+            n == ("rank_missing", 3, "host-1")
+            and abs(float(d["ts"]) - float(opened[0]["ts"])) <= 0.001  # type: ignore[arg-type]
+            for n, d in zip(named[1:], opened[1:], strict=True)
+        ), opened
         assert isinstance(opened[0]["evidence"], dict)
         assert opened[0]["evidence"]["how"] == "exited"
     finally:

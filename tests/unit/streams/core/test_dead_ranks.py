@@ -156,8 +156,23 @@ def test_peer_failure_patterns() -> None:
 
 
 def test_first_exits_are_the_earliest_and_those_with_it() -> None:
-    assert first_exits({}) == []
-    assert first_exits({5: 10.0, 2: 10.01, 7: 10.5}) == [2, 5]
+    hosts = ["a", "a", "b", "b", "c", "c"]
+    assert first_exits({}, hosts) == []
+    # other hosts within 50 ms: together (their clocks are compared through offsets)
+    assert first_exits({4: 10.0, 2: 10.01, 0: 10.5}, hosts) == [2, 4]
+    # one host's later exit came after (one clock); the same instant is together
+    assert first_exits({2: 10.0, 3: 10.036, 0: 10.5}, hosts) == [2]
+    assert first_exits({2: 10.0, 3: 10.0, 0: 10.5}, hosts) == [2, 3]
+    assert first_exits({4: 10.0, 2: 10.01, 3: 10.03}, hosts) == [2, 4]
+
+
+def test_a_node_mate_its_launcher_stopped_36_ms_later_is_not_named() -> None:
+    """torchrun stops a dead rank's node mates within its 0.1 s monitor interval: in
+    a real two-node job rank 3 ended 36 ms after the killed rank 2, and both were
+    named (a CI run failed on it). One host's exits share its agent's clock."""
+    events = [exit_(10, END + 1.0), exit_(11, END + 1.036), exception(1, END + 1.05)]
+    events += [exit_(r, END + 2.0) for r in range(2)]
+    assert brief(run(events)) == [("rank_missing", 10, "h001", "unknown")]
 
 
 def test_an_end_before_the_exits_settled_still_names_the_dead_rank() -> None:

@@ -16,10 +16,11 @@ Two facts fix that:
 * ``rank_exit``: the node agent watches each rank process that sent it steps and
   says when one ends without the SDK's ``job_end`` (``stepwatch.agents.collectors.exits``).
 
-The rank that exited first (with any that exited within :data:`TOGETHER_S` of it)
-is ``rank_missing`` when something says it died rather than was stopped: a peer
-failed after it, or, every rank having ended and one rank first alone, every rank
-on other hosts ended at least :data:`LEAD_SECONDS` after it (NCCL peers abort
+The rank that exited first (with any that exited within :data:`TOGETHER_S` of it
+on another host, or at the same instant on its own) is ``rank_missing`` when
+something says it died rather than was stopped: a peer failed after it, or, every
+rank having ended and one rank first alone, every rank on other hosts ended at
+least :data:`LEAD_SECONDS` after it (NCCL peers abort
 without a Python exception). It is judged once the exits had
 :data:`EXIT_SETTLE_SECONDS` to come in, at the job's end, or before a restart; and
 at the hang limit while at most half the ranks have ended (``how="exited"``).
@@ -33,6 +34,8 @@ its time limit sends no ``job_end``, and was called hung a minute later.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from stepwatch.contract import EventMessage
 
@@ -58,7 +61,13 @@ PEER_FAILURE_TEXT = (
     "for recv operation to complete",
     "for send operation to complete",
 )
-TOGETHER_S = 0.05  # exits this close to the first are the same event (one node's ranks)
+# exits on other hosts this close to the first are the same event: hosts' clocks are
+# compared through offsets, so which of two came first is not known that finely
+TOGETHER_S = 0.05
+# on one host the agent stamps every exit on one clock as it wakes: an exit later than
+# another there by more than this came after it (torchrun stops a dead rank's node
+# mates within its 0.1 s monitor interval: one 36 ms later was named with the rank)
+SAME_INSTANT_S = 0.001
 # the engine's clock from a job's first exit until the exits count as in: other hosts'
 # agents tell theirs a tick and a half second later, plus transport
 EXIT_SETTLE_SECONDS = 3.0
@@ -82,9 +91,18 @@ def is_peer_failure(ev: EventMessage) -> bool:
     return any(t in text for t in TRANSPORT_TEXT) and any(m in text for m in PEER_FAILURE_TEXT)
 
 
-def first_exits(exits: dict[int, float]) -> list[int]:
-    """The ranks that exited first: the earliest exit and those within TOGETHER_S of it."""
+def first_exits(exits: dict[int, float], host_of: Sequence[str]) -> list[int]:
+    """The ranks that exited first: on each host whose earliest exit is within
+    TOGETHER_S of the job's earliest, the ranks that ended at that host's first
+    instant (one host's stamps share a clock, so its later exits came after)."""
     if not exits:
         return []
     first = min(exits.values())
-    return sorted(r for r, t in exits.items() if t - first <= TOGETHER_S)
+    earliest: dict[str, float] = {}
+    for r, t in exits.items():
+        earliest[host_of[r]] = min(t, earliest.get(host_of[r], t))
+    return sorted(
+        r
+        for r, t in exits.items()
+        if earliest[host_of[r]] - first <= TOGETHER_S and t - earliest[host_of[r]] <= SAME_INSTANT_S
+    )

@@ -186,7 +186,7 @@ class Incidents:
         """``rank_missing`` for the ranks that exited first, when ``_exit_story`` says they
         died. Nothing while a user error explains the end, nor when most of the job ended
         together (a job cancelled or out of time: its peers' errors race their own end)."""
-        first = first_exits(self.exit_times(ordered=True))
+        first = first_exits(self.exit_times(ordered=True), self.ranks.host)
         if self.book.keys(T.USER_ERROR) or len(first) > self.world_size // 2:
             return []
         why, told = self._exit_story(first)

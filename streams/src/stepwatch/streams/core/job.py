@@ -334,7 +334,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
             self.ranks,
             self.causes.windows,
             # the first to end, while most ranks still run (most ended: they finished)
-            tuple(first_exits(self.exit_times(ordered=True)))
+            tuple(first_exits(self.exit_times(ordered=True), self.ranks.host))
             if 0 < len(self.exits) <= self.world_size // 2
             else (),
         )
