@@ -355,9 +355,21 @@ def test_cpu_contention_on_one_host(pipeline) -> None:  # type: ignore[no-untype
         # with two bursty busy processes on the machine: host-0 as slow as host-1 for 22 of
         # the first 26 fault steps, 0.15 s forward against 0.075 s alone)
         assert d["host"] == "host-1", d
-    else:
-        assert d["type"] == "straggler" and d["rank"] is None, d
+    elif d["rank"] is None:
+        assert d["type"] == "straggler", d
         assert sorted(d["ranks"]) == list(RANKS_OF["host-1"]), d  # type: ignore[call-overload]
+    else:
+        # one rank crossed the threshold two steps before its neighbour (seen once in
+        # make test: rank 3 at step 42): the host-level finding then joins its incident
+        assert d["type"] == "straggler", d
+        host_level = [
+            e
+            for e in found
+            if e["state"] == "open" and e.get("related") == d["id"] and e["rank"] is None
+        ]
+        assert [(e["type"], sorted(e["ranks"])) for e in host_level] == [  # type: ignore[call-overload]
+            ("straggler", list(RANKS_OF["host-1"]))
+        ], found
     # the run-queue wait tells contention from a slower GPU, at the latest once the fault's
     # own steps decide the cause: on the CI machine host-1's core also carries the machine's
     # other work before the fault, and that slowness (14 % more backward from step 36,
