@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -63,13 +64,12 @@ def test_a_killed_rank_is_told_with_its_job_rank_and_time(
     watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 42)  # a later step: one watch
     assert watch.watched == 1
     killed = time.time()
-    rank.kill()
-    rank.wait()
+    rank.kill()  # reaped by the fixture: how it ended is read while it waits for that
     events = told(watch)
     assert [(e.type, e.job_id, e.rank, e.gpu, e.host) for e in events] == [
         (EventType.RANK_EXIT, "job-1", 2, 0, "h1")
     ]
-    assert events[0].attrs == {"last_step": 42, "pid": rank.pid}
+    assert events[0].attrs == {"last_step": 42, "pid": rank.pid, "signal": signal.SIGKILL}
     assert killed - 0.01 <= events[0].ts <= killed + 2.0  # stamped when it ended, not at a tick
     assert watch.watched == 0
     assert watch.take("h1", time.time() + 10) == []  # told once
@@ -248,3 +248,57 @@ def test_only_a_sender_tied_to_a_job_is_watched(
         assert steps.exits.watched == watched
     finally:
         steps.close()
+
+
+@pytest.mark.parametrize(
+    ("code", "how"),
+    [
+        ("import os; os.kill(os.getpid(), 11)", {"signal": 11}),
+        ("import sys; sys.exit(3)", {"exit_code": 3}),
+        ("pass", {"exit_code": 0}),
+    ],
+)
+def test_how_a_rank_ended_is_told_until_it_is_reaped(
+    watch: ExitWatch, code: str, how: dict[str, int]
+) -> None:
+    """The kernel keeps a process's exit status until its parent reaps it (this test
+    reaps it only once told): a segfault, an exit code, a clean exit."""
+    proc = subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(0.5); {code}"])
+    try:
+        watch.watch(proc.pid, start_of(proc.pid), "job-1", 1, 0, 7)
+        events = told(watch)
+        assert [e.attrs for e in events] == [{"last_step": 7, "pid": proc.pid, **how}]
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_reaped_rank_is_told_without_how_it_ended(
+    watch: ExitWatch, rank: subprocess.Popen[bytes]
+) -> None:
+    """Its parent reaped it before the watch read its status: the exit alone."""
+    watch.proc = _Reaped()
+    watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 5)
+    rank.kill()
+    events = told(watch)
+    assert [e.attrs for e in events] == [{"last_step": 5, "pid": rank.pid}]
+
+
+class _Reaped(ProcFS):
+    def exit_status(self, pid: int, start_time: int) -> int | None:
+        return None
+
+
+def test_the_status_is_read_only_until_the_process_is_reaped(
+    rank: subprocess.Popen[bytes],
+) -> None:
+    start, proc = start_of(rank.pid), ProcFS()
+    assert proc.exit_status(rank.pid, start) is None  # alive: no status yet
+    rank.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while proc.exit_status(rank.pid, start) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.exit_status(rank.pid, start) == signal.SIGTERM
+    assert proc.exit_status(rank.pid, start + 1) is None  # another process's pid
+    rank.wait()
+    assert proc.exit_status(rank.pid, start) is None  # reaped

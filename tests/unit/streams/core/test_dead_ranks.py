@@ -39,7 +39,8 @@ def exception(rank: int, t: float, message: str = GLOO, cls: str = "RuntimeError
     )
 
 
-def exit_(rank: int, t: float, host: str | None = None) -> EventMessage:
+def exit_(rank: int, t: float, host: str | None = None, **how: int) -> EventMessage:
+    """``how``: the agent's ``signal`` or ``exit_code`` (none: it could not tell)."""
     return event(
         EventType.RANK_EXIT,
         host or JOB.host(rank),
@@ -47,7 +48,7 @@ def exit_(rank: int, t: float, host: str | None = None) -> EventMessage:
         job_id=JOB.job_id,
         rank=rank,
         detail="process ended without job_end",
-        attrs={"last_step": STOP - 1},
+        attrs={"last_step": STOP - 1, **how},
     )
 
 
@@ -289,3 +290,57 @@ def test_a_restart_before_the_exits_settled_still_names_the_dead_rank() -> None:
     found = drive(engine, interleave(JOB.messages(), events))
     found += drive(engine, again)
     assert ("rank_missing", 10, "h001", "unknown") in brief(found)
+
+
+KILL, SEGV, ABRT, TERM = 9, 11, 6, 15
+
+
+def torn_down(first: EventMessage, **how: int) -> list[EventMessage]:
+    """``first``, then every other rank ended 50-80 ms later, as ``how`` says: within a
+    second, which timing alone takes for a cancel."""
+    rest = [exit_(r, END + 1.05, **how) for r in range(8, 16) if r != first.rank]
+    return [first, *rest, *(exit_(r, END + 1.08, **how) for r in range(8))]
+
+
+def test_a_rank_the_kernel_says_was_killed_is_named_though_all_ended_at_once() -> None:
+    """One node's torchrun (or mp.spawn) stops the rest within its 0.1 s poll: every
+    rank ended within a second and no peer raised, which timing alone takes for a
+    cancel (nobody named). The agent read each process's status before its parent
+    reaped it: rank 10 was killed, the others were terminated."""
+    found = run(torn_down(exit_(10, END + 1.0, signal=KILL), signal=TERM))
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+    d = opened(found)[0]
+    assert d.evidence["signal"] == "SIGKILL"
+    assert "killed by SIGKILL" in d.summary
+
+
+def test_a_rank_stopped_on_another_host_within_50_ms_does_not_hide_the_killed_one() -> None:
+    """One launcher drives both (emulated) hosts: its SIGTERM reached h000's ranks 20 ms
+    after rank 10 died, which host clocks cannot order (those ranks are among the
+    first): the kernel's word tells them apart."""
+    events = [exit_(10, END + 1.0, signal=KILL)]
+    events += [exit_(r, END + 1.02, signal=TERM) for r in range(16) if r != 10]
+    found = run(events)
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+
+
+def test_a_segfault_and_peers_that_failed_names_the_rank() -> None:
+    found = run(torn_down(exit_(10, END + 1.0, signal=SEGV), exit_code=1))
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+
+
+@pytest.mark.parametrize(
+    ("first", "rest"),
+    [
+        ({"signal": TERM}, {"signal": TERM}),  # a cancel
+        ({"signal": KILL}, {"signal": KILL}),  # scancel -s KILL, a cgroup's OOM kill
+        ({"signal": SEGV}, {"exit_code": 0}),  # a segfault in exit handlers at the finish
+        ({"signal": ABRT}, {"signal": TERM}),  # NCCL's watchdog aborting a healthy rank
+        ({"signal": KILL}, {}),  # the others reaped before their agents looked
+        ({"signal": 300}, {"signal": TERM}),  # not a signal
+    ],
+)
+def test_how_ranks_ended_names_nobody_unless_one_was_killed_and_the_rest_stopped(
+    first: dict[str, int], rest: dict[str, int]
+) -> None:
+    assert brief(run(torn_down(exit_(10, END + 1.0, **first), **rest))) == []

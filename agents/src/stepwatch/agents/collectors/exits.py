@@ -15,7 +15,9 @@ process exits, so the exit is stamped within the thread's wake-up, not a tick. A
 pidfd is opened only when the process's start time still matches the one read at
 receipt (pids are reused). At the next tick each exit becomes one ``rank_exit``
 event of the rank's job (``detail`` "process ended without job_end", ``attrs``
-``last_step`` and ``pid``), unless the process sent a ``job_end`` first (rank 0, at
+``last_step`` and ``pid``, and ``signal`` or ``exit_code``: how it ended, read
+from its stat as the thread wakes, while it waits for its parent to reap it),
+unless the process sent a ``job_end`` first (rank 0, at
 its ``close``) or another process that spoke for the same job and rank still runs (a
 forked child that sent steps, a data-loader worker ending with its epoch). Other
 ranks end without one when the job ends well, so an exit alone means nothing to the
@@ -92,7 +94,7 @@ class ExitWatch:
     told: int = 0  # rank_exit events made
     _by_pid: dict[int, Watched] = field(default_factory=dict)
     _by_fd: dict[int, Watched] = field(default_factory=dict)
-    _exited: list[tuple[Watched, float]] = field(default_factory=list)
+    _exited: list[tuple[Watched, float, dict[str, int]]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _epoll: select.epoll | None = None
@@ -147,7 +149,7 @@ class ExitWatch:
             w = self._by_pid.get(pid)
             if w is not None:
                 w.ended.add(job_id)
-            for gone, _ in self._exited:  # it ended before its last datagram was read
+            for gone, _, _ in self._exited:  # it ended before its last datagram was read
                 if gone.pid == pid:
                     gone.ended.add(job_id)
 
@@ -156,8 +158,8 @@ class ExitWatch:
         before ``now``, without its job's job_end (those ended later wait for the next
         call), unless another live process speaks for the same job and rank."""
         with self._lock:
-            due = [(w, t) for w, t in self._exited if t <= now - GRACE_SECONDS]
-            self._exited = [(w, t) for w, t in self._exited if t > now - GRACE_SECONDS]
+            due = [x for x in self._exited if x[1] <= now - GRACE_SECONDS]
+            self._exited = [x for x in self._exited if x[1] > now - GRACE_SECONDS]
             live = {key for w in self._by_pid.values() for key in w.ranks}
         events = [
             EventMessage(
@@ -168,9 +170,9 @@ class ExitWatch:
                 rank=rank,
                 gpu=gpu,
                 detail="process ended without job_end",
-                attrs={"last_step": step, "pid": w.pid},
+                attrs={"last_step": step, "pid": w.pid, **how},
             )
-            for w, t in due
+            for w, t, how in due
             for (job, rank), (gpu, step) in w.ranks.items()
             if job not in w.ended and (job, rank) not in live
         ]
@@ -219,13 +221,26 @@ class ExitWatch:
                     continue
                 if self._by_pid.get(w.pid) is w:
                     del self._by_pid[w.pid]
-                self._exited.append((w, t))
+                self._exited.append((w, t, self._how(w)))
                 try:
                     assert self._epoll is not None
                     self._epoll.unregister(fd)
                 except (OSError, ValueError):
                     pass
                 os.close(fd)
+
+    def _how(self, w: Watched) -> dict[str, int]:
+        """How ``w`` ended (``signal`` or ``exit_code``), read before its parent reaps it;
+        {} once reaped, or where the kernel would show this agent 0 (another user's
+        process, the agent not root)."""
+        if os.geteuid() != 0 and w.uid != os.geteuid():
+            return {}
+        status = self.proc.exit_status(w.pid, w.start_time)
+        if status is None:
+            return {}
+        if status & 0x7F:
+            return {"signal": status & 0x7F}
+        return {"exit_code": (status >> 8) & 0xFF}
 
 
 def _note(w: Watched, job_id: str, rank: int, gpu: int | None, step: int) -> None:

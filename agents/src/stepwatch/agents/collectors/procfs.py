@@ -110,6 +110,22 @@ class ProcFS:
         except (IndexError, ValueError):
             return None
 
+    def exit_status(self, pid: int, start_time: int) -> int | None:
+        """How a process that just ended ended, as ``waitpid`` would say (field 52 of its
+        stat: the kernel keeps it while the process waits for its parent to reap it),
+        or None once reaped (the pid gone, or another process's now). Shown only to a
+        reader that may ptrace the process (root, or its own user): 0 to any other."""
+        raw = self._read(pid, "stat")
+        if not raw:
+            return None
+        fields = raw[raw.rfind(b")") + 2 :].split()
+        try:
+            if fields[0] != b"Z" or int(fields[19]) != start_time:
+                return None
+            return int(fields[49])
+        except (IndexError, ValueError):
+            return None
+
     def identity(self, pid: int) -> ProcIdentity | None:
         start = self.start_time(pid)
         if start is None:

@@ -35,7 +35,8 @@ its time limit sends no ``job_end``, and was called hung a minute later.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import signal
+from collections.abc import Mapping, Sequence
 
 from stepwatch.contract import EventMessage
 
@@ -106,3 +107,50 @@ def first_exits(exits: dict[int, float], host_of: Sequence[str]) -> list[int]:
         for r, t in exits.items()
         if earliest[host_of[r]] - first <= TOGETHER_S and t - earliest[host_of[r]] <= SAME_INSTANT_S
     )
+
+
+# signals a rank dies of by itself or by the kernel: a crash (segfault, bus error, a
+# bad instruction) or a kill (the OOM killer, ``kill -9``). Not SIGABRT: NCCL's
+# watchdog aborts the healthy ranks when a collective times out (an effect, not a
+# cause). Linux's numbers, which the agent reports.
+FATAL_SIGNALS = frozenset({4, 7, 8, 9, 11, 31})  # ILL, BUS, FPE, KILL, SEGV, SYS
+KILLED, STOPPED, FAILED, CLEAN = "killed", "stopped", "failed", "clean"
+
+
+def ended_how(ev: EventMessage) -> tuple[str, int]:
+    """How a ``rank_exit``'s process ended, from the agent's ``signal`` or ``exit_code``
+    (read from /proc before its parent reaped it): KILLED by a fatal signal, STOPPED
+    by another (a launcher's SIGTERM, NCCL's abort), FAILED with a non-zero code,
+    CLEAN with 0; ("", 0) when the agent could not tell."""
+    sig, code = ev.attrs.get("signal"), ev.attrs.get("exit_code")
+    if isinstance(sig, int) and not isinstance(sig, bool) and 0 < sig < 128:
+        return (KILLED if sig in FATAL_SIGNALS else STOPPED), sig
+    if isinstance(code, int) and not isinstance(code, bool) and 0 <= code < 256:
+        return (FAILED if code else CLEAN), code
+    return "", 0
+
+
+def killed_first(first: Sequence[int], how: Mapping[int, tuple[str, int]]) -> list[int]:
+    """The ranks among those that exited first that were killed (a fatal signal), when
+    the kernel tells a crash and its launcher's teardown: the others among the first
+    were stopped or failed (a launcher's SIGTERM on another host within 50 ms), and
+    every later rank whose agent could tell was too (at least one). [] when a later
+    one was killed too (a whole job killed: ``scancel -s KILL``, a cgroup's OOM
+    kill), ended cleanly (a rank that segfaults in its exit handlers as the job
+    finishes), or one of the first cannot be told."""
+    killed = [r for r in first if how.get(r, ("", 0))[0] == KILLED]
+    if not killed:
+        return []
+    if any(how.get(r, ("", 0))[0] not in (STOPPED, FAILED) for r in first if r not in killed):
+        return []
+    told = [k for r, (k, _) in how.items() if r not in killed and k]
+    if not told or any(k not in (STOPPED, FAILED) for k in told):
+        return []
+    return killed
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

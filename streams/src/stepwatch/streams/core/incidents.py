@@ -19,8 +19,11 @@ from stepwatch.streams.core.exits import (
     EXIT_SETTLE_SECONDS,
     LEAD_SECONDS,
     TOGETHER_JOB_S,
+    ended_how,
     first_exits,
     is_peer_failure,
+    killed_first,
+    signal_name,
 )
 from stepwatch.streams.core.hostclock import HostClocks
 from stepwatch.streams.core.hostwindow import LinkIncident
@@ -48,6 +51,7 @@ class Incidents:
     links_down: set[str]
     end_arrived: float
     exits: dict[int, float]  # rank -> when its process ended, no job_end (its host's stamp)
+    exit_how: dict[int, tuple[str, int]]  # rank -> how it ended (exits.ended_how)
     exits_due: float  # the engine's clock when the exits count as settled
     exits_seen: int  # exits when they were last looked at
     peer_failure: str  # the first exception that was a peer's failure ("" none)
@@ -139,6 +143,7 @@ class Incidents:
         if not self.exits:
             self.exits_due = arrived + EXIT_SETTLE_SECONDS
         self.exits[rank] = ev.ts
+        self.exit_how[rank] = ended_how(ev)
         if len(self.exits) == self.world_size and self.ended_at is None:
             self.ended_at, self.end_arrived = max(self.exit_times().values()), arrived
         return []
@@ -163,7 +168,8 @@ class Incidents:
         says so): a peer failed after them, or (every rank has ended, one first) each
         rank on another host ended at least LEAD_SECONDS after it. Never when every rank
         ended within TOGETHER_JOB_S: a cancel or a time limit stops every host at once
-        (a peer's error races its own end); a crash leaves the other hosts to notice."""
+        (a peer's error races its own end); a crash leaves the other hosts to notice.
+        (Before this, ``_exited_missing`` takes the kernel's word: ``killed_first``.)"""
         order = self.exit_times(ordered=True)
         if len(order) == self.world_size and max(order.values()) - min(order.values()) <= (
             TOGETHER_JOB_S
@@ -187,9 +193,18 @@ class Incidents:
         died. Nothing while a user error explains the end, nor when most of the job ended
         together (a job cancelled or out of time: its peers' errors race their own end)."""
         first = first_exits(self.exit_times(ordered=True), self.ranks.host)
-        if self.book.keys(T.USER_ERROR) or len(first) > self.world_size // 2:
+        if self.book.keys(T.USER_ERROR):
             return []
-        why, told = self._exit_story(first)
+        killed = killed_first(first, self.exit_how)
+        told: Evidence
+        if killed:  # the kernel's word: those were killed, the rest stopped after them
+            name = signal_name(self.exit_how[killed[0]][1])
+            why = f"killed by {name} (the ranks that ended after it were stopped or failed)"
+            first, told = killed, {"signal": name}
+        elif len(first) > self.world_size // 2:
+            return []
+        else:
+            why, told = self._exit_story(first)
         if not why:
             return []
         out: list[DetectionMessage] = []

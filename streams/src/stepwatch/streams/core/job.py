@@ -85,6 +85,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._lags: deque[float] = deque(maxlen=LAG_MESSAGES)
         self._steps_arrived = 0.0  # the engine's clock when step records last made progress
         self.exits: dict[int, float] = {}  # rank -> its process ended, no job_end (exits.py)
+        self.exit_how: dict[int, tuple[str, int]] = {}  # rank -> exits.ended_how
         self.exits_due = 0.0  # the engine's clock when the exits count as in
         self.exits_seen = 0
         self.peer_failure = ""  # the first exception that was a peer's failure
@@ -416,6 +417,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.host_history.on_restart()
         self.ranks.last_step[:] = -1  # "behind" compares steps of this run only
         self.exits.clear()  # the old run's processes
+        self.exit_how.clear()
         self.exits_seen = 0
         self.peer_failure = ""
         self.newest_step = self.assembler.last_closed + 1
