@@ -288,6 +288,12 @@ def test_a_rank_process_that_ends_unannounced_is_sent_and_counted(settings: Sett
         steps.exits.watch(rank.pid, start, "llama", 5, 5, 12)
         text = render(registry_for(agent.snapshot, process=False))
         assert "stepwatch_agent_rank_processes_watched 1.0" in text
+        deadline = time.monotonic() + 5
+        while not steps.exits.listening and time.monotonic() < deadline:
+            time.sleep(0.02)  # where this test may listen to the kernel's process events
+        listening = 1.0 if steps.exits.listening else 0.0
+        text = render(registry_for(agent.snapshot, process=False))
+        assert f"stepwatch_agent_rank_exit_events_listening {listening}" in text
         rank.kill()
         rank.wait()
         deadline = time.monotonic() + 5

@@ -54,6 +54,7 @@ class AgentSnapshot:
     rank_processes_watched: int = 0  # the exit watch (collectors/exits.py)
     rank_exits: int = 0
     rank_watch_skipped: int = 0
+    exit_events_listening: bool = False
     series: SeriesView = field(default_factory=SeriesView)  # per-GPU/port series, XID counts
 
 
@@ -246,6 +247,7 @@ class Agent:
             rank_processes_watched=self.steps.exits.watched if self.steps else 0,
             rank_exits=self.steps.exits.told if self.steps else 0,
             rank_watch_skipped=self.steps.exits.skipped if self.steps else 0,
+            exit_events_listening=self.steps.exits.listening if self.steps else False,
             series=self.series.view(),
         )
 

@@ -80,6 +80,12 @@ class AgentCollector:
             "Rank processes not watched: over the exit watch's bounds.",
             s.rank_watch_skipped,
         )
+        yield _gauge(
+            "rank_exit_events_listening",
+            "1 when the kernel's process events tell how rank processes ended (CN_PROC; "
+            "0: read from /proc before the parent reaps them, when it does not first).",
+            float(s.exit_events_listening),
+        )
         if s.sink is not None:
             yield from _publisher(s.sink)
         yield from host_families(s.host, s.series)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from stepwatch.agents.collectors.exits import GRACE_SECONDS, ExitWatch
+from stepwatch.agents.collectors.proc_events import open_proc_events
 from stepwatch.agents.collectors.procfs import ProcFS
 from stepwatch.contract import EventType
 
@@ -276,8 +277,9 @@ def test_how_a_rank_ended_is_told_until_it_is_reaped(
 def test_a_reaped_rank_is_told_without_how_it_ended(
     watch: ExitWatch, rank: subprocess.Popen[bytes]
 ) -> None:
-    """Its parent reaped it before the watch read its status: the exit alone."""
-    watch.proc = _Reaped()
+    """Its parent reaped it before the watch read its status, and no process events
+    told it (no CAP_NET_ADMIN): the exit alone."""
+    watch.proc, watch.proc_events = _Reaped(), lambda: None
     watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 5)
     rank.kill()
     events = told(watch)
@@ -302,3 +304,30 @@ def test_the_status_is_read_only_until_the_process_is_reaped(
     assert proc.exit_status(rank.pid, start + 1) is None  # another process's pid
     rank.wait()
     assert proc.exit_status(rank.pid, start) is None  # reaped
+
+
+def test_the_kernels_process_events_tell_how_a_rank_reaped_at_once_ended(
+    rank: subprocess.Popen[bytes],
+) -> None:
+    """A parent that reaps its child the moment it ends (``mp.spawn``, torchrun's
+    teardown) won the race with the stat read about half the time; the kernel's
+    process events queue the status before the pidfd fires. The stat read here
+    always loses (``_Reaped``)."""
+    probe = open_proc_events()
+    if probe is None:
+        pytest.skip("no process events here (not root, or not the host's pid namespace)")
+    probe.close()
+    watch = ExitWatch(_Reaped())
+    try:
+        watch.watch(rank.pid, start_of(rank.pid), "job-1", 2, 0, 5)
+        deadline = time.monotonic() + 5
+        while not watch.listening and time.monotonic() < deadline:
+            time.sleep(0.01)  # it listens from a thread of its own, once it checked
+        rank.kill()
+        rank.wait()  # reaped at once
+        events = told(watch)
+        assert [e.attrs for e in events] == [
+            {"last_step": 5, "pid": rank.pid, "signal": signal.SIGKILL}
+        ]
+    finally:
+        watch.close()

@@ -44,6 +44,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from stepwatch.agents.collectors.proc_events import ProcEvents, open_proc_events
 from stepwatch.agents.collectors.procfs import ProcFS
 from stepwatch.contract import EventMessage, EventType
 
@@ -95,6 +96,10 @@ class ExitWatch:
     _by_pid: dict[int, Watched] = field(default_factory=dict)
     _by_fd: dict[int, Watched] = field(default_factory=dict)
     _exited: list[tuple[Watched, float, dict[str, int]]] = field(default_factory=list)
+    # exit statuses the kernel's process events told, of watched or exited pids
+    proc_events: Callable[[], ProcEvents | None] = open_proc_events
+    _events: ProcEvents | None = None
+    _status: dict[int, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _epoll: select.epoll | None = None
@@ -141,6 +146,7 @@ class ExitWatch:
                 return
             self._by_pid[pid] = w
             self._by_fd[fd] = w
+            self._status.pop(pid, None)  # an earlier process's with this pid
 
     def ended(self, pid: int, job_id: str) -> None:
         """Process ``pid`` sent ``job_id``'s job_end: its exit says nothing of a failure
@@ -158,8 +164,14 @@ class ExitWatch:
         before ``now``, without its job's job_end (those ended later wait for the next
         call), unless another live process speaks for the same job and rank."""
         with self._lock:
-            due = [x for x in self._exited if x[1] <= now - GRACE_SECONDS]
+            due = [
+                (w, t, how or _decoded(self._status.pop(w.pid, None)))
+                for w, t, how in self._exited
+                if t <= now - GRACE_SECONDS
+            ]
             self._exited = [x for x in self._exited if x[1] > now - GRACE_SECONDS]
+            for w, _, _ in due:
+                self._status.pop(w.pid, None)
             live = {key for w in self._by_pid.values() for key in w.ranks}
         events = [
             EventMessage(
@@ -183,6 +195,11 @@ class ExitWatch:
     def watched(self) -> int:
         return len(self._by_pid)
 
+    @property
+    def listening(self) -> bool:
+        """Whether the kernel's process events tell exit statuses (proc_events.py)."""
+        return self._events is not None
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
@@ -194,6 +211,10 @@ class ExitWatch:
             self._by_pid.clear()
         if self._epoll is not None:
             self._epoll.close()
+        with self._lock:
+            events, self._events = self._events, None
+        if events is not None:
+            events.close()
 
     # ------------------------------------------------------------------ watcher thread
     def _start(self) -> None:
@@ -202,6 +223,26 @@ class ExitWatch:
         self._epoll = select.epoll()
         self._thread = threading.Thread(target=self._run, name="stepwatch-exits", daemon=True)
         self._thread.start()
+        if self.proc.live:  # its check runs a child: not in the caller's way, nor the watch's
+            threading.Thread(
+                target=self._listen, name="stepwatch-exits-events", daemon=True
+            ).start()
+
+    def _listen(self) -> None:
+        """Listen to the kernel's process events, where this agent may (proc_events.py)."""
+        events = self.proc_events()
+        if events is None:
+            return
+        with self._lock:
+            if self._stop.is_set() or self._epoll is None:
+                events.close()
+                return
+            try:
+                self._epoll.register(events.fileno(), select.EPOLLIN)
+            except (OSError, ValueError):  # closed meanwhile
+                events.close()
+                return
+            self._events = events
 
     def _run(self) -> None:
         assert self._epoll is not None
@@ -211,7 +252,18 @@ class ExitWatch:
             except OSError:
                 return  # closed under us
             if ready:
-                self._exits([fd for fd, _ in ready], self.clock())
+                t = self.clock()
+                fds = [fd for fd, _ in ready]
+                self._statuses(fds)  # first: a pidfd's exit may be among them
+                self._exits(fds, t)
+
+    def _statuses(self, fds: list[int]) -> None:
+        with self._lock:
+            events = self._events
+            if events is None or events.fileno() not in fds:
+                return
+            exited = {w.pid for w, _, _ in self._exited}
+            self._status.update(events.drain(lambda pid: pid in self._by_pid or pid in exited))
 
     def _exits(self, fds: list[int], t: float) -> None:
         with self._lock:
@@ -230,17 +282,24 @@ class ExitWatch:
                 os.close(fd)
 
     def _how(self, w: Watched) -> dict[str, int]:
-        """How ``w`` ended (``signal`` or ``exit_code``), read before its parent reaps it;
-        {} once reaped, or where the kernel would show this agent 0 (another user's
-        process, the agent not root)."""
-        if os.geteuid() != 0 and w.uid != os.geteuid():
-            return {}
-        status = self.proc.exit_status(w.pid, w.start_time)
-        if status is None:
-            return {}
-        if status & 0x7F:
-            return {"signal": status & 0x7F}
-        return {"exit_code": (status >> 8) & 0xFF}
+        """How ``w`` ended (``signal`` or ``exit_code``): the kernel's process events
+        told it, or read from its stat before its parent reaps it; {} once reaped, or
+        where the kernel would show this agent 0 (another user's process, the agent
+        not root): ``take`` looks at the events again."""
+        status = self._status.pop(w.pid, None)
+        if status is None and (os.geteuid() == 0 or w.uid == os.geteuid()):
+            status = self.proc.exit_status(w.pid, w.start_time)
+        return _decoded(status)
+
+
+def _decoded(status: int | None) -> dict[str, int]:
+    """A wait status as ``rank_exit`` attributes: the signal that ended the process, or
+    its exit code; {} when unknown."""
+    if status is None:
+        return {}
+    if status & 0x7F:
+        return {"signal": status & 0x7F}
+    return {"exit_code": (status >> 8) & 0xFF}
 
 
 def _note(w: Watched, job_id: str, rank: int, gpu: int | None, step: int) -> None:

@@ -76,6 +76,11 @@ class ProcFS:
         self._prefix = str(self.root) + "/"  # string paths: pathlib costs more than the read
         self._live = self.root == Path("/proc") and hasattr(os, "pidfd_open")
 
+    @property
+    def live(self) -> bool:
+        """Whether this is the system's /proc, with pidfds (not a fake tree in tests)."""
+        return self._live
+
     def pin(self, pid: int) -> int:
         """A pidfd holding this process (its pid is not reused while it lives); -1 on a
         fake tree, where pidfds are unavailable, or when the process is gone."""
