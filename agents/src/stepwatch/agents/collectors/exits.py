@@ -15,8 +15,9 @@ process exits, so the exit is stamped within the thread's wake-up, not a tick. A
 pidfd is opened only when the process's start time still matches the one read at
 receipt (pids are reused). At the next tick each exit becomes one ``rank_exit``
 event of the rank's job (``detail`` "process ended without job_end", ``attrs``
-``last_step`` and ``pid``, and ``signal`` or ``exit_code``: how it ended, read
-from its stat as the thread wakes, while it waits for its parent to reap it),
+``last_step`` and ``pid``, and ``signal`` or ``exit_code``: how it ended, from
+the kernel's process events where the agent may listen (proc_events.py), else
+read from its stat as the thread wakes, while it waits for its parent to reap it),
 unless the process sent a ``job_end`` first (rank 0, at
 its ``close``) or another process that spoke for the same job and rank still runs (a
 forked child that sent steps, a data-loader worker ending with its epoch). Other
