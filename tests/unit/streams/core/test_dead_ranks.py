@@ -344,3 +344,14 @@ def test_how_ranks_ended_names_nobody_unless_one_was_killed_and_the_rest_stopped
     first: dict[str, int], rest: dict[str, int]
 ) -> None:
     assert brief(run(torn_down(exit_(10, END + 1.0, **first), **rest))) == []
+
+
+def test_how_the_named_rank_ended_is_in_its_reason_and_evidence() -> None:
+    """Rank 10 left with exit code 0 (uneven data, say) and its peers then failed: it is
+    named as before, and the reason no longer guesses "killed or crashed"."""
+    found = run([exit_(10, END + 1.0, exit_code=0), exception(1, END + 1.01)])
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+    d = opened(found)[0]
+    assert d.evidence["exit_code"] == 0
+    assert "its process was exited with code 0" not in d.summary
+    assert "exited with code 0" in d.summary and "killed or crashed" not in d.summary

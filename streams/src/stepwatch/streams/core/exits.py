@@ -149,6 +149,18 @@ def killed_first(first: Sequence[int], how: Mapping[int, tuple[str, int]]) -> li
     return killed
 
 
+def exit_words(how: tuple[str, int] | None) -> tuple[str, dict[str, str | int]]:
+    """How a process ended, as a predicate ("was killed by SIGKILL") and as evidence
+    ("", {} when unknown)."""
+    kind, number = how or ("", 0)
+    if kind in (KILLED, STOPPED):
+        name = signal_name(number)
+        return f"was killed by {name}", {"signal": name}
+    if kind in (FAILED, CLEAN):
+        return f"exited with code {number}", {"exit_code": number}
+    return "", {}
+
+
 def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name

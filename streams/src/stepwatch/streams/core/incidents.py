@@ -20,10 +20,10 @@ from stepwatch.streams.core.exits import (
     LEAD_SECONDS,
     TOGETHER_JOB_S,
     ended_how,
+    exit_words,
     first_exits,
     is_peer_failure,
     killed_first,
-    signal_name,
 )
 from stepwatch.streams.core.hostclock import HostClocks
 from stepwatch.streams.core.hostwindow import LinkIncident
@@ -198,9 +198,8 @@ class Incidents:
         killed = killed_first(first, self.exit_how)
         told: Evidence
         if killed:  # the kernel's word: those were killed, the rest stopped after them
-            name = signal_name(self.exit_how[killed[0]][1])
-            why = f"killed by {name} (the ranks that ended after it were stopped or failed)"
-            first, told = killed, {"signal": name}
+            why, told = "and the ranks that ended after it were stopped or failed", {}
+            first = killed
         elif len(first) > self.world_size // 2:
             return []
         else:
@@ -219,7 +218,8 @@ class Incidents:
                 f"rank {rank} ({host} gpu {gpu}) ended without a job_end after step {last}, "
                 f"{why}; {attr.reason}"
             )
-            evidence: Evidence = {"how": "exited", "last_step": last, **told}
+            _, status = exit_words(self.exit_how.get(rank))
+            evidence: Evidence = {"how": "exited", "last_step": last, **told, **status}
             out.extend(self._rank_missing(rank, gpu, host, last + 1, t, summary, attr, evidence))
         return out
 
@@ -229,11 +229,14 @@ class Incidents:
         attr = self.causes.for_stop(host, gpu, rank, t)
         if attr.cause != Cause.UNKNOWN:
             return attr
+        words, status = exit_words(self.exit_how.get(rank))
         return Attribution(
             Cause.UNKNOWN,
             Fault.UNKNOWN,
-            "its process ended without the SDK's job_end (killed or crashed)",
-            {"how": "exited"},
+            f"its process {words}, without the SDK's job_end"
+            if words
+            else "its process ended without the SDK's job_end (killed or crashed)",
+            {"how": "exited", **status},
         )
 
     # ------------------------------------------------------------------ system faults
