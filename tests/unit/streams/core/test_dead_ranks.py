@@ -355,3 +355,13 @@ def test_how_the_named_rank_ended_is_in_its_reason_and_evidence() -> None:
     assert d.evidence["exit_code"] == 0
     assert "its process was exited with code 0" not in d.summary
     assert "exited with code 0" in d.summary and "killed or crashed" not in d.summary
+
+
+def test_a_rank_that_finished_first_with_code_0_is_not_named_for_its_lead() -> None:
+    """Every rank leaves by os._exit(0), no job_end; h001's ranks 12 s before h000's
+    (which upload, say). Timing alone named rank 10 (the lead); its code 0 says it
+    finished."""
+    events = [exit_(10, END + 1.0, exit_code=0)]
+    events += [exit_(r, END + 1.1, exit_code=0) for r in range(8, 16) if r != 10]
+    events += [exit_(r, END + 13.0 + 0.01 * r, exit_code=0) for r in range(8)]
+    assert brief(run(events, until=END + 30)) == []

@@ -16,6 +16,7 @@ from stepwatch.streams.core.assembly import ClosedStep
 from stepwatch.streams.core.causes import HARDWARE_XIDS, Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.exits import (
+    CLEAN,
     EXIT_SETTLE_SECONDS,
     LEAD_SECONDS,
     TOGETHER_JOB_S,
@@ -181,6 +182,8 @@ class Incidents:
             }
         if len(order) < self.world_size or len(first) != 1:
             return "", {}  # a host's ranks ending together first: a finish, not a crash
+        if self.exit_how.get(first[0], ("", 0))[0] == CLEAN:
+            return "", {}  # it exited with code 0: it finished first (os._exit at the end)
         host = self.ranks.host[first[0]]
         later = [t for r, t in order.items() if self.ranks.host[r] != host]
         lead = min(later, default=0.0) - order[first[0]]
