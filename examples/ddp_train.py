@@ -434,8 +434,12 @@ def main(argv: list[str] | None = None) -> None:
         return
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(free_port()))
-    if args.job_id is None and "STEPWATCH_JOB_ID" not in os.environ:
-        args.job_id = f"ddp-{int(time.time())}"
+    if args.job_id is None:
+        args.job_id = os.environ.get("STEPWATCH_JOB_ID") or f"ddp-{int(time.time())}"
+    # in the ranks' environment from their start: the node agent ties a process to its
+    # job by it (torchrun's run id and Slurm's job id do this for their ranks), and
+    # only then watches it for an end without job_end (docs/agent.md)
+    os.environ["STEPWATCH_JOB_ID"] = args.job_id
     mp.spawn(spawned, args=(args, args.nproc), nprocs=args.nproc, join=True)
 
 

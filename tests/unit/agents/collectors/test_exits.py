@@ -331,3 +331,26 @@ def test_the_kernels_process_events_tell_how_a_rank_reaped_at_once_ended(
         ]
     finally:
         watch.close()
+
+
+@pytest.mark.parametrize("told_first", [False, True])
+def test_a_record_read_after_its_process_ended_tells_no_second_exit(
+    watch: ExitWatch, rank: subprocess.Popen[bytes], told_first: bool
+) -> None:
+    """A step record queued before the SIGKILL is read after the exit (a real torchrun
+    run told rank 2's exit twice, 40 ms apart): the process, not yet reaped, still
+    pins and its start time matches. Before its exit is told the record's step is
+    added to it; after, nothing."""
+    start = start_of(rank.pid)
+    watch.watch(rank.pid, start, "job-1", 2, 0, 12)
+    rank.kill()  # not reaped until the fixture's end
+    deadline = time.monotonic() + 5
+    while watch.watched and time.monotonic() < deadline:
+        time.sleep(0.01)
+    events = told(watch) if told_first else []
+    watch.watch(rank.pid, start, "job-1", 2, 0, 13)  # the late record
+    events += told(watch, within=2.0)
+    if not told_first:
+        assert [e.attrs["last_step"] for e in events] == [13]
+    assert len(events) == 1 and watch.told == 1, events
+    assert watch.watched == 0

@@ -125,6 +125,10 @@ class ExitWatch:
             if known is not None and known.start_time == start_time:
                 _note(known, job_id, rank, gpu, step)
                 return
+            for gone, _, _ in self._exited:  # a record read after its process ended
+                if gone.pid == pid and gone.start_time == start_time:
+                    _note(gone, job_id, rank, gpu, step)
+                    return
             mine = sum(1 for w in self._by_pid.values() if w.uid == uid)
             if len(self._by_pid) >= self.max_watched or mine >= self.max_per_user:
                 self.skipped += 1
@@ -132,8 +136,9 @@ class ExitWatch:
         fd = self.proc.pin(pid)
         if fd < 0:
             return  # no pidfds here, or the process is gone
-        if self.proc.start_time(pid) != start_time:
-            os.close(fd)  # another process has the pid now
+        ended = self.proc.exit_status(pid, start_time) is not None  # a zombie now
+        if ended or self.proc.start_time(pid) != start_time:
+            os.close(fd)  # it ended (its exit told already), or another process has the pid
             return
         w = Watched(pid, start_time, uid)
         _note(w, job_id, rank, gpu, step)
