@@ -378,11 +378,13 @@ class StepWatch:
         """Flush and stop the sender (idempotent; also run at interpreter exit).
 
         On rank 0 this sends ``job_end``: ``finished``, or ``error: <class>`` when
-        an exception left a step or ``error`` names one."""
+        an exception left a step, ``error`` names one, or one is on its way out as
+        this runs (a ``finally`` around the loop), ``interrupted: KeyboardInterrupt``
+        for a Ctrl-C or SIGINT."""
         if self._closed or os.getpid() != self._pid:
             return
         if self._lifecycle:
-            failed = error or self._failed
+            failed = error or self._failed or _in_flight()
             self._submit(job_end_event(self._identity, failed, self._last))
         self._closed = True
         if self._sender is not None:
@@ -490,6 +492,18 @@ def _off_in_child() -> None:
     _handles_lock = threading.RLock()
     for sw in list(_LIVE):
         sw._sender = None
+
+
+def _in_flight() -> str | None:
+    """The class of the exception this thread is raising or handling now (a ``close`` in
+    a ``finally`` that an exception goes through: it used to say ``finished``), None
+    for none or a clean ``SystemExit``."""
+    exc = sys.exc_info()[1]
+    if exc is None or isinstance(exc, GeneratorExit):
+        return None
+    if isinstance(exc, SystemExit) and exc.code in (0, None):
+        return None
+    return type(exc).__name__
 
 
 def _close_all_at_exit() -> None:

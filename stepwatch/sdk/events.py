@@ -70,11 +70,20 @@ def job_start_event(identity: Identity, timing: str, restarts: int | None) -> Ra
     return _event(identity, EventType.JOB_START, "started", attrs)
 
 
+INTERRUPTED_CODE = 130  # a shell's code for a process ended by SIGINT (128 + 2)
+
+
 def job_end_event(identity: Identity, error: str | None, step: int | None) -> RankEvent:
-    """Sent by rank 0 at ``close``: ``code`` 0 and ``finished``, or 1 and ``error: <class>``."""
+    """Sent by rank 0 at ``close``: ``code`` 0 and ``finished``, 130 and ``interrupted:
+    KeyboardInterrupt`` (a Ctrl-C, a SIGINT: stopped, not failed), or 1 and ``error:
+    <class>``."""
     attrs: dict[str, AttrValue] = {} if step is None else {"last_step": step}
     if error is None:
         return _event(identity, EventType.JOB_END, "finished", attrs, code=0)
+    if error == "KeyboardInterrupt":
+        return _event(
+            identity, EventType.JOB_END, f"interrupted: {error}", attrs, code=INTERRUPTED_CODE
+        )
     return _event(identity, EventType.JOB_END, f"error: {error}", attrs, code=1)
 
 

@@ -295,3 +295,43 @@ def test_job_end_is_clean_when_a_later_step_completed(agent: FakeAgent) -> None:
         0,
         "finished",
     )
+
+
+@pytest.mark.parametrize(
+    ("raised", "code", "detail"),
+    [
+        (KeyboardInterrupt(), 130, "interrupted: KeyboardInterrupt"),
+        (ValueError("bad shard"), 1, "error: ValueError"),
+        (SystemExit(2), 1, "error: SystemExit"),
+        (SystemExit(0), 0, "finished"),
+    ],
+)
+def test_job_end_in_a_finally_says_what_is_on_its_way_out(
+    agent: FakeAgent, raised: BaseException, code: int, detail: str
+) -> None:
+    """The README's loop closes in a ``finally``: an exception outside any step (a data
+    loader's, a Ctrl-C between steps) went through it as ``finished``, code 0."""
+    sw = stepwatch.init("job-f", rank=0, world_size=2, agent_socket=agent.path, env={})
+    with pytest.raises(type(raised)):
+        try:
+            with sw.step():
+                pass
+            raise raised
+        finally:
+            sw.close()
+    _, events = agent.split()
+    assert (events[-1].type, events[-1].code, events[-1].detail) == (
+        EventType.JOB_END,
+        code,
+        detail,
+    )
+
+
+def test_job_end_at_exit_after_a_ctrl_c(agent: FakeAgent, monkeypatch: pytest.MonkeyPatch) -> None:
+    from stepwatch.sdk import client
+
+    sw = stepwatch.init("job-c", rank=0, world_size=2, agent_socket=agent.path, env={})
+    monkeypatch.setattr(sys, "last_value", KeyboardInterrupt(), raising=False)
+    client._close_at_exit(weakref.ref(sw))
+    _, events = agent.split()
+    assert (events[-1].code, events[-1].detail) == (130, "interrupted: KeyboardInterrupt")

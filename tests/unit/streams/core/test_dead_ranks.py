@@ -365,3 +365,22 @@ def test_a_rank_that_finished_first_with_code_0_is_not_named_for_its_lead() -> N
     events += [exit_(r, END + 1.1, exit_code=0) for r in range(8, 16) if r != 10]
     events += [exit_(r, END + 13.0 + 0.01 * r, exit_code=0) for r in range(8)]
     assert brief(run(events, until=END + 30)) == []
+
+
+def test_an_interrupted_job_end_is_no_user_error() -> None:
+    """A Ctrl-C or SIGINT: the SDK's job_end says interrupted (code 130): stopped by
+    someone, as a cancel, not the owner's code failing."""
+    end = event(
+        EventType.JOB_END,
+        "h000",
+        END + 1.0,
+        job_id=JOB.job_id,
+        rank=0,
+        code=130,
+        detail="interrupted: KeyboardInterrupt",
+    )
+    assert brief(run([end])) == []
+    failed = event(
+        EventType.JOB_END, "h000", END + 1.0, job_id=JOB.job_id, rank=0, code=1, detail="error: X"
+    )
+    assert [b[0] for b in brief(run([failed]))] == ["user_error"]

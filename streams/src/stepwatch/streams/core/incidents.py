@@ -84,7 +84,9 @@ class Incidents:
         # on the job's clock: the sender's may be off (a host a minute behind its peers
         # stamped the job's detections resolved a minute before the job ended)
         self.ended_at = self.clocks.on_job_clock(ev.host, ev.ts)
-        failed = bool(ev.code) or "error" in (ev.detail or "").lower()
+        detail = (ev.detail or "").lower()
+        # interrupted (the SDK's Ctrl-C or SIGINT): stopped by someone, like a cancel
+        failed = (bool(ev.code) or "error" in detail) and not detail.startswith("interrupted")
         if not failed or self.book.keys(T.USER_ERROR) or self.peer_failure:
             return []  # a peer's failure: the rank that died first is named (rank_exit)
         system = [o for o in self.book.open.values() if o.finding.attribution.fault == Fault.SYSTEM]
