@@ -380,11 +380,16 @@ class StepWatch:
         On rank 0 this sends ``job_end``: ``finished``, or ``error: <class>`` when
         an exception left a step, ``error`` names one, or one is on its way out as
         this runs (a ``finally`` around the loop), ``interrupted: KeyboardInterrupt``
-        for a Ctrl-C or SIGINT."""
+        for a Ctrl-C or SIGINT. An exception on its way out is sent first, on every
+        rank, as one that left a step is (the worker tells a peer's failure from the
+        user's error by it)."""
         if self._closed or os.getpid() != self._pid:
             return
+        flying = None if error or self._failed else _in_flight()
+        if isinstance(flying, Exception):  # told as a step's would be (a peer's failure?)
+            self._submit(exception_event(self._identity, flying, self._last))
         if self._lifecycle:
-            failed = error or self._failed or _in_flight()
+            failed = error or self._failed or (type(flying).__name__ if flying else None)
             self._submit(job_end_event(self._identity, failed, self._last))
         self._closed = True
         if self._sender is not None:
@@ -494,16 +499,16 @@ def _off_in_child() -> None:
         sw._sender = None
 
 
-def _in_flight() -> str | None:
-    """The class of the exception this thread is raising or handling now (a ``close`` in
-    a ``finally`` that an exception goes through: it used to say ``finished``), None
-    for none or a clean ``SystemExit``."""
+def _in_flight() -> BaseException | None:
+    """The exception this thread is raising or handling now (a ``close`` in a ``finally``
+    that an exception goes through: it used to say ``finished``), None for none or a
+    clean ``SystemExit``."""
     exc = sys.exc_info()[1]
     if exc is None or isinstance(exc, GeneratorExit):
         return None
     if isinstance(exc, SystemExit) and exc.code in (0, None):
         return None
-    return type(exc).__name__
+    return exc
 
 
 def _close_all_at_exit() -> None:

@@ -325,6 +325,22 @@ def test_job_end_in_a_finally_says_what_is_on_its_way_out(
         code,
         detail,
     )
+    told = [e.detail for e in events if e.type is EventType.EXCEPTION]
+    assert told == (["ValueError"] if isinstance(raised, ValueError) else [])
+
+
+def test_every_rank_tells_an_exception_on_its_way_out_through_close(agent: FakeAgent) -> None:
+    """A gloo error raised outside a step (an evaluation's all_reduce) on rank 1: the
+    worker needs its text to tell a peer's failure from the user's error."""
+    sw = stepwatch.init("job-g", rank=1, world_size=2, agent_socket=agent.path, env={})
+    with pytest.raises(RuntimeError):
+        try:
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+        finally:
+            sw.close()
+    _, events = agent.split()
+    assert [(e.type, e.detail) for e in events] == [(EventType.EXCEPTION, "RuntimeError")]
+    assert "Connection closed by peer" in str(events[0].attrs["message"])
 
 
 def test_job_end_at_exit_after_a_ctrl_c(agent: FakeAgent, monkeypatch: pytest.MonkeyPatch) -> None:
