@@ -374,18 +374,21 @@ class StepWatch:
         self._lifecycle = self._identity.rank == 0 and not self._closed
         self._failed = self._failed or failed
 
-    def close(self, timeout: float = 2.0, error: str | None = None) -> None:
+    def close(
+        self, timeout: float = 2.0, error: str | None = None, *, raised: BaseException | None = None
+    ) -> None:
         """Flush and stop the sender (idempotent; also run at interpreter exit).
 
         On rank 0 this sends ``job_end``: ``finished``, or ``error: <class>`` when
         an exception left a step, ``error`` names one, or one is on its way out as
-        this runs (a ``finally`` around the loop), ``interrupted: KeyboardInterrupt``
+        this runs (a ``finally`` around the loop) or ``raised`` (the one that ended the
+        script, at exit), ``interrupted: KeyboardInterrupt``
         for a Ctrl-C or SIGINT. An exception on its way out is sent first, on every
         rank, as one that left a step is (the worker tells a peer's failure from the
         user's error by it)."""
         if self._closed or os.getpid() != self._pid:
             return
-        flying = None if error or self._failed else _in_flight()
+        flying = None if error or self._failed else _leaving(raised or sys.exc_info()[1])
         if isinstance(flying, Exception):  # told as a step's would be (a peer's failure?)
             self._submit(exception_event(self._identity, flying, self._last))
         if self._lifecycle:
@@ -499,11 +502,10 @@ def _off_in_child() -> None:
         sw._sender = None
 
 
-def _in_flight() -> BaseException | None:
-    """The exception this thread is raising or handling now (a ``close`` in a ``finally``
-    that an exception goes through: it used to say ``finished``), None for none or a
-    clean ``SystemExit``."""
-    exc = sys.exc_info()[1]
+def _leaving(exc: BaseException | None) -> BaseException | None:
+    """``exc``, the exception this thread is raising or handling now (a ``close`` in a
+    ``finally`` that an exception goes through: it used to say ``finished``) or the one
+    that ended the script, unless it is a clean ``SystemExit``."""
     if exc is None or isinstance(exc, GeneratorExit):
         return None
     if isinstance(exc, SystemExit) and exc.code in (0, None):
@@ -521,7 +523,7 @@ def _close_at_exit(ref: weakref.ref[StepWatch]) -> None:
     if sw is not None:
         # the interpreter sets sys.last_value when an uncaught exception ends the script
         uncaught = getattr(sys, "last_value", None)
-        sw.close(timeout=1.0, error=type(uncaught).__name__ if uncaught is not None else None)
+        sw.close(timeout=1.0, raised=uncaught if isinstance(uncaught, BaseException) else None)
 
 
 if hasattr(os, "register_at_fork"):

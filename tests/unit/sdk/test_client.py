@@ -275,6 +275,7 @@ def test_job_end_at_exit_after_an_uncaught_exception(
     client._close_at_exit(weakref.ref(sw))  # what atexit runs
     _, events = agent.split()
     assert events[-1].type is EventType.JOB_END and events[-1].detail == "error: RuntimeError"
+    assert (events[-2].type, events[-2].attrs["message"]) == (EventType.EXCEPTION, "boom")
 
 
 def test_other_ranks_send_no_job_events(sw: StepWatch, agent: FakeAgent) -> None:
