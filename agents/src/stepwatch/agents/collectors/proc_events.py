@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -142,9 +143,10 @@ def open_proc_events(timeout: float = 2.0) -> ProcEvents | None:
 
 
 def sees(events: ProcEvents, timeout: float, argv: tuple[str, ...] = ()) -> bool:
-    """Whether ``events`` tells the exit of a child (``argv``: by default this
-    interpreter doing nothing) under the pid this process knows it by."""
-    child = subprocess.Popen(argv or (sys.executable, "-S", "-c", ""))
+    """Whether ``events`` tells the exit of a child (``argv``: by default ``true``, or
+    this interpreter doing nothing) under the pid this process knows it by."""
+    true = shutil.which("true")
+    child = subprocess.Popen(argv or ((true,) if true else (sys.executable, "-S", "-c", "")))
     child.wait()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
