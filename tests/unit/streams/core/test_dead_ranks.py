@@ -52,16 +52,8 @@ def exit_(rank: int, t: float, host: str | None = None, **how: int) -> EventMess
     )
 
 
-def job_end(t: float) -> EventMessage:
-    return event(
-        EventType.JOB_END,
-        "h000",
-        t,
-        job_id=JOB.job_id,
-        rank=0,
-        code=1,
-        detail="error: RuntimeError",
-    )
+def job_end(t: float, code: int = 1, detail: str = "error: RuntimeError") -> EventMessage:
+    return event(EventType.JOB_END, "h000", t, job_id=JOB.job_id, rank=0, code=code, detail=detail)
 
 
 def run(extra: list[EventMessage], until: float = END + 10) -> list:  # type: ignore[type-arg]
@@ -370,17 +362,5 @@ def test_a_rank_that_finished_first_with_code_0_is_not_named_for_its_lead() -> N
 def test_an_interrupted_job_end_is_no_user_error() -> None:
     """A Ctrl-C or SIGINT: the SDK's job_end says interrupted (code 130): stopped by
     someone, as a cancel, not the owner's code failing."""
-    end = event(
-        EventType.JOB_END,
-        "h000",
-        END + 1.0,
-        job_id=JOB.job_id,
-        rank=0,
-        code=130,
-        detail="interrupted: KeyboardInterrupt",
-    )
-    assert brief(run([end])) == []
-    failed = event(
-        EventType.JOB_END, "h000", END + 1.0, job_id=JOB.job_id, rank=0, code=1, detail="error: X"
-    )
-    assert [b[0] for b in brief(run([failed]))] == ["user_error"]
+    assert brief(run([job_end(END + 1.0, 130, "interrupted: KeyboardInterrupt")])) == []
+    assert [b[0] for b in brief(run([job_end(END + 1.0)]))] == ["user_error"]
