@@ -18,15 +18,17 @@ Two facts fix that:
 
 The rank that exited first (with any that exited within :data:`TOGETHER_S` of it
 on another host, or at the same instant on its own) is ``rank_missing`` when
-something says it died rather than was stopped: a peer failed after it, or, every
-rank having ended and one rank first alone, every rank on other hosts ended at
-least :data:`LEAD_SECONDS` after it (NCCL peers abort
-without a Python exception). It is judged once the exits had
-:data:`EXIT_SETTLE_SECONDS` to come in, at the job's end, or before a restart; and
-at the hang limit while at most half the ranks have ended (``how="exited"``).
-Exit times are compared on one clock (:meth:`HostClocks.in_order`). Nobody is
-named when every rank ended within :data:`TOGETHER_JOB_S` of the first, nor when
-more than half ended together: a cancel or a time limit stops every host at once,
+something says it died rather than was stopped: the kernel says it was killed
+and the ranks after it were stopped (the agent's ``signal`` / ``exit_code``,
+:func:`killed_first`), a peer failed after it, or, every rank having ended and
+one rank first alone (not with exit code 0), every rank on other hosts ended at
+least :data:`LEAD_SECONDS` after it (NCCL peers abort without a Python
+exception). It is judged once the exits had :data:`EXIT_SETTLE_SECONDS` to come
+in, at the job's end, or before a restart; and at the hang limit while at most
+half the ranks have ended (``how="exited"``). Exit times are compared on one
+clock (:meth:`HostClocks.in_order`). Without the kernel's word, nobody is named
+when every rank ended within :data:`TOGETHER_JOB_S` of the first, nor when more
+than half ended together: a cancel or a time limit stops every host at once,
 and a peer's error races its own end. An exit alone opens nothing: only rank 0
 sends ``job_end``, so every other rank of a job that ends well exits without one.
 When every rank's process has ended, the job has: a job cancelled or killed at
