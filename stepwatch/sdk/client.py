@@ -379,13 +379,12 @@ class StepWatch:
     ) -> None:
         """Flush and stop the sender (idempotent; also run at interpreter exit).
 
-        On rank 0 this sends ``job_end``: ``finished``, or ``error: <class>`` when
-        an exception left a step, ``error`` names one, or one is on its way out as
-        this runs (a ``finally`` around the loop) or ``raised`` (the one that ended the
-        script, at exit), ``interrupted: KeyboardInterrupt``
-        for a Ctrl-C or SIGINT. An exception on its way out is sent first, on every
-        rank, as one that left a step is (the worker tells a peer's failure from the
-        user's error by it)."""
+        On rank 0 this sends ``job_end``: ``finished``; ``error: <class>`` when an
+        exception left a step, ``error`` names one, or one is on its way out as this
+        runs (a ``finally`` around the loop) or is ``raised`` (the one that ended the
+        script, at exit); ``interrupted: KeyboardInterrupt`` for a Ctrl-C or SIGINT.
+        An exception on its way out is sent first, on every rank, as one that left a
+        step is (the worker tells a peer's failure from the user's error by it)."""
         if self._closed or os.getpid() != self._pid:
             return
         flying = None if error or self._failed else _leaving(raised or sys.exc_info()[1])

@@ -136,9 +136,8 @@ class ExitWatch:
         fd = self.proc.pin(pid)
         if fd < 0:
             return  # no pidfds here, or the process is gone
-        ended = self.proc.exit_status(pid, start_time) is not None  # a zombie now
-        if ended or self.proc.start_time(pid) != start_time:
-            os.close(fd)  # it ended (its exit told already), or another process has the pid
+        if not self.proc.alive_as(pid, start_time):
+            os.close(fd)  # another process has the pid, or it ended (its exit told already)
             return
         w = Watched(pid, start_time, uid)
         _note(w, job_id, rank, gpu, step)

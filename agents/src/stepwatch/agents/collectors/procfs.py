@@ -103,27 +103,35 @@ class ProcFS:
         finally:
             os.close(fd)
 
+    def _stat(self, pid: int) -> list[bytes]:
+        """The fields of ``<pid>/stat`` after the command name ([] when it is gone): the
+        name (field 2) may hold spaces and ')', so they are split after the last ')'.
+        Index 0 is the state (field 3), 19 the start time (22), 49 the exit code (52)."""
+        raw = self._read(pid, "stat")
+        return raw[raw.rfind(b")") + 2 :].split() if raw else []
+
     def start_time(self, pid: int) -> int | None:
         """The process's start time in clock ticks, or None when it is gone."""
-        raw = self._read(pid, "stat")
-        if not raw:
-            return None
-        # the command name (field 2) may hold spaces and ')': split after the last ')'
-        fields = raw[raw.rfind(b")") + 2 :].split()
         try:
-            return int(fields[19])  # field 22 overall
+            return int(self._stat(pid)[19])
         except (IndexError, ValueError):
             return None
+
+    def alive_as(self, pid: int, start_time: int) -> bool:
+        """Whether ``pid`` is still the process that started at ``start_time`` and has
+        not ended (not a zombie waiting for its parent)."""
+        fields = self._stat(pid)
+        try:
+            return fields[0] != b"Z" and int(fields[19]) == start_time
+        except (IndexError, ValueError):
+            return False
 
     def exit_status(self, pid: int, start_time: int) -> int | None:
         """How a process that just ended ended, as ``waitpid`` would say (field 52 of its
         stat: the kernel keeps it while the process waits for its parent to reap it),
         or None once reaped (the pid gone, or another process's now). Shown only to a
         reader that may ptrace the process (root, or its own user): 0 to any other."""
-        raw = self._read(pid, "stat")
-        if not raw:
-            return None
-        fields = raw[raw.rfind(b")") + 2 :].split()
+        fields = self._stat(pid)
         try:
             if fields[0] != b"Z" or int(fields[19]) != start_time:
                 return None
