@@ -8,6 +8,10 @@ cut the new records at the old plans' offsets and waited for their last
 offsets, which the new, shorter log did not have: none of the new records was
 stored (the CLI sink against the real broker: 200 messages after a restart, 0
 in the store, for as long as it ran).
+
+Each log also holds one bad record at the same offset: both are dead letters.
+Before, the dead letters' key was (topic, partition, offset, reason), and the
+new log's bad record replaced the old one's.
 """
 
 from __future__ import annotations
@@ -34,6 +38,16 @@ pytestmark = pytest.mark.integration
 PREFIX = "br"
 OLD = 120  # messages in the log before the restart: plans of 50 records
 NEW = 10  # after it: fewer than one old plan
+BAD_AT = 3  # the offset of each log's bad record
+
+
+def with_bad(
+    messages: list[StepMessage], value: bytes
+) -> list[StepMessage | tuple[str, bytes | None, bytes]]:
+    """The messages with a malformed record at offset :data:`BAD_AT` of the one partition."""
+    out: list[StepMessage | tuple[str, bytes | None, bytes]] = list(messages)
+    out.insert(BAD_AT, (f"{PREFIX}.steps", b"job", value))
+    return out
 
 
 def steps(inst: str, n: int) -> list[StepMessage]:
@@ -94,19 +108,23 @@ def test_records_after_the_broker_lost_its_log_are_stored(restartable) -> None:
     thread = threading.Thread(target=sink.run, daemon=True)
     thread.start()
     try:
-        publish(settings, steps("old", OLD))
+        publish(settings, with_bad(steps("old", OLD), b'{"old": '))
         wait_for(f"{OLD} rows of the old log", lambda: rows(store) == {"old": OLD}, 60)
 
         brokers[0].stop()  # its log and the group's offsets are gone
         brokers.append(DevBroker(port=brokers[0].port, log_path=brokers[0].log_path).start())
         ensure_topics(settings, sink_topics(PREFIX))
-        publish(settings, steps("new", NEW))
+        publish(settings, with_bad(steps("new", NEW), b'{"new": '))
         wait_for(f"{NEW} rows of the new log", lambda: rows(store).get("new") == NEW, 90)
     finally:
         sink.stop()
         thread.join(30)
     assert rows(store) == {"old": OLD, "new": NEW}  # each once
-    assert store.query("SELECT count() FROM dead_letters").scalar() == 0
+    dead = store.query("SELECT offset, reason, payload FROM dead_letters FINAL ORDER BY payload")
+    assert dead.rows == [
+        (BAD_AT, "malformed_json", '{"new": '),
+        (BAD_AT, "malformed_json", '{"old": '),
+    ]
     store.close()
 
 

@@ -132,6 +132,17 @@ def test_column_changes_alter_both_tables_and_storage_changes_the_local_one():
         CLUSTER.statements(
             "ALTER TABLE events ADD COLUMN y UInt8, MODIFY TTL toDateTime(ts) + INTERVAL 1 DAY"
         )
+    # a column enters the sort key only in the ALTER that adds it (ClickHouse's rule)
+    key = CLUSTER.statements(
+        "ALTER TABLE dead_letters ADD COLUMN IF NOT EXISTS c UInt32 AFTER payload, "
+        "MODIFY ORDER BY (topic, partition, offset, c), COMMENT COLUMN c 'crc';"
+    )
+    assert [code(s) for s in key] == [
+        "ALTER TABLE dead_letters_local ON CLUSTER 'prod' ADD COLUMN IF NOT EXISTS c UInt32 "
+        "AFTER payload, MODIFY ORDER BY (topic, partition, offset, c), COMMENT COLUMN c 'crc';",
+        "ALTER TABLE dead_letters ON CLUSTER 'prod' ADD COLUMN IF NOT EXISTS c UInt32 "
+        "AFTER payload, COMMENT COLUMN c 'crc'",
+    ]
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,9 @@ single-node DDL on the tokens of :mod:`~stepwatch.exporters.clickhouse.sqltext`
   the rows inserted into its own replica and writes its own rollup part; the
   ``Distributed`` table ``r`` reads the rollups of every shard.
 * ``ALTER TABLE t`` column changes go to ``t_local`` and ``t`` (both ``ON
-  CLUSTER``); other changes (TTL, settings) to ``t_local`` only.
+  CLUSTER``); other changes (TTL, settings) to ``t_local`` only. A sort key
+  that takes a new column changes in the ALTER that adds it (ClickHouse's
+  rule): ``t_local`` gets both, ``t`` the column alone.
 
 The sharding key keeps the rows that may replace each other on one shard: a
 function of the table's ``ORDER BY`` columns, ``job_id`` wherever the key has
@@ -153,13 +155,17 @@ class Cluster:
         at = _name_at(toks, 2)
         name = toks[at].text
         local = _splice(sql, [(toks[at], f"{name}{LOCAL_SUFFIX} {self.on_cluster}")])
-        kinds = {
-            c in _COLUMN_COMMANDS and toks[i + 1].word == "COLUMN" for i, c in _commands(toks, at)
-        }
-        if kinds == {True}:  # a column change: the Distributed table has the columns too
+        commands = _commands(toks, at)
+        column = [c in _COLUMN_COMMANDS and toks[i + 1].word == "COLUMN" for i, c in commands]
+        if all(column):  # a column change: the Distributed table has the columns too
             return [local, _splice(sql, [(toks[at], f"{name} {self.on_cluster}")])]
-        if kinds == {False}:  # TTL, settings, indexes: storage only
+        if not any(column):  # TTL, settings, indexes: storage only
             return [local]
+        if all(c or _sort_key_change(toks, i) for (i, _), c in zip(commands, column, strict=True)):
+            # ClickHouse takes a column into the sort key only in the ALTER that adds
+            # it: the local table gets both, the Distributed table the columns alone
+            kept = [_command_text(sql, toks, commands, k) for k, c in enumerate(column) if c]
+            return [local, f"ALTER TABLE {name} {self.on_cluster} " + ", ".join(kept)]
         raise StoreError(
             f"alter of {name}: write column and storage changes as separate statements"
         )
@@ -271,6 +277,20 @@ def _commands(toks: Sequence[Token], at: int) -> list[tuple[int, str]]:
         depth += {"(": 1, ")": -1}.get(tok.text, 0) if tok.kind is Kind.PUNCT else 0
         expect = depth == 0 and tok.text == ","
     return out
+
+
+def _sort_key_change(toks: Sequence[Token], i: int) -> bool:
+    return [t.word for t in toks[i : i + 3]] == ["MODIFY", "ORDER", "BY"]
+
+
+def _command_text(
+    sql: str, toks: Sequence[Token], commands: Sequence[tuple[int, str]], k: int
+) -> str:
+    """The text of the ``k``-th top-level command of an ALTER, without its comma."""
+    last = commands[k + 1][0] - 2 if k + 1 < len(commands) else len(toks) - 1
+    while toks[last].text == ";":
+        last -= 1
+    return sql[toks[commands[k][0]].start : toks[last].end]
 
 
 def _splice(sql: str, edits: Sequence[tuple[Token, str]]) -> str:

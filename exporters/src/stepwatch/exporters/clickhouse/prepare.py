@@ -26,6 +26,7 @@ import base64
 import logging
 import re
 import time
+import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -154,7 +155,11 @@ def _scan_header(payload: bytes) -> _Header:
 
 
 def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any, ...]:
-    """A dead_letters row; the header fields are read leniently when they can be."""
+    """A dead_letters row; the header fields are read leniently when they can be.
+
+    Its key is the record's place in the log and the CRC-32 of its value: the same
+    record read again collapses into one row, another record at a reused offset
+    (a re-created topic) does not replace it."""
     payload = record.value or b""
     try:
         header = _lenient.decode(payload)
@@ -177,6 +182,7 @@ def dead_row(record: Record, reason: str, detail: str, now: float) -> tuple[Any,
         seq,
         encoding,
         len(payload) > MAX_PAYLOAD,
+        zlib.crc32(payload),
     )
 
 

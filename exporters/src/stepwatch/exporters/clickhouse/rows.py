@@ -347,6 +347,7 @@ DEAD_LETTERS = table(
         ("seq", "Nullable(UInt64)"),
         ("payload_encoding", _LC),  # 'utf-8' or 'base64' (schema/0011)
         ("payload_truncated", "Bool"),
+        ("payload_crc", "UInt32"),  # CRC-32 of the whole value, in the sort key (schema/0012)
     ],
 )
 
