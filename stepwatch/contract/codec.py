@@ -16,6 +16,7 @@ import msgspec
 from stepwatch.contract.names import check_names, may_break_names
 from stepwatch.contract.records import (
     CONTRACT_VERSION,
+    MIN_EPOCH,
     EventMessage,
     GpuMessage,
     Message,
@@ -231,8 +232,8 @@ def _sane_steps(steps: Iterable[StepRecord], now: float) -> bool:
             and r.step >= 0
             and r.samples >= 0
             and r.tokens >= 0
-            and 0 < start <= limit
-            and 0 < end <= limit
+            and MIN_EPOCH <= start <= limit
+            and MIN_EPOCH <= end <= limit
             and 0 <= end - start <= MAX_STEP_SECONDS
         ):
             return False
@@ -250,7 +251,7 @@ def _sane_nonnegative_steps(steps: Iterable[StepRecord], now: float) -> bool:
     """:func:`_sane_steps` for records known to hold no negative or non-finite number."""
     limit = now + FUTURE_SKEW_SECONDS
     return all(
-        0 < r.start <= r.end <= limit
+        MIN_EPOCH <= r.start <= r.end <= limit
         and r.end - r.start <= MAX_STEP_SECONDS
         and r.rank < r.world_size
         for r in steps
@@ -258,8 +259,12 @@ def _sane_nonnegative_steps(steps: Iterable[StepRecord], now: float) -> bool:
 
 
 def _check_time(what: str, value: float, now: float) -> None:
-    if not math.isfinite(value) or value <= 0:
-        raise ContractError("absurd_value", f"{what}: timestamp {value!r}")
+    if not math.isfinite(value) or value < MIN_EPOCH:
+        raise ContractError(
+            "absurd_value",
+            f"{what}: timestamp {value!r} is not epoch seconds (before 2001-09-09; "
+            "a clock since boot?)",
+        )
     if value > now + FUTURE_SKEW_SECONDS:
         raise ContractError("absurd_value", f"{what}: timestamp {value!r} is in the future")
 

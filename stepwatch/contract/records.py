@@ -34,7 +34,11 @@ Index32 = Annotated[int, msgspec.Meta(ge=0, le=UINT32_MAX)]  # ranks, XID codes
 Index16 = Annotated[int, msgspec.Meta(ge=0, le=UINT16_MAX)]  # GPU index, port number
 NonNeg = Annotated[float, msgspec.Meta(ge=0, le=FLOAT32_MAX)]  # gauges, durations
 NonNeg64 = Annotated[float, msgspec.Meta(ge=0)]  # FLOP counts (Float64)
-Epoch = Annotated[float, msgspec.Meta(gt=0)]  # the future is checked against the clock
+# epoch seconds; anything before 2001-09-09 (1e9 s) is a clock since boot (time.monotonic,
+# perf_counter) or a unit slip, not a time: refused everywhere alike (``absurd_value``),
+# as the worker would refuse it (too old) and a store would file it under 1970
+MIN_EPOCH = 1e9
+Epoch = Annotated[float, msgspec.Meta(ge=MIN_EPOCH)]  # the future is checked against the clock
 Code = Annotated[int, msgspec.Meta(ge=-INT64_MAX - 1, le=INT64_MAX)]
 # devices one host's message may describe: far more than any host has (8 to 16 GPUs,
 # a few dozen RDMA ports), so that one message cannot make a consumer hold thousands

@@ -73,10 +73,13 @@ def test_every_message_states_kind_and_version() -> None:
         (b"[1,2]", "schema"),
         (b'{"v":1,"host":"a","ts":1}', "schema"),
         (b'{"kind":"metrics","v":1}', "unknown_kind"),
-        (b'{"kind":"step","v":2,"host":"a","ts":1.0}', "unsupported_version"),
-        (b'{"kind":"step","v":1,"ts":1.0}', "schema"),
+        (b'{"kind":"step","v":2,"host":"a","ts":1.7e9}', "unsupported_version"),
+        (b'{"kind":"step","v":1,"ts":1.7e9}', "schema"),
         (b'{"kind":"step","v":1,"host":"a","ts":"yesterday"}', "schema"),
-        (b'{"kind":"gpu","v":1,"host":"a","ts":1.0,"gpus":[{"index":"zero"}]}', "schema"),
+        # seconds since boot (time.monotonic), not the epoch: what would be filed under 1970
+        (b'{"kind":"step","v":1,"host":"a","ts":86400.5}', "absurd_value"),
+        (b'{"kind":"event","v":1,"host":"a","ts":0.001,"type":"restart"}', "absurd_value"),
+        (b'{"kind":"gpu","v":1,"host":"a","ts":1.7e9,"gpus":[{"index":"zero"}]}', "schema"),
     ],
 )
 def test_bad_messages_are_rejected_with_reason(payload: bytes, reason: str) -> None:
@@ -87,7 +90,7 @@ def test_bad_messages_are_rejected_with_reason(payload: bytes, reason: str) -> N
 
 
 def test_schema_error_names_the_field() -> None:
-    bad = b'{"kind":"step","v":1,"host":"a","ts":1.0,"steps":[{"job_id":"j","rank":"x"}]}'
+    bad = b'{"kind":"step","v":1,"host":"a","ts":1.7e9,"steps":[{"job_id":"j","rank":"x"}]}'
     with pytest.raises(ContractError, match=r"\$\.steps\[0\]\.rank"):
         _decode(bad)
 
@@ -131,7 +134,7 @@ def test_negative_counter_rejected() -> None:
 
 
 def test_unknown_fields_are_ignored_within_v1() -> None:
-    data = b'{"kind":"event","v":1,"host":"a","ts":1.0,"type":"restart","new_field":42}'
+    data = b'{"kind":"event","v":1,"host":"a","ts":1.7e9,"type":"restart","new_field":42}'
     message = _decode(data)
     assert isinstance(message, EventMessage)
     assert message.type is EventType.RESTART
@@ -189,9 +192,9 @@ def test_decoded_records_are_out_of_the_cycle_collectors_sight() -> None:
 
     msg = StepMessage(
         host="h",
-        ts=1.0,
+        ts=NOW,
         job_id="j",
-        steps=[StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.0, end=2.0)],
+        steps=[StepRecord(job_id="j", rank=0, world_size=1, step=0, start=NOW - 1, end=NOW)],
     )
     back = decode(encode(msg))
     assert isinstance(back, StepMessage)

@@ -134,7 +134,7 @@ def test_unencodable_value_is_dropped() -> None:
 
 def test_a_steps_timing_follows_the_name_rule() -> None:
     """An unchecked string: 12 KB with ANSI escapes and a forged log line went to Kafka."""
-    rec = StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.0, end=2.0, timing="cuda")
+    rec = StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.7e9, end=1.7e9 + 1, timing="cuda")
     assert decode_datagram(encode_datagram(RankStep(step=rec))).step.timing == "cuda"  # type: ignore[union-attr]
     bad = encode_datagram(RankStep(step=rec)).replace(b'"cuda"', b'"\\u001b[2Jcuda\\nlevel=ERROR"')
     with pytest.raises(ContractError) as info:
@@ -149,8 +149,8 @@ def test_nan_never_reaches_the_wire_as_a_number() -> None:
             rank=0,
             world_size=1,
             step=0,
-            start=1.0,
-            end=2.0,
+            start=1.7e9,
+            end=1.7e9 + 1,
             loss=None,
             loss_nonfinite=True,
         )

@@ -27,6 +27,8 @@ import pytest
 
 from stepwatch.contract import (
     DetectionMessage,
+    EventMessage,
+    EventType,
     GpuMessage,
     GpuReading,
     Message,
@@ -102,10 +104,14 @@ def traffic(now: float) -> list[Message | tuple[str, bytes, bytes]]:
         seq=0,
         gpus=[GpuReading(index=0, power_w=100.0)],
     )
+    # an agent of another make stamping its events with a clock since boot: the raw
+    # tables' age limit leaves events alone, so it was stored under 1970-01-02
+    boot = EventMessage(host="boot0", ts=86400.0, inst="b", seq=0, type=EventType.RESTART)
     return [
         *forged,
         *real,
         old,
+        boot,
         detection("d-real", "worker-a", now),
         detection("d-forged", "evil", now),
     ]
@@ -189,6 +195,13 @@ def test_a_message_200_days_old_is_a_dead_letter_not_a_silent_loss(stored):
     store, sink, _ = stored
     assert rows(store, "SELECT reason FROM dead_letters WHERE host = 'old0'") == [("too_old",)]
     assert sink.metrics.value("stepwatch_sink_dead_letter_rows_total", reason="too_old") == 1
+
+
+def test_a_timestamp_from_a_clock_since_boot_is_a_dead_letter_not_1970(stored):
+    store, _, _ = stored
+    assert rows(store, "SELECT count() FROM events WHERE host = 'boot0'") == [(0,)]
+    ((reason, detail),) = rows(store, "SELECT reason, detail FROM dead_letters WHERE host = 'boot0'")
+    assert reason == "absurd_value" and "$.ts" in detail
 
 
 def test_a_forged_detection_is_not_stored_as_genuine(stored):

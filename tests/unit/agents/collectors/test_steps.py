@@ -214,3 +214,18 @@ def test_a_step_stamped_outside_the_workers_window_is_refused_alone(
     (msg,) = collect(collector)
     assert isinstance(msg, StepMessage) and [r.rank for r in msg.steps] == [0, 1]
     assert collector.rejected["step_time_window"] == 2
+
+
+def test_a_rank_stamping_with_a_clock_since_boot_is_refused_at_the_socket(
+    collector: StepsCollector,
+) -> None:
+    """time.monotonic() where time.time() belongs: the event went on to the store, which
+    filed it under 1970-01-02 (the worker refused it as too old)."""
+    boot = RankEvent(type=EventType.CHECKPOINT_SAVE, ts=86400.0, job_id="a", rank=0)
+    since_boot = StepRecord(job_id="a", rank=1, world_size=16, step=0, start=86400.0, end=86401.0)
+    for d in (encode_datagram(boot), encode_datagram(RankStep(step=since_boot)), step("a", 0)):
+        collector.feed(d)
+    (msg,) = collect(collector)
+    assert isinstance(msg, StepMessage) and [r.rank for r in msg.steps] == [0]
+    assert collector.rejected["absurd_value"] == 1  # the event: the contract's reason
+    assert collector.rejected["schema"] == 1  # the step: its fields' types and floors
