@@ -134,7 +134,9 @@ def test_unencodable_value_is_dropped() -> None:
 
 def test_a_steps_timing_follows_the_name_rule() -> None:
     """An unchecked string: 12 KB with ANSI escapes and a forged log line went to Kafka."""
-    rec = StepRecord(job_id="j", rank=0, world_size=1, step=0, start=1.7e9, end=1.7e9 + 1, timing="cuda")
+    rec = StepRecord(
+        job_id="j", rank=0, world_size=1, step=0, start=1.7e9, end=1.7e9 + 1, timing="cuda"
+    )
     assert decode_datagram(encode_datagram(RankStep(step=rec))).step.timing == "cuda"  # type: ignore[union-attr]
     bad = encode_datagram(RankStep(step=rec)).replace(b'"cuda"', b'"\\u001b[2Jcuda\\nlevel=ERROR"')
     with pytest.raises(ContractError) as info:

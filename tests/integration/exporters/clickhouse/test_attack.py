@@ -200,7 +200,9 @@ def test_a_message_200_days_old_is_a_dead_letter_not_a_silent_loss(stored):
 def test_a_timestamp_from_a_clock_since_boot_is_a_dead_letter_not_1970(stored):
     store, _, _ = stored
     assert rows(store, "SELECT count() FROM events WHERE host = 'boot0'") == [(0,)]
-    ((reason, detail),) = rows(store, "SELECT reason, detail FROM dead_letters WHERE host = 'boot0'")
+    ((reason, detail),) = rows(
+        store, "SELECT reason, detail FROM dead_letters WHERE host = 'boot0'"
+    )
     assert reason == "absurd_value" and "$.ts" in detail
 
 
