@@ -39,7 +39,10 @@ class SeenWindow:
         high, mask = st
         if n > high:
             st[0] = n
-            st[1] = ((mask << (n - high)) | 1) & self._mask_all
+            # a jump of a window or more keeps only n: shifting by it (a step or seq of
+            # 2^40 after 0) would build a 2^40-bit number, a MemoryError in the worker
+            shift = n - high
+            st[1] = ((mask << shift) | 1) & self._mask_all if shift < self.window else 1
             return None
         back = high - n
         if back >= self.window:

@@ -36,6 +36,18 @@ def test_seen_window_new_duplicate_out_of_order_and_stale() -> None:
     assert w.admit("k", 19) is None and w.admit("k", 19) == DropReason.DUPLICATE
 
 
+def test_a_jump_far_beyond_the_window_keeps_only_the_new_number() -> None:
+    """Shifting the bitmap by the jump built a 2^62-bit number: a MemoryError out of the
+    worker's batch (a step of 2^62 after 0 is a valid step number)."""
+    w = SeenWindow(8)
+    assert w.admit("k", 0) is None
+    assert w.admit("k", 2**62) is None
+    assert w.admit("k", 2**62 - 3) is None  # late but within the window: kept
+    assert w.admit("k", 2**62) == DropReason.DUPLICATE
+    assert w.admit("k", 2**62 - 3) == DropReason.DUPLICATE
+    assert w.admit("k", 0) == DropReason.STALE
+
+
 def test_duplicate_step_records_are_removed_and_counted() -> None:
     d = Deduplicator()
     first = steps("j", [(0, 1), (1, 1)])

@@ -189,6 +189,55 @@ def test_core_exception_is_dead_lettered_and_the_batch_goes_on(proc: StreamProce
     assert proc.metrics.errors.labels("process")._value.get() == 1
 
 
+def test_a_ranks_step_jump_of_2_to_the_62_costs_no_batch(proc: StreamProcessor) -> None:
+    """A job's first message at steps 2^62 (rank 0) and 0 (rank 1), then rank 1 at
+    2^62 + 1, passes the step-jump check (the job's peak) and raised MemoryError in the
+    duplicate filter: the whole batch, every job on the partition, was lost."""
+    big = 2**62
+
+    def attack(pairs: list[tuple[int, int]]) -> bytes:
+        recs = [
+            StepRecord(job_id="x", rank=r, world_size=2, step=s, start=T0, end=T0 + 1)
+            for r, s in pairs
+        ]
+        return encode(StepMessage(host="h9", ts=T0 + 1, job_id="x", steps=recs))
+
+    out = proc.process_batch(
+        [
+            rec(TOPICS.steps, attack([(0, big), (1, 0)]), offset=0, key=b"x"),
+            rec(TOPICS.steps, attack([(0, big + 1), (1, big + 1)]), offset=1, key=b"x"),
+            rec(TOPICS.steps, step_msg(10), offset=2),
+        ]
+    )
+    assert [o.topic for o in out] == [TOPICS.detections]  # the honest job's straggler
+    engine = proc.states[0].engine
+    assert isinstance(engine, FakeEngine) and len(engine.seen) == 3
+
+
+def test_a_bug_in_the_duplicate_filter_costs_its_record_not_the_batch(
+    proc: StreamProcessor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate and the duplicate filter ran outside the core's guard: one exception there
+    failed the batch, and the worker forgot every job of its partitions."""
+    dedup = proc.state(0).dedup
+    admit = dedup.admit
+
+    def broken(message: Message) -> Message | None:
+        if isinstance(message, StepMessage) and message.job_id == "x":
+            raise OverflowError("filter bug")
+        return admit(message)
+
+    monkeypatch.setattr(dedup, "admit", broken)
+    out = proc.process_batch(
+        [
+            rec(TOPICS.steps, step_msg(3, job="x"), offset=0),
+            rec(TOPICS.steps, step_msg(10), offset=1),
+        ]
+    )
+    assert [o.topic for o in out] == [TOPICS.dlq, TOPICS.detections]
+    assert decode_dead_letter(out[0].value).reason == "processing_error"
+
+
 def test_duplicates_are_dropped_not_dead_lettered(proc: StreamProcessor) -> None:
     out = proc.process_batch([rec(TOPICS.steps, step_msg(10), offset=o) for o in range(3)])
     assert len(out) == 1  # the detection once; the copies dropped

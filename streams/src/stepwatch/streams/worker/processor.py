@@ -241,16 +241,20 @@ class StreamProcessor:
                     out.append(self._dead(rec, DlqReason.WRONG_PARTITION, misplaced, tally))
                     continue
             st = states.get(partition) or self.state(partition)
-            gated = st.gate.check(message, now)
-            if st.gate.evicted or st.gate.evicted_hosts:
-                out.extend(self._let_go(st, now))
-            if gated is not None:
-                if gated.refusals or gated.rewound:
-                    out.extend(self._gated(st, rec, gated, tally))
-                if gated.message is None:
-                    continue
-                message = gated.message
-            admitted = st.dedup.admit(message)
+            try:  # as the core below: a bug here costs its record, not the batch
+                gated = st.gate.check(message, now)
+                if st.gate.evicted or st.gate.evicted_hosts:
+                    out.extend(self._let_go(st, now))
+                if gated is not None:
+                    if gated.refusals or gated.rewound:
+                        out.extend(self._gated(st, rec, gated, tally))
+                    if gated.message is None:
+                        continue
+                    message = gated.message
+                admitted = st.dedup.admit(message)
+            except Exception as err:
+                out.append(self._failed(rec, err, tally))
+                continue
             if admitted is None:
                 continue
             attr = _RECORDS.get(cls)
@@ -282,7 +286,7 @@ class StreamProcessor:
         self.metrics.errors.labels("process").inc()
         self._log_once(
             f"process:{type(err).__name__}",
-            "detection core failed partition=%d offset=%d error=%r",
+            "processing failed (gate, duplicate filter or core) partition=%d offset=%d error=%r",
             rec.partition,
             rec.offset,
             err,
