@@ -114,6 +114,24 @@ def test_tracker_rates_resets_wraps_gaps_and_out_of_order():
     assert not t.update(("h",), 105.0 + 301, [100]).known  # more than 5 minutes apart
 
 
+def test_a_counter_a_sample_lacks_keeps_its_value_for_the_next_increase():
+    """One reading without a counter (a failed NVML call) made the next increase unknown:
+    a new double-bit ECC error in it was never counted."""
+    t = CounterTracker(2)
+    t.update(("g",), 100.0, [5, 1000])
+    gap = t.update(("g",), 110.0, [None, 2000])
+    assert gap.deltas == (None, 1000) and gap.rates() == (None, 100.0)
+    after = t.update(("g",), 120.0, [6, 3000])
+    assert after.deltas == (1, 1000)
+    assert after.rates() == (pytest.approx(1 / 20), pytest.approx(100.0))  # over both ticks
+    assert t.update(("g",), 130.0, [6, 4000]).rates() == (0.0, 100.0)  # back to one tick
+    # a value carried longer than the gap limit is no baseline
+    t.update(("g",), 140.0, [None, 5000])
+    for k in range(1, 31):
+        t.update(("g",), 140.0 + 10 * k, [None, 5000 + k])
+    assert t.update(("g",), 450.0, [9, 6000]).deltas[0] is None
+
+
 def test_tracker_seed_is_used_only_for_unseen_keys():
     from stepwatch.exporters.clickhouse.rates import Reading
 
@@ -156,6 +174,17 @@ def test_preparer_computes_port_rates_between_batches():
     assert row1["ver"] == 1 and row1["dt_s"] == pytest.approx(1.0)
     assert row1["xmit_bytes_per_s"] == pytest.approx(4000.0)
     assert row1["link_downed_per_s"] == pytest.approx(1.0)
+
+
+def test_a_gpu_sample_without_its_ecc_counter_loses_no_error():
+    prep = Preparer()
+    col = R.GPUS.names.index("ecc_dbe_new")
+    new = []
+    for seq, dbe in enumerate([5, None, 6, 6]):
+        m = GpuMessage(host="n1", ts=NOW + 10 * seq, inst="a", seq=seq,
+                       gpus=[GpuReading(index=0, ecc_dbe_total=dbe, power_w=300.0)])  # fmt: skip
+        new.append(prep.prepare([record(m, seq, "t.gpu")]).tables["gpu_samples"].rows[0][col])
+    assert new == [None, None, 1, 0]
 
 
 def test_preparer_dead_letters_bad_records_with_their_reason():

@@ -506,16 +506,30 @@ class Preparer:
         keys = ", ".join(tuple_literal(k) for k in chunk)
         bounds = ", ".join(repr(float(b)) for b in chunk.values())
         cols = ", ".join(key_cols)
+        # each counter's last value and when it was read: a sample that lacked one (a
+        # failed NVML call) does not leave the counter without a baseline
+        last = ", ".join(
+            f"argMaxIf({c}, ts, {c} IS NOT NULL), toFloat64(maxIf(ts, {c} IS NOT NULL))"
+            for c in counters
+        )
         sql = (
-            f"SELECT {cols}, toFloat64(ts) AS t, {', '.join(counters)} FROM {table} "
+            f"SELECT {cols}, toFloat64(max(ts)) AS t, {last} FROM {table} "
             f"WHERE ({cols}) IN ({keys}) "
             f"AND ts >= toDateTime64({min(chunk.values()) - MAX_GAP_SECONDS!r}, 3, 'UTC') "
             f"AND toFloat64(ts) < arrayElement([{bounds}], indexOf([{keys}], ({cols}))) "
-            f"ORDER BY ts DESC LIMIT 1 BY {cols}"
+            f"GROUP BY {cols}"
         )
         result = self.store.query(sql)
         n = len(key_cols)
-        return {tuple(row[:n]): Reading(float(row[n]), tuple(row[n + 1 :])) for row in result.rows}
+        return {tuple(row[:n]): _seed_reading(row[n:]) for row in result.rows}
+
+
+def _seed_reading(row: Sequence[Any]) -> Reading:
+    """(latest ts, then per counter: its last value, the time of it) -> a Reading."""
+    ts = float(row[0])
+    values = tuple(row[1::2])
+    since = tuple(ts if v is None else float(at) for v, at in zip(values, row[2::2], strict=True))
+    return Reading(ts, values, since if any(at != ts for at in since) else None)
 
 
 def conflict_detail(message: Message) -> str:

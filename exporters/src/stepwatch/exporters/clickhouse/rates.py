@@ -53,16 +53,25 @@ def wrap_for(prev: int) -> int:
 
 @dataclass(frozen=True)
 class Reading:
+    """A key's last known counters; ``since``: when each was read, where not all at ``ts``
+    (a counter a sample lacked keeps its earlier value and time)."""
+
     ts: float
     values: tuple[int | None, ...]
+    since: tuple[float, ...] | None = None
+
+    def read_at(self, i: int) -> float:
+        return self.ts if self.since is None else self.since[i]
 
 
 @dataclass(frozen=True)
 class Change:
-    """Increase of each counter since the previous reading, and the time between."""
+    """Increase of each counter since the previous reading, and the time between
+    (``spans``: per counter, where one was last read before the previous reading)."""
 
     dt: float | None
     deltas: tuple[int | None, ...]
+    spans: tuple[float | None, ...] | None = None
 
     @property
     def known(self) -> bool:
@@ -71,7 +80,12 @@ class Change:
     def rates(self) -> tuple[float | None, ...]:
         if not self.dt:
             return tuple(None for _ in self.deltas)
-        return tuple(None if d is None else d / self.dt for d in self.deltas)
+        if self.spans is None:
+            return tuple(None if d is None else d / self.dt for d in self.deltas)
+        return tuple(
+            None if d is None or not span else d / span
+            for d, span in zip(self.deltas, self.spans, strict=True)
+        )
 
 
 class CounterTracker:
@@ -107,12 +121,42 @@ class CounterTracker:
             return Change(None, tuple(None for _ in values))
         if ts <= prev.ts:  # duplicate or out of order: no change, keep the newer state
             return Change(None, tuple(None for _ in values))
-        deltas = tuple(
-            None if p is None or c is None else delta(p, c, wrap_for(p))
-            for p, c in zip(prev.values, current.values, strict=True)
-        )
-        self._remember(key, current)
-        return Change(ts - prev.ts, deltas)
+        if None not in prev.values and None not in current.values and prev.since is None:
+            deltas = tuple(
+                delta(p, c, wrap_for(p))  # type: ignore[arg-type]
+                for p, c in zip(prev.values, current.values, strict=True)
+            )
+            self._remember(key, current)
+            return Change(ts - prev.ts, deltas)
+        return self._partial(key, prev, current)
+
+    def _partial(self, key: Key, prev: Reading, current: Reading) -> Change:
+        """A change where either reading lacks a counter (NVML answers a call with an
+        error: the field is None). A counter a sample lacks keeps its earlier value and
+        time, so the next sample's increase spans both intervals: dropping the value
+        made the next increase unknown, and a new ECC error in it went uncounted."""
+        ts = current.ts
+        deltas: list[int | None] = []
+        spans: list[float | None] = []
+        kept: list[int | None] = []
+        since: list[float] = []
+        for i, (p, c) in enumerate(zip(prev.values, current.values, strict=True)):
+            at = prev.read_at(i)
+            if p is not None and ts - at > self.max_gap:
+                p = None  # carried across too long a silence: no baseline
+            if c is None:
+                deltas.append(None)
+                spans.append(None)
+                kept.append(p)
+                since.append(at if p is not None else ts)
+                continue
+            deltas.append(None if p is None else delta(p, c, wrap_for(p)))
+            spans.append(None if p is None else ts - at)
+            kept.append(c)
+            since.append(ts)
+        carried = any(t != ts for t in since)
+        self._remember(key, Reading(ts, tuple(kept), tuple(since) if carried else None))
+        return Change(ts - prev.ts, tuple(deltas), tuple(spans))
 
     def _remember(self, key: Key, reading: Reading) -> None:
         self._last[key] = reading
