@@ -82,7 +82,11 @@ def clip_text(text: str) -> str:
     return text if len(text) <= TEXT_MAX else text[: TEXT_MAX - 1] + "\u2026"
 
 
-_NOT_TEXT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# what the text rule forbids (TEXT_PATTERN), and lone surrogates (os.fsdecode of a
+# non-UTF-8 path, in an exception's message): no encoder writes them, the event was lost
+_NOT_TEXT = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 
 def plain_text(text: str) -> str:
@@ -92,8 +96,9 @@ def plain_text(text: str) -> str:
     return clip_text(_NOT_TEXT.sub("\ufffd", text.replace("\r\n", "\n")))
 
 
-# what the name rule forbids (NAME_PATTERN): C0, DEL, C1, line separators, bidi overrides
-NOT_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+# what the name rule forbids (NAME_PATTERN): C0, DEL, C1, line separators, bidi overrides;
+# and lone surrogates, which no encoder writes
+NOT_NAME = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def plain_name(text: str) -> str:

@@ -7,10 +7,12 @@ sender thread.
 
 from __future__ import annotations
 
+import math
+import re
 import time
 from typing import Any
 
-from stepwatch.contract.records import EventType, plain_text
+from stepwatch.contract.records import EventType, plain_name, plain_text
 from stepwatch.contract.wire import RankEvent
 from stepwatch.sdk.identity import Identity
 
@@ -20,6 +22,7 @@ _OOM_CLASSES = {"OutOfMemoryError", "MemoryError"}
 _OOM_TEXT = ("CUDA out of memory", "CUDA error: out of memory")
 
 AttrValue = str | float | int | bool
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -90,14 +93,18 @@ def job_end_event(identity: Identity, error: str | None, step: int | None) -> Ra
 def custom_event(
     identity: Identity, kind: EventType, detail: str, attrs: dict[str, Any]
 ) -> RankEvent:
-    clean = {str(k)[:64]: _attr(v) for k, v in attrs.items()}
-    return _event(identity, kind, str(detail)[:MAX_TEXT], clean)
+    return _event(identity, kind, str(detail)[:MAX_TEXT], dict(attrs))
 
 
 def _attr(value: Any) -> AttrValue:
-    if isinstance(value, str | bool | int | float):
-        return value[:MAX_TEXT] if isinstance(value, str) else value
-    return str(value)[:MAX_TEXT]
+    """A value the wire carries as it is: a non-finite float as its name (JSON has no NaN:
+    it went as null, which the agent refused, and the whole event with it), text without
+    what no encoder writes (a lone surrogate: the event was lost at encode)."""
+    if isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else repr(value)  # 'nan', 'inf', '-inf'
+    return _SURROGATE.sub("\ufffd", value if isinstance(value, str) else str(value))[:MAX_TEXT]
 
 
 def _event(
@@ -114,6 +121,6 @@ def _event(
         rank=identity.rank,
         gpu=identity.gpu if identity.gpu is not None else identity.local_rank,
         detail=plain_text(detail),  # colour codes and the like: kept as U+FFFD, not refused
-        attrs=attrs,
+        attrs={plain_name(str(k))[:64]: _attr(v) for k, v in attrs.items()},
         code=code,
     )

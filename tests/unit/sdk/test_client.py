@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 import weakref
@@ -178,6 +179,24 @@ def test_custom_event_and_group(sw: StepWatch, agent: FakeAgent) -> None:
     steps, events = agent.split()
     assert events[0].type is EventType.RESTART and events[0].attrs == {"attempt": 2}
     assert steps[0].step.group == "pp3" and sw.identity.group == "pp3"
+
+
+def test_a_nan_attribute_and_a_non_utf8_path_cost_no_event(sw: StepWatch, agent: FakeAgent) -> None:
+    """A NaN went as JSON null, which the agent refused (schema), and a lone surrogate
+    (os.fsdecode of a non-UTF-8 name) failed the encoder: the SDK counted the first as
+    sent, and both events, a user's own report of a NaN loss among them, were lost."""
+    odd = os.fsdecode(b"/ckpt/\xff.pt")
+    sw.event("restart", f"from {odd}", loss=float("nan"), peak=float("-inf"), path=odd,
+             **{"k\udcff": 1})  # fmt: skip
+    with pytest.raises(RuntimeError), sw.step():
+        raise RuntimeError(f"cannot load {odd}")  # a user's message, with the name as it is
+    sw.flush(2.0)
+    _, events = agent.split()
+    restart, failed = events
+    assert restart.attrs == {"loss": "nan", "peak": "-inf", "path": "/ckpt/\ufffd.pt", "k\ufffd": 1}
+    assert restart.detail == "from /ckpt/\ufffd.pt"
+    assert failed.type is EventType.EXCEPTION and "\ufffd" in str(failed.attrs["message"])
+    assert sw.stats()["dropped"] == 0
 
 
 def test_a_rank_cannot_report_the_hosts_hardware_events(sw: StepWatch, agent: FakeAgent) -> None:
