@@ -16,6 +16,7 @@ import msgspec
 from stepwatch.contract.names import check_names, may_break_names
 from stepwatch.contract.records import (
     CONTRACT_VERSION,
+    MAX_STEP_SECONDS,
     MIN_EPOCH,
     EventMessage,
     GpuMessage,
@@ -29,7 +30,6 @@ from stepwatch.errors import ContractError
 
 FUTURE_SKEW_SECONDS = 300.0  # a timestamp further ahead than this is absurd
 MAX_MESSAGE_BYTES = 1 << 20  # a larger message is refused (``too_large``); see Settings
-MAX_STEP_SECONDS = 7 * 24 * 3600.0
 KINDS = ("step", "gpu", "port", "event", "detection")
 
 

@@ -34,6 +34,10 @@ Index32 = Annotated[int, msgspec.Meta(ge=0, le=UINT32_MAX)]  # ranks, XID codes
 Index16 = Annotated[int, msgspec.Meta(ge=0, le=UINT16_MAX)]  # GPU index, port number
 NonNeg = Annotated[float, msgspec.Meta(ge=0, le=FLOAT32_MAX)]  # gauges, durations
 NonNeg64 = Annotated[float, msgspec.Meta(ge=0)]  # FLOP counts (Float64)
+MAX_STEP_SECONDS = 7 * 24 * 3600.0  # a step, and each of its phases, lasts at most a week
+# a phase's duration: a week at most, as a step (at 3.4e38 each, forward + backward, the
+# store's compute_s, overflowed its Float32 column: the store refused a step the worker kept)
+PhaseSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_STEP_SECONDS)]
 # epoch seconds; anything before 2001-09-09 (1e9 s) is a clock since boot (time.monotonic,
 # perf_counter) or a unit slip, not a time: refused everywhere alike (``absurd_value``),
 # as the worker would refuse it (too old) and a store would file it under 1970
@@ -149,13 +153,13 @@ class Phases(_Base, frozen=True):
     section (Megatron/TorchTitan timer names, for example).
     """
 
-    data: NonNeg | None = None
-    forward: NonNeg | None = None
-    backward: NonNeg | None = None
-    optimizer: NonNeg | None = None
-    comm_wait: NonNeg | None = None
-    checkpoint: NonNeg | None = None
-    extra: dict[Name, NonNeg] = {}
+    data: PhaseSeconds | None = None
+    forward: PhaseSeconds | None = None
+    backward: PhaseSeconds | None = None
+    optimizer: PhaseSeconds | None = None
+    comm_wait: PhaseSeconds | None = None
+    checkpoint: PhaseSeconds | None = None
+    extra: dict[Name, PhaseSeconds] = {}
 
 
 class StepRecord(_Base, frozen=True):

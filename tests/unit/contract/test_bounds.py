@@ -38,6 +38,22 @@ BAD: list[tuple[str, bytes, str]] = [
     (TOPICS.events, (EVENT % (T0, 7, "1e300")).encode(), "schema"),  # a float is no XID code
     (TOPICS.gpu, (GPU % (T0, 8, '"power_w":1e999')).encode(), "overflow"),
     (TOPICS.gpu, (GPU % (T0, 9, '"power_w":-1')).encode(), "absurd_value"),
+    # phases of 3e38 s each fitted their Float32 columns, but not their sum (compute_s):
+    # the sink refused the step the worker counted; a phase lasts a week at most, as a step
+    (
+        TOPICS.steps,
+        (STEP % (T0, 19, T0, T0 + 1, "1"))
+        .replace('"samples":1', '"samples":1,"phases":{"forward":3e38,"backward":3e38}')
+        .encode(),
+        "overflow",
+    ),
+    (
+        TOPICS.steps,
+        (STEP % (T0, 20, T0, T0 + 1, "1"))
+        .replace('"samples":1', '"samples":1,"phases":{"extra":{"zero_bubble":604801}}')
+        .encode(),
+        "overflow",
+    ),
     (
         TOPICS.events,
         ((EVENT % (T0, 10, "79"))[:-1] + ',"junk":"%s"}' % ("x" * 2_000_000)).encode(),
