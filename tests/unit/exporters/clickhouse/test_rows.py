@@ -93,6 +93,27 @@ def test_check_rows_finds_the_bad_rows_among_good_ones():
     assert list(found) == [3] and "phases_extra" in found[3]
 
 
+def test_rows_of_one_record_refused_alike_make_one_dead_letter_naming_each():
+    """Their dead letters shared the store's key (place, reason, CRC): the second
+    replaced the first, and what was wrong with it was lost."""
+    from stepwatch.exporters.clickhouse.prepare import Prepared
+
+    msg = step_msg(ranks=range(4))
+    source = record(msg, 7)
+    out = Prepared()
+    extra = R.STEPS.names.index("phases_extra")
+    for i, step in enumerate(msg.steps):
+        row = list(R.step_row(msg, step))
+        if i in (1, 3):
+            row[extra] = {"zero_grad": 5e38}
+        out.add(R.STEPS, tuple(row), source, f"steps[{i}]")
+    Preparer()._check(out, NOW)
+    assert [r[R.STEPS.names.index("rank")] for r in out.tables["step_events"].rows] == [0, 2]
+    ((offset, reason, detail),) = [(d[3], d[5], d[6]) for d in out.dead]
+    assert (offset, reason) == (7, "overflow")
+    assert detail.startswith("2 rows: steps[1]: ") and "; steps[3]: " in detail
+
+
 def test_gpu_and_port_tables_cover_every_contract_field():
     gpu_fields = set(GpuReading.__struct_fields__) - {"index"}
     port_fields = set(PortReading.__struct_fields__) - {"device", "port"}

@@ -262,14 +262,21 @@ class Preparer:
         return out
 
     def _check(self, out: Prepared, now: float) -> None:
-        """Rows whose values do not fit their columns become dead letters."""
+        """Rows whose values do not fit their columns become dead letters: one per record
+        and reason, naming every such row (the dead letters' key is the record's place,
+        reason and CRC, so a second row's letter folded into the first and was lost)."""
+        letters: dict[tuple[int, str], tuple[Record, list[str]]] = {}
         for bucket in out.tables.values():
             bad = bucket.table.check_rows(bucket.rows)
             for i, problem in sorted(bad.items()):
-                detail = f"{bucket.wheres[i]}: {problem}"
-                out.dead.append(dead_row(bucket.sources[i], row_reason(problem), detail, now))
+                source = bucket.sources[i]
+                entry = letters.setdefault((id(source), row_reason(problem)), (source, []))
+                entry[1].append(f"{bucket.wheres[i]}: {problem}")
             if bad:
                 bucket.remove(set(bad))
+        for (_, reason), (source, details) in letters.items():
+            many = f"{len(details)} rows: " if len(details) > 1 else ""
+            out.dead.append(dead_row(source, reason, many + "; ".join(details), now))
 
     def _ops_record(self, record: Record, out: Prepared, now: float) -> None:
         """An alert or remediation record: one row, or a dead letter with the reason."""
