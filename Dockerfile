@@ -20,7 +20,7 @@ CMD ["--help"]
 
 # The remediator with the Slurm client tools its slurm actuator runs (scontrol, sinfo;
 # munge authenticates them). Mount the cluster's /etc/slurm/slurm.conf and
-# /etc/munge/munge.key, and run munged (docs/deploy.md, "Remediator on Slurm").
+# /etc/munge/munge.key, and run munged (docs/deploy.md, "The remediator").
 FROM base AS remediator
 RUN apt-get update \
     && apt-get install -y --no-install-recommends slurm-client munge \

@@ -49,7 +49,7 @@ kube:  ## regenerate deploy/kubernetes/{prometheus-rules,monitors}.yaml (Prometh
 dashboards:  ## regenerate the Grafana dashboards (dashboards/json) from dashboards/generate.py
 	$(PY) dashboards/generate.py
 
-check: lint typecheck test  ## lint, typecheck and test (what CI runs)
+check: lint typecheck test  ## lint and typecheck, then make test (which runs them again: CI runs make test alone)
 
 bench:  ## run the benchmarks (figures and ratios against same-run baselines)
 	$(PY) bench/run_all.py

@@ -30,11 +30,11 @@ GROUPS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
     ),
     (
         "agent",
-        (),
+        ("agent_",),
         frozenset(
             {
                 "host",
-                "agent_socket",
+                "proc_root",
                 "tick_seconds",
                 "spool_dir",
                 "spool_max_bytes",
@@ -47,7 +47,7 @@ GROUPS: tuple[tuple[str, tuple[str, ...], frozenset[str]], ...] = (
             }
         ),
     ),
-    ("stream workers", ("stream_", "hang_"), frozenset()),
+    ("stream workers", ("stream_", "hang_"), frozenset({"host_split"})),
     ("store and sink", ("clickhouse_", "store_", "sink_"), frozenset()),
     ("remediator", ("remediate_",), frozenset()),
 )

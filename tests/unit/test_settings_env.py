@@ -71,3 +71,15 @@ def test_config_table_groups_every_setting_once_by_service() -> None:
     assert sorted(rows) == sorted(settings.describe()) and len(rows) == len(set(rows))
     remediator = text.split("[remediator]")[1].split("[")[0]
     assert "remediate_port" in remediator and "STEPWATCH_REMEDIATE_PORT" in remediator
+
+    def section(name: str) -> list[str]:
+        body = text.split(f"[{name}]\n")[1].split("\n[")[0]
+        return [line.split()[0] for line in body.splitlines()]
+
+    # every setting only the agent reads is under it, not under "every service"
+    agent = section("agent")
+    assert {"agent_socket_group", "agent_verify_job", "agent_sender_rate", "proc_root"} <= set(
+        agent
+    )
+    assert "host_split" in section("stream workers")
+    assert not [n for n in section("every service") if n.startswith("agent_")]

@@ -192,3 +192,19 @@ def test_rendered_config_points_receivers_and_keeps_the_token_out(tmp_path) -> N
     path.write_text(text)
     token.write_text("s3cret\n")
     assert amtool("check-config", str(path)).returncode == 0
+
+
+def test_no_placeholder_receiver_posts_to_a_stepwatch_port() -> None:
+    """The pager placeholder was localhost:9470, the remediator's own /alerts receiver:
+    a newcomer who followed docs/alerts.md had critical pages go to the remediator."""
+    from urllib.parse import urlsplit
+
+    from stepwatch.settings import Settings
+
+    ours = {v for k, v in Settings.load(env={}).describe().items() if k.endswith("_port")}
+    cfg = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    for receiver in cfg["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            url = urlsplit(hook["url"])
+            if receiver["name"] != "remediator":
+                assert url.port not in ours, (receiver["name"], hook["url"])

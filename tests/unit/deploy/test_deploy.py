@@ -68,8 +68,13 @@ def test_systemd_agent_runs_as_its_own_user_without_capabilities() -> None:
     assert unit["DynamicUser"] == "yes"
     assert unit["CapabilityBoundingSet"] == "" and unit["AmbientCapabilities"] == ""
     assert unit["NoNewPrivileges"] == "yes"
-    # other users' ranks reach the socket: the directory is traversable by all
+    # other users' ranks reach the socket: the directory is traversable by all, and the
+    # socket (0620) is of their group, which the agent is in (to give the socket that
+    # group); with the agent's own group, they got EACCES and their steps were dropped
     assert int(unit["RuntimeDirectoryMode"], 8) & 0o005 == 0o005
+    command = unit["ExecStart"].split()
+    group = command[command.index("--socket-group") + 1]
+    assert group not in ("stepwatch", "") and group in unit["SupplementaryGroups"].split()
     assert "AF_UNIX" in unit["RestrictAddressFamilies"]
     sysusers = (DEPLOY / "systemd" / "stepwatch.sysusers.conf").read_text().splitlines()
     entries = [line.split() for line in sysusers if line and not line.startswith("#")]
