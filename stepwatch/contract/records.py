@@ -33,11 +33,18 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=INT64_MAX)]
 Index32 = Annotated[int, msgspec.Meta(ge=0, le=UINT32_MAX)]  # ranks, XID codes
 Index16 = Annotated[int, msgspec.Meta(ge=0, le=UINT16_MAX)]  # GPU index, port number
 NonNeg = Annotated[float, msgspec.Meta(ge=0, le=FLOAT32_MAX)]  # gauges, durations
-NonNeg64 = Annotated[float, msgspec.Meta(ge=0)]  # FLOP counts (Float64)
 MAX_STEP_SECONDS = 7 * 24 * 3600.0  # a step, and each of its phases, lasts at most a week
 # a phase's duration: a week at most, as a step (at 3.4e38 each, forward + backward, the
 # store's compute_s, overflowed its Float32 column: the store refused a step the worker kept)
 PhaseSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_STEP_SECONDS)]
+# what one rank's step may count: the store's per-minute rollups sum them in UInt64 (a
+# Float64 for FLOPs), and two forged records of 2^63 tokens wrapped a job's minute to a
+# small number; at these ceilings 16.7 million rank-steps a minute fit (16,384 ranks at
+# 1,000 steps a minute), and no real step comes near one (10^12 tokens, 10^24 FLOPs)
+STEP_COUNT_MAX = 2**40
+STEP_FLOPS_MAX = 1e24
+StepCount = Annotated[int, msgspec.Meta(ge=0, le=STEP_COUNT_MAX)]
+StepFlops = Annotated[float, msgspec.Meta(ge=0, le=STEP_FLOPS_MAX)]
 # epoch seconds; anything before 2001-09-09 (1e9 s) is a clock since boot (time.monotonic,
 # perf_counter) or a unit slip, not a time: refused everywhere alike (``absurd_value``),
 # as the worker would refuse it (too old) and a store would file it under 1970
@@ -176,13 +183,13 @@ class StepRecord(_Base, frozen=True):
     gpu: Index16 | None = None  # GPU index on the host; defaults to local_rank when absent
     group: Name = "all"  # peer-group key: ranks are compared only with the same group
     phases: Phases | None = None
-    samples: Count = 0
-    tokens: Count = 0
+    samples: StepCount = 0
+    tokens: StepCount = 0
     loss: float | None = None
     # JSON cannot carry NaN/inf: a non-finite loss travels as loss=null with
     # loss_nonfinite=true (a user-error signal: the detector decides).
     loss_nonfinite: bool = False
-    flops: NonNeg64 | None = None  # model FLOPs this rank executed in this step (for MFU)
+    flops: StepFlops | None = None  # model FLOPs this rank executed in this step (for MFU)
     timing: Name = "wall"  # "wall" (host clock) or "cuda" (CUDA events); the name rule
     # The rank's training thread over the step (Linux, /proc/thread-self/schedstat):
     # seconds it ran on a CPU, and seconds it was ready to run but waited for one

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stepwatch.contract.records import INT64_MAX, StepRecord
+from stepwatch.contract.records import STEP_COUNT_MAX, STEP_FLOPS_MAX, StepRecord
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.cpuwait import seconds
 from stepwatch.sdk.cuda import elapsed_ns
@@ -105,7 +105,7 @@ class Resolver:
             tokens=self._count("tokens", raw.tokens),
             loss=loss,
             loss_nonfinite=nonfinite,
-            flops=self._number("flops", raw.flops),
+            flops=self._flops(raw.flops),
             cpu_time=cpu_time,
             cpu_wait=cpu_wait,
         )
@@ -174,16 +174,27 @@ class Resolver:
 
     def _count(self, name: str, value: Any) -> int:
         number = self._number(name, value)
-        if number is None or not 0 <= number <= INT64_MAX:
-            if number is not None:  # the agent refuses a record with a count beyond int64
+        if number is None or not 0 <= number <= STEP_COUNT_MAX:
+            if number is not None:  # the agent refuses a record with a count beyond it
                 self._log(
                     f"bad_{name}",
-                    "stepwatch sdk: %s=%r is negative or above 2^63-1; reported as 0",
+                    "stepwatch sdk: %s=%r is negative or above 2^40 a step; reported as 0",
                     name,
                     value,
                 )
             return 0
         return int(number)
+
+    def _flops(self, value: Any) -> float | None:
+        number = self._number("flops", value)
+        if number is not None and not 0 <= number <= STEP_FLOPS_MAX:
+            self._log(
+                "bad_flops",
+                "stepwatch sdk: flops=%r is negative or above 1e24 a step; omitted",
+                value,
+            )
+            return None
+        return number
 
 
 def _cuda_offsets(raw: RawStep) -> tuple[int, tuple[tuple[str, int, int], ...]] | None:

@@ -47,6 +47,19 @@ BAD: list[tuple[str, bytes, str]] = [
         .encode(),
         "overflow",
     ),
+    # one rank's step counted up to 2^63 - 1 tokens: two such summed in the store's UInt64
+    # per-minute rollup wrapped the job's minute to a small number
+    (TOPICS.steps, (STEP % (T0, 21, T0, T0 + 1, str(2**40 + 1))).encode(), "overflow"),
+    (
+        TOPICS.steps,
+        (STEP % (T0, 22, T0, T0 + 1, "1")).replace('"samples":1', f'"tokens":{2**63 - 1}').encode(),
+        "overflow",
+    ),
+    (
+        TOPICS.steps,
+        (STEP % (T0, 23, T0, T0 + 1, "1")).replace('"samples":1', '"flops":1e300').encode(),
+        "overflow",
+    ),
     (
         TOPICS.steps,
         (STEP % (T0, 20, T0, T0 + 1, "1"))

@@ -199,6 +199,20 @@ def test_a_nan_attribute_and_a_non_utf8_path_cost_no_event(sw: StepWatch, agent:
     assert sw.stats()["dropped"] == 0
 
 
+def test_counts_beyond_a_steps_ceiling_cost_the_count_not_the_step(
+    sw: StepWatch, agent: FakeAgent
+) -> None:
+    """The contract bounds one step's tokens (2^40) and FLOPs (1e24) so that the store's
+    per-minute sums cannot wrap: the SDK sends the step without what it cannot carry."""
+    with sw.step(samples=8, tokens=2**41, flops=1e30):
+        pass
+    with sw.step(samples=8, tokens=2**40, flops=1e24):
+        pass
+    sw.flush(2.0)
+    got = [(r.samples, r.tokens, r.flops) for r in records(agent)]
+    assert got == [(8, 0, None), (8, 2**40, 1e24)]
+
+
 def test_a_rank_cannot_report_the_hosts_hardware_events(sw: StepWatch, agent: FakeAgent) -> None:
     """XID, ECC and link events are the agent's collectors' (its socket refuses them)."""
     for kind in ("xid", "ecc", "link_state"):
