@@ -44,6 +44,8 @@ PhaseSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_STEP_SECONDS)]
 STEP_COUNT_MAX = 2**40
 STEP_FLOPS_MAX = 1e24
 StepCount = Annotated[int, msgspec.Meta(ge=0, le=STEP_COUNT_MAX)]
+# ECC error counters: their increases are summed per GPU and minute in UInt64 as well
+ErrorCount = Annotated[int, msgspec.Meta(ge=0, le=STEP_COUNT_MAX)]
 StepFlops = Annotated[float, msgspec.Meta(ge=0, le=STEP_FLOPS_MAX)]
 # epoch seconds; anything before 2001-09-09 (1e9 s) is a clock since boot (time.monotonic,
 # perf_counter) or a unit slip, not a time: refused everywhere alike (``absurd_value``),
@@ -219,8 +221,8 @@ class GpuReading(_Base, frozen=True):
     sm_clock_max_mhz: NonNeg | None = None
     mem_clock_mhz: NonNeg | None = None
     throttle_reasons: Count | None = None  # NVML clocks-event reasons bitmask
-    ecc_sbe_total: Count | None = None
-    ecc_dbe_total: Count | None = None
+    ecc_sbe_total: ErrorCount | None = None  # 2^40: a GPU with 10^12 errors is long gone
+    ecc_dbe_total: ErrorCount | None = None
     remapped_rows_correctable: Count | None = None
     remapped_rows_uncorrectable: Count | None = None
     remapped_rows_pending: bool | None = None

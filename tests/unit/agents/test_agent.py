@@ -13,7 +13,15 @@ from stepwatch.agents.agent import Agent, build_collectors, collector_names
 from stepwatch.agents.collectors.base import CollectorHealth, HealthState, HostContext
 from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.agents.metrics import registry_for, render
-from stepwatch.contract import GpuMessage, GpuReading, Message, PortMessage, StepRecord
+from stepwatch.contract import (
+    GpuMessage,
+    GpuReading,
+    Message,
+    PortMessage,
+    StepRecord,
+    decode,
+    encode,
+)
 from stepwatch.contract.wire import RankStep, encode_datagram
 from stepwatch.errors import ConfigError
 from stepwatch.settings import Settings
@@ -130,6 +138,40 @@ def test_broken_collector_is_counted_logged_once_and_the_rest_flows(
     assert agent.snapshot().collector_errors["broken"] == 4
     assert len([r for r in caplog.records if "sensor on fire" in r.getMessage()]) == 1
     assert agent.snapshot().health["broken"].state is HealthState.DOWN
+
+
+class OddGpus:
+    """Two GPUs, one whose driver answers an ECC count beyond the contract's ceiling."""
+
+    name = "odd-gpu"
+
+    def collect(self, ctx: HostContext) -> list[Message]:
+        odd = GpuReading(index=1, power_w=310.0, ecc_dbe_total=2**62, temp_gpu_c=61.0)
+        return [GpuMessage(host=ctx.host, ts=ctx.now, gpus=[GpuReading(index=0), odd])]
+
+    def health(self) -> CollectorHealth:
+        return CollectorHealth(HealthState.OK)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_value_beyond_the_contract_costs_that_value_not_the_hosts_message(
+    settings: Settings,
+) -> None:
+    """The worker and the sink refuse a message with one value beyond a ceiling: one GPU's
+    odd ECC count cost every GPU of the host its samples."""
+    agent, sink = agent_with(settings, OddGpus())
+    agent.tick()
+    agent.tick()
+    (first, _) = sink.messages
+    decoded = decode(encode(first))  # what the consumers read, with their checks
+    assert isinstance(decoded, GpuMessage) and [g.index for g in decoded.gpus] == [0, 1]
+    odd = decoded.gpus[1]
+    assert odd.ecc_dbe_total is None and (odd.power_w, odd.temp_gpu_c) == (310.0, 61.0)
+    assert agent.snapshot().values_left_out == {"ecc_dbe_total": 2}
+    text = render(registry_for(agent.snapshot, process=False))
+    assert 'stepwatch_agent_values_left_out_total{field="ecc_dbe_total"} 2.0' in text
 
 
 def test_host_samples_keyed_by_the_job_the_steps_name(settings: Settings) -> None:

@@ -33,6 +33,8 @@ BAD: list[tuple[str, bytes, str]] = [
     (TOPICS.gpu, (GPU % (T0, 2, '"power_w":1e300')).encode(), "overflow"),
     (TOPICS.gpu, (GPU % (T0, 3, f'"energy_mj_total":{2**70}')).encode(), "overflow"),
     (TOPICS.gpu, (GPU % (T0, 4, f'"xid_last":{2**40}')).encode(), "overflow"),
+    # its increases are summed per GPU and minute in UInt64: 2^63 twice wrapped to few
+    (TOPICS.gpu, (GPU % (T0, 24, f'"ecc_dbe_total":{2**63 - 1}')).encode(), "overflow"),
     (TOPICS.ports, (PORT % (T0, 5, f'"xmit_bytes_total":{2**65}')).encode(), "overflow"),
     (TOPICS.events, (EVENT % (T0, 6, str(2**64))).encode(), "overflow"),
     (TOPICS.events, (EVENT % (T0, 7, "1e300")).encode(), "schema"),  # a float is no XID code

@@ -27,6 +27,7 @@ from stepwatch.agents.collectors.steps import StepsCollector
 from stepwatch.agents.host_series import STALE_TICKS, HostSeries, SeriesView
 from stepwatch.agents.sink import MessageSink, Sequencer
 from stepwatch.contract import KIND_OF, GpuMessage, Message, PortMessage
+from stepwatch.contract.fit import fit_message
 from stepwatch.errors import ConfigError
 from stepwatch.logs import LogOnce
 from stepwatch.settings import Settings
@@ -56,6 +57,7 @@ class AgentSnapshot:
     rank_watch_skipped: int = 0
     exit_events_listening: bool = False
     series: SeriesView = field(default_factory=SeriesView)  # per-GPU/port series, XID counts
+    values_left_out: dict[str, int] = field(default_factory=dict)  # by field (contract/fit.py)
 
 
 class Agent:
@@ -85,6 +87,7 @@ class Agent:
         self.overruns = 0
         self.last_tick_seconds = 0.0
         self._errors: Counter[str] = Counter()
+        self.values_left_out: Counter[str] = Counter()  # by field: beyond the contract
         self._messages: Counter[str] = Counter()
         self._sink_errors = 0
         self.series = HostSeries(STALE_TICKS * settings.tick_seconds + 1.0, clock)
@@ -102,7 +105,7 @@ class Agent:
                 ctx = HostContext(self.host, now, collector.job_of_gpu())
         jobs = set(ctx.job_of_gpu.values())
         job = jobs.pop() if len(jobs) == 1 else None
-        stamped = [self.sequencer.stamp(_attribute(m, self.host, job)) for m in out]
+        stamped = [self.sequencer.stamp(_attribute(self._fit(m), self.host, job)) for m in out]
         self._messages.update(KIND_OF[type(m)].value for m in stamped)
         self._observe(stamped)
         try:
@@ -119,6 +122,21 @@ class Agent:
         self.ticks += 1
         self.last_tick_seconds = self._clock() - started
         return len(stamped)
+
+    def _fit(self, message: Message) -> Message:
+        """The message without the values the contract refuses (the consumers refused the
+        whole message: every GPU of the host for one ECC count a device got wrong)."""
+        fitted, left_out = fit_message(message)
+        for name in left_out:
+            self.values_left_out[name] += 1
+            self._log(
+                "unfit:" + name,
+                "a reading's value is beyond the contract and left out field=%s "
+                "(later ones are counted: stepwatch_agent_values_left_out_total)",
+                name,
+                level=logging.WARNING,
+            )
+        return fitted
 
     def _observe(self, messages: list[Message]) -> None:
         try:
@@ -249,6 +267,7 @@ class Agent:
             rank_watch_skipped=self.steps.exits.skipped if self.steps else 0,
             exit_events_listening=self.steps.exits.listening if self.steps else False,
             series=self.series.view(),
+            values_left_out=dict(self.values_left_out),
         )
 
 

@@ -57,6 +57,13 @@ class AgentCollector:
             CounterMetricFamily, "messages", "Messages handed to the publisher.", "kind", s.messages
         )
         yield _counter("sink_errors", "Ticks whose messages the publisher refused.", s.sink_errors)
+        yield _labelled(
+            CounterMetricFamily,
+            "values_left_out",
+            "Readings' values beyond the contract, left out (the rest sent), by field.",
+            "field",
+            s.values_left_out,
+        )
         yield _counter("steps_received", "Step records received from ranks.", s.steps_received)
         yield _labelled(
             CounterMetricFamily,
