@@ -268,3 +268,22 @@ def test_a_requeue_cut_off_after_the_hold_is_released_at_the_next_start(slurm) -
     slurm.scontrol("uhold", owned)
     assert "left as is" in actuator.release_interrupted(owned, "node01")
     assert "Reason=JobHeldUser" in slurm.scontrol("show", "job", owned, "-o")
+
+
+def test_a_node_a_person_set_down_or_failed_is_theirs_not_ours(slurm) -> None:
+    """Before, only DRAIN counted as out of service: an XID alert for a node a person had
+    set DOWN ("bob: GPU RMA") drained it, wrote stepwatch's reason over theirs, and the
+    drain took the breaker's one slot, so the next real alert opened the breaker."""
+    from stepwatch.alerts.remediate import guards
+
+    actuator = SlurmActuator(conf=str(slurm.conf_path))
+    told = {"node01": ("down", "bob: GPU4 RMA, do not touch"), "node02": ("fail", "alice: DIMM")}
+    for node, (state, reason) in told.items():
+        slurm.scontrol("update", f"nodename={node}", f"state={state}", f"reason={reason}")
+    for node, (_, reason) in told.items():
+        seen = actuator.node_state(node)
+        assert seen.drained and not seen.drained_by_stepwatch and seen.reason == reason
+        verdict = guards.node_checks(seen)
+        assert verdict.skip == "drained_by_person" and verdict.detail == reason
+    free = actuator.node_state("node03")
+    assert not free.drained and guards.node_checks(free).skip is None

@@ -16,7 +16,8 @@ REASON_PREFIX = (
 
 @dataclass(frozen=True)
 class NodeState:
-    """What the scheduler says about a node: drained (or cordoned) and why."""
+    """What the scheduler says about a node: out of service (drained, cordoned, down, failed,
+    in maintenance) and why."""
 
     exists: bool
     drained: bool

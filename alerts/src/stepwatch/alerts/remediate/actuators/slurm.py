@@ -67,6 +67,10 @@ _HOSTLIST = re.compile(r"^[A-Za-z0-9._,\[\]-]{1,4096}$")  # a NodeList as scontr
 # what the actuator reads of a job, no field its owner writes (a name, a comment, a path)
 JOB_FORMAT = "%A|%i|%u|%T|%N|%x"
 RUNNING = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
+# a node out of service, by whoever put it there: drained, or a person's (or slurmctld's)
+# DOWN, FAIL or maintenance. Draining one of those wrote stepwatch's reason over a person's
+# ("bob: GPU RMA"), made the node read as stepwatch's, and took the breaker's slot
+OUT_OF_SERVICE = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT"})
 OUR_HOLDS = ("job requeued in held state", "JobHeldAdmin")  # squeue %r after requeuehold
 _UNSET = ("", "(null)", "N/A")
 RELEASE_TRIES, RELEASE_PAUSE_S = 3, 0.5  # a held job's release, on transient failures
@@ -152,7 +156,7 @@ class SlurmActuator:
                 transient=False,
             )
         states = set(fields.get("State", "").upper().replace("*", "").split("+"))
-        drained = bool(states & {"DRAIN", "DRAINED", "DRAINING"})
+        drained = bool(states & OUT_OF_SERVICE)
         reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", fields.get("Reason", "")).strip()
         return NodeState(True, drained, "" if reason == "(null)" else reason)
 
