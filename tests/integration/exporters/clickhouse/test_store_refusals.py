@@ -39,7 +39,7 @@ from tests.integration.exporters.clickhouse.test_security import EVENT_COLS, cal
 
 pytestmark = pytest.mark.integration
 MONTH = 31 * 86400
-Y1990 = 631152000.0
+Y2002 = 1009843200.0  # 2002-01-01: the contract refuses times before 2001-09-09
 
 
 class ListSource:
@@ -84,7 +84,7 @@ def store(tmp_path):
 
 
 def monthly(n: int) -> list[tuple[Any, ...]]:
-    return [(Y1990 + i * MONTH, "", "h", "xid", "old", {}, "i", i) for i in range(n)]
+    return [(Y2002 + i * MONTH, "", "h", "xid", "old", {}, "i", i) for i in range(n)]
 
 
 def test_an_insert_the_engine_refuses_while_writing_raises(store) -> None:
@@ -108,7 +108,7 @@ def test_the_sink_stores_events_of_many_months_and_commits_only_then(store) -> N
     sink, source = sink_over(store)
     topic = Topics("p").events
     for i in range(120):
-        message = EventMessage(host="h", ts=Y1990 + i * MONTH, inst="i", seq=i, detail="old")
+        message = EventMessage(host="h", ts=Y2002 + i * MONTH, inst="i", seq=i, detail="old")
         source.queue.append(Record(topic, 0, i, encode(message), b"k"))
     deadline = time.monotonic() + 60
     while source.commits.get((topic, 0)) != 120 and time.monotonic() < deadline:
