@@ -239,9 +239,16 @@ class CauseFinder:
         return Attribution(Cause.UNKNOWN, Fault.UNKNOWN, f"{top} slower", ev)
 
     def for_stop(
-        self, host: str, gpu: int | None, rank: int | None, t1: float, span: float | None = None
+        self,
+        host: str,
+        gpu: int | None,
+        rank: int | None,
+        t1: float,
+        span: float | None = None,
+        job_id: str = "",
     ) -> Attribution:
-        """Why a rank (or the job) stopped: hardware, GPU, link, or an exception in user code."""
+        """Why a rank (or the job) stopped: hardware, GPU, link, or an exception in user code
+        (of ``job_id``'s own ranks: another job's, or one naming no job, is not its word)."""
         own = self._gpus(host, t1, span).get(gpu) if gpu is not None else None
         hw = hardware_reasons(own)
         if hw:
@@ -267,7 +274,9 @@ class CauseFinder:
             exc = [
                 e
                 for e in win.events_in(t0, t1, EventType.EXCEPTION)
-                if (rank is None or e.rank in (None, rank)) and not is_peer_failure(e)
+                if e.job_id == job_id
+                and (rank is None or e.rank in (None, rank))
+                and not is_peer_failure(e)
             ]
             if exc:
                 return Attribution(

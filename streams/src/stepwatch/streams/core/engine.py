@@ -233,9 +233,8 @@ class Engine:
             return out
         if job is not None:
             return job.on_event(ev, arrived)
-        if ev.type == EventType.EXCEPTION and named is None:
-            for j in self._jobs_of(ev.host, None):
-                out.extend(j.on_event(ev, arrived))
+        # an exception that names no job this host may speak for is no job's: before, one
+        # with an empty job_id opened user_error on every job running on the host
         return out
 
     def _links(self, incidents: list[LinkIncident], job_id: str | None) -> list[DetectionMessage]:

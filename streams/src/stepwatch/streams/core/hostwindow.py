@@ -120,7 +120,8 @@ class HostWindow:
     stores: HostStores | None = None  # the engine's sample stores (None: the window's own)
     gpu: SampleView = field(init=False)  # GPU_FLOATS, GPU_INTS per reading
     port: SampleView = field(init=False)  # PORT_INTS per reading
-    events: deque[EventMessage] = field(init=False)
+    events: deque[EventMessage] = field(init=False)  # the host's hardware: XID, ECC, link
+    exceptions: deque[EventMessage] = field(init=False)  # ranks' exceptions, any job's
     gpu_names: dict[int, str] = field(default_factory=dict)
     last_seen: float = 0.0
     links: dict[tuple[str, int], tuple[str, int | None]] = field(default_factory=dict)
@@ -136,6 +137,7 @@ class HostWindow:
         self.gpu = stores.gpu.view(stores.gpu.open())
         self.port = stores.port.view(stores.port.open())
         self.events = deque(maxlen=self.size)
+        self.exceptions = deque(maxlen=self.size)
 
     def close(self) -> None:
         """The host is forgotten: give its sample slots back."""
@@ -167,7 +169,12 @@ class HostWindow:
             self._slots_sig = sig
             port.store.add(port.slot, message.ts, port_rows(message.ports, self._slots))
             return self._link_changes(message, sig)
-        self.events.append(message)
+        if message.type == EventType.EXCEPTION:
+            self.exceptions.append(_slim(message))
+            return []
+        if message.type not in HOST_EVENTS:
+            return []  # a job's own event (checkpoint, restart, start, end): none read here
+        self.events.append(_slim(message))
         if message.type == EventType.LINK_STATE and message.device:
             state = str(message.attrs.get("state") or message.detail.rsplit("->", 1)[-1])
             up = state.strip().upper() == "ACTIVE"
@@ -247,7 +254,11 @@ class HostWindow:
         return out
 
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]:
-        return [e for e in self.events if t0 <= e.ts <= t1 and (not types or e.type in types)]
+        """The kept events of ``types`` (none: all) in [t0, t1], hardware first."""
+        out: list[EventMessage] = []
+        for kept in (self.events, self.exceptions):
+            out.extend(e for e in kept if t0 <= e.ts <= t1 and (not types or e.type in types))
+        return out
 
     def gpu_signals(self, t0: float, t1: float) -> dict[int, GpuSignals]:
         """Signals of every GPU of the host from samples and events in [t0, t1]."""
@@ -577,6 +588,36 @@ def _gpu_signals(s: _GpuSeries, events: list[EventMessage]) -> GpuSignals:
         remapped_uncorrectable=_increase(s.remap),
         xids=xids,
     )
+
+
+# The events a host window keeps, apart: the host's own hardware facts (from its agent's
+# collectors) and ranks' exceptions. Before, one list of every event of every job on the
+# host: 130 checkpoint events of one job pushed the XID of another job's failed GPU out,
+# and its stopped rank read as cause unknown.
+HOST_EVENTS = frozenset({EventType.XID, EventType.ECC, EventType.LINK_STATE})
+# what the window's readers take from an event's attrs (is_peer_failure, the link state);
+# the rest is not kept: one event of 65,000 attrs (a 1 MiB message) held ~8 MB here
+_KEPT_ATTRS = ("exception", "message", "state")
+_MAX_KEPT_TEXT = 1024
+
+
+def _slim(e: EventMessage) -> EventMessage:
+    attrs = e.attrs
+    if (
+        len(attrs) <= len(_KEPT_ATTRS)
+        and all(
+            k in _KEPT_ATTRS and (not isinstance(v, str) or len(v) <= _MAX_KEPT_TEXT)
+            for k, v in attrs.items()
+        )
+        and len(e.detail) <= _MAX_KEPT_TEXT
+    ):
+        return e
+    kept = {k: _clip(attrs[k]) for k in _KEPT_ATTRS if k in attrs}
+    return msgspec.structs.replace(e, attrs=kept, detail=e.detail[:_MAX_KEPT_TEXT])
+
+
+def _clip(value: object) -> object:
+    return value[:_MAX_KEPT_TEXT] if isinstance(value, str) else value
 
 
 def is_dbe(e: EventMessage) -> bool:

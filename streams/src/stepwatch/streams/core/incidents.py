@@ -44,6 +44,7 @@ class Incidents:
     causes: CauseFinder
     clocks: HostClocks
     hosts: set[str]
+    job_id: str
     world_size: int
     last_step: int
     newest_step: int
@@ -231,7 +232,7 @@ class Incidents:
     def _exit_attribution(self, host: str, gpu: int | None, rank: int, t: float) -> Attribution:
         """Why a rank's process ended: a hardware, GPU or link signal on its host then,
         else the exit itself (cause unknown: killed, crashed, out of host memory)."""
-        attr = self.causes.for_stop(host, gpu, rank, t)
+        attr = self.causes.for_stop(host, gpu, rank, t, job_id=self.job_id)
         if attr.cause != Cause.UNKNOWN:
             return attr
         words, status = exit_words(self.exit_how.get(rank))

@@ -315,7 +315,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
             if self.book.is_open(T.RANK_MISSING, rank):
                 continue
             host, gpu = self.ranks.host[rank], self.ranks.gpu[rank]
-            attr = self.causes.for_stop(host, gpu, rank, cs.end_max)
+            attr = self.causes.for_stop(host, gpu, rank, cs.end_max, job_id=self.job_id)
             summary = (
                 f"rank {rank} ({host}) sent no step records for {self.missing_run[rank]} "
                 f"steps while its peers progress: {attr.reason}"
@@ -357,7 +357,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
             if v.how == "exited":
                 attr = self._exit_attribution(host, gpu, rank, self.exit_times()[rank])
             else:
-                attr = self.causes.for_stop(host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS)
+                attr = self.causes.for_stop(
+                    host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS, self.job_id
+                )
             last = int(self.ranks.last_step[rank])
             summary = (
                 f"job hung {v.silent_s:.0f} s: rank {rank} ({host} gpu {gpu}) stopped at "
