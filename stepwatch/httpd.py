@@ -190,3 +190,21 @@ class TokenHTTPService:
         return scheme.lower() == "bearer" and hmac.compare_digest(
             given.strip().encode(), self._token
         )
+
+
+def body_refusal(headers: Any, limit: int) -> tuple[int, str] | None:
+    """(status, why) when a request's body must not be read, else None (read
+    ``Content-Length`` bytes). A chunked body is 411: left unread on a keep-alive
+    connection, its chunks were parsed as the next request (the alert receiver read
+    it as empty, answered 400, then answered the chunk-size line too)."""
+    if headers.get("Transfer-Encoding"):
+        return 411, "send Content-Length, not a chunked body"
+    try:
+        size = int(headers.get("Content-Length") or 0)
+    except ValueError:
+        size = -1
+    if size < 0:
+        return 400, "Content-Length is not a size"
+    if size > limit:
+        return 413, f"body over {limit} bytes"
+    return None

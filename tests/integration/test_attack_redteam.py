@@ -133,3 +133,28 @@ def test_a_deeply_nested_json_body_is_a_400(request, target):
     code, body = _post(url, path, b"[" * 200_000)
     assert code == 400, body
     assert got == []
+
+
+@pytest.mark.parametrize("target", ["receiver", "remediator"])
+def test_a_chunked_body_gets_one_411_not_a_second_request(request, target):
+    """The receiver read a chunked body (no Content-Length) as empty, answered 400, and then
+    parsed the chunk that followed on the kept-alive connection as a request of its own."""
+    if target == "receiver":
+        recv, got = request.getfixturevalue("receiver")
+        url, path = recv.url, "/alerts"
+    else:
+        url, path = request.getfixturevalue("remediator").url, "/webhook"
+        got = []
+    payload = json.dumps({"version": "4", "alerts": [alert("node01")]})
+    chunk = f"{len(payload):x}\r\n{payload}\r\n0\r\n\r\n"
+    with socket.create_connection(_address(url), timeout=10) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            f"Transfer-Encoding: chunked\r\n\r\n{chunk}".encode()
+        )
+        sock.settimeout(5)
+        reply = b""
+        while part := sock.recv(4096):
+            reply += part
+    assert reply.startswith(b"HTTP/1.1 411") and reply.count(b"HTTP/1.1 ") == 1, reply[:300]
+    assert got == []

@@ -31,7 +31,7 @@ from stepwatch.contract.ops import AlertRecord, encode_ops
 from stepwatch.contract.records import plain_name, plain_text
 from stepwatch.contract.topics import Topics
 from stepwatch.errors import ConfigError, RemediationError, StepwatchError
-from stepwatch.httpd import DeadlineHandler, TokenHTTPService
+from stepwatch.httpd import DeadlineHandler, TokenHTTPService, body_refusal
 from stepwatch.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -211,15 +211,13 @@ def _handler(receiver: AlertReceiver) -> type[BaseHTTPRequestHandler]:
             if not receiver.authorized(self.headers.get("Authorization", "")):
                 self._reply(401, "missing or wrong bearer token")
                 return
-            try:
-                length = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                length = -1
-            if length > receiver.max_body or length < 0:
+            refused = body_refusal(self.headers, receiver.max_body)
+            if refused is not None:
                 self.close_connection = True
-                self._reply(413, f"body over {receiver.max_body} bytes")
+                self._reply(*refused)
                 return
-            self._reply(*receiver.handle(self.rfile.read(length)))
+            size = int(self.headers.get("Content-Length") or 0)
+            self._reply(*receiver.handle(self.rfile.read(size)))
 
         def _reply(self, status: int, text: str) -> None:
             body = (json.dumps({"status": status, "message": text}) + "\n").encode()

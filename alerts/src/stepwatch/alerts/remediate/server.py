@@ -34,7 +34,7 @@ from stepwatch.alerts.remediate.audit import Metrics
 from stepwatch.alerts.remediate.engine import Remediator, RemediatorStopping
 from stepwatch.alerts.remediate.operators import Operators
 from stepwatch.alerts.remediate.payload import PayloadError, parse
-from stepwatch.httpd import DeadlineHandler, TokenHTTPService
+from stepwatch.httpd import DeadlineHandler, TokenHTTPService, body_refusal
 
 log = logging.getLogger(__name__)
 
@@ -233,20 +233,13 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             return False
 
         def _body(self) -> bytes | None:
-            if self.headers.get("Transfer-Encoding"):  # unread, it would be the next request
-                server.metrics.rejected.labels("411").inc()
-                self._send(411, {"error": "send Content-Length, not a chunked body"}, close=True)
-                return None
-            try:
-                size = int(self.headers.get("Content-Length") or 0)
-            except ValueError:
-                size = -1
-            if size < 0 or size > server.max_body:
-                code = 413 if size > server.max_body else 400
+            refused = body_refusal(self.headers, server.max_body)
+            if refused is not None:
+                code, why = refused
                 server.metrics.rejected.labels(str(code)).inc()
-                self._send(code, {"error": f"body must be 0..{server.max_body} bytes"}, close=True)
+                self._send(code, {"error": why}, close=True)
                 return None
-            return self.rfile.read(size)
+            return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
         def _send(self, code: int, body: dict[str, Any], close: bool = False) -> None:
             self._raw(code, json.dumps(body).encode(), "application/json", close)
