@@ -120,16 +120,19 @@ def test_a_request_trickled_byte_by_byte_is_dropped_at_its_deadline(remediator):
     assert decisions
 
 
+def _target(request: pytest.FixtureRequest, target: str) -> tuple[str, str, list]:
+    """(url, webhook path, the alerts it recorded) of the receiver or the remediator."""
+    if target == "receiver":
+        recv, got = request.getfixturevalue("receiver")
+        return recv.url, "/alerts", got
+    return request.getfixturevalue("remediator").url, "/webhook", []
+
+
 @pytest.mark.parametrize("target", ["receiver", "remediator"])
 def test_a_deeply_nested_json_body_is_a_400(request, target):
     """Before: ``json.loads`` raised RecursionError, which the receiver did not catch
     (the connection dropped with a traceback) and the remediator answered 500."""
-    if target == "receiver":
-        recv, got = request.getfixturevalue("receiver")
-        url, path = recv.url, "/alerts"
-    else:
-        url, path = request.getfixturevalue("remediator").url, "/webhook"
-        got = []
+    url, path, got = _target(request, target)
     code, body = _post(url, path, b"[" * 200_000)
     assert code == 400, body
     assert got == []
@@ -139,12 +142,7 @@ def test_a_deeply_nested_json_body_is_a_400(request, target):
 def test_a_chunked_body_gets_one_411_not_a_second_request(request, target):
     """The receiver read a chunked body (no Content-Length) as empty, answered 400, and then
     parsed the chunk that followed on the kept-alive connection as a request of its own."""
-    if target == "receiver":
-        recv, got = request.getfixturevalue("receiver")
-        url, path = recv.url, "/alerts"
-    else:
-        url, path = request.getfixturevalue("remediator").url, "/webhook"
-        got = []
+    url, path, got = _target(request, target)
     payload = json.dumps({"version": "4", "alerts": [alert("node01")]})
     chunk = f"{len(payload):x}\r\n{payload}\r\n0\r\n\r\n"
     with socket.create_connection(_address(url), timeout=10) as sock:
