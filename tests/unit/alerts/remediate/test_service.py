@@ -191,6 +191,25 @@ def test_slurm_actuator_commands_and_failure_kinds():
     assert not err.value.transient
 
 
+@pytest.mark.parametrize(
+    ("shown", "out_of_service"),
+    [
+        # as a real slurmctld wrote it 50 s after node02's slurmd was killed (SlurmUser root)
+        ("State=DOWN+NOT_RESPONDING Reason=Not responding [root@2026-12-04T15:44:31]", False),
+        ("State=DOWN* Reason=Node unexpectedly rebooted [slurm@2026-12-04T15:44:31]", False),
+        ("State=DOWN+NOT_RESPONDING Reason=bob: GPU4 RMA [bob@2026-12-04T15:44:31]", True),
+        ("State=IDLE+FAIL Reason=alice: DIMM [alice@2026-12-04T15:44:31]", True),
+        ("State=DOWN+DRAIN+NOT_RESPONDING Reason=Not responding [root@2026-12-04T15:44:31]", True),
+    ],
+)
+def test_slurmctlds_own_down_is_no_persons_word(shown: str, out_of_service: bool) -> None:
+    """A node that stopped answering is set DOWN by slurmctld: an alert for it (a hung GPU
+    node) must still drain it, or ReturnToService puts the faulty GPU back in service."""
+    answers = {"show node": (0, f"NodeName=n1 Arch=x86_64 {shown}")}
+    state = SlurmActuator(runner=fake_runner(answers, [])).node_state("n1")
+    assert state.drained is out_of_service and not state.drained_by_stepwatch
+
+
 def test_a_persons_cordon_after_an_uncordon_is_not_read_as_stepwatchs():
     """``kubectl uncordon`` leaves the reason annotation: a person who took stepwatch's
     taint off and later cordoned the node for maintenance had the cordon read as

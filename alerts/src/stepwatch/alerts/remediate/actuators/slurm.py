@@ -71,6 +71,12 @@ RUNNING = frozenset({"RUNNING", "SUSPENDED", "CONFIGURING", "COMPLETING"})
 # DOWN, FAIL or maintenance. Draining one of those wrote stepwatch's reason over a person's
 # ("bob: GPU RMA"), made the node read as stepwatch's, and took the breaker's slot
 OUT_OF_SERVICE = frozenset({"DRAIN", "DRAINED", "DRAINING", "DOWN", "FAIL", "FAILING", "MAINT"})
+DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
+# ... but not slurmctld's own DOWN of a node that stopped answering (a hung GPU node, the
+# very thing an alert is about): that one is not a person's word, and with ReturnToService
+# the node comes back into service by itself; a drain keeps it out (DOWN+DRAIN). As
+# slurmctld writes it: "State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@...]".
+DAEMON_DOWN = ("not responding", "node unexpectedly rebooted", "node silently failed")
 OUR_HOLDS = ("job requeued in held state", "JobHeldAdmin")  # squeue %r after requeuehold
 _UNSET = ("", "(null)", "N/A")
 RELEASE_TRIES, RELEASE_PAUSE_S = 3, 0.5  # a held job's release, on transient failures
@@ -156,9 +162,10 @@ class SlurmActuator:
                 transient=False,
             )
         states = set(fields.get("State", "").upper().replace("*", "").split("+"))
-        drained = bool(states & OUT_OF_SERVICE)
         reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", fields.get("Reason", "")).strip()
-        return NodeState(True, drained, "" if reason == "(null)" else reason)
+        reason = "" if reason == "(null)" else reason
+        daemons = not states & DRAINED and reason.lower().startswith(DAEMON_DOWN)
+        return NodeState(True, bool(states & OUT_OF_SERVICE) and not daemons, reason)
 
     def node_count(self) -> int:
         out = self._run([self.sinfo, "-h", "-N", "-o", "%N"])
