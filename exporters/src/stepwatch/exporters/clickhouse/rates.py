@@ -66,12 +66,10 @@ class Reading:
 
 @dataclass(frozen=True)
 class Change:
-    """Increase of each counter since the previous reading, and the time between
-    (``spans``: per counter, where one was last read before the previous reading)."""
+    """Increase of each counter since the previous reading, and the time between."""
 
     dt: float | None
     deltas: tuple[int | None, ...]
-    spans: tuple[float | None, ...] | None = None
 
     @property
     def known(self) -> bool:
@@ -80,12 +78,7 @@ class Change:
     def rates(self) -> tuple[float | None, ...]:
         if not self.dt:
             return tuple(None for _ in self.deltas)
-        if self.spans is None:
-            return tuple(None if d is None else d / self.dt for d in self.deltas)
-        return tuple(
-            None if d is None or not span else d / span
-            for d, span in zip(self.deltas, self.spans, strict=True)
-        )
+        return tuple(None if d is None else d / self.dt for d in self.deltas)
 
 
 class CounterTracker:
@@ -121,23 +114,25 @@ class CounterTracker:
             return Change(None, tuple(None for _ in values))
         if ts <= prev.ts:  # duplicate or out of order: no change, keep the newer state
             return Change(None, tuple(None for _ in values))
-        if None not in prev.values and None not in current.values and prev.since is None:
+        pairs = tuple(zip(prev.values, current.values, strict=True))
+        if prev.since is None and all((p is None) is (c is None) for p, c in pairs):
+            # the same counters in both (a device that never has some: NVLink on many)
             deltas = tuple(
-                delta(p, c, wrap_for(p))  # type: ignore[arg-type]
-                for p, c in zip(prev.values, current.values, strict=True)
+                None if p is None or c is None else delta(p, c, wrap_for(p)) for p, c in pairs
             )
             self._remember(key, current)
             return Change(ts - prev.ts, deltas)
         return self._partial(key, prev, current)
 
     def _partial(self, key: Key, prev: Reading, current: Reading) -> Change:
-        """A change where either reading lacks a counter (NVML answers a call with an
-        error: the field is None). A counter a sample lacks keeps its earlier value and
-        time, so the next sample's increase spans both intervals: dropping the value
-        made the next increase unknown, and a new ECC error in it went uncounted."""
+        """A change where one reading lacks a counter the other has (NVML answers a failed
+        call with no value). A counter a sample lacks keeps its earlier value and time,
+        and the next sample's increase counts from it: dropping the value made the next
+        increase unknown, and a new ECC error in it went uncounted. The increase is
+        the next interval's (its rate over that interval): the store's rollups total a
+        counter as rate x interval, which then counts it whole."""
         ts = current.ts
         deltas: list[int | None] = []
-        spans: list[float | None] = []
         kept: list[int | None] = []
         since: list[float] = []
         for i, (p, c) in enumerate(zip(prev.values, current.values, strict=True)):
@@ -146,17 +141,15 @@ class CounterTracker:
                 p = None  # carried across too long a silence: no baseline
             if c is None:
                 deltas.append(None)
-                spans.append(None)
                 kept.append(p)
                 since.append(at if p is not None else ts)
                 continue
             deltas.append(None if p is None else delta(p, c, wrap_for(p)))
-            spans.append(None if p is None else ts - at)
             kept.append(c)
             since.append(ts)
         carried = any(t != ts for t in since)
         self._remember(key, Reading(ts, tuple(kept), tuple(since) if carried else None))
-        return Change(ts - prev.ts, tuple(deltas), tuple(spans))
+        return Change(ts - prev.ts, tuple(deltas))
 
     def _remember(self, key: Key, reading: Reading) -> None:
         self._last[key] = reading
