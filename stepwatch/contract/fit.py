@@ -16,7 +16,14 @@ from typing import TypeVar
 
 import msgspec
 
-from stepwatch.contract.records import GpuMessage, GpuReading, Message, PortMessage, PortReading
+from stepwatch.contract.records import (
+    GpuMessage,
+    GpuReading,
+    Message,
+    PortMessage,
+    PortReading,
+    plain_name,
+)
 
 R = TypeVar("R", GpuReading, PortReading)
 
@@ -25,24 +32,30 @@ _KEYS = frozenset({"index", "device", "port"})
 
 
 def fit_reading(reading: R) -> tuple[R | None, list[str]]:
-    """(the reading with every refused value left out, or None; the fields left out)."""
+    """(the reading with every refused value left out, or None; the fields changed).
+
+    A text field is made a plain name (a control character as U+FFFD, clipped: the name
+    rule, which decoding alone does not check); any other refused value falls back to
+    its field's default (None: not measured)."""
     cls = type(reading)
-    data = msgspec.to_builtins(reading)
-    left_out: list[str] = []
+    data: dict[str, object] = msgspec.to_builtins(reading)
+    changed: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, str) and plain_name(value) != value:
+            data[key] = plain_name(value)
+            changed.append(key)
     for _ in range(len(cls.__struct_fields__)):
         try:
-            msgspec.convert(data, cls)
+            fitted = msgspec.convert(data, cls)
         except msgspec.ValidationError as err:
-            name = _field_of(err)
-            if name is None or name in _KEYS or name not in data:
-                return None, [*left_out, name or "?"]
-            del data[name]  # its default: None, not measured
-            left_out.append(name)
+            field = _field_of(err)
+            if field is None or field in _KEYS or field not in data:
+                return None, [*changed, field or "?"]
+            del data[field]  # its default
+            changed.append(field)
             continue
-        break
-    if not left_out:
-        return reading, left_out
-    return msgspec.structs.replace(reading, **{n: None for n in left_out}), left_out
+        return (fitted if changed else reading), changed
+    return None, changed
 
 
 def _field_of(err: msgspec.ValidationError) -> str | None:

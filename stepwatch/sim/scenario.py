@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from stepwatch.contract.records import MIN_EPOCH
 from stepwatch.errors import ConfigError
 
 DEFAULT_START_TS = 1767225600.0  # 2026-01-01T00:00:00Z: fixed, so runs are reproducible
@@ -168,8 +169,13 @@ class Scenario:
             )
         if not 0 <= self.first_step < self.steps:
             raise ConfigError(f"scenario {self.job_id}: first_step must be in [0, steps)")
-        if not 0 <= self.jitter < 1 or self.start_ts <= 0:
-            raise ConfigError(f"scenario {self.job_id}: jitter must be in [0, 1), start_ts > 0")
+        if not 0 <= self.jitter < 1:
+            raise ConfigError(f"scenario {self.job_id}: jitter must be in [0, 1)")
+        if self.start_ts < MIN_EPOCH:  # what the contract refuses: every message dead-lettered
+            raise ConfigError(
+                f"scenario {self.job_id}: start_ts {self.start_ts} is before 2001-09-09 "
+                f"({MIN_EPOCH:.0f} s), which the contract refuses"
+            )
         for fault in self.faults:
             if fault.rank is not None and not 0 <= fault.rank < self.world_size:
                 raise ConfigError(f"fault {fault.kind}: rank {fault.rank} outside the job")

@@ -39,3 +39,20 @@ def test_a_reading_whose_key_is_refused_is_dropped_and_the_others_go_on() -> Non
     back = decode(encode(fitted), now=lambda: T0)
     assert isinstance(back, PortMessage)
     assert [(p.device, p.xmit_bytes_total) for p in back.ports] == [("mlx5_1", None)]
+
+
+def test_a_text_field_is_made_a_plain_name_not_left_null() -> None:
+    """A too-long or control-character name fell back to None, which a str field cannot
+    hold, or passed unchecked (the name rule is not decoding's): the whole message was
+    still refused."""
+    message = GpuMessage(
+        host="h",
+        ts=T0,
+        gpus=[GpuReading(index=0, name="N" * 300, uuid="GPU-\x01ab", power_w=100.0)],
+    )
+    fitted, changed = fit_message(message)
+    assert sorted(changed) == ["name", "uuid"]
+    back = decode(encode(fitted), now=lambda: T0)
+    assert isinstance(back, GpuMessage)
+    (gpu,) = back.gpus
+    assert gpu.uuid == "GPU-\ufffdab" and len(gpu.name) == 256 and gpu.power_w == 100.0

@@ -294,6 +294,8 @@ def test_targets_resolve_to_hosts_gpus_and_nics() -> None:
         Scenario(nodes=2, faults=(Fault(FaultKind.SLOW_GPU, host="nope"),))
     with pytest.raises(ConfigError, match="outside the job"):
         Scenario(nodes=2, faults=(Fault(FaultKind.XID79, rank=16),))
+    with pytest.raises(ConfigError, match="before 2001-09-09"):  # every message refused
+        Scenario(nodes=2, start_ts=1000.0)
 
 
 def test_faults_after_the_job_stopped_have_no_label() -> None:
