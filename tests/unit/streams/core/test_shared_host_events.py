@@ -58,6 +58,28 @@ def test_another_jobs_events_leave_a_stopped_ranks_cause_alone() -> None:
     assert stopped_rank([*loads, theirs]) == (cause, fault, summary)
 
 
+def test_another_jobs_exceptions_leave_a_ranks_own_exception_as_its_cause() -> None:
+    """Exceptions were one list per host too: 130 caught exceptions a neighbour job reported
+    pushed the stopped rank's own exception out (cause user became unknown)."""
+    t_exc = T0 + STOP - 1.5
+    said = {"exception": "builtins.ValueError", "message": "bad batch shape"}
+    own = event(EventType.EXCEPTION, "h001", t_exc, job_id="job-a", rank=10, attrs=said)
+    caught = {"exception": "botocore.exceptions.ReadTimeoutError", "message": "s3 timeout"}
+    noisy = [
+        event(EventType.EXCEPTION, "h001", t_exc + 0.1 + 0.001 * i, job_id="job-m", attrs=caught)
+        for i in range(130)
+    ]
+
+    def causes(extra: list) -> list[tuple[str, str, str, str]]:
+        msgs = sorted([*alice(), *mallory(), own, *extra], key=lambda m: m.ts)
+        found = opened(drive(Engine(), msgs, until=T0 + 80))
+        return [(d.type, d.cause, d.fault, d.summary) for d in found if d.job_id == "job-a"]
+
+    alone = causes([])
+    assert ("rank_missing", "user", "user") in [c[:3] for c in alone]
+    assert causes(noisy) == alone
+
+
 def test_an_exception_naming_no_job_opens_nothing() -> None:
     a = Job(world=16, steps=60, job_id="job-alice")
     b = Job(world=8, steps=60, job_id="job-bob", seed=5)
@@ -74,6 +96,20 @@ def test_a_host_window_keeps_what_its_readers_read_of_an_event() -> None:
     assert not win.events and not win.exceptions  # nothing reads a job's own events here
     win.add(event(EventType.EXCEPTION, "h001", T0, job_id="j", detail="E" * 5000,
                   attrs={**huge, "message": "m" * 5000, "exception": "builtins.E"}))  # fmt: skip
-    (kept,) = win.exceptions
+    (kept,) = win.exceptions["j"]
     assert sorted(kept.attrs) == ["exception", "message"] and len(kept.attrs["message"]) == 1024
     assert len(kept.detail) == 1024
+
+
+def test_a_job_whose_id_is_empty_still_gets_its_own_exception() -> None:
+    """The contract allows a job id of "" (a producer with no scheduler id): its exception
+    names that job, not no job (an event's job_id None is no job)."""
+    msgs = []
+    for m in Job(world=8, steps=60, job_id="").messages():
+        recs = [r for r in m.steps if not (r.rank == 3 and r.step >= STOP)]
+        msgs.append(msgspec.structs.replace(m, steps=recs))
+    host = next(r.host for m in msgs for r in m.steps if r.rank == 3)
+    said = {"exception": "builtins.ValueError", "message": "shape mismatch"}
+    own = event(EventType.EXCEPTION, host, T0 + STOP - 1.0, job_id="", rank=3, attrs=said)
+    found = opened(drive(Engine(), sorted([*msgs, own], key=lambda m: m.ts), until=T0 + 80))
+    assert {(d.type, d.cause) for d in found} == {("user_error", "user"), ("rank_missing", "user")}

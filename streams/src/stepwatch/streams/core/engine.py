@@ -219,7 +219,7 @@ class Engine:
         incidents = self._window(ev.host).add(ev)
         if incidents:
             return self._links(incidents, ev.job_id)
-        named = self.jobs.get(ev.job_id) if ev.job_id else None
+        named = self.jobs.get(ev.job_id) if ev.job_id is not None else None  # "" may be one
         job = self._named(ev.host, ev.job_id)  # None too when the host may not speak for it
         if named is None and ev.job_id and ev.type == EventType.JOB_START:
             world = ev.attrs.get("world_size")
@@ -257,7 +257,7 @@ class Engine:
         hosts (step records say so), or any host while it has none (a job known from its
         ``job_start`` only). A host that runs none of a job's ranks says nothing of it
         (docs/security.md: one XID from such a host opened ``rank_missing`` on the job)."""
-        job = self.jobs.get(job_id) if job_id else None
+        job = self.jobs.get(job_id) if job_id is not None else None
         if job is None or (job.hosts and host not in job.hosts):
             return None
         return job

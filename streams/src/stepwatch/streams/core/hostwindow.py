@@ -13,7 +13,7 @@ most one interval, never a negative or a huge rate.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import pairwise
 from typing import Any, cast
@@ -121,7 +121,9 @@ class HostWindow:
     gpu: SampleView = field(init=False)  # GPU_FLOATS, GPU_INTS per reading
     port: SampleView = field(init=False)  # PORT_INTS per reading
     events: deque[EventMessage] = field(init=False)  # the host's hardware: XID, ECC, link
-    exceptions: deque[EventMessage] = field(init=False)  # ranks' exceptions, any job's
+    # ranks' exceptions, per job (one job's cannot push another's out), the last
+    # MAX_EXCEPTION_JOBS jobs to raise on the host
+    exceptions: OrderedDict[str, deque[EventMessage]] = field(default_factory=OrderedDict)
     gpu_names: dict[int, str] = field(default_factory=dict)
     last_seen: float = 0.0
     links: dict[tuple[str, int], tuple[str, int | None]] = field(default_factory=dict)
@@ -137,7 +139,6 @@ class HostWindow:
         self.gpu = stores.gpu.view(stores.gpu.open())
         self.port = stores.port.view(stores.port.open())
         self.events = deque(maxlen=self.size)
-        self.exceptions = deque(maxlen=self.size)
 
     def close(self) -> None:
         """The host is forgotten: give its sample slots back."""
@@ -170,7 +171,7 @@ class HostWindow:
             port.store.add(port.slot, message.ts, port_rows(message.ports, self._slots))
             return self._link_changes(message, sig)
         if message.type == EventType.EXCEPTION:
-            self.exceptions.append(_slim(message))
+            self._exception(_slim(message))
             return []
         if message.type not in HOST_EVENTS:
             return []  # a job's own event (checkpoint, restart, start, end): none read here
@@ -253,11 +254,23 @@ class HostWindow:
                 out.append(LinkIncident(self.host, p.device, p.port, message.ts, False, how))
         return out
 
+    def _exception(self, message: EventMessage) -> None:
+        job = message.job_id or ""
+        kept = self.exceptions.get(job)
+        if kept is None:
+            kept = self.exceptions[job] = deque(maxlen=self.size)
+            while len(self.exceptions) > MAX_EXCEPTION_JOBS:
+                self.exceptions.popitem(last=False)
+        else:
+            self.exceptions.move_to_end(job)
+        kept.append(message)
+
     def events_in(self, t0: float, t1: float, *types: EventType) -> list[EventMessage]:
         """The kept events of ``types`` (none: all) in [t0, t1], hardware first."""
-        out: list[EventMessage] = []
-        for kept in (self.events, self.exceptions):
-            out.extend(e for e in kept if t0 <= e.ts <= t1 and (not types or e.type in types))
+        out = [e for e in self.events if t0 <= e.ts <= t1 and (not types or e.type in types)]
+        if not types or EventType.EXCEPTION in types:
+            for kept in self.exceptions.values():
+                out.extend(e for e in kept if t0 <= e.ts <= t1)
         return out
 
     def gpu_signals(self, t0: float, t1: float) -> dict[int, GpuSignals]:
@@ -595,6 +608,7 @@ def _gpu_signals(s: _GpuSeries, events: list[EventMessage]) -> GpuSignals:
 # host: 130 checkpoint events of one job pushed the XID of another job's failed GPU out,
 # and its stopped rank read as cause unknown.
 HOST_EVENTS = frozenset({EventType.XID, EventType.ECC, EventType.LINK_STATE})
+MAX_EXCEPTION_JOBS = 16  # jobs whose exceptions a host keeps (a host runs a few jobs)
 # what the window's readers take from an event's attrs (is_peer_failure, the link state);
 # the rest is not kept: one event of 65,000 attrs (a 1 MiB message) held ~8 MB here
 _KEPT_ATTRS = ("exception", "message", "state")
