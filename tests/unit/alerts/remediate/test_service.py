@@ -196,8 +196,17 @@ def test_slurm_actuator_commands_and_failure_kinds():
     [
         # as a real slurmctld wrote it 50 s after node02's slurmd was killed (SlurmUser root)
         ("State=DOWN+NOT_RESPONDING Reason=Not responding [root@2026-12-04T15:44:31]", False),
-        ("State=DOWN* Reason=Node unexpectedly rebooted [slurm@2026-12-04T15:44:31]", False),
+        (
+            "State=DOWN* Reason=Node unexpectedly rebooted boot_time=1796397000 "
+            "last response=1796396900 [slurm@2026-12-04T15:44:31]",
+            False,
+        ),
         ("State=DOWN+NOT_RESPONDING Reason=bob: GPU4 RMA [bob@2026-12-04T15:44:31]", True),
+        # a person's reason that begins with slurmctld's words, or a FAIL/MAINT, is theirs
+        ("State=DOWN Reason=Node unexpectedly rebooted 3x - bob RMA [bob@2026-12-04]", True),
+        ("State=DOWN* Reason=Not responding to IPMI; alice on it [alice@2026-12-04]", True),
+        ("State=DOWN+MAINT+RESERVED+NOT_RESPONDING Reason=Not responding [root@2026-12-04]", True),
+        ("State=IDLE+FAIL+NOT_RESPONDING Reason=Not responding [alice@2026-12-04]", True),
         ("State=IDLE+FAIL Reason=alice: DIMM [alice@2026-12-04T15:44:31]", True),
         ("State=DOWN+DRAIN+NOT_RESPONDING Reason=Not responding [root@2026-12-04T15:44:31]", True),
     ],

@@ -78,6 +78,13 @@ def test_another_jobs_exceptions_leave_a_ranks_own_exception_as_its_cause() -> N
     alone = causes([])
     assert ("rank_missing", "user", "user") in [c[:3] for c in alone]
     assert causes(noisy) == alone
+    # nor do exceptions under 16 job ids of a sender's choosing, or naming no job
+    chosen = [
+        event(EventType.EXCEPTION, "h001", t_exc + 0.2 + 0.01 * i, job_id=f"job-x{i}", rank=0)
+        for i in range(16)
+    ]
+    jobless = [event(EventType.EXCEPTION, "h001", t_exc + 0.5 + 0.001 * i) for i in range(130)]
+    assert causes([*chosen, *jobless]) == alone
 
 
 def test_an_exception_naming_no_job_opens_nothing() -> None:

@@ -216,7 +216,11 @@ class Engine:
         return began > over
 
     def _event(self, ev: EventMessage, arrived: float) -> list[DetectionMessage]:
-        incidents = self._window(ev.host).add(ev)
+        win = self._window(ev.host)
+        # a rank's exception is kept only for a job the host runs: one naming no job, or a
+        # job id a sender chose, cannot push a real job's exceptions out of the window
+        ours = ev.type != EventType.EXCEPTION or self._named(ev.host, ev.job_id) is not None
+        incidents = win.add(ev) if ours else []
         if incidents:
             return self._links(incidents, ev.job_id)
         named = self.jobs.get(ev.job_id) if ev.job_id is not None else None  # "" may be one

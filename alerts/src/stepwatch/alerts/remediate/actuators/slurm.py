@@ -76,7 +76,23 @@ DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
 # very thing an alert is about): that one is not a person's word, and with ReturnToService
 # the node comes back into service by itself; a drain keeps it out (DOWN+DRAIN). As
 # slurmctld writes it: "State=DOWN+NOT_RESPONDING Reason=Not responding [slurm@...]".
-DAEMON_DOWN = ("not responding", "node unexpectedly rebooted", "node silently failed")
+# Matched exactly (a person's reason may begin with the same words) and only on a plain
+# DOWN: a FAIL or MAINT is a person's whatever the reason says.
+PERSONS = frozenset({"FAIL", "FAILING", "MAINT"}) | DRAINED
+
+
+def _slurmctlds_down(states: set[str], reason: str) -> bool:
+    """slurmctld's own DOWN of a node that stopped answering or rebooted unasked."""
+    if "DOWN" not in states or states & PERSONS:
+        return False
+    text = reason.lower()
+    if text == "not responding":
+        return "NOT_RESPONDING" in states
+    # "Node unexpectedly rebooted boot_time=N last response=N": the words after it read
+    # as fields of their own (scontrol -o), so the reason is these words exactly
+    return text == "node unexpectedly rebooted"
+
+
 OUR_HOLDS = ("job requeued in held state", "JobHeldAdmin")  # squeue %r after requeuehold
 _UNSET = ("", "(null)", "N/A")
 RELEASE_TRIES, RELEASE_PAUSE_S = 3, 0.5  # a held job's release, on transient failures
@@ -161,10 +177,13 @@ class SlurmActuator:
                 f"scontrol show node {node}: not exactly that one node ({len(records)} record(s))",
                 transient=False,
             )
-        states = set(fields.get("State", "").upper().replace("*", "").split("+"))
+        shown = fields.get("State", "").upper()
+        states = set(shown.replace("*", "").split("+"))
+        if "*" in shown:  # sinfo's and older scontrol's mark of a node not responding
+            states.add("NOT_RESPONDING")
         reason = re.sub(r"\s*\[[^\]]*@[^\]]*\]$", "", fields.get("Reason", "")).strip()
         reason = "" if reason == "(null)" else reason
-        daemons = not states & DRAINED and reason.lower().startswith(DAEMON_DOWN)
+        daemons = _slurmctlds_down(states, reason)
         return NodeState(True, bool(states & OUT_OF_SERVICE) and not daemons, reason)
 
     def node_count(self) -> int:
