@@ -199,12 +199,11 @@ def body_refusal(headers: Any, limit: int) -> tuple[int, str] | None:
     it as empty, answered 400, then answered the chunk-size line too)."""
     if headers.get("Transfer-Encoding"):
         return 411, "send Content-Length, not a chunked body"
-    try:
-        size = int(headers.get("Content-Length") or 0)
-    except ValueError:
-        size = -1
-    if size < 0:
-        return 400, "Content-Length is not a size"
+    given = headers.get_all("Content-Length") or ["0"]
+    text = given[0].strip()
+    if len(given) > 1 or not (text.isascii() and text.isdigit()):  # int() takes "1_0", "+9"
+        return 400, "Content-Length is not one size"
+    size = int(text)
     if size > limit:
         return 413, f"body over {limit} bytes"
     return None

@@ -156,3 +156,25 @@ def test_a_chunked_body_gets_one_411_not_a_second_request(request, target):
             reply += part
     assert reply.startswith(b"HTTP/1.1 411") and reply.count(b"HTTP/1.1 ") == 1, reply[:300]
     assert got == []
+
+
+@pytest.mark.parametrize("target", ["receiver", "remediator"])
+@pytest.mark.parametrize("refusal", ["wrong_token", "wrong_path"])
+def test_a_body_refused_unread_is_not_read_as_a_second_request(request, target, refusal):
+    """A 401 or 404 answered before the body was read left it on the kept-alive
+    connection, where it was parsed as a request of its own (a 401, then a 200)."""
+    url, path, got = _target(request, target)
+    token = "wrong" if refusal == "wrong_token" else TOKEN
+    path = path if refusal == "wrong_token" else "/other"
+    smuggled = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(_address(url), timeout=10) as sock:
+        sock.sendall(
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+            f"Content-Length: {len(smuggled)}\r\n\r\n{smuggled}".encode()
+        )
+        sock.settimeout(5)
+        reply = b""
+        while part := sock.recv(4096):
+            reply += part
+    assert reply.count(b"HTTP/1.1 ") == 1 and b" 200 " not in reply, reply[:300]
+    assert got == []

@@ -205,10 +205,14 @@ def _handler(receiver: AlertReceiver) -> type[BaseHTTPRequestHandler]:
                 self._reply(404, "not found")
 
         def do_POST(self) -> None:
+            # a refusal before the body is read closes the connection: left unread, the
+            # body was parsed as a request of its own (a 401, then the smuggled one's 200)
             if self.path.split("?")[0].rstrip("/") not in ("", "/alerts"):
+                self.close_connection = True
                 self._reply(404, "not found")
                 return
             if not receiver.authorized(self.headers.get("Authorization", "")):
+                self.close_connection = True
                 self._reply(401, "missing or wrong bearer token")
                 return
             refused = body_refusal(self.headers, receiver.max_body)

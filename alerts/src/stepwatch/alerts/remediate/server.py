@@ -133,7 +133,7 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
                 self._send(503, {"error": "the remediator is stopping"}, close=True)
             except Exception:  # nothing a client sends takes the service down
                 log.exception("request failed path=%s", urlsplit(self.path).path)
-                self._send(500, {"error": "internal error"})
+                self._send(500, {"error": "internal error"}, close=True)
 
         def _get(self) -> None:
             parts = urlsplit(self.path)
@@ -169,8 +169,8 @@ def _handler(server: RemediatorServer) -> type[BaseHTTPRequestHandler]:
             path = urlsplit(self.path).path
             if path.startswith(API):
                 return self._operate(path)
-            if path not in ("/", "/webhook"):
-                return self._send(404, {"error": "not found"})
+            if path not in ("/", "/webhook"):  # its body unread: close, or it is a request
+                return self._send(404, {"error": "not found"}, close=True)
             if not self._auth():
                 return None
             body = self._body()
