@@ -44,7 +44,8 @@ PhaseSeconds = Annotated[float, msgspec.Meta(ge=0, le=MAX_STEP_SECONDS)]
 STEP_COUNT_MAX = 2**40
 STEP_FLOPS_MAX = 1e24
 StepCount = Annotated[int, msgspec.Meta(ge=0, le=STEP_COUNT_MAX)]
-# ECC error counters: their increases are summed per GPU and minute in UInt64 as well
+# error counters (ECC, row remaps, PCIe replays): their increases are summed per GPU
+# and minute, and by the gpu_errors query, in UInt64 as well
 ErrorCount = Annotated[int, msgspec.Meta(ge=0, le=STEP_COUNT_MAX)]
 StepFlops = Annotated[float, msgspec.Meta(ge=0, le=STEP_FLOPS_MAX)]
 # epoch seconds; anything before 2001-09-09 (1e9 s) is a clock since boot (time.monotonic,
@@ -223,11 +224,11 @@ class GpuReading(_Base, frozen=True):
     throttle_reasons: Count | None = None  # NVML clocks-event reasons bitmask
     ecc_sbe_total: ErrorCount | None = None  # 2^40: a GPU with 10^12 errors is long gone
     ecc_dbe_total: ErrorCount | None = None
-    remapped_rows_correctable: Count | None = None
-    remapped_rows_uncorrectable: Count | None = None
+    remapped_rows_correctable: ErrorCount | None = None
+    remapped_rows_uncorrectable: ErrorCount | None = None
     remapped_rows_pending: bool | None = None
     remapped_rows_failure: bool | None = None  # no spare row left: the GPU needs replacing
-    pcie_replay_total: Count | None = None
+    pcie_replay_total: ErrorCount | None = None
     nvlink_tx_bytes_total: Count | None = None
     nvlink_rx_bytes_total: Count | None = None
     gr_engine_active: NonNeg | None = None  # profiling ratios 0..1 (DCGM only)

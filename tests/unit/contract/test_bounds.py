@@ -35,6 +35,12 @@ BAD: list[tuple[str, bytes, str]] = [
     (TOPICS.gpu, (GPU % (T0, 4, f'"xid_last":{2**40}')).encode(), "overflow"),
     # its increases are summed per GPU and minute in UInt64: 2^63 twice wrapped to few
     (TOPICS.gpu, (GPU % (T0, 24, f'"ecc_dbe_total":{2**63 - 1}')).encode(), "overflow"),
+    (TOPICS.gpu, (GPU % (T0, 25, f'"pcie_replay_total":{2**63 - 1}')).encode(), "overflow"),
+    (
+        TOPICS.gpu,
+        (GPU % (T0, 26, f'"remapped_rows_uncorrectable":{2**63 - 1}')).encode(),
+        "overflow",
+    ),
     (TOPICS.ports, (PORT % (T0, 5, f'"xmit_bytes_total":{2**65}')).encode(), "overflow"),
     (TOPICS.events, (EVENT % (T0, 6, str(2**64))).encode(), "overflow"),
     (TOPICS.events, (EVENT % (T0, 7, "1e300")).encode(), "schema"),  # a float is no XID code
