@@ -138,6 +138,18 @@ def test_a_deeply_nested_json_body_is_a_400(request, target):
     assert got == []
 
 
+def _exchange(url: str, request_line: str, token: str, rest: str) -> bytes:
+    """Everything the server answers to one raw request, until it closes the connection."""
+    with socket.create_connection(_address(url), timeout=10) as sock:
+        head = f"{request_line} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        sock.sendall((head + rest).encode())
+        sock.settimeout(5)
+        reply = b""
+        while part := sock.recv(4096):
+            reply += part
+    return reply
+
+
 @pytest.mark.parametrize("target", ["receiver", "remediator"])
 def test_a_chunked_body_gets_one_411_not_a_second_request(request, target):
     """The receiver read a chunked body (no Content-Length) as empty, answered 400, and then
@@ -145,15 +157,7 @@ def test_a_chunked_body_gets_one_411_not_a_second_request(request, target):
     url, path, got = _target(request, target)
     payload = json.dumps({"version": "4", "alerts": [alert("node01")]})
     chunk = f"{len(payload):x}\r\n{payload}\r\n0\r\n\r\n"
-    with socket.create_connection(_address(url), timeout=10) as sock:
-        sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
-            f"Transfer-Encoding: chunked\r\n\r\n{chunk}".encode()
-        )
-        sock.settimeout(5)
-        reply = b""
-        while part := sock.recv(4096):
-            reply += part
+    reply = _exchange(url, f"POST {path}", TOKEN, f"Transfer-Encoding: chunked\r\n\r\n{chunk}")
     assert reply.startswith(b"HTTP/1.1 411") and reply.count(b"HTTP/1.1 ") == 1, reply[:300]
     assert got == []
 
@@ -167,14 +171,8 @@ def test_a_body_refused_unread_is_not_read_as_a_second_request(request, target, 
     token = "wrong" if refusal == "wrong_token" else TOKEN
     path = path if refusal == "wrong_token" else "/other"
     smuggled = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
-    with socket.create_connection(_address(url), timeout=10) as sock:
-        sock.sendall(
-            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-            f"Content-Length: {len(smuggled)}\r\n\r\n{smuggled}".encode()
-        )
-        sock.settimeout(5)
-        reply = b""
-        while part := sock.recv(4096):
-            reply += part
+    reply = _exchange(
+        url, f"POST {path}", token, f"Content-Length: {len(smuggled)}\r\n\r\n{smuggled}"
+    )
     assert reply.count(b"HTTP/1.1 ") == 1 and b" 200 " not in reply, reply[:300]
     assert got == []
