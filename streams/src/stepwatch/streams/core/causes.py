@@ -245,7 +245,8 @@ class CauseFinder:
         rank: int | None,
         t1: float,
         span: float | None = None,
-        job_id: str = "",
+        *,
+        job_id: str,
     ) -> Attribution:
         """Why a rank (or the job) stopped: hardware, GPU, link, or an exception in user code
         (of ``job_id``'s own ranks: another job's, or one naming no job, is not its word)."""

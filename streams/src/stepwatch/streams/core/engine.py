@@ -217,15 +217,14 @@ class Engine:
 
     def _event(self, ev: EventMessage, arrived: float) -> list[DetectionMessage]:
         win = self._window(ev.host)
+        job = self._named(ev.host, ev.job_id)  # None too when the host may not speak for it
         # a rank's exception is kept only for a job the host runs: one naming no job, or a
         # job id a sender chose, cannot push a real job's exceptions out of the window
-        ours = ev.type != EventType.EXCEPTION or self._named(ev.host, ev.job_id) is not None
+        ours = ev.type != EventType.EXCEPTION or job is not None
         incidents = win.add(ev) if ours else []
         if incidents:
             return self._links(incidents, ev.job_id)
-        named = self.jobs.get(ev.job_id) if ev.job_id is not None else None  # "" may be one
-        job = self._named(ev.host, ev.job_id)  # None too when the host may not speak for it
-        if named is None and ev.job_id and ev.type == EventType.JOB_START:
+        if ev.job_id and ev.job_id not in self.jobs and ev.type == EventType.JOB_START:
             world = ev.attrs.get("world_size")
             if isinstance(world, int) and not isinstance(world, bool) and world > 0:
                 job = self.jobs[ev.job_id] = Job(ev.job_id, world, self.cfg, self.causes)

@@ -616,18 +616,12 @@ _MAX_KEPT_TEXT = 1024
 
 
 def _slim(e: EventMessage) -> EventMessage:
-    attrs = e.attrs
-    if (
-        len(attrs) <= len(_KEPT_ATTRS)
-        and all(
-            k in _KEPT_ATTRS and (not isinstance(v, str) or len(v) <= _MAX_KEPT_TEXT)
-            for k, v in attrs.items()
-        )
-        and len(e.detail) <= _MAX_KEPT_TEXT
-    ):
+    """The event with only the attrs the window's readers read, texts clipped."""
+    kept = {k: _clip(v) for k, v in e.attrs.items() if k in _KEPT_ATTRS}
+    detail = e.detail[:_MAX_KEPT_TEXT]
+    if kept == e.attrs and detail == e.detail:
         return e
-    kept = {k: _clip(attrs[k]) for k in _KEPT_ATTRS if k in attrs}
-    return msgspec.structs.replace(e, attrs=kept, detail=e.detail[:_MAX_KEPT_TEXT])
+    return msgspec.structs.replace(e, attrs=kept, detail=detail)
 
 
 def _clip(value: object) -> object:

@@ -357,9 +357,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
             if v.how == "exited":
                 attr = self._exit_attribution(host, gpu, rank, self.exit_times()[rank])
             else:
-                attr = self.causes.for_stop(
-                    host, gpu, rank, now, v.silent_s + STOP_MARGIN_SECONDS, self.job_id
-                )
+                span = v.silent_s + STOP_MARGIN_SECONDS
+                attr = self.causes.for_stop(host, gpu, rank, now, span, job_id=self.job_id)
             last = int(self.ranks.last_step[rank])
             summary = (
                 f"job hung {v.silent_s:.0f} s: rank {rank} ({host} gpu {gpu}) stopped at "
@@ -368,7 +367,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
             told: Evidence = {**ev, "rank_last_step": last, "named_ranks": len(v.named)}
             out.extend(self._rank_missing(rank, gpu, host, v.last_step, now, summary, attr, told))
         if not v.named:
-            attr = self.causes.for_stop("", None, None, now)
+            attr = self.causes.for_stop("", None, None, now, job_id=self.job_id)
             summary = (
                 f"job hung: no step progress for {v.silent_s:.0f} s "
                 f"(limit {v.limit_s:.0f} s) after step {v.last_step}"
