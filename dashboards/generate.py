@@ -44,16 +44,33 @@ JOB = f'job_id=~"$job_id", {C}'
 GPU_HOST = f'host=~"$host", gpu=~"$gpu", {C}'
 HOST = f'host=~"$host", {C}'
 GPU = "{{host}} gpu{{gpu}}"
-JOB_LINK = "/d/stepwatch-job/?var-job_id=${__data.fields.job_id}&${__url_time_range}"
-NODE_LINK = "/d/stepwatch-node/?var-host=${__data.fields.host}&${__url_time_range}"
+JOB_LINK = "/d/stepwatch-job/?var-job_id=${__data.fields.job_id:percentencode}&${__url_time_range}"
+NODE_LINK = "/d/stepwatch-node/?var-host=${__data.fields.host:percentencode}&${__url_time_range}"
+
+# Variables in ClickHouse SQL. Job ids and host names are the senders' (a quote, a backslash,
+# `$$`): Grafana's regex format escapes `$` but neither `'` nor `\`, and the plugin puts a
+# plain `${x}` in as it is, so `'${job_id}'` let a job id end the literal. A regex goes in a
+# heredoc (`$$...$$`: no escapes read, and it cannot close it); one value percent-encoded.
+
+
+def sql_regex(var: str) -> str:
+    """The SQL string literal of the anchored regex ``^(values)$`` of a variable."""
+    return f"concat('^(', $$${{{var}:regex}}$$, ')$')"
+
+
+def sql_value(var: str) -> str:
+    """The SQL string literal of a single-valued variable's value."""
+    return f"decodeURLComponent('${{{var}:percentencode}}')"
+
+
 CLUSTER_QUERY = 'label_values(up{job=~"stepwatch-.*"}, cluster)'
 
 # Annotations (detections, alerts, remediation actions) filtered to what each dashboard shows,
 # by dashboard uid.
-JOBS_RE, HOSTS_RE = "match({col}, '^(${job_id:regex})$')", "match({col}, '^(${host:regex})$')"
+JOBS_RE, HOSTS_RE = f"match({{col}}, {sql_regex('job_id')})", f"match({{col}}, {sql_regex('host')})"
 ANNOTATIONS: dict[str, dict[str, str]] = {
     "stepwatch-fleet": annotation_sql(job_filter=JOBS_RE),
-    "stepwatch-job": annotation_sql(job_filter="{col} = '${job_id}'"),
+    "stepwatch-job": annotation_sql(job_filter=f"{{col}} = {sql_value('job_id')}"),
     "stepwatch-node": annotation_sql(host_filter=HOSTS_RE),
     "stepwatch-network": annotation_sql(host_filter=HOSTS_RE),
     "stepwatch-pipeline": annotation_sql(),
@@ -195,24 +212,24 @@ def fleet() -> Dashboard:
 
 
 def job() -> Dashboard:
-    heat = """
+    heat = f"""
 SELECT toStartOfInterval(start_ts, INTERVAL 10 second) AS time, toString(rank) AS rank,
        avg(compute_s) AS compute_s
 FROM step_events
-WHERE job_id = '${job_id}' AND $__timeFilter(start_ts)
+WHERE job_id = {sql_value("job_id")} AND $__timeFilter(start_ts)
 GROUP BY time, rank
 ORDER BY time, rank"""
-    pct = """
+    pct = f"""
 SELECT toStartOfInterval(start_ts, INTERVAL 30 second) AS time,
        quantile(0.5)(duration_s) AS p50, quantile(0.99)(duration_s) AS p99,
        max(compute_s) AS slowest_compute
 FROM step_events
-WHERE job_id = '${job_id}' AND $__timeFilter(start_ts)
+WHERE job_id = {sql_value("job_id")} AND $__timeFilter(start_ts)
 GROUP BY time ORDER BY time"""
-    dets = """
+    dets = f"""
 SELECT ts, type, state, subject_host AS host, rank, cause, score, step, summary
 FROM detections
-WHERE job_id = '${job_id}' AND $__timeFilter(ts)
+WHERE job_id = {sql_value("job_id")} AND $__timeFilter(ts)
 ORDER BY ts DESC LIMIT 200"""
     return (
         _base("stepwatch-job", "stepwatch / Job drill-down", "job")
@@ -293,7 +310,7 @@ ORDER BY ts DESC LIMIT 200"""
 
 
 def node() -> Dashboard:
-    where = "match(host, '^(${host:regex})$') AND match(toString(gpu), '^(${gpu:regex})$')"
+    where = f"match(host, {sql_regex('host')}) AND match(toString(gpu), {sql_regex('gpu')})"
     nvlink = f"""
 SELECT ts AS time, concat(host, ' gpu', toString(gpu)) AS series,
        nvlink_tx_bytes_per_s + nvlink_rx_bytes_per_s AS nvlink_bytes_per_s
@@ -419,12 +436,12 @@ ORDER BY time"""
 
 def network() -> Dashboard:
     port = "{{host}} {{device}}/{{port}}"
-    hot = """
+    hot = f"""
 SELECT host, device, port, sum(xmit_wait_per_s * dt_s) AS xmit_wait_ticks,
        sum(np_ecn_marked_roce_packets_per_s * dt_s) AS ecn_marked,
        sum(symbol_error_per_s * dt_s) AS symbol_errors
 FROM port_samples
-WHERE match(host, '^(${host:regex})$') AND $__timeFilter(ts)
+WHERE match(host, {sql_regex("host")}) AND $__timeFilter(ts)
 GROUP BY host, device, port
 ORDER BY xmit_wait_ticks DESC LIMIT 20"""
     # one finding per port however many jobs reported it, fleet-wide (the port is the

@@ -2,6 +2,7 @@
 
 import json
 import re
+import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -76,6 +77,17 @@ def substitute_sql(sql: str, values: Mapping[str, str], start: float, end: float
         sql,
     )
     for name, value in values.items():
-        out = out.replace("${" + name + ":regex}", re.escape(value))
-        out = out.replace("${" + name + "}", value)
+        for fmt, formatted in grafana_formats(value).items():
+            out = out.replace("${" + name + (f":{fmt}" if fmt else "") + "}", formatted)
     return out
+
+
+def grafana_formats(value: str) -> dict[str, str]:
+    """A single value as Grafana formats it: ``${x:regex}`` (its escapeRegex: ``'`` stays
+    as it is), ``${x:percentencode}`` (encodeURIComponent, plus ``!'()*``) and
+    ``${x}`` (grafana-clickhouse-datasource puts a single value in as it is)."""
+    return {
+        "regex": re.sub(r"[\\^$*+?.()|\[\]{}/]", lambda m: "\\" + m.group(0), value),
+        "percentencode": urllib.parse.quote(value, safe="-_.~"),
+        "": value,
+    }

@@ -95,6 +95,74 @@ def test_every_annotation_query_returns_time_and_text(store) -> None:
     assert checked == 15
 
 
+# names a sender may choose (the contract allows quotes, backslashes, `$`, `%`, braces)
+HOSTILE = {
+    "job_id": "j' OR job_id != 'x\\",
+    "host": "n'1\\$$%{}|.*é",
+    "gpu": "0",
+}
+TABLES = (
+    "step_events",
+    "detections",
+    "gpu_samples",
+    "port_samples",
+    "alerts",
+    "remediation_actions",
+)
+
+
+def _copy(store, database: str, names: dict[str, str]) -> None:
+    """The run's tables in ``database``, its job and host renamed as ``names`` says."""
+    store.command(f"CREATE DATABASE {database}")
+    renames = {
+        "job_id": (sim_store.JOB, "job"),
+        "host": ("node0001", "host"),
+        "subject_host": ("node0001", "host"),
+    }
+    for table in TABLES:
+        store.command(f"CREATE TABLE {database}.{table} AS stepwatch.{table}")
+        cols = set(store.query(f"SELECT * FROM stepwatch.{table} LIMIT 0").columns)
+        replace = ", ".join(
+            f"if({c} = '{old}', {{{param}:String}}, {c}) AS {c}"
+            for c, (old, param) in renames.items()
+            if c in cols
+        )
+        store.command(
+            f"INSERT INTO {database}.{table} SELECT * REPLACE ({replace}) FROM stepwatch.{table}",
+            {"job": names["job_id"], "host": names["host"]},
+        )
+
+
+def test_hostile_job_ids_and_host_names_select_their_own_rows_and_no_others(store) -> None:
+    """A variable's value goes into SQL as Grafana formats it. Before, the job drill-down
+    wrote ``job_id = '${job_id}'`` and the others ``'^(${host:regex})$'``: a job id or host
+    name with a quote ended the literal (the query failed, or said what the sender wrote:
+    ``j' OR job_id != 'x`` listed every other job), and one with a backslash matched
+    nothing. The same run stored once under the hostile names and once under plain ones:
+    each query finds the first and not the second."""
+    from stepwatch.exporters.clickhouse.chdb_backend import ChdbStore
+
+    sc = sim_store.scenario()
+    start, end = sc.start_ts - 60, sc.start_ts + 3600
+    writer = ChdbStore(store.path)  # the module's store, its run copied into two databases
+    try:
+        _copy(writer, "hostile", HOSTILE)
+        _copy(writer, "plain", {"job_id": "other-job", "host": "other-host"})
+        checked = 0
+        for q in [*queries(), *annotations()]:
+            if q.kind != "clickhouse" or not re.search(r"\$\{(job_id|host)", q.text):
+                continue
+            sql = substitute_sql(q.text, HOSTILE, start, end)
+            writer.command("USE hostile")
+            assert writer.query(sql).rows, f"{q.dashboard}/{q.panel}: no rows of its own"
+            writer.command("USE plain")
+            assert not writer.query(sql).rows, f"{q.dashboard}/{q.panel}: another's rows"
+            checked += 1
+        assert checked == 18
+    finally:
+        writer.close()
+
+
 def test_every_prometheus_panel_returns_data(tmp_path, prometheus_factory) -> None:
     served = M.serve_all(str(tmp_path / "spool"))
     try:

@@ -178,7 +178,8 @@ def test_dashboards_link_to_each_other_and_flagged_ranks_to_the_job() -> None:
     ]
     job_uid = dashboards()["job-drilldown"]["uid"]
     assert any(
-        u.startswith(f"/d/{job_uid}/") and "var-job_id=${__data.fields.job_id}" in u for u in urls
+        u.startswith(f"/d/{job_uid}/") and "var-job_id=${__data.fields.job_id:percentencode}" in u
+        for u in urls
     )
 
 
