@@ -571,12 +571,20 @@ def test_the_checks_own_statements_run_under_the_endpoints_memory_limit(site):
     AST) before the statement runs. Before, the limits were set only for the statement
     itself: a 20 MB SELECT of one array (19 KB gzipped) took the owner's RSS from 0.4 to
     4 GB over two minutes of parsing, and the 256 MiB a body may hold would take ~50 GB.
+    Now a statement over the endpoint's ``max_query_size`` (1 MiB, 4x the engine's
+    default; a client may ask for less, not more) is refused unparsed, and one under it is parsed under the memory limit.
     A statement the checks refuse (file()) shows which stage stopped it."""
-    big = "SELECT length([" + ",".join(["1"] * 500_000) + "]) FROM file('x', LineAsString)"
-    with QueryService(site["store"].path, max_memory_usage=32 << 20) as small:
-        status, out = call(
-            small, body=gzip.compress(big.encode()), headers={"Content-Encoding": "gzip"}
-        )
+
+    def array(n: int) -> bytes:
+        return f"SELECT length([{','.join(['1'] * n)}]) FROM file('x', LineAsString)".encode()
+
+    gz = {"Content-Encoding": "gzip"}
+    with QueryService(site["store"].path, max_memory_usage=4 << 20) as small:
+        status, out = call(small, body=gzip.compress(array(5_000_000)), headers=gz)
+        assert status == 400 and b"Max query size exceeded: 10000045 bytes" in out, out[:300]
+        status, out = call(small, body=array(600_000), headers={}, max_query_size="1e9")
+        assert status == 400 and b"max_query_size is 1048576" in out, out[:300]
+        status, out = call(small, body=array(120_000), headers={})
         assert status == 400 and b"memory limit exceeded" in out, (status, out[:300])
         assert call(small, "SELECT 1") == (200, b"1\n")
     assert snapshot(site["store"]) == site["before"]

@@ -272,8 +272,23 @@ class Guard:
         return name
 
     # -------------------------------------------------------------- statements
-    def statement(self, session: Any, sql: str, params: dict[str, str] | None = None) -> Statement:
-        """The one statement in ``sql``, parsed by the engine and checked; Refused otherwise."""
+    def statement(
+        self,
+        session: Any,
+        sql: str,
+        params: dict[str, str] | None = None,
+        max_size: int = DEFAULT_MAX_QUERY_SIZE,
+    ) -> Statement:
+        """The one statement in ``sql``, parsed by the engine and checked; Refused otherwise.
+        A statement over ``max_size`` bytes (the engine's ``max_query_size``) is refused
+        before any parse: the checks' wrapper would otherwise lift that limit for it."""
+        size = len(sql.encode())
+        if size > max_size:
+            raise Refused(
+                f"Max query size exceeded: {size} bytes, max_query_size is {max_size}."
+                " (SYNTAX_ERROR)",
+                62,
+            )
         wrapped = f"SELECT formatQuerySingleLine({literal(sql)})"
         if (
             len(wrapped) > DEFAULT_MAX_QUERY_SIZE // 2

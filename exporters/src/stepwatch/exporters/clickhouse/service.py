@@ -54,7 +54,14 @@ from stepwatch.exporters.clickhouse.endpoint_request import (
     status_of,
     utf8,
 )
-from stepwatch.exporters.clickhouse.guard import Catalog, Guard, Refused, identifier, literal
+from stepwatch.exporters.clickhouse.guard import (
+    DEFAULT_MAX_QUERY_SIZE,
+    Catalog,
+    Guard,
+    Refused,
+    identifier,
+    literal,
+)
 from stepwatch.exporters.clickhouse.http_body import (
     DEFAULT_MAX_BODY,
     DEFAULT_MAX_DECOMPRESSED,
@@ -69,6 +76,7 @@ from stepwatch.exporters.clickhouse.sqltext import (
 from stepwatch.exporters.clickhouse.store import error_from
 from stepwatch.httpd import BoundedHTTPServer, DeadlineHandler
 
+MAX_STATEMENT_BYTES = 4 * DEFAULT_MAX_QUERY_SIZE  # 1 MiB of statement text
 log = logging.getLogger(__name__)
 
 USER = "stepwatch"
@@ -170,6 +178,9 @@ class QueryService:
                 max_memory_usage, max_concurrent_queries, max_total_memory
             ),
         }
+        # a statement's text: 4x the engine's default (long legitimate reads, such as a
+        # dashboard's regex of many hosts, fit); a client may ask for less, not more
+        self.limits["max_query_size"] = MAX_STATEMENT_BYTES
         self.limits["max_threads"] = os.cpu_count() or 1
         self.limits["function_sleep_max_microseconds_per_block"] = SLEEP_PER_BLOCK_US
         if max_total_memory > 0:  # the engine's own bound over all statements running at once
@@ -310,7 +321,7 @@ class QueryService:
             offset = insert_data_offset(lex_view(full)) if leading_word(full) == "INSERT" else None
             if offset is not None:
                 return self._insert(session, guard, request, full, offset, settings)
-            stmt = guard.statement(session, utf8(full), request.params)
+            stmt = guard.statement(session, utf8(full), request.params, _size(settings))
             _apply(session, settings)
             result = session.query(stmt.text, fmt, params=request.params or None)
             summary = {
@@ -330,7 +341,7 @@ class QueryService:
     ) -> tuple[bytes, dict[str, int]]:
         """``INSERT ... FORMAT x``: the statement is checked; its data never reaches the
         SQL parser."""
-        stmt = guard.statement(session, utf8(full[:offset]), request.params)
+        stmt = guard.statement(session, utf8(full[:offset]), request.params, _size(settings))
         fmt = stmt.insert_format
         if fmt is None:
             raise Refused("INSERT without a FORMAT clause takes no data. (SYNTAX_ERROR)", 62)
@@ -368,6 +379,11 @@ class QueryService:
             yield session
         finally:
             session.close()
+
+
+def _size(settings: dict[str, str]) -> int:
+    """The request's ``max_query_size``, as capped (a whole number of bytes)."""
+    return int(float(settings["max_query_size"]))
 
 
 def _apply(session: Any, settings: dict[str, str]) -> None:
