@@ -572,7 +572,8 @@ def test_the_checks_own_statements_run_under_the_endpoints_memory_limit(site):
     itself: a 20 MB SELECT of one array (19 KB gzipped) took the owner's RSS from 0.4 to
     4 GB over two minutes of parsing, and the 256 MiB a body may hold would take ~50 GB.
     Now a statement over the endpoint's ``max_query_size`` (1 MiB, 4x the engine's
-    default; a client may ask for less, not more) is refused unparsed, and one under it is parsed under the memory limit.
+    default; a client may ask for less, not more) is refused unparsed, and one under it
+    is parsed under the memory limit.
     A statement the checks refuse (file()) shows which stage stopped it."""
 
     def array(n: int) -> bytes:
