@@ -23,7 +23,7 @@ from collections import Counter
 from time import perf_counter_ns
 from typing import Any
 
-from stepwatch.contract.records import INT64_MAX, EventType
+from stepwatch.contract.records import INT64_MAX, EventType, plain_name
 from stepwatch.contract.wire import RANK_EVENT_TYPES
 from stepwatch.logs import LogOnce
 from stepwatch.sdk.cpuwait import SchedStat
@@ -88,8 +88,22 @@ class StepWatch:
         return self._sender is not None and not self._closed
 
     def set_group(self, group: str) -> None:
-        """Set the peer-group key (e.g. pipeline stage ``"pp3"``) for the next steps."""
-        self._identity = self._identity.replace(group=str(group) or "all")
+        """Set the peer-group key (e.g. pipeline stage ``"pp3"``) for the next steps.
+
+        A group the agent would refuse (a control character, over 256 characters) is
+        sent made plain (U+FFFD, clipped) and counted (``bad_group``): before, every later
+        step was counted as sent and refused by the agent."""
+        try:
+            given = str(group)
+            name = plain_name(given) or "all"
+        except Exception as err:  # a group whose str() raises: never into training
+            self._misuse("bad_group", "stepwatch: group cannot be read err=%r; unchanged", err)
+            return
+        if name != (given or "all"):
+            self._misuse(
+                "bad_group", "stepwatch: group %r is not a plain name; sent as %r", given, name
+            )
+        self._identity = self._identity.replace(group=name)
 
     # ------------------------------------------------------------------ integrations
     def add_step_hook(self, hook: StepHook) -> None:
@@ -192,7 +206,7 @@ class StepWatch:
         if given is not None:
             try:
                 number = operator.index(given)
-            except TypeError:
+            except Exception:  # TypeError; a tensor on the meta device: RuntimeError
                 self._misuse(
                     "bad_step",
                     "stepwatch: step=%r is not an integer; numbering automatically",
@@ -250,15 +264,19 @@ class StepWatch:
         ``checkpoint_save``/``checkpoint_load`` event with its duration. Inside a step
         the time also counts as the step's ``checkpoint`` phase. With ``duration``
         (seconds, measured by the caller) the event is emitted at once."""
-        load = str(kind).lower() == "load"
-        if str(kind).lower() not in {"save", "load"}:
-            self._misuse(
-                "checkpoint_kind",
-                "stepwatch: checkpoint kind=%r is not save|load; using save",
-                kind,
-            )
-        number = step if step is not None else self._step_number()
-        where = os.fspath(path) if isinstance(path, os.PathLike) else str(path)  # a Path too
+        try:
+            load = str(kind).lower() == "load"
+            if str(kind).lower() not in {"save", "load"}:
+                self._misuse(
+                    "checkpoint_kind",
+                    "stepwatch: checkpoint kind=%r is not save|load; using save",
+                    kind,
+                )
+            number = step if step is not None else self._step_number()
+            where = os.fspath(path) if isinstance(path, os.PathLike) else str(path)  # a Path
+        except Exception as err:  # a kind or path whose str() raises: never into training
+            self._misuse("internal", "stepwatch: checkpoint not reported err=%r", err)
+            return NULL_CONTEXT
         if duration is None:
             return CheckpointTimer(self, load, where, number)
         try:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -95,6 +96,9 @@ def init(
         if not _flag(enabled, environ, "STEPWATCH_ENABLED", default=True):
             logger.info("stepwatch sdk: disabled (STEPWATCH_ENABLED)")
             return _off(identity, start_step)
+        if _importing_parents_main():  # not the rank: its worker (spawn, forkserver)
+            logger.info("stepwatch sdk: off in a multiprocessing child importing the main module")
+            return _off(identity, start_step)
         refused = _refused_identity(identity)
         if refused:  # the agent would refuse every record: say so once, cost nothing
             logger.warning("stepwatch sdk: off, the agent refuses this identity: %s", refused)
@@ -142,6 +146,18 @@ def init(
         spans is not None,
     )
     return sw
+
+
+def _importing_parents_main() -> bool:
+    """True while a ``spawn``/``forkserver`` child of multiprocessing (a DataLoader worker,
+    a Pool) imports the parent's main module as ``__mp_main__``: a module-level ``init``
+    there is the rank's, run again under its identity (multiprocessing's own check for a
+    child that starts a process at import looks at the same flag)."""
+    mp = sys.modules.get("multiprocessing.process")
+    try:
+        return mp is not None and bool(getattr(mp.current_process(), "_inheriting", False))
+    except Exception:  # never into training
+        return False
 
 
 def _refused_identity(identity: Identity) -> str:

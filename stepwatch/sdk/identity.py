@@ -187,7 +187,9 @@ def _host(environ: Mapping[str, str], hostname: Callable[[], str]) -> str:
 def _visible_gpu(environ: Mapping[str, str], local_rank: int) -> int | None:
     """The physical GPU index: CUDA_VISIBLE_DEVICES[local_rank] when readable."""
     visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if not visible or not all(v.isdigit() for v in visible):
+    # isdigit() alone took "²" and other non-ASCII digits, which int() refuses: the
+    # ValueError cost the whole identity (job "unknown", rank 0), explicit arguments too
+    if not visible or not all(v.isascii() and v.isdigit() for v in visible):
         return None  # absent or UUIDs: the GPU index defaults to local_rank downstream
     if len(visible) == 1:
         return int(visible[0])  # one GPU bound to this task (Slurm --gpus-per-task)

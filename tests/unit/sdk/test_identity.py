@@ -146,3 +146,23 @@ def test_identity_is_frozen() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         ident.rank = 0  # type: ignore[misc]
     assert ident.replace(group="pp3").group == "pp3" and ident.group == "all"
+
+
+@pytest.mark.parametrize("visible", ["0,1,²,3", "0,1,٣,3", "0,1,①,3"])
+def test_a_non_ascii_digit_in_cuda_visible_devices_costs_the_gpu_not_the_identity(
+    visible: str,
+) -> None:
+    """Before, ``str.isdigit`` took "²" (and other digits ``int`` refuses), the ValueError
+    escaped detection and ``init`` fell back to ``Identity()``: job "unknown", rank 0, the
+    explicit job id and rank lost, every rank announcing itself as rank 0."""
+    import stepwatch
+
+    env = {"CUDA_VISIBLE_DEVICES": visible, "LOCAL_RANK": "2"}
+    ident = detect(env, job_id="job-7", rank=3, world_size=8)
+    assert (ident.job_id, ident.rank, ident.world_size, ident.local_rank) == ("job-7", 3, 8, 2)
+    assert ident.gpu is None
+    sw = stepwatch.init("job-7", rank=3, world_size=8, env=env, agent_socket="/nonexistent/a")
+    try:
+        assert (sw.identity.job_id, sw.identity.rank) == ("job-7", 3)
+    finally:
+        sw.close(0.5)
