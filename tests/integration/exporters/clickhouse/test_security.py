@@ -591,6 +591,25 @@ def test_the_checks_own_statements_run_under_the_endpoints_memory_limit(site):
     assert snapshot(site["store"]) == site["before"]
 
 
+def test_a_statement_spills_to_disk_no_more_than_its_memory(site):
+    """A reader may ask a GROUP BY or sort to spill (``max_bytes_before_external_*``, in
+    the URL or a ``SETTINGS`` clause); before, nothing bounded the temporary files it
+    wrote to the store's disk, the one the sink writes to, for up to 300 s. Now at most
+    the statement's memory cap."""
+    sql = "SELECT count() FROM (SELECT number k, count() FROM numbers(60000000) GROUP BY k)"
+    with QueryService(site["store"].path, max_memory_usage=128 << 20) as small:
+        status, out = call(small, sql, max_bytes_before_external_group_by="20000000")
+        assert status == 400 and b"Limit for temporary files size exceeded" in out, out[:300]
+        status, out = call(
+            small,
+            sql,
+            max_bytes_before_external_group_by="20000000",
+            max_temporary_data_on_disk_size_for_query="0",
+        )
+        assert status == 400 and b"Limit for temporary files size exceeded" in out, out[:300]
+    assert snapshot(site["store"]) == site["before"]
+
+
 def test_query_parameters_stay_values(site):
     ro, probe = site["ro"], probe_sql(site)
     status, out = call(

@@ -178,6 +178,10 @@ class QueryService:
                 max_memory_usage, max_concurrent_queries, max_total_memory
             ),
         }
+        # what a statement may spill to the store's disk (a GROUP BY or sort over
+        # max_bytes_before_external_*): no more than its memory, so a reader cannot fill
+        # the disk the sink writes to
+        self.limits["max_temporary_data_on_disk_size_for_query"] = self.limits["max_memory_usage"]
         # a statement's text: 4x the engine's default (long legitimate reads, such as a
         # dashboard's regex of many hosts, fit); a client may ask for less, not more
         self.limits["max_query_size"] = MAX_STATEMENT_BYTES
