@@ -2,7 +2,9 @@
 
 Host samples carry raw cumulative counters; every consumer computes rates
 here so that resets (driver reload, agent restart, a device re-enumerated)
-and wraps (32-bit sysfs counters on older kernels) are handled the same way.
+and wraps are handled the same way. Which counters can wrap at 32 bits is the
+caller's to say (``wrap``): the mlx5 ``hw_counters`` and NVML's PCIe replay
+count; the InfiniBand ``counters/`` saturate, ECC and NVLink counters are 64-bit.
 """
 
 from __future__ import annotations

@@ -403,3 +403,72 @@ def test_a_dead_letters_payload_is_kept_byte_for_byte():
     cut = row(big)
     assert cut["payload_truncated"] and cut["payload_encoding"] == "utf-8"
     assert cut["payload"] == "é" * (MAX_PAYLOAD // 2)
+
+
+def port_reading_msg(seq: int, **counters: int) -> PortMessage:
+    return PortMessage(
+        host="h1",
+        ts=NOW + seq,
+        inst="i1",
+        seq=seq,
+        ports=[PortReading(device="mlx5_0", port=1, rate_gbps=400.0, **counters)],  # type: ignore[arg-type]
+    )
+
+
+def rows_of(prep: Preparer, *msgs: PortMessage) -> list[dict[str, object]]:
+    out = []
+    for m in msgs:
+        rows = prep.prepare([record(m, m.seq, "t.ports")]).tables["port_samples"].rows
+        out.append(dict(zip(R.PORTS.names, rows[0], strict=True)))
+    return out
+
+
+def test_a_cleared_infiniband_counter_is_a_reset_not_a_32_bit_wrap() -> None:
+    """perfquery -R on a port whose port_xmit_wait was at 3.5e9 (top quarter of 32 bits):
+    read as a wrap it stored 7.9e8 ticks of congestion; the IB PMA counters saturate, they
+    never wrap. mlx5 hw_counters (32-bit queue counters) still wrap."""
+    top = 3_500_000_000
+    rows = rows_of(
+        Preparer(),
+        port_reading_msg(0, xmit_wait_total=top, out_of_buffer_total=WRAP_32 - 10),
+        port_reading_msg(1, xmit_wait_total=top + 1000, out_of_buffer_total=WRAP_32 - 5),
+        port_reading_msg(2, xmit_wait_total=400, out_of_buffer_total=5),
+    )
+    assert rows[1]["xmit_wait_per_s"] == pytest.approx(1000.0)
+    assert rows[2]["xmit_wait_per_s"] == pytest.approx(400.0)
+    assert rows[2]["out_of_buffer_per_s"] == pytest.approx(10.0)  # a 32-bit wrap
+
+
+def test_a_byte_counter_growing_faster_than_its_link_invents_no_traffic() -> None:
+    """A 64-bit port_xmit_data 10 words back (or a device renamed under the agent) was a
+    'reset': its whole value, 4.7e15 bytes, stored as one second's traffic on a 400 Gb/s
+    port and summed into the rollup. Such an increase is unknown, and the next one counts
+    from the new value."""
+    big = 4_720_000_000_000_000
+    rows = rows_of(
+        Preparer(),
+        port_reading_msg(0, xmit_bytes_total=big, xmit_wait_total=5),
+        port_reading_msg(1, xmit_bytes_total=big - 40, xmit_wait_total=7),
+        port_reading_msg(2, xmit_bytes_total=big + 4_000_000_000, xmit_wait_total=9),
+        port_reading_msg(3, xmit_bytes_total=big + 10**15, xmit_wait_total=11),
+    )
+    assert rows[1]["xmit_bytes_per_s"] is None and rows[1]["xmit_wait_per_s"] is None
+    assert rows[1]["dt_s"] == pytest.approx(1.0)
+    assert rows[2]["xmit_bytes_per_s"] == pytest.approx(4_000_000_040.0)
+    assert rows[2]["xmit_wait_per_s"] == pytest.approx(2.0)
+    assert rows[3]["xmit_bytes_per_s"] is None  # 8 PB/s on 400 Gb/s: not traffic
+
+
+def test_a_byte_counter_carried_over_failed_reads_is_bounded_over_its_own_span() -> None:
+    """A counter unreadable for 3 ticks at full line rate grows 4 s worth in the next
+    1 s interval: that increase is real (its span is 4 s), not beyond the link."""
+    line = 50_000_000_000  # 400 Gb/s in bytes
+    rows = rows_of(
+        Preparer(),
+        port_reading_msg(0, xmit_bytes_total=0, xmit_wait_total=0),
+        port_reading_msg(1, xmit_wait_total=1),
+        port_reading_msg(2, xmit_wait_total=2),
+        port_reading_msg(3, xmit_wait_total=3),
+        port_reading_msg(4, xmit_bytes_total=4 * line, xmit_wait_total=4),
+    )
+    assert rows[4]["xmit_bytes_per_s"] == pytest.approx(4 * line)

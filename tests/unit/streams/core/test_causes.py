@@ -140,10 +140,25 @@ def test_counter_reset_in_the_window_never_gives_a_negative_or_huge_rate() -> No
 
 
 def test_32_bit_counter_wrap_is_an_increase() -> None:
+    """The mlx5 hw_counters (CNP, ECN) are 32-bit queue counters: they wrap."""
     win = HostWindow("h", 64)
     for i, v in enumerate([WRAP_32 - 300, WRAP_32 - 100, 100]):
-        win.add(_port(T0 + i, wait=v))
-    assert win.port_signals(T0, T0 + 10)[0].xmit_wait_per_s == pytest.approx(400 / 2)
+        win.add(_port(T0 + i, cnp=v))
+    assert win.port_signals(T0, T0 + 10)[0].cnp_per_s == pytest.approx(400 / 2)
+
+
+@pytest.mark.parametrize("ends_only", [False, True])
+def test_a_cleared_infiniband_counter_is_a_reset_not_a_wrap(ends_only: bool) -> None:
+    """The IB PMA counters (port_xmit_wait, the error counters) saturate, never wrap: a
+    decrease is a reset (``perfquery -R``). Read as a wrap, clearing a port whose
+    port_xmit_wait stood at 3.5e9 was ~8e8 ticks of congestion in one second."""
+    win = HostWindow("h", 64)
+    top = 3_500_000_000
+    for i, v in enumerate([top, top + 1000, 400]):
+        win.add(_port(T0 + i, cnp=i, wait=v))
+    sig = win.port_signals(T0, T0 + 10, ends_only=ends_only)[0]
+    # the ends alone see only the reset: what grew since it (a reset costs the window)
+    assert sig.xmit_wait_per_s == pytest.approx((400 if ends_only else 1000 + 400) / 2)
 
 
 def test_link_down_in_port_samples_and_events_opens_one_link_flap() -> None:

@@ -86,19 +86,21 @@ def test_counters_beyond_float_precision_are_kept_exactly() -> None:
 
 def test_end_sample_rises_match_the_reading_by_reading_rule() -> None:
     """The vectorised rise of a counter between two samples is :func:`_rises`'s: growth,
-    a 32-bit wrap, a reset, an unknown value."""
+    a 32-bit wrap (a congestion counter), a reset (also of an IB counter near the top of 32
+    bits: those saturate), an unknown value."""
     import numpy as np
 
     from stepwatch.streams.core.hostsamples import ABSENT
     from stepwatch.streams.core.hostwindow import _rises, rises_of
 
     w = 2**32
-    x = [5, w - 10, 100, ABSENT, 7, 2**40]
-    y = [9, 20, 3, 4, ABSENT, 5]
+    # np_cnp_sent, rp_cnp_handled, np_ecn_marked, xmit_wait, then the five error counters
+    x = [5, w - 10, 100, w - 10, ABSENT, 7, 2**40, 0, 0]
+    y = [9, 20, 3, 20, 4, ABSENT, 5, 0, 0]
     expected = _rises(
         tuple(None if v == ABSENT else v for v in x), tuple(None if v == ABSENT else v for v in y)
     )
-    assert expected == [4, 30, 3, 0, 0, 5]
+    assert expected == [4, 30, 3, 20, 0, 0, 5, 0, 0]
     assert rises_of(np.array([x]), np.array([y])).tolist() == [expected]
 
 

@@ -53,12 +53,15 @@ from stepwatch.exporters.clickhouse.lookups import Key, Lookup, lookup, tuple_li
 from stepwatch.exporters.clickhouse.ops_rows import Mapper
 from stepwatch.exporters.clickhouse.rates import (
     GPU_COUNTERS,
+    GPU_WRAPS,
     MAX_GAP_SECONDS,
     PORT_COUNTERS,
+    PORT_WRAPS,
     CounterTracker,
     Reading,
     gpu_derived,
     gpu_values,
+    port_ceilings,
     port_values,
 )
 from stepwatch.exporters.clickhouse.senders import (
@@ -228,8 +231,8 @@ class Preparer:
         self.kinds = dict(kinds or {})  # message topics -> the kind each carries
         self.future_seconds = future_seconds  # a timestamp further ahead: refused; <= 0: off
         self.now = now
-        self.gpus = CounterTracker(len(GPU_COUNTERS))
-        self.ports = CounterTracker(len(PORT_COUNTERS))
+        self.gpus = CounterTracker(len(GPU_COUNTERS), wraps=GPU_WRAPS)
+        self.ports = CounterTracker(len(PORT_COUNTERS), wraps=PORT_WRAPS)
         self.senders = senders or SenderFilter()  # memory; the store has sender_seqs
         self.max_message_bytes = max_message_bytes
         self.max_age_seconds = max_age_seconds  # raw rows older than this: too_old; 0: no limit
@@ -448,8 +451,22 @@ class Preparer:
                     continue
                 ports.add((p.device, p.port))
                 change = self.ports.update(
-                    (message.host, message.inst, p.device, p.port), message.ts, port_values(p)
+                    (message.host, message.inst, p.device, p.port),
+                    message.ts,
+                    port_values(p),
+                    port_ceilings(p),
                 )
+                if change.impossible:
+                    self._warn(
+                        "impossible-increase",
+                        "counter increase beyond the link rate, rates left unknown "
+                        "host=%s inst=%s device=%s port=%s rate_gbps=%s",
+                        message.host,
+                        message.inst,
+                        p.device,
+                        p.port,
+                        p.rate_gbps,
+                    )
                 row = R.port_row(message, p, (change.dt, *change.rates()), int(change.known))
                 yield R.PORTS, row, f"ports[{p.device}:{p.port}]"
         elif isinstance(message, EventMessage):

@@ -6,12 +6,20 @@ shared reset/wrap rules of :mod:`stepwatch.contract.counters`. A key the
 tracker has not seen (sink restart, a new sink instance after a rebalance) is
 seeded from the last stored sample, so rates are continuous across restarts.
 
-Wrap rule: a counter whose previous value fits in 32 bits is treated as
-possibly 32-bit (legacy sysfs counters), so a decrease from the top quarter of
-that range is a wrap; any other decrease is a reset and the increase is the
-new value. Readings more than ``max_gap`` seconds apart (default 300) give no
-rate: across a long silence a counter may have been reset and grown again, and
-an average over that long says nothing about when errors happened.
+Wrap rule: only a counter that can wrap at 32 bits (:data:`PORT_WRAPS`,
+:data:`GPU_WRAPS`: mlx5 ``hw_counters``, NVML's PCIe replay count) has a
+decrease from the top quarter of that range read as a wrap. The InfiniBand
+``counters/`` (the PMA's PortCounters) saturate at their width instead, and
+their extended forms are 64-bit; ECC, row-remap and NVLink counters are 64-bit:
+for those, as for any other decrease, it is a reset and the increase is the new
+value (read as a wrap, ``perfquery -R`` on a port whose ``port_xmit_wait`` was at
+3.5e9 stored 7.9e8 ticks of congestion that never happened). An increase faster
+than the counter can grow (bytes beyond the link's rate: a counter that went back
+a little, a device renamed under the agent) is no increase: the reading's rates
+are unknown and it is the next one's baseline. Readings more than ``max_gap``
+seconds apart (default 300) give no rate: across a long silence a counter may
+have been reset and grown again, and an average over that long says nothing
+about when errors happened.
 """
 
 from __future__ import annotations
@@ -40,6 +48,31 @@ GPU_RATES: tuple[tuple[str, str], ...] = (
     ("nvlink_rx_bytes_total", "nvlink_rx_bytes_per_s"),
 )
 GPU_COUNTERS: tuple[str, ...] = tuple(c for c, _ in GPU_DELTAS + GPU_RATES)
+
+# counters that may be 32-bit and wrap: mlx5 hw_counters (queue counters); the
+# IB PMA's counters/ saturate (legacy) or are 64-bit (extended), never wrap at 2^32
+PORT_HW_COUNTERS: frozenset[str] = frozenset(
+    f"{name}_total"
+    for name in (
+        "np_cnp_sent",
+        "np_ecn_marked_roce_packets",
+        "rp_cnp_handled",
+        "rp_cnp_ignored",
+        "out_of_sequence",
+        "packet_seq_err",
+        "implied_nak_seq_err",
+        "local_ack_timeout_err",
+        "rnr_nak_retry_err",
+        "duplicate_request",
+        "out_of_buffer",
+    )
+)
+PORT_WRAPS: tuple[bool, ...] = tuple(name in PORT_HW_COUNTERS for name in PORT_COUNTERS)
+GPU_WRAPS: tuple[bool, ...] = tuple(name == "pcie_replay_total" for name in GPU_COUNTERS)
+PORT_BYTES: tuple[int, ...] = tuple(
+    PORT_COUNTERS.index(name) for name in ("xmit_bytes_total", "rcv_bytes_total")
+)
+LINK_RATE_MARGIN = 4.0  # tick jitter: readings are stamped at the tick, read a little later
 
 MAX_GAP_SECONDS = 300.0
 
@@ -70,6 +103,8 @@ class Change:
 
     dt: float | None
     deltas: tuple[int | None, ...]
+    spans: tuple[float, ...] | None = None  # seconds each increase spans (None: all dt)
+    impossible: bool = False  # an increase faster than its counter can grow: all unknown
 
     @property
     def known(self) -> bool:
@@ -85,9 +120,15 @@ class CounterTracker:
     """The last reading per key (bounded, least recently used dropped first)."""
 
     def __init__(
-        self, width: int, max_keys: int = 500_000, max_gap: float = MAX_GAP_SECONDS
+        self,
+        width: int,
+        max_keys: int = 500_000,
+        max_gap: float = MAX_GAP_SECONDS,
+        wraps: Sequence[bool] | None = None,
     ) -> None:
         self.width = width
+        # per counter: may it be 32-bit and wrap (None: every counter may)
+        self.wraps = tuple(wraps) if wraps is not None else (True,) * width
         self.max_keys = max_keys
         self.max_gap = max_gap
         self._last: OrderedDict[Key, Reading] = OrderedDict()
@@ -105,8 +146,30 @@ class CounterTracker:
         if reading is not None and key not in self._last:
             self._remember(key, reading)
 
-    def update(self, key: Key, ts: float, values: Values) -> Change:
-        """Account a new reading; unknown change when there is no earlier reading."""
+    def update(
+        self, key: Key, ts: float, values: Values, ceilings: Sequence[float | None] = ()
+    ) -> Change:
+        """Account a new reading; unknown change when there is no earlier reading.
+
+        ``ceilings``: per counter, the most it can grow in a second (None: no bound);
+        an increase beyond it makes every increase of the reading unknown.
+        """
+        change = self._update(key, ts, values)
+        if ceilings and change.dt is not None and self._impossible(change, ceilings):
+            return Change(change.dt, tuple(None for _ in values), impossible=True)
+        return change
+
+    @staticmethod
+    def _impossible(change: Change, ceilings: Sequence[float | None]) -> bool:
+        """An increase faster than its counter can grow over the time it spans."""
+        assert change.dt is not None
+        spans = change.spans or (change.dt,) * len(change.deltas)
+        for d, ceiling, span in zip(change.deltas, ceilings, spans, strict=False):
+            if d is not None and ceiling is not None and d > ceiling * span:
+                return True
+        return False
+
+    def _update(self, key: Key, ts: float, values: Values) -> Change:
         prev = self._last.get(key)
         current = Reading(ts, tuple(values))
         if prev is None or ts - prev.ts > self.max_gap:
@@ -118,7 +181,8 @@ class CounterTracker:
         if prev.since is None and all((p is None) is (c is None) for p, c in pairs):
             # the same counters in both (a device that never has some: NVLink on many)
             deltas = tuple(
-                None if p is None or c is None else delta(p, c, wrap_for(p)) for p, c in pairs
+                None if p is None or c is None else delta(p, c, self._wrap(i, p))
+                for i, (p, c) in enumerate(pairs)
             )
             self._remember(key, current)
             return Change(ts - prev.ts, deltas)
@@ -135,8 +199,10 @@ class CounterTracker:
         deltas: list[int | None] = []
         kept: list[int | None] = []
         since: list[float] = []
+        spans: list[float] = []
         for i, (p, c) in enumerate(zip(prev.values, current.values, strict=True)):
             at = prev.read_at(i)
+            spans.append(ts - at)
             if p is not None and ts - at > self.max_gap:
                 p = None  # carried across too long a silence: no baseline
             if c is None:
@@ -144,12 +210,16 @@ class CounterTracker:
                 kept.append(p)
                 since.append(at if p is not None else ts)
                 continue
-            deltas.append(None if p is None else delta(p, c, wrap_for(p)))
+            deltas.append(None if p is None else delta(p, c, self._wrap(i, p)))
             kept.append(c)
             since.append(ts)
         carried = any(t != ts for t in since)
         self._remember(key, Reading(ts, tuple(kept), tuple(since) if carried else None))
-        return Change(ts - prev.ts, tuple(deltas))
+        return Change(ts - prev.ts, tuple(deltas), tuple(spans))
+
+    def _wrap(self, i: int, prev: int) -> int | None:
+        """The range counter ``i`` wraps at, given its previous value (None: it cannot)."""
+        return wrap_for(prev) if self.wraps[i] else None
 
     def _remember(self, key: Key, reading: Reading) -> None:
         self._last[key] = reading
@@ -162,6 +232,15 @@ class CounterTracker:
 
 def port_values(reading: PortReading) -> tuple[int | None, ...]:
     return tuple(getattr(reading, name) for name in PORT_COUNTERS)
+
+
+def port_ceilings(reading: PortReading) -> tuple[float | None, ...]:
+    """Per port counter, the most it can grow in a second: the byte counters at the
+    link's rate (with a margin for tick jitter); () when the rate is unknown."""
+    if not reading.rate_gbps:
+        return ()
+    most = reading.rate_gbps * 1e9 / 8 * LINK_RATE_MARGIN
+    return tuple(most if i in PORT_BYTES else None for i in range(len(PORT_COUNTERS)))
 
 
 def gpu_values(reading: GpuReading) -> tuple[int | None, ...]:

@@ -486,6 +486,11 @@ _WAIT = _COL["xmit_wait_total"]
 _RISE = [_WAIT, *_CONG]  # xmit_wait + ECN/CNP: the congestion level of rise_start
 _ERRORS = [(c, _COL[c]) for c in ERROR_COUNTERS]
 COUNTER_COLS = slice(_COL[CONGESTION_COUNTERS[0]], None)  # congestion, xmit_wait, errors
+# which of COUNTER_COLS may wrap at 32 bits: the mlx5 hw_counters (congestion) do; the IB
+# PMA's counters/ (xmit_wait, the errors) saturate or are 64-bit, and a decrease there is
+# a reset (``perfquery -R``): read as a wrap, one from 3.5e9 was ~8e8 ticks of congestion
+WRAPS = np.array([c in CONGESTION_COUNTERS for c in PORT_INTS[COUNTER_COLS]])
+_CONG_SET = frozenset(_CONG)
 
 
 def _counters(row: list[int]) -> tuple[int | None, ...]:
@@ -555,7 +560,7 @@ class _GpuSeries:
 def rises_of(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """:func:`_rises` of many counters at once (int64 arrays, ABSENT where unknown)."""
     absent = (x == ABSENT) | (y == ABSENT)
-    wrapped = (y < x) & (x < WRAP_32) & (x >= WRAP_32 * 3 // 4)  # a 32-bit counter wrapping
+    wrapped = WRAPS & (y < x) & (x < WRAP_32) & (x >= WRAP_32 * 3 // 4)  # a 32-bit wrap
     rise = np.where(y >= x, y - x, np.where(wrapped, y + WRAP_32 - x, y))  # else: a reset
     return np.where(absent, 0, rise)
 
@@ -564,13 +569,13 @@ def _rises(a: tuple[int | None, ...], b: tuple[int | None, ...]) -> list[int]:
     """Increase of each counter from reading ``a`` to reading ``b`` (as :func:`_rise` for
     two readings: a reset or a 32-bit wrap is read as such, never as a negative)."""
     out = []
-    for x, y in zip(a, b, strict=True):
+    for x, y, wraps in zip(a, b, WRAPS.tolist(), strict=True):
         if x is None or y is None:
             out.append(0)
         elif y >= x:
             out.append(y - x)
         else:
-            out.append(delta(x, y, WRAP_32 if y < x < WRAP_32 else None) or 0)
+            out.append(delta(x, y, WRAP_32 if wraps and x < WRAP_32 else None) or 0)
     return out
 
 
@@ -641,19 +646,19 @@ def _rise(readings: list[list[int]], j: int) -> int:
     first, last = readings[0][j], readings[-1][j]
     if first != ABSENT and last != ABSENT and last >= first:
         return int(last - first)
-    return _increase([None if p[j] == ABSENT else p[j] for p in readings])
+    return _increase([None if p[j] == ABSENT else p[j] for p in readings], wraps=j in _CONG_SET)
 
 
-def _increase(values: list[int | None]) -> int:
-    """Sum of sample-to-sample increases of a cumulative counter (resets handled)."""
+def _increase(values: list[int | None], wraps: bool = False) -> int:
+    """Sum of sample-to-sample increases of a cumulative counter (resets handled; a
+    decrease from the top quarter of 32 bits is a wrap when the counter ``wraps``)."""
     total = 0
     prev: int | None = None
     for v in values:
         if v is None:
             continue
         if prev is not None:
-            # a decrease from the top quarter of 32 bits is a 32-bit counter wrapping
-            wrap = WRAP_32 if v < prev < WRAP_32 else None
+            wrap = WRAP_32 if wraps and v < prev < WRAP_32 else None
             total += delta(prev, v, wrap) or 0
         prev = v
     return total
