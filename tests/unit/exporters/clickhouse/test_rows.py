@@ -472,3 +472,21 @@ def test_a_byte_counter_carried_over_failed_reads_is_bounded_over_its_own_span()
         port_reading_msg(4, xmit_bytes_total=4 * line, xmit_wait_total=4),
     )
     assert rows[4]["xmit_bytes_per_s"] == pytest.approx(4 * line)
+
+
+def test_a_saturated_infiniband_counter_has_an_unknown_rate_not_zero() -> None:
+    """The IB PMA's legacy counters stop at 2^32-1 (the data counters' bytes at 4 x that):
+    stuck there, a congested port's port_xmit_wait read as a rate of 0, an idle port. Its
+    rate is unknown until it is cleared; the 32-bit mlx5 hw_counters wrap instead."""
+    stuck, words = WRAP_32 - 1, 4 * (WRAP_32 - 1)
+    rows = rows_of(
+        Preparer(),
+        port_reading_msg(0, xmit_wait_total=stuck - 500, rcv_bytes_total=words - 8),
+        port_reading_msg(1, xmit_wait_total=stuck, rcv_bytes_total=words),
+        port_reading_msg(2, xmit_wait_total=stuck, rcv_bytes_total=words),
+        port_reading_msg(3, xmit_wait_total=30, rcv_bytes_total=40, np_cnp_sent_total=stuck),
+    )
+    for r in rows[1:3]:
+        assert r["xmit_wait_per_s"] is None and r["rcv_bytes_per_s"] is None
+    assert rows[3]["xmit_wait_per_s"] == pytest.approx(30.0)  # cleared: counts again
+    assert rows[3]["rcv_bytes_per_s"] == pytest.approx(40.0)

@@ -56,6 +56,7 @@ from stepwatch.exporters.clickhouse.rates import (
     GPU_WRAPS,
     MAX_GAP_SECONDS,
     PORT_COUNTERS,
+    PORT_SATURATION,
     PORT_WRAPS,
     CounterTracker,
     Reading,
@@ -232,7 +233,9 @@ class Preparer:
         self.future_seconds = future_seconds  # a timestamp further ahead: refused; <= 0: off
         self.now = now
         self.gpus = CounterTracker(len(GPU_COUNTERS), wraps=GPU_WRAPS)
-        self.ports = CounterTracker(len(PORT_COUNTERS), wraps=PORT_WRAPS)
+        self.ports = CounterTracker(
+            len(PORT_COUNTERS), wraps=PORT_WRAPS, saturation=PORT_SATURATION
+        )
         self.senders = senders or SenderFilter()  # memory; the store has sender_seqs
         self.max_message_bytes = max_message_bytes
         self.max_age_seconds = max_age_seconds  # raw rows older than this: too_old; 0: no limit

@@ -72,6 +72,16 @@ GPU_WRAPS: tuple[bool, ...] = tuple(name == "pcie_replay_total" for name in GPU_
 PORT_BYTES: tuple[int, ...] = tuple(
     PORT_COUNTERS.index(name) for name in ("xmit_bytes_total", "rcv_bytes_total")
 )
+# the IB PMA's legacy counters/ stop at 2^32-1 (the data counters count 4-byte words: the
+# agent's bytes stop at 4 x that): a reading there says nothing of the increase since
+PORT_SATURATION: tuple[int | None, ...] = tuple(
+    None
+    if name in PORT_HW_COUNTERS
+    else 4 * (WRAP_32 - 1)
+    if name in ("xmit_bytes_total", "rcv_bytes_total")
+    else WRAP_32 - 1
+    for name in PORT_COUNTERS
+)
 LINK_RATE_MARGIN = 4.0  # tick jitter: readings are stamped at the tick, read a little later
 
 MAX_GAP_SECONDS = 300.0
@@ -125,10 +135,13 @@ class CounterTracker:
         max_keys: int = 500_000,
         max_gap: float = MAX_GAP_SECONDS,
         wraps: Sequence[bool] | None = None,
+        saturation: Sequence[int | None] | None = None,
     ) -> None:
         self.width = width
         # per counter: may it be 32-bit and wrap (None: every counter may)
         self.wraps = tuple(wraps) if wraps is not None else (True,) * width
+        # per counter: the value it stops at, if it saturates (None: it does not)
+        self.saturation = tuple(saturation) if saturation is not None else (None,) * width
         self.max_keys = max_keys
         self.max_gap = max_gap
         self._last: OrderedDict[Key, Reading] = OrderedDict()
@@ -181,7 +194,7 @@ class CounterTracker:
         if prev.since is None and all((p is None) is (c is None) for p, c in pairs):
             # the same counters in both (a device that never has some: NVLink on many)
             deltas = tuple(
-                None if p is None or c is None else delta(p, c, self._wrap(i, p))
+                None if p is None or c is None else self._delta(i, p, c)
                 for i, (p, c) in enumerate(pairs)
             )
             self._remember(key, current)
@@ -210,16 +223,20 @@ class CounterTracker:
                 kept.append(p)
                 since.append(at if p is not None else ts)
                 continue
-            deltas.append(None if p is None else delta(p, c, self._wrap(i, p)))
+            deltas.append(None if p is None else self._delta(i, p, c))
             kept.append(c)
             since.append(ts)
         carried = any(t != ts for t in since)
         self._remember(key, Reading(ts, tuple(kept), tuple(since) if carried else None))
         return Change(ts - prev.ts, tuple(deltas), tuple(spans))
 
-    def _wrap(self, i: int, prev: int) -> int | None:
-        """The range counter ``i`` wraps at, given its previous value (None: it cannot)."""
-        return wrap_for(prev) if self.wraps[i] else None
+    def _delta(self, i: int, prev: int, cur: int) -> int | None:
+        """Counter ``i``'s increase: unknown when it reads its saturation value (stuck
+        there, it grew by an unknown amount; before, a congested port's saturated
+        port_xmit_wait read as a rate of 0, an idle port)."""
+        if cur == self.saturation[i]:
+            return None
+        return delta(prev, cur, wrap_for(prev) if self.wraps[i] else None)
 
     def _remember(self, key: Key, reading: Reading) -> None:
         self._last[key] = reading
