@@ -69,6 +69,24 @@ def test_promtool_unit_tests_pass() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+# docs/alerts.md, "Prometheus setup": the scrape jobs the rules expect
+SCRAPE_JOBS = ("stepwatch-agent", "stepwatch-stream", "stepwatch-sink", "stepwatch-remediator")
+
+
+@pytest.mark.parametrize("job", SCRAPE_JOBS)
+def test_every_scraped_component_has_a_down_alert(job: str) -> None:
+    """A dead component's own series go stale, so only ``up`` can tell: each has an alert
+    on ``up{job=...} == 0`` (a dead sink was silent: SinkBehind reads the sink's series)."""
+    selector = re.compile(r'up\{[^}]*job="' + re.escape(job) + r'"[^}]*\}')
+    down = [
+        r["alert"]
+        for r in alerting_rules()
+        if selector.search(r["expr"]) and re.search(r"==\s*0", r["expr"])
+    ]
+    assert down, f"no alert fires when the {job} target is down"
+    assert f"`{job}`" in RUNBOOKS.with_name("alerts.md").read_text()
+
+
 def test_every_rule_is_exercised_firing_and_quiet() -> None:
     fired: set[str] = set()
     quiet: set[str] = set()

@@ -143,3 +143,26 @@ def test_replay_progress_only_on_a_terminal(
     assert captured.out.startswith("replayed ") and "\x1b" not in captured.out
     detections = out.read_text().splitlines()
     assert len(detections) == 2 and plain.out.splitlines() == detections
+
+
+def test_a_silence_is_ticked_through_before_the_message_that_ends_it() -> None:
+    """A job hung at step 29 (every rank stopped together), killed as a whole 2 minutes
+    later: the replay reports the hang a live worker reports at its limit (60 s), no
+    rank. Before, the silence was judged only after the first ``rank_exit`` was read,
+    and the rank killed first with the rest was named ``rank_missing`` (exited first)."""
+    job = Job(world=8, per_host=4, steps=30)
+    messages: list[Message] = list(job.messages())
+    stop = max(r.end for m in job.messages() for r in m.steps)
+    for rank in range(8):  # h000's agent reads its ranks' exits 20 ms before h001's
+        host = job.host(rank)
+        kill = stop + 120.0 + (0.02 if host == "h001" else 0.0)
+        attrs = {"last_step": 29, "pid": 100 + rank, "signal": 9}
+        messages.append(
+            event(EventType.RANK_EXIT, host, kill, job_id=job.job_id, rank=rank, attrs=attrs)
+        )
+    found: list[DetectionMessage] = []
+    replay((encode(m) for m in messages), Engine(), found.append, lambda *a: None)
+    opened = [(d.type, d.rank) for d in found if d.state == "open"]
+    assert opened == [("hang", None)]
+    hang = next(d for d in found if d.state == "open")
+    assert 60 <= float(hang.evidence["silent_s"]) < 62  # type: ignore[arg-type]

@@ -4,7 +4,14 @@ A JSON Lines file is the offline form of a topic (one message per line, the
 bytes a producer sends). :func:`replay` decodes each line, validates it like
 the stream workers do, feeds it to the same :class:`~stepwatch.streams.core.api.Analyzer`
 and ticks the engine on event time: ``now`` is the largest timestamp seen so
-far, ticked whenever it advanced by ``tick_seconds``. A bad line is reported
+far, ticked whenever it advanced by ``tick_seconds``. A silence (a message more
+than ``tick_seconds`` after the latest one) is ticked through before the message
+that ends it, as a live worker's timer ticks through it (up to
+``MAX_GAP_TICKS`` ticks): a hang is judged at its limit, not when the next
+message comes. Before, a hung job killed as a whole 2 minutes later was judged
+only after the first ``rank_exit`` was read, and that rank, killed with the
+rest, was named ``rank_missing`` (exited first) instead of the ``hang`` a live
+worker reported at 60 s. A bad line is reported
 (line number, reason, detail) to ``on_error`` and skipped; it never stops the
 replay. At the end the engine is ticked once more at the last timestamp plus
 ``end_seconds`` so that the last steps close.
@@ -21,6 +28,9 @@ from functools import partial
 from stepwatch.contract import KIND_OF, DetectionMessage, decode
 from stepwatch.errors import ContractError
 from stepwatch.streams.core.api import Analyzer, JobStats
+
+#: ticks through one silence at most (an hour at 1 s): the hang limit's default is a minute
+MAX_GAP_TICKS = 3600
 
 OnDetection = Callable[[DetectionMessage], None]
 OnError = Callable[[int, ContractError, bytes], None]
@@ -110,6 +120,8 @@ def replay(
         if summary.first_ts is None or message.ts < summary.first_ts:
             summary.first_ts = message.ts
         if message.ts > now:
+            if summary.messages > 1:
+                last_tick = _through_silence(engine, emit, now, message.ts, tick_seconds, last_tick)
             now = message.ts
         emit(engine.process(message))
         if now - last_tick >= tick_seconds:
@@ -131,3 +143,25 @@ def _f(x: float | None, unit: str) -> str:
 
 def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.1f} %"
+
+
+def _through_silence(
+    engine: Analyzer,
+    emit: Callable[[list[DetectionMessage]], None],
+    now: float,
+    then: float,
+    tick_seconds: float,
+    last_tick: float,
+) -> float:
+    """Tick every ``tick_seconds`` from ``now`` (the latest timestamp so far) until before
+    ``then`` (the next message's); return the last tick's time."""
+    if not tick_seconds > 0:
+        return last_tick
+    t = max(now, last_tick)
+    for _ in range(MAX_GAP_TICKS):
+        t += tick_seconds
+        if t >= then:
+            break
+        emit(engine.tick(t))
+        last_tick = t
+    return last_tick

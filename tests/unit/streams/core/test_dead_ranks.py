@@ -338,6 +338,33 @@ def test_how_ranks_ended_names_nobody_unless_one_was_killed_and_the_rest_stopped
     assert brief(run(torn_down(exit_(10, END + 1.0, **first), **rest))) == []
 
 
+def test_a_rank_that_exited_with_an_error_and_the_rest_stopped_is_named() -> None:
+    """A real mp.spawn DDP job (gloo, 4 ranks): rank 1 left by ``os._exit(3)`` at step
+    40, no exception the SDK could see, and the launcher terminated the other ranks
+    25-35 ms later. Nobody was named (no rank killed, every rank ended within a
+    second): the job died and stepwatch said nothing."""
+    found = run(torn_down(exit_(10, END + 1.0, exit_code=3), signal=TERM))
+    assert brief(found) == [("rank_missing", 10, "h001", "unknown")]
+    d = opened(found)[0]
+    assert d.evidence["exit_code"] == 3
+    assert "exited with code 3" in d.summary
+
+
+@pytest.mark.parametrize(
+    "rest",
+    [
+        {"exit_code": 1},  # every rank erroring out (peers' errors, handlers of a cancel)
+        {"signal": KILL},  # killed after it: a whole job killed
+        {"exit_code": 0},  # the others finished
+        {},  # the others reaped before their agents looked
+    ],
+)
+def test_a_rank_that_failed_first_is_not_named_unless_the_rest_were_stopped(
+    rest: dict[str, int],
+) -> None:
+    assert brief(run(torn_down(exit_(10, END + 1.0, exit_code=3), **rest))) == []
+
+
 def test_how_the_named_rank_ended_is_in_its_reason_and_evidence() -> None:
     """Rank 10 left with exit code 0 (uneven data, say) and its peers then failed: it is
     named as before, and the reason no longer guesses "killed or crashed"."""

@@ -149,3 +149,50 @@ def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
     s = engine.stats()[0]
     assert not s.hung and s.badput_seconds["restart"] > 100
     assert s.badput_seconds["wasted_progress"] > 5
+
+
+def test_a_checkpoint_event_from_the_sdk_raises_the_hang_limit() -> None:
+    """``sw.checkpoint("save")`` sends its length as ``duration_s``; the core read only
+    ``seconds`` (the simulator's name), so a real job that saves a 70 s checkpoint on
+    every rank between steps (no step holds the pause) was called hung at every save,
+    not only the first. The SDK's own event, from the job's host, now counts."""
+    import msgspec
+
+    from stepwatch.contract import EventMessage
+    from stepwatch.sdk.events import checkpoint_event
+    from stepwatch.sdk.identity import Identity
+
+    job = Job(world=8, steps=80)
+    messages = job.messages()
+    before = [m for m in messages if m.steps[0].step < 40]
+    saved_at, pause = _last_end(before), 70.0
+    after = [  # the steps after the save, 70 s later
+        msgspec.structs.replace(
+            m,
+            ts=m.ts + pause,
+            steps=[
+                msgspec.structs.replace(r, start=r.start + pause, end=r.end + pause)
+                for r in m.steps
+            ],
+        )
+        for m in messages
+        if m.steps[0].step >= 40
+    ]
+    sdk = checkpoint_event(Identity(job_id=job.job_id, host="h000"), False, pause, saved_at, 40)
+    ckpt = EventMessage(
+        host="h000",
+        ts=saved_at + pause,
+        type=sdk.type,
+        job_id=job.job_id,
+        rank=0,
+        detail=sdk.detail,
+        attrs=sdk.attrs,
+    )
+    engine = Engine()
+    drive(engine, [*before, ckpt, *after])
+    assert engine.jobs[job.job_id].longest_pause == pause
+    # the next 70 s save is no hang: the limit is 60 s plus the 70 s seen
+    found = drive(engine, [], until=_last_end(after) + pause + 5)
+    assert opened(found, "hang") == []
+    found = drive(engine, [], until=_last_end(after) + 135.0)
+    assert [d.evidence["limit_s"] for d in opened(found, "hang")] == [130.0]

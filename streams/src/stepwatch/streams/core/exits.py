@@ -151,6 +151,27 @@ def killed_first(first: Sequence[int], how: Mapping[int, tuple[str, int]]) -> li
     return killed
 
 
+def failed_first(first: Sequence[int], how: Mapping[int, tuple[str, int]]) -> list[int]:
+    """The ranks among those that exited first that failed (a non-zero exit code), when
+    every other rank whose agent could tell was stopped by a signal after them (at least
+    one): a launcher's teardown (``torchrun``, ``mp.spawn``) when one worker exits with
+    an error. Without it, a rank that left with ``os._exit(3)`` (or a library's
+    ``exit(1)``, no exception the SDK could see) while its launcher terminated the rest
+    within 35 ms was named nowhere: every rank ended within a second, and no rank was
+    killed. [] when another one failed too (every rank erroring out: peers' gloo errors,
+    a cancel whose handlers exit non-zero), was killed, ended cleanly, or one of the
+    first cannot be told."""
+    failed = [r for r in first if how.get(r, ("", 0))[0] == FAILED]
+    if not failed:
+        return []
+    if any(how.get(r, ("", 0))[0] != STOPPED for r in first if r not in failed):
+        return []
+    told = [k for r, (k, _) in how.items() if r not in failed and k]
+    if not told or any(k != STOPPED for k in told):
+        return []
+    return failed
+
+
 def exit_words(how: tuple[str, int] | None) -> tuple[str, dict[str, str | int]]:
     """How a process ended, as a predicate ("was killed by SIGKILL") and as evidence
     ("", {} when unknown)."""

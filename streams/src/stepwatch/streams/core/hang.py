@@ -3,10 +3,10 @@
 The limit is ``max(hang_min_seconds, hang_step_multiple x median step time)``
 plus the longest pause the job has shown so far (a step's excess over the
 median: evaluation, checkpoint saves; or a ``checkpoint_save`` event's
-``seconds``), measured in event time from the latest step end any rank
+``duration_s``), measured in event time from the latest step end any rank
 reported: a job that once paused for a minute to save a checkpoint may do so
 again without being called hung. The pause counts up to ``hang_max_pause_seconds``
-(half an hour): a ``checkpoint_save``'s ``seconds`` is its sender's word. A crashed
+(half an hour): a ``checkpoint_save``'s length is its sender's word. A crashed
 rank leaves its peers blocked in the next collective: its last reported step
 is behind theirs, or (when it died after reporting) its GPU went idle or left
 the bus while the peers' GPUs keep spinning, or the node agent saw its process
@@ -44,6 +44,19 @@ class HangVerdict:
     @property
     def named(self) -> tuple[int, ...]:
         return self.exited or self.behind or self.idle
+
+
+def checkpoint_seconds(attrs: Mapping[str, object]) -> float | None:
+    """A ``checkpoint_save`` event's length: the SDK's ``duration_s`` (``sw.checkpoint``),
+    else ``seconds`` (the simulator's, and older senders'); None without a number. The
+    core read only ``seconds``, so a real job's checkpoint events never raised its hang
+    limit: a job that saves a 70 s sharded checkpoint between steps (no step holds it)
+    was called hung at every save, not only the first (the report reads both names)."""
+    for key in ("duration_s", "seconds"):
+        value = attrs.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+    return None
 
 
 def hang_limit(cfg: DetectConfig, cadence: float | None, pause: float = 0.0) -> float:

@@ -22,6 +22,7 @@ from stepwatch.streams.core.exits import (
     TOGETHER_JOB_S,
     ended_how,
     exit_words,
+    failed_first,
     first_exits,
     is_peer_failure,
     killed_first,
@@ -202,10 +203,14 @@ class Incidents:
         if self.book.keys(T.USER_ERROR):
             return []
         killed = killed_first(first, self.exit_how)
+        failed = [] if killed else failed_first(first, self.exit_how)
         told: Evidence
         if killed:  # the kernel's word: those were killed, the rest stopped after them
             why, told = "and the ranks that ended after it were stopped or failed", {}
             first = killed
+        elif failed:  # it exited with an error, and its launcher stopped the rest
+            why, told = "and the ranks that ended after it were stopped", {}
+            first = failed
         elif len(first) > self.world_size // 2:
             return []
         else:

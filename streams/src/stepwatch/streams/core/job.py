@@ -15,7 +15,7 @@ from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, Rewind, StepA
 from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.exits import first_exits
-from stepwatch.streams.core.hang import check_hang
+from stepwatch.streams.core.hang import check_hang, checkpoint_seconds
 from stepwatch.streams.core.hostclock import HostClocks, ShiftedWindows
 from stepwatch.streams.core.hosthistory import HostHistory
 from stepwatch.streams.core.incidents import Incidents
@@ -136,9 +136,9 @@ class Job(Incidents, Stragglers, NetworkWatch):
         if ev.type == EventType.JOB_START:
             self.throughput.on_job_start(ev.host, ev.ts)
         elif ev.type == EventType.CHECKPOINT_SAVE:
-            seconds = ev.attrs.get("seconds")
-            if isinstance(seconds, int | float) and seconds > self.longest_pause:
-                self.longest_pause = float(seconds)
+            seconds = checkpoint_seconds(ev.attrs)
+            if seconds is not None and seconds > self.longest_pause:
+                self.longest_pause = seconds
         elif ev.type == EventType.JOB_END:
             self.end_arrived = ev.ts if arrived is None else arrived
             return self._job_end(ev)
