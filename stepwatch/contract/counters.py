@@ -10,6 +10,21 @@ count; the InfiniBand ``counters/`` saturate, ECC and NVLink counters are 64-bit
 from __future__ import annotations
 
 WRAP_32 = 2**32
+# the mlx5 ``hw_counters/`` a port reading carries (RoCE congestion and transport
+# errors; 32-bit queue counters, the only port counters that wrap)
+HW_COUNTERS: tuple[str, ...] = (
+    "np_cnp_sent",
+    "np_ecn_marked_roce_packets",
+    "rp_cnp_handled",
+    "rp_cnp_ignored",
+    "out_of_sequence",
+    "packet_seq_err",
+    "implied_nak_seq_err",
+    "local_ack_timeout_err",
+    "rnr_nak_retry_err",
+    "duplicate_request",
+    "out_of_buffer",
+)
 WRAP_64 = 2**64
 
 

@@ -36,6 +36,7 @@ from stepwatch.agents.collectors.sysfs import (
     read_raw,
 )
 from stepwatch.contract import EventMessage, EventType, Message, PortMessage, PortReading
+from stepwatch.contract.counters import HW_COUNTERS
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -58,19 +59,6 @@ COUNTERS: tuple[tuple[str, str, int], ...] = (
     ("excessive_buffer_overrun_errors", "excessive_buffer_overrun_errors_total", 1),
     ("local_link_integrity_errors", "local_link_integrity_errors_total", 1),
     ("VL15_dropped", "vl15_dropped_total", 1),
-)
-HW_COUNTERS: tuple[str, ...] = (
-    "np_cnp_sent",
-    "np_ecn_marked_roce_packets",
-    "rp_cnp_handled",
-    "rp_cnp_ignored",
-    "out_of_sequence",
-    "packet_seq_err",
-    "implied_nak_seq_err",
-    "local_ack_timeout_err",
-    "rnr_nak_retry_err",
-    "duplicate_request",
-    "out_of_buffer",
 )
 
 

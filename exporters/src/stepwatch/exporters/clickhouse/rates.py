@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepwatch.contract import GpuReading, PortReading
-from stepwatch.contract.counters import WRAP_32, WRAP_64, delta
+from stepwatch.contract.counters import HW_COUNTERS, WRAP_32, WRAP_64, delta
 
 PORT_COUNTERS: tuple[str, ...] = tuple(
     name for name in PortReading.__struct_fields__ if name.endswith("_total")
@@ -51,22 +51,7 @@ GPU_COUNTERS: tuple[str, ...] = tuple(c for c, _ in GPU_DELTAS + GPU_RATES)
 
 # counters that may be 32-bit and wrap: mlx5 hw_counters (queue counters); the
 # IB PMA's counters/ saturate (legacy) or are 64-bit (extended), never wrap at 2^32
-PORT_HW_COUNTERS: frozenset[str] = frozenset(
-    f"{name}_total"
-    for name in (
-        "np_cnp_sent",
-        "np_ecn_marked_roce_packets",
-        "rp_cnp_handled",
-        "rp_cnp_ignored",
-        "out_of_sequence",
-        "packet_seq_err",
-        "implied_nak_seq_err",
-        "local_ack_timeout_err",
-        "rnr_nak_retry_err",
-        "duplicate_request",
-        "out_of_buffer",
-    )
-)
+PORT_HW_COUNTERS: frozenset[str] = frozenset(f"{name}_total" for name in HW_COUNTERS)
 PORT_WRAPS: tuple[bool, ...] = tuple(name in PORT_HW_COUNTERS for name in PORT_COUNTERS)
 GPU_WRAPS: tuple[bool, ...] = tuple(name == "pcie_replay_total" for name in GPU_COUNTERS)
 PORT_BYTES: tuple[int, ...] = tuple(
