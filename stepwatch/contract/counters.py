@@ -25,6 +25,12 @@ HW_COUNTERS: tuple[str, ...] = (
     "duplicate_request",
     "out_of_buffer",
 )
+# the reading fields (port and GPU) of counters that can wrap at 32 bits: the mlx5
+# hw_counters and NVML's PCIe replay count (an unsigned int); the InfiniBand
+# ``counters/`` saturate, ECC, row-remap and NVLink counters are 64-bit
+WRAPPING: frozenset[str] = frozenset(
+    {*(f"{name}_total" for name in HW_COUNTERS), "pcie_replay_total"}
+)
 WRAP_64 = 2**64
 
 

@@ -189,6 +189,18 @@ def event(type_: EventType, host: str, ts: float, **kw: object) -> EventMessage:
     return EventMessage(host=host, ts=ts, type=type_, **kw)  # type: ignore[arg-type]
 
 
+def shifted(messages: Sequence[StepMessage], by: float) -> list[StepMessage]:
+    """Step messages ``by`` seconds later: the message time and every record's start/end."""
+    return [
+        msgspec.structs.replace(
+            m,
+            ts=m.ts + by,
+            steps=[msgspec.structs.replace(r, start=r.start + by, end=r.end + by) for r in m.steps],
+        )
+        for m in messages
+    ]
+
+
 def interleave(steps: Sequence[Message], extra: Sequence[Message]) -> list[Message]:
     """Merge by timestamp (stable: steps first on ties)."""
     return sorted([*steps, *extra], key=lambda m: m.ts)

@@ -19,13 +19,6 @@ from tests.support.sdk_agent import FakeAgent
 
 
 @pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture()
 def sw(agent: FakeAgent) -> Iterator[StepWatch]:
     handle = stepwatch.init(
         "job-7",

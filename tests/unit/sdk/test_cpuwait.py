@@ -7,7 +7,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,6 @@ from tests.support.sdk_agent import FakeAgent
 
 pytestmark = pytest.mark.unit
 HAS_SCHEDSTAT = os.path.exists(SCHEDSTAT)
-
-
-@pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
 
 
 def _init(agent: FakeAgent, **kw: object) -> stepwatch.StepWatch:

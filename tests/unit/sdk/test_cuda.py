@@ -13,7 +13,6 @@ import math
 import sys
 import threading
 import types
-from collections.abc import Iterator
 
 import pytest
 
@@ -60,13 +59,6 @@ class FakeEvent:
             raise RuntimeError("event not completed")  # what torch does
         assert self.at is not None and end.at is not None
         return end.at - self.at
-
-
-@pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
 
 
 def gpu_step(sw: stepwatch.StepWatch, gpu: FakeGpu) -> None:

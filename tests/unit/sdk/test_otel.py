@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,13 +24,6 @@ class ThreadOfStart(SpanProcessor):
 
     def on_start(self, span: Any, parent_context: Any = None) -> None:
         self.threads.add(threading.get_ident())
-
-
-@pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
 
 
 @pytest.fixture()

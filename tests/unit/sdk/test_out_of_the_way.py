@@ -15,7 +15,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,13 +25,6 @@ from stepwatch.errors import ConfigError
 from stepwatch.sdk.client import StepWatch
 from stepwatch.settings import read_config_file
 from tests.support.sdk_agent import FakeAgent
-
-
-@pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
 
 
 def init(agent: FakeAgent, **kw: object) -> StepWatch:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,13 +42,6 @@ if __name__ == "__main__":
     sw.close()
     print(sw.stats()["sent"])
 """
-
-
-@pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
 
 
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -45,13 +44,6 @@ RECORD = StepRecord(
     flops=3.1e14,
     timing="cuda",
 )
-
-
-@pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
 
 
 def test_round_trip_through_a_real_socket(agent: FakeAgent) -> None:

@@ -20,13 +20,6 @@ from tests.support.sdk_agent import FakeAgent
 
 
 @pytest.fixture()
-def agent() -> Iterator[FakeAgent]:
-    fake = FakeAgent()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture()
 def sw(agent: FakeAgent) -> Iterator[StepWatch]:
     handle = stepwatch.init("job-1", rank=1, world_size=2, agent_socket=agent.path, env={})
     yield handle

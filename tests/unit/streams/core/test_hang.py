@@ -5,7 +5,15 @@ from __future__ import annotations
 from stepwatch.contract import EventType
 from stepwatch.settings import Settings
 from stepwatch.streams.core import DetectConfig, Engine
-from tests.support.detect_synth import Job, drive, event, gpu_message, interleave, opened
+from tests.support.detect_synth import (
+    Job,
+    drive,
+    event,
+    gpu_message,
+    interleave,
+    opened,
+    shifted,
+)
 
 
 def _last_end(messages: list) -> float:
@@ -26,20 +34,7 @@ def test_no_progress_past_the_limit_is_a_hang_and_progress_resolves_it() -> None
     assert hangs[0].evidence["limit_s"] == 60.0
     assert engine.stats()[0].hung
     # the job moves again (its later steps, shifted after the pause)
-    import msgspec
-
-    shift = 70.0
-    resumed = [
-        msgspec.structs.replace(
-            m,
-            ts=m.ts + shift,
-            steps=[
-                msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
-                for r in m.steps
-            ],
-        )
-        for m in late
-    ]
+    resumed = shifted(late, 70.0)
     found = drive(engine, resumed)
     assert [(d.type, d.state) for d in found if d.type == "hang"] == [("hang", "resolved")]
     assert not engine.stats()[0].hung
@@ -121,8 +116,6 @@ def test_rank_absent_while_its_peers_progress() -> None:
 
 
 def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
-    import msgspec
-
     job = Job(world=8, steps=30)
     first = job.messages()
     engine = Engine()
@@ -130,18 +123,7 @@ def test_restart_from_a_checkpoint_resolves_the_hang() -> None:
     found = drive(engine, first, until=stop + 70)
     assert [d.type for d in opened(found)] == ["hang"]
     shift = 120.0  # the scheduler restarts it from the checkpoint at step 20
-    again = [
-        msgspec.structs.replace(
-            m,
-            ts=m.ts + shift,
-            steps=[
-                msgspec.structs.replace(r, start=r.start + shift, end=r.end + shift)
-                for r in m.steps
-            ],
-        )
-        for m in Job(world=8, steps=30).messages()
-        if m.steps[0].step >= 20
-    ]
+    again = shifted([m for m in Job(world=8, steps=30).messages() if m.steps[0].step >= 20], shift)
     found = drive(engine, again)
     assert [(d.type, d.state, d.evidence["resolved_because"]) for d in found] == [
         ("hang", "resolved", "restarted")
@@ -156,8 +138,6 @@ def test_a_checkpoint_event_from_the_sdk_raises_the_hang_limit() -> None:
     ``seconds`` (the simulator's name), so a real job that saves a 70 s checkpoint on
     every rank between steps (no step holds the pause) was called hung at every save,
     not only the first. The SDK's own event, from the job's host, now counts."""
-    import msgspec
-
     from stepwatch.contract import EventMessage
     from stepwatch.sdk.events import checkpoint_event
     from stepwatch.sdk.identity import Identity
@@ -166,18 +146,7 @@ def test_a_checkpoint_event_from_the_sdk_raises_the_hang_limit() -> None:
     messages = job.messages()
     before = [m for m in messages if m.steps[0].step < 40]
     saved_at, pause = _last_end(before), 70.0
-    after = [  # the steps after the save, 70 s later
-        msgspec.structs.replace(
-            m,
-            ts=m.ts + pause,
-            steps=[
-                msgspec.structs.replace(r, start=r.start + pause, end=r.end + pause)
-                for r in m.steps
-            ],
-        )
-        for m in messages
-        if m.steps[0].step >= 40
-    ]
+    after = shifted([m for m in messages if m.steps[0].step >= 40], pause)  # 70 s later
     sdk = checkpoint_event(Identity(job_id=job.job_id, host="h000"), False, pause, saved_at, 40)
     ckpt = EventMessage(
         host="h000",

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stepwatch.contract import GpuReading, PortReading
-from stepwatch.contract.counters import HW_COUNTERS, WRAP_32, WRAP_64, delta
+from stepwatch.contract.counters import WRAP_32, WRAP_64, WRAPPING, delta
 
 PORT_COUNTERS: tuple[str, ...] = tuple(
     name for name in PortReading.__struct_fields__ if name.endswith("_total")
@@ -49,23 +49,17 @@ GPU_RATES: tuple[tuple[str, str], ...] = (
 )
 GPU_COUNTERS: tuple[str, ...] = tuple(c for c, _ in GPU_DELTAS + GPU_RATES)
 
-# counters that may be 32-bit and wrap: mlx5 hw_counters (queue counters); the
-# IB PMA's counters/ saturate (legacy) or are 64-bit (extended), never wrap at 2^32
-PORT_HW_COUNTERS: frozenset[str] = frozenset(f"{name}_total" for name in HW_COUNTERS)
-PORT_WRAPS: tuple[bool, ...] = tuple(name in PORT_HW_COUNTERS for name in PORT_COUNTERS)
-GPU_WRAPS: tuple[bool, ...] = tuple(name == "pcie_replay_total" for name in GPU_COUNTERS)
-PORT_BYTES: tuple[int, ...] = tuple(
-    PORT_COUNTERS.index(name) for name in ("xmit_bytes_total", "rcv_bytes_total")
-)
+# per counter: may it wrap at 32 bits (the contract's WRAPPING; the rest saturate or
+# are 64-bit, and a decrease is a reset)
+PORT_WRAPS: tuple[bool, ...] = tuple(name in WRAPPING for name in PORT_COUNTERS)
+GPU_WRAPS: tuple[bool, ...] = tuple(name in WRAPPING for name in GPU_COUNTERS)
+BYTE_COUNTERS = ("xmit_bytes_total", "rcv_bytes_total")  # 4 x the PMA's data words
+PORT_BYTES: tuple[int, ...] = tuple(PORT_COUNTERS.index(name) for name in BYTE_COUNTERS)
 # the IB PMA's legacy counters/ stop at 2^32-1 (the data counters count 4-byte words: the
 # agent's bytes stop at 4 x that): a reading there says nothing of the increase since
 PORT_SATURATION: tuple[int | None, ...] = tuple(
-    None
-    if name in PORT_HW_COUNTERS
-    else 4 * (WRAP_32 - 1)
-    if name in ("xmit_bytes_total", "rcv_bytes_total")
-    else WRAP_32 - 1
-    for name in PORT_COUNTERS
+    None if wraps else 4 * (WRAP_32 - 1) if name in BYTE_COUNTERS else WRAP_32 - 1
+    for name, wraps in zip(PORT_COUNTERS, PORT_WRAPS, strict=True)
 )
 LINK_RATE_MARGIN = 4.0  # tick jitter: readings are stamped at the tick, read a little later
 

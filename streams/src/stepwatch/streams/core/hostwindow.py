@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from stepwatch.contract import EventMessage, EventType, GpuMessage, PortMessage
-from stepwatch.contract.counters import WRAP_32, delta
+from stepwatch.contract.counters import WRAP_32, WRAPPING, delta
 from stepwatch.streams.core.hostsamples import (
     ABSENT,
     GPU_FLOATS,
@@ -486,11 +486,11 @@ _WAIT = _COL["xmit_wait_total"]
 _RISE = [_WAIT, *_CONG]  # xmit_wait + ECN/CNP: the congestion level of rise_start
 _ERRORS = [(c, _COL[c]) for c in ERROR_COUNTERS]
 COUNTER_COLS = slice(_COL[CONGESTION_COUNTERS[0]], None)  # congestion, xmit_wait, errors
-# which of COUNTER_COLS may wrap at 32 bits: the mlx5 hw_counters (congestion) do; the IB
-# PMA's counters/ (xmit_wait, the errors) saturate or are 64-bit, and a decrease there is
-# a reset (``perfquery -R``): read as a wrap, one from 3.5e9 was ~8e8 ticks of congestion
-WRAPS = np.array([c in CONGESTION_COUNTERS for c in PORT_INTS[COUNTER_COLS]])
-_CONG_SET = frozenset(_CONG)
+# which of COUNTER_COLS may wrap at 32 bits (the contract's WRAPPING: the congestion
+# hw_counters); the IB PMA's counters/ (xmit_wait, the errors) saturate, and a decrease
+# there is a reset (``perfquery -R``): read as a wrap, one from 3.5e9 was ~8e8 ticks
+WRAPS = np.array([c in WRAPPING for c in PORT_INTS[COUNTER_COLS]])
+_WRAPPING_COLS = frozenset(_COL[c] for c in PORT_INTS if c in WRAPPING)
 
 
 def _counters(row: list[int]) -> tuple[int | None, ...]:
@@ -646,7 +646,9 @@ def _rise(readings: list[list[int]], j: int) -> int:
     first, last = readings[0][j], readings[-1][j]
     if first != ABSENT and last != ABSENT and last >= first:
         return int(last - first)
-    return _increase([None if p[j] == ABSENT else p[j] for p in readings], wraps=j in _CONG_SET)
+    return _increase(
+        [None if p[j] == ABSENT else p[j] for p in readings], wraps=j in _WRAPPING_COLS
+    )
 
 
 def _increase(values: list[int | None], wraps: bool = False) -> int:
