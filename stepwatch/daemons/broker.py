@@ -93,6 +93,11 @@ class DevBroker:
         self.start(timeout)
 
     @property
+    def pid(self) -> int | None:
+        """The broker's process id while it runs (the chaos and outage tests signal it)."""
+        return self._proc.pid if self.running and self._proc is not None else None
+
+    @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 

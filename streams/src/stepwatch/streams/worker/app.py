@@ -89,6 +89,7 @@ class StreamOptions:
     batch_max: int = 2000  # Kafka messages per batch
     batch_within: float = 0.05  # seconds to wait for a batch to fill (stock mode only)
     tick_seconds: float = 1.0
+    unread_seconds: float = 10.0  # see stepwatch.streams.worker.sight
     standby_replicas: int = 1
     grace_steps: int = 64  # inherited detections not re-confirmed within this are resolved
     silence_seconds: float = 3600.0
@@ -107,6 +108,7 @@ class StreamOptions:
             batch_max=settings.stream_batch,
             batch_within=settings.stream_batch_within,
             tick_seconds=settings.stream_tick_seconds,
+            unread_seconds=settings.stream_unread_seconds,
             standby_replicas=settings.stream_standby_replicas,
             grace_steps=settings.stream_restore_grace_steps,
             lean_consumer=not settings.stream_stock_consumer,
@@ -260,6 +262,7 @@ def create_app(
         ledger,
         worker,
         silence_seconds=options.silence_seconds,
+        unread_seconds=options.unread_seconds,
         max_message_bytes=settings.max_message_bytes,
         admission=admission_config(settings),
         placement=Placement(settings.partitions) if settings.stream_check_partition else None,
@@ -410,9 +413,11 @@ def _wire(
         metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
         if publisher.stalled(STALL_SECONDS):  # the silence is ours: no hang checks
             publisher.log_once("stall", "outputs undelivered: hang checks wait for them")
+            processor.lose_sight(time.time())
             return
         generation = app.consumer_generation_id
-        outputs = processor.tick(time.time())
+        now = time.time()
+        outputs = processor.tick(now, _unanswered(app, telemetry, processor.assigned, now))
         try:
             await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
         except DeliveryAborted as err:  # a rebalance or a stop
@@ -447,6 +452,31 @@ def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
     except Exception:
         return None
     return None if value is None else int(value)
+
+
+def _unanswered(
+    app: faust.App, topics: Iterable[str], partitions: Iterable[int], now: float
+) -> dict[int, float]:
+    """Per partition number, seconds since the broker last answered this worker's fetch of
+    it, of any input topic (aiokafka's ``last_poll_timestamp``: set by every fetch response,
+    an empty one too); absent where not known (nothing fetched yet, or the client's
+    internals moved): the hang checks then run as before."""
+    client = getattr(getattr(app.consumer, "_thread", None), "_consumer", None)
+    if client is None:
+        return {}
+    out: dict[int, float] = {}
+    for p in partitions:
+        ages = []
+        for topic in topics:
+            try:
+                stamp = client.last_poll_timestamp(TP(topic, p))
+            except Exception:  # not assigned (a rebalance), or no such method
+                continue
+            if stamp is not None:
+                ages.append(now - stamp / 1000.0)
+        if ages:
+            out[p] = max(0.0, min(ages))
+    return out
 
 
 def _gone(app: Any, generation: int) -> bool:

@@ -284,6 +284,13 @@ class StreamMetrics:
             registry=r,
         )
         self.jobs = Gauge(f"{NS}_stream_jobs", "Jobs analysed by this worker.", registry=r)
+        self.unread = Gauge(
+            f"{NS}_stream_unread_partitions",
+            "Partitions whose input this worker cannot read now (the broker answers no fetch "
+            "of them, no record came, for stream_unread_seconds; or its publish stalls): "
+            "their hang checks wait.",
+            registry=r,
+        )
         self.batch = Histogram(
             f"{NS}_stream_batch_seconds",
             "Processing time of one batch.",

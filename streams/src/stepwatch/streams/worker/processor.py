@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -49,6 +49,7 @@ from stepwatch.streams.worker.dlq import DlqReason, dead_letter, encode_dead_let
 from stepwatch.streams.worker.ledger import Ledger, PartitionLedger
 from stepwatch.streams.worker.metrics import Snapshot, StreamMetrics
 from stepwatch.streams.worker.placement import Placement
+from stepwatch.streams.worker.sight import Sight
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ class PartitionState:
         self.gate = Gate(admission, capacity)
         self.dedup = Deduplicator()
         self.last_event_ts = 0.0
+        self.sight = Sight(partition)  # the core's clock: time its input could be read
 
 
 _RECORDS: dict[type, str] = {StepMessage: "steps", GpuMessage: "gpus", PortMessage: "ports"}
@@ -130,6 +132,7 @@ class StreamProcessor:
         worker: str = "",
         clock: Callable[[], float] = time.time,
         silence_seconds: float = 3600.0,
+        unread_seconds: float = 10.0,
         max_message_bytes: int = MAX_MESSAGE_BYTES,
         admission: AdmissionConfig | None = None,
         placement: Placement | None = None,
@@ -144,6 +147,7 @@ class StreamProcessor:
         self.worker = worker
         self.clock = clock
         self.silence_seconds = silence_seconds
+        self.unread_seconds = unread_seconds  # see streams.worker.sight
         self.max_message_bytes = max_message_bytes
         self.kind_of_topic = {
             topics.for_kind(k): k.value for k in (Kind.STEP, Kind.GPU, Kind.PORT, Kind.EVENT)
@@ -241,10 +245,12 @@ class StreamProcessor:
                     out.append(self._dead(rec, DlqReason.WRONG_PARTITION, misplaced, tally))
                     continue
             st = states.get(partition) or self.state(partition)
+            st.sight.read(now)
+            seen = st.sight.clock(now)  # the core's clock (streams.worker.sight)
             try:  # as the core below: a bug here costs its record, not the batch
                 gated = st.gate.check(message, now)
                 if st.gate.evicted or st.gate.evicted_hosts:
-                    out.extend(self._let_go(st, now))
+                    out.extend(self._let_go(st, seen))
                 if gated is not None:
                     if gated.refusals or gated.rewound:
                         out.extend(self._gated(st, rec, gated, tally))
@@ -264,7 +270,7 @@ class StreamProcessor:
             if admitted.ts > st.last_event_ts:
                 st.last_event_ts = admitted.ts
             try:
-                found = st.engine.process(admitted, now)  # arrived: this worker's clock
+                found = st.engine.process(admitted, seen)  # arrived: this worker's seen time
                 if st.ledger.watching:
                     found.extend(st.ledger.observe(admitted, admitted.ts))
             except Exception as err:  # the core must never stop the worker
@@ -379,13 +385,23 @@ class StreamProcessor:
                 self.metrics.dropped.labels(kind, reason.value).inc(n)
 
     # ------------------------------------------------------------------ time
-    def tick(self, now: float | None = None) -> list[Output]:
-        """Hang detection and window closing; refresh the metrics snapshot."""
+    def tick(
+        self, now: float | None = None, unanswered: Mapping[int, float] | None = None
+    ) -> list[Output]:
+        """Hang detection and window closing; refresh the metrics snapshot.
+
+        ``unanswered``: per partition, seconds since the broker last answered this
+        worker's fetch of it (the driver's; absent: answered or not known). A partition
+        unanswered and without records for ``unread_seconds`` is not ticked, and the
+        time it stays so does not count against its jobs (streams.worker.sight)."""
         now = self.clock() if now is None else now
+        unanswered = unanswered or {}
         out: list[Output] = []
         for st in list(self.states.values()):
+            if st.sight.judge(now, unanswered.get(st.partition), self.unread_seconds):
+                continue
             try:
-                found = st.engine.tick(now)
+                found = st.engine.tick(st.sight.clock(now))
                 found.extend(st.ledger.expire_silent(now, self.silence_seconds))
             except Exception as err:
                 self.metrics.errors.labels("tick").inc()
@@ -401,6 +417,14 @@ class StreamProcessor:
         self.refresh_snapshot()
         return out
 
+    def lose_sight(self, now: float | None = None) -> None:
+        """The worker cannot judge now (its own publish stalls: the consumer waits with it):
+        every partition is unread from ``now`` until its next record or answered tick."""
+        now = self.clock() if now is None else now
+        for st in self.states.values():
+            st.sight.lose(now)
+        self.refresh_snapshot()
+
     def stats(self) -> list[JobStats]:
         return [s for st in self.states.values() for s in st.engine.stats()]
 
@@ -413,6 +437,7 @@ class StreamProcessor:
         scores = {(j.job_id, r): s for j in jobs for r, s in j.flagged_ranks.items()}
         self.metrics.job_collector.snapshot = Snapshot(jobs, opened, scores)
         self.metrics.jobs.set(len(jobs))
+        self.metrics.unread.set(sum(st.sight.unread for st in self.states.values()))
 
     def lag(
         self,
