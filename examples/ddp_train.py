@@ -38,6 +38,7 @@ step and its phases. Everything else is an ordinary DDP loop.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -123,6 +124,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "steps (default: the --resume folder, if any)",
     )
     p.add_argument("--checkpoint-every", type=int, default=25)
+    p.add_argument(
+        "--slow-checkpoint",
+        type=float,
+        default=0.0,
+        help="emulate slow checkpoint storage: each save takes at least this many seconds",
+    )
+    p.add_argument(
+        "--checkpoint-unreported",
+        action="store_true",
+        help="save without sw.checkpoint around it, as a framework that does not report "
+        "its saves (the stream worker then knows of no save in progress)",
+    )
     p.add_argument(
         "--loader-workers",
         type=int,
@@ -377,8 +390,14 @@ def train(args: argparse.Namespace, rank: int, world: int) -> None:
                 and done % args.checkpoint_every == 0
                 and done < args.steps
             ):
-                with sw.checkpoint("save", path=args.checkpoint_dir, step=done):
+                with (
+                    contextlib.nullcontext()
+                    if args.checkpoint_unreported
+                    else sw.checkpoint("save", path=args.checkpoint_dir, step=done)
+                ):
+                    began = time.monotonic()
                     save_checkpoint(args.checkpoint_dir, model, opt, done)
+                    time.sleep(max(0.0, args.slow_checkpoint - (time.monotonic() - began)))
     finally:
         for proc in competitors:
             proc.kill()

@@ -141,6 +141,9 @@ class EventType(enum.StrEnum):
     JOB_START = "job_start"
     JOB_END = "job_end"
     CHECKPOINT_SAVE = "checkpoint_save"
+    # a save (or load) begins: sent on entering ``sw.checkpoint``, so a job that stops
+    # stepping for its first long save is not called hung before the save's end says how long
+    CHECKPOINT_BEGIN = "checkpoint_begin"
     CHECKPOINT_LOAD = "checkpoint_load"
     RESTART = "restart"
     EXCEPTION = "exception"  # raised in user code (OOM, NaN loss, ...) as reported by the SDK

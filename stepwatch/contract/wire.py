@@ -38,6 +38,7 @@ RANK_EVENT_TYPES = frozenset(
         EventType.JOB_START,
         EventType.JOB_END,
         EventType.CHECKPOINT_SAVE,
+        EventType.CHECKPOINT_BEGIN,
         EventType.CHECKPOINT_LOAD,
         EventType.RESTART,
         EventType.EXCEPTION,

@@ -29,6 +29,7 @@ from stepwatch.logs import LogOnce
 from stepwatch.sdk.cpuwait import SchedStat
 from stepwatch.sdk.cuda import EventPool, TimingEvent
 from stepwatch.sdk.events import (
+    checkpoint_begin_event,
     checkpoint_event,
     custom_event,
     exception_event,
@@ -260,10 +261,12 @@ class StepWatch:
         path: str | os.PathLike[str] = "",
         step: int | None = None,
     ) -> CheckpointTimer | _NullContext:
-        """Time a checkpoint save/load (``with sw.checkpoint("save"):``) and emit a
-        ``checkpoint_save``/``checkpoint_load`` event with its duration. Inside a step
-        the time also counts as the step's ``checkpoint`` phase. With ``duration``
-        (seconds, measured by the caller) the event is emitted at once."""
+        """Time a checkpoint save/load (``with sw.checkpoint("save"):``): a
+        ``checkpoint_begin`` event on entering (the hang checks allow for a save in
+        progress), a ``checkpoint_save``/``checkpoint_load`` event with its duration on
+        leaving. Inside a step the time also counts as the step's ``checkpoint`` phase.
+        With ``duration`` (seconds, measured by the caller) the end event is emitted at
+        once, without a begin."""
         try:
             load = str(kind).lower() == "load"
             if str(kind).lower() not in {"save", "load"}:
@@ -444,6 +447,15 @@ class CheckpointTimer:
             self._phase.__enter__()
         self._wall = time.time()
         self._start = perf_counter_ns()
+        owner = self._owner
+        try:
+            owner._submit(
+                checkpoint_begin_event(
+                    owner._identity, self._load, self._wall, self._step, self._path
+                )
+            )
+        except Exception as err:  # never into training
+            owner._misuse("internal", "stepwatch: checkpoint begin not reported err=%r", err)
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

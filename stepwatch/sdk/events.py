@@ -60,6 +60,19 @@ def checkpoint_event(
     return _event(identity, kind, "load" if load else "save", attrs)
 
 
+def checkpoint_begin_event(
+    identity: Identity, load: bool, start: float, step: int | None, path: str = ""
+) -> RankEvent:
+    """Sent as a checkpoint begins (``sw.checkpoint``): the hang checks allow for it until
+    the job steps again (its end is the ``checkpoint_save``/``checkpoint_load``)."""
+    attrs: dict[str, AttrValue] = {"start": start}
+    if step is not None:
+        attrs["step"] = step
+    if path:
+        attrs["path"] = path[:MAX_TEXT]
+    return _event(identity, EventType.CHECKPOINT_BEGIN, "load" if load else "save", attrs)
+
+
 def job_start_event(identity: Identity, timing: str, restarts: int | None) -> RankEvent:
     """Sent by rank 0 at ``init``: the stream processors learn the job's world size."""
     attrs: dict[str, AttrValue] = {

@@ -145,8 +145,11 @@ class Agents:
 
 
 @contextmanager
-def torch_pipeline(work: Path) -> Iterator[tuple[Settings, Agents, StreamWorker]]:
-    """A broker, a stream worker and the two hosts' agents, ready, in ``work``."""
+def torch_pipeline(
+    work: Path, worker_env: dict[str, str] | None = None
+) -> Iterator[tuple[Settings, Agents, StreamWorker]]:
+    """A broker, a stream worker (``worker_env`` over its defaults) and the two hosts'
+    agents, ready, in ``work``."""
     with DevBroker(log_path=str(work / "broker.log")) as broker:
         settings = Settings.load(
             env={},
@@ -160,7 +163,7 @@ def torch_pipeline(work: Path) -> Iterator[tuple[Settings, Agents, StreamWorker]
             host="testhost",
         )
         ensure_topics(settings)
-        worker = StreamWorker(settings, work, "w").start()
+        worker = StreamWorker(settings, work, "w", env=worker_env or {}).start()
         agents = Agents(settings, work)
         try:
             agents.start()

@@ -157,7 +157,10 @@ def test_checkpoint_events(sw: StepWatch, agent: FakeAgent) -> None:
     steps, events = agent.split()
     assert steps[0].step.phases is not None
     assert (steps[0].step.phases.checkpoint or 0) >= 0.003
-    save, load = events
+    begin, save, load = events  # a begin as the save starts; none for a measured load
+    assert begin.type is EventType.CHECKPOINT_BEGIN and begin.detail == "save"
+    assert begin.attrs["step"] == 7 and begin.attrs["path"] == "/ckpt/step7"
+    assert begin.attrs["start"] == save.attrs["start"] and begin.ts <= save.ts
     assert save.type is EventType.CHECKPOINT_SAVE and save.attrs["step"] == 7
     assert float(save.attrs["duration_s"]) >= 0.003 and save.attrs["path"] == "/ckpt/step7"
     assert load.type is EventType.CHECKPOINT_LOAD and load.attrs["duration_s"] == 12.5

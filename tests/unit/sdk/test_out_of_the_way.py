@@ -70,6 +70,7 @@ def test_a_checkpoint_path_may_be_a_path_object(agent) -> None:
     sw.close()
     _, events = agent.split()
     assert [(e.type, e.attrs["path"]) for e in events] == [
+        (EventType.CHECKPOINT_BEGIN, "/ckpt/step7"),
         (EventType.CHECKPOINT_SAVE, "/ckpt/step7"),
         (EventType.CHECKPOINT_LOAD, "/ckpt/step7"),
     ]

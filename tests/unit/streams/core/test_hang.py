@@ -165,3 +165,80 @@ def test_a_checkpoint_event_from_the_sdk_raises_the_hang_limit() -> None:
     assert opened(found, "hang") == []
     found = drive(engine, [], until=_last_end(after) + 135.0)
     assert [d.evidence["limit_s"] for d in opened(found, "hang")] == [130.0]
+
+
+def _sdk_event(job: Job, kind: str, at: float, seconds: float = 0.0):  # type: ignore[no-untyped-def]
+    """The SDK's own checkpoint events (``sw.checkpoint``) as the agent forwards them."""
+    from stepwatch.contract import EventMessage
+    from stepwatch.sdk.events import checkpoint_begin_event, checkpoint_event
+    from stepwatch.sdk.identity import Identity
+
+    who = Identity(job_id=job.job_id, host="h000")
+    sdk = (
+        checkpoint_begin_event(who, False, at, 40)
+        if kind == "begin"
+        else checkpoint_event(who, False, seconds, at - seconds, 40)
+    )
+    return EventMessage(
+        host="h000",
+        ts=at,
+        type=sdk.type,
+        job_id=job.job_id,
+        rank=0,
+        detail=sdk.detail,
+        attrs=sdk.attrs,
+    )
+
+
+def test_a_first_long_checkpoint_that_began_is_no_hang() -> None:
+    """The first save of a job (5 minutes, between steps): before, the core knew of it
+    only from its end, so the job was called hung a minute in (and JobHang requeues).
+    ``sw.checkpoint`` now says when a save begins: the limit allows for it until the job
+    steps again."""
+    job = Job(world=8, steps=80)
+    messages = job.messages()
+    before = [m for m in messages if m.steps[0].step < 40]
+    began, pause = _last_end(before) + 0.01, 300.0
+    after = shifted([m for m in messages if m.steps[0].step >= 40], pause)
+    engine = Engine()
+    found = drive(engine, [*before, _sdk_event(job, "begin", began)], until=began + pause - 1)
+    assert opened(found, "hang") == []
+    found = drive(engine, [_sdk_event(job, "save", began + pause, pause), *after])
+    assert opened(found) == []
+    # the save is over: a real hang afterwards has the limit the save taught (60 + 300 s)
+    found = drive(engine, [], until=_last_end(after) + 365.0)
+    assert [d.evidence["limit_s"] for d in opened(found, "hang")] == [360.0]
+
+
+def test_without_its_begin_the_same_checkpoint_is_a_hang() -> None:
+    """The control: the same 5-minute silence with no ``checkpoint_begin``."""
+    job = Job(world=8, steps=80)
+    before = [m for m in job.messages() if m.steps[0].step < 40]
+    found = drive(Engine(), before, until=_last_end(before) + 299.0)
+    assert [d.evidence["limit_s"] for d in opened(found, "hang")] == [60.0]
+
+
+def test_a_checkpoint_that_never_ends_is_a_hang_after_the_longest_pause() -> None:
+    """A save stuck on its storage: found once ``hang_max_pause_seconds`` (30 min) is out."""
+    job = Job(world=8, steps=80)
+    before = [m for m in job.messages() if m.steps[0].step < 40]
+    began = _last_end(before) + 0.01
+    engine = Engine()
+    found = drive(engine, [*before, _sdk_event(job, "begin", began)], until=began + 1850.0)
+    assert opened(found, "hang") == []
+    found = drive(engine, [], until=began + 1865.0)
+    assert [d.evidence["limit_s"] for d in opened(found, "hang")] == [1860.0]
+
+
+def test_a_checkpoint_the_job_steps_through_gives_no_more_time() -> None:
+    """An asynchronous save (training goes on while it writes): once the job steps after
+    the begin, a hang has the usual limit."""
+    job = Job(world=8, steps=60)
+    messages = job.messages()
+    during = [m for m in messages if m.steps[0].step >= 40]
+    before = [m for m in messages if m.steps[0].step < 40]
+    begin = _sdk_event(job, "begin", _last_end(before) + 0.01)
+    engine = Engine()
+    drive(engine, [*before, begin, *during])
+    found = drive(engine, [], until=_last_end(during) + 65.0)
+    assert [d.evidence["limit_s"] for d in opened(found, "hang")] == [60.0]

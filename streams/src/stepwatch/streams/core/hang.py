@@ -5,7 +5,9 @@ plus the longest pause the job has shown so far (a step's excess over the
 median: evaluation, checkpoint saves; or a ``checkpoint_save`` event's
 ``duration_s``), measured in event time from the latest step end any rank
 reported: a job that once paused for a minute to save a checkpoint may do so
-again without being called hung. The pause counts up to ``hang_max_pause_seconds``
+again without being called hung. While a checkpoint the job began
+(``checkpoint_begin``) has not been followed by a step, the pause allowed is the
+most there is (:func:`allowed_pause`). The pause counts up to ``hang_max_pause_seconds``
 (half an hour): a ``checkpoint_save``'s length is its sender's word. A crashed
 rank leaves its peers blocked in the next collective: its last reported step
 is behind theirs, or (when it died after reporting) its GPU went idle or left
@@ -57,6 +59,23 @@ def checkpoint_seconds(attrs: Mapping[str, object]) -> float | None:
         if isinstance(value, int | float) and not isinstance(value, bool):
             return float(value)
     return None
+
+
+#: host clocks of a job's ranks may differ by this much (a checkpoint's begin vs steps' ends)
+CLOCK_SLACK_S = 5.0
+
+
+def allowed_pause(
+    cfg: DetectConfig, longest: float, checkpoint_began: float, last_progress: float
+) -> float:
+    """The pause the hang limit allows for: the longest the job has shown, or while a
+    checkpoint it began has not been followed by a step (its ``checkpoint_begin`` after
+    the last progress), ``hang_max_pause_seconds``: a first save of several minutes is
+    not a hang, and its end (``checkpoint_save``) says how long the next may take. Before,
+    the first save longer than the limit was called hung, and JobHang requeues."""
+    if checkpoint_began > 0 and checkpoint_began >= last_progress - CLOCK_SLACK_S:
+        return max(longest, cfg.hang_max_pause_seconds)
+    return longest
 
 
 def hang_limit(cfg: DetectConfig, cadence: float | None, pause: float = 0.0) -> float:

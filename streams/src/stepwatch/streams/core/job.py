@@ -15,7 +15,7 @@ from stepwatch.streams.core.assembly import BUSY, DUR, ClosedStep, Rewind, StepA
 from stepwatch.streams.core.causes import Attribution, CauseFinder, Evidence
 from stepwatch.streams.core.config import DetectConfig
 from stepwatch.streams.core.exits import first_exits
-from stepwatch.streams.core.hang import check_hang, checkpoint_seconds
+from stepwatch.streams.core.hang import allowed_pause, check_hang, checkpoint_seconds
 from stepwatch.streams.core.hostclock import HostClocks, ShiftedWindows
 from stepwatch.streams.core.hosthistory import HostHistory
 from stepwatch.streams.core.incidents import Incidents
@@ -63,6 +63,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self._warmup = cfg.warmup_steps  # steps not scored from the start (or a restart)
         self.hung_since: float | None = None
         self.longest_pause = 0.0  # seconds a step took beyond the cadence, at most (hang limit)
+        self.checkpoint_began = 0.0  # host time of the latest checkpoint_begin (hang limit)
         self.ended_at: float | None = None
         self.end_arrived = 0.0  # the engine's clock when job_end came
         self.finalised = False  # job ended and its detections resolved: no new ones
@@ -135,6 +136,8 @@ class Job(Incidents, Stragglers, NetworkWatch):
         self.last_seen = max(self.last_seen, ev.ts)
         if ev.type == EventType.JOB_START:
             self.throughput.on_job_start(ev.host, ev.ts)
+        elif ev.type == EventType.CHECKPOINT_BEGIN:
+            self.checkpoint_began = max(self.checkpoint_began, ev.ts)
         elif ev.type == EventType.CHECKPOINT_SAVE:
             seconds = checkpoint_seconds(ev.attrs)
             if seconds is not None and seconds > self.longest_pause:
@@ -326,12 +329,15 @@ class Job(Incidents, Stragglers, NetworkWatch):
 
     # ------------------------------------------------------------------ hangs
     def _check_hang(self, now: float) -> list[DetectionMessage]:
+        pause = allowed_pause(
+            self.cfg, self.longest_pause, self.checkpoint_began, self.last_progress
+        )
         v = check_hang(
             self.cfg,
             now,
             self.last_progress,
             self.slowdown.cadence,
-            self.longest_pause,
+            pause,
             self.ranks,
             self.causes.windows,
             # the first to end, while most ranks still run (most ended: they finished)
@@ -345,7 +351,7 @@ class Job(Incidents, Stragglers, NetworkWatch):
         ev: Evidence = {
             "silent_s": round(v.silent_s, 3),
             "limit_s": round(v.limit_s, 3),
-            "longest_pause_s": round(min(self.longest_pause, self.cfg.hang_max_pause_seconds), 3),
+            "longest_pause_s": round(min(pause, self.cfg.hang_max_pause_seconds), 3),
             "last_step": v.last_step,
             "how": v.how,
         }
