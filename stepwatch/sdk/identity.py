@@ -128,7 +128,11 @@ def _first_int(
         raw = environ.get(var)
         if raw is None or raw == "":
             continue
-        value = _to_int(raw)
+        value = (
+            _slurm_tasks_here(raw, environ.get("SLURM_NODEID"))
+            if var == "SLURM_TASKS_PER_NODE"
+            else _to_int(raw)
+        )
         if value is not None:
             return value, var
         _log_once(
@@ -144,6 +148,28 @@ def _to_int(raw: Any) -> int | None:
     # SLURM_TASKS_PER_NODE reads "8(x2)": eight tasks on each of two nodes.
     match = re.match(r"^(\d+)(?:\(x\d+\))?$", text)
     return int(match.group(1)) if match else None
+
+
+def _slurm_tasks_here(raw: str, node_id: str | None) -> int | None:
+    """This node's task count from Slurm's compressed ``SLURM_TASKS_PER_NODE``: ``8(x2)`` is
+    eight on each of two nodes, ``2(x3),1`` two on each of the first three and one on the
+    fourth (a heterogeneous allocation). The entry at ``SLURM_NODEID``; without it, the one
+    count all nodes share (None where they differ). Before, only the uniform form was
+    read: ``2(x3),1`` was ignored and each rank said one task per node."""
+    runs: list[tuple[int, int]] = []  # (tasks, nodes)
+    for part in str(raw).strip().split(","):
+        match = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if match is None:
+            return None
+        runs.append((int(match.group(1)), int(match.group(2) or 1)))
+    here = _to_int(node_id) if node_id else None
+    if here is None:
+        return runs[0][0] if len({tasks for tasks, _ in runs}) == 1 else None
+    for tasks, nodes in runs:
+        if here < nodes:
+            return tasks
+        here -= nodes
+    return None
 
 
 def _text(raw: Any) -> str:

@@ -53,6 +53,27 @@ def test_torchrun_default_run_id_is_not_a_job_id() -> None:
     assert ident.job_id == UNKNOWN_JOB
 
 
+@pytest.mark.parametrize(
+    ("tasks", "node", "want"),
+    [
+        ("2,1(x3)", "0", 2),  # real Slurm 22.05, sbatch -N4 -n5 (srun's tasks read it)
+        ("2,3(x3)", "2", 3),
+        ("2(x3),1", "0", 2),
+        ("2(x3),1", "2", 2),
+        ("2(x3),3", "3", 3),  # before: the heterogeneous form was ignored (1 for every node)
+        ("4,8(x2)", "1", 8),
+        ("8(x2)", "", 8),  # no node id: the count all nodes share
+        ("2(x3),1", "", 1),  # no node id and they differ: not known (the default)
+        ("2(x3),1", "9", 1),  # past the list: not known
+        ("2(x3)),1", "0", 1),  # not Slurm's form: ignored
+    ],
+)
+def test_slurm_tasks_per_node_heterogeneous(tasks: str, node: str, want: int) -> None:
+    env = {k: v for k, v in SLURM.items() if k not in ("SLURM_NODEID", "SLURM_LOCALID")}
+    ident = detect({**env, "SLURM_TASKS_PER_NODE": tasks, "SLURM_NODEID": node})
+    assert ident.local_world_size == want
+
+
 def test_slurm() -> None:
     ident = detect(SLURM)
     assert (ident.job_id, ident.rank, ident.world_size) == ("812345", 9, 16)
