@@ -145,8 +145,8 @@ class Settings:
     stream_batch: int = 2000  # Kafka messages per processing batch
     stream_batch_within: float = 0.05  # seconds to wait for a batch to fill (stock consumer)
     stream_tick_seconds: float = 1.0  # hang checks and metric refreshes
-    # a partition the broker answers no fetch of, with no record, this long is unread: its
-    # hang checks wait, and the time does not count against its jobs (streams.worker.sight)
+    # an input topic's partition that neither answers a fetch nor gives a record this long is
+    # unread: its hang checks wait, and the time does not count against its jobs (worker.sight)
     stream_unread_seconds: float = 10.0
     stream_standby_replicas: int = 1  # standby copies of the open-detections table
     stream_restore_grace_steps: int = 64  # steps before an unconfirmed inherited detection resolves

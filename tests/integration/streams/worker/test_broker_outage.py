@@ -139,3 +139,46 @@ def test_a_frozen_broker_is_no_hang_and_a_real_hang_after_it_still_is(
     finally:
         job.done.set()
         assert worker.stop() == 0, worker.log[-3000:]
+
+
+@pytest.mark.timeout(180)
+def test_a_frozen_worker_is_no_hang(broker: DevBroker, settings: Settings, tmp_path) -> None:
+    """The worker itself stops for 15 s (a frozen VM, a SIGSTOP) while the broker and the
+    job go on. Before (review): when it woke, its aiokafka thread could take a fetch
+    answer before the timer ran, and the job was called hung. Its timer now sees the
+    gap between ticks and counts it as unread."""
+    ensure_topics(settings)
+    env = {
+        "STEPWATCH_HANG_MIN_SECONDS": str(HANG_LIMIT),
+        "STEPWATCH_STREAM_UNREAD_SECONDS": str(UNREAD),
+    }
+    worker = StreamWorker(settings, tmp_path, "w", env=env).start()
+    job = Job(settings)
+    try:
+        wait_for("worker ready", lambda: worker.value("stepwatch_stream_ready") >= 1, 60, [worker])
+        job.start()
+        wait_for(
+            "steps read",
+            lambda: worker.value("stepwatch_stream_messages_total") >= 40,
+            30,
+            [worker],
+        )
+        assert worker.proc is not None
+        os.kill(worker.proc.pid, signal.SIGSTOP)
+        try:
+            time.sleep(OUTAGE)
+        finally:
+            os.kill(worker.proc.pid, signal.SIGCONT)
+        sent = 2 * job.step
+        wait_for(
+            "the steps sent meanwhile read",
+            lambda: worker.value("stepwatch_stream_messages_total") >= sent + 8,
+            60,
+            [worker],
+        )
+        time.sleep(HANG_LIMIT + 2)
+        assert opened(settings) == [], "a detection opened for a job that trained on"
+        assert "partition input read again" in worker.log
+    finally:
+        job.done.set()
+        assert worker.stop() == 0, worker.log[-3000:]

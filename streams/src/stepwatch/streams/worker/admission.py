@@ -157,6 +157,9 @@ class Gate:
         self.evicted: list[tuple[str, str]] = []  # (job, why) let go: the core forgets them
         self.evicted_hosts: list[str] = []  # hosts let go: the core forgets their samples
         self._now = 0.0  # the clock of the message being judged
+        # seconds of it the worker could not read this partition (streams.worker.sight):
+        # not counted as a job's or host's quiet, nor as an unconfirmed job's age
+        self.unseen = 0.0
         # the clock bounds as plain numbers (<= 0: no check) for :meth:`check`
         self._future = self.cfg.future_seconds if self.cfg.future_seconds > 0 else _NO_LIMIT
         self._max_age = self.cfg.max_age_seconds if self.cfg.max_age_seconds > 0 else _NO_LIMIT
@@ -449,10 +452,10 @@ class Gate:
         if job is None:  # forgotten another way
             del self._unconfirmed[job_id]
             return True
-        if self._now - job.born <= self.cfg.confirm_seconds:
+        age = self._now - self.unseen - job.born
+        if age <= self.cfg.confirm_seconds:
             return False
         self._forget_job(job_id)
-        age = self._now - job.born
         self.evicted.append((job_id, f"{job.n_seen} of its {job.world} ranks in {age:.0f} s"))
         return True
 
@@ -462,7 +465,7 @@ class Gate:
         if not self._jobs:
             return False
         job_id, job = next(iter(self._jobs.items()))
-        if self._now - job.quiet_since() <= self.cfg.job_idle_seconds:
+        if self._now - self.unseen - job.quiet_since() <= self.cfg.job_idle_seconds:
             return False
         self._forget_job(job_id)
         self.evicted.append((job_id, f"quiet for {self.cfg.job_idle_seconds:.0f} s"))
@@ -537,7 +540,7 @@ class Gate:
         oldest = next(iter(hosts.items()), None)
         if oldest is None:
             return None
-        if self._now - oldest[1] > self.cfg.host_idle_seconds:
+        if self._now - self.unseen - oldest[1] > self.cfg.host_idle_seconds:
             return oldest[0]
         if not self._backing.get(new):
             return None

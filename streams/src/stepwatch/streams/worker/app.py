@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import socket
 import time
@@ -356,7 +357,7 @@ def _wire(
         worker=worker,
         owned=lambda partition: partition in processor.assigned,
     )
-    state = {"ready": False}
+    state: dict[str, Any] = {"ready": False, "ticked": math.inf}  # ticked: the last tick's time
 
     async def deliver(messages: list[Any]) -> None:
         """Process a batch and deliver its outputs; :class:`DeliveryAborted` when the
@@ -411,13 +412,16 @@ def _wire(
         if not state["ready"]:
             return
         metrics.set_lag(processor.lag(lambda t, p: _highwater(app, t, p)))
+        now = time.time()
+        last, state["ticked"] = state["ticked"], now
+        if now - last > options.unread_seconds:  # this worker was paused (streams.worker.sight)
+            processor.lose_sight(last)
         if publisher.stalled(STALL_SECONDS):  # the silence is ours: no hang checks
             publisher.log_once("stall", "outputs undelivered: hang checks wait for them")
-            processor.lose_sight(time.time())
+            processor.lose_sight(now)
             return
         generation = app.consumer_generation_id
-        now = time.time()
-        outputs = processor.tick(now, _unanswered(app, telemetry, processor.assigned, now))
+        outputs = processor.tick(now, _answered(app, telemetry, processor.assigned))
         try:
             await publisher.publish(outputs, store.take(), lambda: _gone(app, generation))
         except DeliveryAborted as err:  # a rebalance or a stop
@@ -428,6 +432,8 @@ def _wire(
     async def on_revoked(sender: Any, revoked: Iterable[TP], **_: Any) -> None:
         state["ready"] = False
         metrics.ready.set(0)
+        # until the new assignment is heard, the rebalance's time is not the jobs' silence
+        processor.lose_sight(time.time())
 
     async def on_assigned(sender: Any, assigned: Iterable[TP], **_: Any) -> None:
         parts = sorted({tp.partition for tp in assigned if tp.topic in telemetry})
@@ -454,28 +460,24 @@ def _highwater(app: faust.App, topic: str, partition: int) -> int | None:
     return None if value is None else int(value)
 
 
-def _unanswered(
-    app: faust.App, topics: Iterable[str], partitions: Iterable[int], now: float
-) -> dict[int, float]:
-    """Per partition number, seconds since the broker last answered this worker's fetch of
-    it, of any input topic (aiokafka's ``last_poll_timestamp``: set by every fetch response,
-    an empty one too); absent where not known (nothing fetched yet, or the client's
-    internals moved): the hang checks then run as before."""
+def _answered(
+    app: faust.App, topics: Iterable[str], partitions: Iterable[int]
+) -> dict[tuple[str, int], float | None] | None:
+    """Per (input topic, partition), when the broker last answered this worker's fetch of
+    it (aiokafka's ``last_poll_timestamp``: set by every fetch response, an empty one too;
+    None: none since the assignment). A topic-partition the client cannot say for is left
+    out; None where the client cannot be read at all: the hang checks then run as before."""
     client = getattr(getattr(app.consumer, "_thread", None), "_consumer", None)
     if client is None:
-        return {}
-    out: dict[int, float] = {}
+        return None
+    out: dict[tuple[str, int], float | None] = {}
     for p in partitions:
-        ages = []
         for topic in topics:
             try:
                 stamp = client.last_poll_timestamp(TP(topic, p))
             except Exception:  # not assigned (a rebalance), or no such method
                 continue
-            if stamp is not None:
-                ages.append(now - stamp / 1000.0)
-        if ages:
-            out[p] = max(0.0, min(ages))
+            out[(topic, p)] = None if stamp is None else stamp / 1000.0
     return out
 
 

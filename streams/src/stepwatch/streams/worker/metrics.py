@@ -286,9 +286,9 @@ class StreamMetrics:
         self.jobs = Gauge(f"{NS}_stream_jobs", "Jobs analysed by this worker.", registry=r)
         self.unread = Gauge(
             f"{NS}_stream_unread_partitions",
-            "Partitions whose input this worker cannot read now (the broker answers no fetch "
-            "of them, no record came, for stream_unread_seconds; or its publish stalls): "
-            "their hang checks wait.",
+            "Partitions whose input this worker cannot read now (an input topic's partition "
+            "neither answered a fetch nor gave a record for stream_unread_seconds; or a "
+            "stalled publish, a rebalance, a paused worker): their hang checks wait.",
             registry=r,
         )
         self.batch = Histogram(

@@ -49,11 +49,13 @@ from stepwatch.streams.worker.dlq import DlqReason, dead_letter, encode_dead_let
 from stepwatch.streams.worker.ledger import Ledger, PartitionLedger
 from stepwatch.streams.worker.metrics import Snapshot, StreamMetrics
 from stepwatch.streams.worker.placement import Placement
-from stepwatch.streams.worker.sight import Sight
+from stepwatch.streams.worker.sight import NEVER, Sight
 
 log = logging.getLogger(__name__)
 
 EngineFactory = Callable[[], Analyzer]
+#: (topic, partition) -> when the broker last answered a fetch of it (None: not since assigned)
+Answers = Mapping[tuple[str, int], float | None]
 
 
 class RawRecord(Protocol):
@@ -155,12 +157,17 @@ class StreamProcessor:
         self.states: dict[int, PartitionState] = {}
         self.assigned: set[int] = set()
         self.positions: dict[tuple[str, int], int] = {}
+        self.heard: dict[tuple[str, int], float] = {}  # (topic, partition) -> a record came
+        self.assigned_at: dict[int, float] = {}  # partition -> this worker's clock at assignment
         self._log_once = LogOnce(log)
 
     # ------------------------------------------------------------------ partitions
     def assign(self, partitions: Iterable[int]) -> None:
         """The new assignment: forget every partition not in it."""
         self.assigned = set(partitions)
+        now = self.clock()
+        self.assigned_at = {p: now for p in self.assigned}  # not heard before this
+        self.heard = {tp: t for tp, t in self.heard.items() if tp[1] in self.assigned}
         for p in [p for p in self.states if p not in self.assigned]:
             self.states.pop(p).gate.release()
             log.info("partition dropped partition=%d worker=%s", p, self.worker)
@@ -217,6 +224,7 @@ class StreamProcessor:
         messages: dict[str, int] = {}
         events: dict[str, int] = {}
         positions = self.positions
+        heard = self.heard
         kind_of_topic = self.kind_of_topic
         class_of_kind = _CLASS_OF_KIND
         states = self.states
@@ -245,8 +253,9 @@ class StreamProcessor:
                     out.append(self._dead(rec, DlqReason.WRONG_PARTITION, misplaced, tally))
                     continue
             st = states.get(partition) or self.state(partition)
-            st.sight.read(now)
+            heard[(topic, partition)] = now
             seen = st.sight.clock(now)  # the core's clock (streams.worker.sight)
+            st.gate.unseen = now - seen  # the gate's idle clocks: seen time too
             try:  # as the core below: a bug here costs its record, not the batch
                 gated = st.gate.check(message, now)
                 if st.gate.evicted or st.gate.evicted_hosts:
@@ -385,24 +394,25 @@ class StreamProcessor:
                 self.metrics.dropped.labels(kind, reason.value).inc(n)
 
     # ------------------------------------------------------------------ time
-    def tick(
-        self, now: float | None = None, unanswered: Mapping[int, float] | None = None
-    ) -> list[Output]:
+    def tick(self, now: float | None = None, answered: Answers | None = None) -> list[Output]:
         """Hang detection and window closing; refresh the metrics snapshot.
 
-        ``unanswered``: per partition, seconds since the broker last answered this
-        worker's fetch of it (the driver's; absent: answered or not known). A partition
-        unanswered and without records for ``unread_seconds`` is not ticked, and the
-        time it stays so does not count against its jobs (streams.worker.sight)."""
+        ``answered``: per (input topic, partition), the driver's clock when the broker
+        last answered this worker's fetch of it (None: not since the assignment; absent:
+        not known); None: nothing known, the hang checks run on the worker's clock. A
+        partition not heard for ``unread_seconds`` is not ticked, and the time it stays
+        so does not count against its jobs (streams.worker.sight)."""
         now = self.clock() if now is None else now
-        unanswered = unanswered or {}
         out: list[Output] = []
         for st in list(self.states.values()):
-            if st.sight.judge(now, unanswered.get(st.partition), self.unread_seconds):
+            p = st.partition
+            heard = None if answered is None else self._heard(p, answered)
+            if st.sight.judge(now, heard, self.assigned_at.get(p, NEVER), self.unread_seconds):
                 continue
+            seen = st.sight.clock(now)
             try:
-                found = st.engine.tick(st.sight.clock(now))
-                found.extend(st.ledger.expire_silent(now, self.silence_seconds))
+                found = st.engine.tick(seen)
+                found.extend(st.ledger.expire_silent(seen, self.silence_seconds))
             except Exception as err:
                 self.metrics.errors.labels("tick").inc()
                 self._log_once(
@@ -417,12 +427,25 @@ class StreamProcessor:
         self.refresh_snapshot()
         return out
 
-    def lose_sight(self, now: float | None = None) -> None:
-        """The worker cannot judge now (its own publish stalls: the consumer waits with it):
-        every partition is unread from ``now`` until its next record or answered tick."""
-        now = self.clock() if now is None else now
+    def _heard(self, partition: int, answered: Answers) -> list[float]:
+        """When each input topic of ``partition`` was last heard: a fetch answer or a record
+        (topics the driver knows nothing of are left out)."""
+        out: list[float] = []
+        for topic in self.kind_of_topic:
+            key = (topic, partition)
+            if key not in answered:
+                continue
+            answer = answered[key]
+            out.append(max(NEVER if answer is None else answer, self.heard.get(key, NEVER)))
+        return out
+
+    def lose_sight(self, when: float | None = None) -> None:
+        """The worker could not read from ``when`` on: its publish stalls (the consumer waits
+        with it), a rebalance revoked its partitions, or its ticks stopped (it was paused).
+        Every partition is unread from ``when`` until each of its topics is heard after it."""
+        when = self.clock() if when is None else when
         for st in self.states.values():
-            st.sight.lose(now)
+            st.sight.lose(when)
         self.refresh_snapshot()
 
     def stats(self) -> list[JobStats]:

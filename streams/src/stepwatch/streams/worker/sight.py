@@ -7,41 +7,50 @@ job: before, every job the worker owned was called hung (a ``hang`` for each,
 published when the broker came back and resolved a minute later), each one a page
 and an input to remediation.
 
-A partition is **unread** while both hold for longer than ``after`` seconds:
+A partition (number) is **heard** on an input topic at the later of: the broker's
+last answer to this worker's fetch of that topic-partition (the driver's:
+Kafka's fetch responses come every ``fetch.max.wait`` even when a partition has
+nothing new, so an idle partition is answered and a lost broker is not; none
+since the assignment: not heard), and the last record of it processed. It is
+**unread** from the moment one of its topics was not heard for ``after``
+seconds (counted from its assignment at the earliest), and also:
 
-* the broker has not answered this worker's fetches of it (the driver says so:
-  Kafka's fetch responses come every ``fetch.max.wait`` even when a partition
-  has nothing new, so an idle partition is answered, a lost broker is not), and
-* no record of it came.
+* while this worker's publish stalls (the consumer waits with it: :meth:`Sight.lose`),
+* from a rebalance's revocation (a new assignment is heard only by a new answer),
+* from the last tick when ticks stopped for ``after`` seconds (the worker itself
+  was paused: a frozen VM, a SIGSTOP, a blocked loop).
 
-The worker's own publish stalling (the batch handler, and so the consumer,
-waits with it) makes every partition unread at once (:meth:`Sight.lose`).
+It is read again only once every topic was heard *after* it became unread: a
+fresh answer or record, never "not known". Where the driver cannot read its
+client at all (no hearing given), the hang checks run as before.
 
 While a partition is unread its core is not ticked: no hang, no step deadline, no
-silence resolution. The core runs on **seen time**: the worker's clock less the
-time the partition could not be read (:meth:`Sight.clock`), so when it is read
-again a job's silence counts only the time the worker could have seen it
-report. A job that really hung during the outage is found that much later: its
-limit runs on seen time. The few seconds before a partition counts as unread
-(``after``) count as seen.
+silence resolution; records that come meanwhile are stamped with the stopped
+clock. The core runs on **seen time**: the worker's clock less the time the
+partition could not be read (:meth:`Sight.clock`), so when it is read again a
+job's silence counts only the time the worker could have seen it report. A job
+that really hung during the outage is found that much later: its limit runs on
+seen time (the detection's "no step progress for N s" is seen time too). The
+``after`` seconds before a partition counts as unread count as seen.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+from collections.abc import Iterable
 
 log = logging.getLogger(__name__)
+
+NEVER = float("-inf")
 
 
 class Sight:
     """Whether one partition's input can be read now, and for how long it could not."""
 
-    __slots__ = ("partition", "read_at", "unread_since", "unread_total")
+    __slots__ = ("partition", "unread_since", "unread_total")
 
     def __init__(self, partition: int) -> None:
         self.partition = partition
-        self.read_at = -math.inf  # the worker's clock when a record of it last came
         self.unread_since: float | None = None  # unread since then (worker's clock)
         self.unread_total = 0.0  # seconds it could not be read, before ``unread_since``
 
@@ -55,26 +64,30 @@ class Sight:
             now = min(now, self.unread_since)
         return now - self.unread_total
 
-    def read(self, now: float) -> None:
-        """A record of the partition came at ``now``."""
-        self.read_at = now
-        if self.unread_since is not None:
-            self._regain(now)
-
-    def judge(self, now: float, unanswered_s: float | None, after: float) -> bool:
-        """At a tick: is the partition unread now? ``unanswered_s``: seconds since the
-        broker last answered a fetch of it (None: answered, or not known)."""
-        lost = unanswered_s is not None and unanswered_s > after and now - self.read_at > after
-        if lost:
+    def judge(self, now: float, heard: Iterable[float] | None, since: float, after: float) -> bool:
+        """At a tick: is the partition unread now? ``heard``: when each of its input
+        topics was last heard (``NEVER``: not since ``since``, its assignment); None:
+        nothing is known (judged read)."""
+        if heard is None:
+            if self.unread_since is not None:
+                self._regain(now)
+            return False
+        times = list(heard)
+        if not times:  # no topic could be read from the client: as not known
+            return self.judge(now, None, since, after)
+        if any(now - max(t, since) > after for t in times):
             self.lose(now)
-        elif self.unread_since is not None:
+            return True
+        if self.unread_since is not None:
+            if min(times) <= self.unread_since:  # not every topic heard since: wait
+                return True
             self._regain(now)
-        return lost
+        return False
 
-    def lose(self, now: float) -> None:
-        """The partition cannot be read from ``now`` (kept if already unread)."""
+    def lose(self, when: float) -> None:
+        """The partition cannot be read from ``when`` (kept if already unread)."""
         if self.unread_since is None:
-            self.unread_since = now
+            self.unread_since = when
             log.warning(
                 "partition input unread partition=%d: its hang checks wait until it is read",
                 self.partition,
