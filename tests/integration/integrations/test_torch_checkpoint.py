@@ -47,7 +47,23 @@ def pipeline(
         yield settings, agents, work, worker
 
 
-def finished(worker: StreamWorker, job: str) -> None:
+def opened_by(pipeline, name: str, *more: str) -> list[str]:  # type: ignore[no-untyped-def]
+    """Run the example with a 15 s save at step 20 (``more`` flags too); the types of the
+    detections the worker opened for it, once it closed the job's last step."""
+    settings, agents, work, worker = pipeline
+    job = f"{name}-{int(time.time())}"
+    options = (
+        "--checkpoint-dir",
+        str(work / job),
+        "--checkpoint-every",
+        "20",
+        "--slow-checkpoint",
+        str(SAVE_SECONDS),
+        *more,
+    )
+    started = time.monotonic()
+    run_job(agents, job, Fault("healthy", options=options), STEPS, work)
+    assert time.monotonic() - started > SAVE_SECONDS  # the save really held the job
     wait_for(
         "the worker closed the job's last step",
         lambda: worker.value("stepwatch_job_last_step", job_id=job) >= STEPS - 1,
@@ -55,44 +71,16 @@ def finished(worker: StreamWorker, job: str) -> None:
         [worker],
     )
     time.sleep(2)
+    return [str(d["type"]) for d in detections(settings, job) if d["state"] == "open"]
 
 
 @pytest.mark.timeout(420)
 def test_a_first_15_s_checkpoint_save_is_no_hang(pipeline) -> None:  # type: ignore[no-untyped-def]
-    settings, agents, work, worker = pipeline
-    job = f"ckpt-{int(time.time())}"
-    options = (
-        "--checkpoint-dir",
-        str(work / job),
-        "--checkpoint-every",
-        "20",
-        "--slow-checkpoint",
-        str(SAVE_SECONDS),
-    )
-    started = time.monotonic()
-    run_job(agents, job, Fault("healthy", options=options), STEPS, work)
-    assert time.monotonic() - started > SAVE_SECONDS  # the save really held the job
-    finished(worker, job)
-    found = detections(settings, job)
-    assert [d["type"] for d in found if d["state"] == "open"] == [], found
+    assert opened_by(pipeline, "ckpt") == []
 
 
 @pytest.mark.timeout(420)
 def test_the_same_save_unreported_is_a_hang(pipeline) -> None:  # type: ignore[no-untyped-def]
     """The same 15 s save with no ``sw.checkpoint`` around it (a framework that does not
     report its saves): the worker knows of no save in progress, and the job is hung."""
-    settings, agents, work, worker = pipeline
-    job = f"stall-{int(time.time())}"
-    options = (
-        "--checkpoint-dir",
-        str(work / job),
-        "--checkpoint-every",
-        "20",
-        "--slow-checkpoint",
-        str(SAVE_SECONDS),
-        "--checkpoint-unreported",
-    )
-    run_job(agents, job, Fault("healthy", options=options), STEPS, work)
-    finished(worker, job)
-    found = detections(settings, job)
-    assert "hang" in [d["type"] for d in found if d["state"] == "open"], found
+    assert "hang" in opened_by(pipeline, "stall", "--checkpoint-unreported")

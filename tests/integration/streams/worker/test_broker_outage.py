@@ -87,10 +87,8 @@ def opened(settings: Settings) -> list[str]:
     return [d["type"] for d in docs if d["state"] == "open"]
 
 
-@pytest.mark.timeout(180)
-def test_a_frozen_broker_is_no_hang_and_a_real_hang_after_it_still_is(
-    broker: DevBroker, settings: Settings, tmp_path
-) -> None:
+def training(settings: Settings, tmp_path) -> tuple[StreamWorker, Job]:  # type: ignore[no-untyped-def]
+    """A ready worker (hang limit HANG_LIMIT, unread after UNREAD) reading a training job."""
     ensure_topics(settings)
     env = {
         "STEPWATCH_HANG_MIN_SECONDS": str(HANG_LIMIT),
@@ -107,6 +105,19 @@ def test_a_frozen_broker_is_no_hang_and_a_real_hang_after_it_still_is(
             30,
             [worker],
         )
+    except BaseException:
+        job.done.set()
+        worker.stop()
+        raise
+    return worker, job
+
+
+@pytest.mark.timeout(180)
+def test_a_frozen_broker_is_no_hang_and_a_real_hang_after_it_still_is(
+    broker: DevBroker, settings: Settings, tmp_path
+) -> None:
+    worker, job = training(settings, tmp_path)
+    try:
         assert broker.pid is not None
         os.kill(broker.pid, signal.SIGSTOP)
         try:
@@ -147,22 +158,8 @@ def test_a_frozen_worker_is_no_hang(broker: DevBroker, settings: Settings, tmp_p
     job go on. Before (review): when it woke, its aiokafka thread could take a fetch
     answer before the timer ran, and the job was called hung. Its timer now sees the
     gap between ticks and counts it as unread."""
-    ensure_topics(settings)
-    env = {
-        "STEPWATCH_HANG_MIN_SECONDS": str(HANG_LIMIT),
-        "STEPWATCH_STREAM_UNREAD_SECONDS": str(UNREAD),
-    }
-    worker = StreamWorker(settings, tmp_path, "w", env=env).start()
-    job = Job(settings)
+    worker, job = training(settings, tmp_path)
     try:
-        wait_for("worker ready", lambda: worker.value("stepwatch_stream_ready") >= 1, 60, [worker])
-        job.start()
-        wait_for(
-            "steps read",
-            lambda: worker.value("stepwatch_stream_messages_total") >= 40,
-            30,
-            [worker],
-        )
         assert worker.proc is not None
         os.kill(worker.proc.pid, signal.SIGSTOP)
         try:
