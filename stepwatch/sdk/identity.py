@@ -150,6 +150,24 @@ def _to_int(raw: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def torchrun_job_id(environ: Mapping[str, str]) -> str:
+    """A job id for torchrun without ``--rdzv-id`` (its run id is ``none``): the address of
+    the run's store, ``torchrun-<MASTER_ADDR>-<MASTER_PORT>``, which every rank of the
+    run shares (the rank-0 agent's host name and a free port it picks, so the next run
+    differs; torch 2.13 c10d, checked with two runs of two agents here). Not made
+    host-specific where it is a loopback name: a host whose name resolves to
+    ``localhost`` would then split a multi-node job into one per node. Before, every
+    such job said ``unknown`` and all were analysed as one. "" when not such a run. The
+    node agent derives the same id from a sender's environment (``env_jobs``)."""
+    if environ.get("TORCHELASTIC_RUN_ID", "").strip() != "none":
+        return ""
+    addr = environ.get("MASTER_ADDR", "").strip()
+    port = environ.get("MASTER_PORT", "").strip()
+    if not addr or not port.isdigit():
+        return ""
+    return f"torchrun-{addr}-{port}"
+
+
 def _slurm_tasks_here(raw: str, node_id: str | None) -> int | None:
     """This node's task count from Slurm's compressed ``SLURM_TASKS_PER_NODE``: ``8(x2)`` is
     eight on each of two nodes, ``2(x3),1`` two on each of the first three and one on the
@@ -190,6 +208,15 @@ def _job_id(explicit: Any, environ: Mapping[str, str], pod: str) -> str:
     if match:
         namespace = environ.get("POD_NAMESPACE", "")
         return f"{namespace}/{match.group('job')}" if namespace else match.group("job")
+    rendezvous = torchrun_job_id(environ)
+    if rendezvous:
+        _log_once(
+            "rendezvous_job_id",
+            "stepwatch identity: torchrun without --rdzv-id; job id %r from its store's "
+            "address (set --rdzv-id or STEPWATCH_JOB_ID for a stable one)",
+            rendezvous,
+        )
+        return rendezvous
     _log_once(
         "no_job_id",
         "stepwatch identity: no job id found; set STEPWATCH_JOB_ID "

@@ -74,6 +74,22 @@ def test_slurm_tasks_per_node_heterogeneous(tasks: str, node: str, want: int) ->
     assert ident.local_world_size == want
 
 
+def test_torchrun_without_rdzv_id_is_named_by_its_store() -> None:
+    """torchrun's run id is ``none`` without ``--rdzv-id`` (a c10d rendezvous): every such
+    job said ``unknown`` and all were analysed as one. The address of its store (the
+    rank-0 agent's host name and a port it picked) is shared by the run's ranks."""
+    env = {**TORCHRUN, "TORCHELASTIC_RUN_ID": "none", "MASTER_PORT": "38009"}
+    assert detect({**env, "MASTER_ADDR": "node07"}).job_id == "torchrun-node07-38009"
+    # a loopback name stays as it is: per host, a multi-node job would split by node
+    assert detect({**env, "MASTER_ADDR": "localhost"}).job_id == "torchrun-localhost-38009"
+    # a named job wins; a run id that is not "none" wins; no store address: unknown
+    assert detect({**env, "MASTER_ADDR": "node07", "SLURM_JOB_ID": "77"}).job_id == "77"
+    assert detect({**env, "TORCHELASTIC_RUN_ID": "r1", "MASTER_ADDR": "n"}).job_id == "r1"
+    assert detect({**env, "MASTER_PORT": "x", "MASTER_ADDR": "n"}).job_id == UNKNOWN_JOB
+    plain = {"MASTER_ADDR": "node07", "MASTER_PORT": "29500", "RANK": "0"}  # not torchrun
+    assert detect(plain).job_id == UNKNOWN_JOB
+
+
 def test_slurm() -> None:
     ident = detect(SLURM)
     assert (ident.job_id, ident.rank, ident.world_size) == ("812345", 9, 16)

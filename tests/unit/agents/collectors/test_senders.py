@@ -137,6 +137,19 @@ def test_environment_jobs_and_rank(tmp_path: Path) -> None:
     assert ident.env_jobs == {"41", "ml/llm"} and ident.env_rank == 3 and ident.known
 
 
+def test_torchrun_without_rdzv_id_is_the_job_its_store_names(tmp_path: Path) -> None:
+    """The SDK names such a job by its store's address (sdk/identity.py): the agent reads
+    the same id from the sender's environment, so it verifies it (strict mode refused
+    it as unverified) and ties the rank's exit to it."""
+    env = {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "node07", "MASTER_PORT": "38009"}
+    fake_proc(tmp_path, 7, env={**env, "RANK": "1"})
+    ident = ProcFS(tmp_path).identity(7)
+    assert ident is not None and ident.env_jobs == {"torchrun-node07-38009"}
+    from stepwatch.sdk.identity import detect_identity
+
+    assert detect_identity(env).job_id == "torchrun-node07-38009"
+
+
 def test_a_huge_environment_yields_only_the_identitys_variables(tmp_path: Path) -> None:
     """Before, every variable went into a dict (10,000 of them: ~4 ms a lookup, and a user
     cycling pids through the cache starved the socket's reader). Look-alike names (a

@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from stepwatch.sdk.identity import torchrun_job_id
+
 # A job's or pod's cgroup counts only where the scheduler puts it: under Slurm's own root
 # (v1 /slurm*/uid_N/job_N, v2 /system.slice/[node_]slurmstepd.scope/job_N) or the
 # kubelet's (/kubepods...), folders only root can create. Anywhere else (a user's
@@ -176,6 +178,8 @@ ENV_KEYS = (
     "STEPWATCH_JOB_ID",
     "SLURM_JOB_ID",
     "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "MASTER_PORT",
     "POD_NAME",
     "POD_NAMESPACE",
     "POD_UID",
@@ -214,6 +218,7 @@ def env_jobs(env: Mapping[str, str]) -> frozenset[str]:
     if match:
         namespace = env.get("POD_NAMESPACE", "")
         jobs.add(f"{namespace}/{match.group('job')}" if namespace else match.group("job"))
+    jobs.add(torchrun_job_id(env))  # torchrun without --rdzv-id: its store's address
     return frozenset(j for j in jobs if j and j != "none")  # torchrun's default run id
 
 
