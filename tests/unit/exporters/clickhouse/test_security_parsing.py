@@ -8,7 +8,7 @@ from http import HTTPStatus
 
 import pytest
 
-from stepwatch.exporters.clickhouse.guard import Refused, identifier, literal
+from stepwatch.exporters.clickhouse.guard import Catalog, Guard, Refused, identifier, literal
 from stepwatch.exporters.clickhouse.http_body import content_length, decompress
 from stepwatch.exporters.clickhouse.sqltext import (
     Kind,
@@ -112,3 +112,36 @@ def test_content_length_is_checked_before_reading(headers, status):
     with pytest.raises(Refused) as err:
         content_length(headers, 1000)
     assert err.value.status == status
+
+
+class _EngineSaying:
+    """A session whose every statement fails with the engine's ``text``."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def query(self, *_: object, **__: object) -> None:
+        raise RuntimeError(self.text)
+
+
+@pytest.mark.parametrize(
+    ("engine_says", "code", "status"),
+    [
+        (
+            "Code: 159. DB::Exception: Timeout exceeded: elapsed 6.252 ms, maximum: 1.000 ms. "
+            "(TIMEOUT_EXCEEDED)",
+            159,
+            HTTPStatus.REQUEST_TIMEOUT,
+        ),
+        ("Code: 62. DB::Exception: Syntax error: failed at position 8. (SYNTAX_ERROR)", 62, 400),
+        ("Code: 241. DB::Exception: Memory limit exceeded. (MEMORY_LIMIT_EXCEEDED)", 241, 500),
+        ("no code at all", 62, 400),
+    ],
+)
+def test_a_checks_engine_error_keeps_the_engines_code_and_status(engine_says, code, status):
+    """The checks run under the request's own limits: a 1 ms max_execution_time that runs
+    out while the text is parsed is a timeout (408), not a syntax error (400)."""
+    guard = Guard(Catalog(frozenset(), frozenset(), frozenset()), readonly=True)
+    with pytest.raises(Refused) as refused:
+        guard.statement(_EngineSaying(engine_says), "SELECT 1", {})
+    assert (refused.value.code, refused.value.status) == (code, status)

@@ -107,22 +107,3 @@ def parse_request(url_params: dict[str, str], body: bytes) -> Request:
     if not request.query.strip() and not body.strip():
         raise Refused("Empty query. (SYNTAX_ERROR)", 62)
     return request
-
-
-def status_of(code: int | None) -> int:
-    """The HTTP status ClickHouse gives an engine error (its exceptionCodeToHTTPStatus,
-    in short)."""
-    if code in (
-        164,
-        344,
-        497,
-        516,
-    ):  # READONLY, SUPPORT_IS_DISABLED, ACCESS_DENIED, AUTHENTICATION_FAILED
-        return 403
-    if code in (60, 81, 83):  # UNKNOWN_TABLE, UNKNOWN_DATABASE, UNKNOWN_DICTIONARY (as 404)
-        return 404
-    if code in (6, 26, 27, 38, 41, 46, 47, 53, 62, 69, 70, 72, 73, 115, 117, 396, 456, 457):
-        return 400  # parse, type, unknown-name, bad-parameter and result-too-big errors
-    if code == 159:  # TIMEOUT_EXCEEDED
-        return 408
-    return 500

@@ -139,6 +139,7 @@ WRITE_KINDS = READ_KINDS | {
 }
 DENIED_ALTER_COMMANDS = ("FETCH", "FREEZE", "UNFREEZE")
 DEFAULT_MAX_QUERY_SIZE = 262144  # the engine's default max_query_size
+_ENGINE_CODE = re.compile(r"Code:\s*(\d+)")
 _FORMAT_TAIL = re.compile(r"\sFORMAT\s+(\w+)\s*$")
 
 
@@ -221,9 +222,33 @@ def identifier(name: str) -> str:
     return "`" + name.replace("\\", "\\\\").replace("`", "\\`") + "`"
 
 
-def _engine_error(err: Exception) -> str:
-    text = str(err).strip()
-    return text.split(": In scope SELECT formatQuerySingleLine", 1)[0]
+def _engine_refusal(err: Exception) -> Refused:
+    """The engine's answer to a check's statement, with its own code and status: a parse
+    error is 62 (400), a limit the request set (TIMEOUT_EXCEEDED under a 1 ms
+    ``max_execution_time``) keeps its code and status (159, 408)."""
+    text = str(err).strip().split(": In scope SELECT formatQuerySingleLine", 1)[0]
+    match = _ENGINE_CODE.search(text)
+    code = int(match.group(1)) if match else 62
+    return Refused(text, code, HTTPStatus(status_of(code)))
+
+
+def status_of(code: int | None) -> int:
+    """The HTTP status ClickHouse gives an engine error (its exceptionCodeToHTTPStatus,
+    in short)."""
+    if code in (
+        164,
+        344,
+        497,
+        516,
+    ):  # READONLY, SUPPORT_IS_DISABLED, ACCESS_DENIED, AUTHENTICATION_FAILED
+        return 403
+    if code in (60, 81, 83):  # UNKNOWN_TABLE, UNKNOWN_DATABASE, UNKNOWN_DICTIONARY (as 404)
+        return 404
+    if code in (6, 26, 27, 38, 41, 46, 47, 53, 62, 69, 70, 72, 73, 115, 117, 396, 456, 457):
+        return 400  # parse, type, unknown-name, bad-parameter and result-too-big errors
+    if code == 159:  # TIMEOUT_EXCEEDED
+        return 408
+    return 500
 
 
 class Guard:
@@ -297,14 +322,14 @@ class Guard:
         try:
             out = session.query(wrapped, "TSVRaw")
         except Exception as err:
-            raise Refused(_engine_error(err), 62) from err
+            raise _engine_refusal(err) from err
         text = out.bytes().decode().rstrip("\n")
         if "\n" in text:
             raise Refused("Multi-line canonical text. (SYNTAX_ERROR)", 62)
         try:
             explained = session.query(f"EXPLAIN AST {text}", "TSVRaw", params=params or None)
         except Exception as err:
-            raise Refused(_engine_error(err), 62) from err
+            raise _engine_refusal(err) from err
         ast = tuple(
             (len(line) - len(line.lstrip(" ")), line.strip())
             for line in explained.bytes().decode().splitlines()

@@ -51,7 +51,6 @@ from stepwatch.exporters.clickhouse.endpoint_request import (
     leading_word,
     lex_view,
     parse_request,
-    status_of,
     utf8,
 )
 from stepwatch.exporters.clickhouse.guard import (
@@ -61,6 +60,7 @@ from stepwatch.exporters.clickhouse.guard import (
     Refused,
     identifier,
     literal,
+    status_of,
 )
 from stepwatch.exporters.clickhouse.http_body import (
     DEFAULT_MAX_BODY,
