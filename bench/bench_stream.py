@@ -33,7 +33,10 @@ Goals: >= 150k events/s per worker core and a worker / raw-consume ratio of
 its hot path switched off (``bench/worker_floor.py``): **worker, core-off**
 (the detection core a no-op: what the worker would do if detection cost
 nothing) and **worker, layer** (no decoding either: the Kafka/Faust layer
-alone). No change to the worker's code could take it above these rows.
+alone). No change to the worker's code could take it above these rows. A last
+line adds what decoding costs (the decode row less the raw consume) to the layer's
+CPU: the ceiling of any worker on this layer that decodes its records in Python,
+whatever it does after decoding.
 
 ``--garbage SHARE`` adds a run of the worker, fed the same way, with that share
 of its records garbage mixed in evenly (truncated JSON, a wrong type, random
@@ -405,6 +408,20 @@ def worker(
 FLOORS = ("core-off", "layer")
 
 
+def decode_floor(base: Row, decoded: Row, layer: Row) -> str:
+    """The ceiling of any worker on this layer that decodes its records in Python: the
+    layer's CPU plus what decoding added to the raw consume (no admission, duplicate
+    filter, detection or metrics), against the raw consume."""
+    cpu = layer.cpu + decoded.cpu - base.cpu
+    rate, raw = base.events / cpu, base.events / base.cpu
+    return (
+        f"worker, layer + decode (a ceiling for any worker that decodes in Python): "
+        f"{rate:,.0f} events/s per core, ratio {rate / raw:.3f} (goal {GOAL_RATIO}: "
+        f"{'reachable' if rate / raw >= GOAL_RATIO else 'out of reach'} by a change "
+        "after decoding)"
+    )
+
+
 def floor_row(
     settings: Settings, messages: list[Message], workdir: str, floor: str, events: int
 ) -> Row:
@@ -633,6 +650,9 @@ def main() -> None:
                 f"{row.name} (a ceiling for the worker): {r:,.0f} events/s per core, "
                 f"ratio {r / raw:.3f} (goals: {GOAL_EVENTS:,}, {GOAL_RATIO})"
             )
+        layer = next((row for row in floors if row.name == "worker, layer"), None)
+        if layer is not None:
+            print(decode_floor(base, rows[1], layer))
         if pairs:
             print_against(pairs, args.against)
     finally:

@@ -13,7 +13,7 @@ import pytest
 from tests.support import paths
 
 sys.path.insert(0, str(paths.ROOT / "bench"))
-from bench_stream import Row, print_against
+from bench_stream import Row, decode_floor, print_against
 
 pytestmark = pytest.mark.unit
 
@@ -87,3 +87,13 @@ def test_a_module_the_tree_lacks_is_not_taken_from_the_installed_package(
     )  # fmt: skip
     assert done.returncode != 0
     assert "ModuleNotFoundError: No module named 'stepwatch.streams'" in done.stderr
+
+
+def test_the_decode_ceiling_adds_decodings_cost_to_the_layers() -> None:
+    """raw 1 s, decode 2 s (1 s of decoding), layer 2 s: 3 s for the events, ratio 1/3."""
+    raw = Row("raw consume (baseline)", 10, 300, 1.0, 1.0)
+    decoded = Row("raw consume + decode", 10, 300, 2.0, 2.0)
+    line = decode_floor(raw, decoded, Row("worker, layer", 10, 300, 2.0, 3.0))
+    assert "100 events/s per core, ratio 0.333" in line and "reachable" in line, line
+    line = decode_floor(raw, decoded, Row("worker, layer", 10, 300, 2.5, 3.0))
+    assert "ratio 0.286" in line and "out of reach" in line, line
