@@ -7,11 +7,6 @@ host's NICs, ECN/CNP or ``xmit_wait`` rates well above the job's other NICs)
 > host_input (the data phase holds most of the excess) > gpu "compute" (the
 forward/backward/optimizer phases hold most of the excess while GPU, NIC and
 input look healthy: that GPU computes slower) > unknown (no phase evidence).
-A compute phase that grew while the rank's GPU idled (its utilisation clearly
-below its peers', who spin in the collective waiting for it) is not the GPU's:
-the extra time was the host's CPU work (the rank's own code, or its CPU), so it
-is ``host_input`` with ``host_reasons=cpu_work`` and fault ``unknown``: a
-notice, never a drain.
 CPU contention (the rank's training thread waited for a CPU for most of its
 excess, ``StepRecord.cpu_wait``) is a host-side cause like a slow input
 pipeline: ``host_input`` with ``host_reasons=cpu_contention``, checked with the
@@ -49,7 +44,6 @@ HARDWARE_XIDS = frozenset({48, 79, 95})
 USER_XIDS = frozenset({13, 31, 43})  # most often the application's own fault
 MAX_PEER_HOSTS = 16
 MIN_SPAN_SECONDS = 5.0  # at least a few agent ticks of samples
-IDLE_GPU_GAP_PCT = 10.0  # utilisation points below the peers' median: the GPU idled
 
 Evidence = dict[str, str | float | int | bool | None]
 # (cpu_wait, cpu_time) per step at the baseline and now (see slowdown.Slowdown.cpu)
@@ -138,8 +132,7 @@ class CauseFinder:
         net = self._own_nic(host, peers, t1, span)
         if net is not None:
             return net
-        idle = idle_gpu([own] if own is not None else [], peer_gpus)
-        return by_phases(shares, self.cfg.data_share_for_input, "", own is not None, idle)
+        return by_phases(shares, self.cfg.data_share_for_input, "", own is not None)
 
     def _own_nic(
         self, host: str, peers: list[str], t1: float, span: float | None
@@ -191,8 +184,7 @@ class CauseFinder:
         net = self._own_nic(host, peers, t1, span)
         if net is not None:
             return net
-        idle = idle_gpu([s for g in gpus if (s := signals.get(g)) is not None], peer_gpus)
-        return by_phases(shares, need, " of the host", bool(signals), idle)
+        return by_phases(shares, need, " of the host", bool(signals))
 
     def for_job(
         self,
@@ -337,28 +329,12 @@ def by_host_side(shares: Shares, need: float, where: str) -> Attribution | None:
     return None
 
 
-def by_phases(
-    shares: Shares,
-    need: float,
-    where: str,
-    gpu_seen: bool = True,
-    idle: Evidence | None = None,
-) -> Attribution:
+def by_phases(shares: Shares, need: float, where: str, gpu_seen: bool = True) -> Attribution:
     """The phase evidence alone: input pipeline, CPU, compute on the GPU, or nowhere.
-    ``gpu_seen``: whether the GPU's samples were there to find nothing in; ``idle``:
-    :func:`idle_gpu`'s evidence that the slow GPUs idled while their peers were busy."""
+    ``gpu_seen``: whether the GPU's samples were there to find nothing in."""
     host_side = by_host_side(shares, need, where)
     if host_side is not None:
         return host_side
-    if shares.compute is not None and shares.compute >= 0.5 and idle is not None:
-        return Attribution(
-            Cause.HOST_INPUT,
-            Fault.UNKNOWN,
-            f"compute longer than peers{where} while the GPU idled "
-            f"(utilisation {idle['gpu_util_pct']} % against {idle['peer_gpu_util_pct']} %): "
-            "work on the CPU, not the GPU",
-            {"compute_share_of_excess": round(shares.compute, 3), **idle},
-        )
     if shares.compute is not None and shares.compute >= 0.5:
         return Attribution(
             Cause.GPU,
@@ -372,25 +348,6 @@ def by_phases(
             },
         )
     return UNKNOWN
-
-
-def idle_gpu(own: list[GpuSignals], peers: list[GpuSignals]) -> Evidence | None:
-    """The slow rank's (or host's) GPUs were busy clearly less than their peers' (median
-    utilisation at least ``IDLE_GPU_GAP_PCT`` points below): evidence, or None.
-
-    NVML's utilisation is the share of time a kernel ran. Peers that wait for a slow
-    rank wait in a collective, whose kernel runs while it waits: they read busy. A GPU
-    that computes slower reads busy too; one whose rank spends the extra time on the
-    CPU (its own code, a slower CPU, starved kernel launches) reads idle for that time."""
-    mine = median_of([s.util_pct for s in own if s.util_pct is not None])
-    theirs = median_of([s.util_pct for s in peers if s.util_pct is not None])
-    if mine is None or theirs is None or not mine <= theirs - IDLE_GPU_GAP_PCT:
-        return None
-    return {
-        "host_reasons": "cpu_work",
-        "gpu_util_pct": round(mine, 1),
-        "peer_gpu_util_pct": round(theirs, 1),
-    }
 
 
 def waiting_share(wait: Any, ran: Any) -> Any:
